@@ -1,0 +1,37 @@
+# make setup: Debian packages, .venv, the extension build (idempotent; seconds when done).
+# make test / make demo run setup first.
+PY      := .venv/bin/python
+STAMP   := .venv/.ortmod-deps
+APT_PKGS := protobuf-c-compiler libprotobuf-c-dev libopenblas-dev libdlpack-dev
+PY_PKGS  := torch==2.13.0 onnx onnxscript numpy pytest setuptools
+
+.PHONY: setup apt venv build test demo bench clean
+
+setup: apt venv build
+
+apt:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	fi
+
+venv: $(STAMP)
+$(STAMP): Makefile
+	@test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --disable-pip-version-check $(PY_PKGS)
+	@touch $(STAMP)
+
+build: venv
+	@$(PY) setup.py -q build_ext --inplace 2>&1 | grep -v -E "^(running|copying|creating)" || true
+	@$(PY) -c "import ortmod._C" || (echo "build failed"; exit 1)
+
+test: setup
+	$(PY) -m pytest tests -q
+
+demo: setup
+	$(PY) demo/train_mlp.py
+
+clean:
+	rm -rf build csrc/graph/gen ortmod/_C*.so

@@ -1,0 +1,17 @@
+/* autodiff.h — builds the backward graph from the ops' gradient rules. */
+#ifndef OM_AUTODIFF_H
+#define OM_AUTODIFF_H
+#include "ops/op.h"
+
+/* Appends backward nodes to g for the gradients of the graph inputs flagged in
+ * grad_inputs (one flag per graph input). Sets g->n_fwd_nodes, g->grad_of_output (the
+ * values the caller feeds with dL/d(output)) and g->grad_of_input. Gradients reaching a
+ * value from several consumers are summed. A needed op without a gradient rule fails with
+ * OM_NO_GRADIENT naming the op and the node. */
+om_status *om_autodiff(om_graph *g, const bool *grad_inputs);
+
+/* True for dtypes that carry gradients. */
+static inline int om_dtype_is_float(om_dtype dt) {
+    return dt == OM_F32 || dt == OM_F64 || dt == OM_F16 || dt == OM_BF16;
+}
+#endif

@@ -1,0 +1,120 @@
+/* emit.c — the helpers gradient rules use to add backward nodes (see ops/op.h). */
+#include "autodiff/emit_ctx.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+om_status *om_grad_fail(om_grad_ctx *c, om_status *st) {
+    om_grad_state *s = (om_grad_state *)c;
+    if (st && !s->status) s->status = st;
+    else if (st && st != s->status) om_status_free(st);
+    return s->status;
+}
+
+int om_emit_node(om_grad_ctx *c, const char *op_type, const int *in, int n_in, int *out, int n_out,
+                 int *node_id) {
+    om_grad_state *s = (om_grad_state *)c;
+    om_graph *g = c->g;
+    if (s->status) return -1;
+    for (int i = 0; i < n_in; i++)
+        if (in[i] < -1 || in[i] >= g->n_values) {
+            om_grad_fail(c, om_error(OM_INTERNAL, "gradient of node '%s' emitted %s with an invalid input",
+                                     g->nodes[c->node].name, op_type));
+            return -1;
+        }
+    const om_op_def *op = om_op_find(op_type, "");
+    const char *domain = "";
+    if (!op) domain = "ortmod";
+    char name[256];
+    snprintf(name, sizeof name, "%s_grad/%s_%d", g->nodes[c->node].name, op_type, g->n_nodes);
+    int ids[16];
+    if (n_out > 16) n_out = 16;
+    for (int j = 0; j < n_out; j++) {
+        ids[j] = om_graph_add_value(g, NULL, OM_UNDEFINED);
+        if (ids[j] < 0) {
+            om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"));
+            return -1;
+        }
+    }
+    int id;
+    om_status *st = om_graph_add_node(g, op_type, domain, name, in, n_in, ids, n_out, &id);
+    if (st) {
+        om_grad_fail(c, om_error_context(st, "gradient of node '%s'", g->nodes[c->node].name));
+        return -1;
+    }
+    om_node *n = &g->nodes[id];
+    n->backward = 1;
+    for (int j = 0; j < n_out; j++) {
+        om_dtype dt = n->op->dtype ? n->op->dtype(g, n, j) : (n_in && in[0] >= 0 ? g->values[in[0]].dtype : OM_UNDEFINED);
+        g->values[ids[j]].dtype = dt;
+        if (out) out[j] = ids[j];
+    }
+    s->last = id;
+    if (node_id) *node_id = id;
+    return ids[0];
+}
+
+int om_emit(om_grad_ctx *c, const char *op_type, const int *in, int n_in) {
+    return om_emit_node(c, op_type, in, n_in, NULL, 1, NULL);
+}
+
+int om_emit1(om_grad_ctx *c, const char *op_type, int a) { return om_emit(c, op_type, &a, 1); }
+
+int om_emit2(om_grad_ctx *c, const char *op_type, int a, int b) {
+    int in[2] = {a, b};
+    return om_emit(c, op_type, in, 2);
+}
+
+int om_emit_last(const om_grad_ctx *c) { return ((const om_grad_state *)c)->last; }
+
+void om_emit_attr_int(om_grad_ctx *c, const char *name, int64_t v) {
+    om_grad_state *s = (om_grad_state *)c;
+    if (!s->status && s->last >= 0) om_grad_fail(c, om_node_set_int(c->g, s->last, name, v));
+}
+
+void om_emit_attr_ints(om_grad_ctx *c, const char *name, const int64_t *v, int n) {
+    om_grad_state *s = (om_grad_state *)c;
+    if (!s->status && s->last >= 0) om_grad_fail(c, om_node_set_ints(c->g, s->last, name, v, n));
+}
+
+void om_emit_attr_float(om_grad_ctx *c, const char *name, float v) {
+    om_grad_state *s = (om_grad_state *)c;
+    if (!s->status && s->last >= 0) om_grad_fail(c, om_node_set_float(c->g, s->last, name, v));
+}
+
+int om_emit_shape(om_grad_ctx *c, int x) { return om_emit1(c, "Shape", x); }
+
+int om_emit_sum_to(om_grad_ctx *c, int dy, int x) {
+    int shape = om_emit_shape(c, x);
+    if (shape < 0) return -1;
+    int r = om_emit2(c, "SumToShape", dy, shape);
+    return r;
+}
+
+int om_emit_scalar(om_grad_ctx *c, om_dtype dt, double v) {
+    om_grad_state *s = (om_grad_state *)c;
+    if (s->status) return -1;
+    int id = om_graph_add_value(c->g, NULL, dt);
+    om_tensor *t = id >= 0 ? calloc(1, sizeof *t) : NULL;
+    if (t) t->data = om_alloc(8);
+    if (!t || !t->data) {
+        free(t);
+        om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"));
+        return -1;
+    }
+    t->dtype = dt;
+    t->rank = 0;
+    switch (dt) {
+    case OM_F32: *(float *)t->data = (float)v; break;
+    case OM_F64: *(double *)t->data = v; break;
+    case OM_I64: *(int64_t *)t->data = (int64_t)v; break;
+    case OM_I32: *(int32_t *)t->data = (int32_t)v; break;
+    default:
+        om_free(t->data);
+        free(t);
+        om_grad_fail(c, om_error(OM_INTERNAL, "om_emit_scalar: unsupported dtype %s", om_dtype_name(dt)));
+        return -1;
+    }
+    c->g->values[id].constant = t;
+    return id;
+}

@@ -1,0 +1,153 @@
+/* core.c — status objects, aligned memory, dtype facts, small utilities. */
+#include "core/core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+struct om_status {
+    om_code code;
+    char *msg;
+};
+
+static char *vformat(const char *fmt, va_list ap) {
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    if (n < 0) n = 0;
+    char *s = malloc((size_t)n + 1);
+    if (s) vsnprintf(s, (size_t)n + 1, fmt, ap);
+    return s;
+}
+
+/* Out of memory while reporting an error must still report something. */
+static om_status oom_status = {OM_OUT_OF_MEMORY, "out of memory"};
+
+om_status *om_error(om_code code, const char *fmt, ...) {
+    om_status *st = malloc(sizeof(*st));
+    if (!st) return &oom_status;
+    va_list ap;
+    va_start(ap, fmt);
+    st->code = code;
+    st->msg = vformat(fmt, ap);
+    va_end(ap);
+    if (!st->msg) { free(st); return &oom_status; }
+    return st;
+}
+
+om_status *om_error_context(om_status *st, const char *fmt, ...) {
+    if (!st || st == &oom_status) return st;
+    va_list ap;
+    va_start(ap, fmt);
+    char *ctx = vformat(fmt, ap);
+    va_end(ap);
+    if (!ctx) return st;
+    size_t n = strlen(ctx) + strlen(st->msg) + 3;
+    char *m = malloc(n);
+    if (m) {
+        snprintf(m, n, "%s: %s", ctx, st->msg);
+        free(st->msg);
+        st->msg = m;
+    }
+    free(ctx);
+    return st;
+}
+
+om_code om_status_code(const om_status *st) { return st ? st->code : OM_OK; }
+const char *om_status_message(const om_status *st) { return st ? st->msg : "ok"; }
+void om_status_free(om_status *st) {
+    if (!st || st == &oom_status) return;
+    free(st->msg);
+    free(st);
+}
+
+size_t om_dtype_size(om_dtype dt) {
+    switch (dt) {
+    case OM_F32: case OM_I32: return 4;
+    case OM_F64: case OM_I64: return 8;
+    case OM_F16: case OM_BF16: return 2;
+    case OM_U8: case OM_I8: case OM_BOOL: return 1;
+    default: return 0;
+    }
+}
+
+const char *om_dtype_name(om_dtype dt) {
+    switch (dt) {
+    case OM_F32: return "float32";
+    case OM_F64: return "float64";
+    case OM_F16: return "float16";
+    case OM_BF16: return "bfloat16";
+    case OM_I32: return "int32";
+    case OM_I64: return "int64";
+    case OM_U8: return "uint8";
+    case OM_I8: return "int8";
+    case OM_BOOL: return "bool";
+    default: return "undefined";
+    }
+}
+
+int64_t om_tensor_numel(const om_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= t->dims[i];
+    return n;
+}
+
+size_t om_tensor_nbytes(const om_tensor *t) {
+    return (size_t)om_tensor_numel(t) * om_dtype_size(t->dtype);
+}
+
+/* 64-byte alignment: a cache line, and enough for any vector ISA the kernels use. */
+void *om_alloc(size_t nbytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, nbytes ? (nbytes + 63) & ~(size_t)63 : 64) != 0) return NULL;
+    return p;
+}
+
+void om_free(void *p) { free(p); }
+
+char *om_strdup(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+int om_grow(void **arr, int *cap, int n, size_t elem) {
+    if (n < *cap) return 0;
+    int nc = *cap ? *cap : 8;
+    while (nc <= n) nc *= 2;
+    void *p = realloc(*arr, (size_t)nc * elem);
+    if (!p) return -1;
+    memset((char *)p + (size_t)*cap * elem, 0, (size_t)(nc - *cap) * elem);
+    *arr = p;
+    *cap = nc;
+    return 0;
+}
+
+int om_shape_equal(const om_tensor *a, const om_tensor *b) {
+    if (a->rank != b->rank) return 0;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return 0;
+    return 1;
+}
+
+void om_shape_str(const om_tensor *t, char *buf, size_t n) {
+    size_t used = 0;
+    used += (size_t)snprintf(buf + used, n - used, "[");
+    for (int i = 0; i < t->rank && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)t->dims[i]);
+    if (used < n) snprintf(buf + used, n - used, "] %s", om_dtype_name(t->dtype));
+}
+
+uint64_t om_rand_u64(uint64_t seed, uint64_t index) {
+    /* splitmix64 of (seed, index): counter-based, so any thread may draw any element. */
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+float om_rand_uniform(uint64_t seed, uint64_t index) {
+    return (float)(om_rand_u64(seed, index) >> 40) * (1.0f / 16777216.0f);
+}

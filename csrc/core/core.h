@@ -1,0 +1,41 @@
+/* core.h — what every engine file uses: errors, memory, small growable arrays. */
+#ifndef OM_CORE_H
+#define OM_CORE_H
+
+#include "ortmod.h"
+#include <stdarg.h>
+#include <string.h>
+
+/* Creates an error; the message is printf-formatted. Returns a new status the caller owns. */
+om_status *om_error(om_code code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prefixes context to an existing error ("in node 'x': ..."), returns the same status. */
+om_status *om_error_context(om_status *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define OM_TRY(expr)                        \
+    do {                                    \
+        om_status *om_try_st_ = (expr);     \
+        if (om_try_st_) return om_try_st_;  \
+    } while (0)
+
+/* calloc that reports failure as a status. */
+#define OM_NEW(ptr, count)                                                             \
+    do {                                                                               \
+        (ptr) = calloc((size_t)(count) ? (size_t)(count) : 1, sizeof(*(ptr)));         \
+        if (!(ptr)) return om_error(OM_OUT_OF_MEMORY, "out of memory (%s:%d)", __FILE__, __LINE__); \
+    } while (0)
+
+char *om_strdup(const char *s);                 /* NULL-safe; caller frees */
+
+/* Grows *arr (element size elem) so that index n fits; doubles capacity. 0 on success. */
+int om_grow(void **arr, int *cap, int n, size_t elem);
+
+/* Shapes */
+int  om_shape_equal(const om_tensor *a, const om_tensor *b);
+void om_shape_str(const om_tensor *t, char *buf, size_t n);   /* "[2, 3] float32" */
+
+/* Deterministic counter-based random numbers (splitmix64): the same seed and offset give
+ * the same stream on every machine and thread split. */
+uint64_t om_rand_u64(uint64_t seed, uint64_t index);
+float    om_rand_uniform(uint64_t seed, uint64_t index);        /* [0, 1) */
+
+#endif

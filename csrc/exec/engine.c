@@ -1,0 +1,396 @@
+/* engine.c — the public API: compile once, plan per shape set, run forward and backward
+ * on the CPU execution provider. */
+#include "autodiff/autodiff.h"
+#include "plan/plan.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct om_engine {
+    om_graph *g;
+    bool *grad_inputs;
+    int has_backward;
+    om_log_level log_level;
+    om_log_fn log;
+    void *log_user;
+    uint64_t seed;
+    uint64_t calls;             /* forward calls so far: varies the random streams */
+    om_plan **plans;
+    int n_plans, cap_plans;
+    pthread_mutex_t lock;       /* plans' arenas are shared: one call at a time */
+};
+
+struct om_stash {
+    om_engine *eng;
+    om_plan *plan;
+    void *buf;
+    om_tensor *inputs;          /* views of the forward's inputs (kept alive by keepalive) */
+    void **keepalive;
+    om_release_fn release;
+    int n_inputs;
+    int used;
+};
+
+static void logf_(om_engine *e, om_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void logf_(om_engine *e, om_log_level lvl, const char *fmt, ...) {
+    if (!e->log || lvl < e->log_level) return;
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    e->log(e->log_user, lvl, buf);
+}
+
+om_engine_options om_engine_default_options(void) {
+    om_engine_options o;
+    memset(&o, 0, sizeof o);
+    o.log_level = OM_LOG_WARNING;
+    return o;
+}
+
+om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engine_options *opt,
+                            om_engine **out) {
+    *out = NULL;
+    om_engine_options dflt = om_engine_default_options();
+    if (!opt) opt = &dflt;
+    om_engine *e = calloc(1, sizeof *e);
+    if (!e) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+    pthread_mutex_init(&e->lock, NULL);
+    e->log = opt->log;
+    e->log_user = opt->log_user;
+    e->log_level = opt->log_level;
+    e->seed = opt->seed;
+    om_status *st = om_graph_import_onnx(onnx_bytes, nbytes, &e->g);
+    if (st) goto fail;
+    om_graph *g = e->g;
+    if (opt->grad_inputs && opt->n_grad_inputs != g->n_inputs) {
+        st = om_error(OM_INVALID_ARGUMENT, "grad_inputs has %d flags but the model has %d inputs", opt->n_grad_inputs,
+                      g->n_inputs);
+        goto fail;
+    }
+    e->grad_inputs = calloc((size_t)g->n_inputs + 1, sizeof(bool));
+    if (!e->grad_inputs) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto fail; }
+    for (int i = 0; opt->grad_inputs && i < g->n_inputs; i++) {
+        e->grad_inputs[i] = opt->grad_inputs[i];
+        e->has_backward |= opt->grad_inputs[i];
+    }
+    logf_(e, OM_LOG_INFO, "imported %d nodes, %d inputs, %d outputs (opset %d)", g->n_nodes, g->n_inputs,
+          g->n_outputs, g->opset);
+    if (e->has_backward) {
+        if ((st = om_autodiff(g, e->grad_inputs))) goto fail;
+        logf_(e, OM_LOG_INFO, "autodiff added %d backward nodes", g->n_nodes - g->n_fwd_nodes);
+    } else {
+        g->n_fwd_nodes = g->n_nodes;
+    }
+    *out = e;
+    return NULL;
+fail:
+    om_engine_free(e);
+    return st;
+}
+
+void om_engine_free(om_engine *e) {
+    if (!e) return;
+    for (int i = 0; i < e->n_plans; i++) om_plan_free(e->plans[i]);
+    free(e->plans);
+    om_graph_free(e->g);
+    free(e->grad_inputs);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+int om_engine_num_inputs(const om_engine *e) { return e->g->n_inputs; }
+int om_engine_num_outputs(const om_engine *e) { return e->g->n_outputs; }
+const char *om_engine_input_name(const om_engine *e, int i) { return e->g->values[e->g->inputs[i]].name; }
+const char *om_engine_output_name(const om_engine *e, int i) { return e->g->values[e->g->outputs[i]].name; }
+om_dtype om_engine_input_dtype(const om_engine *e, int i) { return e->g->values[e->g->inputs[i]].dtype; }
+om_dtype om_engine_output_dtype(const om_engine *e, int i) { return e->g->values[e->g->outputs[i]].dtype; }
+int om_engine_output_differentiable(const om_engine *e, int i) {
+    return e->has_backward && e->g->grad_of_output && e->g->grad_of_output[i] >= 0;
+}
+
+om_status *om_engine_export_onnx(const om_engine *e, const char *stage, void **bytes, size_t *n) {
+    om_graph view = *e->g;   /* shallow: same nodes and values, other ends */
+    int *ins = NULL, *outs = NULL;
+    om_status *st;
+    if (strcmp(stage, "optimized") == 0) {
+        view.n_nodes = e->g->n_fwd_nodes;
+        st = om_graph_export_onnx(&view, "ortmod_optimized", bytes, n);
+    } else if (strcmp(stage, "execution") == 0) {
+        const om_graph *g = e->g;
+        ins = malloc(sizeof(int) * (size_t)(g->n_inputs + g->n_outputs + 1));
+        outs = malloc(sizeof(int) * (size_t)(g->n_outputs + g->n_inputs + 1));
+        if (!ins || !outs) { free(ins); free(outs); return om_error(OM_OUT_OF_MEMORY, "out of memory"); }
+        view.n_inputs = view.n_outputs = 0;
+        for (int i = 0; i < g->n_inputs; i++) ins[view.n_inputs++] = g->inputs[i];
+        for (int i = 0; i < g->n_outputs; i++) {
+            outs[view.n_outputs++] = g->outputs[i];
+            if (e->has_backward && g->grad_of_output[i] >= 0) ins[view.n_inputs++] = g->grad_of_output[i];
+        }
+        for (int i = 0; e->has_backward && i < g->n_inputs; i++)
+            if (g->grad_of_input[i] >= 0) outs[view.n_outputs++] = g->grad_of_input[i];
+        view.inputs = ins;
+        view.outputs = outs;
+        st = om_graph_export_onnx(&view, "ortmod_execution", bytes, n);
+    } else {
+        return om_error(OM_INVALID_ARGUMENT, "unknown stage '%s' (expected 'optimized' or 'execution')", stage);
+    }
+    free(ins);
+    free(outs);
+    return st;
+}
+
+/* ---- running ---------------------------------------------------------------------- */
+
+static om_status *check_inputs(const om_engine *e, const om_tensor *inputs, int n) {
+    const om_graph *g = e->g;
+    if (n != g->n_inputs)
+        return om_error(OM_INVALID_ARGUMENT, "the model takes %d inputs, got %d", g->n_inputs, n);
+    for (int i = 0; i < n; i++) {
+        const om_value *v = &g->values[g->inputs[i]];
+        if (inputs[i].dtype != v->dtype)
+            return om_error(OM_INVALID_ARGUMENT, "input '%s' has dtype %s but the model was compiled for %s", v->name,
+                            om_dtype_name(inputs[i].dtype), om_dtype_name(v->dtype));
+        if (inputs[i].device != OM_CPU)
+            return om_error(OM_INVALID_ARGUMENT, "input '%s' is not in CPU memory", v->name);
+        if (inputs[i].rank < 0 || inputs[i].rank > OM_MAX_RANK)
+            return om_error(OM_INVALID_ARGUMENT, "input '%s' has rank %d (max %d)", v->name, inputs[i].rank, OM_MAX_RANK);
+        if (!inputs[i].data && om_tensor_numel(&inputs[i]) > 0)
+            return om_error(OM_INVALID_ARGUMENT, "input '%s' has no data", v->name);
+    }
+    return NULL;
+}
+
+static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, om_plan **out) {
+    for (int i = 0; i < e->n_plans; i++)
+        if (om_plan_matches(e->plans[i], inputs, n)) { *out = e->plans[i]; return NULL; }
+    om_plan *p;
+    OM_TRY(om_plan_build(e->g, inputs, n, e->has_backward, &p));
+    if (om_grow((void **)&e->plans, &e->cap_plans, e->n_plans, sizeof(om_plan *))) {
+        om_plan_free(p);
+        return om_error(OM_OUT_OF_MEMORY, "out of memory");
+    }
+    e->plans[e->n_plans++] = p;
+    logf_(e, OM_LOG_INFO, "planned shape set %d: %d forward + %d backward kernels, arenas %zu + %zu bytes, stash %zu bytes",
+          e->n_plans, p->n_fwd_prog, p->n_bwd_prog, p->fwd_arena_size, p->bwd_arena_size, p->stash_size);
+    *out = p;
+    return NULL;
+}
+
+typedef struct frame {          /* where every value's bytes are during one call */
+    void **data;
+    om_plan *plan;
+} frame;
+
+static void *resolve(frame *f, int v) {
+    om_plan *p = f->plan;
+    while (p->storage[v] == OM_ST_ALIAS) v = p->alias_of[v];
+    return f->data[v];
+}
+
+static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_prog, uint64_t call, int training) {
+    const om_graph *g = e->g;
+    om_tensor in[64], out[64];
+    for (int s = 0; s < n_prog; s++) {
+        const om_node *n = &g->nodes[prog[s]];
+        for (int i = 0; i < n->n_in; i++) {
+            if (n->in[i] < 0) { memset(&in[i], 0, sizeof in[i]); continue; }
+            in[i] = f->plan->vt[n->in[i]];
+            in[i].data = resolve(f, n->in[i]);
+        }
+        for (int j = 0; j < n->n_out; j++) {
+            if (n->out[j] < 0) { memset(&out[j], 0, sizeof out[j]); continue; }
+            out[j] = f->plan->vt[n->out[j]];
+            out[j].data = resolve(f, n->out[j]);
+        }
+        om_kernel_ctx ctx = {.g = g, .node = n, .n_in = n->n_in, .n_out = n->n_out, .in = in, .out = out,
+                             .seed = om_rand_u64(e->seed ^ call, (uint64_t)prog[s]), .training = training};
+        om_status *st = n->op->cpu(&ctx);
+        if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
+    }
+    return NULL;
+}
+
+/* Hands value v to the caller as t: the OUT buffer itself the first time, a copy otherwise. */
+static om_status *hand_out(frame *f, int v, char *given, om_tensor *t) {
+    om_plan *p = f->plan;
+    *t = p->vt[v];
+    t->device = OM_CPU;
+    t->device_id = 0;
+    if (p->storage[v] == OM_ST_OUT && !given[v]) {
+        t->data = f->data[v];
+        given[v] = 1;
+        return NULL;
+    }
+    size_t nb = om_tensor_nbytes(t);
+    t->data = om_alloc(nb);
+    if (!t->data) return om_error(OM_OUT_OF_MEMORY, "out of memory for an output of %zu bytes", nb);
+    void *src = resolve(f, v);
+    if (nb) memcpy(t->data, src, nb);
+    return NULL;
+}
+
+static om_status *frame_init(frame *f, om_plan *p) {
+    f->plan = p;
+    f->data = calloc((size_t)p->n_values + 1, sizeof(void *));
+    if (!f->data) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+    for (int v = 0; v < p->n_values; v++)
+        if (p->storage[v] == OM_ST_CONST) f->data[v] = p->vt[v].data;
+    return NULL;
+}
+
+/* Frees OUT buffers not handed to the caller (after a failure, or unused duplicates). */
+static void frame_free(frame *f, const char *given) {
+    for (int v = 0; f->data && v < f->plan->n_values; v++)
+        if (f->plan->storage[v] == OM_ST_OUT && (!given || !given[v])) om_free(f->data[v]);
+    free(f->data);
+}
+
+om_status *om_engine_forward(om_engine *e, const om_tensor *inputs, int n_inputs, bool training,
+                             om_tensor *outputs, om_stash **stash_out, void **keepalive, om_release_fn release) {
+    *stash_out = NULL;
+    OM_TRY(check_inputs(e, inputs, n_inputs));
+    const om_graph *g = e->g;
+    pthread_mutex_lock(&e->lock);
+    om_plan *p = NULL;
+    frame f = {0};
+    char *given = NULL;
+    void *stash_buf = NULL;
+    om_status *st = find_plan(e, inputs, n_inputs, &p);
+    if (st) goto done;
+    uint64_t call = ++e->calls;
+    if ((st = frame_init(&f, p))) goto done;
+    given = calloc((size_t)p->n_values + 1, 1);
+    stash_buf = om_alloc(p->stash_size);
+    if (!given || !stash_buf) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
+    for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
+    for (int v = 0; v < p->n_values; v++) {
+        if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)p->fwd_arena + p->offset[v];
+        else if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)stash_buf + p->offset[v];
+        else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= 0 && g->values[v].producer < g->n_fwd_nodes) {
+            f.data[v] = om_alloc(om_tensor_nbytes(&p->vt[v]));
+            if (!f.data[v]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory for outputs"); goto done; }
+        }
+    }
+    if ((st = run_program(e, &f, p->fwd_prog, p->n_fwd_prog, call, training))) goto done;
+    for (int i = 0; i < g->n_outputs; i++) {
+        if ((st = hand_out(&f, g->outputs[i], given, &outputs[i]))) {
+            for (int k = 0; k < i; k++) om_free(outputs[k].data);
+            goto done;
+        }
+    }
+    if (training && e->has_backward) {
+        om_stash *s = calloc(1, sizeof *s);
+        om_tensor *ins = malloc(sizeof(om_tensor) * ((size_t)n_inputs + 1));
+        void **keep = calloc((size_t)n_inputs + 1, sizeof(void *));
+        if (!s || !ins || !keep) {
+            free(s); free(ins); free(keep);
+            for (int k = 0; k < g->n_outputs; k++) om_free(outputs[k].data);
+            st = om_error(OM_OUT_OF_MEMORY, "out of memory");
+            goto done;
+        }
+        memcpy(ins, inputs, sizeof(om_tensor) * (size_t)n_inputs);
+        if (keepalive) memcpy(keep, keepalive, sizeof(void *) * (size_t)n_inputs);
+        s->eng = e;
+        s->plan = p;
+        s->buf = stash_buf;
+        stash_buf = NULL;
+        s->inputs = ins;
+        s->keepalive = keep;
+        s->release = release;
+        s->n_inputs = n_inputs;
+        *stash_out = s;
+    }
+done:
+    if (f.data) frame_free(&f, given);
+    free(given);
+    om_free(stash_buf);
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+om_status *om_engine_backward(om_engine *e, om_stash *s, const om_tensor *grad_outputs, om_tensor *input_grads) {
+    const om_graph *g = e->g;
+    if (!s || s->eng != e) return om_error(OM_INVALID_ARGUMENT, "the stash does not belong to this engine");
+    if (s->used)
+        return om_error(OM_INVALID_ARGUMENT,
+                        "backward through this forward ran already (use retain_graph-free training loops, or run the forward again)");
+    for (int i = 0; i < g->n_inputs; i++) memset(&input_grads[i], 0, sizeof(om_tensor));
+    om_plan *p = s->plan;
+    pthread_mutex_lock(&e->lock);
+    frame f = {0};
+    char *given = NULL;
+    void **zeros = calloc((size_t)g->n_outputs + 1, sizeof(void *));
+    om_status *st = frame_init(&f, p);
+    if (st) goto done;
+    given = calloc((size_t)p->n_values + 1, 1);
+    if (!given || !zeros) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
+    for (int i = 0; i < s->n_inputs; i++) f.data[g->inputs[i]] = s->inputs[i].data;
+    for (int i = 0; i < g->n_outputs; i++) {
+        int sv = p->seed_of_output[i];
+        if (sv < 0) continue;
+        const om_tensor *want = &p->vt[sv];
+        if (grad_outputs && grad_outputs[i].data) {
+            const om_tensor *got = &grad_outputs[i];
+            if (got->dtype != want->dtype || !om_shape_equal(got, want)) {
+                char a[128], b[128];
+                om_shape_str(got, a, sizeof a);
+                om_shape_str(want, b, sizeof b);
+                st = om_error(OM_INVALID_ARGUMENT, "gradient for output '%s' is %s, expected %s",
+                              g->values[g->outputs[i]].name, a, b);
+                goto done;
+            }
+            f.data[sv] = got->data;
+        } else {
+            size_t nb = om_tensor_nbytes(want);
+            zeros[i] = om_alloc(nb);
+            if (!zeros[i]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
+            memset(zeros[i], 0, nb);
+            f.data[sv] = zeros[i];
+        }
+    }
+    for (int v = 0; v < p->n_values; v++) {
+        if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)s->buf + p->offset[v];
+        else if (p->storage[v] == OM_ST_BWD) f.data[v] = (char *)p->bwd_arena + p->offset[v];
+        else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= g->n_fwd_nodes) {
+            f.data[v] = om_alloc(om_tensor_nbytes(&p->vt[v]));
+            if (!f.data[v]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory for gradients"); goto done; }
+        }
+    }
+    if ((st = run_program(e, &f, p->bwd_prog, p->n_bwd_prog, 0, 1))) goto done;
+    for (int i = 0; i < g->n_inputs; i++) {
+        int v = g->grad_of_input[i];
+        if (v < 0) continue;
+        if ((st = hand_out(&f, v, given, &input_grads[i]))) {
+            for (int k = 0; k < i; k++) { om_free(input_grads[k].data); input_grads[k].data = NULL; }
+            goto done;
+        }
+    }
+    s->used = 1;
+done:
+    if (f.data) {
+        /* OUT values of the forward side are not ours here */
+        for (int v = 0; v < p->n_values; v++)
+            if (p->storage[v] == OM_ST_OUT && !(g->values[v].producer >= g->n_fwd_nodes)) f.data[v] = NULL;
+        frame_free(&f, given);
+    }
+    if (zeros)
+        for (int i = 0; i < g->n_outputs; i++) om_free(zeros[i]);
+    free(zeros);
+    free(given);
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+void om_stash_free(om_stash *s) {
+    if (!s) return;
+    if (s->release)
+        for (int i = 0; i < s->n_inputs; i++)
+            if (s->keepalive[i]) s->release(s->keepalive[i]);
+    free(s->keepalive);
+    free(s->inputs);
+    om_free(s->buf);
+    free(s);
+}

@@ -1,0 +1,101 @@
+/* ir.h — the graph the engine optimizes, differentiates and plans.
+ *
+ * Values and nodes live in growable arrays and refer to each other by index (never by
+ * pointer: arrays move as they grow). A value is produced by at most one node; graph
+ * inputs and initializers have producer -1. Nodes are kept in topological order:
+ * forward nodes first (index < n_fwd_nodes after autodiff), then backward nodes.
+ */
+#ifndef OM_IR_H
+#define OM_IR_H
+
+#include "core/core.h"
+
+struct om_op_def;
+
+typedef enum om_attr_type {
+    OM_ATTR_FLOAT = 1, OM_ATTR_INT = 2, OM_ATTR_STRING = 3, OM_ATTR_TENSOR = 4,
+    OM_ATTR_FLOATS = 6, OM_ATTR_INTS = 7,   /* numbering as in ONNX AttributeProto */
+} om_attr_type;
+
+typedef struct om_attr {
+    char *name;
+    om_attr_type type;
+    int64_t i;
+    float f;
+    char *s;
+    int n;               /* length of ints / floats */
+    int64_t *ints;
+    float *floats;
+    om_tensor t;         /* OM_ATTR_TENSOR: t.data is owned by the attr */
+} om_attr;
+
+typedef struct om_value {
+    char *name;
+    om_dtype dtype;      /* known after import (graph inputs) and type inference */
+    int producer;        /* node index, -1 for graph inputs and constants */
+    int is_input;        /* index in graph inputs, or -1 */
+    om_tensor *constant; /* initializers: owned tensor + data; NULL otherwise */
+} om_value;
+
+typedef struct om_node {
+    const struct om_op_def *op;
+    char *name;
+    int n_in, n_out;
+    int *in, *out;       /* value ids; -1 marks an absent optional input/output */
+    int n_attr;
+    om_attr *attr;
+    int backward;        /* emitted by autodiff */
+} om_node;
+
+typedef struct om_graph {
+    om_value *values; int n_values, cap_values;
+    om_node *nodes;   int n_nodes, cap_nodes;
+    int *inputs;  int n_inputs;
+    int *outputs; int n_outputs;
+    int opset;
+    /* set by autodiff */
+    int n_fwd_nodes;
+    int *grad_of_output;   /* per graph output: the value id fed with dL/d(output), or -1 */
+    int *grad_of_input;    /* per graph input: the value id holding dL/d(input), or -1 */
+} om_graph;
+
+om_graph *om_graph_new(void);
+void      om_graph_free(om_graph *g);
+
+/* Adds a value; returns its id or -1 when out of memory. name may be NULL (auto-named). */
+int om_graph_add_value(om_graph *g, const char *name, om_dtype dtype);
+/* Adds a node of op_type (looked up in the op table; domain "" or "com.microsoft" or
+ * "ortmod"). in/out may contain -1. Returns the node id in *node_id. */
+om_status *om_graph_add_node(om_graph *g, const char *op_type, const char *domain, const char *name,
+                             const int *in, int n_in, const int *out, int n_out, int *node_id);
+int om_graph_find_value(const om_graph *g, const char *name);   /* -1 if none */
+
+/* Attributes: lookups return the default when absent. */
+const om_attr *om_attr_find(const om_node *n, const char *name);
+int64_t     om_attr_int(const om_node *n, const char *name, int64_t dflt);
+float       om_attr_float(const om_node *n, const char *name, float dflt);
+const char *om_attr_string(const om_node *n, const char *name, const char *dflt);
+/* Returns the count (-1 when absent); *vals points into the attr. */
+int         om_attr_ints(const om_node *n, const char *name, const int64_t **vals);
+
+om_status *om_node_set_int(om_graph *g, int node, const char *name, int64_t v);
+om_status *om_node_set_float(om_graph *g, int node, const char *name, float v);
+om_status *om_node_set_ints(om_graph *g, int node, const char *name, const int64_t *v, int n);
+om_status *om_node_set_string(om_graph *g, int node, const char *name, const char *s);
+/* Copies t (including its data) into a tensor attribute. */
+om_status *om_node_set_tensor(om_graph *g, int node, const char *name, const om_tensor *t);
+
+/* Makes sure output slot idx of node exists (growing n_out if needed) and returns its
+ * value id; used by gradient rules that want optional forward outputs (saved mean, ...). */
+int om_node_ensure_output(om_graph *g, int node, int idx, om_dtype dtype);
+
+/* ONNX import (protobuf-c). On success *out is owned by the caller. */
+om_status *om_graph_import_onnx(const void *bytes, size_t n, om_graph **out);
+/* ONNX export of the graph as it is (values without data become graph inputs/outputs
+ * as they are marked). *bytes is om_alloc'd. */
+om_status *om_graph_export_onnx(const om_graph *g, const char *graph_name, void **bytes, size_t *n);
+
+/* Runs each node's dtype rule in order; fills value dtypes. */
+om_status *om_graph_infer_types(om_graph *g);
+
+#endif

@@ -1,0 +1,143 @@
+/* ortmod.h — the engine's public API: the one interface both clients use
+ * (the CPython binding in python/ and the native runner in csrc/runner/).
+ *
+ * Worked example: compile an ONNX model once, then train.
+ *
+ *     om_engine *eng = NULL;
+ *     om_engine_options opt = om_engine_default_options();
+ *     opt.grad_inputs = needs_grad;            // bool per graph input
+ *     om_status *st = om_engine_create(onnx_bytes, onnx_len, &opt, &eng);
+ *     if (st) { fprintf(stderr, "%s\n", om_status_message(st)); om_status_free(st); }
+ *
+ *     om_tensor out[N_OUT];                     // filled by the engine; data is om_alloc'd
+ *     om_stash *stash = NULL;                   // what backward needs from this forward
+ *     st = om_engine_forward(eng, inputs, n_inputs, true, out, &stash);
+ *     st = om_engine_backward(eng, stash, dout, grads);   // grads[i].data NULL where not needed
+ *     om_stash_free(stash);
+ *     om_engine_free(eng);
+ *
+ * Ownership: every function that creates something documents who frees it.
+ * Errors: every fallible function returns om_status* — NULL on success, otherwise an
+ * error the caller owns (om_status_free). Nothing here exits or aborts.
+ */
+#ifndef ORTMOD_H
+#define ORTMOD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OM_MAX_RANK 8
+
+/* ---- status ---------------------------------------------------------------------- */
+typedef enum om_code {
+    OM_OK = 0,
+    OM_INVALID_ARGUMENT,   /* bad input from the caller: dtype, shape, count */
+    OM_INVALID_MODEL,      /* the ONNX bytes cannot be parsed or are inconsistent */
+    OM_UNSUPPORTED_OP,     /* an op (or an op's attribute value) the engine lacks */
+    OM_NO_GRADIENT,        /* an op has no gradient rule but its gradient is needed */
+    OM_OUT_OF_MEMORY,
+    OM_RUNTIME,            /* a kernel failed at run time (e.g. index out of range) */
+    OM_INTERNAL,           /* a bug in the engine: please report */
+} om_code;
+
+typedef struct om_status om_status;
+om_code     om_status_code(const om_status *st);
+const char *om_status_message(const om_status *st);
+void        om_status_free(om_status *st);
+
+/* ---- tensors --------------------------------------------------------------------- */
+/* Values match ONNX TensorProto.DataType so that Cast and import need no table. */
+typedef enum om_dtype {
+    OM_UNDEFINED = 0,
+    OM_F32 = 1, OM_U8 = 2, OM_I8 = 3, OM_I32 = 6, OM_I64 = 7,
+    OM_BOOL = 9, OM_F16 = 10, OM_F64 = 11, OM_BF16 = 16,
+} om_dtype;
+
+size_t      om_dtype_size(om_dtype dt);      /* 0 for unknown */
+const char *om_dtype_name(om_dtype dt);      /* "float32", ... */
+
+typedef enum om_device_type { OM_CPU = 0, OM_CUDA = 1 } om_device_type;
+
+/* A dense, row-major view. It never owns its data. */
+typedef struct om_tensor {
+    om_dtype dtype;
+    int rank;
+    int64_t dims[OM_MAX_RANK];
+    void *data;
+    om_device_type device;
+    int device_id;
+} om_tensor;
+
+int64_t om_tensor_numel(const om_tensor *t);
+size_t  om_tensor_nbytes(const om_tensor *t);
+
+/* Aligned host memory; what the engine hands out (outputs, gradients) is freed with om_free. */
+void *om_alloc(size_t nbytes);
+void  om_free(void *p);
+
+/* ---- engine ---------------------------------------------------------------------- */
+typedef enum om_log_level {
+    OM_LOG_VERBOSE = 0, OM_LOG_INFO = 1, OM_LOG_WARNING = 2, OM_LOG_ERROR = 3, OM_LOG_FATAL = 4,
+} om_log_level;
+
+typedef void (*om_log_fn)(void *user, om_log_level level, const char *message);
+
+typedef struct om_engine_options {
+    const bool *grad_inputs;    /* per graph input: compute its gradient (NULL: none → inference only) */
+    int n_grad_inputs;
+    om_log_level log_level;
+    om_log_fn log;              /* NULL: silent */
+    void *log_user;
+    uint64_t seed;              /* for random ops (Dropout) */
+} om_engine_options;
+
+om_engine_options om_engine_default_options(void);
+
+typedef struct om_engine om_engine;   /* a compiled model: forward + backward graphs, plans per shape */
+typedef struct om_stash om_stash;     /* what one forward leaves for its backward */
+
+/* Parses, optimizes and differentiates. On success *out is owned by the caller (om_engine_free). */
+om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engine_options *opt,
+                            om_engine **out);
+void om_engine_free(om_engine *eng);
+
+int         om_engine_num_inputs(const om_engine *eng);
+int         om_engine_num_outputs(const om_engine *eng);
+const char *om_engine_input_name(const om_engine *eng, int i);
+const char *om_engine_output_name(const om_engine *eng, int i);
+om_dtype    om_engine_input_dtype(const om_engine *eng, int i);
+om_dtype    om_engine_output_dtype(const om_engine *eng, int i);
+/* 1 when output i carries a gradient back (float output reachable from a grad input). */
+int         om_engine_output_differentiable(const om_engine *eng, int i);
+
+/* Serialized ONNX of a stage: "optimized" (forward after passes) or "execution"
+ * (forward + backward as the engine runs it). *bytes is om_alloc'd; caller om_frees it. */
+om_status *om_engine_export_onnx(const om_engine *eng, const char *stage, void **bytes, size_t *n);
+
+/* Runs the forward. inputs: n_inputs tensors in graph-input order (read in place; they
+ * must stay alive until the stash is freed when training). outputs: filled with
+ * om_alloc'd data the caller owns. When training and the engine has grad inputs,
+ * *stash receives what backward needs (caller frees with om_stash_free); otherwise NULL.
+ * inputs_keepalive (may be NULL): per input, an opaque pointer stored in the stash and
+ * passed to release() when the stash is freed (the binding keeps DLPack tensors alive). */
+typedef void (*om_release_fn)(void *p);
+om_status *om_engine_forward(om_engine *eng, const om_tensor *inputs, int n_inputs, bool training,
+                             om_tensor *outputs, om_stash **stash,
+                             void **inputs_keepalive, om_release_fn release);
+
+/* Runs the backward of one forward. grad_outputs: one per graph output; data NULL means
+ * zero. input_grads: one per graph input, filled with om_alloc'd gradients for the grad
+ * inputs (data NULL for the others). A stash may be used by one backward only. */
+om_status *om_engine_backward(om_engine *eng, om_stash *stash, const om_tensor *grad_outputs,
+                              om_tensor *input_grads);
+void om_stash_free(om_stash *stash);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ORTMOD_H */

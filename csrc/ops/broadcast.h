@@ -1,0 +1,165 @@
+/* broadcast.h — iterating over broadcast operands without per-element index math.
+ *
+ * A broadcast loop walks an iteration space (usually the output's dims) and, per operand,
+ * a row-major tensor right-aligned against it whose size-1 (or missing) dims get stride 0.
+ * om_bcast_init drops size-1 dims and merges neighbouring dims that every operand walks
+ * the same way, so that what is left is a few "outer" dims and one contiguous "inner" run
+ * in which each operand either advances by 1 or stays put (stride 0). Typical results:
+ *
+ *     (2,3,4) + (2,3,4)   -> 1 block of 24, both step 1        (same shape)
+ *     (2,3,4) + ()        -> 1 block of 24, b step 0            (scalar)
+ *     (2,3,4) + (4,)      -> 6 blocks of 4, b restarts per block (trailing contiguous)
+ *     (2,3,4) + (3,1)     -> 6 blocks of 4, b step 0 inside a block
+ *
+ * Kernels then write one vectorizable inner loop per (step a, step b) combination:
+ *
+ *     om_bcast p;
+ *     const om_tensor *ops[3] = {&out, &a, &b};
+ *     om_bcast_init(&p, &out, ops, 3);
+ *     OM_BINARY_LOOP(&p, float, out.data, float, a.data, float, b.data, x + y);
+ *
+ * Operand 0 is conventionally the output. Sum-reductions (SumToShape) use the same plan
+ * with the reduced tensor as an operand whose strides are 0 along the summed axes.
+ */
+#ifndef OM_BROADCAST_H
+#define OM_BROADCAST_H
+
+#include "ops/op.h"
+
+#define OM_BCAST_MAX_OPS 4
+
+typedef struct om_bcast {
+    int n_ops;
+    int rank;                                   /* outer dims after merging */
+    int64_t dims[OM_MAX_RANK];
+    int64_t stride[OM_BCAST_MAX_OPS][OM_MAX_RANK];  /* element strides of the outer dims */
+    int64_t inner;                              /* length of the innermost contiguous run */
+    int step[OM_BCAST_MAX_OPS];                 /* 0 or 1: operand's stride inside a run */
+    int64_t n_outer;                            /* number of runs (product of outer dims) */
+} om_bcast;
+
+/* Plans a loop over space's dims. Each ops[k] must be broadcastable to space (checked:
+ * OM_INVALID_ARGUMENT otherwise; node may be NULL, used for the message). */
+om_status *om_bcast_init(om_bcast *p, const om_node *node, const om_tensor *space,
+                         const om_tensor *const *ops, int n_ops);
+
+/* Element offsets of every operand at the start of run `block`; idx receives the odometer. */
+static inline void om_bcast_start(const om_bcast *p, int64_t block, int64_t *idx, int64_t *off) {
+    for (int k = 0; k < p->n_ops; k++) off[k] = 0;
+    for (int d = p->rank - 1; d >= 0; d--) {
+        int64_t i = block % p->dims[d];
+        block /= p->dims[d];
+        idx[d] = i;
+        for (int k = 0; k < p->n_ops; k++) off[k] += i * p->stride[k][d];
+    }
+}
+
+/* Advances the odometer by one run (no divisions). */
+static inline void om_bcast_next(const om_bcast *p, int64_t *idx, int64_t *off) {
+    for (int d = p->rank - 1; d >= 0; d--) {
+        for (int k = 0; k < p->n_ops; k++) off[k] += p->stride[k][d];
+        if (++idx[d] < p->dims[d]) return;
+        for (int k = 0; k < p->n_ops; k++) off[k] -= idx[d] * p->stride[k][d];
+        idx[d] = 0;
+    }
+}
+
+/* ---- threading: OpenMP when the build enables it, serial otherwise ---------------- */
+#ifdef _OPENMP
+#define OM_PRAGMA_(x) _Pragma(#x)
+#define OM_PARALLEL_FOR(cond) OM_PRAGMA_(omp parallel for schedule(static) if (cond))
+#else
+#define OM_PARALLEL_FOR(cond)
+#endif
+
+/* Elements per parallel work item: big enough to amortize scheduling, small enough to
+ * spread a 1M-element tensor over 16 cores. */
+#define OM_CHUNK ((int64_t)32768)
+
+/* Runs BODY (the variadic tail) for i in [0, n) in chunks, in parallel when n is large.
+ * BODY sees om_lo, om_hi and should loop `for (int64_t i = om_lo; i < om_hi; i++)`. */
+#define OM_CHUNKED(n, ...)                                                      \
+    do {                                                                         \
+        const int64_t om_n_ = (n);                                               \
+        const int64_t om_nc_ = (om_n_ + OM_CHUNK - 1) / OM_CHUNK;                \
+        OM_PARALLEL_FOR(om_nc_ > 1)                                              \
+        for (int64_t om_c_ = 0; om_c_ < om_nc_; om_c_++) {                       \
+            const int64_t om_lo = om_c_ * OM_CHUNK;                              \
+            const int64_t om_hi = om_lo + OM_CHUNK < om_n_ ? om_lo + OM_CHUNK : om_n_; \
+            __VA_ARGS__;                                                         \
+        }                                                                        \
+    } while (0)
+
+/* Runs BODY (the variadic tail) once per run of the plan, runs grouped so that each work
+ * item covers about OM_CHUNK elements. BODY sees `const int64_t *om_off` (per-operand element offsets of the
+ * run's first element) and p->inner. Runs must write disjoint outputs (not for reductions
+ * into a broadcast operand). */
+#define OM_BCAST_RUNS(p, ...)                                                   \
+    do {                                                                         \
+        const om_bcast *om_p_ = (p);                                             \
+        const int64_t om_per_ = om_p_->inner >= OM_CHUNK || om_p_->inner < 1 ? 1 : OM_CHUNK / om_p_->inner; \
+        const int64_t om_nc_ = (om_p_->n_outer + om_per_ - 1) / om_per_;         \
+        OM_PARALLEL_FOR(om_nc_ > 1)                                              \
+        for (int64_t om_c_ = 0; om_c_ < om_nc_; om_c_++) {                       \
+            int64_t om_idx_[OM_MAX_RANK], om_offv_[OM_BCAST_MAX_OPS];            \
+            const int64_t om_b0_ = om_c_ * om_per_;                              \
+            const int64_t om_b1_ = om_b0_ + om_per_ < om_p_->n_outer ? om_b0_ + om_per_ : om_p_->n_outer; \
+            om_bcast_start(om_p_, om_b0_, om_idx_, om_offv_);                    \
+            for (int64_t om_blk_ = om_b0_; om_blk_ < om_b1_; om_blk_++) {              \
+                const int64_t *om_off = om_offv_;                                \
+                __VA_ARGS__;                                                     \
+                om_bcast_next(om_p_, om_idx_, om_offv_);                         \
+            }                                                                    \
+        }                                                                        \
+    } while (0)
+
+/* out = EXPR(x, y) (the variadic tail) for x from A, y from B, broadcast by plan p
+ * (operands: out, a, b).
+ * The four inner loops are the fast paths: both contiguous (same shape, or trailing
+ * contiguous blocks), and one side held constant (scalar operand, or size-1 last dim).
+ * A single run with both sides contiguous (same shape) is split into parallel chunks. */
+#define OM_BINARY_LOOP(p, TO, OUTP, TA, AP, TB, BP, ...)                        \
+    do {                                                                         \
+        TO *const om_o_ = (TO *)(OUTP);                                          \
+        const TA *const om_a_ = (const TA *)(AP);                                \
+        const TB *const om_bptr_ = (const TB *)(BP);                                \
+        const om_bcast *om_bp_ = (p);                                            \
+        const int64_t om_in_ = om_bp_->inner;                                    \
+        const int om_sa_ = om_bp_->step[1], om_sb_ = om_bp_->step[2];            \
+        if (om_bp_->n_outer == 1 && om_sa_ && om_sb_) {                          \
+            OM_CHUNKED(om_in_, {                                                 \
+                TO *restrict o = om_o_; const TA *restrict pa = om_a_;           \
+                const TB *restrict pb = om_bptr_;                                   \
+                for (int64_t i = om_lo; i < om_hi; i++) {                        \
+                    const TA x = pa[i]; const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__);   \
+                }                                                                \
+            });                                                                  \
+        } else {                                                                 \
+            OM_BCAST_RUNS(om_bp_, {                                              \
+                TO *restrict o = om_o_ + om_off[0];                              \
+                const TA *restrict pa = om_a_ + om_off[1];                       \
+                const TB *restrict pb = om_bptr_ + om_off[2];                       \
+                if (om_sa_ && om_sb_) {                                          \
+                    for (int64_t i = 0; i < om_in_; i++) {                       \
+                        const TA x = pa[i]; const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__); \
+                    }                                                            \
+                } else if (om_sa_) {                                             \
+                    const TB y = pb[0];                                          \
+                    for (int64_t i = 0; i < om_in_; i++) {                       \
+                        const TA x = pa[i]; o[i] = (TO)(__VA_ARGS__);                   \
+                    }                                                            \
+                } else if (om_sb_) {                                             \
+                    const TA x = pa[0];                                          \
+                    for (int64_t i = 0; i < om_in_; i++) {                       \
+                        const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__);                   \
+                    }                                                            \
+                } else {                                                         \
+                    const TA x = pa[0]; const TB y = pb[0];                      \
+                    const TO v = (TO)(__VA_ARGS__);                                     \
+                    for (int64_t i = 0; i < om_in_; i++) o[i] = v;               \
+                }                                                                \
+            });                                                                  \
+        }                                                                        \
+    } while (0)
+
+#endif

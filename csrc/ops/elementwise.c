@@ -1,0 +1,1119 @@
+/* elementwise.c — pointwise ops, their broadcast binary forms and their backward helpers.
+ *
+ * Exports:
+ *   om_op_add             Add                              a + b         (broadcast; f32 f64 i32 i64)
+ *   om_op_sub             Sub                              a - b
+ *   om_op_mul             Mul                              a * b
+ *   om_op_div             Div                              a / b         (ints: error on zero divisor)
+ *   om_op_pow             Pow                              a ^ b         (float base; exponent float or int)
+ *   om_op_max             Max                              max(a, b)     (two inputs)
+ *   om_op_min             Min                              min(a, b)     (two inputs)
+ *   om_op_equal           Equal                            a == b -> bool (no gradient)
+ *   om_op_where           Where                            cond ? x : y  (three-way broadcast)
+ *   om_op_neg             Neg
+ *   om_op_relu            Relu
+ *   om_op_tanh            Tanh
+ *   om_op_sigmoid         Sigmoid
+ *   om_op_gelu            Gelu                             approximate = "none" (erf) | "tanh"
+ *   om_op_erf             Erf
+ *   om_op_sqrt            Sqrt
+ *   om_op_exp             Exp
+ *   om_op_log             Log
+ *   om_op_reciprocal      Reciprocal
+ *   om_op_abs             Abs
+ *   om_op_identity        Identity                         (OM_OP_ALIAS)
+ *   om_op_cast            Cast                             to = ONNX dtype (f32 f64 f16 bf16 ints bool)
+ *   om_op_dropout         Dropout                          (data, ratio?, training_mode?) -> (out, mask?)
+ *   om_op_sum_to_shape    SumToShape    (domain ortmod)    x summed over broadcast axes to a shape
+ *   om_op_relu_grad       ReluGrad      (domain ortmod)    (dy, y) -> dy * (y > 0)
+ *   om_op_gelu_grad       GeluGrad      (domain ortmod)    (dy, x; approximate) -> dy * gelu'(x)
+ *   om_op_tanh_grad       TanhGrad      (domain ortmod)    (dy, y) -> dy * (1 - y^2)
+ *   om_op_sigmoid_grad    SigmoidGrad   (domain ortmod)    (dy, y) -> dy * y * (1 - y)
+ *   om_op_abs_grad        AbsGrad       (domain ortmod)    (dy, x) -> dy * sign(x)
+ *   om_op_dropout_grad    DropoutGrad   (domain ortmod)    (dy, mask, ratio?, training_mode?)
+ *
+ * Kernels receive contiguous row-major tensors. Binary ops iterate with the broadcast
+ * planner of broadcast.h (same shape, scalar and trailing-block fast paths). Unary loops
+ * are chunked for threads and written so that -O3 vectorizes the ones without libm calls.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <tgmath.h>
+
+#include "ops/broadcast.h"
+
+/* ---- small helpers ------------------------------------------------------------------ */
+
+#define DT_BIT(d) (1u << (unsigned)(d))
+#define DT_FLOAT (DT_BIT(OM_F32) | DT_BIT(OM_F64))
+#define DT_ARITH (DT_FLOAT | DT_BIT(OM_I32) | DT_BIT(OM_I64))
+#define DT_INTS (DT_BIT(OM_I32) | DT_BIT(OM_I64) | DT_BIT(OM_I8) | DT_BIT(OM_U8))
+#define DT_EQ (DT_ARITH | DT_BIT(OM_I8) | DT_BIT(OM_U8) | DT_BIT(OM_BOOL))
+#define DT_CAST (DT_EQ | DT_BIT(OM_F16) | DT_BIT(OM_BF16))
+
+static om_status *check_dtype(const om_kernel_ctx *ctx, int i, unsigned allowed) {
+    om_dtype d = ctx->in[i].dtype;
+    if (d <= 0 || d >= 32 || !(allowed & DT_BIT(d))) return om_err_dtype(ctx->node, i, d);
+    return NULL;
+}
+
+static om_status *check_same_dtype(const om_kernel_ctx *ctx, int i, int j) {
+    if (ctx->in[i].dtype != ctx->in[j].dtype)
+        return om_error(OM_INVALID_ARGUMENT, "node '%s' (%s): inputs %d and %d differ in dtype (%s vs %s)",
+                        ctx->node->name, ctx->node->op->name, i, j, om_dtype_name(ctx->in[i].dtype),
+                        om_dtype_name(ctx->in[j].dtype));
+    return NULL;
+}
+
+static om_status *check_same_numel(const om_kernel_ctx *ctx, int i, int j) {
+    if (om_tensor_numel(&ctx->in[i]) != om_tensor_numel(&ctx->in[j])) {
+        char a[128], b[128];
+        om_shape_str(&ctx->in[i], a, sizeof a);
+        om_shape_str(&ctx->in[j], b, sizeof b);
+        return om_error(OM_INVALID_ARGUMENT, "node '%s' (%s): inputs %d %s and %d %s differ in size",
+                        ctx->node->name, ctx->node->op->name, i, a, j, b);
+    }
+    return NULL;
+}
+
+static int present(const om_kernel_ctx *ctx, int i) {
+    return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED;
+}
+
+/* A scalar float input (Dropout's ratio), read whatever its float dtype. */
+static om_status *read_scalar_float(const om_kernel_ctx *ctx, int i, double *v) {
+    const om_tensor *t = &ctx->in[i];
+    if (!t->data || om_tensor_numel(t) != 1)
+        return om_error(OM_INVALID_ARGUMENT, "node '%s' (%s): input %d must be a scalar", ctx->node->name,
+                        ctx->node->op->name, i);
+    switch (t->dtype) {
+    case OM_F32: *v = *(const float *)t->data; return NULL;
+    case OM_F64: *v = *(const double *)t->data; return NULL;
+    default: return om_err_dtype(ctx->node, i, t->dtype);
+    }
+}
+
+static om_dtype vdt(const om_graph *g, int v) { return v >= 0 ? g->values[v].dtype : OM_UNDEFINED; }
+
+/* Copies the forward node's value ids: emitting may grow the node array, so a rule must
+ * not hold a node pointer across an emit. */
+static void node_io(const om_grad_ctx *c, int *in, int n_in, int *out, int n_out) {
+    const om_node *n = &c->g->nodes[c->node];
+    for (int i = 0; i < n_in; i++) in[i] = i < n->n_in ? n->in[i] : -1;
+    for (int j = 0; j < n_out; j++) out[j] = j < n->n_out ? n->out[j] : -1;
+}
+
+/* An emit helper that fails has recorded its error in the grad context (om_grad_fail);
+ * the rule just stops and autodiff reports it. */
+#define EMIT_OK(v) do { if ((v) < 0) return NULL; } while (0)
+
+static om_dtype dtype_bool(const om_graph *g, const om_node *n, int j) { return OM_BOOL; }
+
+/* ---- shape rules ---------------------------------------------------------------------- */
+
+static om_status *infer_unary_float(om_kernel_ctx *ctx) {
+    OM_TRY(check_dtype(ctx, 0, DT_FLOAT));
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    return NULL;
+}
+
+static om_status *infer_unary_arith(om_kernel_ctx *ctx) {
+    OM_TRY(check_dtype(ctx, 0, DT_ARITH));
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    return NULL;
+}
+
+/* (dy, saved) -> like dy; saved must have dy's size. */
+static om_status *infer_grad2(om_kernel_ctx *ctx) {
+    OM_TRY(check_dtype(ctx, 0, DT_FLOAT));
+    OM_TRY(check_same_dtype(ctx, 0, 1));
+    OM_TRY(check_same_numel(ctx, 0, 1));
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    return NULL;
+}
+
+static om_status *infer_broadcast(om_kernel_ctx *ctx, om_dtype out_dt) {
+    om_status *st = om_broadcast_shape(&ctx->in[0], &ctx->in[1], &ctx->out[0]);
+    if (st) return om_error_context(st, "node '%s' (%s)", ctx->node->name, ctx->node->op->name);
+    ctx->out[0].dtype = out_dt;
+    return NULL;
+}
+
+static om_status *infer_binary_arith(om_kernel_ctx *ctx) {
+    OM_TRY(check_dtype(ctx, 0, DT_ARITH));
+    OM_TRY(check_same_dtype(ctx, 0, 1));
+    return infer_broadcast(ctx, ctx->in[0].dtype);
+}
+
+static om_status *infer_pow(om_kernel_ctx *ctx) {
+    OM_TRY(check_dtype(ctx, 0, DT_FLOAT));
+    OM_TRY(check_dtype(ctx, 1, DT_ARITH));
+    return infer_broadcast(ctx, ctx->in[0].dtype);
+}
+
+static om_status *infer_equal(om_kernel_ctx *ctx) {
+    OM_TRY(check_dtype(ctx, 0, DT_EQ));
+    OM_TRY(check_same_dtype(ctx, 0, 1));
+    return infer_broadcast(ctx, OM_BOOL);
+}
+
+/* ---- binary arithmetic ------------------------------------------------------------------ */
+
+static om_status *binary_plan(om_kernel_ctx *ctx, om_bcast *p) {
+    const om_tensor *ops[3] = {&ctx->out[0], &ctx->in[0], &ctx->in[1]};
+    return om_bcast_init(p, ctx->node, &ctx->out[0], ops, 3);
+}
+
+/* out = EXPR(x, y), broadcast; for f32 f64 i32 i64 (x, y, out of one dtype). */
+#define BINARY_ARITH_KERNEL(fname, EXPR)                                                       \
+    static om_status *fname(om_kernel_ctx *ctx) {                                              \
+        /* a, b broadcast to out (ONNX multidirectional) */                                   \
+        om_bcast p;                                                                            \
+        OM_TRY(binary_plan(ctx, &p));                                                          \
+        void *o = ctx->out[0].data;                                                            \
+        const void *a = ctx->in[0].data, *b = ctx->in[1].data;                                 \
+        switch (ctx->in[0].dtype) {                                                            \
+        case OM_F32: OM_BINARY_LOOP(&p, float, o, float, a, float, b, EXPR); break;           \
+        case OM_F64: OM_BINARY_LOOP(&p, double, o, double, a, double, b, EXPR); break;        \
+        case OM_I32: OM_BINARY_LOOP(&p, int32_t, o, int32_t, a, int32_t, b, EXPR); break;     \
+        case OM_I64: OM_BINARY_LOOP(&p, int64_t, o, int64_t, a, int64_t, b, EXPR); break;     \
+        default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);                         \
+        }                                                                                      \
+        return NULL;                                                                           \
+    }
+
+BINARY_ARITH_KERNEL(add_cpu, x + y)
+BINARY_ARITH_KERNEL(sub_cpu, x - y)
+BINARY_ARITH_KERNEL(mul_cpu, x * y)
+/* NaN in either operand propagates (x != x is the NaN test, false for ints). */
+BINARY_ARITH_KERNEL(max_cpu, (x != x || x > y) ? x : y)
+BINARY_ARITH_KERNEL(min_cpu, (x != x || x < y) ? x : y)
+
+/* Float division is plain IEEE; integer division by zero would trap, so the divisor is
+ * scanned first (it is usually a small shape tensor) and reported as an error. */
+static om_status *div_int_check(om_kernel_ctx *ctx) {
+    const om_tensor *b = &ctx->in[1];
+    int64_t n = om_tensor_numel(b), zeros = 0;
+    if (b->dtype == OM_I64) {
+        const int64_t *p = b->data;
+        for (int64_t i = 0; i < n; i++) zeros += p[i] == 0;
+    } else if (b->dtype == OM_I32) {
+        const int32_t *p = b->data;
+        for (int64_t i = 0; i < n; i++) zeros += p[i] == 0;
+    }
+    if (zeros)
+        return om_error(OM_RUNTIME, "node '%s' (Div): integer division by zero", ctx->node->name);
+    return NULL;
+}
+
+BINARY_ARITH_KERNEL(div_cpu_raw, x / y)
+
+static om_status *div_cpu(om_kernel_ctx *ctx) {
+    if (ctx->in[1].dtype == OM_I64 || ctx->in[1].dtype == OM_I32) OM_TRY(div_int_check(ctx));
+    return div_cpu_raw(ctx);
+}
+
+/* Pow: a common exponent is a scalar constant (x**2, x**0.5); those skip libm pow. */
+#define POW_LOOP(TA, TB)                                                                      \
+    do {                                                                                      \
+        if (om_tensor_numel(&ctx->in[1]) == 1 && p.n_outer <= 1) {                          \
+            const double e = (double)*(const TB *)ctx->in[1].data;                           \
+            const TA *restrict xp = (const TA *)ctx->in[0].data;                              \
+            TA *restrict yp = (TA *)ctx->out[0].data;                                         \
+            const int64_t n = om_tensor_numel(&ctx->out[0]);                                  \
+            if (e == 2.0) OM_CHUNKED(n, { for (int64_t i = om_lo; i < om_hi; i++) yp[i] = xp[i] * xp[i]; }); \
+            else if (e == 1.0) OM_CHUNKED(n, { for (int64_t i = om_lo; i < om_hi; i++) yp[i] = xp[i]; }); \
+            else if (e == 3.0) OM_CHUNKED(n, { for (int64_t i = om_lo; i < om_hi; i++) yp[i] = xp[i] * xp[i] * xp[i]; }); \
+            else if (e == 0.5) OM_CHUNKED(n, { for (int64_t i = om_lo; i < om_hi; i++) yp[i] = sqrt(xp[i]); }); \
+            else {                                                                            \
+                const TA te = (TA)e;                                                          \
+                OM_CHUNKED(n, { for (int64_t i = om_lo; i < om_hi; i++) yp[i] = pow(xp[i], te); }); \
+            }                                                                                 \
+        } else {                                                                              \
+            OM_BINARY_LOOP(&p, TA, ctx->out[0].data, TA, ctx->in[0].data, TB, ctx->in[1].data, pow(x, (TA)y)); \
+        }                                                                                     \
+    } while (0)
+
+#define POW_EXP(TA)                                                                           \
+    switch (ctx->in[1].dtype) {                                                               \
+    case OM_F32: POW_LOOP(TA, float); break;                                                  \
+    case OM_F64: POW_LOOP(TA, double); break;                                                 \
+    case OM_I32: POW_LOOP(TA, int32_t); break;                                                \
+    case OM_I64: POW_LOOP(TA, int64_t); break;                                                \
+    default: return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);                            \
+    }
+
+static om_status *pow_cpu(om_kernel_ctx *ctx) {
+    // a is any shape (float), b broadcast against it (float or int)
+    om_bcast p;
+    OM_TRY(binary_plan(ctx, &p));
+    switch (ctx->in[0].dtype) {
+    case OM_F32: POW_EXP(float); break;
+    case OM_F64: POW_EXP(double); break;
+    default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    }
+    return NULL;
+}
+
+static om_status *equal_cpu(om_kernel_ctx *ctx) {
+    // a, b broadcast to out (bool, one byte per element)
+    om_bcast p;
+    OM_TRY(binary_plan(ctx, &p));
+    void *o = ctx->out[0].data;
+    const void *a = ctx->in[0].data, *b = ctx->in[1].data;
+    switch (ctx->in[0].dtype) {
+    case OM_F32: OM_BINARY_LOOP(&p, uint8_t, o, float, a, float, b, x == y); break;
+    case OM_F64: OM_BINARY_LOOP(&p, uint8_t, o, double, a, double, b, x == y); break;
+    case OM_I32: OM_BINARY_LOOP(&p, uint8_t, o, int32_t, a, int32_t, b, x == y); break;
+    case OM_I64: OM_BINARY_LOOP(&p, uint8_t, o, int64_t, a, int64_t, b, x == y); break;
+    case OM_I8: OM_BINARY_LOOP(&p, uint8_t, o, int8_t, a, int8_t, b, x == y); break;
+    case OM_U8: OM_BINARY_LOOP(&p, uint8_t, o, uint8_t, a, uint8_t, b, x == y); break;
+    case OM_BOOL: OM_BINARY_LOOP(&p, uint8_t, o, uint8_t, a, uint8_t, b, (x != 0) == (y != 0)); break;
+    default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    }
+    return NULL;
+}
+
+/* ---- binary gradients ------------------------------------------------------------------- */
+
+/* d(a+b): dy summed back to each operand's shape (a no-op copy when it was not broadcast). */
+static om_status *add_grad(om_grad_ctx *c) {
+    int in[2], out[1];
+    node_io(c, in, 2, out, 1);
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    if (c->need_dx[0]) EMIT_OK(c->dx[0] = om_emit_sum_to(c, dy, in[0]));
+    if (c->need_dx[1]) EMIT_OK(c->dx[1] = om_emit_sum_to(c, dy, in[1]));
+    return NULL;
+}
+
+static om_status *sub_grad(om_grad_ctx *c) {
+    int in[2], out[1];
+    node_io(c, in, 2, out, 1);
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    if (c->need_dx[0]) EMIT_OK(c->dx[0] = om_emit_sum_to(c, dy, in[0]));
+    if (c->need_dx[1]) {
+        /* negate after the reduction: the reduced tensor is the smaller one */
+        int s = om_emit_sum_to(c, dy, in[1]);
+        EMIT_OK(s);
+        EMIT_OK(c->dx[1] = om_emit1(c, "Neg", s));
+    }
+    return NULL;
+}
+
+static om_status *mul_grad(om_grad_ctx *c) {
+    int in[2], out[1];
+    node_io(c, in, 2, out, 1);
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    for (int i = 0; i < 2; i++) {
+        if (!c->need_dx[i]) continue;
+        int t = om_emit2(c, "Mul", dy, in[1 - i]);
+        EMIT_OK(t);
+        EMIT_OK(c->dx[i] = om_emit_sum_to(c, t, in[i]));
+    }
+    return NULL;
+}
+
+/* y = a / b:  da = dy / b,  db = -dy * y / b  (reuses y rather than a) */
+static om_status *div_grad(om_grad_ctx *c) {
+    int in[2], out[1];
+    node_io(c, in, 2, out, 1);
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    if (c->need_dx[0]) {
+        int t = om_emit2(c, "Div", dy, in[1]);
+        EMIT_OK(t);
+        EMIT_OK(c->dx[0] = om_emit_sum_to(c, t, in[0]));
+    }
+    if (c->need_dx[1]) {
+        int q = om_emit2(c, "Div", out[0], in[1]);
+        EMIT_OK(q);
+        int t = om_emit2(c, "Mul", dy, q);
+        EMIT_OK(t);
+        int s = om_emit_sum_to(c, t, in[1]);
+        EMIT_OK(s);
+        EMIT_OK(c->dx[1] = om_emit1(c, "Neg", s));
+    }
+    return NULL;
+}
+
+/* y = a ^ b:  da = dy * b * a^(b-1),  db = dy * y * log(a) */
+static om_status *pow_grad(om_grad_ctx *c) {
+    int in[2], out[1];
+    node_io(c, in, 2, out, 1);
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    om_dtype dt = vdt(c->g, in[0]);
+    if (c->need_dx[0]) {
+        int b = in[1];
+        if (vdt(c->g, b) != dt) {   /* integer exponent: do the arithmetic in a's dtype */
+            b = om_emit1(c, "Cast", in[1]);
+            EMIT_OK(b);
+            om_emit_attr_int(c, "to", dt);
+            c->g->values[b].dtype = dt;
+        }
+        int one = om_emit_scalar(c, dt, 1.0);
+        EMIT_OK(one);
+        int bm1 = om_emit2(c, "Sub", b, one);
+        EMIT_OK(bm1);
+        int p = om_emit2(c, "Pow", in[0], bm1);
+        EMIT_OK(p);
+        int t = om_emit2(c, "Mul", b, p);
+        EMIT_OK(t);
+        int u = om_emit2(c, "Mul", dy, t);
+        EMIT_OK(u);
+        EMIT_OK(c->dx[0] = om_emit_sum_to(c, u, in[0]));
+    }
+    if (c->need_dx[1] && vdt(c->g, in[1]) == dt) {
+        int l = om_emit1(c, "Log", in[0]);
+        EMIT_OK(l);
+        int t = om_emit2(c, "Mul", out[0], l);
+        EMIT_OK(t);
+        int u = om_emit2(c, "Mul", dy, t);
+        EMIT_OK(u);
+        EMIT_OK(c->dx[1] = om_emit_sum_to(c, u, in[1]));
+    }
+    return NULL;
+}
+
+/* Max/Min: the gradient goes to the operand that was selected (ties go to a). */
+static om_status *maxmin_grad(om_grad_ctx *c) {
+    int in[2], out[1];
+    node_io(c, in, 2, out, 1);
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    int pick_a = om_emit2(c, "Equal", out[0], in[0]);
+    EMIT_OK(pick_a);
+    int zero = om_emit_scalar(c, vdt(c->g, dy), 0.0);
+    EMIT_OK(zero);
+    if (c->need_dx[0]) {
+        int in3[3] = {pick_a, dy, zero};
+        int t = om_emit(c, "Where", in3, 3);
+        EMIT_OK(t);
+        EMIT_OK(c->dx[0] = om_emit_sum_to(c, t, in[0]));
+    }
+    if (c->need_dx[1]) {
+        int in3[3] = {pick_a, zero, dy};
+        int t = om_emit(c, "Where", in3, 3);
+        EMIT_OK(t);
+        EMIT_OK(c->dx[1] = om_emit_sum_to(c, t, in[1]));
+    }
+    return NULL;
+}
+
+/* ---- Where ------------------------------------------------------------------------------ */
+
+static om_dtype dtype_where(const om_graph *g, const om_node *n, int j) {
+    return n->n_in > 1 ? vdt(g, n->in[1]) : OM_UNDEFINED;
+}
+
+static om_status *infer_where(om_kernel_ctx *ctx) {
+    if (ctx->in[0].dtype != OM_BOOL) return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    OM_TRY(check_same_dtype(ctx, 1, 2));
+    if (om_dtype_size(ctx->in[1].dtype) == 0) return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);
+    om_tensor t = {0};
+    om_status *st = om_broadcast_shape(&ctx->in[0], &ctx->in[1], &t);
+    if (!st) st = om_broadcast_shape(&t, &ctx->in[2], &ctx->out[0]);
+    if (st) return om_error_context(st, "node '%s' (Where)", ctx->node->name);
+    ctx->out[0].dtype = ctx->in[1].dtype;
+    return NULL;
+}
+
+/* Where only moves elements, so it is written per element size, not per dtype. */
+#define WHERE_LOOP(U)                                                                         \
+    OM_BCAST_RUNS(&p, {                                                                       \
+        U *restrict o = (U *)ctx->out[0].data + om_off[0];                                    \
+        const uint8_t *restrict cp = (const uint8_t *)ctx->in[0].data + om_off[1];            \
+        const U *restrict xp = (const U *)ctx->in[1].data + om_off[2];                        \
+        const U *restrict yp = (const U *)ctx->in[2].data + om_off[3];                        \
+        const int64_t sc = p.step[1], sx = p.step[2], sy = p.step[3];                         \
+        if (sc && sx && sy)                                                                   \
+            for (int64_t i = 0; i < p.inner; i++) o[i] = cp[i] ? xp[i] : yp[i];               \
+        else                                                                                  \
+            for (int64_t i = 0; i < p.inner; i++) o[i] = cp[i * sc] ? xp[i * sx] : yp[i * sy]; \
+    })
+
+static om_status *where_cpu(om_kernel_ctx *ctx) {
+    // cond, x, y broadcast to out
+    om_bcast p;
+    const om_tensor *ops[4] = {&ctx->out[0], &ctx->in[0], &ctx->in[1], &ctx->in[2]};
+    OM_TRY(om_bcast_init(&p, ctx->node, &ctx->out[0], ops, 4));
+    switch (om_dtype_size(ctx->out[0].dtype)) {
+    case 1: WHERE_LOOP(uint8_t); break;
+    case 2: WHERE_LOOP(uint16_t); break;
+    case 4: WHERE_LOOP(uint32_t); break;
+    case 8: WHERE_LOOP(uint64_t); break;
+    default: return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);
+    }
+    return NULL;
+}
+
+/* dx = Where(cond, dy, 0), dy_ = Where(cond, 0, dy), each summed to its operand's shape. */
+static om_status *where_grad(om_grad_ctx *c) {
+    int in[3], out[1];
+    node_io(c, in, 3, out, 1);
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    int zero = om_emit_scalar(c, vdt(c->g, dy), 0.0);
+    EMIT_OK(zero);
+    for (int i = 1; i <= 2; i++) {
+        if (!c->need_dx[i]) continue;
+        int w[3] = {in[0], i == 1 ? dy : zero, i == 1 ? zero : dy};
+        int t = om_emit(c, "Where", w, 3);
+        EMIT_OK(t);
+        EMIT_OK(c->dx[i] = om_emit_sum_to(c, t, in[i]));
+    }
+    return NULL;
+}
+
+/* ---- unary -------------------------------------------------------------------------------- */
+
+/* y = EXPR(x) elementwise for the float dtypes. */
+#define UNARY_FLOAT_KERNEL(fname, EXPR)                                                      \
+    static om_status *fname(om_kernel_ctx *ctx) {                                            \
+        /* x is any shape; y like x */                                                       \
+        const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
+        OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {                                     \
+            const T *restrict xp = (const T *)ctx->in[0].data;                               \
+            T *restrict yp = (T *)ctx->out[0].data;                                          \
+            OM_CHUNKED(n, {                                                                  \
+                for (int64_t i = om_lo; i < om_hi; i++) {                                    \
+                    const T x = xp[i];                                                       \
+                    yp[i] = (T)(EXPR);                                                       \
+                }                                                                            \
+            });                                                                              \
+        });                                                                                  \
+        return NULL;                                                                         \
+    }
+
+/* The same for f32 f64 i32 i64 (ops that also serve shape arithmetic). */
+#define UNARY_ARITH_KERNEL(fname, EXPR)                                                      \
+    static om_status *fname(om_kernel_ctx *ctx) {                                            \
+        /* x is any shape; y like x */                                                       \
+        const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
+        switch (ctx->in[0].dtype) {                                                          \
+        case OM_F32: UNARY_ARITH_LOOP(float, EXPR); break;                                   \
+        case OM_F64: UNARY_ARITH_LOOP(double, EXPR); break;                                  \
+        case OM_I32: UNARY_ARITH_LOOP(int32_t, EXPR); break;                                 \
+        case OM_I64: UNARY_ARITH_LOOP(int64_t, EXPR); break;                                 \
+        default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);                       \
+        }                                                                                    \
+        return NULL;                                                                         \
+    }
+#define UNARY_ARITH_LOOP(T, EXPR)                                                            \
+    do {                                                                                     \
+        const T *restrict xp = (const T *)ctx->in[0].data;                                   \
+        T *restrict yp = (T *)ctx->out[0].data;                                              \
+        OM_CHUNKED(n, {                                                                      \
+            for (int64_t i = om_lo; i < om_hi; i++) {                                        \
+                const T x = xp[i];                                                           \
+                yp[i] = (T)(EXPR);                                                           \
+            }                                                                                \
+        });                                                                                  \
+    } while (0)
+
+UNARY_ARITH_KERNEL(neg_cpu, -x)
+UNARY_ARITH_KERNEL(relu_cpu, x > 0 ? x : 0)
+UNARY_ARITH_KERNEL(abs_cpu, x < 0 ? -x : x)
+UNARY_FLOAT_KERNEL(tanh_cpu, tanh(x))
+/* exp of -|x| only, so neither branch overflows: sigmoid(x) = 1/(1+e) or e/(1+e). */
+UNARY_FLOAT_KERNEL(sigmoid_cpu, x >= 0 ? (T)1 / ((T)1 + exp(-x)) : exp(x) / ((T)1 + exp(x)))
+UNARY_FLOAT_KERNEL(erf_cpu, erf(x))
+UNARY_FLOAT_KERNEL(sqrt_cpu, sqrt(x))
+UNARY_FLOAT_KERNEL(exp_cpu, exp(x))
+UNARY_FLOAT_KERNEL(log_cpu, log(x))
+UNARY_FLOAT_KERNEL(reciprocal_cpu, (T)1 / x)
+
+#define GELU_K0 0.7978845608028654   /* sqrt(2/pi) */
+#define GELU_K1 0.044715
+#define INV_SQRT2 0.7071067811865476
+#define INV_SQRT_2PI 0.3989422804014327
+
+UNARY_FLOAT_KERNEL(gelu_erf_cpu, (T)0.5 * x * ((T)1 + erf(x * (T)INV_SQRT2)))
+UNARY_FLOAT_KERNEL(gelu_tanh_cpu, (T)0.5 * x * ((T)1 + tanh((T)GELU_K0 * (x + (T)GELU_K1 * x * x * x))))
+
+/* approximate: 0 = "none" (erf), 1 = "tanh"; anything else is an error. */
+static int gelu_mode(const om_node *n) {
+    const char *s = om_attr_string(n, "approximate", "none");
+    if (!strcmp(s, "none")) return 0;
+    if (!strcmp(s, "tanh")) return 1;
+    return -1;
+}
+
+static om_status *infer_gelu(om_kernel_ctx *ctx) {
+    if (gelu_mode(ctx->node) < 0) return om_err_unsupported(ctx->node, "approximate must be \"none\" or \"tanh\"");
+    return infer_unary_float(ctx);
+}
+
+static om_status *gelu_cpu(om_kernel_ctx *ctx) {
+    switch (gelu_mode(ctx->node)) {
+    case 0: return gelu_erf_cpu(ctx);
+    case 1: return gelu_tanh_cpu(ctx);
+    default: return om_err_unsupported(ctx->node, "approximate must be \"none\" or \"tanh\"");
+    }
+}
+
+/* ---- fused backward kernels: dx = dy * f'(saved) --------------------------------------- */
+
+#define GRAD2_KERNEL(fname, EXPR)                                                            \
+    static om_status *fname(om_kernel_ctx *ctx) {                                            \
+        /* dy and s (the saved x or y) have the same size; dx like dy */                      \
+        const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
+        OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {                                     \
+            const T *restrict dyp = (const T *)ctx->in[0].data;                              \
+            const T *restrict sp = (const T *)ctx->in[1].data;                               \
+            T *restrict dxp = (T *)ctx->out[0].data;                                         \
+            OM_CHUNKED(n, {                                                                  \
+                for (int64_t i = om_lo; i < om_hi; i++) {                                    \
+                    const T g = dyp[i];                                                      \
+                    const T s = sp[i];                                                       \
+                    dxp[i] = (T)(EXPR);                                                      \
+                }                                                                            \
+            });                                                                              \
+        });                                                                                  \
+        return NULL;                                                                         \
+    }
+
+GRAD2_KERNEL(relu_grad_cpu, s > 0 ? g : (T)0)
+GRAD2_KERNEL(tanh_grad_cpu, g * ((T)1 - s * s))
+GRAD2_KERNEL(sigmoid_grad_cpu, g * s * ((T)1 - s))
+GRAD2_KERNEL(abs_grad_cpu, s > 0 ? g : (s < 0 ? -g : (T)0))
+/* gelu'(x) = Phi(x) + x * phi(x) */
+GRAD2_KERNEL(gelu_erf_grad_cpu,
+             g * ((T)0.5 * ((T)1 + erf(s * (T)INV_SQRT2)) + s * (T)INV_SQRT_2PI * exp((T)-0.5 * s * s)))
+/* d/dx 0.5 x (1 + tanh(u)), u = k0 (x + k1 x^3):  0.5 (1 + t) + 0.5 x (1 - t^2) k0 (1 + 3 k1 x^2) */
+GRAD2_KERNEL(gelu_tanh_grad_cpu,
+             g * ((T)0.5 * ((T)1 + tanh((T)GELU_K0 * (s + (T)GELU_K1 * s * s * s))) +
+                  (T)0.5 * s * ((T)1 - tanh((T)GELU_K0 * (s + (T)GELU_K1 * s * s * s)) *
+                                           tanh((T)GELU_K0 * (s + (T)GELU_K1 * s * s * s))) *
+                      (T)GELU_K0 * ((T)1 + (T)(3 * GELU_K1) * s * s)))
+
+static om_status *gelu_grad_cpu(om_kernel_ctx *ctx) {
+    switch (gelu_mode(ctx->node)) {
+    case 0: return gelu_erf_grad_cpu(ctx);
+    case 1: return gelu_tanh_grad_cpu(ctx);
+    default: return om_err_unsupported(ctx->node, "approximate must be \"none\" or \"tanh\"");
+    }
+}
+
+static om_status *infer_gelu_grad(om_kernel_ctx *ctx) {
+    if (gelu_mode(ctx->node) < 0) return om_err_unsupported(ctx->node, "approximate must be \"none\" or \"tanh\"");
+    return infer_grad2(ctx);
+}
+
+/* ---- unary gradients ---------------------------------------------------------------------- */
+
+/* dx = OP(dy, saved), saved = forward input (use_out 0) or output (1). */
+static om_status *grad_fused(om_grad_ctx *c, const char *op, int use_out) {
+    int in[1], out[1];
+    node_io(c, in, 1, out, 1);
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    EMIT_OK(c->dx[0] = om_emit2(c, op, c->dy[0], use_out ? out[0] : in[0]));
+    return NULL;
+}
+
+static om_status *neg_grad(om_grad_ctx *c) {
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    EMIT_OK(c->dx[0] = om_emit1(c, "Neg", c->dy[0]));
+    return NULL;
+}
+static om_status *relu_grad(om_grad_ctx *c) { return grad_fused(c, "ReluGrad", 1); }
+static om_status *tanh_grad(om_grad_ctx *c) { return grad_fused(c, "TanhGrad", 1); }
+static om_status *sigmoid_grad(om_grad_ctx *c) { return grad_fused(c, "SigmoidGrad", 1); }
+static om_status *abs_grad(om_grad_ctx *c) { return grad_fused(c, "AbsGrad", 0); }
+static om_status *exp_grad(om_grad_ctx *c) { return grad_fused(c, "Mul", 1); }
+static om_status *log_grad(om_grad_ctx *c) { return grad_fused(c, "Div", 0); }
+
+static om_status *gelu_grad(om_grad_ctx *c) {
+    int tanh_mode = gelu_mode(&c->g->nodes[c->node]) == 1;
+    OM_TRY(grad_fused(c, "GeluGrad", 0));
+    if (tanh_mode && c->dx[0] >= 0)
+        om_grad_fail(c, om_node_set_string(c->g, om_emit_last(c), "approximate", "tanh"));
+    return NULL;
+}
+
+/* erf'(x) = 2/sqrt(pi) exp(-x^2) */
+static om_status *erf_grad(om_grad_ctx *c) {
+    int in[1], out[1];
+    node_io(c, in, 1, out, 1);
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    int x2 = om_emit2(c, "Mul", in[0], in[0]);
+    EMIT_OK(x2);
+    int nx2 = om_emit1(c, "Neg", x2);
+    EMIT_OK(nx2);
+    int e = om_emit1(c, "Exp", nx2);
+    EMIT_OK(e);
+    int k = om_emit_scalar(c, vdt(c->g, in[0]), 1.1283791670955126);
+    EMIT_OK(k);
+    int t = om_emit2(c, "Mul", e, k);
+    EMIT_OK(t);
+    EMIT_OK(c->dx[0] = om_emit2(c, "Mul", c->dy[0], t));
+    return NULL;
+}
+
+/* y = sqrt(x): dx = 0.5 dy / y */
+static om_status *sqrt_grad(om_grad_ctx *c) {
+    int in[1], out[1];
+    node_io(c, in, 1, out, 1);
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    int h = om_emit_scalar(c, vdt(c->g, out[0]), 0.5);
+    EMIT_OK(h);
+    int t = om_emit2(c, "Mul", c->dy[0], h);
+    EMIT_OK(t);
+    EMIT_OK(c->dx[0] = om_emit2(c, "Div", t, out[0]));
+    return NULL;
+}
+
+/* y = 1/x: dx = -dy y^2 */
+static om_status *reciprocal_grad(om_grad_ctx *c) {
+    int in[1], out[1];
+    node_io(c, in, 1, out, 1);
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    int y2 = om_emit2(c, "Mul", out[0], out[0]);
+    EMIT_OK(y2);
+    int t = om_emit2(c, "Mul", c->dy[0], y2);
+    EMIT_OK(t);
+    EMIT_OK(c->dx[0] = om_emit1(c, "Neg", t));
+    return NULL;
+}
+
+/* ---- Identity ------------------------------------------------------------------------------ */
+
+static om_status *infer_identity(om_kernel_ctx *ctx) {
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    return NULL;
+}
+
+static om_status *identity_cpu(om_kernel_ctx *ctx) {
+    // y is x (the planner may alias them; then there is nothing to do)
+    if (ctx->out[0].data != ctx->in[0].data)
+        memmove(ctx->out[0].data, ctx->in[0].data, om_tensor_nbytes(&ctx->in[0]));
+    return NULL;
+}
+
+static om_status *identity_grad(om_grad_ctx *c) {
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    EMIT_OK(c->dx[0] = om_emit1(c, "Identity", c->dy[0]));
+    return NULL;
+}
+
+/* ---- Cast ------------------------------------------------------------------------------------ */
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+    if (e == 0) {
+        float f = (float)m * 5.9604644775390625e-8f;   /* subnormal: m * 2^-24 */
+        return sign ? -f : f;
+    }
+    if (e == 31) bits = sign | 0x7f800000u | (m << 13);
+    else bits = sign | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Round to nearest even, overflow to inf, NaN stays NaN. */
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* >= 65520 rounds to inf */
+    if (ax < 0x38800000u) {                                      /* below 2^-14: subnormal */
+        float a;
+        memcpy(&a, &ax, 4);
+        float t = a * 16777216.0f + 8388608.0f;   /* adding 2^23 rounds a*2^24 to an integer (RNE) */
+        uint32_t tb;
+        memcpy(&tb, &t, 4);
+        return (uint16_t)(sign | (tb - 0x4b000000u));
+    }
+    uint32_t r = ax + 0xc8000fffu + ((ax >> 13) & 1u);   /* rebias exponent by -112, round */
+    return (uint16_t)(sign | (r >> 13));
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* Float -> integer saturates (C leaves out-of-range conversion undefined); NaN -> 0. */
+static inline int64_t sat_i64(double v) {
+    if (v != v) return 0;
+    if (v >= 9223372036854775807.0) return INT64_MAX;
+    if (v <= -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)v;
+}
+static inline int64_t id_i64(int64_t v) { return v; }
+#define TO_I64(v) _Generic((v), double: sat_i64, default: id_i64)(v)
+
+/* Loads go to int64 when the source is an integer (exact), to double otherwise. */
+#define LD_F32(v) ((double)(v))
+#define LD_F64(v) ((double)(v))
+#define LD_F16(v) ((double)f16_to_f32(v))
+#define LD_BF16(v) ((double)bf16_to_f32(v))
+#define LD_INT(v) ((int64_t)(v))
+#define LD_BOOL(v) ((int64_t)((v) != 0))
+#define ST_F32(v) ((float)(v))
+#define ST_F64(v) ((double)(v))
+#define ST_F16(v) f32_to_f16((float)(v))
+#define ST_BF16(v) f32_to_bf16((float)(v))
+#define ST_I64(v) TO_I64(v)
+#define ST_I32(v) ((int32_t)TO_I64(v))
+#define ST_I8(v) ((int8_t)TO_I64(v))
+#define ST_U8(v) ((uint8_t)TO_I64(v))
+#define ST_BOOL(v) ((uint8_t)((v) != 0))
+
+#define CAST_RUN(TS, LD, TD, ST)                                                             \
+    do {                                                                                     \
+        const TS *restrict sp = (const TS *)ctx->in[0].data;                                 \
+        TD *restrict dp = (TD *)ctx->out[0].data;                                            \
+        OM_CHUNKED(n, { for (int64_t i = om_lo; i < om_hi; i++) dp[i] = ST(LD(sp[i])); });    \
+    } while (0)
+
+#define CAST_TO(TS, LD)                                                                      \
+    switch (to) {                                                                            \
+    case OM_F32: CAST_RUN(TS, LD, float, ST_F32); break;                                     \
+    case OM_F64: CAST_RUN(TS, LD, double, ST_F64); break;                                    \
+    case OM_F16: CAST_RUN(TS, LD, uint16_t, ST_F16); break;                                  \
+    case OM_BF16: CAST_RUN(TS, LD, uint16_t, ST_BF16); break;                                \
+    case OM_I64: CAST_RUN(TS, LD, int64_t, ST_I64); break;                                   \
+    case OM_I32: CAST_RUN(TS, LD, int32_t, ST_I32); break;                                   \
+    case OM_I8: CAST_RUN(TS, LD, int8_t, ST_I8); break;                                      \
+    case OM_U8: CAST_RUN(TS, LD, uint8_t, ST_U8); break;                                     \
+    case OM_BOOL: CAST_RUN(TS, LD, uint8_t, ST_BOOL); break;                                 \
+    default: return om_err_unsupported(ctx->node, "Cast to this dtype");                    \
+    }
+
+static om_dtype dtype_cast(const om_graph *g, const om_node *n, int j) {
+    return (om_dtype)om_attr_int(n, "to", OM_UNDEFINED);
+}
+
+static int cast_dtype_ok(om_dtype d) { return d > 0 && d < 32 && (DT_CAST & DT_BIT(d)); }
+
+static om_status *infer_cast(om_kernel_ctx *ctx) {
+    om_dtype to = (om_dtype)om_attr_int(ctx->node, "to", OM_UNDEFINED);
+    OM_TRY(check_dtype(ctx, 0, DT_CAST));
+    if (!cast_dtype_ok(to)) {
+        char what[64];
+        snprintf(what, sizeof what, "Cast to ONNX dtype %d", (int)to);
+        return om_err_unsupported(ctx->node, what);
+    }
+    om_set_shape(&ctx->out[0], &ctx->in[0], to);
+    return NULL;
+}
+
+static om_status *cast_cpu(om_kernel_ctx *ctx) {
+    // x is any shape; y like x in dtype `to`
+    const om_dtype to = ctx->out[0].dtype, from = ctx->in[0].dtype;
+    const int64_t n = om_tensor_numel(&ctx->in[0]);
+    if (to == from) {
+        if (ctx->out[0].data != ctx->in[0].data)
+            memmove(ctx->out[0].data, ctx->in[0].data, om_tensor_nbytes(&ctx->in[0]));
+        return NULL;
+    }
+    switch (from) {
+    case OM_F32: CAST_TO(float, LD_F32); break;
+    case OM_F64: CAST_TO(double, LD_F64); break;
+    case OM_F16: CAST_TO(uint16_t, LD_F16); break;
+    case OM_BF16: CAST_TO(uint16_t, LD_BF16); break;
+    case OM_I64: CAST_TO(int64_t, LD_INT); break;
+    case OM_I32: CAST_TO(int32_t, LD_INT); break;
+    case OM_I8: CAST_TO(int8_t, LD_INT); break;
+    case OM_U8: CAST_TO(uint8_t, LD_INT); break;
+    case OM_BOOL: CAST_TO(uint8_t, LD_BOOL); break;
+    default: return om_err_dtype(ctx->node, 0, from);
+    }
+    return NULL;
+}
+
+static int is_float_dt(om_dtype d) { return d == OM_F32 || d == OM_F64 || d == OM_F16 || d == OM_BF16; }
+
+/* Between float dtypes the gradient is cast back; through an integer there is none. */
+static om_status *cast_grad(om_grad_ctx *c) {
+    int in[1], out[1];
+    node_io(c, in, 1, out, 1);
+    om_dtype from = vdt(c->g, in[0]), to = vdt(c->g, out[0]);
+    if (c->dy[0] < 0 || !c->need_dx[0] || !is_float_dt(from) || !is_float_dt(to)) return NULL;
+    int v = om_emit1(c, "Cast", c->dy[0]);
+    EMIT_OK(v);
+    om_emit_attr_int(c, "to", from);
+    /* the dtype rule ran at emit time, before "to" was set */
+    c->g->values[v].dtype = from;
+    c->dx[0] = v;
+    return NULL;
+}
+
+/* ---- Dropout ---------------------------------------------------------------------------------- */
+
+static om_dtype dtype_dropout(const om_graph *g, const om_node *n, int j) {
+    return j == 1 ? OM_BOOL : vdt(g, n->in[0]);
+}
+
+static om_status *infer_dropout(om_kernel_ctx *ctx) {
+    OM_TRY(check_dtype(ctx, 0, DT_FLOAT));
+    if (present(ctx, 1)) OM_TRY(check_dtype(ctx, 1, DT_FLOAT));
+    if (present(ctx, 2) && ctx->in[2].dtype != OM_BOOL) return om_err_dtype(ctx->node, 2, ctx->in[2].dtype);
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    if (ctx->n_out > 1) om_set_shape(&ctx->out[1], &ctx->in[0], OM_BOOL);
+    return NULL;
+}
+
+/* ratio (default 0.5) and training (default off) from the optional inputs at ri, ti.
+ * *scale is what kept elements are multiplied by. */
+static om_status *dropout_params(om_kernel_ctx *ctx, int ri, int ti, double *ratio, int *training,
+                                 double *scale) {
+    *ratio = 0.5;
+    *training = 0;
+    *scale = 1.0;
+    if (present(ctx, ri)) OM_TRY(read_scalar_float(ctx, ri, ratio));
+    if (present(ctx, ti)) {
+        if (!ctx->in[ti].data || om_tensor_numel(&ctx->in[ti]) != 1)
+            return om_error(OM_INVALID_ARGUMENT, "node '%s': training_mode must be a scalar bool", ctx->node->name);
+        *training = *(const uint8_t *)ctx->in[ti].data != 0;
+    }
+    if (*training && !(*ratio >= 0.0 && *ratio <= 1.0))
+        return om_error(OM_INVALID_ARGUMENT, "node '%s': dropout ratio %g is outside [0, 1]", ctx->node->name,
+                        *ratio);
+    *scale = *ratio < 1.0 ? 1.0 / (1.0 - *ratio) : 0.0;   /* ratio 1 drops everything */
+    return NULL;
+}
+
+static om_status *dropout_cpu(om_kernel_ctx *ctx) {
+    // x is any shape, flattened to (N,); y like x; mask (N,) bool
+    double ratio, scale;
+    int training;
+    OM_TRY(dropout_params(ctx, 1, 2, &ratio, &training, &scale));
+    const int64_t n = om_tensor_numel(&ctx->in[0]);
+    uint8_t *mask = ctx->n_out > 1 ? (uint8_t *)ctx->out[1].data : NULL;
+    if (!training || ratio == 0.0) {
+        if (ctx->out[0].data != ctx->in[0].data)
+            memmove(ctx->out[0].data, ctx->in[0].data, om_tensor_nbytes(&ctx->in[0]));
+        if (mask) memset(mask, 1, (size_t)n);
+        return NULL;
+    }
+    /* mask[i] depends only on (seed, i): the same on any thread split. */
+    const uint64_t seed = ctx->seed;
+    const float r = (float)ratio;
+    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
+        const T *restrict xp = (const T *)ctx->in[0].data;
+        T *restrict yp = (T *)ctx->out[0].data;
+        const T s = (T)scale;
+        OM_CHUNKED(n, {
+            for (int64_t i = om_lo; i < om_hi; i++) {
+                const int keep = om_rand_uniform(seed, (uint64_t)i) >= r;
+                if (mask) mask[i] = (uint8_t)keep;
+                yp[i] = keep ? xp[i] * s : (T)0;
+            }
+        });
+    });
+    return NULL;
+}
+
+/* dx = DropoutGrad(dy, mask, ratio, training_mode); without a training_mode input the
+ * op is the identity and so is its gradient. The mask output is created if the model did
+ * not ask for it, so that the forward saves it. */
+static om_status *dropout_grad(om_grad_ctx *c) {
+    int in[3], out[2];
+    node_io(c, in, 3, out, 2);
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    if (in[2] < 0) {
+        EMIT_OK(c->dx[0] = om_emit1(c, "Identity", c->dy[0]));
+        return NULL;
+    }
+    int mask = om_node_ensure_output(c->g, c->node, 1, OM_BOOL);
+    if (mask < 0)
+        return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "node '%s': cannot add the Dropout mask output",
+                                        c->g->nodes[c->node].name));
+    int g_in[4] = {c->dy[0], mask, in[1], in[2]};
+    EMIT_OK(c->dx[0] = om_emit(c, "DropoutGrad", g_in, 4));
+    return NULL;
+}
+
+static om_status *infer_dropout_grad(om_kernel_ctx *ctx) {
+    OM_TRY(check_dtype(ctx, 0, DT_FLOAT));
+    if (ctx->in[1].dtype != OM_BOOL) return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);
+    OM_TRY(check_same_numel(ctx, 0, 1));
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    return NULL;
+}
+
+static om_status *dropout_grad_cpu(om_kernel_ctx *ctx) {
+    // dy, mask are (N,); dx like dy
+    double ratio, scale;
+    int training;
+    OM_TRY(dropout_params(ctx, 2, 3, &ratio, &training, &scale));
+    const int64_t n = om_tensor_numel(&ctx->in[0]);
+    if (!training) {
+        if (ctx->out[0].data != ctx->in[0].data)
+            memmove(ctx->out[0].data, ctx->in[0].data, om_tensor_nbytes(&ctx->in[0]));
+        return NULL;
+    }
+    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
+        const T *restrict dyp = (const T *)ctx->in[0].data;
+        const uint8_t *restrict mp = (const uint8_t *)ctx->in[1].data;
+        T *restrict dxp = (T *)ctx->out[0].data;
+        const T s = (T)scale;
+        OM_CHUNKED(n, { for (int64_t i = om_lo; i < om_hi; i++) dxp[i] = mp[i] ? dyp[i] * s : (T)0; });
+    });
+    return NULL;
+}
+
+/* ---- SumToShape ------------------------------------------------------------------------------- */
+
+static om_status *infer_sum_to_shape(om_kernel_ctx *ctx) {
+    OM_TRY(check_dtype(ctx, 0, DT_ARITH));
+    int64_t t[OM_MAX_RANK];
+    int r = om_read_ints(&ctx->in[1], t, OM_MAX_RANK);
+    if (r < 0)
+        return om_error(OM_INVALID_ARGUMENT, "node '%s' (SumToShape): the target shape must be a 1-D int64 "
+                        "tensor known at plan time", ctx->node->name);
+    const om_tensor *x = &ctx->in[0];
+    for (int i = 0; i < r; i++) {
+        int xi = i - (r - x->rank);
+        int64_t xd = xi >= 0 ? x->dims[xi] : 1;
+        if (t[i] != xd && t[i] != 1) {
+            char sx[128];
+            om_shape_str(x, sx, sizeof sx);
+            return om_error(OM_INVALID_ARGUMENT, "node '%s' (SumToShape): %s cannot be summed to a shape with "
+                            "%lld at axis %d", ctx->node->name, sx, (long long)t[i], i);
+        }
+    }
+    ctx->out[0].dtype = x->dtype;
+    ctx->out[0].rank = r;
+    for (int i = 0; i < r; i++) ctx->out[0].dims[i] = t[i];
+    return NULL;
+}
+
+/* Accumulates x's runs into out; ACC is the accumulator type for a run summed to one
+ * element (double for floats: long rows lose less precision). */
+#define SUM_TO_LOOP(T, ACC)                                                                   \
+    do {                                                                                      \
+        const T *xp = (const T *)ctx->in[0].data;                                             \
+        T *op = (T *)ctx->out[0].data;                                                        \
+        memset(op, 0, om_tensor_nbytes(&ctx->out[0]));                                        \
+        int64_t idx[OM_MAX_RANK], off[OM_BCAST_MAX_OPS];                                      \
+        om_bcast_start(&p, 0, idx, off);                                                      \
+        for (int64_t b = 0; b < p.n_outer; b++) {                                             \
+            const T *restrict xr = xp + off[0];                                               \
+            T *restrict orow = op + off[1];                                                   \
+            if (p.step[1]) {                                                                  \
+                for (int64_t i = 0; i < p.inner; i++) orow[i] += xr[i];                       \
+            } else {                                                                          \
+                ACC acc = 0;                                                                  \
+                for (int64_t i = 0; i < p.inner; i++) acc += xr[i];                           \
+                orow[0] += (T)acc;                                                            \
+            }                                                                                 \
+            om_bcast_next(&p, idx, off);                                                      \
+        }                                                                                     \
+    } while (0)
+
+static om_status *sum_to_shape_cpu(om_kernel_ctx *ctx) {
+    // x is any shape; out is the target shape, each dim 1 or x's (right-aligned)
+    const om_tensor *x = &ctx->in[0];
+    if (om_tensor_numel(&ctx->out[0]) == om_tensor_numel(x)) {   /* nothing was broadcast */
+        if (ctx->out[0].data != x->data) memmove(ctx->out[0].data, x->data, om_tensor_nbytes(x));
+        return NULL;
+    }
+    /* leading size-1 dims of the target beyond x's rank carry no data: drop them */
+    om_tensor o = ctx->out[0];
+    while (o.rank > x->rank && o.dims[0] == 1) {
+        memmove(o.dims, o.dims + 1, sizeof(int64_t) * (size_t)(o.rank - 1));
+        o.rank--;
+    }
+    om_bcast p;
+    const om_tensor *ops[2] = {x, &o};
+    OM_TRY(om_bcast_init(&p, ctx->node, x, ops, 2));
+    switch (x->dtype) {
+    case OM_F32: SUM_TO_LOOP(float, double); break;
+    case OM_F64: SUM_TO_LOOP(double, double); break;
+    case OM_I32: SUM_TO_LOOP(int32_t, int64_t); break;
+    case OM_I64: SUM_TO_LOOP(int64_t, int64_t); break;
+    default: return om_err_dtype(ctx->node, 0, x->dtype);
+    }
+    return NULL;
+}
+
+/* The adjoint of a sum over broadcast axes is broadcasting back. */
+static om_status *sum_to_shape_grad(om_grad_ctx *c) {
+    int in[2], out[1];
+    node_io(c, in, 2, out, 1);
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    int s = om_emit_shape(c, in[0]);
+    EMIT_OK(s);
+    EMIT_OK(c->dx[0] = om_emit2(c, "Expand", c->dy[0], s));
+    return NULL;
+}
+
+/* ---- the table entries ------------------------------------------------------------------------ */
+
+#define BIN(sym, nm, infer_fn, grad_fn, cpu_fn)                                               \
+    const om_op_def sym = {.name = nm, .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1, \
+                           .infer = infer_fn, .grad = grad_fn, .cpu = cpu_fn, .diff_inputs = 0x3u};
+#define UN(sym, nm, infer_fn, grad_fn, cpu_fn)                                                \
+    const om_op_def sym = {.name = nm, .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1, \
+                           .infer = infer_fn, .grad = grad_fn, .cpu = cpu_fn, .diff_inputs = 0x1u};
+#define GRAD_OP(sym, nm, infer_fn, cpu_fn)                                                    \
+    const om_op_def sym = {.name = nm, .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1, \
+                           .infer = infer_fn, .cpu = cpu_fn};
+
+BIN(om_op_add, "Add", infer_binary_arith, add_grad, add_cpu)
+BIN(om_op_sub, "Sub", infer_binary_arith, sub_grad, sub_cpu)
+BIN(om_op_mul, "Mul", infer_binary_arith, mul_grad, mul_cpu)
+BIN(om_op_div, "Div", infer_binary_arith, div_grad, div_cpu)
+BIN(om_op_pow, "Pow", infer_pow, pow_grad, pow_cpu)
+BIN(om_op_max, "Max", infer_binary_arith, maxmin_grad, max_cpu)
+BIN(om_op_min, "Min", infer_binary_arith, maxmin_grad, min_cpu)
+
+const om_op_def om_op_equal = {.name = "Equal", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1,
+                               .max_out = 1, .dtype = dtype_bool, .infer = infer_equal, .cpu = equal_cpu};
+const om_op_def om_op_where = {.name = "Where", .domain = "", .min_in = 3, .max_in = 3, .min_out = 1,
+                               .max_out = 1, .dtype = dtype_where, .infer = infer_where, .grad = where_grad,
+                               .cpu = where_cpu, .diff_inputs = 0x6u};
+
+UN(om_op_neg, "Neg", infer_unary_arith, neg_grad, neg_cpu)
+UN(om_op_relu, "Relu", infer_unary_arith, relu_grad, relu_cpu)
+UN(om_op_abs, "Abs", infer_unary_arith, abs_grad, abs_cpu)
+UN(om_op_tanh, "Tanh", infer_unary_float, tanh_grad, tanh_cpu)
+UN(om_op_sigmoid, "Sigmoid", infer_unary_float, sigmoid_grad, sigmoid_cpu)
+UN(om_op_gelu, "Gelu", infer_gelu, gelu_grad, gelu_cpu)
+UN(om_op_erf, "Erf", infer_unary_float, erf_grad, erf_cpu)
+UN(om_op_sqrt, "Sqrt", infer_unary_float, sqrt_grad, sqrt_cpu)
+UN(om_op_exp, "Exp", infer_unary_float, exp_grad, exp_cpu)
+UN(om_op_log, "Log", infer_unary_float, log_grad, log_cpu)
+UN(om_op_reciprocal, "Reciprocal", infer_unary_float, reciprocal_grad, reciprocal_cpu)
+
+const om_op_def om_op_identity = {.name = "Identity", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1,
+                                  .max_out = 1, .flags = OM_OP_ALIAS, .infer = infer_identity,
+                                  .grad = identity_grad, .cpu = identity_cpu, .diff_inputs = 0x1u};
+const om_op_def om_op_cast = {.name = "Cast", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1,
+                              .max_out = 1, .dtype = dtype_cast, .infer = infer_cast, .grad = cast_grad,
+                              .cpu = cast_cpu, .diff_inputs = 0x1u};
+const om_op_def om_op_dropout = {.name = "Dropout", .domain = "", .min_in = 1, .max_in = 3, .min_out = 1,
+                                 .max_out = 2, .flags = OM_OP_RANDOM, .dtype = dtype_dropout,
+                                 .infer = infer_dropout, .grad = dropout_grad, .cpu = dropout_cpu,
+                                 .diff_inputs = 0x1u};
+const om_op_def om_op_sum_to_shape = {.name = "SumToShape", .domain = "ortmod", .min_in = 2, .max_in = 2,
+                                      .min_out = 1, .max_out = 1, .infer = infer_sum_to_shape,
+                                      .grad = sum_to_shape_grad, .cpu = sum_to_shape_cpu, .diff_inputs = 0x1u};
+
+GRAD_OP(om_op_relu_grad, "ReluGrad", infer_grad2, relu_grad_cpu)
+GRAD_OP(om_op_tanh_grad, "TanhGrad", infer_grad2, tanh_grad_cpu)
+GRAD_OP(om_op_sigmoid_grad, "SigmoidGrad", infer_grad2, sigmoid_grad_cpu)
+GRAD_OP(om_op_abs_grad, "AbsGrad", infer_grad2, abs_grad_cpu)
+GRAD_OP(om_op_gelu_grad, "GeluGrad", infer_gelu_grad, gelu_grad_cpu)
+
+const om_op_def om_op_dropout_grad = {.name = "DropoutGrad", .domain = "ortmod", .min_in = 2, .max_in = 4,
+                                      .min_out = 1, .max_out = 1, .infer = infer_dropout_grad,
+                                      .cpu = dropout_grad_cpu};

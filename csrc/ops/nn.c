@@ -1,0 +1,466 @@
+/* nn.c — normalizations: Softmax, LogSoftmax, LayerNormalization and their backward ops.
+ *
+ * Exports:
+ *   om_op_softmax          Softmax
+ *   om_op_log_softmax      LogSoftmax
+ *   om_op_softmax_grad     SoftmaxGrad            (domain ortmod)  dx = y * (dy - sum(dy * y))
+ *   om_op_log_softmax_grad LogSoftmaxGrad         (domain ortmod)  dx = dy - exp(y) * sum(dy)
+ *   om_op_layer_norm       LayerNormalization
+ *   om_op_layer_norm_grad  LayerNormalizationGrad (domain ortmod)  dX, dScale, dBias
+ *
+ * Softmax views x as (outer, D, inner) with D the softmax axis. With inner == 1 (the usual
+ * last axis) each row is contiguous; otherwise the kernels walk chunks of up to SM_CHUNK
+ * inner positions at once, so the innermost loops stay contiguous and vectorizable.
+ * Opset < 13 graphs keep the old "coerce to 2-D" semantics: D = prod(dims[axis:]).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "ops/broadcast.h"
+#include "ops/op.h"
+
+#define SM_CHUNK 64
+
+/* OM_DISPATCH_FLOAT with a variadic body (kernel bodies contain commas). */
+#define NN_DISPATCH(dt, node, ...)                                              \
+    switch (dt) {                                                               \
+    case OM_F32: { typedef float T; __VA_ARGS__; } break;                       \
+    case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
+    default: return om_err_dtype((node), 0, (dt));                              \
+    }
+
+#define EXP_T(x) _Generic((x), float: expf, default: exp)(x)
+#define LOG_T(x) _Generic((x), float: logf, default: log)(x)
+
+static const char *node_name(const om_node *n) { return n->name ? n->name : ""; }
+
+/* ---- softmax geometry ------------------------------------------------------------- */
+
+typedef struct sm_geom {
+    int64_t outer, D, inner;
+} sm_geom;
+
+/* coerce: 1 for opset < 13 semantics (the softmax runs over the flattened dims[axis:]). */
+static om_status *sm_geometry(const om_node *n, const om_tensor *x, int64_t axis, int coerce, sm_geom *s) {
+    int rank = x->rank;
+    if (rank == 0) {
+        s->outer = s->D = s->inner = 1;
+        return NULL;
+    }
+    int ax;
+    OM_TRY(om_norm_axis(n, axis, rank, &ax));
+    s->outer = 1;
+    s->D = 1;
+    s->inner = 1;
+    for (int i = 0; i < ax; i++) s->outer *= x->dims[i];
+    s->D = x->dims[ax];
+    for (int i = ax + 1; i < rank; i++) s->inner *= x->dims[i];
+    if (coerce) {
+        s->D *= s->inner;
+        s->inner = 1;
+    }
+    return NULL;
+}
+
+/* Forward nodes: the axis default and coercion depend on the opset. Grad nodes carry both
+ * explicitly (attrs axis and coerce2d) so that they do not depend on the graph's opset. */
+static void sm_attrs(const om_kernel_ctx *ctx, int64_t *axis, int *coerce) {
+    const om_node *n = ctx->node;
+    if (strcmp(n->op->domain, "ortmod") == 0) {
+        *axis = om_attr_int(n, "axis", -1);
+        *coerce = (int)om_attr_int(n, "coerce2d", 0);
+    } else {
+        int legacy = ctx->g && ctx->g->opset > 0 && ctx->g->opset < 13;
+        *axis = om_attr_int(n, "axis", legacy ? 1 : -1);
+        *coerce = legacy;
+    }
+}
+
+static om_status *float_check(const om_node *n, const om_tensor *t, int i, om_dtype want) {
+    if (t->dtype != OM_F32 && t->dtype != OM_F64) return om_err_dtype(n, i, t->dtype);
+    if (want != OM_UNDEFINED && t->dtype != want) return om_err_dtype(n, i, t->dtype);
+    return NULL;
+}
+
+static om_status *softmax_infer(om_kernel_ctx *ctx) {
+    int64_t axis;
+    int coerce;
+    sm_geom s;
+    sm_attrs(ctx, &axis, &coerce);
+    OM_TRY(float_check(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
+    for (int i = 1; i < ctx->n_in; i++) {
+        OM_TRY(float_check(ctx->node, &ctx->in[i], i, ctx->in[0].dtype));
+        if (!om_shape_equal(&ctx->in[i], &ctx->in[0]))
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d has a different shape than input 0",
+                            ctx->node->op->name, node_name(ctx->node), i);
+    }
+    OM_TRY(sm_geometry(ctx->node, &ctx->in[0], axis, coerce, &s));
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    return NULL;
+}
+
+// x, y are (outer, D, inner); softmax over D. LOG selects log-softmax.
+#define SOFTMAX_KERNEL(T, LOG, xp, yp, s)                                                   \
+    do {                                                                                    \
+        const int64_t D_ = (s).D, I_ = (s).inner;                                           \
+        if (I_ == 1) {                                                                      \
+            OM_PARALLEL_FOR((s).outer * D_ > OM_CHUNK)                                      \
+            for (int64_t o = 0; o < (s).outer; o++) {                                       \
+                const T *restrict x = (xp) + o * D_;                                        \
+                T *restrict y = (yp) + o * D_;                                              \
+                T m = -INFINITY;                                                            \
+                for (int64_t d = 0; d < D_; d++) m = x[d] > m ? x[d] : m;                   \
+                if (m == -INFINITY) m = 0; /* all -inf: keep exp() finite-arg */            \
+                T sum = 0;                                                                  \
+                if (LOG) {                                                                  \
+                    for (int64_t d = 0; d < D_; d++) sum += EXP_T(x[d] - m);                \
+                    const T lse = m + LOG_T(sum);                                           \
+                    for (int64_t d = 0; d < D_; d++) y[d] = x[d] - lse;                     \
+                } else {                                                                    \
+                    for (int64_t d = 0; d < D_; d++) { y[d] = EXP_T(x[d] - m); sum += y[d]; } \
+                    const T r = (T)1 / sum;                                                 \
+                    for (int64_t d = 0; d < D_; d++) y[d] *= r;                             \
+                }                                                                           \
+            }                                                                               \
+        } else {                                                                            \
+            const int64_t nch_ = (I_ + SM_CHUNK - 1) / SM_CHUNK;                            \
+            OM_PARALLEL_FOR((s).outer * D_ * I_ > OM_CHUNK)                                 \
+            for (int64_t t = 0; t < (s).outer * nch_; t++) {                                \
+                const int64_t o = t / nch_, i0 = (t % nch_) * SM_CHUNK;                     \
+                const int64_t w = I_ - i0 < SM_CHUNK ? I_ - i0 : SM_CHUNK;                  \
+                const T *restrict x = (xp) + o * D_ * I_ + i0;                              \
+                T *restrict y = (yp) + o * D_ * I_ + i0;                                    \
+                T m[SM_CHUNK], sum[SM_CHUNK];                                               \
+                for (int64_t j = 0; j < w; j++) { m[j] = -INFINITY; sum[j] = 0; }           \
+                for (int64_t d = 0; d < D_; d++)                                            \
+                    for (int64_t j = 0; j < w; j++) m[j] = x[d * I_ + j] > m[j] ? x[d * I_ + j] : m[j]; \
+                for (int64_t j = 0; j < w; j++) m[j] = m[j] == -INFINITY ? 0 : m[j];        \
+                for (int64_t d = 0; d < D_; d++)                                            \
+                    for (int64_t j = 0; j < w; j++) sum[j] += EXP_T(x[d * I_ + j] - m[j]);  \
+                if (LOG) {                                                                  \
+                    for (int64_t j = 0; j < w; j++) m[j] += LOG_T(sum[j]);                  \
+                    for (int64_t d = 0; d < D_; d++)                                        \
+                        for (int64_t j = 0; j < w; j++) y[d * I_ + j] = x[d * I_ + j] - m[j]; \
+                } else {                                                                    \
+                    for (int64_t j = 0; j < w; j++) sum[j] = (T)1 / sum[j];                 \
+                    for (int64_t d = 0; d < D_; d++)                                        \
+                        for (int64_t j = 0; j < w; j++)                                     \
+                            y[d * I_ + j] = EXP_T(x[d * I_ + j] - m[j]) * sum[j];           \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+    } while (0)
+
+static om_status *softmax_run(om_kernel_ctx *ctx, int is_log) {
+    int64_t axis;
+    int coerce;
+    sm_geom s;
+    sm_attrs(ctx, &axis, &coerce);
+    OM_TRY(sm_geometry(ctx->node, &ctx->in[0], axis, coerce, &s));
+    NN_DISPATCH(ctx->in[0].dtype, ctx->node, {
+        const T *xp = ctx->in[0].data;
+        T *yp = ctx->out[0].data;
+        if (is_log) SOFTMAX_KERNEL(T, 1, xp, yp, s);
+        else SOFTMAX_KERNEL(T, 0, xp, yp, s);
+    });
+    return NULL;
+}
+
+static om_status *softmax_cpu(om_kernel_ctx *ctx) { return softmax_run(ctx, 0); }
+static om_status *log_softmax_cpu(om_kernel_ctx *ctx) { return softmax_run(ctx, 1); }
+
+/* dx = y * (dy - sum_D(dy * y))  (Softmax)   or   dx = dy - exp(y) * sum_D(dy)  (LogSoftmax) */
+static om_status *softmax_grad_rule(om_grad_ctx *c, const char *grad_op) {
+    const om_node *n = &c->g->nodes[c->node];
+    int y = n->out[0], dy = c->dy[0];
+    int legacy = c->g->opset > 0 && c->g->opset < 13;
+    int64_t axis = om_attr_int(n, "axis", legacy ? 1 : -1);
+    if (dy < 0 || !c->need_dx[0]) return NULL;
+    int v = om_emit2(c, grad_op, dy, y);
+    if (v < 0) return NULL;
+    om_emit_attr_int(c, "axis", axis);
+    if (legacy) om_emit_attr_int(c, "coerce2d", 1);
+    c->dx[0] = v;
+    return NULL;
+}
+
+static om_status *softmax_grad(om_grad_ctx *c) { return softmax_grad_rule(c, "SoftmaxGrad"); }
+static om_status *log_softmax_grad(om_grad_ctx *c) { return softmax_grad_rule(c, "LogSoftmaxGrad"); }
+
+// dy, y, dx are (outer, D, inner); the reduction runs over D.
+#define SOFTMAX_GRAD_KERNEL(T, LOG, dyp, yp, dxp, s)                                          \
+    do {                                                                                      \
+        const int64_t D_ = (s).D, I_ = (s).inner;                                             \
+        const int64_t nch_ = (I_ + SM_CHUNK - 1) / SM_CHUNK;                                  \
+        OM_PARALLEL_FOR((s).outer * D_ * I_ > OM_CHUNK)                                       \
+        for (int64_t t = 0; t < (s).outer * nch_; t++) {                                      \
+            const int64_t o = t / nch_, i0 = (t % nch_) * SM_CHUNK;                           \
+            const int64_t w = I_ - i0 < SM_CHUNK ? I_ - i0 : SM_CHUNK;                        \
+            const T *restrict g = (dyp) + o * D_ * I_ + i0;                                   \
+            const T *restrict y = (yp) + o * D_ * I_ + i0;                                    \
+            T *restrict dx = (dxp) + o * D_ * I_ + i0;                                        \
+            T acc[SM_CHUNK];                                                                  \
+            for (int64_t j = 0; j < w; j++) acc[j] = 0;                                       \
+            if (w == 1) { /* inner == 1: plain contiguous rows */                            \
+                T a = 0;                                                                      \
+                if (LOG) for (int64_t d = 0; d < D_; d++) a += g[d * I_];                     \
+                else for (int64_t d = 0; d < D_; d++) a += g[d * I_] * y[d * I_];             \
+                acc[0] = a;                                                                   \
+            } else {                                                                          \
+                for (int64_t d = 0; d < D_; d++)                                              \
+                    for (int64_t j = 0; j < w; j++)                                           \
+                        acc[j] += LOG ? g[d * I_ + j] : g[d * I_ + j] * y[d * I_ + j];        \
+            }                                                                                 \
+            for (int64_t d = 0; d < D_; d++)                                                  \
+                for (int64_t j = 0; j < w; j++)                                               \
+                    dx[d * I_ + j] = LOG ? g[d * I_ + j] - EXP_T(y[d * I_ + j]) * acc[j]      \
+                                         : y[d * I_ + j] * (g[d * I_ + j] - acc[j]);          \
+        }                                                                                     \
+    } while (0)
+
+static om_status *softmax_grad_run(om_kernel_ctx *ctx, int is_log) {
+    int64_t axis;
+    int coerce;
+    sm_geom s;
+    sm_attrs(ctx, &axis, &coerce);
+    OM_TRY(sm_geometry(ctx->node, &ctx->in[0], axis, coerce, &s));
+    NN_DISPATCH(ctx->in[0].dtype, ctx->node, {
+        const T *dyp = ctx->in[0].data, *yp = ctx->in[1].data;
+        T *dxp = ctx->out[0].data;
+        if (is_log) SOFTMAX_GRAD_KERNEL(T, 1, dyp, yp, dxp, s);
+        else SOFTMAX_GRAD_KERNEL(T, 0, dyp, yp, dxp, s);
+    });
+    return NULL;
+}
+
+static om_status *softmax_grad_cpu(om_kernel_ctx *ctx) { return softmax_grad_run(ctx, 0); }
+static om_status *log_softmax_grad_cpu(om_kernel_ctx *ctx) { return softmax_grad_run(ctx, 1); }
+
+/* ---- LayerNormalization ----------------------------------------------------------- */
+
+/* Mean and InvStdDev: float32 for float32 (and half) inputs, float64 for float64. */
+static om_dtype ln_dtype(const om_graph *g, const om_node *n, int out_index) {
+    om_dtype x = g->values[n->in[0]].dtype;
+    if (out_index == 0) return x;
+    return x == OM_F64 ? OM_F64 : OM_F32;
+}
+
+/* X viewed as (N, D): N = prod(dims[:axis]), D = prod(dims[axis:]). */
+static om_status *ln_geometry(const om_node *n, const om_tensor *x, int64_t axis_attr, int *axis,
+                              int64_t *N, int64_t *D) {
+    if (x->rank == 0)
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': X must have rank >= 1", n->op->name, node_name(n));
+    OM_TRY(om_norm_axis(n, axis_attr, x->rank, axis));
+    *N = 1;
+    *D = 1;
+    for (int i = 0; i < *axis; i++) *N *= x->dims[i];
+    for (int i = *axis; i < x->rank; i++) *D *= x->dims[i];
+    return NULL;
+}
+
+static om_status *ln_check_param(const om_node *n, const om_tensor *p, int i, om_dtype dt, int64_t D) {
+    OM_TRY(float_check(n, p, i, dt));
+    if (om_tensor_numel(p) != D) {
+        char buf[128];
+        om_shape_str(p, buf, sizeof buf);
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d has shape %s, expected %lld elements "
+                        "(the normalized dims of X)", n->op->name, node_name(n), i, buf, (long long)D);
+    }
+    return NULL;
+}
+
+static om_status *ln_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    int axis;
+    int64_t N, D;
+    OM_TRY(float_check(n, x, 0, OM_UNDEFINED));
+    OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
+    OM_TRY(ln_check_param(n, &ctx->in[1], 1, x->dtype, D));
+    if (ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED) OM_TRY(ln_check_param(n, &ctx->in[2], 2, x->dtype, D));
+    om_set_shape(&ctx->out[0], x, x->dtype);
+    for (int j = 1; j < ctx->n_out && j < 3; j++) {
+        om_set_shape(&ctx->out[j], x, x->dtype);
+        for (int i = axis; i < x->rank; i++) ctx->out[j].dims[i] = 1;
+    }
+    return NULL;
+}
+
+// x, y are (N, D); scale, bias are (D); mean, invstd are (N)
+static om_status *ln_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    int axis;
+    int64_t N, D;
+    OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
+    const double eps = om_attr_float(n, "epsilon", 1e-5f);
+    const int has_bias = ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED;
+    NN_DISPATCH(x->dtype, n, {
+        const T *xp = x->data, *scale = ctx->in[1].data, *bias = has_bias ? ctx->in[2].data : NULL;
+        T *yp = ctx->out[0].data;
+        T *meanp = ctx->n_out > 1 ? ctx->out[1].data : NULL;
+        T *invp = ctx->n_out > 2 ? ctx->out[2].data : NULL;
+        OM_PARALLEL_FOR(N * D > OM_CHUNK)
+        for (int64_t r = 0; r < N; r++) {
+            const T *restrict xr = xp + r * D;
+            T *restrict yr = yp + r * D;
+            const T *restrict sc = scale;
+            /* two passes in double: the variance of large-mean rows stays accurate */
+            double sum = 0;
+            for (int64_t d = 0; d < D; d++) sum += xr[d];
+            const double mean = D ? sum / (double)D : 0;
+            double ss = 0;
+            for (int64_t d = 0; d < D; d++) {
+                const double c = xr[d] - mean;
+                ss += c * c;
+            }
+            const double inv = 1.0 / sqrt((D ? ss / (double)D : 0) + eps);
+            const T m = (T)mean, iv = (T)inv;
+            if (bias) {
+                const T *restrict b = bias;
+                for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - m) * iv * sc[d] + b[d];
+            } else {
+                for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - m) * iv * sc[d];
+            }
+            if (meanp) meanp[r] = m;
+            if (invp) invp[r] = iv;
+        }
+    });
+    return NULL;
+}
+
+static om_status *ln_grad(om_grad_ctx *c) {
+    int node = c->node;
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;   /* gradients through Mean/InvStdDev are not supported */
+    const om_node *n = &c->g->nodes[node];
+    int x = n->in[0], scale = n->in[1], has_bias = n->n_in > 2 && n->in[2] >= 0;
+    int64_t axis = om_attr_int(n, "axis", -1);
+    om_dtype sdt = ln_dtype(c->g, n, 1);
+    /* saved statistics: make the forward produce them (n may move: do not use it after) */
+    int mean = om_node_ensure_output(c->g, node, 1, sdt);
+    int inv = om_node_ensure_output(c->g, node, 2, sdt);
+    if (mean < 0 || inv < 0)
+        return om_grad_fail(c, om_error(OM_INTERNAL, "LayerNormalization: cannot add the Mean/InvStdDev outputs"));
+    int in[5] = {dy, x, scale, mean, inv};
+    int out[3] = {-1, -1, -1};
+    int nid;
+    int n_out = has_bias ? 3 : 2;
+    if (om_emit_node(c, "LayerNormalizationGrad", in, 5, out, n_out, &nid) < 0) return NULL;
+    om_emit_attr_int(c, "axis", axis);
+    if (c->need_dx[0]) c->dx[0] = out[0];
+    if (c->need_dx[1]) c->dx[1] = out[1];
+    if (has_bias && c->need_dx[2]) c->dx[2] = out[2];
+    return NULL;
+}
+
+/* ---- LayerNormalizationGrad(dY, X, Scale, Mean, InvStdDev; axis) -> dX, dScale, dBias */
+
+static om_status *ln_grad_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *dy = &ctx->in[0], *x = &ctx->in[1];
+    int axis;
+    int64_t N, D;
+    OM_TRY(float_check(n, dy, 0, OM_UNDEFINED));
+    for (int i = 1; i < 5; i++) OM_TRY(float_check(n, &ctx->in[i], i, dy->dtype));
+    if (!om_shape_equal(dy, x))
+        return om_error(OM_INVALID_ARGUMENT, "LayerNormalizationGrad node '%s': dY and X shapes differ", node_name(n));
+    OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
+    OM_TRY(ln_check_param(n, &ctx->in[2], 2, dy->dtype, D));
+    if (om_tensor_numel(&ctx->in[3]) != N || om_tensor_numel(&ctx->in[4]) != N)
+        return om_error(OM_INVALID_ARGUMENT, "LayerNormalizationGrad node '%s': Mean/InvStdDev need %lld elements",
+                        node_name(n), (long long)N);
+    om_set_shape(&ctx->out[0], x, dy->dtype);
+    for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[2], dy->dtype);
+    return NULL;
+}
+
+/* xhat = (x - mean) * inv, g = dy * scale:
+ *   dx = inv * (g - mean_D(g) - xhat * mean_D(g * xhat))
+ *   dscale = sum_N(dy * xhat), dbias = sum_N(dy)                                       */
+// dy, x, dx are (N, D); scale, dscale, dbias are (D); mean, inv are (N)
+static om_status *ln_grad_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[1];
+    int axis;
+    int64_t N, D;
+    OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
+    NN_DISPATCH(x->dtype, n, {
+        const T *dyp = ctx->in[0].data, *xp = x->data, *scale = ctx->in[2].data;
+        const T *meanp = ctx->in[3].data, *invp = ctx->in[4].data;
+        T *dxp = ctx->out[0].data;
+        T *dsp = ctx->n_out > 1 ? ctx->out[1].data : NULL;
+        T *dbp = ctx->n_out > 2 ? ctx->out[2].data : NULL;
+        if (dxp) {
+            OM_PARALLEL_FOR(N * D > OM_CHUNK)
+            for (int64_t r = 0; r < N; r++) {
+                const T *restrict g = dyp + r * D, *restrict xr = xp + r * D, *restrict sc = scale;
+                T *restrict dx = dxp + r * D;
+                const T m = meanp[r], iv = invp[r];
+                double s1 = 0, s2 = 0;
+                for (int64_t d = 0; d < D; d++) {
+                    const T gs = g[d] * sc[d];
+                    s1 += gs;
+                    s2 += gs * ((xr[d] - m) * iv);
+                }
+                const T a = (T)(s1 / (double)D), b = (T)(s2 / (double)D);
+                for (int64_t d = 0; d < D; d++) dx[d] = iv * (g[d] * sc[d] - a - (xr[d] - m) * iv * b);
+            }
+        }
+        /* parameter gradients: rows accumulate into (D) vectors; split D across threads */
+        if (dsp || dbp) {
+            const int64_t nch = (D + 255) / 256;
+            OM_PARALLEL_FOR(N * D > OM_CHUNK && nch > 1)
+            for (int64_t ch = 0; ch < nch; ch++) {
+                const int64_t d0 = ch * 256, d1 = d0 + 256 < D ? d0 + 256 : D;
+                if (dsp) for (int64_t d = d0; d < d1; d++) dsp[d] = 0;
+                if (dbp) for (int64_t d = d0; d < d1; d++) dbp[d] = 0;
+                for (int64_t r = 0; r < N; r++) {
+                    const T *restrict g = dyp + r * D, *restrict xr = xp + r * D;
+                    const T m = meanp[r], iv = invp[r];
+                    if (dsp) {
+                        T *restrict ds = dsp;
+                        for (int64_t d = d0; d < d1; d++) ds[d] += g[d] * ((xr[d] - m) * iv);
+                    }
+                    if (dbp) {
+                        T *restrict db = dbp;
+                        for (int64_t d = d0; d < d1; d++) db[d] += g[d];
+                    }
+                }
+            }
+        }
+    });
+    return NULL;
+}
+
+/* ---- the defs --------------------------------------------------------------------- */
+
+const om_op_def om_op_softmax = {
+    .name = "Softmax", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
+    .infer = softmax_infer, .grad = softmax_grad, .cpu = softmax_cpu, .diff_inputs = 0x1,
+};
+
+const om_op_def om_op_log_softmax = {
+    .name = "LogSoftmax", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
+    .infer = softmax_infer, .grad = log_softmax_grad, .cpu = log_softmax_cpu, .diff_inputs = 0x1,
+};
+
+const om_op_def om_op_softmax_grad = {
+    .name = "SoftmaxGrad", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
+    .infer = softmax_infer, .grad = NULL, .cpu = softmax_grad_cpu, .diff_inputs = 0,
+};
+
+const om_op_def om_op_log_softmax_grad = {
+    .name = "LogSoftmaxGrad", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
+    .infer = softmax_infer, .grad = NULL, .cpu = log_softmax_grad_cpu, .diff_inputs = 0,
+};
+
+const om_op_def om_op_layer_norm = {
+    .name = "LayerNormalization", .domain = "", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 3,
+    .dtype = ln_dtype, .infer = ln_infer, .grad = ln_grad, .cpu = ln_cpu, .diff_inputs = 0x7,
+};
+
+const om_op_def om_op_layer_norm_grad = {
+    .name = "LayerNormalizationGrad", .domain = "ortmod", .min_in = 5, .max_in = 5, .min_out = 1, .max_out = 3,
+    .infer = ln_grad_infer, .grad = NULL, .cpu = ln_grad_cpu, .diff_inputs = 0,
+};

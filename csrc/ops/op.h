@@ -1,0 +1,111 @@
+/* op.h — what one op is: the single source of truth the whole engine reads.
+ *
+ * Every op (ONNX or internal) is one om_op_def: its name, arity, dtype rule, shape rule,
+ * gradient rule and kernels. A family file (ops/elementwise.c, ops/matmul.c, ...) defines
+ * the ops and exports one const om_op_def each; ops/op_table.c lists them — adding an op
+ * touches one file and one table line.
+ *
+ *   dtype  — at compile time: output dtypes from input dtypes and attributes.
+ *   infer  — at plan time, with concrete input shapes: output dtypes and shapes. Input
+ *            data is available (in[i].data != NULL) only for values known at plan time
+ *            (initializers, Constant, Shape and everything folded from them); a rule that
+ *            needs data it cannot see (Reshape's shape) says so with an error.
+ *   grad   — emits backward nodes into the graph (graph-to-graph autodiff).
+ *   cpu    — the kernel. Outputs are allocated (dims filled by infer) before it runs.
+ */
+#ifndef OM_OP_H
+#define OM_OP_H
+
+#include "graph/ir.h"
+
+typedef struct om_kernel_ctx {
+    const om_graph *g;
+    const om_node *node;
+    int n_in, n_out;
+    const om_tensor *in;   /* in[i].dtype == OM_UNDEFINED for an absent optional input */
+    om_tensor *out;        /* out[j].data NULL (kernel must skip it) for an absent output */
+    uint64_t seed;         /* per node and per run: random ops use om_rand_*(seed, i) */
+    int training;          /* the forward runs in training mode */
+} om_kernel_ctx;
+
+typedef struct om_grad_ctx {
+    om_graph *g;
+    int node;              /* the forward node being differentiated */
+    const int *dy;         /* per output of node: value id of dL/d(out), or -1 (no gradient flows) */
+    const int *need_dx;    /* per input of node: 1 if its gradient is wanted */
+    int *dx;               /* per input: the rule sets the value id of dL/d(in); -1 = none */
+} om_grad_ctx;
+
+enum {
+    OM_OP_ALIAS = 1 << 0,      /* output 0 may share input 0's memory (Reshape, Identity, ...) */
+    OM_OP_RANDOM = 1 << 1,     /* never fold at plan time, never merge */
+    OM_OP_SHAPE_ONLY = 1 << 2, /* reads only input shapes (Shape, Size): foldable once shapes are known */
+};
+
+typedef struct om_op_def {
+    const char *name;          /* ONNX op_type, or an internal name like "GeluGrad" */
+    const char *domain;        /* "" for ONNX, "ortmod" for internal ops */
+    int min_in, max_in;
+    int min_out, max_out;
+    unsigned flags;
+    /* dtype rule; NULL means: every output has the dtype of input 0. */
+    om_dtype (*dtype)(const om_graph *g, const om_node *n, int out_index);
+    om_status *(*infer)(om_kernel_ctx *ctx);
+    om_status *(*grad)(om_grad_ctx *ctx);     /* NULL: not differentiable (error if needed) */
+    om_status *(*cpu)(om_kernel_ctx *ctx);
+    /* which inputs can carry a gradient: bit i set = input i differentiable.
+     * 0 with grad==NULL: the op blocks gradients (Shape, Equal, ...). */
+    unsigned diff_inputs;
+} om_op_def;
+
+const om_op_def *om_op_find(const char *name, const char *domain);
+int om_op_count(void);
+const om_op_def *om_op_at(int i);
+
+/* ---- helpers for gradient rules (autodiff/emit.c) ----------------------------------
+ * Each emits one node after the current last node and returns its first output's value
+ * id; on failure it returns -1 and the error is kept for the autodiff pass to report.
+ * Output dtypes come from the op's dtype rule. */
+int om_emit(om_grad_ctx *c, const char *op_type, const int *in, int n_in);
+int om_emit_node(om_grad_ctx *c, const char *op_type, const int *in, int n_in, int *out, int n_out,
+                 int *node_id);    /* several outputs; out[] filled */
+int om_emit1(om_grad_ctx *c, const char *op_type, int a);
+int om_emit2(om_grad_ctx *c, const char *op_type, int a, int b);
+/* The last node emitted through c, to set attributes on (om_node_set_int(c->g, ...)). */
+int om_emit_last(const om_grad_ctx *c);
+/* Sets an int/ints/float attribute on the last emitted node. */
+void om_emit_attr_int(om_grad_ctx *c, const char *name, int64_t v);
+void om_emit_attr_ints(om_grad_ctx *c, const char *name, const int64_t *v, int n);
+void om_emit_attr_float(om_grad_ctx *c, const char *name, float v);
+/* Shape(x) as a value (folded at plan time: costs nothing at run time). */
+int om_emit_shape(om_grad_ctx *c, int x);
+/* dL/dx for x broadcast into y: sums dy over the broadcast axes back to x's shape
+ * (an internal "SumToShape" node; a no-op copy when shapes already match). */
+int om_emit_sum_to(om_grad_ctx *c, int dy, int x);
+/* A scalar constant of dtype (a new constant value). */
+int om_emit_scalar(om_grad_ctx *c, om_dtype dt, double v);
+/* Records an error for the rule (returns it for convenience). */
+om_status *om_grad_fail(om_grad_ctx *c, om_status *st);
+
+/* ---- helpers for kernels and shape rules (ops/broadcast.c, ops/util.c) -------------- */
+/* ONNX multidirectional broadcasting of a and b into out (rank, dims). */
+om_status *om_broadcast_shape(const om_tensor *a, const om_tensor *b, om_tensor *out);
+/* Sets out's rank/dims = t's, dtype = dt. */
+void om_set_shape(om_tensor *out, const om_tensor *like, om_dtype dt);
+/* Normalizes a possibly negative axis for rank; error naming the node if out of range. */
+om_status *om_norm_axis(const om_node *n, int64_t axis, int rank, int *out);
+/* Reads an int64/int32 tensor (known at plan time) into vals; returns count or -1. */
+int om_read_ints(const om_tensor *t, int64_t *vals, int max);
+/* Error helpers naming the node and op. */
+om_status *om_err_dtype(const om_node *n, int input, om_dtype got);
+om_status *om_err_unsupported(const om_node *n, const char *what);
+
+/* Generic float dispatch used by many kernels: expands BODY with T = float or double. */
+#define OM_DISPATCH_FLOAT(dt, node, BODY)                                       \
+    switch (dt) {                                                               \
+    case OM_F32: { typedef float T; BODY; } break;                              \
+    case OM_F64: { typedef double T; BODY; } break;                             \
+    default: return om_err_dtype((node), 0, (dt));                              \
+    }
+
+#endif

@@ -1,0 +1,274 @@
+/* plan.c — shape inference, plan-time folding, dead-node removal, storage and arena
+ * offsets for one set of input shapes. */
+#include "plan/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define MAX_IO 64
+
+void om_plan_free(om_plan *p) {
+    if (!p) return;
+    for (int v = 0; p->owned && v < p->n_values; v++)
+        if (p->owned[v]) om_free(p->vt[v].data);
+    free(p->input_shapes);
+    free(p->vt);
+    free(p->storage);
+    free(p->offset);
+    free(p->alias_of);
+    free(p->owned);
+    free(p->fwd_prog);
+    free(p->bwd_prog);
+    free(p->seed_of_output);
+    om_free(p->fwd_arena);
+    om_free(p->bwd_arena);
+    free(p);
+}
+
+int om_plan_matches(const om_plan *p, const om_tensor *inputs, int n_inputs) {
+    if (p->n_inputs != n_inputs) return 0;
+    for (int i = 0; i < n_inputs; i++)
+        if (p->input_shapes[i].dtype != inputs[i].dtype || !om_shape_equal(&p->input_shapes[i], &inputs[i]))
+            return 0;
+    return 1;
+}
+
+/* Fills a kernel context's in/out tensors for node k from the plan's value table. */
+static void bind_node(const om_graph *g, om_plan *p, int k, om_tensor *in, om_tensor *out) {
+    const om_node *n = &g->nodes[k];
+    for (int i = 0; i < n->n_in; i++) {
+        if (n->in[i] < 0) memset(&in[i], 0, sizeof(om_tensor));
+        else in[i] = p->vt[n->in[i]];
+    }
+    for (int j = 0; j < n->n_out; j++) {
+        memset(&out[j], 0, sizeof(om_tensor));
+        if (n->out[j] >= 0) out[j].dtype = g->values[n->out[j]].dtype;
+    }
+}
+
+/* Shape inference for every node in order; folds what is known at plan time. */
+static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, char *folded) {
+    om_tensor in[MAX_IO], out[MAX_IO];
+    for (int k = 0; k < n_nodes; k++) {
+        const om_node *n = &g->nodes[k];
+        if (n->n_in > MAX_IO || n->n_out > MAX_IO)
+            return om_error(OM_UNSUPPORTED_OP, "node '%s' has more than %d inputs or outputs", n->name, MAX_IO);
+        if (k == g->n_fwd_nodes && g->grad_of_output)   /* seeds take their outputs' shapes */
+            for (int i = 0; i < g->n_outputs; i++) {
+                int s = g->grad_of_output[i];
+                if (s < 0) continue;
+                p->vt[s] = p->vt[g->outputs[i]];
+                p->vt[s].data = NULL;
+                p->storage[s] = OM_ST_SEED;
+            }
+        bind_node(g, p, k, in, out);
+        int known = !(n->op->flags & OM_OP_RANDOM);
+        if (!(n->op->flags & OM_OP_SHAPE_ONLY))
+            for (int i = 0; i < n->n_in && known; i++)
+                if (n->in[i] >= 0 && p->storage[n->in[i]] != OM_ST_CONST) known = 0;
+        om_kernel_ctx ctx = {.g = g, .node = n, .n_in = n->n_in, .n_out = n->n_out, .in = in, .out = out};
+        if (!n->op->infer)
+            return om_error(OM_INTERNAL, "op '%s' has no shape rule", n->op->name);
+        om_status *st = n->op->infer(&ctx);
+        if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
+        for (int j = 0; j < n->n_out; j++) {
+            int v = n->out[j];
+            if (v < 0) continue;
+            if (out[j].rank < 0 || out[j].rank > OM_MAX_RANK)
+                return om_error(OM_INTERNAL, "%s node '%s': shape rule gave rank %d", n->op->name, n->name, out[j].rank);
+            p->vt[v] = out[j];
+            p->vt[v].data = NULL;
+        }
+        if (!known) continue;
+        for (int j = 0; j < n->n_out; j++) {
+            int v = n->out[j];
+            if (v < 0) continue;
+            out[j].data = om_alloc(om_tensor_nbytes(&out[j]));
+            if (!out[j].data) return om_error(OM_OUT_OF_MEMORY, "out of memory folding node '%s'", n->name);
+            p->vt[v].data = out[j].data;
+            p->owned[v] = 1;
+            p->storage[v] = OM_ST_CONST;
+        }
+        st = n->op->cpu(&ctx);
+        if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
+        folded[k] = 1;
+    }
+    return NULL;
+}
+
+static int root_of(const om_plan *p, int v) {
+    while (p->storage[v] == OM_ST_ALIAS) v = p->alias_of[v];
+    return v;
+}
+
+typedef struct interval { int v; int def, last; size_t size; } interval;
+
+static int by_size_desc(const void *a, const void *b) {
+    const interval *x = a, *y = b;
+    return x->size < y->size ? 1 : x->size > y->size ? -1 : x->v - y->v;
+}
+
+/* Offsets for buffers whose lifetimes overlap must not overlap; others may share. */
+static size_t place(om_plan *p, interval *iv, int n) {
+    qsort(iv, (size_t)n, sizeof *iv, by_size_desc);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        size_t off = 0;
+        for (int again = 1; again;) {
+            again = 0;
+            for (int j = 0; j < i; j++) {
+                if (iv[j].last < iv[i].def || iv[i].last < iv[j].def) continue;
+                size_t o = p->offset[iv[j].v], e = o + iv[j].size;
+                if (off < e && o < off + iv[i].size) { off = e; again = 1; }
+            }
+        }
+        p->offset[iv[i].v] = off;
+        if (off + iv[i].size > total) total = off + iv[i].size;
+    }
+    return total;
+}
+
+static size_t aligned_bytes(const om_tensor *t) { return (om_tensor_nbytes(t) + 63) & ~(size_t)63; }
+
+om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_inputs, bool has_backward,
+                         om_plan **out) {
+    *out = NULL;
+    om_status *st = NULL;
+    int nv = g->n_values, nn = has_backward ? g->n_nodes : (g->n_fwd_nodes ? g->n_fwd_nodes : g->n_nodes);
+    int n_fwd = g->n_fwd_nodes ? g->n_fwd_nodes : g->n_nodes;
+    om_plan *p = calloc(1, sizeof *p);
+    char *folded = calloc((size_t)nn + 1, 1), *live = calloc((size_t)nn + 1, 1), *needed = calloc((size_t)nv + 1, 1);
+    int *step_of = malloc(sizeof(int) * ((size_t)nn + 1)), *last = malloc(sizeof(int) * ((size_t)nv + 1));
+    int *def = malloc(sizeof(int) * ((size_t)nv + 1));
+    interval *iv = malloc(sizeof(interval) * ((size_t)nv + 1));
+    if (!p || !folded || !live || !needed || !step_of || !last || !def || !iv) goto oom;
+    p->n_inputs = n_inputs;
+    p->n_values = nv;
+    p->input_shapes = malloc(sizeof(om_tensor) * ((size_t)n_inputs + 1));
+    p->vt = calloc((size_t)nv + 1, sizeof(om_tensor));
+    p->storage = calloc((size_t)nv + 1, sizeof(om_storage));
+    p->offset = calloc((size_t)nv + 1, sizeof(size_t));
+    p->alias_of = malloc(sizeof(int) * ((size_t)nv + 1));
+    p->owned = calloc((size_t)nv + 1, 1);
+    p->fwd_prog = malloc(sizeof(int) * ((size_t)nn + 1));
+    p->bwd_prog = malloc(sizeof(int) * ((size_t)nn + 1));
+    p->seed_of_output = malloc(sizeof(int) * ((size_t)g->n_outputs + 1));
+    if (!p->input_shapes || !p->vt || !p->storage || !p->offset || !p->alias_of || !p->owned || !p->fwd_prog ||
+        !p->bwd_prog || !p->seed_of_output)
+        goto oom;
+
+    for (int i = 0; i < n_inputs; i++) {
+        int v = g->inputs[i];
+        p->input_shapes[i] = inputs[i];
+        p->input_shapes[i].data = NULL;
+        p->vt[v] = p->input_shapes[i];
+        p->storage[v] = OM_ST_INPUT;
+    }
+    for (int v = 0; v < nv; v++) {
+        p->alias_of[v] = -1;
+        if (g->values[v].constant) {
+            p->vt[v] = *g->values[v].constant;
+            p->storage[v] = OM_ST_CONST;
+        }
+    }
+    for (int i = 0; i < g->n_outputs; i++) p->seed_of_output[i] = has_backward && g->grad_of_output ? g->grad_of_output[i] : -1;
+
+    if ((st = infer_and_fold(g, p, nn, folded))) goto fail;
+
+    /* Dead-node removal: a runtime node runs only if something needs one of its outputs. */
+    for (int i = 0; i < g->n_outputs; i++) needed[g->outputs[i]] = 1;
+    if (has_backward && g->grad_of_input)
+        for (int i = 0; i < g->n_inputs; i++)
+            if (g->grad_of_input[i] >= 0) needed[g->grad_of_input[i]] = 1;
+    for (int k = nn - 1; k >= 0; k--) {
+        const om_node *n = &g->nodes[k];
+        if (folded[k]) continue;
+        for (int j = 0; j < n->n_out && !live[k]; j++)
+            if (n->out[j] >= 0 && needed[n->out[j]]) live[k] = 1;
+        if (!live[k]) continue;
+        for (int i = 0; i < n->n_in; i++)
+            if (n->in[i] >= 0) needed[n->in[i]] = 1;
+    }
+    p->n_fwd_prog = p->n_bwd_prog = 0;
+    for (int k = 0; k < nn; k++) {
+        step_of[k] = -1;
+        if (!live[k]) continue;
+        if (k < n_fwd) p->fwd_prog[p->n_fwd_prog++] = k;
+    }
+    for (int k = n_fwd; k < nn; k++)
+        if (live[k]) p->bwd_prog[p->n_bwd_prog++] = k;
+    for (int i = 0; i < p->n_fwd_prog; i++) step_of[p->fwd_prog[i]] = i;
+    for (int i = 0; i < p->n_bwd_prog; i++) step_of[p->bwd_prog[i]] = p->n_fwd_prog + i;
+
+    /* Aliases: Reshape-like outputs share their input's memory when sizes agree. */
+    for (int k = 0; k < nn; k++) {
+        const om_node *n = &g->nodes[k];
+        if (!live[k] || !(n->op->flags & OM_OP_ALIAS) || n->n_in < 1 || n->in[0] < 0 || n->out[0] < 0) continue;
+        int a = n->in[0], b = n->out[0];
+        if (aligned_bytes(&p->vt[a]) != aligned_bytes(&p->vt[b]) ||
+            om_tensor_nbytes(&p->vt[a]) != om_tensor_nbytes(&p->vt[b]))
+            continue;
+        p->storage[b] = OM_ST_ALIAS;
+        p->alias_of[b] = a;
+    }
+
+    /* Lifetimes per root buffer, in program steps (forward steps, then backward steps). */
+    for (int v = 0; v < nv; v++) def[v] = last[v] = -1;
+    for (int k = 0; k < nn; k++) {
+        if (step_of[k] < 0) continue;
+        const om_node *n = &g->nodes[k];
+        for (int j = 0; j < n->n_out; j++)
+            if (n->out[j] >= 0 && p->storage[n->out[j]] != OM_ST_ALIAS) def[n->out[j]] = last[n->out[j]] = step_of[k];
+    }
+    for (int k = 0; k < nn; k++) {
+        if (step_of[k] < 0) continue;
+        const om_node *n = &g->nodes[k];
+        for (int i = 0; i < n->n_in; i++) {
+            if (n->in[i] < 0) continue;
+            int r = root_of(p, n->in[i]);
+            if (step_of[k] > last[r]) last[r] = step_of[k];
+        }
+    }
+    /* Storage classes for buffers produced at run time. */
+    for (int v = 0; v < nv; v++) {
+        if (def[v] < 0) continue;
+        if (def[v] < p->n_fwd_prog) p->storage[v] = last[v] >= p->n_fwd_prog ? OM_ST_STASH : OM_ST_FWD;
+        else p->storage[v] = OM_ST_BWD;
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        int v = g->outputs[i];
+        if (p->storage[v] == OM_ST_FWD) p->storage[v] = OM_ST_OUT;
+    }
+    if (has_backward && g->grad_of_input)
+        for (int i = 0; i < g->n_inputs; i++) {
+            int v = g->grad_of_input[i];
+            if (v >= 0 && p->storage[v] == OM_ST_BWD) p->storage[v] = OM_ST_OUT;
+        }
+
+    int n_iv = 0;
+    for (int v = 0; v < nv; v++)
+        if (p->storage[v] == OM_ST_FWD) iv[n_iv++] = (interval){v, def[v], last[v], aligned_bytes(&p->vt[v])};
+    p->fwd_arena_size = place(p, iv, n_iv);
+    n_iv = 0;
+    for (int v = 0; v < nv; v++)
+        if (p->storage[v] == OM_ST_BWD) iv[n_iv++] = (interval){v, def[v], last[v], aligned_bytes(&p->vt[v])};
+    p->bwd_arena_size = place(p, iv, n_iv);
+    n_iv = 0;
+    for (int v = 0; v < nv; v++)   /* the stash lives from forward to backward: no sharing */
+        if (p->storage[v] == OM_ST_STASH) iv[n_iv++] = (interval){v, 0, 1, aligned_bytes(&p->vt[v])};
+    p->stash_size = place(p, iv, n_iv);
+
+    p->fwd_arena = om_alloc(p->fwd_arena_size);
+    p->bwd_arena = om_alloc(p->bwd_arena_size);
+    if (!p->fwd_arena || !p->bwd_arena) goto oom;
+    goto done;
+oom:
+    st = om_error(OM_OUT_OF_MEMORY, "out of memory building a plan");
+fail:
+    om_plan_free(p);
+    p = NULL;
+done:
+    free(folded); free(live); free(needed); free(step_of); free(last); free(def); free(iv);
+    *out = p;
+    return st;
+}

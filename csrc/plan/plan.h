@@ -1,0 +1,47 @@
+/* plan.h — what the engine runs for one set of concrete input shapes.
+ *
+ * Planning happens once per shape set and is cheap: shape inference of every node,
+ * folding of everything known at plan time (constants, shapes and what derives from
+ * them), dead-node removal, then the split into a forward and a backward program with a
+ * storage class and an arena offset per value (liveness-based reuse, ggml-allocator style).
+ */
+#ifndef OM_PLAN_H
+#define OM_PLAN_H
+#include "ops/op.h"
+#include <pthread.h>
+
+typedef enum om_storage {
+    OM_ST_NONE = 0,   /* absent or never materialized */
+    OM_ST_CONST,      /* initializer, or folded at plan time: plan-owned data */
+    OM_ST_INPUT,      /* a graph input: the caller's memory */
+    OM_ST_SEED,       /* dL/d(output): the caller's memory, or a zeroed backward-arena slot */
+    OM_ST_FWD,        /* forward scratch arena */
+    OM_ST_STASH,      /* forward value the backward reads: one buffer per forward call */
+    OM_ST_BWD,        /* backward scratch arena */
+    OM_ST_OUT,        /* a result handed to the caller: allocated fresh each call */
+    OM_ST_ALIAS,      /* shares the memory of value alias_of (Reshape & co.) */
+} om_storage;
+
+typedef struct om_plan {
+    int n_inputs;
+    om_tensor *input_shapes;      /* the key: dtype/rank/dims per graph input */
+    int n_values;
+    om_tensor *vt;                /* per value: dtype, rank, dims; data set for OM_ST_CONST */
+    om_storage *storage;
+    size_t *offset;               /* into its arena / stash buffer */
+    int *alias_of;
+    char *owned;                  /* vt[v].data was allocated by the plan */
+    int *fwd_prog, n_fwd_prog;    /* runtime node ids, in order */
+    int *bwd_prog, n_bwd_prog;
+    int *seed_of_output;          /* per graph output: the seed value (or -1) */
+    size_t fwd_arena_size, bwd_arena_size, stash_size;
+    void *fwd_arena, *bwd_arena;  /* reused by every call (engine lock held) */
+} om_plan;
+
+/* Builds a plan for g (after autodiff) and these input shapes. */
+om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_inputs, bool has_backward,
+                         om_plan **out);
+void om_plan_free(om_plan *p);
+/* 1 when the plan was built for exactly these input dtypes and shapes. */
+int om_plan_matches(const om_plan *p, const om_tensor *inputs, int n_inputs);
+#endif

@@ -1,0 +1,71 @@
+"""The one torch.autograd.Function that runs the engine.
+
+torch only *holds* tensors here: inputs go to the engine through DLPack (read in
+place), outputs and gradients come back as DLPack capsules wrapped by
+``torch.from_dlpack``. No torch op computes any part of the model.
+"""
+import torch
+from torch.autograd.function import once_differentiable
+
+
+def _engine_view(t):
+    # torch refuses to export a tensor that requires grad through DLPack; detach() is
+    # an alias (same storage, no copy).
+    return t.detach() if t.requires_grad else t
+
+
+def _wrap(capsule):
+    return None if capsule is None else torch.from_dlpack(capsule)
+
+
+class CompiledCall:
+    """What the Function needs from a cache entry (passed as its first, non-tensor argument)."""
+
+    __slots__ = ("engine", "output_differentiable", "n_inputs")
+
+    def __init__(self, engine, output_differentiable, n_inputs):
+        self.engine = engine
+        self.output_differentiable = tuple(output_differentiable)
+        self.n_inputs = n_inputs
+
+
+class EngineFunction(torch.autograd.Function):
+    """forward: one engine.forward call; backward: one engine.backward call.
+
+    The engine's stash (what backward needs from forward) lives on ``ctx``, so
+    several forwards may run before their backwards.
+    """
+
+    @staticmethod
+    def forward(ctx, call, *tensors):
+        capsules, stash = call.engine.forward([_engine_view(t) for t in tensors], True)
+        outputs = tuple(torch.from_dlpack(c) for c in capsules)
+        ctx.set_materialize_grads(False)
+        ctx.call = call
+        ctx.stash = stash
+        non_diff = [o for o, d in zip(outputs, call.output_differentiable)
+                    if not d or not (o.is_floating_point() or o.is_complex())]
+        if non_diff:
+            ctx.mark_non_differentiable(*non_diff)
+        return outputs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outputs):
+        call = ctx.call
+        if ctx.stash is None:
+            return (None,) * (1 + call.n_inputs)
+        grads = call.engine.backward(
+            ctx.stash, [None if g is None else _engine_view(g) for g in grad_outputs])
+        return (None,) + tuple(_wrap(g) for g in grads)
+
+
+def run_training(call, tensors):
+    """Forward with autograd history; returns the engine outputs as torch tensors."""
+    return EngineFunction.apply(call, *tensors)
+
+
+def run_inference(engine, tensors):
+    """Forward-only (eval or no_grad): plain tensors, no autograd history, no stash."""
+    capsules, _ = engine.forward([_engine_view(t) for t in tensors], False)
+    return tuple(torch.from_dlpack(c) for c in capsules)

@@ -1,0 +1,589 @@
+/* module.c — the ortmod._C extension: the engine as Python objects.
+ *
+ * Multi-phase init, heap types and per-module state (PEP 489/573/630). Tensors cross as
+ * DLPack capsules in both directions, read and handed over in place: no copies except
+ * for a non-contiguous input, which the engine needs dense. The GIL is released while
+ * kernels run.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlpack/dlpack.h>
+
+#include "ortmod.h"
+
+#ifndef kDLBool_
+#define kDLBool_ 6U   /* DLPack >= 0.8 names this kDLBool; the header here may predate it */
+#endif
+
+typedef struct module_state {
+    PyObject *EngineType;
+    PyObject *StashType;
+    PyObject *EngineError;
+    PyObject *UnsupportedOpError;
+    PyObject *InvalidInputError;
+} module_state;
+
+static module_state *state_of_type(PyTypeObject *t) { return (module_state *)PyType_GetModuleState(t); }
+
+/* Raises the Python exception for st and frees st. Returns NULL for convenience. */
+static PyObject *raise_status(module_state *ms, om_status *st) {
+    PyObject *type = ms->EngineError;
+    switch (om_status_code(st)) {
+    case OM_UNSUPPORTED_OP: case OM_NO_GRADIENT: type = ms->UnsupportedOpError; break;
+    case OM_INVALID_ARGUMENT: case OM_INVALID_MODEL: type = ms->InvalidInputError; break;
+    case OM_OUT_OF_MEMORY: type = PyExc_MemoryError; break;
+    default: break;
+    }
+    PyErr_SetString(type, om_status_message(st));
+    om_status_free(st);
+    return NULL;
+}
+
+/* ---- DLPack in ------------------------------------------------------------------ */
+
+typedef struct input_hold {      /* keeps one input's memory alive while a stash needs it */
+    DLManagedTensor *mt;
+    void *dense_copy;            /* om_alloc'd when the input was not contiguous */
+} input_hold;
+
+static void input_hold_release(void *p) {
+    input_hold *h = p;
+    if (!h) return;
+    if (h->mt && h->mt->deleter) h->mt->deleter(h->mt);
+    om_free(h->dense_copy);
+    free(h);
+}
+
+static int dl_to_om_dtype(DLDataType t, om_dtype *out) {
+    if (t.lanes != 1) return -1;
+    switch (t.code) {
+    case kDLFloat: *out = t.bits == 32 ? OM_F32 : t.bits == 64 ? OM_F64 : t.bits == 16 ? OM_F16 : OM_UNDEFINED; break;
+    case kDLBfloat: *out = t.bits == 16 ? OM_BF16 : OM_UNDEFINED; break;
+    case kDLInt: *out = t.bits == 64 ? OM_I64 : t.bits == 32 ? OM_I32 : t.bits == 8 ? OM_I8 : OM_UNDEFINED; break;
+    case kDLUInt: *out = t.bits == 8 ? OM_U8 : OM_UNDEFINED; break;
+    case kDLBool_: *out = t.bits == 8 ? OM_BOOL : OM_UNDEFINED; break;
+    default: *out = OM_UNDEFINED;
+    }
+    return *out == OM_UNDEFINED ? -1 : 0;
+}
+
+static DLDataType om_to_dl_dtype(om_dtype dt) {
+    DLDataType t = {kDLFloat, 32, 1};
+    switch (dt) {
+    case OM_F32: break;
+    case OM_F64: t.bits = 64; break;
+    case OM_F16: t.bits = 16; break;
+    case OM_BF16: t.code = kDLBfloat; t.bits = 16; break;
+    case OM_I64: t.code = kDLInt; t.bits = 64; break;
+    case OM_I32: t.code = kDLInt; t.bits = 32; break;
+    case OM_I8: t.code = kDLInt; t.bits = 8; break;
+    case OM_U8: t.code = kDLUInt; t.bits = 8; break;
+    case OM_BOOL: t.code = kDLBool_; t.bits = 8; break;
+    default: break;
+    }
+    return t;
+}
+
+/* Copies a strided tensor into dense row-major memory (element size es). */
+static void gather_strided(char *dst, const char *src, int rank, const int64_t *dims, const int64_t *strides, size_t es) {
+    int64_t idx[OM_MAX_RANK] = {0};
+    int64_t numel = 1;
+    for (int i = 0; i < rank; i++) numel *= dims[i];
+    for (int64_t k = 0; k < numel; k++) {
+        int64_t off = 0;
+        for (int i = 0; i < rank; i++) off += idx[i] * strides[i];
+        memcpy(dst + (size_t)k * es, src + (size_t)off * es, es);
+        for (int i = rank - 1; i >= 0; i--) {
+            if (++idx[i] < dims[i]) break;
+            idx[i] = 0;
+        }
+    }
+}
+
+/* obj: a capsule or anything with __dlpack__. Fills t and a hold that owns the DLPack
+ * tensor. what names the argument in errors. Returns 0, or -1 with an exception set. */
+static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_tensor *t, input_hold **hold) {
+    *hold = NULL;
+    PyObject *cap;
+    if (PyCapsule_CheckExact(obj)) {
+        cap = Py_NewRef(obj);
+    } else {
+        cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
+        if (!cap) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s %zd must be a tensor (an object with __dlpack__), got %.100s", what,
+                         index, Py_TYPE(obj)->tp_name);
+            return -1;
+        }
+    }
+    DLManagedTensor *mt = PyCapsule_GetPointer(cap, "dltensor");
+    if (!mt) {
+        Py_DECREF(cap);
+        PyErr_Format(PyExc_TypeError, "%s %zd: not a DLPack tensor capsule (or one already consumed)", what, index);
+        return -1;
+    }
+    if (PyCapsule_SetName(cap, "used_dltensor") < 0) { Py_DECREF(cap); return -1; }
+    Py_DECREF(cap);   /* the managed tensor is ours now: the hold calls its deleter */
+    input_hold *h = calloc(1, sizeof *h);
+    if (!h) { mt->deleter(mt); PyErr_NoMemory(); return -1; }
+    h->mt = mt;
+    DLTensor *d = &mt->dl_tensor;
+    memset(t, 0, sizeof *t);
+    if (d->device.device_type != kDLCPU) {
+        input_hold_release(h);
+        PyErr_Format(PyExc_ValueError, "%s %zd is on device type %d; this build of ortmod runs on the CPU", what,
+                     index, (int)d->device.device_type);
+        return -1;
+    }
+    if (dl_to_om_dtype(d->dtype, &t->dtype) < 0) {
+        input_hold_release(h);
+        PyErr_Format(PyExc_TypeError, "%s %zd has a dtype (code %d, %d bits) that ortmod does not support", what,
+                     index, (int)d->dtype.code, (int)d->dtype.bits);
+        return -1;
+    }
+    if (d->ndim > OM_MAX_RANK) {
+        input_hold_release(h);
+        PyErr_Format(PyExc_ValueError, "%s %zd has rank %d; ortmod supports up to %d", what, index, d->ndim, OM_MAX_RANK);
+        return -1;
+    }
+    t->rank = d->ndim;
+    for (int i = 0; i < d->ndim; i++) t->dims[i] = d->shape[i];
+    char *base = (char *)d->data + d->byte_offset;
+    int dense = 1;
+    if (d->strides) {
+        int64_t expect = 1;
+        for (int i = d->ndim - 1; i >= 0; i--) {
+            if (d->shape[i] != 1 && d->strides[i] != expect) dense = 0;
+            expect *= d->shape[i];
+        }
+    }
+    if (dense) {
+        t->data = base;
+    } else {
+        size_t es = om_dtype_size(t->dtype);
+        h->dense_copy = om_alloc(om_tensor_nbytes(t));
+        if (!h->dense_copy) { input_hold_release(h); PyErr_NoMemory(); return -1; }
+        gather_strided(h->dense_copy, base, d->ndim, d->shape, d->strides, es);
+        t->data = h->dense_copy;
+    }
+    *hold = h;
+    return 0;
+}
+
+/* ---- DLPack out ----------------------------------------------------------------- */
+
+typedef struct out_ctx {
+    DLManagedTensor mt;
+    int64_t shape[OM_MAX_RANK];
+} out_ctx;
+
+static void out_deleter(DLManagedTensor *mt) {
+    out_ctx *c = (out_ctx *)mt;
+    om_free(mt->dl_tensor.data);
+    free(c);
+}
+
+static void capsule_destructor(PyObject *cap) {
+    if (PyCapsule_IsValid(cap, "used_dltensor")) return;   /* a consumer took it */
+    DLManagedTensor *mt = PyCapsule_GetPointer(cap, "dltensor");
+    if (mt && mt->deleter) mt->deleter(mt);
+    else PyErr_Clear();
+}
+
+/* Wraps an engine-owned tensor into a DLPack capsule; on failure frees t->data. */
+static PyObject *capsule_from_tensor(om_tensor *t) {
+    out_ctx *c = calloc(1, sizeof *c);
+    if (!c) { om_free(t->data); return PyErr_NoMemory(); }
+    for (int i = 0; i < t->rank; i++) c->shape[i] = t->dims[i];
+    c->mt.dl_tensor.data = t->data;
+    c->mt.dl_tensor.device = (DLDevice){kDLCPU, 0};
+    c->mt.dl_tensor.ndim = t->rank;
+    c->mt.dl_tensor.dtype = om_to_dl_dtype(t->dtype);
+    c->mt.dl_tensor.shape = c->shape;
+    c->mt.dl_tensor.strides = NULL;
+    c->mt.manager_ctx = c;
+    c->mt.deleter = out_deleter;
+    PyObject *cap = PyCapsule_New(&c->mt, "dltensor", capsule_destructor);
+    if (!cap) out_deleter(&c->mt);
+    t->data = NULL;
+    return cap;
+}
+
+/* ---- Engine --------------------------------------------------------------------- */
+
+typedef struct EngineObject {
+    PyObject_HEAD
+    om_engine *eng;
+    PyObject *log;              /* callable(level, message) or NULL */
+    PyObject *input_names, *output_names, *output_differentiable;
+} EngineObject;
+
+typedef struct StashObject {
+    PyObject_HEAD
+    PyObject *engine;           /* keeps the engine (and its plans) alive */
+    om_stash *stash;
+} StashObject;
+
+static void engine_log(void *user, om_log_level level, const char *msg) {
+    EngineObject *self = user;
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (self->log) {
+        PyObject *r = PyObject_CallFunction(self->log, "is", (int)level, msg);
+        if (!r) PyErr_WriteUnraisable(self->log);
+        Py_XDECREF(r);
+    }
+    PyGILState_Release(g);
+}
+
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"onnx_bytes", "grad_inputs", "log_level", "seed", "log", NULL};
+    Py_buffer buf;
+    PyObject *grad_inputs = Py_None, *log = Py_None;
+    int log_level = OM_LOG_WARNING;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|OiKO", kw, &buf, &grad_inputs, &log_level, &seed, &log))
+        return -1;
+    module_state *ms = state_of_type(Py_TYPE(self));
+    bool *flags = NULL;
+    Py_ssize_t n_flags = 0;
+    int rc = -1;
+    if (grad_inputs != Py_None) {
+        PyObject *seq = PySequence_Fast(grad_inputs, "grad_inputs must be a sequence of bools");
+        if (!seq) goto out;
+        n_flags = PySequence_Fast_GET_SIZE(seq);
+        flags = calloc((size_t)n_flags + 1, sizeof(bool));
+        if (!flags) { Py_DECREF(seq); PyErr_NoMemory(); goto out; }
+        for (Py_ssize_t i = 0; i < n_flags; i++) {
+            int b = PyObject_IsTrue(PySequence_Fast_GET_ITEM(seq, i));
+            if (b < 0) { Py_DECREF(seq); goto out; }
+            flags[i] = b;
+        }
+        Py_DECREF(seq);
+    }
+    if (log != Py_None) Py_XSETREF(self->log, Py_NewRef(log));
+    om_engine_options opt = om_engine_default_options();
+    opt.grad_inputs = flags;
+    opt.n_grad_inputs = (int)n_flags;
+    opt.log_level = (om_log_level)log_level;
+    opt.log = self->log ? engine_log : NULL;
+    opt.log_user = self;
+    opt.seed = seed;
+    om_engine *eng = NULL;
+    om_status *st;
+    Py_BEGIN_ALLOW_THREADS
+    st = om_engine_create(buf.buf, (size_t)buf.len, &opt, &eng);
+    Py_END_ALLOW_THREADS
+    if (st) { raise_status(ms, st); goto out; }
+    if (self->eng) om_engine_free(self->eng);
+    self->eng = eng;
+    int ni = om_engine_num_inputs(eng), no = om_engine_num_outputs(eng);
+    PyObject *in = PyTuple_New(ni), *on = PyTuple_New(no), *od = PyTuple_New(no);
+    if (!in || !on || !od) { Py_XDECREF(in); Py_XDECREF(on); Py_XDECREF(od); goto out; }
+    for (int i = 0; i < ni; i++) PyTuple_SET_ITEM(in, i, PyUnicode_FromString(om_engine_input_name(eng, i)));
+    for (int i = 0; i < no; i++) {
+        PyTuple_SET_ITEM(on, i, PyUnicode_FromString(om_engine_output_name(eng, i)));
+        PyTuple_SET_ITEM(od, i, PyBool_FromLong(om_engine_output_differentiable(eng, i)));
+    }
+    Py_XSETREF(self->input_names, in);
+    Py_XSETREF(self->output_names, on);
+    Py_XSETREF(self->output_differentiable, od);
+    rc = 0;
+out:
+    free(flags);
+    PyBuffer_Release(&buf);
+    return rc;
+}
+
+static int Engine_traverse(EngineObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->log);
+    return 0;
+}
+
+static int Engine_clear(EngineObject *self) {
+    Py_CLEAR(self->log);
+    return 0;
+}
+
+static void Engine_dealloc(EngineObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Engine_clear(self);
+    Py_CLEAR(self->input_names);
+    Py_CLEAR(self->output_names);
+    Py_CLEAR(self->output_differentiable);
+    om_engine_free(self->eng);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static int check_ready(EngineObject *self) {
+    if (!self->eng) { PyErr_SetString(PyExc_RuntimeError, "Engine is not initialized"); return -1; }
+    return 0;
+}
+
+/* forward(inputs, training) -> (list of capsules, stash or None) */
+static PyObject *Engine_forward(EngineObject *self, PyObject *args) {
+    PyObject *seq_in;
+    int training = 0;
+    if (!PyArg_ParseTuple(args, "Op", &seq_in, &training) || check_ready(self) < 0) return NULL;
+    module_state *ms = state_of_type(Py_TYPE(self));
+    PyObject *seq = PySequence_Fast(seq_in, "inputs must be a sequence of tensors");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int n_out = om_engine_num_outputs(self->eng);
+    om_tensor *ins = calloc((size_t)n + 1, sizeof(om_tensor));
+    input_hold **holds = calloc((size_t)n + 1, sizeof(input_hold *));
+    om_tensor *outs = calloc((size_t)n_out + 1, sizeof(om_tensor));
+    PyObject *result = NULL, *list = NULL;
+    om_stash *stash = NULL;
+    if (!ins || !holds || !outs) { PyErr_NoMemory(); goto out; }
+    if (n != om_engine_num_inputs(self->eng)) {
+        PyErr_Format(PyExc_ValueError, "the model takes %d inputs, got %zd", om_engine_num_inputs(self->eng), n);
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (tensor_from_py(PySequence_Fast_GET_ITEM(seq, i), "input", i, &ins[i], &holds[i]) < 0) goto out;
+    om_status *st;
+    Py_BEGIN_ALLOW_THREADS
+    st = om_engine_forward(self->eng, ins, (int)n, training, outs, &stash, (void **)holds, input_hold_release);
+    Py_END_ALLOW_THREADS
+    if (st) { raise_status(ms, st); goto out; }
+    if (stash)   /* the stash owns the holds now */
+        for (Py_ssize_t i = 0; i < n; i++) holds[i] = NULL;
+    list = PyList_New(n_out);
+    if (!list) goto out;
+    for (int i = 0; i < n_out; i++) {
+        PyObject *cap = capsule_from_tensor(&outs[i]);
+        if (!cap) goto out;
+        PyList_SET_ITEM(list, i, cap);
+    }
+    PyObject *stash_obj = Py_None;
+    if (stash) {
+        StashObject *so = PyObject_GC_New(StashObject, (PyTypeObject *)ms->StashType);
+        if (!so) goto out;
+        so->engine = Py_NewRef(self);
+        so->stash = stash;
+        stash = NULL;
+        PyObject_GC_Track(so);
+        stash_obj = (PyObject *)so;
+    } else {
+        Py_INCREF(stash_obj);
+    }
+    result = PyTuple_Pack(2, list, stash_obj);
+    Py_DECREF(stash_obj);
+out:
+    if (!result && outs)
+        for (int i = 0; i < n_out; i++) om_free(outs[i].data);
+    om_stash_free(stash);
+    for (Py_ssize_t i = 0; holds && i < n; i++) input_hold_release(holds[i]);
+    Py_XDECREF(list);
+    Py_DECREF(seq);
+    free(ins);
+    free(holds);
+    free(outs);
+    return result;
+}
+
+/* backward(stash, grad_outputs) -> list (per input: capsule or None) */
+static PyObject *Engine_backward(EngineObject *self, PyObject *args) {
+    PyObject *stash_obj, *seq_in;
+    if (!PyArg_ParseTuple(args, "OO", &stash_obj, &seq_in) || check_ready(self) < 0) return NULL;
+    module_state *ms = state_of_type(Py_TYPE(self));
+    if (!PyObject_TypeCheck(stash_obj, (PyTypeObject *)ms->StashType) || ((StashObject *)stash_obj)->engine != (PyObject *)self) {
+        PyErr_SetString(PyExc_TypeError, "backward needs the stash that this engine's forward returned");
+        return NULL;
+    }
+    StashObject *so = (StashObject *)stash_obj;
+    if (!so->stash) {
+        PyErr_SetString(ms->InvalidInputError, "this forward's stash was already used by a backward");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(seq_in, "grad_outputs must be a sequence");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int n_out = om_engine_num_outputs(self->eng), n_in = om_engine_num_inputs(self->eng);
+    om_tensor *gouts = calloc((size_t)n_out + 1, sizeof(om_tensor));
+    input_hold **holds = calloc((size_t)n_out + 1, sizeof(input_hold *));
+    om_tensor *grads = calloc((size_t)n_in + 1, sizeof(om_tensor));
+    PyObject *list = NULL;
+    if (!gouts || !holds || !grads) { PyErr_NoMemory(); goto out; }
+    if (n != n_out) {
+        PyErr_Format(PyExc_ValueError, "backward needs %d output gradients, got %zd", n_out, n);
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+        if (o == Py_None) continue;
+        if (tensor_from_py(o, "output gradient", i, &gouts[i], &holds[i]) < 0) goto out;
+    }
+    om_status *st;
+    Py_BEGIN_ALLOW_THREADS
+    st = om_engine_backward(self->eng, so->stash, gouts, grads);
+    Py_END_ALLOW_THREADS
+    if (st) { raise_status(ms, st); goto out; }
+    om_stash_free(so->stash);   /* backward is done with what the forward kept */
+    so->stash = NULL;
+    list = PyList_New(n_in);
+    if (!list) goto out;
+    for (int i = 0; i < n_in; i++) {
+        PyObject *item = grads[i].data ? capsule_from_tensor(&grads[i]) : Py_NewRef(Py_None);
+        if (!item) { Py_CLEAR(list); goto out; }
+        PyList_SET_ITEM(list, i, item);
+    }
+out:
+    for (int i = 0; grads && i < n_in; i++) om_free(grads[i].data);
+    for (int i = 0; holds && i < n_out; i++) input_hold_release(holds[i]);
+    Py_DECREF(seq);
+    free(gouts);
+    free(holds);
+    free(grads);
+    return list;
+}
+
+static PyObject *Engine_export_onnx(EngineObject *self, PyObject *args) {
+    const char *stage;
+    if (!PyArg_ParseTuple(args, "s", &stage) || check_ready(self) < 0) return NULL;
+    void *bytes = NULL;
+    size_t n = 0;
+    om_status *st = om_engine_export_onnx(self->eng, stage, &bytes, &n);
+    if (st) return raise_status(state_of_type(Py_TYPE(self)), st);
+    PyObject *r = PyBytes_FromStringAndSize(bytes, (Py_ssize_t)n);
+    om_free(bytes);
+    return r;
+}
+
+static PyObject *Engine_get_input_names(EngineObject *self, void *c) { return Py_NewRef(self->input_names ? self->input_names : Py_None); }
+static PyObject *Engine_get_output_names(EngineObject *self, void *c) { return Py_NewRef(self->output_names ? self->output_names : Py_None); }
+static PyObject *Engine_get_output_diff(EngineObject *self, void *c) {
+    return Py_NewRef(self->output_differentiable ? self->output_differentiable : Py_None);
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"forward", (PyCFunction)Engine_forward, METH_VARARGS,
+     "forward(inputs, training) -> (outputs, stash)\n\nRuns the forward. inputs: tensors (DLPack) in graph-input order, "
+     "read in place. outputs: DLPack capsules. stash: what backward needs (None unless training with grad inputs)."},
+    {"backward", (PyCFunction)Engine_backward, METH_VARARGS,
+     "backward(stash, grad_outputs) -> grads\n\nOne DLPack capsule per graph input that needs a gradient, None elsewhere. "
+     "A None output gradient counts as zeros."},
+    {"export_onnx", (PyCFunction)Engine_export_onnx, METH_VARARGS,
+     "export_onnx(stage) -> bytes: 'optimized' (forward) or 'execution' (forward + backward)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Engine_getset[] = {
+    {"input_names", (getter)Engine_get_input_names, NULL, "graph input names, in the order forward takes them", NULL},
+    {"output_names", (getter)Engine_get_output_names, NULL, "graph output names", NULL},
+    {"output_differentiable", (getter)Engine_get_output_diff, NULL, "per output: does a gradient flow back from it", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot Engine_slots[] = {
+    {Py_tp_doc, "Engine(onnx_bytes, grad_inputs=None, log_level=2, seed=0, log=None)\n\n"
+                "A compiled ONNX model: forward and backward graphs, and plans per input shape set."},
+    {Py_tp_init, Engine_init},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_dealloc, Engine_dealloc},
+    {Py_tp_traverse, Engine_traverse},
+    {Py_tp_clear, Engine_clear},
+    {Py_tp_methods, Engine_methods},
+    {Py_tp_getset, Engine_getset},
+    {0, NULL},
+};
+
+static PyType_Spec Engine_spec = {"ortmod._C.Engine", sizeof(EngineObject), 0,
+                                  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Engine_slots};
+
+static int Stash_traverse(StashObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->engine);
+    return 0;
+}
+
+static int Stash_clear(StashObject *self) {
+    om_stash_free(self->stash);
+    self->stash = NULL;
+    Py_CLEAR(self->engine);
+    return 0;
+}
+
+static void Stash_dealloc(StashObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Stash_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyType_Slot Stash_slots[] = {
+    {Py_tp_doc, "What one forward keeps for its backward (opaque)."},
+    {Py_tp_dealloc, Stash_dealloc},
+    {Py_tp_traverse, Stash_traverse},
+    {Py_tp_clear, Stash_clear},
+    {0, NULL},
+};
+
+static PyType_Spec Stash_spec = {"ortmod._C.Stash", sizeof(StashObject), 0,
+                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Stash_slots};
+
+/* ---- module --------------------------------------------------------------------- */
+
+static int module_exec(PyObject *m) {
+    module_state *ms = PyModule_GetState(m);
+    ms->EngineType = PyType_FromModuleAndSpec(m, &Engine_spec, NULL);
+    ms->StashType = PyType_FromModuleAndSpec(m, &Stash_spec, NULL);
+    if (!ms->EngineType || !ms->StashType) return -1;
+    ms->EngineError = PyErr_NewExceptionWithDoc("ortmod._C.EngineError", "An error reported by the ortmod engine.",
+                                                PyExc_RuntimeError, NULL);
+    if (!ms->EngineError) return -1;
+    ms->UnsupportedOpError = PyErr_NewExceptionWithDoc(
+        "ortmod._C.UnsupportedOpError", "The model uses an op (or an op's gradient) that ortmod does not support.",
+        ms->EngineError, NULL);
+    PyObject *bases = PyTuple_Pack(2, ms->EngineError, PyExc_ValueError);
+    if (!bases) return -1;
+    ms->InvalidInputError = PyErr_NewExceptionWithDoc(
+        "ortmod._C.InvalidInputError", "An input (tensor, gradient or model file) is not what the engine expects.",
+        bases, NULL);
+    Py_DECREF(bases);
+    if (!ms->UnsupportedOpError || !ms->InvalidInputError) return -1;
+    if (PyModule_AddObjectRef(m, "Engine", ms->EngineType) < 0) return -1;
+    if (PyModule_AddObjectRef(m, "Stash", ms->StashType) < 0) return -1;
+    if (PyModule_AddObjectRef(m, "EngineError", ms->EngineError) < 0) return -1;
+    if (PyModule_AddObjectRef(m, "UnsupportedOpError", ms->UnsupportedOpError) < 0) return -1;
+    if (PyModule_AddObjectRef(m, "InvalidInputError", ms->InvalidInputError) < 0) return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *m, visitproc visit, void *arg) {
+    module_state *ms = PyModule_GetState(m);
+    Py_VISIT(ms->EngineType);
+    Py_VISIT(ms->StashType);
+    Py_VISIT(ms->EngineError);
+    Py_VISIT(ms->UnsupportedOpError);
+    Py_VISIT(ms->InvalidInputError);
+    return 0;
+}
+
+static int module_clear(PyObject *m) {
+    module_state *ms = PyModule_GetState(m);
+    Py_CLEAR(ms->EngineType);
+    Py_CLEAR(ms->StashType);
+    Py_CLEAR(ms->EngineError);
+    Py_CLEAR(ms->UnsupportedOpError);
+    Py_CLEAR(ms->InvalidInputError);
+    return 0;
+}
+
+static void module_free(void *m) { module_clear((PyObject *)m); }
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "ortmod._C", "The ortmod engine: ONNX import, autodiff, planning and kernels, in C.",
+    sizeof(module_state), NULL, module_slots, module_traverse, module_clear, module_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&module_def); }
