@@ -207,11 +207,16 @@ static om_status *div_int_check(om_kernel_ctx *ctx) {
     return NULL;
 }
 
-BINARY_ARITH_KERNEL(div_cpu_raw, x / y)
+BINARY_ARITH_KERNEL(div_float_cpu, x / y)
+/* INT_MIN / -1 traps on x86: -1 negates (wrapping through unsigned) instead. */
+BINARY_ARITH_KERNEL(div_int_cpu, y == -1 ? (int64_t)(0 - (uint64_t)x) : x / y)
 
 static om_status *div_cpu(om_kernel_ctx *ctx) {
-    if (ctx->in[1].dtype == OM_I64 || ctx->in[1].dtype == OM_I32) OM_TRY(div_int_check(ctx));
-    return div_cpu_raw(ctx);
+    if (ctx->in[1].dtype == OM_I64 || ctx->in[1].dtype == OM_I32) {
+        OM_TRY(div_int_check(ctx));
+        return div_int_cpu(ctx);
+    }
+    return div_float_cpu(ctx);
 }
 
 /* Pow: a common exponent is a scalar constant (x**2, x**0.5); those skip libm pow. */

@@ -143,7 +143,7 @@ static void set_loss_shape(om_tensor *out, const om_tensor *lab, om_dtype dt, in
 
 static om_status *sce_infer(om_kernel_ctx *ctx) {
     loss_attrs a;
-    loss_geom g;
+    loss_geom g = {0, 0, 0};
     OM_TRY(loss_attrs_read(ctx->node, &a));
     OM_TRY(loss_geometry(ctx->node, &ctx->in[0], &ctx->in[1], opt_in(ctx, 2), &g));
     set_loss_shape(&ctx->out[0], &ctx->in[1], ctx->in[0].dtype, a.reduction);
@@ -155,7 +155,7 @@ static om_status *sce_infer(om_kernel_ctx *ctx) {
 static om_status *sce_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     loss_attrs a;
-    loss_geom g;
+    loss_geom g = {0, 0, 0};
     OM_TRY(loss_attrs_read(n, &a));
     const om_tensor *x = &ctx->in[0], *lab = &ctx->in[1], *wt = opt_in(ctx, 2);
     OM_TRY(loss_geometry(n, x, lab, wt, &g));
@@ -260,7 +260,7 @@ static om_status *sce_grad(om_grad_ctx *c) {
 
 static om_status *sce_grad_infer(om_kernel_ctx *ctx) {
     loss_attrs a;
-    loss_geom g;
+    loss_geom g = {0, 0, 0};
     const om_node *n = ctx->node;
     OM_TRY(loss_attrs_read(n, &a));
     OM_TRY(loss_geometry(n, &ctx->in[1], &ctx->in[2], opt_in(ctx, 3), &g));
@@ -289,7 +289,7 @@ static double mean_denominator(const om_tensor *lab, const void *wp, om_dtype dt
 static om_status *sce_grad_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     loss_attrs a;
-    loss_geom g;
+    loss_geom g = {0, 0, 0};
     OM_TRY(loss_attrs_read(n, &a));
     const om_tensor *lp = &ctx->in[1], *lab = &ctx->in[2], *wt = opt_in(ctx, 3);
     OM_TRY(loss_geometry(n, lp, lab, wt, &g));
@@ -335,7 +335,7 @@ static om_status *sce_grad_cpu(om_kernel_ctx *ctx) {
 
 static om_status *nll_infer(om_kernel_ctx *ctx) {
     loss_attrs a;
-    loss_geom g;
+    loss_geom g = {0, 0, 0};
     OM_TRY(loss_attrs_read(ctx->node, &a));
     OM_TRY(loss_geometry(ctx->node, &ctx->in[0], &ctx->in[1], opt_in(ctx, 2), &g));
     set_loss_shape(&ctx->out[0], &ctx->in[1], ctx->in[0].dtype, a.reduction);
@@ -346,7 +346,7 @@ static om_status *nll_infer(om_kernel_ctx *ctx) {
 static om_status *nll_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     loss_attrs a;
-    loss_geom g;
+    loss_geom g = {0, 0, 0};
     OM_TRY(loss_attrs_read(n, &a));
     const om_tensor *x = &ctx->in[0], *lab = &ctx->in[1], *wt = opt_in(ctx, 2);
     OM_TRY(loss_geometry(n, x, lab, wt, &g));
@@ -418,7 +418,7 @@ static om_status *nll_grad_geometry(om_kernel_ctx *ctx, loss_attrs *a, loss_geom
 
 static om_status *nll_grad_infer(om_kernel_ctx *ctx) {
     loss_attrs a;
-    loss_geom g;
+    loss_geom g = {0, 0, 0};
     om_tensor xs;
     OM_TRY(nll_grad_geometry(ctx, &a, &g, &xs));
     om_set_shape(&ctx->out[0], &xs, ctx->in[0].dtype);
@@ -429,7 +429,7 @@ static om_status *nll_grad_infer(om_kernel_ctx *ctx) {
 static om_status *nll_grad_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     loss_attrs a;
-    loss_geom g;
+    loss_geom g = {0, 0, 0};
     om_tensor xs;
     OM_TRY(nll_grad_geometry(ctx, &a, &g, &xs));
     const om_tensor *lab = &ctx->in[1], *wt = opt_in(ctx, 3);

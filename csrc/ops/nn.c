@@ -272,8 +272,8 @@ static om_status *ln_check_param(const om_node *n, const om_tensor *p, int i, om
 static om_status *ln_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
-    int axis;
-    int64_t N, D;
+    int axis = 0;
+    int64_t N = 0, D = 0;
     OM_TRY(float_check(n, x, 0, OM_UNDEFINED));
     OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
     OM_TRY(ln_check_param(n, &ctx->in[1], 1, x->dtype, D));
@@ -290,8 +290,8 @@ static om_status *ln_infer(om_kernel_ctx *ctx) {
 static om_status *ln_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
-    int axis;
-    int64_t N, D;
+    int axis = 0;
+    int64_t N = 0, D = 0;
     OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
     const double eps = om_attr_float(n, "epsilon", 1e-5f);
     const int has_bias = ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED;
@@ -331,9 +331,13 @@ static om_status *ln_cpu(om_kernel_ctx *ctx) {
 
 static om_status *ln_grad(om_grad_ctx *c) {
     int node = c->node;
-    int dy = c->dy[0];
-    if (dy < 0) return NULL;   /* gradients through Mean/InvStdDev are not supported */
     const om_node *n = &c->g->nodes[node];
+    int dy = c->dy[0];
+    int dmean = n->n_out > 1 ? c->dy[1] : -1, dinv = n->n_out > 2 ? c->dy[2] : -1;
+    if (dy < 0 && dmean < 0 && dinv < 0) return NULL;
+    if (dy < 0)
+        return om_grad_fail(c, om_error(OM_NO_GRADIENT, "LayerNormalization node '%s': a gradient through Mean or "
+                                        "InvStdDev without one through Y is not supported", node_name(n)));
     int x = n->in[0], scale = n->in[1], has_bias = n->n_in > 2 && n->in[2] >= 0;
     int64_t axis = om_attr_int(n, "axis", -1);
     om_dtype sdt = ln_dtype(c->g, n, 1);
@@ -342,11 +346,12 @@ static om_status *ln_grad(om_grad_ctx *c) {
     int inv = om_node_ensure_output(c->g, node, 2, sdt);
     if (mean < 0 || inv < 0)
         return om_grad_fail(c, om_error(OM_INTERNAL, "LayerNormalization: cannot add the Mean/InvStdDev outputs"));
-    int in[5] = {dy, x, scale, mean, inv};
+    int in[7] = {dy, x, scale, mean, inv, dmean, dinv};
+    int n_in = dinv >= 0 ? 7 : dmean >= 0 ? 6 : 5;
     int out[3] = {-1, -1, -1};
     int nid;
     int n_out = has_bias ? 3 : 2;
-    if (om_emit_node(c, "LayerNormalizationGrad", in, 5, out, n_out, &nid) < 0) return NULL;
+    if (om_emit_node(c, "LayerNormalizationGrad", in, n_in, out, n_out, &nid) < 0) return NULL;
     om_emit_attr_int(c, "axis", axis);
     if (c->need_dx[0]) c->dx[0] = out[0];
     if (c->need_dx[1]) c->dx[1] = out[1];
@@ -354,15 +359,23 @@ static om_status *ln_grad(om_grad_ctx *c) {
     return NULL;
 }
 
-/* ---- LayerNormalizationGrad(dY, X, Scale, Mean, InvStdDev; axis) -> dX, dScale, dBias */
+/* ---- LayerNormalizationGrad(dY, X, Scale, Mean, InvStdDev, dMean?, dInvStdDev?; axis)
+ *      -> dX, dScale, dBias */
 
 static om_status *ln_grad_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0], *x = &ctx->in[1];
-    int axis;
-    int64_t N, D;
+    int axis = 0;
+    int64_t N = 0, D = 0;
     OM_TRY(float_check(n, dy, 0, OM_UNDEFINED));
     for (int i = 1; i < 5; i++) OM_TRY(float_check(n, &ctx->in[i], i, dy->dtype));
+    for (int i = 5; i < ctx->n_in; i++) {
+        if (ctx->in[i].dtype == OM_UNDEFINED) continue;
+        OM_TRY(float_check(n, &ctx->in[i], i, dy->dtype));
+        if (om_tensor_numel(&ctx->in[i]) != om_tensor_numel(&ctx->in[3]))
+            return om_error(OM_INVALID_ARGUMENT, "LayerNormalizationGrad node '%s': input %d must match Mean",
+                            node_name(n), i);
+    }
     if (!om_shape_equal(dy, x))
         return om_error(OM_INVALID_ARGUMENT, "LayerNormalizationGrad node '%s': dY and X shapes differ", node_name(n));
     OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
@@ -377,17 +390,20 @@ static om_status *ln_grad_infer(om_kernel_ctx *ctx) {
 
 /* xhat = (x - mean) * inv, g = dy * scale:
  *   dx = inv * (g - mean_D(g) - xhat * mean_D(g * xhat))
+ *          + (dmean - dinvstd * inv^2 * xhat) / D    (when Mean / InvStdDev have gradients)
  *   dscale = sum_N(dy * xhat), dbias = sum_N(dy)                                       */
 // dy, x, dx are (N, D); scale, dscale, dbias are (D); mean, inv are (N)
 static om_status *ln_grad_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[1];
-    int axis;
-    int64_t N, D;
+    int axis = 0;
+    int64_t N = 0, D = 0;
     OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
     NN_DISPATCH(x->dtype, n, {
         const T *dyp = ctx->in[0].data, *xp = x->data, *scale = ctx->in[2].data;
         const T *meanp = ctx->in[3].data, *invp = ctx->in[4].data;
+        const T *dmp = ctx->n_in > 5 && ctx->in[5].dtype != OM_UNDEFINED ? ctx->in[5].data : NULL;
+        const T *dip = ctx->n_in > 6 && ctx->in[6].dtype != OM_UNDEFINED ? ctx->in[6].data : NULL;
         T *dxp = ctx->out[0].data;
         T *dsp = ctx->n_out > 1 ? ctx->out[1].data : NULL;
         T *dbp = ctx->n_out > 2 ? ctx->out[2].data : NULL;
@@ -405,6 +421,10 @@ static om_status *ln_grad_cpu(om_kernel_ctx *ctx) {
                 }
                 const T a = (T)(s1 / (double)D), b = (T)(s2 / (double)D);
                 for (int64_t d = 0; d < D; d++) dx[d] = iv * (g[d] * sc[d] - a - (xr[d] - m) * iv * b);
+                if (dmp || dip) {
+                    const T km = dmp ? dmp[r] / (T)D : 0, ki = dip ? dip[r] * iv * iv * iv / (T)D : 0;
+                    for (int64_t d = 0; d < D; d++) dx[d] += km - ki * (xr[d] - m);
+                }
             }
         }
         /* parameter gradients: rows accumulate into (D) vectors; split D across threads */
@@ -461,6 +481,6 @@ const om_op_def om_op_layer_norm = {
 };
 
 const om_op_def om_op_layer_norm_grad = {
-    .name = "LayerNormalizationGrad", .domain = "ortmod", .min_in = 5, .max_in = 5, .min_out = 1, .max_out = 3,
+    .name = "LayerNormalizationGrad", .domain = "ortmod", .min_in = 5, .max_in = 7, .min_out = 1, .max_out = 3,
     .infer = ln_grad_infer, .grad = NULL, .cpu = ln_grad_cpu, .diff_inputs = 0,
 };

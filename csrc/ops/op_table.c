@@ -42,6 +42,36 @@ extern const om_op_def om_op_reduce_min;
 extern const om_op_def om_op_reduce_prod;
 extern const om_op_def om_op_reduce_grad;
 extern const om_op_def om_op_reduce_min_max_grad;
+extern const om_op_def om_op_add;
+extern const om_op_def om_op_sub;
+extern const om_op_def om_op_mul;
+extern const om_op_def om_op_div;
+extern const om_op_def om_op_pow;
+extern const om_op_def om_op_max;
+extern const om_op_def om_op_min;
+extern const om_op_def om_op_neg;
+extern const om_op_def om_op_relu;
+extern const om_op_def om_op_abs;
+extern const om_op_def om_op_tanh;
+extern const om_op_def om_op_sigmoid;
+extern const om_op_def om_op_gelu;
+extern const om_op_def om_op_erf;
+extern const om_op_def om_op_sqrt;
+extern const om_op_def om_op_exp;
+extern const om_op_def om_op_log;
+extern const om_op_def om_op_reciprocal;
+extern const om_op_def om_op_relu_grad;
+extern const om_op_def om_op_tanh_grad;
+extern const om_op_def om_op_sigmoid_grad;
+extern const om_op_def om_op_abs_grad;
+extern const om_op_def om_op_gelu_grad;
+extern const om_op_def om_op_equal;
+extern const om_op_def om_op_where;
+extern const om_op_def om_op_identity;
+extern const om_op_def om_op_cast;
+extern const om_op_def om_op_dropout;
+extern const om_op_def om_op_sum_to_shape;
+extern const om_op_def om_op_dropout_grad;
 
 static const om_op_def *const op_table[] = {
     &om_op_matmul,
@@ -84,6 +114,36 @@ static const om_op_def *const op_table[] = {
     &om_op_reduce_prod,
     &om_op_reduce_grad,
     &om_op_reduce_min_max_grad,
+    &om_op_add,
+    &om_op_sub,
+    &om_op_mul,
+    &om_op_div,
+    &om_op_pow,
+    &om_op_max,
+    &om_op_min,
+    &om_op_neg,
+    &om_op_relu,
+    &om_op_abs,
+    &om_op_tanh,
+    &om_op_sigmoid,
+    &om_op_gelu,
+    &om_op_erf,
+    &om_op_sqrt,
+    &om_op_exp,
+    &om_op_log,
+    &om_op_reciprocal,
+    &om_op_relu_grad,
+    &om_op_tanh_grad,
+    &om_op_sigmoid_grad,
+    &om_op_abs_grad,
+    &om_op_gelu_grad,
+    &om_op_equal,
+    &om_op_where,
+    &om_op_identity,
+    &om_op_cast,
+    &om_op_dropout,
+    &om_op_sum_to_shape,
+    &om_op_dropout_grad,
 };
 
 const om_op_def *om_op_find(const char *name, const char *domain) {

@@ -76,6 +76,7 @@ static int64_t int_at(const om_tensor *t, int64_t i) {
 /* Checks that integer input i (what) has data (known at plan time); *n = element count. */
 static om_status *known_ints(const om_kernel_ctx *ctx, int i, const char *what, int64_t *n) {
     const om_tensor *t = &ctx->in[i];
+    *n = 0;
     if (!is_int(t->dtype)) return om_err_dtype(ctx->node, i, t->dtype);
     *n = om_tensor_numel(t);
     if (!t->data && *n > 0)
@@ -751,7 +752,7 @@ static om_status *concat_grad_index(const om_kernel_ctx *ctx, int *index) {
 }
 
 static om_status *concat_grad_infer(om_kernel_ctx *ctx) {
-    int index;
+    int index = 0;
     OM_TRY(concat_grad_index(ctx, &index));
     for (int i = 1; i < ctx->n_in; i++) {   /* every shape is needed for the offsets */
         int64_t k;
@@ -764,7 +765,7 @@ static om_status *concat_grad_infer(om_kernel_ctx *ctx) {
 static om_status *concat_grad_cpu(om_kernel_ctx *ctx) {
     const om_tensor *dy = &ctx->in[0];
     om_tensor *dx = &ctx->out[0];
-    int index, axis;
+    int index = 0, axis = 0;
     OM_TRY(concat_grad_index(ctx, &index));
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), dy->rank, &axis));
     int64_t before = 0;   /* rows of dy along axis that belong to earlier inputs */
@@ -993,6 +994,7 @@ static om_status *expand_grad(om_grad_ctx *c) {
 /* ---- Range ------------------------------------------------------------------------- */
 
 static om_status *range_count(const om_kernel_ctx *ctx, int64_t *n) {
+    *n = 0;
     for (int i = 0; i < 3; i++) {
         if (!ctx->in[i].data)
             return node_error(ctx->node, OM_UNSUPPORTED_OP, "input %d must be known at plan time", i);
@@ -1024,7 +1026,7 @@ static om_status *range_count(const om_kernel_ctx *ctx, int64_t *n) {
 }
 
 static om_status *range_infer(om_kernel_ctx *ctx) {
-    int64_t n;
+    int64_t n = 0;
     OM_TRY(range_count(ctx, &n));
     set_out(&ctx->out[0], ctx->in[0].dtype, 1, &n);
     return NULL;

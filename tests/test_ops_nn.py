@@ -1,0 +1,226 @@
+"""MatMul, Gemm, FusedMatMul, Softmax, LogSoftmax, LayerNormalization, SoftmaxCrossEntropyLoss
+and NegativeLogLikelihoodLoss: float32 parity against PyTorch (used only as the reference)
+and float64 finite-difference checks of the engine's gradients."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from oputil import check_op, make_model, run
+
+RNG = np.random.default_rng(1234)
+
+
+def randn(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def T(a):
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+# ---- MatMul ----------------------------------------------------------------------------
+
+MATMUL_SHAPES = [
+    ((3, 4), (4, 5)),
+    ((2, 3, 4), (4, 5)),        # batch folds into M
+    ((2, 3, 4), (2, 4, 5)),
+    ((5,), (5, 3)),             # 1-D left operand
+    ((2, 1, 3, 4), (3, 4, 2)),  # batch broadcast both ways
+    ((3, 4), (4,)),             # 1-D right operand
+    ((4,), (4,)),               # dot product
+    ((3, 4), (2, 4, 5)),        # left operand broadcast over the batch
+]
+
+
+@pytest.mark.parametrize("sa,sb", MATMUL_SHAPES)
+def test_matmul(sa, sb):
+    check_op("MatMul", {"A": randn(*sa), "B": randn(*sb)},
+             lambda A, B: torch.matmul(T(A), T(B)).numpy(), grad=["A", "B"])
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (3, 4, 2))])
+def test_fused_matmul(sa, sb, ta, tb):
+    A, B = randn(*sa), randn(*sb)
+    if ta:
+        A = np.ascontiguousarray(np.swapaxes(A, -1, -2))
+    if tb:
+        B = np.ascontiguousarray(np.swapaxes(B, -1, -2))
+
+    def ref(A, B):
+        a, b = T(A), T(B)
+        a = a.transpose(-1, -2) if ta else a
+        b = b.transpose(-1, -2) if tb else b
+        return (0.5 * torch.matmul(a, b)).numpy()
+
+    check_op("FusedMatMul", {"A": A, "B": B}, ref, attrs={"transA": ta, "transB": tb, "alpha": 0.5},
+             domain="ortmod", grad=["A", "B"])
+
+
+def test_matmul_shape_error():
+    model = make_model("MatMul", {"A": randn(3, 4), "B": randn(5, 6)})
+    with pytest.raises(Exception, match=r"\(3, 4\).*\(5, 6\)"):
+        run(model, [randn(3, 4), randn(5, 6)])
+
+
+# ---- Gemm ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("cshape", [None, (5,), (3, 5), (1, 5), (), (3, 1)])
+def test_gemm(ta, tb, cshape):
+    M, K, N = 3, 4, 5
+    A = randn(K, M) if ta else randn(M, K)
+    B = randn(N, K) if tb else randn(K, N)
+    C = None if cshape is None else randn(*cshape)
+    alpha, beta = 0.75, 1.5
+
+    def ref(A, B, C):
+        a = T(A).T if ta else T(A)
+        b = T(B).T if tb else T(B)
+        y = alpha * (a @ b)
+        return (y if C is None else y + beta * T(C)).numpy()
+
+    check_op("Gemm", {"A": A, "B": B, "C": C}, ref,
+             attrs={"transA": ta, "transB": tb, "alpha": alpha, "beta": beta},
+             grad=["A", "B"] + ([] if C is None else ["C"]))
+
+
+# ---- Softmax / LogSoftmax -----------------------------------------------------------------
+
+@pytest.mark.parametrize("op,fn", [("Softmax", torch.softmax), ("LogSoftmax", torch.log_softmax)])
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_softmax(op, fn, axis):
+    X = randn(2, 3, 4) * 3
+    check_op(op, {"X": X}, lambda X: fn(T(X), axis).numpy(), attrs={"axis": axis}, grad=["X"])
+
+
+@pytest.mark.parametrize("op,fn", [("Softmax", torch.softmax), ("LogSoftmax", torch.log_softmax)])
+def test_softmax_opset11_flattens(op, fn):
+    # before opset 13 the op ran over the flattened dims[axis:]
+    X = randn(2, 3, 4)
+    check_op(op, {"X": X}, lambda X: fn(T(X).reshape(2, 12), -1).reshape(2, 3, 4).numpy(),
+             attrs={"axis": 1}, opset=11, grad=["X"])
+
+
+def test_softmax_extreme_values():
+    X = np.array([[1000.0, 0.0, -1000.0], [-np.inf, 0.0, 1.0]], np.float32)
+    check_op("Softmax", {"X": X}, lambda X: torch.softmax(T(X), -1).numpy())
+
+
+# ---- LayerNormalization ------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [-1, -2])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm(axis, bias):
+    X = randn(2, 3, 6) + 1.5
+    nshape = X.shape[axis % 3:]
+    S = randn(*nshape)
+    Bv = randn(*nshape) if bias else None
+
+    def ref(X, Scale, B):
+        return F.layer_norm(T(X), nshape, T(Scale), None if B is None else T(B), eps=1e-5).numpy()
+
+    check_op("LayerNormalization", {"X": X, "Scale": S, "B": Bv}, ref,
+             attrs={"axis": axis, "epsilon": 1e-5}, grad=["X", "Scale"] + (["B"] if bias else []),
+             grad_atol=1e-5)
+
+
+def test_layer_norm_saved_stats():
+    # Mean/InvStdDev outputs: values, and gradients that flow through them too
+    X = randn(4, 5) * 2 + 1
+    S, Bv = randn(5), randn(5)
+
+    def ref(X, Scale, B):
+        x = T(X).double()
+        m = x.mean(-1, keepdim=True)
+        inv = 1 / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5)
+        y = F.layer_norm(T(X), (5,), T(Scale), T(B), eps=1e-5)
+        return y.numpy(), m.float().numpy(), inv.float().numpy()
+
+    check_op("LayerNormalization", {"X": X, "Scale": S, "B": Bv}, ref, attrs={"epsilon": 1e-5},
+             n_outputs=3, grad=["X", "Scale", "B"], grad_atol=1e-5)
+
+
+# ---- SoftmaxCrossEntropyLoss / NegativeLogLikelihoodLoss -----------------------------------
+
+def _labels(shape, C, ignore):
+    lab = RNG.integers(0, C, shape).astype(np.int64)
+    if ignore is not None:
+        lab.reshape(-1)[::3] = ignore
+    return lab
+
+
+LOSS_CASES = [
+    # scores shape, reduction, ignore_index, weights
+    ((6, 5), "mean", None, False),
+    ((6, 5), "sum", None, False),
+    ((6, 5), "none", None, False),
+    ((6, 5), "mean", 2, False),
+    ((6, 5), "mean", -100, True),
+    ((6, 5), "sum", 1, True),
+    ((6, 5), "none", 3, True),
+    ((3, 4, 2), "mean", None, False),
+    ((3, 4, 2), "mean", 0, True),
+    ((3, 4, 2), "sum", -1, True),
+    ((2, 3, 2, 2), "none", 1, True),
+]
+
+
+def _loss_inputs(shape, ignore, weighted, first):
+    N, C = shape[:2]
+    return {first: randn(*shape), "labels": _labels((N,) + shape[2:], C, ignore),
+            "weights": (np.abs(randn(C)) + 0.1) if weighted else None}
+
+
+def _attrs(red, ignore):
+    return {"reduction": red, **({} if ignore is None else {"ignore_index": ignore})}
+
+
+@pytest.mark.parametrize("shape,red,ignore,weighted", LOSS_CASES)
+def test_softmax_cross_entropy(shape, red, ignore, weighted):
+    def ref(scores, labels, weights):
+        return F.cross_entropy(T(scores), T(labels), weight=None if weights is None else T(weights),
+                               reduction=red, ignore_index=-100 if ignore is None else ignore).numpy()
+
+    check_op("SoftmaxCrossEntropyLoss", _loss_inputs(shape, ignore, weighted, "scores"), ref,
+             attrs=_attrs(red, ignore), grad=["scores"])
+
+
+@pytest.mark.parametrize("shape,red,ignore,weighted", [LOSS_CASES[0], LOSS_CASES[5], LOSS_CASES[9]])
+def test_softmax_cross_entropy_log_prob(shape, red, ignore, weighted):
+    # log_prob as a second output: its gradient adds to the loss's
+    def ref(scores, labels, weights):
+        loss = F.cross_entropy(T(scores), T(labels), weight=None if weights is None else T(weights),
+                               reduction=red, ignore_index=-100 if ignore is None else ignore)
+        return loss.numpy(), torch.log_softmax(T(scores), 1).numpy()
+
+    check_op("SoftmaxCrossEntropyLoss", _loss_inputs(shape, ignore, weighted, "scores"), ref,
+             attrs=_attrs(red, ignore), n_outputs=2, grad=["scores"])
+
+
+@pytest.mark.parametrize("shape,red,ignore,weighted", LOSS_CASES)
+def test_nll_loss(shape, red, ignore, weighted):
+    inputs = _loss_inputs(shape, ignore, weighted, "input")
+    inputs["input"] = torch.log_softmax(T(inputs["input"]), 1).numpy()
+
+    def ref(input, labels, weights):
+        return F.nll_loss(T(input), T(labels), weight=None if weights is None else T(weights),
+                          reduction=red, ignore_index=-100 if ignore is None else ignore).numpy()
+
+    check_op("NegativeLogLikelihoodLoss", inputs, ref, attrs=_attrs(red, ignore), grad=["input"])
+
+
+def test_cross_entropy_all_ignored_is_nan():
+    out = check_op("SoftmaxCrossEntropyLoss", {"scores": randn(3, 4), "labels": np.full(3, -1, np.int64)},
+                   attrs={"ignore_index": -1})
+    assert np.isnan(out[0])
+
+
+@pytest.mark.parametrize("op", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+@pytest.mark.parametrize("bad", [4, -3])
+def test_loss_label_out_of_range(op, bad):
+    labels = np.array([0, bad, 1], np.int64)
+    model = make_model(op, {"x": randn(3, 4), "labels": labels}, {"ignore_index": -100})
+    with pytest.raises(Exception, match=rf"{op}.*label {bad}"):
+        run(model, [randn(3, 4), labels])
