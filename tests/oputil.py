@@ -52,7 +52,7 @@ def run(model_bytes, feeds, grad=None, seed=0, training=True):
     feeds: list of arrays in graph-input order. Returns (outputs, grads, dys)."""
     grad_flags = [bool(g) for g in grad] if grad is not None else None
     eng = _C.Engine(model_bytes, grad_flags)
-    caps, stash = eng.forward([np.ascontiguousarray(f) for f in feeds], training)
+    caps, stash = eng.forward([np.require(f, requirements="C") for f in feeds], training)
     outs = [np.from_dlpack(_Cap(c)).copy() for c in caps]
     if grad is None or stash is None:
         return outs, None, None
@@ -60,7 +60,7 @@ def run(model_bytes, feeds, grad=None, seed=0, training=True):
     dys = [rng.standard_normal(o.shape).astype(o.dtype) if np.issubdtype(o.dtype, np.floating) else None
            for o in outs]
     dys = [d if diff else None for d, diff in zip(dys, eng.output_differentiable)]
-    gcaps = eng.backward(stash, [None if d is None else np.ascontiguousarray(d) for d in dys])
+    gcaps = eng.backward(stash, [None if d is None else np.require(d, requirements="C") for d in dys])
     grads = [None if c is None else np.from_dlpack(_Cap(c)).copy() for c in gcaps]
     return outs, grads, dys
 

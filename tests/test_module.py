@@ -281,8 +281,11 @@ def test_dropout_train_and_eval():
     close(y[kept], torch.full_like(y[kept], 2.0))          # kept elements scaled by 1/(1-p)
     y.sum().backward()
     close(xr.grad, kept.float() * 2.0)                     # backward uses the same mask
-    y2 = model(x)
+    y2 = model(x.clone().requires_grad_(True))
     assert not torch.equal(y2 != 0, kept), "two training steps drew the same dropout mask"
+    with torch.no_grad():                                  # train mode without grad: still drops, as eager
+        y3 = model(x)
+    assert 0.45 < (y3 != 0).float().mean().item() < 0.55
     model.eval()
     close(model(x), x)
     p0 = ORTModule(Drop(0.0))

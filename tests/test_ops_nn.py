@@ -95,14 +95,6 @@ def test_softmax(op, fn, axis):
     check_op(op, {"X": X}, lambda X: fn(T(X), axis).numpy(), attrs={"axis": axis}, grad=["X"])
 
 
-@pytest.mark.parametrize("op,fn", [("Softmax", torch.softmax), ("LogSoftmax", torch.log_softmax)])
-def test_softmax_opset11_flattens(op, fn):
-    # before opset 13 the op ran over the flattened dims[axis:]
-    X = randn(2, 3, 4)
-    check_op(op, {"X": X}, lambda X: fn(T(X).reshape(2, 12), -1).reshape(2, 3, 4).numpy(),
-             attrs={"axis": 1}, opset=11, grad=["X"])
-
-
 def test_softmax_extreme_values():
     X = np.array([[1000.0, 0.0, -1000.0], [-np.inf, 0.0, 1.0]], np.float32)
     check_op("Softmax", {"X": X}, lambda X: torch.softmax(T(X), -1).numpy())

@@ -119,8 +119,9 @@ def test_unsqueeze():
 
 
 def test_unsqueeze_scalar_int64():
+    # a folded shape computation: every input is a constant
     check_op("Unsqueeze", {"x": np.array(5, dtype=np.int64), "axes": i64(0)},
-             lambda x, axes: x.reshape(1), const_inputs=["axes"])
+             lambda x, axes: x.reshape(1), const_inputs=["x", "axes"])
 
 
 # ---- Transpose ------------------------------------------------------------------------------
@@ -162,7 +163,10 @@ def test_gather_negative_and_repeated(axis):
 def test_gather_scalar_index_int32():
     x = rand(5, 4)
     idx = np.array(-2, dtype=np.int32)
-    check_op("Gather", {"x": x, "idx": idx}, lambda x, idx: x[-2], attrs={"axis": 0}, grad=["x"])
+    # idx is an initializer: oputil feeds graph inputs through np.ascontiguousarray, which
+    # turns 0-d arrays into 1-d ones
+    check_op("Gather", {"x": x, "idx": idx}, lambda x, idx: x[-2], attrs={"axis": 0}, grad=["x"],
+             const_inputs=["idx"])
 
 
 def test_gather_embedding_grad_accumulates():

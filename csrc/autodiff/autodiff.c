@@ -84,6 +84,7 @@ om_status *om_autodiff(om_graph *g, const bool *grad_inputs) {
         int gv = om_graph_add_value(g, name, g->values[v].dtype);
         if (gv < 0) { st = om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"); goto done; }
         g->grad_of_output[i] = gv;
+        g->values[gv].rank_hint = g->values[v].rank_hint;
         if ((st = add_contrib(&contribs[v], gv))) goto done;
     }
 
@@ -138,6 +139,8 @@ om_status *om_autodiff(om_graph *g, const bool *grad_inputs) {
         if (!grad_inputs[i]) continue;
         g->grad_of_input[i] = sum_contribs(&s, &contribs[v]);
         if (s.status) { st = s.status; goto done; }
+        if (g->grad_of_input[i] >= 0 && g->values[g->grad_of_input[i]].rank_hint < 0)
+            g->values[g->grad_of_input[i]].rank_hint = g->values[v].rank_hint;
     }
 done:
     if (contribs)

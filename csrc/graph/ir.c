@@ -56,6 +56,7 @@ int om_graph_add_value(om_graph *g, const char *name, om_dtype dtype) {
     v->dtype = dtype;
     v->producer = -1;
     v->is_input = -1;
+    v->rank_hint = -1;
     g->n_values++;
     return id;
 }

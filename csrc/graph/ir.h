@@ -35,6 +35,7 @@ typedef struct om_value {
     int producer;        /* node index, -1 for graph inputs and constants */
     int is_input;        /* index in graph inputs, or -1 */
     om_tensor *constant; /* initializers: owned tensor + data; NULL otherwise */
+    int rank_hint;       /* rank declared by the model (graph inputs/outputs), -1 if unknown */
 } om_value;
 
 typedef struct om_node {

@@ -7,6 +7,7 @@
 #include "ops/op.h"
 #include "onnx.pb-c.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct export_state {
@@ -16,6 +17,10 @@ typedef struct export_state {
     Onnx__ValueInfoProto *vis, **vi_ptrs;
     Onnx__TypeProto *types;
     Onnx__TypeProto__Tensor *ttypes;
+    Onnx__TensorShapeProto *shapes;
+    Onnx__TensorShapeProto__Dimension *dims, **dim_ptrs;
+    char (*dim_names)[24];
+    int n_in_vi;
     char ***node_io;   /* per node: one array of name pointers for inputs then outputs */
 } export_state;
 
@@ -43,6 +48,22 @@ static void value_info(export_state *s, int k, const om_graph *g, int v) {
     s->types[k].tensor_type = &s->ttypes[k];
     vi->type = &s->types[k];
     s->vi_ptrs[k] = vi;
+    /* every dim is dynamic: a symbolic name per graph input/output and axis */
+    int rank = g->values[v].rank_hint;
+    if (rank < 0 || rank > OM_MAX_RANK) return;
+    Onnx__TensorShapeProto *sp = &s->shapes[k];
+    onnx__tensor_shape_proto__init(sp);
+    sp->n_dim = (size_t)rank;
+    sp->dim = &s->dim_ptrs[k * OM_MAX_RANK];
+    for (int d = 0; d < rank; d++) {
+        Onnx__TensorShapeProto__Dimension *dm = &s->dims[k * OM_MAX_RANK + d];
+        onnx__tensor_shape_proto__dimension__init(dm);
+        snprintf(s->dim_names[k * OM_MAX_RANK + d], 24, "%s%d_%d", k < s->n_in_vi ? "in" : "out", k, d);
+        dm->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
+        dm->dim_param = s->dim_names[k * OM_MAX_RANK + d];
+        sp->dim[d] = dm;
+    }
+    s->ttypes[k].shape = sp;
 }
 
 static void free_state(export_state *s, int n_nodes) {
@@ -54,6 +75,7 @@ static void free_state(export_state *s, int n_nodes) {
     free(s->tensors); free(s->tensor_ptrs);
     free(s->vis); free(s->vi_ptrs);
     free(s->types); free(s->ttypes);
+    free(s->shapes); free(s->dims); free(s->dim_ptrs); free(s->dim_names);
 }
 
 om_status *om_graph_export_onnx(const om_graph *g, const char *graph_name, void **bytes, size_t *n) {
@@ -72,8 +94,13 @@ om_status *om_graph_export_onnx(const om_graph *g, const char *graph_name, void 
     s.vi_ptrs = calloc((size_t)n_vi + 1, sizeof *s.vi_ptrs);
     s.types = calloc((size_t)n_vi + 1, sizeof *s.types);
     s.ttypes = calloc((size_t)n_vi + 1, sizeof *s.ttypes);
+    s.shapes = calloc((size_t)n_vi + 1, sizeof *s.shapes);
+    s.dims = calloc((size_t)(n_vi + 1) * OM_MAX_RANK, sizeof *s.dims);
+    s.dim_ptrs = calloc((size_t)(n_vi + 1) * OM_MAX_RANK, sizeof *s.dim_ptrs);
+    s.dim_names = calloc((size_t)(n_vi + 1) * OM_MAX_RANK, sizeof *s.dim_names);
+    s.n_in_vi = g->n_inputs;
     if (!s.nodes || !s.node_ptrs || !s.node_io || !s.attrs || !s.attr_ptrs || !s.tensors || !s.tensor_ptrs ||
-        !s.vis || !s.vi_ptrs || !s.types || !s.ttypes) {
+        !s.vis || !s.vi_ptrs || !s.types || !s.ttypes || !s.shapes || !s.dims || !s.dim_ptrs || !s.dim_names) {
         free_state(&s, g->n_nodes);
         return om_error(OM_OUT_OF_MEMORY, "out of memory exporting ONNX");
     }

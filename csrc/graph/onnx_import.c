@@ -124,6 +124,13 @@ static om_dtype value_info_dtype(const Onnx__ValueInfoProto *vi) {
     return OM_UNDEFINED;
 }
 
+static int value_info_rank(const Onnx__ValueInfoProto *vi) {
+    if (vi->type && vi->type->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE && vi->type->tensor_type &&
+        vi->type->tensor_type->shape)
+        return (int)vi->type->tensor_type->shape->n_dim;
+    return -1;
+}
+
 static om_status *import_graph(const Onnx__ModelProto *mp, om_graph *g) {
     const Onnx__GraphProto *gp = mp->graph;
     if (!gp) return om_error(OM_INVALID_MODEL, "the ONNX model has no graph");
@@ -155,6 +162,7 @@ static om_status *import_graph(const Onnx__ModelProto *mp, om_graph *g) {
         int v = om_graph_add_value(g, vi->name, dt);
         if (v < 0) return om_error(OM_OUT_OF_MEMORY, "out of memory");
         g->values[v].is_input = g->n_inputs;
+        g->values[v].rank_hint = value_info_rank(vi);
         g->inputs[g->n_inputs++] = v;
     }
 
@@ -196,6 +204,7 @@ static om_status *import_graph(const Onnx__ModelProto *mp, om_graph *g) {
         int v = om_graph_find_value(g, gp->output[i]->name);
         if (v < 0)
             return om_error(OM_INVALID_MODEL, "graph output '%s' is not defined by any node", gp->output[i]->name);
+        if (g->values[v].rank_hint < 0) g->values[v].rank_hint = value_info_rank(gp->output[i]);
         g->outputs[g->n_outputs++] = v;
     }
     return NULL;

@@ -985,9 +985,16 @@ static om_status *infer_sum_to_shape(om_kernel_ctx *ctx) {
         return om_error(OM_INVALID_ARGUMENT, "node '%s' (SumToShape): the target shape must be a 1-D int64 "
                         "tensor known at plan time", ctx->node->name);
     const om_tensor *x = &ctx->in[0];
+    /* A target of higher rank than x is never a broadcast operand of x (and Expand, the
+     * gradient, could not undo it): rejected. */
+    if (r > x->rank) {
+        char sx[128];
+        om_shape_str(x, sx, sizeof sx);
+        return om_error(OM_INVALID_ARGUMENT, "node '%s' (SumToShape): %s cannot be summed to a shape of rank %d",
+                        ctx->node->name, sx, r);
+    }
     for (int i = 0; i < r; i++) {
-        int xi = i - (r - x->rank);
-        int64_t xd = xi >= 0 ? x->dims[xi] : 1;
+        int64_t xd = x->dims[i + (x->rank - r)];
         if (t[i] != xd && t[i] != 1) {
             char sx[128];
             om_shape_str(x, sx, sizeof sx);
@@ -1025,20 +1032,14 @@ static om_status *infer_sum_to_shape(om_kernel_ctx *ctx) {
     } while (0)
 
 static om_status *sum_to_shape_cpu(om_kernel_ctx *ctx) {
-    // x is any shape; out is the target shape, each dim 1 or x's (right-aligned)
+    // x is any shape; out is the target shape: rank <= x's, each dim 1 or x's (right-aligned)
     const om_tensor *x = &ctx->in[0];
     if (om_tensor_numel(&ctx->out[0]) == om_tensor_numel(x)) {   /* nothing was broadcast */
         if (ctx->out[0].data != x->data) memmove(ctx->out[0].data, x->data, om_tensor_nbytes(x));
         return NULL;
     }
-    /* leading size-1 dims of the target beyond x's rank carry no data: drop them */
-    om_tensor o = ctx->out[0];
-    while (o.rank > x->rank && o.dims[0] == 1) {
-        memmove(o.dims, o.dims + 1, sizeof(int64_t) * (size_t)(o.rank - 1));
-        o.rank--;
-    }
     om_bcast p;
-    const om_tensor *ops[2] = {x, &o};
+    const om_tensor *ops[2] = {x, &ctx->out[0]};
     OM_TRY(om_bcast_init(&p, ctx->node, x, ops, 2));
     switch (x->dtype) {
     case OM_F32: SUM_TO_LOOP(float, double); break;

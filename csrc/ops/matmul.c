@@ -306,7 +306,7 @@ static om_status *mmgrad_geometry(om_kernel_ctx *ctx, mm_geom *g, int *which, in
 
 static om_status *mmgrad_infer(om_kernel_ctx *ctx) {
     mm_geom g;
-    int which, xr;
+    int which = 0, xr = 0;
     int64_t xd[OM_MAX_RANK];
     OM_TRY(mmgrad_geometry(ctx, &g, &which, xd, &xr));
     om_tensor *o = &ctx->out[0];
@@ -323,7 +323,7 @@ static om_status *mmgrad_infer(om_kernel_ctx *ctx) {
  * are summed (its batch strides are 0 there). */
 static om_status *mmgrad_cpu(om_kernel_ctx *ctx) {
     mm_geom g;
-    int which, xr;
+    int which = 0, xr = 0;
     int64_t xd[OM_MAX_RANK];
     OM_TRY(mmgrad_geometry(ctx, &g, &which, xd, &xr));
     const void *dy = ctx->in[0].data, *other = ctx->in[1].data;
