@@ -63,9 +63,10 @@ def train(model, batches, lr):
 
 
 def accuracy(model, x, y):
+    """Accuracy of the eager model."""
     model.eval()
     with torch.no_grad():
-        logits = model.net(x) if not isinstance(model, ORTModule) else model._original_module.net(x)
+        logits = model.net(x)
     model.train()
     return (logits.argmax(dim=1) == y).float().mean().item()
 
@@ -80,11 +81,15 @@ def ort_accuracy(model, x, y):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-2)
-    ap.add_argument("--every", type=int, default=25)
+    ap.add_argument("--every", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads for the eager run (0: torch's default)")
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     x, y = spiral()
@@ -100,7 +105,8 @@ def main():
     eager_losses, eager_sps, eager_total = train(eager, batches, args.lr)
     ort_losses, ort_sps, ort_total = train(ort, batches, args.lr)
 
-    print(f"spiral: {len(x)} points, 3 classes; MLP 2-64-64-3; AdamW lr {args.lr}; batch {args.batch}")
+    print(f"spiral: {len(x)} points, 3 classes; MLP 2-64-64-3; AdamW lr {args.lr}; batch {args.batch}; "
+          f"torch threads {torch.get_num_threads()}")
     print(f"{'step':>6} {'eager loss':>12} {'ortmod loss':>12} {'|diff|':>10}")
     for i in list(range(0, args.steps, args.every)) + [args.steps - 1]:
         d = abs(eager_losses[i] - ort_losses[i])

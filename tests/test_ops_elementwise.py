@@ -256,6 +256,7 @@ def test_cast(make, to, npdt):
 def test_cast_float16_round_trip():
     """float32 -> float16 (round to nearest even) -> float32, against numpy."""
     X = np.concatenate([randn(64) * 1e-6, randn(64), randn(64) * 3e4]).astype(np.float32)
+    X = np.clip(X, -65000, 65000)   # above 65520 both round to inf; numpy warns about it
     model = make_model("Cast", {"X": X}, {"to": 10})
     outs, _, _ = run(model, [X])
     np.testing.assert_array_equal(outs[0].view(np.uint16), X.astype(np.float16).view(np.uint16))

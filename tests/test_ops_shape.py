@@ -163,8 +163,7 @@ def test_gather_negative_and_repeated(axis):
 def test_gather_scalar_index_int32():
     x = rand(5, 4)
     idx = np.array(-2, dtype=np.int32)
-    # idx is an initializer: oputil feeds graph inputs through np.ascontiguousarray, which
-    # turns 0-d arrays into 1-d ones
+    check_op("Gather", {"x": x, "idx": idx}, lambda x, idx: x[-2], attrs={"axis": 0}, grad=["x"])
     check_op("Gather", {"x": x, "idx": idx}, lambda x, idx: x[-2], attrs={"axis": 0}, grad=["x"],
              const_inputs=["idx"])
 
