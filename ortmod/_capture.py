@@ -35,19 +35,32 @@ def dtype_name(dtype):
 # flattening and naming
 
 
-@dataclasses.dataclass
 class FlatInputs:
-    leaves: list          # every pytree leaf of (args, kwargs), in order
-    spec: object          # pytree.TreeSpec of (args, kwargs)
-    paths: list           # pytree key path of each leaf
+    """The pytree leaves of a call's (args, kwargs), their spec, and (lazily) their key paths."""
+
+    __slots__ = ("leaves", "spec", "_tree", "_paths")
+
+    def __init__(self, leaves, spec, tree):
+        self.leaves = leaves
+        self.spec = spec
+        self._tree = tree
+        self._paths = None
+
+    @property
+    def paths(self):
+        # key paths only matter for error messages: computed on a cache miss, not per step
+        if self._paths is None:
+            self._paths = [p for p, _ in pytree.tree_flatten_with_path(self._tree)[0]]
+        return self._paths
 
     def tensor_indices(self):
         return [i for i, v in enumerate(self.leaves) if isinstance(v, torch.Tensor)]
 
 
 def flatten_inputs(args, kwargs):
-    with_path, spec = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
-    return FlatInputs([v for _, v in with_path], spec, [p for p, _ in with_path])
+    tree = (tuple(args), dict(kwargs))
+    leaves, spec = pytree.tree_flatten(tree)
+    return FlatInputs(leaves, spec, tree)
 
 
 def _forward_parameter_names(module):

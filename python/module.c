@@ -528,7 +528,10 @@ static PyType_Spec Stash_spec = {"ortmod._C.Stash", sizeof(StashObject), 0,
 
 /* ---- module --------------------------------------------------------------------- */
 
+extern PyMethodDef om_py_optim_methods[];   /* python/optim.c */
+
 static int module_exec(PyObject *m) {
+    if (PyModule_AddFunctions(m, om_py_optim_methods) < 0) return -1;
     module_state *ms = PyModule_GetState(m);
     ms->EngineType = PyType_FromModuleAndSpec(m, &Engine_spec, NULL);
     ms->StashType = PyType_FromModuleAndSpec(m, &Stash_spec, NULL);

@@ -1,157 +1,100 @@
-/* op_table.c — the one table of ops: one line per op. Every other part of the engine
- * finds ops here, by name and domain. The definitions live in the family files. */
+/* op_table.c — the one table of ops. Every other part of the engine finds ops here, by
+ * name and domain. One line per op, grouped by the family file that defines it: adding an
+ * op is its definition in the family file plus one line here. */
 #include "ops/op.h"
 
-extern const om_op_def om_op_matmul;
-extern const om_op_def om_op_gemm;
-extern const om_op_def om_op_fused_matmul;
-extern const om_op_def om_op_matmul_grad;
-extern const om_op_def om_op_softmax;
-extern const om_op_def om_op_log_softmax;
-extern const om_op_def om_op_softmax_grad;
-extern const om_op_def om_op_log_softmax_grad;
-extern const om_op_def om_op_layer_norm;
-extern const om_op_def om_op_layer_norm_grad;
-extern const om_op_def om_op_softmax_cross_entropy_loss;
-extern const om_op_def om_op_softmax_cross_entropy_loss_grad;
-extern const om_op_def om_op_nll_loss;
-extern const om_op_def om_op_nll_loss_grad;
-extern const om_op_def om_op_shape;
-extern const om_op_def om_op_size;
-extern const om_op_def om_op_constant;
-extern const om_op_def om_op_constant_of_shape;
-extern const om_op_def om_op_reshape;
-extern const om_op_def om_op_flatten;
-extern const om_op_def om_op_squeeze;
-extern const om_op_def om_op_unsqueeze;
-extern const om_op_def om_op_transpose;
-extern const om_op_def om_op_gather;
-extern const om_op_def om_op_gather_grad;
-extern const om_op_def om_op_concat;
-extern const om_op_def om_op_concat_grad;
-extern const om_op_def om_op_slice;
-extern const om_op_def om_op_slice_grad;
-extern const om_op_def om_op_expand;
-extern const om_op_def om_op_range;
-extern const om_op_def om_op_split;
-extern const om_op_def om_op_split_grad;
-extern const om_op_def om_op_reduce_sum;
-extern const om_op_def om_op_reduce_mean;
-extern const om_op_def om_op_reduce_max;
-extern const om_op_def om_op_reduce_min;
-extern const om_op_def om_op_reduce_prod;
-extern const om_op_def om_op_reduce_grad;
-extern const om_op_def om_op_reduce_min_max_grad;
-extern const om_op_def om_op_add;
-extern const om_op_def om_op_sub;
-extern const om_op_def om_op_mul;
-extern const om_op_def om_op_div;
-extern const om_op_def om_op_pow;
-extern const om_op_def om_op_max;
-extern const om_op_def om_op_min;
-extern const om_op_def om_op_neg;
-extern const om_op_def om_op_relu;
-extern const om_op_def om_op_abs;
-extern const om_op_def om_op_tanh;
-extern const om_op_def om_op_sigmoid;
-extern const om_op_def om_op_gelu;
-extern const om_op_def om_op_erf;
-extern const om_op_def om_op_sqrt;
-extern const om_op_def om_op_exp;
-extern const om_op_def om_op_log;
-extern const om_op_def om_op_reciprocal;
-extern const om_op_def om_op_relu_grad;
-extern const om_op_def om_op_tanh_grad;
-extern const om_op_def om_op_sigmoid_grad;
-extern const om_op_def om_op_abs_grad;
-extern const om_op_def om_op_gelu_grad;
-extern const om_op_def om_op_equal;
-extern const om_op_def om_op_where;
-extern const om_op_def om_op_identity;
-extern const om_op_def om_op_cast;
-extern const om_op_def om_op_dropout;
-extern const om_op_def om_op_sum_to_shape;
-extern const om_op_def om_op_dropout_grad;
+#define OM_OPS(X) \
+    /* elementwise.c */ \
+    X(om_op_add) \
+    X(om_op_sub) \
+    X(om_op_mul) \
+    X(om_op_div) \
+    X(om_op_pow) \
+    X(om_op_max) \
+    X(om_op_min) \
+    X(om_op_equal) \
+    X(om_op_where) \
+    X(om_op_neg) \
+    X(om_op_relu) \
+    X(om_op_tanh) \
+    X(om_op_sigmoid) \
+    X(om_op_gelu) \
+    X(om_op_erf) \
+    X(om_op_sqrt) \
+    X(om_op_exp) \
+    X(om_op_log) \
+    X(om_op_reciprocal) \
+    X(om_op_abs) \
+    X(om_op_identity) \
+    X(om_op_cast) \
+    X(om_op_dropout) \
+    X(om_op_sum_to_shape) \
+    X(om_op_relu_grad) \
+    X(om_op_gelu_grad) \
+    X(om_op_tanh_grad) \
+    X(om_op_sigmoid_grad) \
+    X(om_op_abs_grad) \
+    X(om_op_dropout_grad) \
+    /* loss.c */ \
+    X(om_op_softmax_cross_entropy_loss) \
+    X(om_op_softmax_cross_entropy_loss_grad) \
+    X(om_op_nll_loss) \
+    X(om_op_nll_loss_grad) \
+    /* matmul.c */ \
+    X(om_op_matmul) \
+    X(om_op_gemm) \
+    X(om_op_fused_matmul) \
+    X(om_op_matmul_grad) \
+    /* nn.c */ \
+    X(om_op_softmax) \
+    X(om_op_log_softmax) \
+    X(om_op_softmax_grad) \
+    X(om_op_log_softmax_grad) \
+    X(om_op_layer_norm) \
+    X(om_op_layer_norm_grad) \
+    /* reduce.c */ \
+    X(om_op_reduce_sum) \
+    X(om_op_reduce_mean) \
+    X(om_op_reduce_max) \
+    X(om_op_reduce_min) \
+    X(om_op_reduce_prod) \
+    X(om_op_reduce_grad) \
+    X(om_op_reduce_min_max_grad) \
+    /* shape.c */ \
+    X(om_op_shape) \
+    X(om_op_size) \
+    X(om_op_constant) \
+    X(om_op_constant_of_shape) \
+    X(om_op_reshape) \
+    X(om_op_flatten) \
+    X(om_op_squeeze) \
+    X(om_op_unsqueeze) \
+    X(om_op_transpose) \
+    X(om_op_gather) \
+    X(om_op_gather_grad) \
+    X(om_op_concat) \
+    X(om_op_concat_grad) \
+    X(om_op_slice) \
+    X(om_op_slice_grad) \
+    X(om_op_expand) \
+    X(om_op_range) \
+    X(om_op_split) \
+    X(om_op_split_grad) \
+    /* end */
 
-static const om_op_def *const op_table[] = {
-    &om_op_matmul,
-    &om_op_gemm,
-    &om_op_fused_matmul,
-    &om_op_matmul_grad,
-    &om_op_softmax,
-    &om_op_log_softmax,
-    &om_op_softmax_grad,
-    &om_op_log_softmax_grad,
-    &om_op_layer_norm,
-    &om_op_layer_norm_grad,
-    &om_op_softmax_cross_entropy_loss,
-    &om_op_softmax_cross_entropy_loss_grad,
-    &om_op_nll_loss,
-    &om_op_nll_loss_grad,
-    &om_op_shape,
-    &om_op_size,
-    &om_op_constant,
-    &om_op_constant_of_shape,
-    &om_op_reshape,
-    &om_op_flatten,
-    &om_op_squeeze,
-    &om_op_unsqueeze,
-    &om_op_transpose,
-    &om_op_gather,
-    &om_op_gather_grad,
-    &om_op_concat,
-    &om_op_concat_grad,
-    &om_op_slice,
-    &om_op_slice_grad,
-    &om_op_expand,
-    &om_op_range,
-    &om_op_split,
-    &om_op_split_grad,
-    &om_op_reduce_sum,
-    &om_op_reduce_mean,
-    &om_op_reduce_max,
-    &om_op_reduce_min,
-    &om_op_reduce_prod,
-    &om_op_reduce_grad,
-    &om_op_reduce_min_max_grad,
-    &om_op_add,
-    &om_op_sub,
-    &om_op_mul,
-    &om_op_div,
-    &om_op_pow,
-    &om_op_max,
-    &om_op_min,
-    &om_op_neg,
-    &om_op_relu,
-    &om_op_abs,
-    &om_op_tanh,
-    &om_op_sigmoid,
-    &om_op_gelu,
-    &om_op_erf,
-    &om_op_sqrt,
-    &om_op_exp,
-    &om_op_log,
-    &om_op_reciprocal,
-    &om_op_relu_grad,
-    &om_op_tanh_grad,
-    &om_op_sigmoid_grad,
-    &om_op_abs_grad,
-    &om_op_gelu_grad,
-    &om_op_equal,
-    &om_op_where,
-    &om_op_identity,
-    &om_op_cast,
-    &om_op_dropout,
-    &om_op_sum_to_shape,
-    &om_op_dropout_grad,
-};
+#define OM_DECLARE(sym) extern const om_op_def sym;
+OM_OPS(OM_DECLARE)
+
+#define OM_ENTRY(sym) &sym,
+static const om_op_def *const op_table[] = {OM_OPS(OM_ENTRY)};
 
 const om_op_def *om_op_find(const char *name, const char *domain) {
-    if (!domain) domain = "";
-    if (strcmp(domain, "ai.onnx") == 0) domain = "";
+    if (!domain || strcmp(domain, "ai.onnx") == 0) domain = "";
+    /* ORT exports its contrib ops under com.microsoft; ours of the same name serve them */
+    int ms = strcmp(domain, "com.microsoft") == 0;
     for (size_t i = 0; i < sizeof op_table / sizeof op_table[0]; i++)
         if (strcmp(op_table[i]->name, name) == 0 &&
-            (strcmp(op_table[i]->domain, domain) == 0 || (strcmp(domain, "com.microsoft") == 0 && strcmp(op_table[i]->domain, "ortmod") == 0)))
+            (strcmp(op_table[i]->domain, domain) == 0 || (ms && strcmp(op_table[i]->domain, "ortmod") == 0)))
             return op_table[i];
     return NULL;
 }

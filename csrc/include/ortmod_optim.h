@@ -1,0 +1,47 @@
+/* ortmod_optim.h — optimizer kernels of the engine library (multi-tensor, one call per
+ * parameter group), shared by the Python optimizers (ortmod.optim) and the native runner.
+ *
+ *     om_adam_hparams h = om_adam_default_hparams();   // lr 1e-3, betas (0.9, 0.999), eps 1e-6, ...
+ *     h.step = ++group_step;                             // incremented before the update
+ *     om_status *st = om_adam_step(&h, n, params, grads, exp_avg, exp_avg_sq);
+ */
+#ifndef ORTMOD_OPTIM_H
+#define ORTMOD_OPTIM_H
+#include "ortmod.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum om_adam_mode {
+    OM_ADAM_L2_REGULARIZATION = 0,  /* g += wd*p before the moments */
+    OM_ADAMW_TRANSFORMERS = 1,      /* decoupled decay after the update (HF transformers' AdamW) */
+    OM_ADAMW_TORCH = 2,             /* decoupled decay before the update (torch.optim.AdamW) */
+} om_adam_mode;
+
+typedef struct om_adam_hparams {
+    float lr, beta1, beta2, eps, weight_decay;
+    int bias_correction;            /* 0: bc1 = bc2 = 1 */
+    om_adam_mode mode;
+    int64_t step;                   /* the group's step, already incremented for this update */
+    float grad_scale;               /* gradients are divided by this (loss scale); 1 = none */
+} om_adam_hparams;
+
+om_adam_hparams om_adam_default_hparams(void);
+
+/* Updates n tensors in place: params (f32, f16 or bf16), grads (same dtype as its param
+ * or f32), exp_avg and exp_avg_sq (f32). Math in fp32. Shapes must match per tensor. */
+om_status *om_adam_step(const om_adam_hparams *h, int n, om_tensor *params, const om_tensor *grads,
+                        om_tensor *exp_avg, om_tensor *exp_avg_sq);
+
+/* One pass over n gradients: *found_inf = 1 if any element is inf/NaN; *sq_norm = sum of
+ * squares (fp64 accumulation) of the gradients after dividing by scale. */
+om_status *om_grads_check_and_norm(int n, const om_tensor *grads, float scale, int *found_inf, double *sq_norm);
+
+/* grads *= factor, in place (unscale and clip in one pass). */
+om_status *om_grads_scale(int n, om_tensor *grads, float factor);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
