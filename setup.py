@@ -42,7 +42,7 @@ class BuildExt(build_ext):
 
 def engine_sources():
     srcs = []
-    for sub in ("core", "graph", "ops", "passes", "autodiff", "plan", "exec"):
+    for sub in ("core", "graph", "ops", "passes", "autodiff", "plan", "exec", "optim"):
         srcs += glob.glob(os.path.join("csrc", sub, "*.c"))
     srcs += glob.glob(os.path.join("python", "*.c"))
     return sorted(srcs)
