@@ -7,6 +7,8 @@ PY_PKGS  := torch==2.13.0 onnx onnxscript numpy pytest setuptools
 
 .PHONY: setup apt venv build test demo bench clean
 
+-include runner.mk
+
 setup: apt venv build
 
 apt:

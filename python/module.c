@@ -10,6 +10,7 @@
 #include <dlpack/dlpack.h>
 
 #include "ortmod.h"
+#include "ops/op.h"
 
 #ifndef kDLBool_
 #define kDLBool_ 6U   /* DLPack >= 0.8 names this kDLBool; the header here may predate it */
@@ -530,8 +531,28 @@ static PyType_Spec Stash_spec = {"ortmod._C.Stash", sizeof(StashObject), 0,
 
 extern PyMethodDef om_py_optim_methods[];   /* python/optim.c */
 
+/* op_table() -> list of (name, domain, has_gradient_rule): the engine's op table, for docs. */
+static PyObject *op_table(PyObject *m, PyObject *unused) {
+    int n = om_op_count();
+    PyObject *list = PyList_New(n);
+    if (!list) return NULL;
+    for (int i = 0; i < n; i++) {
+        const om_op_def *op = om_op_at(i);
+        PyObject *t = Py_BuildValue("(ssO)", op->name, op->domain, op->grad ? Py_True : Py_False);
+        if (!t) { Py_DECREF(list); return NULL; }
+        PyList_SET_ITEM(list, i, t);
+    }
+    return list;
+}
+
+static PyMethodDef module_methods[] = {
+    {"op_table", op_table, METH_NOARGS, "op_table() -> [(name, domain, has_gradient_rule)]: the engine's op table."},
+    {NULL, NULL, 0, NULL},
+};
+
 static int module_exec(PyObject *m) {
     if (PyModule_AddFunctions(m, om_py_optim_methods) < 0) return -1;
+    if (PyModule_AddFunctions(m, module_methods) < 0) return -1;
     module_state *ms = PyModule_GetState(m);
     ms->EngineType = PyType_FromModuleAndSpec(m, &Engine_spec, NULL);
     ms->StashType = PyType_FromModuleAndSpec(m, &Stash_spec, NULL);

@@ -72,6 +72,16 @@ static inline void om_bcast_next(const om_bcast *p, int64_t *idx, int64_t *off) 
 #define OM_PARALLEL_FOR(cond)
 #endif
 
+/* Per-ISA clones of a hot kernel: the loader picks AVX-512, AVX2+FMA or baseline SSE2 at
+ * startup (ifunc), so the wheel needs no -march=native and vector loops still run 8 or 16
+ * floats wide where the CPU allows. Only for GCC 12+ on x86-64 Linux; elsewhere a no-op. */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && defined(__linux__) && \
+    !defined(OM_NO_CLONES)
+#define OM_VEC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define OM_VEC_CLONES
+#endif
+
 /* Elements per parallel work item: big enough to amortize scheduling, small enough to
  * spread a 1M-element tensor over 16 cores. */
 #define OM_CHUNK ((int64_t)32768)

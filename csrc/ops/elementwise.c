@@ -254,7 +254,7 @@ static om_status *binary_plan(om_kernel_ctx *ctx, om_bcast *p) {
 
 /* out = EXPR(x, y), broadcast; for f32 f64 i32 i64 (x, y, out of one dtype). */
 #define BINARY_ARITH_KERNEL(fname, EXPR)                                                       \
-    static om_status *fname(om_kernel_ctx *ctx) {                                              \
+    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                              \
         /* a, b broadcast to out (ONNX multidirectional) */                                   \
         om_bcast p;                                                                            \
         OM_TRY(binary_plan(ctx, &p));                                                          \
@@ -336,7 +336,7 @@ static om_status *div_cpu(om_kernel_ctx *ctx) {
     default: return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);                            \
     }
 
-static om_status *pow_cpu(om_kernel_ctx *ctx) {
+OM_VEC_CLONES static om_status *pow_cpu(om_kernel_ctx *ctx) {
     // a is any shape (float), b broadcast against it (float or int)
     om_bcast p;
     OM_TRY(binary_plan(ctx, &p));
@@ -348,7 +348,7 @@ static om_status *pow_cpu(om_kernel_ctx *ctx) {
     return NULL;
 }
 
-static om_status *equal_cpu(om_kernel_ctx *ctx) {
+OM_VEC_CLONES static om_status *equal_cpu(om_kernel_ctx *ctx) {
     // a, b broadcast to out (bool, one byte per element)
     om_bcast p;
     OM_TRY(binary_plan(ctx, &p));
@@ -528,7 +528,7 @@ static om_status *infer_where(om_kernel_ctx *ctx) {
             for (int64_t i = 0; i < p.inner; i++) o[i] = cp[i * sc] ? xp[i * sx] : yp[i * sy]; \
     })
 
-static om_status *where_cpu(om_kernel_ctx *ctx) {
+OM_VEC_CLONES static om_status *where_cpu(om_kernel_ctx *ctx) {
     // cond, x, y broadcast to out
     om_bcast p;
     const om_tensor *ops[4] = {&ctx->out[0], &ctx->in[0], &ctx->in[1], &ctx->in[2]};
@@ -565,7 +565,7 @@ static om_status *where_grad(om_grad_ctx *c) {
 
 /* y = EXPR(x) elementwise: E32 for float32, E64 for float64. */
 #define UNARY_FLOAT_KERNEL2(fname, E32, E64)                                                 \
-    static om_status *fname(om_kernel_ctx *ctx) {                                            \
+    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                            \
         /* x is any shape; y like x */                                                       \
         const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
         switch (ctx->in[0].dtype) {                                                          \
@@ -578,7 +578,7 @@ static om_status *where_grad(om_grad_ctx *c) {
 
 /* y = EXPR(x) elementwise for the float dtypes. */
 #define UNARY_FLOAT_KERNEL(fname, EXPR)                                                      \
-    static om_status *fname(om_kernel_ctx *ctx) {                                            \
+    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                            \
         /* x is any shape; y like x */                                                       \
         const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
         OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {                                     \
@@ -596,7 +596,7 @@ static om_status *where_grad(om_grad_ctx *c) {
 
 /* The same for f32 f64 i32 i64 (ops that also serve shape arithmetic). */
 #define UNARY_ARITH_KERNEL(fname, EXPR)                                                      \
-    static om_status *fname(om_kernel_ctx *ctx) {                                            \
+    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                            \
         /* x is any shape; y like x */                                                       \
         const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
         switch (ctx->in[0].dtype) {                                                          \
@@ -665,7 +665,7 @@ static om_status *gelu_cpu(om_kernel_ctx *ctx) {
 /* ---- fused backward kernels: dx = dy * f'(saved) --------------------------------------- */
 
 #define GRAD2_KERNEL(fname, EXPR)                                                            \
-    static om_status *fname(om_kernel_ctx *ctx) {                                            \
+    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                            \
         /* dy and s (the saved x or y) have the same size; dx like dy */                      \
         const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
         OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {                                     \
@@ -705,7 +705,7 @@ static inline double gelu_tanh_deriv_f64(double x) {
 }
 
 #define GRAD2_KERNEL2(fname, E32, E64)                                                       \
-    static om_status *fname(om_kernel_ctx *ctx) {                                            \
+    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                            \
         /* dy and s (the saved x) have the same size; dx like dy */                          \
         const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
         switch (ctx->in[0].dtype) {                                                          \
@@ -955,7 +955,7 @@ static om_status *infer_cast(om_kernel_ctx *ctx) {
     return NULL;
 }
 
-static om_status *cast_cpu(om_kernel_ctx *ctx) {
+OM_VEC_CLONES static om_status *cast_cpu(om_kernel_ctx *ctx) {
     // x is any shape; y like x in dtype `to`
     const om_dtype to = ctx->out[0].dtype, from = ctx->in[0].dtype;
     const int64_t n = om_tensor_numel(&ctx->in[0]);
@@ -1090,7 +1090,7 @@ static om_status *infer_dropout_grad(om_kernel_ctx *ctx) {
     return NULL;
 }
 
-static om_status *dropout_grad_cpu(om_kernel_ctx *ctx) {
+OM_VEC_CLONES static om_status *dropout_grad_cpu(om_kernel_ctx *ctx) {
     // dy, mask are (N,); dx like dy
     double ratio, scale;
     int training;
@@ -1159,15 +1159,20 @@ static om_status *infer_sum_to_shape(om_kernel_ctx *ctx) {
             if (p.step[1]) {                                                                  \
                 for (int64_t i = 0; i < p.inner; i++) orow[i] += xr[i];                       \
             } else {                                                                          \
-                ACC acc = 0;                                                                  \
-                for (int64_t i = 0; i < p.inner; i++) acc += xr[i];                           \
-                orow[0] += (T)acc;                                                            \
+                /* four partial sums: independent adds the CPU can overlap */              \
+                ACC a0 = 0, a1 = 0, a2 = 0, a3 = 0;                                           \
+                int64_t i = 0;                                                                \
+                for (; i + 4 <= p.inner; i += 4) {                                            \
+                    a0 += xr[i]; a1 += xr[i + 1]; a2 += xr[i + 2]; a3 += xr[i + 3];           \
+                }                                                                             \
+                for (; i < p.inner; i++) a0 += xr[i];                                         \
+                orow[0] += (T)((a0 + a1) + (a2 + a3));                                        \
             }                                                                                 \
             om_bcast_next(&p, idx, off);                                                      \
         }                                                                                     \
     } while (0)
 
-static om_status *sum_to_shape_cpu(om_kernel_ctx *ctx) {
+OM_VEC_CLONES static om_status *sum_to_shape_cpu(om_kernel_ctx *ctx) {
     // x is any shape; out is the target shape: rank <= x's, each dim 1 or x's (right-aligned)
     const om_tensor *x = &ctx->in[0];
     if (om_tensor_numel(&ctx->out[0]) == om_tensor_numel(x)) {   /* nothing was broadcast */
