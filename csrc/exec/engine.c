@@ -1,6 +1,7 @@
 /* engine.c — the public API: compile once, plan per shape set, run forward and backward
  * on the CPU execution provider. */
 #include "autodiff/autodiff.h"
+#include "passes/pass.h"
 #include "plan/plan.h"
 
 #include <pthread.h>
@@ -17,6 +18,10 @@ struct om_engine {
     uint64_t seed;
     uint64_t calls;             /* forward calls so far: varies the random streams */
     om_plan **plans;
+    om_pass_log pass_log;
+    int n_exported_nodes;       /* forward nodes as imported, before any pass */
+    int n_optimized_nodes;      /* forward nodes after the forward passes */
+    char *report;               /* last om_engine_report_json result */
     int n_plans, cap_plans;
     pthread_mutex_t lock;       /* plans' arenas are shared: one call at a time */
 };
@@ -78,9 +83,15 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
     }
     logf_(e, OM_LOG_INFO, "imported %d nodes, %d inputs, %d outputs (opset %d)", g->n_nodes, g->n_inputs,
           g->n_outputs, g->opset);
+    e->n_exported_nodes = g->n_nodes;
+    if ((st = om_run_passes(g, OM_PASS_FORWARD, &e->pass_log))) goto fail;
+    e->n_optimized_nodes = g->n_nodes;
+    logf_(e, OM_LOG_INFO, "forward passes: %d nodes -> %d", e->n_exported_nodes, g->n_nodes);
     if (e->has_backward) {
         if ((st = om_autodiff(g, e->grad_inputs))) goto fail;
         logf_(e, OM_LOG_INFO, "autodiff added %d backward nodes", g->n_nodes - g->n_fwd_nodes);
+        if ((st = om_run_passes(g, OM_PASS_JOINT, &e->pass_log))) goto fail;
+        logf_(e, OM_LOG_INFO, "joint passes: %d forward + %d backward nodes", g->n_fwd_nodes, g->n_nodes - g->n_fwd_nodes);
     } else {
         g->n_fwd_nodes = g->n_nodes;
     }
@@ -95,6 +106,8 @@ void om_engine_free(om_engine *e) {
     if (!e) return;
     for (int i = 0; i < e->n_plans; i++) om_plan_free(e->plans[i]);
     free(e->plans);
+    om_pass_log_free(&e->pass_log);
+    free(e->report);
     om_graph_free(e->g);
     free(e->grad_inputs);
     pthread_mutex_destroy(&e->lock);

@@ -46,6 +46,7 @@ typedef struct om_node {
     int n_attr;
     om_attr *attr;
     int backward;        /* emitted by autodiff */
+    int dead;            /* removed by a pass; dropped by om_graph_compact */
 } om_node;
 
 typedef struct om_graph {
@@ -95,6 +96,24 @@ om_status *om_graph_import_onnx(const void *bytes, size_t n, om_graph **out);
 /* ONNX export of the graph as it is (values without data become graph inputs/outputs
  * as they are marked). *bytes is om_alloc'd. */
 om_status *om_graph_export_onnx(const om_graph *g, const char *graph_name, void **bytes, size_t *n);
+
+/* ---- rewriting (graph/rewrite.c), for passes ------------------------------------------
+ * A pass marks nodes dead and rewrites nodes in place, then calls om_graph_compact, which
+ * drops dead nodes, renumbers producers and keeps the topological order. A fused node
+ * takes the index of the last node of its pattern: its inputs are defined before that,
+ * and the pattern's consumers come after it. */
+
+/* uses[v] = number of live node inputs reading v, plus one per graph output slot. Caller frees. */
+int *om_graph_use_counts(const om_graph *g);
+/* Every read of value `from` (node inputs, graph outputs) now reads `to`. */
+void om_graph_replace_uses(om_graph *g, int from, int to);
+/* Rewrites node idx as a new op with new inputs/outputs; attributes are cleared. */
+om_status *om_graph_replace_node(om_graph *g, int idx, const char *op_type, const char *domain,
+                                 const int *in, int n_in, const int *out, int n_out);
+/* Drops dead nodes (and constants nothing reads), renumbers producers. */
+om_status *om_graph_compact(om_graph *g);
+/* 1 when values a and b hold equal constant tensors. */
+int om_value_constants_equal(const om_graph *g, int a, int b);
 
 /* Runs each node's dtype rule in order; fills value dtypes. */
 om_status *om_graph_infer_types(om_graph *g);

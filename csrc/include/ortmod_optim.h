@@ -30,9 +30,26 @@ typedef struct om_adam_hparams {
 om_adam_hparams om_adam_default_hparams(void);
 
 /* Updates n tensors in place: params (f32, f16 or bf16), grads (same dtype as its param
- * or f32), exp_avg and exp_avg_sq (f32). Math in fp32. Shapes must match per tensor. */
+ * or f32 — any of f32/f16/bf16 is accepted, so fp32 master weights can read fp16 model
+ * gradients directly), exp_avg and exp_avg_sq (f32). Math in fp32. Shapes must match per
+ * tensor (exp_avg/exp_avg_sq: same element count). */
 om_status *om_adam_step(const om_adam_hparams *h, int n, om_tensor *params, const om_tensor *grads,
                         om_tensor *exp_avg, om_tensor *exp_avg_sq);
+
+/* The same step with hyperparameters in double: for callers that hold them as doubles
+ * (Python floats). 1 - beta and the bias corrections are then formed from the exact
+ * doubles, as torch.optim.AdamW does; with floats, 1 - 0.999f is off by 1.3e-5 relative,
+ * which shows after a few dozen steps at rtol 1e-6. */
+typedef struct om_adam_hparams_d {
+    double lr, beta1, beta2, eps, weight_decay;
+    int bias_correction;
+    om_adam_mode mode;
+    int64_t step;
+    double grad_scale;
+} om_adam_hparams_d;
+
+om_status *om_adam_step_d(const om_adam_hparams_d *h, int n, om_tensor *params, const om_tensor *grads,
+                          om_tensor *exp_avg, om_tensor *exp_avg_sq);
 
 /* One pass over n gradients: *found_inf = 1 if any element is inf/NaN; *sq_norm = sum of
  * squares (fp64 accumulation) of the gradients after dividing by scale. */
@@ -40,6 +57,16 @@ om_status *om_grads_check_and_norm(int n, const om_tensor *grads, float scale, i
 
 /* grads *= factor, in place (unscale and clip in one pass). */
 om_status *om_grads_scale(int n, om_tensor *grads, float factor);
+
+/* dst = src * factor per tensor pair (each f32, f16 or bf16; same element count): an fp16
+ * gradient unscaled (and clipped) into its fp32 master gradient in one pass. */
+om_status *om_grads_copy_scaled(int n, const om_tensor *src, om_tensor *dst, float factor);
+
+/* Threads the optimizer kernels split large calls over (pthreads; small calls stay on the
+ * calling thread). Default: $ORTMOD_NUM_THREADS, else the CPUs this process may run on.
+ * set(0) restores the default. */
+int  om_optim_num_threads(void);
+void om_optim_set_num_threads(int n);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,230 @@
+/* norm.c — batch normalization: BatchNormalization (opset 15, inference and training mode)
+ * and its backward op.
+ *
+ * Exports:
+ *   om_op_batch_norm        BatchNormalization                    (X, scale, B, mean, var)
+ *                           -> Y, running_mean?, running_var?, saved_mean?, saved_invstd?
+ *   om_op_batch_norm_grad   BatchNormalizationGrad (domain ortmod) (dY, X, scale, mean, invstd|var)
+ *                           -> dX, dScale, dB
+ *
+ * Training mode (training_mode = 1) follows PyTorch, which is what exports of BatchNorm*d
+ * in train() are compared against: Y is normalized with the batch statistics (biased
+ * variance), and the running statistics are updated as ONNX writes it,
+ *     running = input * momentum + batch * (1 - momentum),
+ * with the *unbiased* batch variance for running_var, as torch.nn.BatchNorm does (the ONNX
+ * reference implementation uses the biased one; eager parity is what users observe).
+ * Outputs 3 and 4 are ortmod's: the batch mean and 1/sqrt(var + eps) saved for the
+ * backward (added by the gradient rule via om_node_ensure_output; opset < 14 graphs named
+ * outputs 3/4 saved_mean/saved_var, which nothing in an exported training graph reads).
+ * running_mean / running_var carry no gradient.
+ *
+ * X is viewed as (N, C, S) with S the product of the spatial dims; statistics are per C.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "ops/broadcast.h"
+#include "ops/op.h"
+
+#define BN_DISPATCH(dt, node, ...)                                              \
+    switch (dt) {                                                               \
+    case OM_F32: { typedef float T; __VA_ARGS__; } break;                       \
+    case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
+    default: return om_err_dtype((node), 0, (dt));                              \
+    }
+
+static const char *nm(const om_node *n) { return n->name ? n->name : ""; }
+
+static om_status *bn_geometry(const om_node *n, const om_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
+    if (x->rank < 2)
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': X must have rank >= 2 (N, C, ...)", n->op->name, nm(n));
+    *N = x->dims[0];
+    *C = x->dims[1];
+    *S = 1;
+    for (int i = 2; i < x->rank; i++) *S *= x->dims[i];
+    return NULL;
+}
+
+static om_status *bn_check_vec(const om_node *n, const om_tensor *t, int i, om_dtype dt, int64_t C) {
+    if (t->dtype != dt) return om_err_dtype(n, i, t->dtype);
+    if (om_tensor_numel(t) != C)
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d must have %lld elements (the channels of X)",
+                        n->op->name, nm(n), i, (long long)C);
+    return NULL;
+}
+
+static om_status *bn_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    int64_t N, C, S;
+    if (x->dtype != OM_F32 && x->dtype != OM_F64) return om_err_dtype(n, 0, x->dtype);
+    OM_TRY(bn_geometry(n, x, &N, &C, &S));
+    for (int i = 1; i < 5; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, x->dtype, C));
+    om_set_shape(&ctx->out[0], x, x->dtype);
+    for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[1], x->dtype);
+    return NULL;
+}
+
+// x, y are (N, C, S); scale, bias, mean, var and the extra outputs are (C)
+static om_status *bn_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    int64_t N, C, S;
+    OM_TRY(bn_geometry(n, x, &N, &C, &S));
+    const double eps = om_attr_float(n, "epsilon", 1e-5f);
+    const double mom = om_attr_float(n, "momentum", 0.9f);
+    const int train = om_attr_int(n, "training_mode", 0) != 0;
+    const int64_t cnt = N * S;
+    BN_DISPATCH(x->dtype, n, {
+        const T *xp = x->data, *scale = ctx->in[1].data, *bias = ctx->in[2].data;
+        const T *in_mean = ctx->in[3].data, *in_var = ctx->in[4].data;
+        T *yp = ctx->out[0].data;
+        T *rmean = ctx->n_out > 1 ? ctx->out[1].data : NULL, *rvar = ctx->n_out > 2 ? ctx->out[2].data : NULL;
+        T *smean = ctx->n_out > 3 ? ctx->out[3].data : NULL, *sinv = ctx->n_out > 4 ? ctx->out[4].data : NULL;
+        OM_PARALLEL_FOR(cnt * C > OM_CHUNK)
+        for (int64_t c = 0; c < C; c++) {
+            double mean, var;
+            if (train) {
+                /* two passes in double: accurate variance for channels with a large mean */
+                double sum = 0;
+                for (int64_t b = 0; b < N; b++) {
+                    const T *restrict r = xp + (b * C + c) * S;
+                    T s = 0;
+                    for (int64_t i = 0; i < S; i++) s += r[i];
+                    sum += s;
+                }
+                mean = cnt ? sum / (double)cnt : 0;
+                double ss = 0;
+                for (int64_t b = 0; b < N; b++) {
+                    const T *restrict r = xp + (b * C + c) * S;
+                    const T m = (T)mean;
+                    T s = 0;
+                    for (int64_t i = 0; i < S; i++) s += (r[i] - m) * (r[i] - m);
+                    ss += s;
+                }
+                var = cnt ? ss / (double)cnt : 0;
+            } else {
+                mean = in_mean[c];
+                var = in_var[c];
+            }
+            const double inv = 1.0 / sqrt(var + eps);
+            const T a = (T)(inv * scale[c]), bb = (T)(bias[c] - mean * inv * scale[c]);
+            for (int64_t b = 0; b < N; b++) {
+                const T *restrict r = xp + (b * C + c) * S;
+                T *restrict y = yp + (b * C + c) * S;
+                for (int64_t i = 0; i < S; i++) y[i] = r[i] * a + bb;
+            }
+            if (train) {
+                const double uvar = cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var;
+                if (rmean) rmean[c] = (T)(in_mean[c] * mom + mean * (1 - mom));
+                if (rvar) rvar[c] = (T)(in_var[c] * mom + uvar * (1 - mom));
+            } else {
+                if (rmean) rmean[c] = in_mean[c];
+                if (rvar) rvar[c] = in_var[c];
+            }
+            if (smean) smean[c] = (T)mean;
+            if (sinv) sinv[c] = (T)inv;
+        }
+    });
+    return NULL;
+}
+
+static om_status *bn_grad(om_grad_ctx *c) {
+    const int node = c->node;
+    const om_node *n = &c->g->nodes[node];
+    const int dy = c->dy[0];
+    if (dy < 0 || !(c->need_dx[0] || c->need_dx[1] || c->need_dx[2])) return NULL;
+    const int x = n->in[0], scale = n->in[1];
+    const int train = om_attr_int(n, "training_mode", 0) != 0;
+    const float eps = om_attr_float(n, "epsilon", 1e-5f);
+    int stat0 = n->in[3], stat1 = n->in[4];
+    if (train) {
+        const om_dtype dt = c->g->values[x].dtype;
+        stat0 = om_node_ensure_output(c->g, node, 3, dt);
+        stat1 = om_node_ensure_output(c->g, node, 4, dt);
+        if (stat0 < 0 || stat1 < 0)
+            return om_grad_fail(c, om_error(OM_INTERNAL, "BatchNormalization node '%s': cannot add the saved "
+                                            "mean/invstd outputs", c->g->nodes[node].name));
+    }
+    int in[5] = {dy, x, scale, stat0, stat1}, out[3] = {-1, -1, -1};
+    if (om_emit_node(c, "BatchNormalizationGrad", in, 5, out, 3, NULL) < 0) return NULL;
+    om_emit_attr_int(c, "training_mode", train);
+    om_emit_attr_float(c, "epsilon", eps);
+    for (int i = 0; i < 3; i++)
+        if (c->need_dx[i]) c->dx[i] = out[i];
+    return NULL;
+}
+
+static om_status *bn_grad_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *dy = &ctx->in[0], *x = &ctx->in[1];
+    int64_t N, C, S;
+    if (dy->dtype != OM_F32 && dy->dtype != OM_F64) return om_err_dtype(n, 0, dy->dtype);
+    if (x->dtype != dy->dtype || !om_shape_equal(dy, x))
+        return om_error(OM_INVALID_ARGUMENT, "BatchNormalizationGrad node '%s': dY and X differ", nm(n));
+    OM_TRY(bn_geometry(n, x, &N, &C, &S));
+    for (int i = 2; i < 5; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, x->dtype, C));
+    om_set_shape(&ctx->out[0], x, x->dtype);
+    for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[2], x->dtype);
+    return NULL;
+}
+
+/* Per channel, xhat = (x - mean) * invstd, sums over (N, S):
+ *   dB = sum(dy), dScale = sum(dy * xhat)
+ *   training:  dx = scale * invstd * (dy - dB / cnt - xhat * dScale / cnt)
+ *   inference: dx = scale * invstd * dy   (mean and var are constants)                   */
+// dy, x, dx are (N, C, S); scale, mean, invstd (or var), dscale, dbias are (C)
+static om_status *bn_grad_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[1];
+    int64_t N, C, S;
+    OM_TRY(bn_geometry(n, x, &N, &C, &S));
+    const int train = om_attr_int(n, "training_mode", 0) != 0;
+    const double eps = om_attr_float(n, "epsilon", 1e-5f);
+    const int64_t cnt = N * S;
+    BN_DISPATCH(x->dtype, n, {
+        const T *dyp = ctx->in[0].data, *xp = x->data, *scale = ctx->in[2].data;
+        const T *meanp = ctx->in[3].data, *statp = ctx->in[4].data;
+        T *dxp = ctx->out[0].data;
+        T *dsp = ctx->n_out > 1 ? ctx->out[1].data : NULL, *dbp = ctx->n_out > 2 ? ctx->out[2].data : NULL;
+        OM_PARALLEL_FOR(cnt * C > OM_CHUNK)
+        for (int64_t c = 0; c < C; c++) {
+            const T m = meanp[c];
+            const T inv = train ? statp[c] : (T)(1.0 / sqrt((double)statp[c] + eps));
+            double sdy = 0, sdyx = 0;
+            for (int64_t b = 0; b < N; b++) {
+                const T *restrict g = dyp + (b * C + c) * S, *restrict r = xp + (b * C + c) * S;
+                T s1 = 0, s2 = 0;
+                for (int64_t i = 0; i < S; i++) {
+                    s1 += g[i];
+                    s2 += g[i] * (r[i] - m);
+                }
+                sdy += s1;
+                sdyx += s2;
+            }
+            sdyx *= inv;
+            if (dsp) dsp[c] = (T)sdyx;
+            if (dbp) dbp[c] = (T)sdy;
+            if (!dxp) continue;
+            const T k = scale[c] * inv;
+            const T a = train && cnt ? (T)(sdy / (double)cnt) : 0;
+            const T bq = train && cnt ? (T)(sdyx / (double)cnt) * inv : 0;   /* times (x - mean) = xhat/inv */
+            for (int64_t b = 0; b < N; b++) {
+                const T *restrict g = dyp + (b * C + c) * S, *restrict r = xp + (b * C + c) * S;
+                T *restrict dx = dxp + (b * C + c) * S;
+                for (int64_t i = 0; i < S; i++) dx[i] = k * (g[i] - a - (r[i] - m) * bq);
+            }
+        }
+    });
+    return NULL;
+}
+
+const om_op_def om_op_batch_norm = {
+    .name = "BatchNormalization", .domain = "", .min_in = 5, .max_in = 5, .min_out = 1, .max_out = 5,
+    .infer = bn_infer, .grad = bn_grad, .cpu = bn_cpu, .diff_inputs = 0x7,
+};
+
+const om_op_def om_op_batch_norm_grad = {
+    .name = "BatchNormalizationGrad", .domain = "ortmod", .min_in = 5, .max_in = 5, .min_out = 1, .max_out = 3,
+    .infer = bn_grad_infer, .cpu = bn_grad_cpu,
+};

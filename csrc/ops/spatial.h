@@ -1,0 +1,130 @@
+/* spatial.h — window geometry shared by conv.c and pool.c (Conv, MaxPool, AveragePool and
+ * their backward ops): kernel/stride/dilation/padding per spatial dim, auto_pad and
+ * ceil_mode resolved against concrete input sizes.
+ *
+ * Every geometry is canonicalized to 3 spatial dims (D, H, W): a 1-D op has D = H = 1,
+ * a 2-D op has D = 1, with kernel 1, stride 1, dilation 1 and no padding on the added
+ * dims. Kernels then have one code path for 1-D, 2-D and 3-D.
+ */
+#ifndef OM_SPATIAL_H
+#define OM_SPATIAL_H
+
+#include <stdio.h>
+#include <string.h>
+
+#include "ops/op.h"
+
+#define OM_SP 3   /* canonical spatial rank */
+
+typedef struct om_window {
+    int nsp;                       /* the op's spatial rank (1..3) */
+    int64_t N, C;                  /* batch and channels of the input */
+    int64_t in[OM_SP];             /* input spatial sizes (canonical) */
+    int64_t out[OM_SP];            /* output spatial sizes */
+    int64_t k[OM_SP], s[OM_SP], d[OM_SP];
+    int64_t pb[OM_SP], pe[OM_SP];  /* padding at the beginning / end */
+} om_window;
+
+static inline const char *om_sp_name(const om_node *n) { return n && n->name ? n->name : ""; }
+
+/* Resolves the window of node n for input dims xd (rank xr = 2 + nsp). kshape: the kernel's
+ * spatial dims (Conv: from W; pools: from the kernel_shape attribute); NULL reads the
+ * attribute. ceil: ceil_mode (pools). */
+static inline om_status *om_window_init(const om_node *n, int xr, const int64_t *xd, const int64_t *kshape,
+                                        int ceil, om_window *w) {
+    memset(w, 0, sizeof *w);
+    const char *op = n->op ? n->op->name : "?";
+    int nsp = xr - 2;
+    if (nsp < 1 || nsp > OM_SP)
+        return om_error(OM_UNSUPPORTED_OP, "%s node '%s': input rank %d (only 1-D, 2-D and 3-D windows: rank 3..5)",
+                        op, om_sp_name(n), xr);
+    w->nsp = nsp;
+    w->N = xd[0];
+    w->C = xd[1];
+    const int64_t *ks = NULL, *st = NULL, *dl = NULL, *pd = NULL;
+    int nk = om_attr_ints(n, "kernel_shape", &ks);
+    int ns = om_attr_ints(n, "strides", &st);
+    int nd = om_attr_ints(n, "dilations", &dl);
+    int np = om_attr_ints(n, "pads", &pd);
+    if (!kshape) {
+        if (nk != nsp)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': kernel_shape must have %d values", op, om_sp_name(n), nsp);
+        kshape = ks;
+    } else if (nk >= 0 && nk != nsp) {
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': kernel_shape must have %d values", op, om_sp_name(n), nsp);
+    }
+    if ((ns >= 0 && ns != nsp) || (nd >= 0 && nd != nsp) || (np >= 0 && np != 2 * nsp))
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': strides/dilations need %d values and pads %d",
+                        op, om_sp_name(n), nsp, 2 * nsp);
+    const char *ap = om_attr_string(n, "auto_pad", "NOTSET");
+    int same_upper = strcmp(ap, "SAME_UPPER") == 0, same_lower = strcmp(ap, "SAME_LOWER") == 0;
+    int valid = strcmp(ap, "VALID") == 0;
+    if (!same_upper && !same_lower && !valid && strcmp(ap, "NOTSET") != 0 && ap[0])
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': unknown auto_pad '%s'", op, om_sp_name(n), ap);
+    int off = OM_SP - nsp;
+    for (int i = 0; i < OM_SP; i++) {
+        w->in[i] = w->out[i] = w->k[i] = w->s[i] = w->d[i] = 1;
+        w->pb[i] = w->pe[i] = 0;
+    }
+    for (int i = 0; i < nsp; i++) {
+        int c = off + i;
+        w->in[c] = xd[2 + i];
+        w->k[c] = kshape[i];
+        w->s[c] = ns >= 0 ? st[i] : 1;
+        w->d[c] = nd >= 0 ? dl[i] : 1;
+        if (w->k[c] < 1 || w->s[c] < 1 || w->d[c] < 1)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': kernel, strides and dilations must be >= 1",
+                            op, om_sp_name(n));
+        const int64_t ext = w->d[c] * (w->k[c] - 1) + 1;   /* the dilated kernel's extent */
+        if (same_upper || same_lower) {
+            /* output = ceil(in / stride); the total padding splits with the odd one at the end
+             * (SAME_UPPER) or the beginning (SAME_LOWER) */
+            int64_t o = (w->in[c] + w->s[c] - 1) / w->s[c];
+            int64_t tot = (o - 1) * w->s[c] + ext - w->in[c];
+            if (tot < 0) tot = 0;
+            w->pb[c] = same_upper ? tot / 2 : tot - tot / 2;
+            w->pe[c] = tot - w->pb[c];
+        } else if (!valid && np >= 0) {
+            w->pb[c] = pd[i];
+            w->pe[c] = pd[nsp + i];
+            if (w->pb[c] < 0 || w->pe[c] < 0)
+                return om_error(OM_INVALID_ARGUMENT, "%s node '%s': negative pads", op, om_sp_name(n));
+        }
+        const int64_t span = w->in[c] + w->pb[c] + w->pe[c] - ext;
+        if (span < 0) {
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': kernel extent %lld exceeds the padded input %lld "
+                            "on spatial dim %d", op, om_sp_name(n), (long long)ext,
+                            (long long)(w->in[c] + w->pb[c] + w->pe[c]), i);
+        }
+        int64_t o = ceil ? (span + w->s[c] - 1) / w->s[c] + 1 : span / w->s[c] + 1;
+        /* ceil_mode: the last window must start inside the input or its leading padding */
+        if (ceil && (o - 1) * w->s[c] >= w->in[c] + w->pb[c]) o--;
+        w->out[c] = o;
+    }
+    return NULL;
+}
+
+/* Output dims (N, M, out...) into t (dtype dt). */
+static inline void om_window_out_shape(const om_window *w, int64_t M, om_dtype dt, om_tensor *t) {
+    t->dtype = dt;
+    t->rank = 2 + w->nsp;
+    t->dims[0] = w->N;
+    t->dims[1] = M;
+    for (int i = 0; i < w->nsp; i++) t->dims[2 + i] = w->out[OM_SP - w->nsp + i];
+}
+
+static inline int64_t om_window_in_size(const om_window *w) { return w->in[0] * w->in[1] * w->in[2]; }
+static inline int64_t om_window_out_size(const om_window *w) { return w->out[0] * w->out[1] * w->out[2]; }
+static inline int64_t om_window_k_size(const om_window *w) { return w->k[0] * w->k[1] * w->k[2]; }
+
+/* The output positions o in [lo, hi) whose tap o*s + off lands inside [0, n). */
+static inline void om_window_valid(int64_t n, int64_t s, int64_t off, int64_t nout, int64_t *lo, int64_t *hi) {
+    int64_t l = off >= 0 ? 0 : (-off + s - 1) / s;
+    int64_t h = n - off > 0 ? (n - off + s - 1) / s : 0;
+    if (h > nout) h = nout;
+    if (l > h) l = h;
+    *lo = l;
+    *hi = h;
+}
+
+#endif

@@ -1,0 +1,47 @@
+/* pass.h — graph transformations that run between import and planning.
+ *
+ * A pass rewrites the graph in place (graph/rewrite.c) and notes what it did in the
+ * report. Passes run on the forward graph before autodiff (stage OM_PASS_FORWARD) and
+ * some again on the joint forward+backward graph (OM_PASS_JOINT). Every pass can be
+ * switched off by name: ORTMOD_DISABLE_PASSES=cse,bias_gelu (or "all").
+ *
+ * Adding a pass: one file in passes/, one line in the pass list in passes/pass.c.
+ */
+#ifndef OM_PASS_H
+#define OM_PASS_H
+#include "ops/op.h"
+
+enum { OM_PASS_FORWARD = 1, OM_PASS_JOINT = 2 };
+
+typedef struct om_pass_log {      /* what the passes did, for explain() and the logs */
+    char *text;                   /* JSON array of {"pass", "stage", "before", "after", "fired": [...]} */
+    size_t len, cap;
+} om_pass_log;
+
+typedef struct om_pass_ctx {
+    om_graph *g;
+    int stage;
+    int fired;                    /* the pass counts its rewrites here */
+    char sites[4096];             /* ", "-separated node names where it fired (truncated) */
+} om_pass_ctx;
+
+typedef struct om_pass {
+    const char *name;
+    unsigned stages;              /* OM_PASS_FORWARD | OM_PASS_JOINT */
+    om_status *(*run)(om_pass_ctx *c);
+} om_pass;
+
+/* Records that the pass fired at node name (for the report). */
+void om_pass_fired(om_pass_ctx *c, const char *node_name);
+
+/* Runs every enabled pass of the stage, in order; appends to log. */
+om_status *om_run_passes(om_graph *g, int stage, om_pass_log *log);
+void om_pass_log_free(om_pass_log *log);
+/* 1 when the pass is switched off by ORTMOD_DISABLE_PASSES. */
+int om_pass_disabled(const char *name);
+
+/* The passes (one file each). */
+om_status *om_pass_constant_folding(om_pass_ctx *c);
+om_status *om_pass_cse(om_pass_ctx *c);
+om_status *om_pass_dce(om_pass_ctx *c);
+#endif
