@@ -9,6 +9,7 @@ reuses the graph and only makes the engine re-plan.
 """
 import contextlib
 import dataclasses
+import enum
 import inspect
 import io
 import warnings
@@ -25,6 +26,28 @@ SUPPORTED_DTYPES = frozenset({
 SUPPORTED_DEVICE_TYPES = frozenset({"cpu"})
 
 ONNX_OPSET = 20
+
+
+# Failure kinds. Each subclasses the builtin a caller would expect (TypeError for a bad
+# dtype, ...) and carries the fallback category that ORTMODULE_FALLBACK_POLICY names.
+class UnsupportedDataError(TypeError):
+    """An input, parameter or output the engine cannot take (dtype, layout, output type)."""
+    fallback_category = "FALLBACK_UNSUPPORTED_DATA"
+
+
+class UnsupportedDeviceError(ValueError):
+    """A tensor on a device the engine does not run on."""
+    fallback_category = "FALLBACK_UNSUPPORTED_DEVICE"
+
+
+class UnsupportedModelError(RuntimeError):
+    """The module does something a traced graph cannot reproduce (e.g. mutates a buffer)."""
+    fallback_category = "FALLBACK_UNSUPPORTED_TORCH_MODEL"
+
+
+class ExportError(RuntimeError):
+    """torch.onnx.export could not convert the module."""
+    fallback_category = "FALLBACK_UNSUPPORTED_ONNX_MODEL"
 
 
 def dtype_name(dtype):
@@ -103,15 +126,15 @@ def describe_input(module, path):
 def check_tensor(tensor, what):
     """Raise TypeError / ValueError naming ``what`` when the engine cannot take ``tensor``."""
     if tensor.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{what} has dtype {dtype_name(tensor.dtype)}, which ortmod does not "
+        raise UnsupportedDataError(f"{what} has dtype {dtype_name(tensor.dtype)}, which ortmod does not "
                         f"support (supported: {', '.join(sorted(map(dtype_name, SUPPORTED_DTYPES)))})")
     if tensor.device.type not in SUPPORTED_DEVICE_TYPES:
-        raise ValueError(f"{what} is on device '{tensor.device}', which ortmod's engine does not "
+        raise UnsupportedDeviceError(f"{what} is on device '{tensor.device}', which ortmod's engine does not "
                          f"support (supported: {', '.join(sorted(SUPPORTED_DEVICE_TYPES))})")
     if tensor.layout != torch.strided:
-        raise TypeError(f"{what} has layout {tensor.layout}; ortmod takes only dense (strided) tensors")
+        raise UnsupportedDataError(f"{what} has layout {tensor.layout}; ortmod takes only dense (strided) tensors")
     if tensor.is_quantized or tensor.is_complex():
-        raise TypeError(f"{what} has dtype {dtype_name(tensor.dtype)}, which ortmod does not support")
+        raise UnsupportedDataError(f"{what} has dtype {dtype_name(tensor.dtype)}, which ortmod does not support")
 
 
 def check_inputs(module, flat):
@@ -128,9 +151,16 @@ def check_state(module):
 
 # ---------------------------------------------------------------------------
 # schema key
+#
+# The key is split in two. The *export key* is everything that decides the exported
+# ONNX graph; the *grad key* is which tensors require grad, which decides only the
+# backward graph the engine builds from it. Changing requires_grad therefore builds a
+# new engine from the cached ONNX bytes without exporting again.
 
 
 def _constant_key(value):
+    if isinstance(value, float):
+        return ("float", repr(value))     # 0.0 vs -0.0, nan == nan: repr tells them apart
     try:
         hash(value)
         return (type(value).__qualname__, value)
@@ -138,22 +168,58 @@ def _constant_key(value):
         return (type(value).__qualname__, repr(value))
 
 
-def state_signature(module):
-    """(name, dtype, device, requires_grad) of every parameter and buffer, in order."""
-    sig = [(n, p.dtype, p.device, p.requires_grad) for n, p in module.named_parameters()]
-    sig.extend((n, b.dtype, b.device) for n, b in module.named_buffers())
-    return tuple(sig)
-
-
-def schema_key(module, flat):
+def input_keys(flat):
+    """(export part, grad part) of the call inputs' schema."""
     per_leaf = []
+    grads = []
     for v in flat.leaves:
         if isinstance(v, torch.Tensor):
-            per_leaf.append(("T", v.dtype, v.dim(), v.device, v.requires_grad))
+            per_leaf.append(("T", v.dtype, v.dim(), v.device))
+            grads.append(v.requires_grad)
         else:
             per_leaf.append(("C",) + _constant_key(v))
-    return (flat.spec, tuple(per_leaf), bool(module.training), torch.is_grad_enabled(),
-            state_signature(module))
+    return (flat.spec, tuple(per_leaf)), tuple(grads)
+
+
+class StateInfo:
+    """The module's parameters and buffers, scanned once and re-verified cheaply per call.
+
+    ``signature`` (names, dtypes, devices, ties) is part of the export key; ``grads``
+    (requires_grad per parameter) is part of the grad key. ``by_name`` maps every
+    state_dict-style name (tied aliases included) to its tensor. Between scans the
+    tensors are the same objects (replacing one goes through a module registration hook,
+    which marks the ORTModule dirty), but their dtype and requires_grad may change in
+    place (``module.to(dtype)``, ``p.requires_grad_()``): ``still_valid`` checks those.
+    """
+
+    __slots__ = ("params", "buffers", "by_name", "signature", "signature_id", "grads", "dtypes",
+                 "generation")
+
+    def __init__(self, module, generation):
+        named_p = list(module.named_parameters(remove_duplicate=False))
+        named_b = list(module.named_buffers(remove_duplicate=False))
+        self.by_name = dict(named_p)
+        self.by_name.update(named_b)
+        seen = {}
+        sig = []
+        self.params, self.buffers = [], []
+        for kind, named, out in (("P", named_p, self.params), ("B", named_b, self.buffers)):
+            for name, t in named:
+                if id(t) in seen:            # a tie: part of the graph's structure
+                    sig.append(("=", name, seen[id(t)]))
+                    continue
+                seen[id(t)] = name
+                out.append(t)
+                sig.append((kind, name, t.dtype, t.device))
+        self.signature = tuple(sig)
+        self.grads = tuple(p.requires_grad for p in self.params)
+        self.dtypes = tuple(t.dtype for t in self.params) + tuple(t.dtype for t in self.buffers)
+        self.generation = generation
+        self.signature_id = None
+
+    def still_valid(self):
+        return (tuple([p.requires_grad for p in self.params]) == self.grads
+                and tuple([t.dtype for t in self.params] + [t.dtype for t in self.buffers]) == self.dtypes)
 
 
 # ---------------------------------------------------------------------------
@@ -200,13 +266,6 @@ class GraphInput:
     kind: str              # "input" or "state"
     leaf_index: int = -1   # for kind == "input": index into FlatInputs.leaves
     state_name: str = ""   # for kind == "state": name in the user's module (state_dict style)
-    owner: object = None   # for kind == "state": the submodule holding it
-    attr: str = ""         # ... and its attribute name there
-
-    def resolve(self, leaves):
-        if self.kind == "input":
-            return leaves[self.leaf_index]
-        return getattr(self.owner, self.attr)
 
 
 @dataclasses.dataclass
@@ -216,6 +275,11 @@ class Exported:
     output_spec: object     # pytree spec of the user's output
     output_leaves: list     # output leaves: constants as returned, None where an engine output goes
     output_tensor_positions: list  # index in output_leaves of each engine output, in order
+    # Training-mode BatchNormalization: the graph's extra outputs (after the user's) are
+    # the new running statistics; after each training forward they are copied into these
+    # buffers (state names), and each listed num_batches_tracked is incremented, as eager does.
+    state_updates: list = dataclasses.field(default_factory=list)   # [(engine output index, buffer name)]
+    counters: list = dataclasses.field(default_factory=list)        # [num_batches_tracked buffer name]
 
 
 @contextlib.contextmanager
@@ -225,7 +289,7 @@ def _preserved_state(module):
     training = module.training
     with torch.random.fork_rng(devices=[]):
         try:
-            yield
+            yield buffers
         finally:
             with torch.no_grad():
                 for b, saved in buffers:
@@ -233,10 +297,66 @@ def _preserved_state(module):
             module.train(training)
 
 
-def _state_owner(module, name):
-    owner_path, _, attr = name.rpartition(".")
-    owner = module.get_submodule(owner_path) if owner_path else module
-    return owner, attr
+# Non-tensor output values that can be returned as they were at export time.
+_CONSTANT_OUTPUT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                          torch.Size, enum.Enum)
+
+
+def _batchnorm_buffers(module):
+    """Buffers that eager BatchNorm updates during a training forward, per BN module name."""
+    out = {}
+    for name, m in module.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats:
+            prefix = name + "." if name else ""
+            if m.momentum is None:
+                raise UnsupportedModelError(
+                    f"BatchNorm '{name}' has momentum=None (cumulative moving average): its update "
+                    "factor 1/num_batches_tracked changes every step and would be frozen into the "
+                    "exported graph; set a momentum (e.g. 0.1)")
+            out[name] = [prefix + "running_mean", prefix + "running_var", prefix + "num_batches_tracked"]
+    return out
+
+
+def _add_batchnorm_outputs(model, state_names):
+    """Make the running-stat outputs of training-mode BatchNormalization nodes graph outputs.
+
+    Returns [(graph output index, state name)] and the BN module prefixes whose stats update.
+    """
+    from onnx import helper
+
+    input_types = {gi.name: gi.type.tensor_type.elem_type for gi in model.graph.input}
+    existing = {o.name for o in model.graph.output}
+    updates, prefixes, updated = [], [], {}
+    for node in model.graph.node:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        training = any(a.name == "training_mode" and helper.get_attribute_value(a) for a in node.attribute)
+        if not training or len(node.input) < 5:
+            continue
+        for k in (3, 4):
+            src = node.input[k]
+            if src not in state_names:
+                break                      # stats not from buffers (track_running_stats=False)
+            if len(node.output) <= k - 2 or not node.output[k - 2]:
+                raise UnsupportedModelError(
+                    f"BatchNormalization node '{node.name}' in training mode has no running-stat output")
+            if src in updated:
+                raise UnsupportedModelError(
+                    f"buffer '{state_names[src]}' is updated by two BatchNormalization nodes "
+                    f"('{updated[src]}' and '{node.name}'): a BatchNorm module called more than once "
+                    "per forward is not supported")
+            updated[src] = node.name
+            out_name = node.output[k - 2]
+            if out_name not in existing:
+                model.graph.output.append(
+                    helper.make_tensor_value_info(out_name, input_types[src], [f"{out_name}_dim0"]))
+                existing.add(out_name)
+            index = [o.name for o in model.graph.output].index(out_name)
+            updates.append((index, state_names[src]))
+        else:
+            name = state_names[node.input[3]]
+            prefixes.append(name[:-len("running_mean")])
+    return updates, prefixes
 
 
 def export(module, flat):
@@ -248,14 +368,34 @@ def export(module, flat):
     tensor_indices = flat.tensor_indices()
     tensors = tuple(flat.leaves[i] for i in tensor_indices)
     input_names = [f"input_{k}" for k in range(len(tensors))]
+    bn_buffers = _batchnorm_buffers(module)
+    expected_mutations = {n for names in bn_buffers.values() for n in names}
 
-    with _preserved_state(module):
+    with _preserved_state(module) as saved_buffers:
         # One eager run first, to learn the output structure and ranks (all output
         # dimensions are declared dynamic, and dynamic_axes needs the ranks).
         with torch.no_grad():
             outs = wrapper(*tensors)
         if not outs:
-            raise RuntimeError("ortmod: the module returned no tensors; there is nothing to run")
+            raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
+        for i, v in enumerate(wrapper.out_leaves):
+            if i not in wrapper.out_tensor_positions and not isinstance(v, _CONSTANT_OUTPUT_TYPES):
+                path = pytree.keystr(pytree.tree_flatten_with_path(
+                    pytree.tree_unflatten(list(range(len(wrapper.out_leaves))), wrapper.out_spec))[0][i][0])
+                hint = " (for transformers models pass use_cache=False)" if "Cache" in type(v).__name__ else ""
+                raise UnsupportedDataError(
+                    f"output{path} is a {type(v).__name__}, which ortmod cannot rebuild from the "
+                    f"engine's outputs{hint}")
+        # A buffer that forward mutates in place (other than BatchNorm's statistics, which
+        # are handled below) would be frozen by tracing: refuse instead of going stale.
+        buffer_names = {id(b): n for n, b in module.named_buffers(remove_duplicate=False)}
+        for b, before in saved_buffers:
+            if not torch.equal(b, before):
+                name = buffer_names.get(id(b), "?")
+                if name not in expected_mutations:
+                    raise UnsupportedModelError(
+                        f"forward mutates buffer '{name}' in place; a traced graph cannot reproduce "
+                        "that (only BatchNorm running statistics are supported)")
         output_names = [f"output_{j}" for j in range(len(outs))]
         dynamic_axes = {}
         for name, t in zip(input_names, tensors):
@@ -264,32 +404,36 @@ def export(module, flat):
             dynamic_axes[name] = {d: f"{name}_dim{d}" for d in range(t.dim())}
 
         f = io.BytesIO()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", UserWarning)
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            torch.onnx.export(
-                wrapper, tensors, f,
-                dynamo=False,
-                training=TrainingMode.TRAINING if module.training else TrainingMode.EVAL,
-                do_constant_folding=False,
-                export_params=False,
-                keep_initializers_as_inputs=True,
-                opset_version=ONNX_OPSET,
-                input_names=input_names,
-                output_names=output_names,
-                dynamic_axes=dynamic_axes,
-            )
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", UserWarning)
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                torch.onnx.export(
+                    wrapper, tensors, f,
+                    dynamo=False,
+                    training=TrainingMode.TRAINING if module.training else TrainingMode.EVAL,
+                    do_constant_folding=False,
+                    export_params=False,
+                    keep_initializers_as_inputs=True,
+                    opset_version=ONNX_OPSET,
+                    input_names=input_names,
+                    output_names=output_names,
+                    dynamic_axes=dynamic_axes,
+                )
+        except Exception as e:
+            raise ExportError(f"torch.onnx.export failed for {type(module).__name__}: "
+                              f"{type(e).__name__}: {e}") from e
     onnx_bytes = f.getvalue()
 
     # Map every graph input to its source. Parameters and buffers are named by their
     # state_dict names under the wrapper; a tied tensor appears once, under one name.
     state_names = {}
     for name, _ in wrapper.named_parameters(remove_duplicate=False):
-        state_names[name] = name
+        state_names[name] = name[len(_FlatWrapper.PREFIX):]
     for name, _ in wrapper.named_buffers(remove_duplicate=False):
-        state_names[name] = name
+        state_names[name] = name[len(_FlatWrapper.PREFIX):]
     model = onnx.load_from_string(onnx_bytes)
     initializers = {init.name for init in model.graph.initializer}
     graph_inputs = {}
@@ -298,13 +442,21 @@ def export(module, flat):
             graph_inputs[gi.name] = GraphInput(gi.name, "input",
                                                leaf_index=tensor_indices[input_names.index(gi.name)])
         elif gi.name in state_names:
-            inner = gi.name[len(_FlatWrapper.PREFIX):] if gi.name.startswith(_FlatWrapper.PREFIX) else gi.name
-            owner, attr = _state_owner(module, inner)
-            graph_inputs[gi.name] = GraphInput(gi.name, "state", state_name=inner, owner=owner, attr=attr)
+            graph_inputs[gi.name] = GraphInput(gi.name, "state", state_name=state_names[gi.name])
         elif gi.name in initializers:
             continue  # an initializer listed as input has its value in the graph
         else:
             raise RuntimeError(f"ortmod: exported graph input '{gi.name}' is neither a call input "
                                f"nor a parameter/buffer of the module")
+
+    updates, bn_prefixes = _add_batchnorm_outputs(model, state_names)
+    counters = []
+    if updates:
+        onnx_bytes = model.SerializeToString()
+        for prefix in bn_prefixes:
+            counter = prefix + "num_batches_tracked"
+            owner = module.get_submodule(prefix[:-1]) if prefix else module
+            if getattr(owner, "num_batches_tracked", None) is not None:
+                counters.append(counter)
     return Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
-                    wrapper.out_tensor_positions)
+                    wrapper.out_tensor_positions, updates, counters)

@@ -1,6 +1,24 @@
-"""ORTModule: wraps an nn.Module so that its forward and backward run on the ortmod engine."""
+"""ORTModule: wraps an nn.Module so that its forward and backward run on the ortmod engine.
+
+Caching, in two levels:
+
+* export key  -> the exported ONNX bytes and how graph inputs/outputs map to the call
+  (argument structure, per tensor dtype/rank/device, non-tensor values, train/eval,
+  grad mode, parameter and buffer names/dtypes/devices/ties);
+* full key    -> an engine built from those bytes (the export key plus which inputs and
+  parameters require grad). Changing ``requires_grad`` builds a new engine from the
+  cached bytes: the backward graph changes, the export does not.
+
+Per call only the inputs are flattened and keyed; the parameter/buffer scan is kept
+between calls and re-verified cheaply (dtype and requires_grad per tensor). Structural
+changes — a parameter, buffer or submodule registered anywhere inside the wrapped module,
+or an attribute set on the ORTModule — mark the module *dirty*: the next call exports
+again and keeps its engines only if the new ONNX bytes are identical.
+"""
 import dataclasses
 import os
+import warnings
+import weakref
 
 import torch
 import torch.utils._pytree as pytree
@@ -14,7 +32,9 @@ from ._logging import LogLevel, configure, engine_log_callback, logger
 class DebugOptions:
     """Debugging knobs.
 
-    log_level:   LogLevel for the "ortmod" logger and the engine's log callback.
+    log_level:   LogLevel for the "ortmod" logger and the engine's log callback
+                 (the environment variable ORTMODULE_LOG_LEVEL, a LogLevel name or number,
+                 overrides it).
     save_onnx:   write the exported, optimized and execution graphs as ONNX files:
                  ``<save_path>/<onnx_prefix>_torch_exported_<training|inference>.onnx``,
                  ``..._optimized_<mode>.onnx`` and ``..._execution_model_<mode>.onnx``.
@@ -29,20 +49,146 @@ class DebugOptions:
         self.log_level = LogLevel(int(self.log_level))
 
 
+# --------------------------------------------------------------------------- environment
+
+FALLBACK_POLICIES = (
+    "FALLBACK_DISABLE",                  # never fall back (the default)
+    "FALLBACK_FORCE_TORCH_FORWARD",      # always run the module in PyTorch
+    "FALLBACK_UNSUPPORTED_DEVICE",       # a tensor on a device the engine does not run on
+    "FALLBACK_UNSUPPORTED_DATA",         # an input/output/parameter type or dtype it cannot take
+    "FALLBACK_UNSUPPORTED_TORCH_MODEL",  # the module does what a traced graph cannot reproduce
+    "FALLBACK_UNSUPPORTED_ONNX_MODEL",   # export failed, or the engine cannot build/run the graph
+    "FALLBACK_BAD_INITIALIZATION",       # the C extension failed to load
+)
+
+
+def fallback_policy_from_env():
+    """ORTMODULE_FALLBACK_POLICY: ORT's policy names joined by '|' -> frozenset of names."""
+    text = os.environ.get("ORTMODULE_FALLBACK_POLICY", "").strip()
+    if not text:
+        return frozenset()
+    names = set()
+    for part in text.split("|"):
+        name = part.strip().rpartition(".")[2].upper()     # also "_FallbackPolicy.FALLBACK_..."
+        if name not in FALLBACK_POLICIES:
+            raise ValueError(f"ORTMODULE_FALLBACK_POLICY: unknown policy {part.strip()!r}; "
+                             f"valid names: {', '.join(FALLBACK_POLICIES)} (combine with '|')")
+        names.add(name)
+    if "FALLBACK_DISABLE" in names:
+        return frozenset()
+    return frozenset(names)
+
+
+def log_level_from_env(default):
+    """ORTMODULE_LOG_LEVEL (VERBOSE/INFO/WARNING/ERROR/FATAL or 0-4) overrides ``default``."""
+    text = os.environ.get("ORTMODULE_LOG_LEVEL", "").strip()
+    if not text:
+        return default
+    try:
+        return LogLevel(int(text)) if text.lstrip("-").isdigit() else LogLevel[text.upper()]
+    except (KeyError, ValueError):
+        raise ValueError(f"ORTMODULE_LOG_LEVEL: unknown level {text!r}; valid: "
+                         f"{', '.join(v.name for v in LogLevel)} or 0-4") from None
+
+
+# --------------------------------------------------------------------------- change tracking
+#
+# torch calls global registration hooks whenever any module gets a parameter, buffer or
+# submodule assigned. Modules inside a wrapped model map to the ORTModules that wrap them;
+# a registration there marks those ORTModules dirty. The module hook also refuses
+# nn.DataParallel around an ORTModule, at construction, with a clear message.
+
+_WATCHERS = weakref.WeakKeyDictionary()     # submodule -> WeakSet of ORTModules
+
+
+def _mark_dirty(parent):
+    try:
+        watchers = _WATCHERS.get(parent)
+    except TypeError:                       # an unhashable/unweakrefable module
+        return
+    if watchers:
+        for m in list(watchers):
+            m.__dict__["_ortmod_dirty"] = True
+
+
+def _on_module_registration(parent, name, value):
+    if isinstance(value, ORTModule) and isinstance(parent, torch.nn.DataParallel):
+        raise TypeError(
+            "ortmod: nn.DataParallel around ORTModule is not supported (DataParallel replicates "
+            "the module per device in one process, which the engine cannot follow). Use "
+            "torch.nn.parallel.DistributedDataParallel(ORTModule(model)) with one process per "
+            "device instead.")
+    _mark_dirty(parent)
+
+
+def _on_tensor_registration(parent, name, value):
+    _mark_dirty(parent)
+
+
+torch.nn.modules.module.register_module_module_registration_hook(_on_module_registration)
+torch.nn.modules.module.register_module_parameter_registration_hook(_on_tensor_registration)
+torch.nn.modules.module.register_module_buffer_registration_hook(_on_tensor_registration)
+
+
+def _watch(ortmodule):
+    for m in ortmodule.__dict__["_modules"]["_original_module"].modules():
+        try:
+            _WATCHERS.setdefault(m, weakref.WeakSet()).add(ortmodule)
+        except TypeError:
+            pass
+
+
+# --------------------------------------------------------------------------- cache entries
+
+class _ExportRecord:
+    __slots__ = ("exported", "stale")
+
+    def __init__(self, exported):
+        self.exported = exported
+        self.stale = False
+
+
 class _Entry:
-    """One compiled schema: the engine, where its inputs come from, how to rebuild the output."""
+    """One engine: built from one export for one requires_grad pattern."""
 
-    __slots__ = ("engine", "call", "graph_inputs", "needs_grad", "output_spec",
-                 "output_leaves", "output_positions")
+    __slots__ = ("engine", "call", "names", "needs_grad", "output_spec", "output_leaves",
+                 "output_positions", "state_updates", "counters", "input_slots", "state_names",
+                 "template", "template_generation")
 
-    def __init__(self, engine, graph_inputs, needs_grad, exported):
+    def __init__(self, engine, exported, needs_grad):
         self.engine = engine
-        self.graph_inputs = graph_inputs
         self.needs_grad = needs_grad
+        self.names = list(exported.graph_inputs)
+        diff = list(engine.output_differentiable)
+        for index, _ in exported.state_updates:       # running stats: never differentiated
+            diff[index] = False
+        self.call = CompiledCall(engine, diff, len(self.names))
+        self.relink(exported)
+
+    def relink(self, exported):
+        """Take the input/output mapping of ``exported`` (same ONNX bytes as the engine's)."""
         self.output_spec = exported.output_spec
         self.output_leaves = exported.output_leaves
         self.output_positions = exported.output_tensor_positions
-        self.call = CompiledCall(engine, engine.output_differentiable, len(graph_inputs))
+        self.state_updates = exported.state_updates
+        self.counters = exported.counters
+        gis = [exported.graph_inputs[n] for n in self.names]
+        self.input_slots = [(pos, gi.leaf_index) for pos, gi in enumerate(gis) if gi.kind == "input"]
+        self.state_names = [(pos, gi.state_name) for pos, gi in enumerate(gis) if gi.kind == "state"]
+        self.template = None
+        self.template_generation = -1
+
+    def inputs(self, leaves, state):
+        if self.template_generation != state.generation:
+            template = [None] * len(self.names)
+            for pos, name in self.state_names:
+                template[pos] = state.by_name[name]
+            self.template = template
+            self.template_generation = state.generation
+        tensors = self.template.copy()
+        for pos, leaf in self.input_slots:
+            tensors[pos] = leaves[leaf]
+        return tensors
 
     def rebuild(self, outputs):
         leaves = list(self.output_leaves)
@@ -61,82 +207,201 @@ def _load_C():
     return _C
 
 
+# --------------------------------------------------------------------------- ORTModule
+
 class ORTModule(torch.nn.Module):
     """``model = ORTModule(model)``: forward and backward of ``model`` run on the ortmod engine.
 
     The first call with a new schema (argument structure, dtypes, ranks, devices,
-    requires_grad, constants, train/eval, grad mode) exports the module to ONNX and
-    builds an engine for it; later calls with that schema reuse it, whatever the sizes.
-    Parameters, buffers and state_dict keys are those of the wrapped module.
+    non-tensor values, train/eval, grad mode, parameter dtypes) exports the module to
+    ONNX and builds an engine for it; later calls with that schema reuse it, whatever the
+    sizes. Which tensors require grad selects an engine built from the same export.
+    Parameters, buffers and state_dict keys are those of the wrapped module, which
+    ``.module`` returns. Export or engine failures raise, naming the cause, unless
+    ORTMODULE_FALLBACK_POLICY allows running the module in PyTorch instead.
     """
 
     def __init__(self, module, debug_options=None):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"ORTModule wraps a torch.nn.Module, got {type(module).__name__}")
+        if isinstance(module, ORTModule):
+            raise TypeError("ORTModule: the module is already an ORTModule")
         if debug_options is None:
             debug_options = DebugOptions()
         elif not isinstance(debug_options, DebugOptions):
             raise TypeError(f"debug_options must be ortmod.DebugOptions, got {type(debug_options).__name__}")
         super().__init__()
-        self._C = _load_C()
+        debug_options = dataclasses.replace(
+            debug_options, log_level=log_level_from_env(debug_options.log_level))
         self._debug_options = debug_options
         configure(debug_options.log_level)
         self._original_module = module
-        self._ortmod_cache = {}
+        self._ortmod_policy = fallback_policy_from_env()
+        self._ortmod_fallback = None          # why the module runs in PyTorch, once it does
         self._ortmod_export_count = 0
+        self._ortmod_engine_count = 0
+        self._ortmod_reset()
         self.training = module.training
         # When an ORTModule sits inside another module, the parent's load_state_dict
         # walks into _original_module; let keys without that prefix load there.
         self._register_load_state_dict_pre_hook(_add_inner_prefix)
+        self._C = None
+        self.__dict__["_ortmod_ready"] = True
+        self._ortmod_load_engine_library()
+        if "FALLBACK_FORCE_TORCH_FORWARD" in self._ortmod_policy:
+            self._ortmod_fall_back("FALLBACK_FORCE_TORCH_FORWARD", None)
+        _watch(self)
+
+    def _ortmod_load_engine_library(self):
+        if self.__dict__.get("_ortmod_fallback") is not None:
+            return
+        try:
+            self.__dict__["_C"] = _load_C()
+        except ImportError as e:
+            if "FALLBACK_BAD_INITIALIZATION" not in self._ortmod_policy:
+                raise
+            self._ortmod_fall_back("FALLBACK_BAD_INITIALIZATION", e)
+
+    def _ortmod_reset(self):
+        """Drop every export and engine (they are rebuilt lazily on the next call)."""
+        d = self.__dict__
+        d["_ortmod_exports"] = {}     # export key -> _ExportRecord
+        d["_ortmod_cache"] = {}       # full key -> _Entry
+        d["_ortmod_retired"] = {}     # entries waiting for a re-check after a change
+        d["_ortmod_state"] = None     # StateInfo
+        d["_ortmod_signatures"] = {}  # state signature -> small int (cheap to hash per call)
+        d["_ortmod_generation"] = 0
+        d["_ortmod_dirty"] = False
+
+    @property
+    def module(self):
+        """The wrapped (original) module."""
+        return self._modules["_original_module"]
 
     # -- the call ------------------------------------------------------------
 
     def forward(self, *args, **kwargs):
-        module = self._original_module
+        if self._ortmod_fallback is not None:
+            return self._original_module(*args, **kwargs)
+        try:
+            return self._ortmod_run(args, kwargs)
+        except Exception as e:
+            category = self._ortmod_category(e)
+            if category is None or category not in self._ortmod_policy:
+                raise
+            self._ortmod_fall_back(category, e)
+        return self._original_module(*args, **kwargs)
+
+    def _ortmod_run(self, args, kwargs):
+        module = self._modules["_original_module"]
+        d = self.__dict__
+        if d["_ortmod_dirty"]:
+            self._ortmod_recheck()
+        state = d["_ortmod_state"]
+        if state is None or not state.still_valid():
+            state = self._ortmod_scan_state(module)
         flat = _capture.flatten_inputs(args, kwargs)
-        key = _capture.schema_key(module, flat)
-        entry = self._ortmod_cache.get(key)
+        inputs_key, input_grads = _capture.input_keys(flat)
+        want_grad = module.training and torch.is_grad_enabled()
+        export_key = (inputs_key, module.training, torch.is_grad_enabled(), state.signature_id)
+        key = (export_key, input_grads, state.grads) if want_grad else (export_key,)
+        entry = d["_ortmod_cache"].get(key)
         if entry is None:
-            entry = self._compile(flat)
-            self._ortmod_cache[key] = entry
-        tensors = [gi.resolve(flat.leaves) for gi in entry.graph_inputs]
+            entry = self._ortmod_build(flat, state, export_key, key, want_grad)
+        tensors = entry.inputs(flat.leaves, state)
         if entry.needs_grad:
             outputs = run_training(entry.call, tensors)
         else:
             outputs = run_inference(entry.engine, tensors)
+        if entry.state_updates:
+            _update_state(entry, outputs, state)
         return entry.rebuild(outputs)
 
-    def _compile(self, flat):
+    def _ortmod_scan_state(self, module):
+        d = self.__dict__
+        d["_ortmod_generation"] += 1
+        state = _capture.StateInfo(module, d["_ortmod_generation"])
+        ids = d["_ortmod_signatures"]
+        state.signature_id = ids.setdefault(state.signature, len(ids))
+        d["_ortmod_state"] = state
+        return state
+
+    def _ortmod_recheck(self):
+        """After a structural change: every export is re-done before its engines are reused."""
+        d = self.__dict__
+        d["_ortmod_retired"].update(d["_ortmod_cache"])
+        d["_ortmod_cache"] = {}
+        for record in d["_ortmod_exports"].values():
+            record.stale = True
+        d["_ortmod_state"] = None
+        d["_ortmod_dirty"] = False
+        _watch(self)
+
+    def _ortmod_build(self, flat, state, export_key, key, want_grad):
         module = self._original_module
-        _capture.check_inputs(module, flat)
-        _capture.check_state(module)
-        training = module.training
-        want_grad = training and torch.is_grad_enabled()
-        mode = "training" if training else "inference"
+        d = self.__dict__
+        record = d["_ortmod_exports"].get(export_key)
+        if record is None or record.stale:
+            _capture.check_inputs(module, flat)
+            _capture.check_state(module)
+            exported = self._ortmod_export(flat)
+            if record is not None and record.exported.onnx_bytes == exported.onnx_bytes:
+                record.exported = exported
+                record.stale = False
+                # the graph did not change: engines built from it stay valid
+                for k in [k for k in d["_ortmod_retired"] if k[0] == export_key]:
+                    entry = d["_ortmod_retired"].pop(k)
+                    entry.relink(exported)
+                    d["_ortmod_cache"][k] = entry
+            else:
+                for k in [k for k in d["_ortmod_retired"] if k[0] == export_key]:
+                    del d["_ortmod_retired"][k]
+                record = _ExportRecord(exported)
+                d["_ortmod_exports"][export_key] = record
+            # the export ran the module's forward: registrations it made are part of it
+            d["_ortmod_dirty"] = False
+            _watch(self)
+            entry = d["_ortmod_cache"].get(key)
+            if entry is not None:
+                return entry
+        entry = self._ortmod_engine(record.exported, flat, state, want_grad)
+        d["_ortmod_cache"][key] = entry
+        return entry
+
+    def _ortmod_export(self, flat):
+        module = self._original_module
+        mode = "training" if module.training else "inference"
         logger.info("exporting %s for %s (%s, grad %s); export #%d", type(module).__name__, mode,
                     ", ".join(f"{_capture.dtype_name(flat.leaves[i].dtype)}[rank {flat.leaves[i].dim()}]"
                               for i in flat.tensor_indices()) or "no tensor inputs",
                     "enabled" if torch.is_grad_enabled() else "disabled", self._ortmod_export_count + 1)
         exported = _capture.export(module, flat)
         self._ortmod_export_count += 1
-        opts = self._debug_options
-        if opts.save_onnx:
+        if self._debug_options.save_onnx:
             self._save(f"torch_exported_{mode}", exported.onnx_bytes)
+        return exported
 
+    def _ortmod_engine(self, exported, flat, state, want_grad):
+        module = self._original_module
+        mode = "training" if module.training else "inference"
+        opts = self._debug_options
         names = list(exported.graph_inputs)
         grad_inputs = []
         for name in names:
-            t = exported.graph_inputs[name].resolve(flat.leaves)
+            gi = exported.graph_inputs[name]
+            t = flat.leaves[gi.leaf_index] if gi.kind == "input" else state.by_name[gi.state_name]
             grad_inputs.append(bool(want_grad and t.requires_grad and t.is_floating_point()))
         engine = self._C.Engine(exported.onnx_bytes, grad_inputs, log_level=int(opts.log_level),
                                 seed=torch.initial_seed() & 0x7FFFFFFFFFFFFFFF,
                                 log=engine_log_callback)
+        self._ortmod_engine_count += 1
         if list(engine.input_names) != names:
             raise RuntimeError(f"ortmod: engine inputs {list(engine.input_names)} differ from the "
                                f"exported graph's inputs {names}")
-        if len(engine.output_names) != len(exported.output_tensor_positions):
-            raise RuntimeError(f"ortmod: engine has {len(engine.output_names)} outputs, the module "
-                               f"returned {len(exported.output_tensor_positions)} tensors")
+        n_outputs = len(exported.output_tensor_positions) + len(exported.state_updates)
+        if len(engine.output_names) != n_outputs:
+            raise RuntimeError(f"ortmod: engine has {len(engine.output_names)} outputs, the exported "
+                               f"graph {n_outputs}")
         if opts.save_onnx:
             for stage, label in (("optimized", "optimized"), ("execution", "execution_model")):
                 try:
@@ -147,7 +412,7 @@ class ORTModule(torch.nn.Module):
                 self._save(f"{label}_{mode}", data)
         logger.info("compiled %s: %d graph inputs (%d with grad), %d outputs", mode, len(names),
                     sum(grad_inputs), len(engine.output_names))
-        return _Entry(engine, [exported.graph_inputs[n] for n in names], any(grad_inputs), exported)
+        return _Entry(engine, exported, any(grad_inputs))
 
     def _save(self, stem, data):
         opts = self._debug_options
@@ -158,6 +423,29 @@ class ORTModule(torch.nn.Module):
             f.write(data)
         logger.info("wrote %s", path)
 
+    # -- fallback ------------------------------------------------------------
+
+    def _ortmod_category(self, exc):
+        category = getattr(exc, "fallback_category", None)
+        if category is not None:
+            return category
+        C = self.__dict__.get("_C")
+        if C is not None and isinstance(exc, C.EngineError):     # UnsupportedOpError included
+            return "FALLBACK_UNSUPPORTED_ONNX_MODEL"
+        return None
+
+    def _ortmod_fall_back(self, category, exc):
+        name = type(self._original_module).__name__
+        if exc is None:
+            why = "ORTMODULE_FALLBACK_POLICY forces it"
+        else:
+            why = f"{type(exc).__name__}: {exc}"
+        self.__dict__["_ortmod_fallback"] = why
+        self._ortmod_reset()
+        warnings.warn(f"ortmod: {name} runs in PyTorch, not on the ortmod engine, from now on "
+                      f"({category} in ORTMODULE_FALLBACK_POLICY). Cause: {why}",
+                      UserWarning, stacklevel=4)
+
     # -- the wrapped module shows through ------------------------------------
 
     def train(self, mode=True):
@@ -166,6 +454,11 @@ class ORTModule(torch.nn.Module):
         self.training = mode
         self._original_module.train(mode)
         return self
+
+    def _apply(self, fn, recurse=True):
+        result = super()._apply(fn, recurse)
+        self.__dict__["_ortmod_state"] = None      # dtypes/devices may have changed
+        return result
 
     def state_dict(self, *args, **kwargs):
         return self._original_module.state_dict(*args, **kwargs)
@@ -196,16 +489,55 @@ class ORTModule(torch.nn.Module):
                 return getattr(modules["_original_module"], name)
             raise
 
+    def _ortmod_owns(self, name):
+        d = self.__dict__
+        return (not d.get("_ortmod_ready") or name in d or name.startswith("_ortmod")
+                or hasattr(type(self), name) or name in d.get("_modules", ()))
+
+    def __setattr__(self, name, value):
+        if self._ortmod_owns(name):
+            super().__setattr__(name, value)
+            if name == "training" and self.__dict__.get("_ortmod_ready"):
+                self._original_module.training = value
+            return
+        # an attribute of the wrapped model (as ORT does): set it there and re-check the
+        # export on the next call, since forward may branch on it
+        setattr(self._original_module, name, value)
+        self.__dict__["_ortmod_dirty"] = True
+
+    def __delattr__(self, name):
+        if self._ortmod_owns(name):
+            return super().__delattr__(name)
+        delattr(self._original_module, name)
+        self.__dict__["_ortmod_dirty"] = True
+
     def __getstate__(self):
-        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
-        state = dict(state)
-        state["_ortmod_cache"] = {}        # engines are rebuilt on the next call
-        state.pop("_C", None)
+        # Engines are not picklable: pickle and deepcopy carry the module, not the cache.
+        state = dict(self.__dict__)
+        for k in ("_ortmod_exports", "_ortmod_cache", "_ortmod_retired", "_ortmod_signatures"):
+            state[k] = {}
+        state["_ortmod_state"] = None
+        state["_ortmod_generation"] = 0
+        state["_ortmod_dirty"] = False
+        state["_C"] = None
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self._C = _load_C()
+        self._ortmod_load_engine_library()
+        _watch(self)
+
+
+def _update_state(entry, outputs, state):
+    """BatchNorm bookkeeping, as eager does it: the engine computed the new running
+    statistics; they go into the module's own buffers, in place, and each
+    num_batches_tracked counts the step."""
+    by_name = state.by_name
+    with torch.no_grad():
+        for index, name in entry.state_updates:
+            by_name[name].copy_(outputs[index])
+        for name in entry.counters:
+            by_name[name].add_(1)
 
 
 def _add_inner_prefix(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,

@@ -454,6 +454,13 @@ static PyObject *Engine_export_onnx(EngineObject *self, PyObject *args) {
     return r;
 }
 
+static PyObject *Engine_report(EngineObject *self, PyObject *unused) {
+    if (check_ready(self) < 0) return NULL;
+    const char *r = om_engine_report_json(self->eng);
+    if (!r) return PyErr_NoMemory();
+    return PyUnicode_FromString(r);
+}
+
 static PyObject *Engine_get_input_names(EngineObject *self, void *c) { return Py_NewRef(self->input_names ? self->input_names : Py_None); }
 static PyObject *Engine_get_output_names(EngineObject *self, void *c) { return Py_NewRef(self->output_names ? self->output_names : Py_None); }
 static PyObject *Engine_get_output_diff(EngineObject *self, void *c) {
@@ -469,6 +476,8 @@ static PyMethodDef Engine_methods[] = {
      "A None output gradient counts as zeros."},
     {"export_onnx", (PyCFunction)Engine_export_onnx, METH_VARARGS,
      "export_onnx(stage) -> bytes: 'optimized' (forward) or 'execution' (forward + backward)."},
+    {"report", (PyCFunction)Engine_report, METH_NOARGS,
+     "report() -> str: JSON of what the passes and the planner did (node counts, fusions, memory per shape set)."},
     {NULL, NULL, 0, NULL},
 };
 

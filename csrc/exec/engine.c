@@ -407,3 +407,122 @@ void om_stash_free(om_stash *s) {
     om_free(s->buf);
     free(s);
 }
+
+/* ---- report ----------------------------------------------------------------------- */
+
+typedef struct sbuf { char *s; size_t len, cap; int oom; } sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) { b->oom = 1; return; }
+        if (b->s && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
+        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
+        char *t = realloc(b->s, cap);
+        if (!t) { b->oom = 1; return; }
+        b->s = t;
+        b->cap = cap;
+    }
+}
+
+static void sb_json_str(sbuf *b, const char *s) {
+    sb_printf(b, "\"");
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') sb_printf(b, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20) sb_printf(b, "\\u%04x", *s);
+        else sb_printf(b, "%c", *s);
+    }
+    sb_printf(b, "\"");
+}
+
+static const char *storage_name(om_storage s) {
+    switch (s) {
+    case OM_ST_FWD: return "forward_arena";
+    case OM_ST_BWD: return "backward_arena";
+    case OM_ST_STASH: return "stash";
+    case OM_ST_OUT: return "output";
+    default: return "other";
+    }
+}
+
+static void op_counts(sbuf *b, const om_graph *g, int from, int to) {
+    sb_printf(b, "{");
+    int first = 1;
+    for (int i = 0; i < om_op_count(); i++) {
+        const om_op_def *op = om_op_at(i);
+        int n = 0;
+        for (int k = from; k < to; k++) n += g->nodes[k].op == op;
+        if (!n) continue;
+        sb_printf(b, "%s\"%s\": %d", first ? "" : ", ", op->name, n);
+        first = 0;
+    }
+    sb_printf(b, "}");
+}
+
+const char *om_engine_report_json(om_engine *e) {
+    const om_graph *g = e->g;
+    sbuf b = {0};
+    pthread_mutex_lock(&e->lock);
+    sb_printf(&b, "{\"exported_nodes\": %d, \"optimized_nodes\": %d, \"forward_nodes\": %d, \"backward_nodes\": %d, ",
+              e->n_exported_nodes, e->n_optimized_nodes, g->n_fwd_nodes, g->n_nodes - g->n_fwd_nodes);
+    sb_printf(&b, "\"passes\": [%s], ", e->pass_log.text ? e->pass_log.text : "");
+    sb_printf(&b, "\"forward_ops\": ");
+    op_counts(&b, g, 0, g->n_fwd_nodes);
+    sb_printf(&b, ", \"backward_ops\": ");
+    op_counts(&b, g, g->n_fwd_nodes, g->n_nodes);
+    sb_printf(&b, ", \"plans\": [");
+    for (int i = 0; i < e->n_plans; i++) {
+        const om_plan *p = e->plans[i];
+        size_t out_fwd = 0, out_bwd = 0;
+        for (int v = 0; v < p->n_values; v++) {
+            if (p->storage[v] != OM_ST_OUT) continue;
+            size_t nb = om_tensor_nbytes(&p->vt[v]);
+            if (g->values[v].producer >= g->n_fwd_nodes) out_bwd += nb;
+            else out_fwd += nb;
+        }
+        size_t peak_fwd = p->fwd_arena_size + p->stash_size + out_fwd;
+        size_t peak_bwd = p->bwd_arena_size + p->stash_size + out_bwd;
+        sb_printf(&b, "%s{\"input_shapes\": [", i ? ", " : "");
+        for (int k = 0; k < p->n_inputs; k++) {
+            sb_printf(&b, "%s[", k ? ", " : "");
+            for (int d = 0; d < p->input_shapes[k].rank; d++)
+                sb_printf(&b, "%s%lld", d ? ", " : "", (long long)p->input_shapes[k].dims[d]);
+            sb_printf(&b, "]");
+        }
+        sb_printf(&b, "], \"forward_kernels\": %d, \"backward_kernels\": %d, \"forward_arena_bytes\": %zu, "
+                      "\"backward_arena_bytes\": %zu, \"stash_bytes\": %zu, \"forward_output_bytes\": %zu, "
+                      "\"gradient_bytes\": %zu, \"peak_bytes\": %zu, \"largest_buffers\": [",
+                  p->n_fwd_prog, p->n_bwd_prog, p->fwd_arena_size, p->bwd_arena_size, p->stash_size, out_fwd, out_bwd,
+                  peak_fwd > peak_bwd ? peak_fwd : peak_bwd);
+        /* the ten largest run-time buffers, by a simple selection (plans are small) */
+        char *taken = calloc((size_t)p->n_values + 1, 1);
+        for (int r = 0; taken && r < 10; r++) {
+            int best = -1;
+            size_t best_nb = 0;
+            for (int v = 0; v < p->n_values; v++) {
+                om_storage s = p->storage[v];
+                if (taken[v] || (s != OM_ST_FWD && s != OM_ST_BWD && s != OM_ST_STASH && s != OM_ST_OUT)) continue;
+                size_t nb = om_tensor_nbytes(&p->vt[v]);
+                if (nb > best_nb) { best = v; best_nb = nb; }
+            }
+            if (best < 0) break;
+            taken[best] = 1;
+            sb_printf(&b, "%s{\"name\": ", r ? ", " : "");
+            sb_json_str(&b, g->values[best].name);
+            sb_printf(&b, ", \"bytes\": %zu, \"where\": \"%s\"}", best_nb, storage_name(p->storage[best]));
+        }
+        free(taken);
+        sb_printf(&b, "]}");
+    }
+    sb_printf(&b, "]}");
+    pthread_mutex_unlock(&e->lock);
+    if (b.oom) { free(b.s); return NULL; }
+    free(e->report);
+    e->report = b.s;
+    return e->report;
+}

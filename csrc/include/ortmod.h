@@ -115,6 +115,12 @@ om_dtype    om_engine_output_dtype(const om_engine *eng, int i);
 /* 1 when output i carries a gradient back (float output reachable from a grad input). */
 int         om_engine_output_differentiable(const om_engine *eng, int i);
 
+/* A JSON report of what compilation and planning did: node counts before and after the
+ * passes, what each pass did and where, op counts by kind, and per planned shape set the
+ * kernel counts, arena/stash/peak bytes and the largest buffers. The string belongs to
+ * the engine and stays valid until the next call or om_engine_free. NULL if out of memory. */
+const char *om_engine_report_json(om_engine *eng);
+
 /* Serialized ONNX of a stage: "optimized" (forward after passes) or "execution"
  * (forward + backward as the engine runs it). *bytes is om_alloc'd; caller om_frees it. */
 om_status *om_engine_export_onnx(const om_engine *eng, const char *stage, void **bytes, size_t *n);

@@ -201,27 +201,6 @@ static om_status *conv_cpu(om_kernel_ctx *ctx) {
     return NULL;
 }
 
-/* The backward nodes carry every attribute of the forward Conv (auto_pad included). */
-static void copy_attrs(om_grad_ctx *c, int from) {
-    int to = om_emit_last(c);
-    if (to < 0) return;
-    for (int i = 0; i < c->g->nodes[from].n_attr; i++) {
-        const om_attr a = c->g->nodes[from].attr[i];   /* by value: setting may grow arrays */
-        om_status *st = NULL;
-        switch (a.type) {
-        case OM_ATTR_INT: st = om_node_set_int(c->g, to, a.name, a.i); break;
-        case OM_ATTR_FLOAT: st = om_node_set_float(c->g, to, a.name, a.f); break;
-        case OM_ATTR_INTS: st = om_node_set_ints(c->g, to, a.name, a.ints, a.n); break;
-        case OM_ATTR_STRING: st = om_node_set_string(c->g, to, a.name, a.s); break;
-        default: break;
-        }
-        if (st) {
-            om_grad_fail(c, st);
-            return;
-        }
-    }
-}
-
 static om_status *conv_grad(om_grad_ctx *c) {
     const om_node *n = &c->g->nodes[c->node];
     const int x = n->in[0], w = n->in[1], has_b = n->n_in > 2 && n->in[2] >= 0;
@@ -232,7 +211,7 @@ static om_status *conv_grad(om_grad_ctx *c) {
         if ((in[2] = om_emit_shape(c, x)) < 0) return NULL;
         int v = om_emit(c, "ConvGradX", in, 3);
         if (v < 0) return NULL;
-        copy_attrs(c, c->node);
+        om_copy_attrs(c, c->node);
         c->dx[0] = v;
     }
     const int need_w = c->need_dx[1], need_b = has_b && c->need_dx[2];
@@ -241,7 +220,7 @@ static om_status *conv_grad(om_grad_ctx *c) {
         int in[3] = {dy, need_w ? x : -1, -1}, out[2] = {-1, -1};
         if ((in[2] = om_emit_shape(c, w)) < 0) return NULL;
         if (om_emit_node(c, "ConvGradW", in, 3, out, need_b ? 2 : 1, NULL) < 0) return NULL;
-        copy_attrs(c, c->node);
+        om_copy_attrs(c, c->node);
         if (need_w) c->dx[1] = out[0];
         if (need_b) c->dx[2] = out[1];
     }

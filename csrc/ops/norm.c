@@ -56,7 +56,7 @@ static om_status *bn_check_vec(const om_node *n, const om_tensor *t, int i, om_d
 static om_status *bn_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
-    int64_t N, C, S;
+    int64_t N = 0, C = 0, S = 0;
     if (x->dtype != OM_F32 && x->dtype != OM_F64) return om_err_dtype(n, 0, x->dtype);
     OM_TRY(bn_geometry(n, x, &N, &C, &S));
     for (int i = 1; i < 5; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, x->dtype, C));
@@ -69,7 +69,7 @@ static om_status *bn_infer(om_kernel_ctx *ctx) {
 static om_status *bn_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
-    int64_t N, C, S;
+    int64_t N = 0, C = 0, S = 0;
     OM_TRY(bn_geometry(n, x, &N, &C, &S));
     const double eps = om_attr_float(n, "epsilon", 1e-5f);
     const double mom = om_attr_float(n, "momentum", 0.9f);
@@ -158,7 +158,7 @@ static om_status *bn_grad(om_grad_ctx *c) {
 static om_status *bn_grad_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0], *x = &ctx->in[1];
-    int64_t N, C, S;
+    int64_t N = 0, C = 0, S = 0;
     if (dy->dtype != OM_F32 && dy->dtype != OM_F64) return om_err_dtype(n, 0, dy->dtype);
     if (x->dtype != dy->dtype || !om_shape_equal(dy, x))
         return om_error(OM_INVALID_ARGUMENT, "BatchNormalizationGrad node '%s': dY and X differ", nm(n));
@@ -177,7 +177,7 @@ static om_status *bn_grad_infer(om_kernel_ctx *ctx) {
 static om_status *bn_grad_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[1];
-    int64_t N, C, S;
+    int64_t N = 0, C = 0, S = 0;
     OM_TRY(bn_geometry(n, x, &N, &C, &S));
     const int train = om_attr_int(n, "training_mode", 0) != 0;
     const double eps = om_attr_float(n, "epsilon", 1e-5f);

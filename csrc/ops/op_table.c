@@ -80,6 +80,21 @@
     X(om_op_range) \
     X(om_op_split) \
     X(om_op_split_grad) \
+    /* conv.c */ \
+    X(om_op_conv) \
+    X(om_op_conv_grad_x) \
+    X(om_op_conv_grad_w) \
+    /* norm.c */ \
+    X(om_op_batch_norm) \
+    X(om_op_batch_norm_grad) \
+    /* pool.c */ \
+    X(om_op_max_pool) \
+    X(om_op_max_pool_grad) \
+    X(om_op_average_pool) \
+    X(om_op_average_pool_grad) \
+    X(om_op_global_average_pool) \
+    X(om_op_global_max_pool) \
+    X(om_op_global_pool_grad) \
     /* end */
 
 #define OM_DECLARE(sym) extern const om_op_def sym;

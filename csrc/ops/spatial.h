@@ -127,4 +127,26 @@ static inline void om_window_valid(int64_t n, int64_t s, int64_t off, int64_t no
     *hi = h;
 }
 
+/* Copies every attribute of forward node `from` onto the last emitted node: the backward
+ * ops of windowed ops carry the forward's kernel/strides/pads/auto_pad. */
+static inline void om_copy_attrs(om_grad_ctx *c, int from) {
+    int to = om_emit_last(c);
+    if (to < 0) return;
+    for (int i = 0; i < c->g->nodes[from].n_attr; i++) {
+        const om_attr a = c->g->nodes[from].attr[i];   /* by value: setting may grow arrays */
+        om_status *st = NULL;
+        switch (a.type) {
+        case OM_ATTR_INT: st = om_node_set_int(c->g, to, a.name, a.i); break;
+        case OM_ATTR_FLOAT: st = om_node_set_float(c->g, to, a.name, a.f); break;
+        case OM_ATTR_INTS: st = om_node_set_ints(c->g, to, a.name, a.ints, a.n); break;
+        case OM_ATTR_STRING: st = om_node_set_string(c->g, to, a.name, a.s); break;
+        default: break;
+        }
+        if (st) {
+            om_grad_fail(c, st);
+            return;
+        }
+    }
+}
+
 #endif

@@ -12,8 +12,9 @@
 
 /* ---- fp16 / bf16 <-> fp32, round to nearest even (what torch's .half()/.bfloat16() do).
  * Branch-light so that the block loops below vectorize. */
-static inline float om_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t om_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+/* union punning (valid C11); memcpy here leaves loads the vectorizer cannot type */
+static inline float om_bits_f32(uint32_t u) { union { uint32_t u; float f; } x = {.u = u}; return x.f; }
+static inline uint32_t om_f32_bits(float f) { union { float f; uint32_t u; } x = {.f = f}; return x.u; }
 
 static inline float om_f16_to_f32(uint16_t h) {
     /* Shift exponent+mantissa into fp32 position; multiplying by 2^112 rebiases the
@@ -27,7 +28,8 @@ static inline float om_f16_to_f32(uint16_t h) {
 }
 
 static inline uint16_t om_f32_to_f16(float x) {
-    /* F. Giesen's float_to_half_fast3_rtne. */
+    /* F. Giesen's float_to_half_fast3_rtne. (Its branches keep this loop scalar; half
+     * parameters are the uncommon path — FP16_Optimizer keeps fp32 masters.) */
     uint32_t f = om_f32_bits(x);
     uint32_t sign = f & 0x80000000u;
     f ^= sign;
@@ -51,9 +53,9 @@ static inline float om_bf16_to_f32(uint16_t b) { return om_bits_f32((uint32_t)b 
 
 static inline uint16_t om_f32_to_bf16(float x) {
     uint32_t u = om_f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);   /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x0040u;                                    /* quiet NaN */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : r);
 }
 
 /* Converts n values of dtype dt (f32, f16, bf16) at src to fp32 at dst, and back. */

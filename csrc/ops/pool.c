@@ -1,0 +1,420 @@
+/* pool.c — pooling: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool and their
+ * backward ops.
+ *
+ * Exports:
+ *   om_op_max_pool                 MaxPool                                 X -> Y, Indices?
+ *   om_op_max_pool_grad            MaxPoolGrad         (domain ortmod)     (dY, Indices, Shape(X)) -> dX
+ *   om_op_average_pool             AveragePool                             X -> Y
+ *   om_op_average_pool_grad        AveragePoolGrad     (domain ortmod)     (dY, Shape(X)) -> dX
+ *   om_op_global_average_pool      GlobalAveragePool                       X -> Y (N, C, 1, ...)
+ *   om_op_global_max_pool          GlobalMaxPool                           X -> Y (N, C, 1, ...)
+ *   om_op_global_pool_grad         GlobalPoolGrad      (domain ortmod)     (dY, X?, Y?, Shape(X)) -> dX
+ *
+ * Windows are 1-D, 2-D or 3-D (spatial.h); pads, auto_pad, dilations and ceil_mode follow
+ * ONNX, and the AveragePool divisor follows PyTorch (count_include_pad counts taps inside
+ * the padded input, so a ceil_mode window hanging past the end pads is not over-counted).
+ * MaxPool's gradient routes dY through the argmax saved by the forward: the rule makes the
+ * forward produce Indices (ONNX's flat index into X, storage_order 0), so backward needs
+ * neither X nor Y. NaN wins a max window, as in PyTorch.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "ops/broadcast.h"
+#include "ops/spatial.h"
+
+#define POOL_DISPATCH(dt, node, ...)                                            \
+    switch (dt) {                                                               \
+    case OM_F32: { typedef float T; __VA_ARGS__; } break;                       \
+    case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
+    default: return om_err_dtype((node), 0, (dt));                              \
+    }
+
+static om_dtype max_pool_dtype(const om_graph *g, const om_node *n, int j) {
+    return j == 1 ? OM_I64 : g->values[n->in[0]].dtype;
+}
+
+static om_status *float_in(const om_node *n, const om_tensor *t, int i) {
+    if (t->dtype != OM_F32 && t->dtype != OM_F64) return om_err_dtype(n, i, t->dtype);
+    return NULL;
+}
+
+static om_status *shape_input(const om_node *n, const om_tensor *t, int i, int64_t *dims, int *rank) {
+    *rank = om_read_ints(t, dims, OM_MAX_RANK);
+    if (*rank < 0)
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d must be a shape known at plan time",
+                        n->op->name, om_sp_name(n), i);
+    return NULL;
+}
+
+static om_status *pool_window(const om_node *n, int xr, const int64_t *xd, om_window *w) {
+    return om_window_init(n, xr, xd, NULL, (int)om_attr_int(n, "ceil_mode", 0), w);
+}
+
+static om_status *pool_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    om_window w;
+    OM_TRY(float_in(n, x, 0));
+    OM_TRY(pool_window(n, x->rank, x->dims, &w));
+    if (om_attr_int(n, "storage_order", 0) != 0)
+        return om_err_unsupported(n, "storage_order = 1 (column-major indices)");
+    om_window_out_shape(&w, w.C, x->dtype, &ctx->out[0]);
+    if (ctx->n_out > 1) om_window_out_shape(&w, w.C, OM_I64, &ctx->out[1]);
+    return NULL;
+}
+
+/* Walks the taps of output position (od, oh, ow) that fall inside the input; BODY sees
+ * `int64_t at` (the tap's offset inside the plane). */
+#define FOR_TAPS(w, od, oh, ow, ...)                                                           \
+    for (int64_t kd_ = 0; kd_ < (w)->k[0]; kd_++) {                                            \
+        const int64_t id_ = (od) * (w)->s[0] - (w)->pb[0] + kd_ * (w)->d[0];                   \
+        if (id_ < 0 || id_ >= (w)->in[0]) continue;                                            \
+        for (int64_t kh_ = 0; kh_ < (w)->k[1]; kh_++) {                                        \
+            const int64_t ih_ = (oh) * (w)->s[1] - (w)->pb[1] + kh_ * (w)->d[1];               \
+            if (ih_ < 0 || ih_ >= (w)->in[1]) continue;                                        \
+            for (int64_t kw_ = 0; kw_ < (w)->k[2]; kw_++) {                                    \
+                const int64_t iw_ = (ow) * (w)->s[2] - (w)->pb[2] + kw_ * (w)->d[2];           \
+                if (iw_ < 0 || iw_ >= (w)->in[2]) continue;                                    \
+                const int64_t at = (id_ * (w)->in[1] + ih_) * (w)->in[2] + iw_;                \
+                __VA_ARGS__;                                                                   \
+            }                                                                                  \
+        }                                                                                      \
+    }
+
+/* ---- MaxPool ------------------------------------------------------------------------ */
+
+// x is (N, C, *S), y and indices are (N, C, *O); planes (n, c) are independent
+static om_status *max_pool_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    om_window w;
+    OM_TRY(pool_window(n, x->rank, x->dims, &w));
+    const int64_t P = w.N * w.C, IS = om_window_in_size(&w), OS = om_window_out_size(&w);
+    int64_t *ip = ctx->n_out > 1 ? ctx->out[1].data : NULL;
+    POOL_DISPATCH(x->dtype, n, {
+        const T *xp = x->data;
+        T *yp = ctx->out[0].data;
+        OM_PARALLEL_FOR(P * OS > OM_CHUNK)
+        for (int64_t p = 0; p < P; p++) {
+            const T *xc = xp + p * IS;
+            int64_t o = p * OS;
+            for (int64_t od = 0; od < w.out[0]; od++)
+                for (int64_t oh = 0; oh < w.out[1]; oh++)
+                    for (int64_t ow = 0; ow < w.out[2]; ow++, o++) {
+                        T best = -INFINITY;
+                        int64_t bi = -1;
+                        FOR_TAPS(&w, od, oh, ow, {
+                            const T v = xc[at];
+                            if (bi < 0 || v > best || v != v) {
+                                if (!(best != best)) { best = v; bi = at; }
+                            }
+                        });
+                        yp[o] = best;
+                        if (ip) ip[o] = bi < 0 ? -1 : p * IS + bi;
+                    }
+        }
+    });
+    return NULL;
+}
+
+static om_status *max_pool_grad(om_grad_ctx *c) {
+    const int node = c->node;
+    const int x = c->g->nodes[node].in[0], dy = c->dy[0];
+    if (dy < 0 || !c->need_dx[0]) return NULL;
+    const int idx = om_node_ensure_output(c->g, node, 1, OM_I64);
+    if (idx < 0)
+        return om_grad_fail(c, om_error(OM_INTERNAL, "MaxPool node '%s': cannot add the Indices output",
+                                        c->g->nodes[node].name));
+    int in[3] = {dy, idx, -1};
+    if ((in[2] = om_emit_shape(c, x)) < 0) return NULL;
+    int v = om_emit(c, "MaxPoolGrad", in, 3);
+    if (v < 0) return NULL;
+    c->dx[0] = v;
+    return NULL;
+}
+
+static om_status *max_pool_grad_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    int64_t xd[OM_MAX_RANK];
+    int xr;
+    OM_TRY(float_in(n, &ctx->in[0], 0));
+    if (ctx->in[1].dtype != OM_I64) return om_err_dtype(n, 1, ctx->in[1].dtype);
+    if (!om_shape_equal(&ctx->in[0], &ctx->in[1]))
+        return om_error(OM_INVALID_ARGUMENT, "MaxPoolGrad node '%s': dY and Indices differ in shape", om_sp_name(n));
+    OM_TRY(shape_input(n, &ctx->in[2], 2, xd, &xr));
+    if (xr < 2 || ctx->in[0].rank != xr || xd[0] != ctx->in[0].dims[0] || xd[1] != ctx->in[0].dims[1])
+        return om_error(OM_INVALID_ARGUMENT, "MaxPoolGrad node '%s': dY does not match X", om_sp_name(n));
+    ctx->out[0].dtype = ctx->in[0].dtype;
+    ctx->out[0].rank = xr;
+    memcpy(ctx->out[0].dims, xd, sizeof(int64_t) * (size_t)xr);
+    return NULL;
+}
+
+// dy, indices are (N, C, *O), dx is (N, C, *S): dx[indices] += dy (indices stay in their plane)
+static om_status *max_pool_grad_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *dy = &ctx->in[0];
+    om_tensor *dx = &ctx->out[0];
+    const int64_t P = dx->dims[0] * dx->dims[1];
+    const int64_t IS = P ? om_tensor_numel(dx) / P : 0, OS = P ? om_tensor_numel(dy) / P : 0;
+    const int64_t *ip = ctx->in[1].data;
+    int bad = 0;
+    POOL_DISPATCH(dy->dtype, n, {
+        const T *dyp = dy->data;
+        T *dxp = dx->data;
+        memset(dxp, 0, (size_t)om_tensor_numel(dx) * sizeof(T));
+        OM_PARALLEL_FOR(P * OS > OM_CHUNK)
+        for (int64_t p = 0; p < P; p++) {
+            T *dxc = dxp + p * IS;
+            for (int64_t o = p * OS; o < (p + 1) * OS; o++) {
+                const int64_t at = ip[o] - p * IS;
+                if (at >= 0 && at < IS) dxc[at] += dyp[o];
+                else if (ip[o] != -1) bad = 1;
+            }
+        }
+    });
+    if (bad)
+        return om_error(OM_RUNTIME, "MaxPoolGrad node '%s': an index lies outside its (n, c) plane", om_sp_name(n));
+    return NULL;
+}
+
+/* ---- AveragePool -------------------------------------------------------------------- */
+
+/* The divisor of output position (od, oh, ow): taps inside the input, or (count_include_pad)
+ * taps inside the padded input. */
+static inline int64_t avg_divisor(const om_window *w, int incl, int64_t od, int64_t oh, int64_t ow) {
+    const int64_t o[OM_SP] = {od, oh, ow};
+    int64_t div = 1;
+    for (int i = 0; i < OM_SP; i++) {
+        const int64_t lo = incl ? -w->pb[i] : 0, hi = incl ? w->in[i] + w->pe[i] : w->in[i];
+        int64_t cnt = 0;
+        for (int64_t k = 0; k < w->k[i]; k++) {
+            const int64_t pos = o[i] * w->s[i] - w->pb[i] + k * w->d[i];
+            cnt += pos >= lo && pos < hi;
+        }
+        div *= cnt;
+    }
+    return div;
+}
+
+// x is (N, C, *S), y is (N, C, *O)
+static om_status *average_pool_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    om_window w;
+    OM_TRY(pool_window(n, x->rank, x->dims, &w));
+    const int incl = om_attr_int(n, "count_include_pad", 0) != 0;
+    const int64_t P = w.N * w.C, IS = om_window_in_size(&w), OS = om_window_out_size(&w);
+    POOL_DISPATCH(x->dtype, n, {
+        const T *xp = x->data;
+        T *yp = ctx->out[0].data;
+        OM_PARALLEL_FOR(P * OS > OM_CHUNK)
+        for (int64_t p = 0; p < P; p++) {
+            const T *xc = xp + p * IS;
+            int64_t o = p * OS;
+            for (int64_t od = 0; od < w.out[0]; od++)
+                for (int64_t oh = 0; oh < w.out[1]; oh++)
+                    for (int64_t ow = 0; ow < w.out[2]; ow++, o++) {
+                        T s = 0;
+                        FOR_TAPS(&w, od, oh, ow, { s += xc[at]; });
+                        const int64_t div = avg_divisor(&w, incl, od, oh, ow);
+                        yp[o] = div > 0 ? s / (T)div : 0;
+                    }
+        }
+    });
+    return NULL;
+}
+
+static om_status *average_pool_grad(om_grad_ctx *c) {
+    const int x = c->g->nodes[c->node].in[0], dy = c->dy[0];
+    if (dy < 0 || !c->need_dx[0]) return NULL;
+    int in[2] = {dy, -1};
+    if ((in[1] = om_emit_shape(c, x)) < 0) return NULL;
+    int v = om_emit(c, "AveragePoolGrad", in, 2);
+    if (v < 0) return NULL;
+    om_copy_attrs(c, c->node);
+    c->dx[0] = v;
+    return NULL;
+}
+
+static om_status *average_pool_grad_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    int64_t xd[OM_MAX_RANK];
+    int xr;
+    om_window w;
+    OM_TRY(float_in(n, &ctx->in[0], 0));
+    OM_TRY(shape_input(n, &ctx->in[1], 1, xd, &xr));
+    OM_TRY(pool_window(n, xr, xd, &w));
+    om_tensor want = {0};
+    om_window_out_shape(&w, w.C, ctx->in[0].dtype, &want);
+    if (!om_shape_equal(&want, &ctx->in[0]))
+        return om_error(OM_INVALID_ARGUMENT, "AveragePoolGrad node '%s': dY does not match the pooled X", om_sp_name(n));
+    ctx->out[0].dtype = ctx->in[0].dtype;
+    ctx->out[0].rank = xr;
+    memcpy(ctx->out[0].dims, xd, sizeof(int64_t) * (size_t)xr);
+    return NULL;
+}
+
+// dy is (N, C, *O), dx is (N, C, *S)
+static om_status *average_pool_grad_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    om_tensor *dx = &ctx->out[0];
+    om_window w;
+    OM_TRY(pool_window(n, dx->rank, dx->dims, &w));
+    const int incl = om_attr_int(n, "count_include_pad", 0) != 0;
+    const int64_t P = w.N * w.C, IS = om_window_in_size(&w), OS = om_window_out_size(&w);
+    POOL_DISPATCH(dx->dtype, n, {
+        const T *dyp = ctx->in[0].data;
+        T *dxp = dx->data;
+        memset(dxp, 0, (size_t)om_tensor_numel(dx) * sizeof(T));
+        OM_PARALLEL_FOR(P * OS > OM_CHUNK)
+        for (int64_t p = 0; p < P; p++) {
+            T *dxc = dxp + p * IS;
+            int64_t o = p * OS;
+            for (int64_t od = 0; od < w.out[0]; od++)
+                for (int64_t oh = 0; oh < w.out[1]; oh++)
+                    for (int64_t ow = 0; ow < w.out[2]; ow++, o++) {
+                        const int64_t div = avg_divisor(&w, incl, od, oh, ow);
+                        if (div <= 0) continue;
+                        const T g = dyp[o] / (T)div;
+                        FOR_TAPS(&w, od, oh, ow, { dxc[at] += g; });
+                    }
+        }
+    });
+    return NULL;
+}
+
+/* ---- GlobalAveragePool / GlobalMaxPool ------------------------------------------------ */
+
+static om_status *global_pool_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    OM_TRY(float_in(n, x, 0));
+    if (x->rank < 2)
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': X must have rank >= 2", n->op->name, om_sp_name(n));
+    om_set_shape(&ctx->out[0], x, x->dtype);
+    for (int i = 2; i < x->rank; i++) ctx->out[0].dims[i] = 1;
+    return NULL;
+}
+
+// x is (N, C, S), y is (N, C)
+static om_status *global_pool_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    const int is_max = strcmp(n->op->name, "GlobalMaxPool") == 0;
+    const int64_t P = x->dims[0] * x->dims[1], S = P ? om_tensor_numel(x) / P : 0;
+    POOL_DISPATCH(x->dtype, n, {
+        const T *xp = x->data;
+        T *yp = ctx->out[0].data;
+        OM_PARALLEL_FOR(P * S > OM_CHUNK)
+        for (int64_t p = 0; p < P; p++) {
+            const T *restrict r = xp + p * S;
+            if (is_max) {
+                T m = -INFINITY;
+                for (int64_t i = 0; i < S; i++) m = (r[i] > m || r[i] != r[i]) && m == m ? r[i] : m;
+                yp[p] = m;
+            } else {
+                T s = 0;
+                for (int64_t i = 0; i < S; i++) s += r[i];
+                yp[p] = S ? s / (T)S : 0;
+            }
+        }
+    });
+    return NULL;
+}
+
+/* GlobalPoolGrad(dY, X?, Y?, Shape(X)): average spreads dY / S; max (X and Y given) routes
+ * dY to the first position equal to the max, as PyTorch's max reduction does. */
+static om_status *global_pool_grad(om_grad_ctx *c) {
+    const om_node *n = &c->g->nodes[c->node];
+    const int is_max = strcmp(n->op->name, "GlobalMaxPool") == 0;
+    const int x = n->in[0], y = n->out[0], dy = c->dy[0];
+    if (dy < 0 || !c->need_dx[0]) return NULL;
+    int in[4] = {dy, is_max ? x : -1, is_max ? y : -1, -1};
+    if ((in[3] = om_emit_shape(c, x)) < 0) return NULL;
+    int v = om_emit(c, "GlobalPoolGrad", in, 4);
+    if (v < 0) return NULL;
+    c->dx[0] = v;
+    return NULL;
+}
+
+static om_status *global_pool_grad_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    int64_t xd[OM_MAX_RANK];
+    int xr;
+    OM_TRY(float_in(n, &ctx->in[0], 0));
+    OM_TRY(shape_input(n, &ctx->in[3], 3, xd, &xr));
+    int64_t P = xr >= 2 ? xd[0] * xd[1] : -1;
+    if (om_tensor_numel(&ctx->in[0]) != P)
+        return om_error(OM_INVALID_ARGUMENT, "GlobalPoolGrad node '%s': dY does not match X", om_sp_name(n));
+    ctx->out[0].dtype = ctx->in[0].dtype;
+    ctx->out[0].rank = xr;
+    memcpy(ctx->out[0].dims, xd, sizeof(int64_t) * (size_t)xr);
+    return NULL;
+}
+
+// dy is (N, C), x and dx are (N, C, S)
+static om_status *global_pool_grad_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    om_tensor *dx = &ctx->out[0];
+    const int is_max = ctx->in[1].dtype != OM_UNDEFINED;
+    const int64_t P = dx->dims[0] * dx->dims[1], S = P ? om_tensor_numel(dx) / P : 0;
+    POOL_DISPATCH(dx->dtype, n, {
+        const T *dyp = ctx->in[0].data;
+        const T *xp = is_max ? ctx->in[1].data : NULL, *yp = is_max ? ctx->in[2].data : NULL;
+        T *dxp = dx->data;
+        OM_PARALLEL_FOR(P * S > OM_CHUNK)
+        for (int64_t p = 0; p < P; p++) {
+            T *restrict d = dxp + p * S;
+            if (is_max) {
+                const T *r = xp + p * S;
+                const T m = yp[p];
+                int64_t at = -1;
+                for (int64_t i = 0; i < S && at < 0; i++)
+                    if (r[i] == m || (m != m && r[i] != r[i])) at = i;
+                for (int64_t i = 0; i < S; i++) d[i] = 0;
+                if (at >= 0) d[at] = dyp[p];
+            } else {
+                const T g = S ? dyp[p] / (T)S : 0;
+                for (int64_t i = 0; i < S; i++) d[i] = g;
+            }
+        }
+    });
+    return NULL;
+}
+
+const om_op_def om_op_max_pool = {
+    .name = "MaxPool", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 2,
+    .dtype = max_pool_dtype, .infer = pool_infer, .grad = max_pool_grad, .cpu = max_pool_cpu, .diff_inputs = 0x1,
+};
+
+const om_op_def om_op_max_pool_grad = {
+    .name = "MaxPoolGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
+    .infer = max_pool_grad_infer, .cpu = max_pool_grad_cpu,
+};
+
+const om_op_def om_op_average_pool = {
+    .name = "AveragePool", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
+    .infer = pool_infer, .grad = average_pool_grad, .cpu = average_pool_cpu, .diff_inputs = 0x1,
+};
+
+const om_op_def om_op_average_pool_grad = {
+    .name = "AveragePoolGrad", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
+    .infer = average_pool_grad_infer, .cpu = average_pool_grad_cpu,
+};
+
+const om_op_def om_op_global_average_pool = {
+    .name = "GlobalAveragePool", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
+    .infer = global_pool_infer, .grad = global_pool_grad, .cpu = global_pool_cpu, .diff_inputs = 0x1,
+};
+
+const om_op_def om_op_global_max_pool = {
+    .name = "GlobalMaxPool", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
+    .infer = global_pool_infer, .grad = global_pool_grad, .cpu = global_pool_cpu, .diff_inputs = 0x1,
+};
+
+const om_op_def om_op_global_pool_grad = {
+    .name = "GlobalPoolGrad", .domain = "ortmod", .min_in = 4, .max_in = 4, .min_out = 1, .max_out = 1,
+    .infer = global_pool_grad_infer, .cpu = global_pool_grad_cpu,
+};

@@ -1,0 +1,303 @@
+/* runner_ckpt.c — checkpoints: <dir>/checkpoint_<update>/state.pb, one per weight update
+ * that is saved, written atomically (a temporary directory, fsync of the file and both
+ * directories, rename). The newest max_num_checkpoints are kept; resume starts from the
+ * highest. state.pb is a sequence of [uint32 LE length][TensorProto] records:
+ *   meta/format       int64 [1]   1
+ *   meta/fingerprint  int64 [1]   model structure hash (runner_model.c)
+ *   meta/counters     int64 [8]   step, update, data cursor, optimizer step, good updates
+ *                                  (loss scaler), skipped updates, optimizer kind, #weights
+ *   meta/loss_scale   float [1]
+ *   weight/<name>, state_m/<name>, state_v/<name>   float, the weight's shape
+ *   meta/end          int64 [1]   number of records before it (a truncation check) */
+#include "graph/onnx_tensor.h"
+#include "runner/runner_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CKPT_PREFIX "checkpoint_"
+#define CKPT_FORMAT 1
+
+static const char *opt_name(int kind) { return kind == RN_SGD ? "SGD" : kind == RN_ADAM ? "Adam" : "Lamb"; }
+
+static int has_state(const om_runner *r, int which) {   /* which: 0 m, 1 v */
+    if (r->opt == RN_SGD) return which == 0 && r->p.momentum != 0;
+    return 1;
+}
+
+static om_tensor scalar_i64(int64_t *v, int n) {
+    om_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = OM_I64;
+    t.rank = 1;
+    t.dims[0] = n;
+    t.data = v;
+    return t;
+}
+
+/* Lists checkpoint_<N> directories: fills updates (malloc'd, ascending). */
+static om_status *list_checkpoints(const char *dir, int64_t **updates, int *n_out) {
+    *updates = NULL;
+    *n_out = 0;
+    DIR *d = opendir(dir);
+    if (!d) return NULL;
+    int64_t *u = NULL;
+    int n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *s = de->d_name;
+        if (strncmp(s, CKPT_PREFIX, strlen(CKPT_PREFIX)) != 0) continue;
+        char *end;
+        long long v = strtoll(s + strlen(CKPT_PREFIX), &end, 10);
+        if (*end || end == s + strlen(CKPT_PREFIX) || v < 0) continue;
+        if (om_grow((void **)&u, &cap, n, sizeof(int64_t))) {
+            closedir(d);
+            free(u);
+            return om_error(OM_OUT_OF_MEMORY, "out of memory");
+        }
+        u[n++] = v;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++)   /* insertion sort: a handful of entries */
+        for (int j = i; j > 0 && u[j - 1] > u[j]; j--) { int64_t t = u[j]; u[j] = u[j - 1]; u[j - 1] = t; }
+    *updates = u;
+    *n_out = n;
+    return NULL;
+}
+
+/* Removes temporary directories a killed run left behind. */
+static void remove_stale_tmp(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char p[4096];
+    while ((de = readdir(d))) {
+        if (strncmp(de->d_name, ".tmp_" CKPT_PREFIX, strlen(".tmp_" CKPT_PREFIX)) != 0) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        rn_remove_dir(p);
+    }
+    closedir(d);
+}
+
+om_status *rn_checkpoint_save(om_runner *r) {
+    const char *dir = r->p.checkpoints_dir;
+    if (!dir) return om_error(OM_INVALID_ARGUMENT, "checkpoints_dir is not set");
+    OM_TRY(rn_mkdirs(dir));
+    char tmp[4096], final[4096], file[4200];
+    snprintf(tmp, sizeof tmp, "%s/.tmp_" CKPT_PREFIX "%lld.%ld", dir, (long long)r->update, (long)getpid());
+    snprintf(final, sizeof final, "%s/" CKPT_PREFIX "%lld", dir, (long long)r->update);
+    rn_remove_dir(tmp);
+    if (mkdir(tmp, 0777) != 0) return om_error(OM_RUNTIME, "cannot create '%s': %s", tmp, strerror(errno));
+    snprintf(file, sizeof file, "%s/state.pb", tmp);
+    FILE *f = fopen(file, "wb");
+    if (!f) return om_error(OM_RUNTIME, "cannot create '%s': %s", file, strerror(errno));
+    om_status *st = NULL;
+    int64_t records = 0;
+    int64_t fmt = CKPT_FORMAT, fp = (int64_t)r->fingerprint;
+    int64_t counters[8] = {r->step, r->update, r->cursor, r->opt_step, r->good_updates, r->skipped_total, r->opt,
+                           r->n_weights};
+    float scale = r->loss_scale;
+    om_tensor t = scalar_i64(&fmt, 1);
+    if (!st) st = rn_write_tensor_record(f, file, "meta/format", &t), records++;
+    t = scalar_i64(&fp, 1);
+    if (!st) st = rn_write_tensor_record(f, file, "meta/fingerprint", &t), records++;
+    t = scalar_i64(counters, 8);
+    if (!st) st = rn_write_tensor_record(f, file, "meta/counters", &t), records++;
+    t.dtype = OM_F32;
+    t.dims[0] = 1;
+    t.data = &scale;
+    if (!st) st = rn_write_tensor_record(f, file, "meta/loss_scale", &t), records++;
+    char name[4096];
+    for (int i = 0; i < r->n_weights && !st; i++) {
+        snprintf(name, sizeof name, "weight/%s", r->w[i].name);
+        st = rn_write_tensor_record(f, file, name, &r->w[i].value), records++;
+        if (!st && has_state(r, 0)) {
+            snprintf(name, sizeof name, "state_m/%s", r->w[i].name);
+            st = rn_write_tensor_record(f, file, name, &r->w[i].m), records++;
+        }
+        if (!st && has_state(r, 1)) {
+            snprintf(name, sizeof name, "state_v/%s", r->w[i].name);
+            st = rn_write_tensor_record(f, file, name, &r->w[i].v), records++;
+        }
+    }
+    t = scalar_i64(&records, 1);
+    if (!st) st = rn_write_tensor_record(f, file, "meta/end", &t);
+    if (!st && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+        st = om_error(OM_RUNTIME, "cannot write '%s': %s", file, strerror(errno));
+    if (fclose(f) != 0 && !st) st = om_error(OM_RUNTIME, "cannot write '%s': %s", file, strerror(errno));
+    if (!st) st = rn_fsync_dir(tmp);
+    if (!st) {
+        if (rn_is_dir(final)) rn_remove_dir(final);   /* the same update saved again */
+        if (rename(tmp, final) != 0)
+            st = om_error(OM_RUNTIME, "cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
+    }
+    if (!st) st = rn_fsync_dir(dir);
+    if (st) {
+        rn_remove_dir(tmp);
+        return om_error_context(st, "checkpoint");
+    }
+    /* keep the newest max_num_checkpoints */
+    int64_t *u;
+    int n;
+    OM_TRY(list_checkpoints(dir, &u, &n));
+    for (int i = 0; i + r->p.max_num_checkpoints < n; i++) {
+        snprintf(final, sizeof final, "%s/" CKPT_PREFIX "%lld", dir, (long long)u[i]);
+        rn_remove_dir(final);
+    }
+    free(u);
+    r->last_ckpt_update = r->update;
+    return NULL;
+}
+
+/* ---- loading ------------------------------------------------------------------------ */
+
+typedef struct ckpt_entry {
+    char *name;
+    om_tensor t;
+} ckpt_entry;
+
+static ckpt_entry *find_entry(ckpt_entry *e, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(e[i].name, name)) return &e[i];
+    return NULL;
+}
+
+static om_status *expect_tensor(const char *path, ckpt_entry *e, const char *what, om_dtype dt, int64_t numel) {
+    if (!e) return om_error(OM_INVALID_ARGUMENT, "checkpoint '%s' is incomplete: it lacks '%s'", path, what);
+    if (e->t.dtype != dt || om_tensor_numel(&e->t) != numel)
+        return om_error(OM_INVALID_ARGUMENT, "checkpoint '%s' is corrupt: '%s' has the wrong type or size", path, what);
+    return NULL;
+}
+
+static om_status *load_checkpoint(om_runner *r, const char *path) {
+    uint8_t *buf;
+    size_t n;
+    OM_TRY(rn_read_file(path, &buf, &n));
+    ckpt_entry *e = NULL;
+    int ne = 0, cap = 0;
+    rn_record_iter it = {.buf = buf, .n = n, .pos = 0, .path = path, .index = 0};
+    Onnx__TensorProto *tp;
+    om_status *st = NULL;
+    while (!st && rn_record_next(&it, &tp, &st)) {
+        if (om_grow((void **)&e, &cap, ne, sizeof(ckpt_entry))) st = om_error(OM_OUT_OF_MEMORY, "out of memory");
+        else {
+            e[ne].name = om_strdup(tp->name ? tp->name : "");
+            st = om_tensor_from_proto(tp, &e[ne].t);
+            if (!st) ne++;
+            else free(e[ne].name);
+        }
+        onnx__tensor_proto__free_unpacked(tp, NULL);
+    }
+    free(buf);
+    if (st) goto done;
+    ckpt_entry *x = find_entry(e, ne, "meta/format");
+    if (!x || x->t.dtype != OM_I64 || om_tensor_numel(&x->t) != 1 || ((int64_t *)x->t.data)[0] != CKPT_FORMAT) {
+        st = om_error(OM_INVALID_ARGUMENT, "'%s' is not an ortmod checkpoint (format %d)", path, CKPT_FORMAT);
+        goto done;
+    }
+    x = find_entry(e, ne, "meta/end");
+    if (!x || x->t.dtype != OM_I64 || ((int64_t *)x->t.data)[0] != ne - 1) {
+        st = om_error(OM_INVALID_ARGUMENT, "checkpoint '%s' is truncated", path);
+        goto done;
+    }
+    /* another model? name the first weight that differs, then compare the fingerprint */
+    for (int i = 0; i < ne; i++) {
+        if (strncmp(e[i].name, "weight/", 7) != 0) continue;
+        const char *wn = e[i].name + 7;
+        int found = 0;
+        for (int w = 0; w < r->n_weights && !found; w++) {
+            if (strcmp(r->w[w].name, wn) != 0) continue;
+            found = 1;
+            if (!om_shape_equal(&e[i].t, &r->w[w].value) || e[i].t.dtype != OM_F32) {
+                char a[128], b[128];
+                om_shape_str(&e[i].t, a, sizeof a);
+                om_shape_str(&r->w[w].value, b, sizeof b);
+                st = om_error(OM_INVALID_ARGUMENT,
+                              "checkpoint '%s' was written for another model: weight '%s' is %s there but %s in this model",
+                              path, wn, a, b);
+                goto done;
+            }
+        }
+        if (!found) {
+            st = om_error(OM_INVALID_ARGUMENT,
+                          "checkpoint '%s' was written for another model: it holds weight '%s', which this model does "
+                          "not train", path, wn);
+            goto done;
+        }
+    }
+    for (int w = 0; w < r->n_weights; w++) {
+        char name[4096];
+        snprintf(name, sizeof name, "weight/%s", r->w[w].name);
+        if (!find_entry(e, ne, name)) {
+            st = om_error(OM_INVALID_ARGUMENT,
+                          "checkpoint '%s' was written for another model (or other weights_to_train): it lacks weight '%s'",
+                          path, r->w[w].name);
+            goto done;
+        }
+    }
+    x = find_entry(e, ne, "meta/fingerprint");
+    if ((st = expect_tensor(path, x, "meta/fingerprint", OM_I64, 1))) goto done;
+    if ((uint64_t)((int64_t *)x->t.data)[0] != r->fingerprint) {
+        st = om_error(OM_INVALID_ARGUMENT,
+                      "checkpoint '%s' was written for another model: the weights match but the graph differs", path);
+        goto done;
+    }
+    x = find_entry(e, ne, "meta/counters");
+    if ((st = expect_tensor(path, x, "meta/counters", OM_I64, 8))) goto done;
+    const int64_t *c = x->t.data;
+    if (c[6] != r->opt) {
+        st = om_error(OM_INVALID_ARGUMENT, "checkpoint '%s' holds %s optimizer state but the optimizer is %s", path,
+                      opt_name((int)c[6]), opt_name(r->opt));
+        goto done;
+    }
+    ckpt_entry *ls = find_entry(e, ne, "meta/loss_scale");
+    if ((st = expect_tensor(path, ls, "meta/loss_scale", OM_F32, 1))) goto done;
+    /* everything checked: copy in */
+    for (int w = 0; w < r->n_weights; w++) {
+        char name[4096];
+        const size_t nb = om_tensor_nbytes(&r->w[w].value);
+        snprintf(name, sizeof name, "weight/%s", r->w[w].name);
+        memcpy(r->w[w].value.data, find_entry(e, ne, name)->t.data, nb);
+        for (int which = 0; which < 2; which++) {
+            if (!has_state(r, which)) continue;
+            snprintf(name, sizeof name, "%s/%s", which ? "state_v" : "state_m", r->w[w].name);
+            ckpt_entry *s = find_entry(e, ne, name);
+            if ((st = expect_tensor(path, s, name, OM_F32, om_tensor_numel(&r->w[w].value)))) goto done;
+            memcpy(which ? r->w[w].v.data : r->w[w].m.data, s->t.data, nb);
+        }
+    }
+    r->step = c[0];
+    r->update = c[1];
+    r->cursor = c[2];
+    r->opt_step = c[3];
+    r->good_updates = c[4];
+    r->skipped_total = c[5];
+    r->loss_scale = ((float *)ls->t.data)[0];
+done:
+    for (int i = 0; i < ne; i++) {
+        free(e[i].name);
+        om_free(e[i].t.data);
+    }
+    free(e);
+    return st;
+}
+
+om_status *rn_checkpoint_resume(om_runner *r) {
+    const char *dir = r->p.checkpoints_dir;
+    if (!dir || !rn_is_dir(dir)) return NULL;
+    remove_stale_tmp(dir);
+    int64_t *u;
+    int n;
+    OM_TRY(list_checkpoints(dir, &u, &n));
+    if (n == 0) { free(u); return NULL; }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/" CKPT_PREFIX "%lld/state.pb", dir, (long long)u[n - 1]);
+    free(u);
+    OM_TRY(load_checkpoint(r, path));
+    r->last_ckpt_update = r->update;
+    rn_print(r, "resumed from %s (update %lld, step %lld)", path, (long long)r->update, (long long)r->step);
+    return NULL;
+}
