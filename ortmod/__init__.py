@@ -7,6 +7,7 @@ On the first call the module is exported to ONNX and compiled (graph optimizatio
 backward-graph generation, memory planning); later calls run on the engine.
 """
 from ._logging import LogLevel
+from ._capture import ExportError, UnsupportedModelError
 from ._module import DebugOptions, ORTModule
 
 try:
@@ -22,4 +23,5 @@ except ImportError as _e:  # pragma: no cover - only without a built extension
                 "(or `python setup.py build_ext --inplace`).") from _C_IMPORT_ERROR
         raise AttributeError(f"module 'ortmod' has no attribute {name!r}")
 
-__all__ = ["ORTModule", "DebugOptions", "LogLevel", "EngineError", "UnsupportedOpError"]
+__all__ = ["ORTModule", "DebugOptions", "LogLevel", "EngineError", "UnsupportedOpError", "ExportError",
+           "UnsupportedModelError"]

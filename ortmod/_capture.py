@@ -423,8 +423,10 @@ def export(module, flat):
                     dynamic_axes=dynamic_axes,
                 )
         except Exception as e:
+            first = str(e).strip().split("\n", 1)[0]
+            first = first[:500] + (" ..." if len(first) > 500 else "")
             raise ExportError(f"torch.onnx.export failed for {type(module).__name__}: "
-                              f"{type(e).__name__}: {e}") from e
+                              f"{type(e).__name__}: {first} (full error in __cause__)") from e
     onnx_bytes = f.getvalue()
 
     # Map every graph input to its source. Parameters and buffers are named by their

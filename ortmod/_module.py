@@ -456,9 +456,31 @@ class ORTModule(torch.nn.Module):
         return self
 
     def _apply(self, fn, recurse=True):
-        result = super()._apply(fn, recurse)
+        # .to(dtype), .double(), .cpu(), ...: convert the wrapped module's tensors
+        self._original_module._apply(fn, recurse)
         self.__dict__["_ortmod_state"] = None      # dtypes/devices may have changed
-        return result
+        return self
+
+    def apply(self, fn):
+        self._original_module.apply(fn)
+        return self
+
+    def modules(self):
+        return self._original_module.modules()
+
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        return self._original_module.named_modules(memo=memo, prefix=prefix,
+                                                   remove_duplicate=remove_duplicate)
+
+    def children(self):
+        return self._original_module.children()
+
+    def named_children(self):
+        return self._original_module.named_children()
+
+    def _replicate_for_data_parallel(self):
+        raise TypeError("ortmod: nn.DataParallel around ORTModule is not supported; use "
+                        "torch.nn.parallel.DistributedDataParallel(ORTModule(model)) instead.")
 
     def state_dict(self, *args, **kwargs):
         return self._original_module.state_dict(*args, **kwargs)

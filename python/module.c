@@ -237,12 +237,13 @@ static void engine_log(void *user, om_log_level level, const char *msg) {
 }
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"onnx_bytes", "grad_inputs", "log_level", "seed", "log", NULL};
+    static char *kw[] = {"onnx_bytes", "grad_inputs", "log_level", "seed", "log", "memory_opt_level", NULL};
     Py_buffer buf;
     PyObject *grad_inputs = Py_None, *log = Py_None;
     int log_level = OM_LOG_WARNING;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|OiKO", kw, &buf, &grad_inputs, &log_level, &seed, &log))
+    int memory_opt_level = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|OiKOi", kw, &buf, &grad_inputs, &log_level, &seed, &log, &memory_opt_level))
         return -1;
     module_state *ms = state_of_type(Py_TYPE(self));
     bool *flags = NULL;
@@ -269,6 +270,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
     opt.log = self->log ? engine_log : NULL;
     opt.log_user = self;
     opt.seed = seed;
+    opt.memory_opt_level = memory_opt_level;
     om_engine *eng = NULL;
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
@@ -489,7 +491,7 @@ static PyGetSetDef Engine_getset[] = {
 };
 
 static PyType_Slot Engine_slots[] = {
-    {Py_tp_doc, "Engine(onnx_bytes, grad_inputs=None, log_level=2, seed=0, log=None)\n\n"
+    {Py_tp_doc, "Engine(onnx_bytes, grad_inputs=None, log_level=2, seed=0, log=None, memory_opt_level=-1)\n\n"
                 "A compiled ONNX model: forward and backward graphs, and plans per input shape set."},
     {Py_tp_init, Engine_init},
     {Py_tp_new, PyType_GenericNew},

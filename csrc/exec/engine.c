@@ -3,6 +3,7 @@
 #include "autodiff/autodiff.h"
 #include "passes/pass.h"
 #include "plan/plan.h"
+#include "plan/recompute.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@ struct om_engine {
     int n_exported_nodes;       /* forward nodes as imported, before any pass */
     int n_optimized_nodes;      /* forward nodes after the forward passes */
     char *report;               /* last om_engine_report_json result */
+    int memory_opt_level, n_recomputed;
     int n_plans, cap_plans;
     pthread_mutex_t lock;       /* plans' arenas are shared: one call at a time */
 };
@@ -52,6 +54,7 @@ om_engine_options om_engine_default_options(void) {
     om_engine_options o;
     memset(&o, 0, sizeof o);
     o.log_level = OM_LOG_WARNING;
+    o.memory_opt_level = -1;
     return o;
 }
 
@@ -92,6 +95,20 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
         logf_(e, OM_LOG_INFO, "autodiff added %d backward nodes", g->n_nodes - g->n_fwd_nodes);
         if ((st = om_run_passes(g, OM_PASS_JOINT, &e->pass_log))) goto fail;
         logf_(e, OM_LOG_INFO, "joint passes: %d forward + %d backward nodes", g->n_fwd_nodes, g->n_nodes - g->n_fwd_nodes);
+        int level = opt->memory_opt_level;
+        if (level < 0) {
+            const char *env = getenv("ORTMODULE_MEMORY_OPT_LEVEL");
+            level = env && *env ? atoi(env) : 0;
+        }
+        if (level < 0 || level > 2) {
+            st = om_error(OM_INVALID_ARGUMENT, "memory optimization level %d is not 0, 1 or 2", level);
+            goto fail;
+        }
+        int n_rc = 0;
+        if ((st = om_recompute(g, level, &n_rc))) goto fail;
+        e->memory_opt_level = level;
+        e->n_recomputed = n_rc;
+        if (level) logf_(e, OM_LOG_INFO, "memory optimization level %d: %d forward nodes recomputed in backward", level, n_rc);
     } else {
         g->n_fwd_nodes = g->n_nodes;
     }
@@ -470,6 +487,7 @@ const char *om_engine_report_json(om_engine *e) {
     pthread_mutex_lock(&e->lock);
     sb_printf(&b, "{\"exported_nodes\": %d, \"optimized_nodes\": %d, \"forward_nodes\": %d, \"backward_nodes\": %d, ",
               e->n_exported_nodes, e->n_optimized_nodes, g->n_fwd_nodes, g->n_nodes - g->n_fwd_nodes);
+    sb_printf(&b, "\"memory_opt_level\": %d, \"recomputed_nodes\": %d, ", e->memory_opt_level, e->n_recomputed);
     sb_printf(&b, "\"passes\": [%s], ", e->pass_log.text ? e->pass_log.text : "");
     sb_printf(&b, "\"forward_ops\": ");
     op_counts(&b, g, 0, g->n_fwd_nodes);

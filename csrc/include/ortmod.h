@@ -94,6 +94,8 @@ typedef struct om_engine_options {
     om_log_fn log;              /* NULL: silent */
     void *log_user;
     uint64_t seed;              /* for random ops (Dropout) */
+    int memory_opt_level;       /* 0 stash all, 1 recompute cheap activations, 2 recompute layers;
+                                   -1 (the default): ORTMODULE_MEMORY_OPT_LEVEL or 0 */
 } om_engine_options;
 
 om_engine_options om_engine_default_options(void);

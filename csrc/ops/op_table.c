@@ -95,6 +95,46 @@
     X(om_op_global_average_pool) \
     X(om_op_global_max_pool) \
     X(om_op_global_pool_grad) \
+    /* fused.c */ \
+    X(om_op_matmul_bias) \
+    X(om_op_matmul_bias_grad) \
+    X(om_op_bias_gelu) \
+    X(om_op_bias_gelu_grad) \
+    X(om_op_bias_dropout) \
+    X(om_op_bias_dropout_grad) \
+    X(om_op_simplified_layer_norm) \
+    X(om_op_simplified_layer_norm_grad) \
+    /* attention.c */ \
+    X(om_op_fused_attention) \
+    X(om_op_fused_attention_grad) \
+    /* misc.c */ \
+    X(om_op_less) \
+    X(om_op_greater) \
+    X(om_op_less_or_equal) \
+    X(om_op_greater_or_equal) \
+    X(om_op_and) \
+    X(om_op_or) \
+    X(om_op_xor) \
+    X(om_op_not) \
+    X(om_op_is_nan) \
+    X(om_op_is_inf) \
+    X(om_op_clip) \
+    X(om_op_clip_grad) \
+    X(om_op_leaky_relu) \
+    X(om_op_softplus) \
+    X(om_op_elu) \
+    X(om_op_selu) \
+    X(om_op_hard_sigmoid) \
+    X(om_op_hard_swish) \
+    X(om_op_mish) \
+    X(om_op_softsign) \
+    X(om_op_activation_grad) \
+    X(om_op_tile) \
+    X(om_op_tile_grad) \
+    X(om_op_trilu) \
+    X(om_op_pad) \
+    X(om_op_pad_grad) \
+    X(om_op_einsum) \
     /* end */
 
 #define OM_DECLARE(sym) extern const om_op_def sym;

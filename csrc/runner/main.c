@@ -1,6 +1,8 @@
 /* main.c — ortmod-train: the command line of the native training runner.
  * Exit status: 0 success, 1 a failure (message on stderr), 2 bad command line. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "ortmod_runner.h"
 
 #include <errno.h>

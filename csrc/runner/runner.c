@@ -1,6 +1,8 @@
 /* runner.c — the native training runner: parameters, initialize, the training loop,
  * evaluation and the run's summary. See ortmod_runner.h for the contract. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "runner/runner_internal.h"
 
 #include <math.h>

@@ -7,6 +7,7 @@
 #include "ortmod_optim.h"
 #include "ortmod_runner.h"
 
+#include <errno.h>
 #include <stdio.h>
 
 /* ---- files and records (runner_io.c) ------------------------------------------------ */

@@ -1,0 +1,496 @@
+/* attention.c — fused scaled-dot-product attention with a flash-style CPU kernel.
+ *
+ * Exports:
+ *   om_op_fused_attention       FusedAttention      (domain ortmod)
+ *       (Q, K, V, mask?, f0?, f1?, f2?, ratio?, training_mode?, causal_shape?) -> (O, lse?, seed?)
+ *       O = dropout(softmax(scale * Q K^T + mask [+ causal])) V
+ *   om_op_fused_attention_grad  FusedAttentionGrad  (domain ortmod)
+ *       (dO, Q, K, V, O, lse, mask?, f0?, f1?, f2?, ratio?, training_mode?, seed?) -> (dQ?, dK?, dV?, dmask?)
+ *
+ *   Q (batch..., L, D), K (batch..., S, D) — or K^T (batch..., D, S) with k_transposed=1 —,
+ *   V (batch..., S, Dv), mask additive, broadcast to (batch..., L, S). Batch dims broadcast
+ *   (numpy rules) among Q, K and mask; V's must broadcast to theirs.
+ *   Attributes: scale (float, default 1), inv (bit i: factor input f_i divides instead of
+ *   multiplies), causal (int: key j > query i masked, top-left aligned as torch's is_causal),
+ *   k_transposed (int), nan_to_zero (int: fully masked rows give 0, as the exporter's
+ *   IsNaN/Where guard does). The factors f_i are scalars (scale computations the pass found
+ *   on Q, K or the scores); the effective scale is scale * prod f_i^(+-1).
+ *
+ * Forward: per (batch, block of BQ queries) the keys are visited in blocks of BK: a BLAS
+ * product gives a BQ x BK tile of scores, an online softmax (running max m, running sum l)
+ * rescales the accumulator and a second product adds P V. Memory per task is
+ * O(BQ * (BK + Dv)); the full L x S matrix never exists. Saved for backward: lse = m + log l
+ * per row (and the dropout seed).
+ * Backward (FlashAttention-2): per tile recompute P = exp(S - lse), then
+ *   dV += Pd^T dO,  dPd = dO V^T,  dS = P * (dPd * keep * s - rowsum(dO * O)),
+ *   dQ += scale dS K,  dK += scale dS^T Q,  dmask += dS (summed over broadcast dims).
+ * Dropout draws keep(i) = om_rand_uniform(seed, i) >= ratio with i the flat index in the
+ * (batch..., L, S) probabilities, as Dropout on the materialized tensor would.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/op.h"
+
+#define BQ 64
+#define BK 128
+
+static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
+static int wanted(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out && ctx->out[j].data != NULL; }
+
+typedef struct attn_geom {
+    int64_t L, S, D, Dv;
+    int nb;                          /* batch rank */
+    int64_t batch[OM_MAX_RANK], nbatch;
+    int64_t q_str[OM_MAX_RANK], k_str[OM_MAX_RANK], v_str[OM_MAX_RANK], m_str[OM_MAX_RANK];
+    int64_t m_row, m_col;            /* mask strides along L and S (0 = broadcast) */
+    int has_mask, causal, kt, nan_to_zero, dropout;
+    double scale, ratio;
+} attn_geom;
+
+static om_status *attn_err(const om_node *n, const char *what, const om_tensor *t) {
+    char s[128] = "";
+    if (t) om_shape_str(t, s, sizeof s);
+    return om_error(OM_INVALID_ARGUMENT, "%s node '%s': %s %s", n->op->name, n->name, what, s);
+}
+
+/* Right-aligned batch strides of an operand with batch dims bd (rank br) against batch. */
+static int batch_strides(const int64_t *bd, int br, const int64_t *batch, int nb, int64_t mat, int64_t *str) {
+    int64_t s = mat;
+    for (int i = nb - 1; i >= 0; i--) {
+        int j = i - (nb - br);
+        int64_t d = j >= 0 ? bd[j] : 1;
+        if (d != 1 && d != batch[i]) return -1;
+        str[i] = d == 1 ? 0 : s;
+        s *= d;
+    }
+    return 0;
+}
+
+static om_status *scalar_factor(const om_kernel_ctx *ctx, int i, double *v) {
+    const om_tensor *t = &ctx->in[i];
+    if (om_tensor_numel(t) != 1) return attn_err(ctx->node, "a scale factor must be a scalar, got", t);
+    if (!t->data) { *v = 1.0; return NULL; }   /* shape-only pass: the value is read at run time */
+    switch (t->dtype) {
+    case OM_F32: *v = *(const float *)t->data; return NULL;
+    case OM_F64: *v = *(const double *)t->data; return NULL;
+    case OM_I64: *v = (double)*(const int64_t *)t->data; return NULL;
+    case OM_I32: *v = *(const int32_t *)t->data; return NULL;
+    default: return om_err_dtype(ctx->node, i, t->dtype);
+    }
+}
+
+/* Geometry from Q, K, V, mask at input slots q..; factors at f; dropout at r, t. */
+static om_status *attn_geometry(const om_kernel_ctx *ctx, int q, int mi, int f, int r, int tm, attn_geom *g) {
+    const om_node *n = ctx->node;
+    const om_tensor *Q = &ctx->in[q], *K = &ctx->in[q + 1], *V = &ctx->in[q + 2];
+    memset(g, 0, sizeof *g);
+    for (int i = 0; i < 3; i++) {
+        const om_tensor *t = &ctx->in[q + i];
+        if (t->dtype != OM_F32 && t->dtype != OM_F64) return om_err_dtype(n, q + i, t->dtype);
+        if (t->dtype != Q->dtype) return om_err_dtype(n, q + i, t->dtype);
+        if (t->rank < 2) return attn_err(n, "Q, K and V must have rank >= 2, got", t);
+    }
+    g->kt = om_attr_int(n, "k_transposed", 0) != 0;
+    g->causal = om_attr_int(n, "causal", 0) != 0;
+    g->nan_to_zero = om_attr_int(n, "nan_to_zero", 0) != 0;
+    g->L = Q->dims[Q->rank - 2];
+    g->D = Q->dims[Q->rank - 1];
+    g->S = g->kt ? K->dims[K->rank - 1] : K->dims[K->rank - 2];
+    int64_t kd = g->kt ? K->dims[K->rank - 2] : K->dims[K->rank - 1];
+    if (kd != g->D) return attn_err(n, "Q and K differ in the head dim; K is", K);
+    if (V->dims[V->rank - 2] != g->S) return attn_err(n, "V must have S rows, got", V);
+    g->Dv = V->dims[V->rank - 1];
+    const om_tensor *M = mi >= 0 && present(ctx, mi) ? &ctx->in[mi] : NULL;
+    g->has_mask = M != NULL;
+    if (M && M->dtype != Q->dtype) return om_err_dtype(n, mi, M->dtype);
+    /* batch = broadcast of Q, K and mask batch dims */
+    int mb = M ? (M->rank > 2 ? M->rank - 2 : 0) : 0;
+    int nb = Q->rank - 2;
+    if (K->rank - 2 > nb) nb = K->rank - 2;
+    if (mb > nb) nb = mb;
+    if (V->rank - 2 > nb) return attn_err(n, "V has more batch dims than the scores:", V);
+    g->nb = nb;
+    g->nbatch = 1;
+    const om_tensor *ops[3] = {Q, K, M};
+    for (int i = 0; i < nb; i++) {
+        int64_t d = 1;
+        for (int k = 0; k < 3; k++) {
+            const om_tensor *t = ops[k];
+            if (!t) continue;
+            int br = t->rank > 2 ? t->rank - 2 : 0, j = i - (nb - br);
+            int64_t e = j >= 0 ? t->dims[j] : 1;
+            if (e != 1 && d != 1 && e != d) return attn_err(n, "batch dims do not broadcast:", t);
+            if (e != 1) d = e;
+        }
+        g->batch[i] = d;
+        g->nbatch *= d;
+    }
+    if (batch_strides(Q->dims, Q->rank - 2, g->batch, nb, g->L * g->D, g->q_str) ||
+        batch_strides(K->dims, K->rank - 2, g->batch, nb, g->S * g->D, g->k_str) ||
+        batch_strides(V->dims, V->rank - 2, g->batch, nb, g->S * g->Dv, g->v_str))
+        return attn_err(n, "batch dims do not broadcast; V is", V);
+    if (M) {
+        int64_t ml = M->rank >= 2 ? M->dims[M->rank - 2] : 1, ms = M->rank >= 1 ? M->dims[M->rank - 1] : 1;
+        if ((ml != 1 && ml != g->L) || (ms != 1 && ms != g->S))
+            return attn_err(n, "the mask does not broadcast to (L, S); it is", M);
+        g->m_col = ms == 1 ? 0 : 1;
+        g->m_row = ml == 1 ? 0 : ms;
+        if (batch_strides(M->dims, mb, g->batch, nb, ml * ms, g->m_str)) return attn_err(n, "bad mask", M);
+    }
+    g->scale = om_attr_float(n, "scale", 1.0f);
+    int inv = (int)om_attr_int(n, "inv", 0);
+    for (int i = 0; i < 3; i++) {
+        if (!present(ctx, f + i)) continue;
+        double v;
+        OM_TRY(scalar_factor(ctx, f + i, &v));
+        g->scale = (inv >> i & 1) ? g->scale / v : g->scale * v;
+    }
+    g->ratio = 0.0;
+    if (present(ctx, tm)) {
+        const om_tensor *t = &ctx->in[tm];
+        if (t->dtype != OM_BOOL || om_tensor_numel(t) != 1) return attn_err(n, "training_mode must be a bool scalar", t);
+        int training = t->data ? *(const uint8_t *)t->data != 0 : 1;
+        double ratio = 0.5;
+        if (present(ctx, r)) OM_TRY(scalar_factor(ctx, r, &ratio));
+        if (training && !(ratio >= 0.0 && ratio <= 1.0)) return attn_err(n, "dropout ratio outside [0, 1]", NULL);
+        if (training && ratio > 0.0) { g->dropout = 1; g->ratio = ratio; }
+    }
+    if (g->L > INT32_MAX || g->S > INT32_MAX || g->D > INT32_MAX || g->Dv > INT32_MAX)
+        return attn_err(n, "dims exceed the BLAS int range", NULL);
+    return NULL;
+}
+
+static void batch_offsets(const attn_geom *g, int64_t t, int64_t *q, int64_t *k, int64_t *v, int64_t *m) {
+    *q = *k = *v = *m = 0;
+    for (int d = g->nb - 1; d >= 0; d--) {
+        int64_t i = t % g->batch[d];
+        t /= g->batch[d];
+        *q += i * g->q_str[d];
+        *k += i * g->k_str[d];
+        *v += i * g->v_str[d];
+        *m += i * g->m_str[d];
+    }
+}
+
+static void gemm(om_dtype dt, int ta, int tb, int M, int N, int K, double alpha, const void *A, int lda,
+                 const void *B, int ldb, double beta, void *C, int ldc) {
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    const enum CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
+    if (dt == OM_F32)
+        cblas_sgemm(CblasRowMajor, a, b, M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, ldc);
+    else
+        cblas_dgemm(CblasRowMajor, a, b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* ---- shape rules ------------------------------------------------------------------ */
+
+static om_dtype attn_dtype(const om_graph *g, const om_node *n, int j) {
+    return j == 2 ? OM_I64 : g->values[n->in[0]].dtype;
+}
+
+static om_status *check_causal_shape(const om_kernel_ctx *ctx, int i, const attn_geom *g) {
+    if (!present(ctx, i)) return NULL;
+    int64_t d[OM_MAX_RANK];
+    int r = om_read_ints(&ctx->in[i], d, OM_MAX_RANK);
+    if (r != 2 || d[0] != g->L || d[1] != g->S)
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': the causal mask the pattern built is not (L, S) = "
+                        "(%lld, %lld); this attention pattern cannot be fused (disable the 'attention' pass)",
+                        ctx->node->op->name, ctx->node->name, (long long)g->L, (long long)g->S);
+    return NULL;
+}
+
+static om_status *attn_infer(om_kernel_ctx *ctx) {
+    attn_geom g;
+    OM_TRY(attn_geometry(ctx, 0, 3, 4, 7, 8, &g));
+    OM_TRY(check_causal_shape(ctx, 9, &g));
+    om_tensor *o = &ctx->out[0];
+    o->dtype = ctx->in[0].dtype;
+    o->rank = g.nb + 2;
+    memcpy(o->dims, g.batch, sizeof(int64_t) * (size_t)g.nb);
+    o->dims[g.nb] = g.L;
+    o->dims[g.nb + 1] = g.Dv;
+    if (ctx->n_out > 1) {
+        ctx->out[1] = *o;
+        ctx->out[1].rank = g.nb + 1;
+    }
+    if (ctx->n_out > 2) {
+        memset(&ctx->out[2], 0, sizeof ctx->out[2]);
+        ctx->out[2].dtype = OM_I64;
+        ctx->out[2].rank = 0;
+    }
+    return NULL;
+}
+
+/* ---- forward ---------------------------------------------------------------------- */
+
+#define ATTN_FWD(T)                                                                                          \
+    static om_status *attn_fwd_##T(om_kernel_ctx *ctx, const attn_geom *g, om_dtype dt, uint64_t seed) {      \
+        const T *Q = ctx->in[0].data, *K = ctx->in[1].data, *V = ctx->in[2].data;                               \
+        const T *M = g->has_mask ? (const T *)ctx->in[3].data : NULL;                                           \
+        T *O = ctx->out[0].data;                                                                                \
+        T *LSE = wanted(ctx, 1) ? (T *)ctx->out[1].data : NULL;                                                 \
+        const int64_t L = g->L, S = g->S, D = g->D, Dv = g->Dv;                                                 \
+        const T scale = (T)g->scale, dscale = g->ratio < 1.0 ? (T)(1.0 / (1.0 - g->ratio)) : (T)0;             \
+        const float ratio = (float)g->ratio;                                                                    \
+        T *buf = malloc(sizeof(T) * (size_t)(BQ * BK + BQ * Dv + 2 * BQ + 1));                                  \
+        if (!buf) return om_error(OM_OUT_OF_MEMORY, "out of memory in attention");                              \
+        T *Sb = buf, *acc = Sb + BQ * BK, *mrow = acc + BQ * Dv, *lrow = mrow + BQ;                             \
+        for (int64_t t = 0; t < g->nbatch; t++) {                                                               \
+            int64_t qo, ko, vo, mo;                                                                             \
+            batch_offsets(g, t, &qo, &ko, &vo, &mo);                                                            \
+            for (int64_t i0 = 0; i0 < L; i0 += BQ) {                                                            \
+                const int bq = (int)(L - i0 < BQ ? L - i0 : BQ);                                                \
+                for (int r = 0; r < bq; r++) { mrow[r] = -INFINITY; lrow[r] = 0; }                              \
+                memset(acc, 0, sizeof(T) * (size_t)(bq * Dv));                                                  \
+                const int64_t j_end = g->causal ? (i0 + bq < S ? i0 + bq : S) : S;                              \
+                for (int64_t j0 = 0; j0 < j_end; j0 += BK) {                                                    \
+                    const int bk = (int)(j_end - j0 < BK ? j_end - j0 : BK);                                    \
+                    /* S tile = scale * Q_blk K_blk^T */                                                        \
+                    if (g->kt)                                                                                  \
+                        gemm(dt, 0, 0, bq, bk, (int)D, g->scale, Q + qo + i0 * D, (int)D, K + ko + j0, (int)S, 0.0, \
+                             Sb, bk);                                                                           \
+                    else                                                                                        \
+                        gemm(dt, 0, 1, bq, bk, (int)D, g->scale, Q + qo + i0 * D, (int)D, K + ko + j0 * D, (int)D, \
+                             0.0, Sb, bk);                                                                      \
+                    if (D == 0) memset(Sb, 0, sizeof(T) * (size_t)(bq * bk));                                   \
+                    for (int r = 0; r < bq; r++) {                                                              \
+                        T *restrict s = Sb + r * bk;                                                            \
+                        const int64_t i = i0 + r;                                                               \
+                        if (M) {                                                                                \
+                            const T *restrict mr = M + mo + i * g->m_row + j0 * g->m_col;                       \
+                            if (g->m_col) for (int c = 0; c < bk; c++) s[c] += mr[c];                           \
+                            else for (int c = 0; c < bk; c++) s[c] += mr[0];                                    \
+                        }                                                                                       \
+                        if (g->causal)                                                                          \
+                            for (int c = (int)(i - j0 + 1 > 0 ? i - j0 + 1 : 0); c < bk; c++) s[c] = -INFINITY; \
+                        T mx = -INFINITY;                                                                       \
+                        for (int c = 0; c < bk; c++) mx = s[c] > mx ? s[c] : mx;                                \
+                        const T m_new = mx > mrow[r] ? mx : mrow[r];                                            \
+                        if (m_new == -INFINITY) { for (int c = 0; c < bk; c++) s[c] = 0; continue; }           \
+                        const T corr = exp(mrow[r] - m_new);                                                    \
+                        T sum = 0;                                                                              \
+                        for (int c = 0; c < bk; c++) { s[c] = exp(s[c] - m_new); sum += s[c]; }                 \
+                        lrow[r] = lrow[r] * corr + sum;                                                         \
+                        mrow[r] = m_new;                                                                        \
+                        if (corr != (T)1) { T *restrict a = acc + r * Dv; for (int64_t d = 0; d < Dv; d++) a[d] *= corr; } \
+                        if (g->dropout) {                                                                       \
+                            const uint64_t base = (uint64_t)((t * L + i) * S + j0);                             \
+                            for (int c = 0; c < bk; c++)                                                        \
+                                s[c] = om_rand_uniform(seed, base + (uint64_t)c) >= ratio ? s[c] * dscale : (T)0; \
+                        }                                                                                       \
+                    }                                                                                           \
+                    /* acc += P_tile V_blk */                                                                   \
+                    gemm(dt, 0, 0, bq, (int)Dv, bk, 1.0, Sb, bk, V + vo + j0 * Dv, (int)Dv, 1.0, acc, (int)Dv);  \
+                }                                                                                               \
+                for (int r = 0; r < bq; r++) {                                                                  \
+                    const int64_t i = i0 + r;                                                                   \
+                    T *restrict o = O + (t * L + i) * Dv;                                                       \
+                    const T *restrict a = acc + r * Dv;                                                         \
+                    const int dead = !(lrow[r] > 0);                                                            \
+                    if (dead && g->nan_to_zero) {                                                               \
+                        for (int64_t d = 0; d < Dv; d++) o[d] = 0;                                              \
+                        if (LSE) LSE[t * L + i] = INFINITY; /* backward: P = exp(s - inf) = 0 */               \
+                        continue;                                                                               \
+                    }                                                                                           \
+                    const T inv = (T)1 / lrow[r];                                                               \
+                    for (int64_t d = 0; d < Dv; d++) o[d] = a[d] * inv;                                         \
+                    if (LSE) LSE[t * L + i] = mrow[r] + log(lrow[r]);                                           \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        (void)scale;                                                                                            \
+        free(buf);                                                                                              \
+        return NULL;                                                                                            \
+    }
+
+ATTN_FWD(float)
+ATTN_FWD(double)
+
+// Q (batch..., L, D), K (batch..., S, D), V (batch..., S, Dv), mask -> (L, S); O (batch..., L, Dv), lse (batch..., L)
+static om_status *attn_cpu(om_kernel_ctx *ctx) {
+    attn_geom g;
+    OM_TRY(attn_geometry(ctx, 0, 3, 4, 7, 8, &g));
+    uint64_t seed = ctx->seed;
+    if (wanted(ctx, 2)) *(int64_t *)ctx->out[2].data = (int64_t)seed;
+    if (ctx->in[0].dtype == OM_F32) return attn_fwd_float(ctx, &g, OM_F32, seed);
+    return attn_fwd_double(ctx, &g, OM_F64, seed);
+}
+
+/* ---- backward --------------------------------------------------------------------- */
+
+static om_status *attn_grad(om_grad_ctx *c) {
+    const om_node *f = &c->g->nodes[c->node];
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    int in_f[10];
+    for (int i = 0; i < 10; i++) in_f[i] = i < f->n_in ? f->in[i] : -1;
+    int o = f->out[0];
+    om_dtype dt = c->g->values[o].dtype;
+    int lse = om_node_ensure_output(c->g, c->node, 1, dt);
+    int seed = in_f[8] >= 0 ? om_node_ensure_output(c->g, c->node, 2, OM_I64) : -1;
+    if (lse < 0 || (in_f[8] >= 0 && seed < 0))
+        return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"));
+    int in[13] = {dy, in_f[0], in_f[1], in_f[2], o, lse, in_f[3], in_f[4], in_f[5], in_f[6], in_f[7], in_f[8], seed};
+    int out[4], want[4] = {c->need_dx[0], c->need_dx[1], c->need_dx[2], in_f[3] >= 0 && c->need_dx[3]};
+    int id = -1;
+    if (om_emit_node(c, "FusedAttentionGrad", in, 13, out, 4, &id) < 0) return NULL;
+    om_node *n = &c->g->nodes[id];
+    for (int j = 0; j < 4; j++)
+        if (!want[j]) {
+            c->g->values[n->out[j]].producer = -1;
+            n->out[j] = -1;
+            out[j] = -1;
+        }
+    f = &c->g->nodes[c->node];
+    static const char *ints[] = {"causal", "k_transposed", "inv", "nan_to_zero"};
+    for (int i = 0; i < 4; i++) {
+        const om_attr *a = om_attr_find(f, ints[i]);
+        if (a) om_emit_attr_int(c, ints[i], a->i);
+    }
+    om_emit_attr_float(c, "scale", om_attr_float(f, "scale", 1.0f));
+    for (int i = 0; i < 4; i++) c->dx[i] = out[i];
+    return NULL;
+}
+
+static om_status *attn_grad_infer(om_kernel_ctx *ctx) {
+    attn_geom g;
+    OM_TRY(attn_geometry(ctx, 1, 6, 7, 10, 11, &g));
+    for (int j = 0; j < 4 && j < ctx->n_out; j++) {
+        int src = j < 3 ? 1 + j : 6;
+        if (!present(ctx, src)) continue;
+        om_set_shape(&ctx->out[j], &ctx->in[src], ctx->in[src].dtype);
+    }
+    return NULL;
+}
+
+#define ATTN_BWD(T)                                                                                          \
+    static om_status *attn_bwd_##T(om_kernel_ctx *ctx, const attn_geom *g, om_dtype dt, uint64_t seed) {      \
+        const T *dO = ctx->in[0].data, *Q = ctx->in[1].data, *K = ctx->in[2].data, *V = ctx->in[3].data;        \
+        const T *O = ctx->in[4].data, *LSE = ctx->in[5].data;                                                   \
+        const T *M = g->has_mask ? (const T *)ctx->in[6].data : NULL;                                           \
+        T *dQ = wanted(ctx, 0) ? (T *)ctx->out[0].data : NULL;                                                  \
+        T *dK = wanted(ctx, 1) ? (T *)ctx->out[1].data : NULL;                                                  \
+        T *dV = wanted(ctx, 2) ? (T *)ctx->out[2].data : NULL;                                                  \
+        T *dM = M && wanted(ctx, 3) ? (T *)ctx->out[3].data : NULL;                                             \
+        const int64_t L = g->L, S = g->S, D = g->D, Dv = g->Dv;                                                 \
+        const T dscale = g->ratio < 1.0 ? (T)(1.0 / (1.0 - g->ratio)) : (T)0;                                   \
+        const float ratio = (float)g->ratio;                                                                    \
+        /* outputs accumulate over tiles and over broadcast batch dims: zero them first */                     \
+        for (int j = 0; j < 4; j++)                                                                             \
+            if (wanted(ctx, j)) memset(ctx->out[j].data, 0, om_tensor_nbytes(&ctx->out[j]));                    \
+        T *buf = malloc(sizeof(T) * (size_t)(3 * BQ * BK + BQ + 1));                                           \
+        if (!buf) return om_error(OM_OUT_OF_MEMORY, "out of memory in attention backward");                     \
+        T *P = buf, *Pd = P + BQ * BK, *dS = Pd + BQ * BK, *Drow = dS + BQ * BK;                                \
+        for (int64_t t = 0; t < g->nbatch; t++) {                                                               \
+            int64_t qo, ko, vo, mo;                                                                             \
+            batch_offsets(g, t, &qo, &ko, &vo, &mo);                                                            \
+            for (int64_t i0 = 0; i0 < L; i0 += BQ) {                                                            \
+                const int bq = (int)(L - i0 < BQ ? L - i0 : BQ);                                                \
+                for (int r = 0; r < bq; r++) {                                                                  \
+                    const T *restrict a = dO + (t * L + i0 + r) * Dv, *restrict b = O + (t * L + i0 + r) * Dv; \
+                    T s = 0;                                                                                    \
+                    for (int64_t d = 0; d < Dv; d++) s += a[d] * b[d];                                          \
+                    Drow[r] = s;                                                                                \
+                }                                                                                               \
+                const int64_t j_end = g->causal ? (i0 + bq < S ? i0 + bq : S) : S;                              \
+                for (int64_t j0 = 0; j0 < j_end; j0 += BK) {                                                    \
+                    const int bk = (int)(j_end - j0 < BK ? j_end - j0 : BK);                                    \
+                    if (g->kt)                                                                                  \
+                        gemm(dt, 0, 0, bq, bk, (int)D, g->scale, Q + qo + i0 * D, (int)D, K + ko + j0, (int)S, 0.0, P, bk); \
+                    else                                                                                        \
+                        gemm(dt, 0, 1, bq, bk, (int)D, g->scale, Q + qo + i0 * D, (int)D, K + ko + j0 * D, (int)D, 0.0, P, bk); \
+                    if (D == 0) memset(P, 0, sizeof(T) * (size_t)(bq * bk));                                    \
+                    for (int r = 0; r < bq; r++) {                                                              \
+                        T *restrict p = P + r * bk;                                                             \
+                        T *restrict pd = Pd + r * bk;                                                           \
+                        const int64_t i = i0 + r;                                                               \
+                        const T lse = LSE[t * L + i];                                                           \
+                        if (M) {                                                                                \
+                            const T *restrict mr = M + mo + i * g->m_row + j0 * g->m_col;                       \
+                            if (g->m_col) for (int c = 0; c < bk; c++) p[c] += mr[c];                           \
+                            else for (int c = 0; c < bk; c++) p[c] += mr[0];                                    \
+                        }                                                                                       \
+                        for (int c = 0; c < bk; c++) p[c] = exp(p[c] - lse);                                    \
+                        if (g->causal)                                                                          \
+                            for (int c = (int)(i - j0 + 1 > 0 ? i - j0 + 1 : 0); c < bk; c++) p[c] = 0;         \
+                        if (g->dropout) {                                                                       \
+                            const uint64_t base = (uint64_t)((t * L + i) * S + j0);                             \
+                            for (int c = 0; c < bk; c++)                                                        \
+                                pd[c] = om_rand_uniform(seed, base + (uint64_t)c) >= ratio ? dscale : (T)0;     \
+                        }                                                                                       \
+                    }                                                                                           \
+                    /* Pd = P * keep * s (Pd holds keep * s so far) */                                          \
+                    if (g->dropout) for (int k = 0; k < bq * bk; k++) Pd[k] *= P[k];                            \
+                    const T *Pu = g->dropout ? Pd : P;                                                          \
+                    const T *dOb = dO + (t * L + i0) * Dv;                                                      \
+                    if (dV) gemm(dt, 1, 0, bk, (int)Dv, bq, 1.0, Pu, bk, dOb, (int)Dv, 1.0, dV + vo + j0 * Dv, (int)Dv); \
+                    if (!dQ && !dK && !dM) continue;                                                            \
+                    /* dS = dO V^T, then through the dropout and the softmax */                                 \
+                    gemm(dt, 0, 1, bq, bk, (int)Dv, 1.0, dOb, (int)Dv, V + vo + j0 * Dv, (int)Dv, 0.0, dS, bk);  \
+                    if (Dv == 0) memset(dS, 0, sizeof(T) * (size_t)(bq * bk));                                  \
+                    for (int r = 0; r < bq; r++) {                                                              \
+                        T *restrict ds = dS + r * bk;                                                           \
+                        const T *restrict p = P + r * bk;                                                       \
+                        const T dr = Drow[r];                                                                   \
+                        if (g->dropout) {                                                                       \
+                            const T *restrict pd = Pd + r * bk;                                                 \
+                            /* keep * s = Pd / P where P != 0; recompute from the stream instead */             \
+                            const uint64_t base = (uint64_t)((t * L + i0 + r) * S + j0);                        \
+                            for (int c = 0; c < bk; c++) {                                                      \
+                                const T k = om_rand_uniform(seed, base + (uint64_t)c) >= ratio ? dscale : (T)0; \
+                                ds[c] = p[c] * (ds[c] * k - dr);                                                \
+                            }                                                                                   \
+                            (void)pd;                                                                           \
+                        } else {                                                                                \
+                            for (int c = 0; c < bk; c++) ds[c] = p[c] * (ds[c] - dr);                           \
+                        }                                                                                       \
+                        if (dM) {                                                                               \
+                            T *restrict mr = dM + mo + (i0 + r) * g->m_row + j0 * g->m_col;                     \
+                            if (g->m_col) for (int c = 0; c < bk; c++) mr[c] += ds[c];                          \
+                            else for (int c = 0; c < bk; c++) mr[0] += ds[c];                                   \
+                        }                                                                                       \
+                    }                                                                                           \
+                    if (dQ) {                                                                                   \
+                        if (g->kt) gemm(dt, 0, 1, bq, (int)D, bk, g->scale, dS, bk, K + ko + j0, (int)S, 1.0, dQ + qo + i0 * D, (int)D); \
+                        else gemm(dt, 0, 0, bq, (int)D, bk, g->scale, dS, bk, K + ko + j0 * D, (int)D, 1.0, dQ + qo + i0 * D, (int)D); \
+                    }                                                                                           \
+                    if (dK) {                                                                                   \
+                        if (g->kt) gemm(dt, 1, 0, (int)D, bk, bq, g->scale, Q + qo + i0 * D, (int)D, dS, bk, 1.0, dK + ko + j0, (int)S); \
+                        else gemm(dt, 1, 0, bk, (int)D, bq, g->scale, dS, bk, Q + qo + i0 * D, (int)D, 1.0, dK + ko + j0 * D, (int)D); \
+                    }                                                                                           \
+                }                                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        free(buf);                                                                                              \
+        return NULL;                                                                                            \
+    }
+
+ATTN_BWD(float)
+ATTN_BWD(double)
+
+static om_status *attn_grad_cpu(om_kernel_ctx *ctx) {
+    attn_geom g;
+    OM_TRY(attn_geometry(ctx, 1, 6, 7, 10, 11, &g));
+    uint64_t seed = 0;
+    if (g.dropout) {
+        if (!present(ctx, 12) || ctx->in[12].dtype != OM_I64)
+            return om_error(OM_INTERNAL, "FusedAttentionGrad node '%s': the dropout seed is missing", ctx->node->name);
+        seed = (uint64_t)*(const int64_t *)ctx->in[12].data;
+    }
+    if (ctx->in[1].dtype == OM_F32) return attn_bwd_float(ctx, &g, OM_F32, seed);
+    return attn_bwd_double(ctx, &g, OM_F64, seed);
+}
+
+const om_op_def om_op_fused_attention = {
+    .name = "FusedAttention", .domain = "ortmod", .min_in = 3, .max_in = 10, .min_out = 1, .max_out = 3,
+    .flags = OM_OP_RANDOM, .dtype = attn_dtype, .infer = attn_infer, .grad = attn_grad, .cpu = attn_cpu,
+    .diff_inputs = 0xF,
+};
+const om_op_def om_op_fused_attention_grad = {
+    .name = "FusedAttentionGrad", .domain = "ortmod", .min_in = 6, .max_in = 13, .min_out = 1, .max_out = 4,
+    .infer = attn_grad_infer, .cpu = attn_grad_cpu,
+};

@@ -1,0 +1,678 @@
+/* fused.c — ops the fusion passes (passes/fuse_*.c) rewrite patterns into, with their
+ * fused backward ops. All in domain "ortmod".
+ *
+ * Exports:
+ *   om_op_matmul_bias           MatMulBias          (x, W, b; transB) -> x op(W) + b
+ *   om_op_matmul_bias_grad      MatMulBiasGrad      (dy, x?, W?, x_shape, W_shape, b_shape; transB) -> (dx?, dW?, db?)
+ *   om_op_bias_gelu             BiasGelu            (x, b; approximate) -> gelu(x + b)
+ *   om_op_bias_gelu_grad        BiasGeluGrad        (dy, x, b; approximate) -> (dx?, db?)
+ *   om_op_bias_dropout          BiasDropout         (x, b?, residual?, ratio?, training_mode?) -> (y, mask?)
+ *                                                   y = dropout(x + b) + residual
+ *   om_op_bias_dropout_grad     BiasDropoutGrad     (dy, mask, ratio?, training_mode?, b_shape?) -> (dx?, db?)
+ *   om_op_simplified_layer_norm SimplifiedLayerNormalization  (x, scale; axis=-1, epsilon) -> (y, inv_rms?)
+ *                                                   RMSNorm: x / sqrt(mean(x^2) + eps) * scale
+ *   om_op_simplified_layer_norm_grad SimplifiedLayerNormalizationGrad (dy, x, scale, inv_rms) -> (dx?, dscale?)
+ *
+ * Fused backward ops take optional outputs: the gradient rule emits every output and
+ * detaches those no input needs (out = -1), so a kernel computes only what is wanted.
+ * Bias gradients are the column sums of the gradient, computed in the same pass over it.
+ *
+ * Every bias here broadcasts over the last dim only: the passes fuse only when the bias is
+ * a rank-1 parameter or constant, and the shape rules check its length at plan time.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/op.h"
+
+/* ---- helpers ---------------------------------------------------------------------- */
+
+static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
+static int wanted(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out && ctx->out[j].data != NULL; }
+
+static om_status *check_float(const om_node *n, const om_tensor *t, int i, om_dtype want) {
+    if (t->dtype != OM_F32 && t->dtype != OM_F64) return om_err_dtype(n, i, t->dtype);
+    if (want != OM_UNDEFINED && t->dtype != want) return om_err_dtype(n, i, t->dtype);
+    return NULL;
+}
+
+static om_status *read_shape(const om_kernel_ctx *ctx, int i, om_tensor *like, om_dtype dt) {
+    int64_t d[OM_MAX_RANK];
+    int r = present(ctx, i) ? om_read_ints(&ctx->in[i], d, OM_MAX_RANK) : -1;
+    if (r < 0)
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d must be a shape known at plan time",
+                        ctx->node->op->name, ctx->node->name, i);
+    memset(like, 0, sizeof *like);
+    like->dtype = dt;
+    like->rank = r;
+    memcpy(like->dims, d, sizeof(int64_t) * (size_t)r);
+    return NULL;
+}
+
+/* The length a last-dim bias must have: n, or 1 (broadcast). Rank <= 1 after leading 1s. */
+static om_status *check_bias(const om_node *n, const om_tensor *b, int i, int64_t cols) {
+    int64_t numel = om_tensor_numel(b);
+    int lead_ones = 1;
+    for (int d = 0; d + 1 < b->rank; d++) lead_ones &= b->dims[d] == 1;
+    if (!lead_ones || (numel != cols && numel != 1)) {
+        char s[128];
+        om_shape_str(b, s, sizeof s);
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': bias (input %d) of shape %s does not broadcast over a "
+                        "last dim of %lld (the fused pattern needs a per-column bias)", n->op->name, n->name, i, s,
+                        (long long)cols);
+    }
+    return NULL;
+}
+
+/* Reads a scalar float or bool input. */
+static double scalar_in(const om_kernel_ctx *ctx, int i, double dflt) {
+    if (!present(ctx, i) || !ctx->in[i].data || om_tensor_numel(&ctx->in[i]) != 1) return dflt;
+    switch (ctx->in[i].dtype) {
+    case OM_F32: return *(const float *)ctx->in[i].data;
+    case OM_F64: return *(const double *)ctx->in[i].data;
+    case OM_BOOL: return *(const uint8_t *)ctx->in[i].data != 0;
+    default: return dflt;
+    }
+}
+
+static void gemm(om_dtype dt, int ta, int tb, int M, int N, int K, const void *A, int lda, const void *B, int ldb,
+                 double beta, void *C) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        if (beta == 0) memset(C, 0, (size_t)M * (size_t)N * om_dtype_size(dt));
+        return;
+    }
+    const enum CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
+    if (dt == OM_F32)
+        cblas_sgemm(CblasRowMajor, a, b, M, N, K, 1.0f, A, lda > 0 ? lda : 1, B, ldb > 0 ? ldb : 1, (float)beta, C, N);
+    else
+        cblas_dgemm(CblasRowMajor, a, b, M, N, K, 1.0, A, lda > 0 ? lda : 1, B, ldb > 0 ? ldb : 1, beta, C, N);
+}
+
+/* Emits op with n_out outputs and detaches those whose want[j] is 0. Returns the node id. */
+static int emit_partial(om_grad_ctx *c, const char *op, const int *in, int n_in, int *out, int n_out, const int *want) {
+    int id = -1;
+    if (om_emit_node(c, op, in, n_in, out, n_out, &id) < 0) return -1;
+    om_node *n = &c->g->nodes[id];
+    for (int j = 0; j < n_out; j++)
+        if (!want[j]) {
+            c->g->values[n->out[j]].producer = -1;
+            n->out[j] = -1;
+            out[j] = -1;
+        }
+    return id;
+}
+
+static void copy_attrs(om_grad_ctx *c, const om_node *src) {
+    int id = om_emit_last(c);
+    for (int a = 0; a < src->n_attr; a++) {
+        const om_attr *at = &src->attr[a];
+        om_status *st = NULL;
+        switch (at->type) {
+        case OM_ATTR_INT: st = om_node_set_int(c->g, id, at->name, at->i); break;
+        case OM_ATTR_FLOAT: st = om_node_set_float(c->g, id, at->name, at->f); break;
+        case OM_ATTR_STRING: st = om_node_set_string(c->g, id, at->name, at->s); break;
+        case OM_ATTR_INTS: st = om_node_set_ints(c->g, id, at->name, at->ints, at->n); break;
+        default: break;
+        }
+        if (st) { om_grad_fail(c, st); return; }
+    }
+}
+
+/* ---- MatMulBias ------------------------------------------------------------------- */
+
+static om_status *mmb_dims(const om_kernel_ctx *ctx, int64_t *M, int64_t *N, int64_t *K) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0], *w = &ctx->in[1], *b = &ctx->in[2];
+    int tb = om_attr_int(n, "transB", 0) != 0;
+    OM_TRY(check_float(n, x, 0, OM_UNDEFINED));
+    OM_TRY(check_float(n, w, 1, x->dtype));
+    OM_TRY(check_float(n, b, 2, x->dtype));
+    char sx[128], sw[128];
+    om_shape_str(x, sx, sizeof sx);
+    om_shape_str(w, sw, sizeof sw);
+    if (x->rank < 1 || w->rank != 2)
+        return om_error(OM_INVALID_ARGUMENT, "MatMulBias node '%s': x %s must have rank >= 1 and W %s rank 2", n->name,
+                        sx, sw);
+    *K = x->dims[x->rank - 1];
+    *N = tb ? w->dims[0] : w->dims[1];
+    if ((tb ? w->dims[1] : w->dims[0]) != *K)
+        return om_error(OM_INVALID_ARGUMENT, "MatMulBias node '%s': shapes %s and %s%s do not multiply", n->name, sx, sw,
+                        tb ? "^T" : "");
+    *M = *K ? om_tensor_numel(x) / *K : 0;
+    if (*K == 0) {
+        *M = 1;
+        for (int d = 0; d + 1 < x->rank; d++) *M *= x->dims[d];
+    }
+    if (*M > INT32_MAX || *N > INT32_MAX || *K > INT32_MAX)
+        return om_error(OM_INVALID_ARGUMENT, "MatMulBias node '%s': dims exceed the BLAS int range", n->name);
+    return check_bias(n, b, 2, *N);
+}
+
+static om_status *mmb_infer(om_kernel_ctx *ctx) {
+    int64_t M, N, K;
+    OM_TRY(mmb_dims(ctx, &M, &N, &K));
+    const om_tensor *x = &ctx->in[0];
+    om_tensor *y = &ctx->out[0];
+    y->dtype = x->dtype;
+    y->rank = x->rank;
+    memcpy(y->dims, x->dims, sizeof(int64_t) * (size_t)x->rank);
+    y->dims[x->rank - 1] = N;
+    return NULL;
+}
+
+// x is (M, K) (leading dims flattened), W is (K, N) or (N, K) with transB, b is (N) or (1); y is (M, N)
+static om_status *mmb_cpu(om_kernel_ctx *ctx) {
+    int64_t M, N, K;
+    OM_TRY(mmb_dims(ctx, &M, &N, &K));
+    int tb = om_attr_int(ctx->node, "transB", 0) != 0;
+    const om_tensor *b = &ctx->in[2];
+    const int64_t bstep = om_tensor_numel(b) == 1 ? 0 : 1;
+    /* the bias is written into y first and the GEMM accumulates onto it (beta = 1): one
+     * pass over the output, no separate broadcast-add kernel */
+    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
+        const T *restrict bp = b->data;
+        T *restrict y = ctx->out[0].data;
+        for (int64_t i = 0; i < M; i++) {
+            T *restrict yr = y + i * N;
+            if (bstep) for (int64_t j = 0; j < N; j++) yr[j] = bp[j];
+            else for (int64_t j = 0; j < N; j++) yr[j] = bp[0];
+        }
+    });
+    gemm(ctx->in[0].dtype, 0, tb, (int)M, (int)N, (int)K, ctx->in[0].data, (int)K, ctx->in[1].data, tb ? (int)K : (int)N,
+         1.0, ctx->out[0].data);
+    return NULL;
+}
+
+static om_status *mmb_grad(om_grad_ctx *c) {
+    const om_node *f = &c->g->nodes[c->node];
+    int x = f->in[0], w = f->in[1], b = f->in[2], dy = c->dy[0];
+    int tb = om_attr_int(f, "transB", 0) != 0;
+    if (dy < 0) return NULL;
+    int xs = om_emit_shape(c, x), ws = om_emit_shape(c, w), bs = om_emit_shape(c, b);
+    if (xs < 0 || ws < 0 || bs < 0) return NULL;
+    int in[6] = {dy, c->need_dx[1] ? x : -1, c->need_dx[0] ? w : -1, xs, ws, bs};
+    int out[3], want[3] = {c->need_dx[0], c->need_dx[1], c->need_dx[2]};
+    if (emit_partial(c, "MatMulBiasGrad", in, 6, out, 3, want) < 0) return NULL;
+    if (tb) om_emit_attr_int(c, "transB", 1);
+    for (int i = 0; i < 3; i++) c->dx[i] = out[i];
+    return NULL;
+}
+
+static om_status *mmbg_dims(om_kernel_ctx *ctx, om_tensor *xs, om_tensor *ws, om_tensor *bs, int64_t *M, int64_t *N,
+                            int64_t *K) {
+    const om_node *n = ctx->node;
+    int tb = om_attr_int(n, "transB", 0) != 0;
+    om_dtype dt = ctx->in[0].dtype;
+    OM_TRY(check_float(n, &ctx->in[0], 0, OM_UNDEFINED));
+    OM_TRY(read_shape(ctx, 3, xs, dt));
+    OM_TRY(read_shape(ctx, 4, ws, dt));
+    OM_TRY(read_shape(ctx, 5, bs, dt));
+    if (xs->rank < 1 || ws->rank != 2)
+        return om_error(OM_INVALID_ARGUMENT, "MatMulBiasGrad node '%s': bad operand ranks", n->name);
+    *K = xs->dims[xs->rank - 1];
+    *N = tb ? ws->dims[0] : ws->dims[1];
+    *M = 1;
+    for (int d = 0; d + 1 < xs->rank; d++) *M *= xs->dims[d];
+    if (om_tensor_numel(&ctx->in[0]) != *M * *N)
+        return om_error(OM_INVALID_ARGUMENT, "MatMulBiasGrad node '%s': dY has %lld elements, expected %lld", n->name,
+                        (long long)om_tensor_numel(&ctx->in[0]), (long long)(*M * *N));
+    if (present(ctx, 1)) OM_TRY(check_float(n, &ctx->in[1], 1, dt));
+    if (present(ctx, 2)) OM_TRY(check_float(n, &ctx->in[2], 2, dt));
+    return NULL;
+}
+
+static om_status *mmbg_infer(om_kernel_ctx *ctx) {
+    om_tensor xs, ws, bs;
+    int64_t M, N, K;
+    OM_TRY(mmbg_dims(ctx, &xs, &ws, &bs, &M, &N, &K));
+    if (ctx->n_out > 0) ctx->out[0] = xs;
+    if (ctx->n_out > 1) ctx->out[1] = ws;
+    if (ctx->n_out > 2) ctx->out[2] = bs;
+    return NULL;
+}
+
+// dy is (M, N), x is (M, K), W is (K, N) or (N, K); dx (M, K), dW like W, db (N) or (1)
+static om_status *mmbg_cpu(om_kernel_ctx *ctx) {
+    om_tensor xs, ws, bs;
+    int64_t M, N, K;
+    OM_TRY(mmbg_dims(ctx, &xs, &ws, &bs, &M, &N, &K));
+    const om_node *n = ctx->node;
+    int tb = om_attr_int(n, "transB", 0) != 0;
+    om_dtype dt = ctx->in[0].dtype;
+    const void *dy = ctx->in[0].data;
+    if (wanted(ctx, 0)) {
+        if (!present(ctx, 2)) return om_error(OM_INTERNAL, "MatMulBiasGrad node '%s': dx wanted without W", n->name);
+        /* dx = dy op(W)^T: W (K,N) read transposed, or W (N,K) read as is */
+        gemm(dt, 0, !tb, (int)M, (int)K, (int)N, dy, (int)N, ctx->in[2].data, tb ? (int)K : (int)N, 0.0,
+             ctx->out[0].data);
+    }
+    if (wanted(ctx, 1)) {
+        if (!present(ctx, 1)) return om_error(OM_INTERNAL, "MatMulBiasGrad node '%s': dW wanted without x", n->name);
+        /* the batch reduction happens inside the GEMM's inner dimension M */
+        if (!tb) gemm(dt, 1, 0, (int)K, (int)N, (int)M, ctx->in[1].data, (int)K, dy, (int)N, 0.0, ctx->out[1].data);
+        else gemm(dt, 1, 0, (int)N, (int)K, (int)M, dy, (int)N, ctx->in[1].data, (int)K, 0.0, ctx->out[1].data);
+    }
+    if (wanted(ctx, 2)) {
+        int64_t nb = om_tensor_numel(&bs);
+        OM_DISPATCH_FLOAT(dt, n, {
+            const T *restrict g = dy;
+            T *restrict db = ctx->out[2].data;
+            if (nb == N) {
+                for (int64_t j = 0; j < N; j++) db[j] = 0;
+                for (int64_t i = 0; i < M; i++) {
+                    const T *restrict gr = g + i * N;
+                    for (int64_t j = 0; j < N; j++) db[j] += gr[j];
+                }
+            } else {
+                T s = 0;
+                for (int64_t i = 0; i < M * N; i++) s += g[i];
+                db[0] = s;
+            }
+        });
+    }
+    return NULL;
+}
+
+/* ---- BiasGelu --------------------------------------------------------------------- */
+
+#define GELU_K0 0.7978845608028654   /* sqrt(2 / pi) */
+#define GELU_K1 0.044715
+#define INV_SQRT2 0.7071067811865476
+#define INV_SQRT2PI 0.3989422804014327
+
+static int gelu_tanh_mode(const om_node *n) {
+    const char *a = om_attr_string(n, "approximate", "none");
+    return strcmp(a, "tanh") == 0 ? 1 : strcmp(a, "none") == 0 ? 0 : -1;
+}
+
+static om_status *bias_rows(const om_kernel_ctx *ctx, int xi, int bi, int64_t *rows, int64_t *cols) {
+    const om_tensor *x = &ctx->in[xi], *b = &ctx->in[bi];
+    OM_TRY(check_float(ctx->node, x, xi, OM_UNDEFINED));
+    OM_TRY(check_float(ctx->node, b, bi, x->dtype));
+    if (x->rank < 1) return om_error(OM_INVALID_ARGUMENT, "%s node '%s': x must have rank >= 1", ctx->node->op->name,
+                                     ctx->node->name);
+    *cols = x->dims[x->rank - 1];
+    *rows = *cols ? om_tensor_numel(x) / *cols : 0;
+    return check_bias(ctx->node, b, bi, *cols);
+}
+
+static om_status *bias_gelu_infer(om_kernel_ctx *ctx) {
+    int64_t rows, cols;
+    if (gelu_tanh_mode(ctx->node) < 0) return om_err_unsupported(ctx->node, "approximate must be \"none\" or \"tanh\"");
+    OM_TRY(bias_rows(ctx, 0, 1, &rows, &cols));
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    return NULL;
+}
+
+// x is (rows, cols), b is (cols) or (1); y like x
+static om_status *bias_gelu_cpu(om_kernel_ctx *ctx) {
+    int64_t rows, cols;
+    OM_TRY(bias_rows(ctx, 0, 1, &rows, &cols));
+    const int tanh_mode = gelu_tanh_mode(ctx->node);
+    const int64_t bs = om_tensor_numel(&ctx->in[1]) == 1 ? 0 : 1;
+    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
+        const T *restrict xp = ctx->in[0].data;
+        const T *restrict bp = ctx->in[1].data;
+        T *restrict yp = ctx->out[0].data;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) {
+                const T v = xp[i * cols + j] + bp[j * bs];
+                yp[i * cols + j] = tanh_mode ? (T)0.5 * v * ((T)1 + tanh((T)GELU_K0 * (v + (T)GELU_K1 * v * v * v)))
+                                             : (T)0.5 * v * ((T)1 + erf(v * (T)INV_SQRT2));
+            }
+    });
+    return NULL;
+}
+
+static om_status *bias_gelu_grad(om_grad_ctx *c) {
+    const om_node *f = &c->g->nodes[c->node];
+    int x = f->in[0], b = f->in[1], dy = c->dy[0];
+    int tanh_mode = gelu_tanh_mode(f);
+    if (dy < 0) return NULL;
+    int in[3] = {dy, x, b}, out[2], want[2] = {c->need_dx[0], c->need_dx[1]};
+    if (emit_partial(c, "BiasGeluGrad", in, 3, out, 2, want) < 0) return NULL;
+    if (tanh_mode == 1) om_grad_fail(c, om_node_set_string(c->g, om_emit_last(c), "approximate", "tanh"));
+    c->dx[0] = out[0];
+    c->dx[1] = out[1];
+    return NULL;
+}
+
+static om_status *bias_gelu_grad_infer(om_kernel_ctx *ctx) {
+    int64_t rows, cols;
+    OM_TRY(check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
+    OM_TRY(bias_rows(ctx, 1, 2, &rows, &cols));
+    if (om_tensor_numel(&ctx->in[0]) != rows * cols)
+        return om_error(OM_INVALID_ARGUMENT, "BiasGeluGrad node '%s': dy and x differ in size", ctx->node->name);
+    om_set_shape(&ctx->out[0], &ctx->in[1], ctx->in[1].dtype);
+    if (ctx->n_out > 1) om_set_shape(&ctx->out[1], &ctx->in[2], ctx->in[2].dtype);
+    return NULL;
+}
+
+// dy, x are (rows, cols), b is (cols) or (1); dx like x, db like b = column sums of dx
+static om_status *bias_gelu_grad_cpu(om_kernel_ctx *ctx) {
+    int64_t rows, cols;
+    OM_TRY(bias_rows(ctx, 1, 2, &rows, &cols));
+    const int tanh_mode = gelu_tanh_mode(ctx->node);
+    const int64_t bs = om_tensor_numel(&ctx->in[2]) == 1 ? 0 : 1;
+    const int want_dx = wanted(ctx, 0), want_db = wanted(ctx, 1);
+    OM_DISPATCH_FLOAT(ctx->in[1].dtype, ctx->node, {
+        const T *restrict dyp = ctx->in[0].data;
+        const T *restrict xp = ctx->in[1].data;
+        const T *restrict bp = ctx->in[2].data;
+        T *restrict dxp = want_dx ? (T *)ctx->out[0].data : NULL;
+        T *restrict dbp = want_db ? (T *)ctx->out[1].data : NULL;
+        if (dbp) for (int64_t j = 0; j < (bs ? cols : 1); j++) dbp[j] = 0;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) {
+                const T v = xp[i * cols + j] + bp[j * bs];
+                T d;
+                if (tanh_mode) {
+                    /* d/dv 0.5 v (1 + tanh(u)), u = k0 (v + k1 v^3) */
+                    const T t = tanh((T)GELU_K0 * (v + (T)GELU_K1 * v * v * v));
+                    d = (T)0.5 * ((T)1 + t) +
+                        (T)0.5 * v * ((T)1 - t * t) * (T)GELU_K0 * ((T)1 + (T)3 * (T)GELU_K1 * v * v);
+                } else {
+                    d = (T)0.5 * ((T)1 + erf(v * (T)INV_SQRT2)) + v * (T)INV_SQRT2PI * exp((T)-0.5 * v * v);
+                }
+                const T g = dyp[i * cols + j] * d;
+                if (dxp) dxp[i * cols + j] = g;
+                if (dbp) dbp[j * bs] += g;
+            }
+    });
+    return NULL;
+}
+
+/* ---- BiasDropout ------------------------------------------------------------------ */
+
+static om_dtype bias_dropout_dtype(const om_graph *g, const om_node *n, int j) {
+    return j == 1 ? OM_BOOL : g->values[n->in[0]].dtype;
+}
+
+static om_status *bias_dropout_check(const om_kernel_ctx *ctx, int64_t *rows, int64_t *cols) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    OM_TRY(check_float(n, x, 0, OM_UNDEFINED));
+    *cols = x->rank ? x->dims[x->rank - 1] : 1;
+    *rows = *cols ? om_tensor_numel(x) / *cols : 0;
+    if (present(ctx, 1)) {
+        OM_TRY(check_float(n, &ctx->in[1], 1, x->dtype));
+        OM_TRY(check_bias(n, &ctx->in[1], 1, *cols));
+    }
+    if (present(ctx, 2)) {
+        OM_TRY(check_float(n, &ctx->in[2], 2, x->dtype));
+        if (!om_shape_equal(&ctx->in[2], x)) {
+            char a[128], b[128];
+            om_shape_str(x, a, sizeof a);
+            om_shape_str(&ctx->in[2], b, sizeof b);
+            return om_error(OM_INVALID_ARGUMENT, "BiasDropout node '%s': the residual %s must have the shape of x %s",
+                            n->name, b, a);
+        }
+    }
+    if (present(ctx, 4) && ctx->in[4].dtype != OM_BOOL) return om_err_dtype(n, 4, ctx->in[4].dtype);
+    return NULL;
+}
+
+static om_status *bias_dropout_infer(om_kernel_ctx *ctx) {
+    int64_t rows, cols;
+    OM_TRY(bias_dropout_check(ctx, &rows, &cols));
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    if (ctx->n_out > 1) om_set_shape(&ctx->out[1], &ctx->in[0], OM_BOOL);
+    return NULL;
+}
+
+static om_status *dropout_params(const om_kernel_ctx *ctx, int ri, int ti, double *ratio, int *training) {
+    *ratio = scalar_in(ctx, ri, 0.5);
+    *training = present(ctx, ti) && scalar_in(ctx, ti, 0) != 0;
+    if (*training && !(*ratio >= 0.0 && *ratio <= 1.0))
+        return om_error(OM_INVALID_ARGUMENT, "node '%s': dropout ratio %g is outside [0, 1]", ctx->node->name, *ratio);
+    return NULL;
+}
+
+// x, residual, y, mask are (rows, cols); b is (cols) or (1)
+static om_status *bias_dropout_cpu(om_kernel_ctx *ctx) {
+    int64_t rows, cols;
+    OM_TRY(bias_dropout_check(ctx, &rows, &cols));
+    double ratio;
+    int training;
+    OM_TRY(dropout_params(ctx, 3, 4, &ratio, &training));
+    const int drop = training && ratio > 0.0;
+    const float r = (float)ratio;
+    const uint64_t seed = ctx->seed;
+    const int64_t bs = present(ctx, 1) && om_tensor_numel(&ctx->in[1]) != 1 ? 1 : 0;
+    uint8_t *restrict mask = wanted(ctx, 1) ? (uint8_t *)ctx->out[1].data : NULL;
+    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
+        const T *restrict xp = ctx->in[0].data;
+        const T *restrict bp = present(ctx, 1) ? (const T *)ctx->in[1].data : NULL;
+        const T *restrict rp = present(ctx, 2) ? (const T *)ctx->in[2].data : NULL;
+        T *restrict yp = ctx->out[0].data;
+        const T s = ratio < 1.0 ? (T)(1.0 / (1.0 - ratio)) : (T)0;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) {
+                const int64_t k = i * cols + j;
+                T v = xp[k] + (bp ? bp[j * bs] : (T)0);
+                if (drop) {
+                    /* the same (seed, index) stream as Dropout: mask[k] depends on k only */
+                    const int keep = om_rand_uniform(seed, (uint64_t)k) >= r;
+                    if (mask) mask[k] = (uint8_t)keep;
+                    v = keep ? v * s : (T)0;
+                } else if (mask) {
+                    mask[k] = 1;
+                }
+                yp[k] = rp ? v + rp[k] : v;
+            }
+    });
+    return NULL;
+}
+
+/* y = dropout(x + b) + r:  dx = dy * mask * scale,  db = column sums of dx,  dr = dy. */
+static om_status *bias_dropout_grad(om_grad_ctx *c) {
+    const om_node *f = &c->g->nodes[c->node];
+    int b = f->n_in > 1 ? f->in[1] : -1, ratio = f->n_in > 3 ? f->in[3] : -1, tm = f->n_in > 4 ? f->in[4] : -1;
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    if (c->need_dx[2]) c->dx[2] = dy;
+    if (!c->need_dx[0] && !c->need_dx[1]) return NULL;
+    int mask = tm >= 0 ? om_node_ensure_output(c->g, c->node, 1, OM_BOOL) : -1;
+    if (tm >= 0 && mask < 0)
+        return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "node '%s': cannot add the BiasDropout mask output",
+                                        c->g->nodes[c->node].name));
+    int bshape = -1;
+    if (b >= 0 && c->need_dx[1] && (bshape = om_emit_shape(c, b)) < 0) return NULL;
+    int in[5] = {dy, mask, ratio, tm, bshape}, out[2], want[2] = {c->need_dx[0], c->need_dx[1] && b >= 0};
+    if (emit_partial(c, "BiasDropoutGrad", in, 5, out, 2, want) < 0) return NULL;
+    c->dx[0] = out[0];
+    c->dx[1] = out[1];
+    return NULL;
+}
+
+static om_status *bias_dropout_grad_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    OM_TRY(check_float(n, &ctx->in[0], 0, OM_UNDEFINED));
+    if (present(ctx, 1)) {
+        if (ctx->in[1].dtype != OM_BOOL) return om_err_dtype(n, 1, ctx->in[1].dtype);
+        if (om_tensor_numel(&ctx->in[1]) != om_tensor_numel(&ctx->in[0]))
+            return om_error(OM_INVALID_ARGUMENT, "BiasDropoutGrad node '%s': mask and dy differ in size", n->name);
+    }
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    if (ctx->n_out > 1 && present(ctx, 4)) {
+        OM_TRY(read_shape(ctx, 4, &ctx->out[1], ctx->in[0].dtype));
+        const om_tensor *dy = &ctx->in[0];
+        OM_TRY(check_bias(n, &ctx->out[1], 4, dy->rank ? dy->dims[dy->rank - 1] : 1));
+    }
+    return NULL;
+}
+
+// dy, mask, dx are (rows, cols); db is (cols) or (1)
+static om_status *bias_dropout_grad_cpu(om_kernel_ctx *ctx) {
+    double ratio;
+    int training;
+    OM_TRY(dropout_params(ctx, 2, 3, &ratio, &training));
+    const om_tensor *dy = &ctx->in[0];
+    const int64_t cols = dy->rank ? dy->dims[dy->rank - 1] : 1, rows = cols ? om_tensor_numel(dy) / cols : 0;
+    const int use_mask = training && present(ctx, 1);
+    const int want_dx = wanted(ctx, 0), want_db = wanted(ctx, 1);
+    const int64_t bs = want_db && om_tensor_numel(&ctx->out[1]) != 1 ? 1 : 0;
+    OM_DISPATCH_FLOAT(dy->dtype, ctx->node, {
+        const T *restrict g = dy->data;
+        const uint8_t *restrict m = use_mask ? (const uint8_t *)ctx->in[1].data : NULL;
+        T *restrict dx = want_dx ? (T *)ctx->out[0].data : NULL;
+        T *restrict db = want_db ? (T *)ctx->out[1].data : NULL;
+        const T s = !training ? (T)1 : ratio < 1.0 ? (T)(1.0 / (1.0 - ratio)) : (T)0;
+        if (db) for (int64_t j = 0; j < (bs ? cols : 1); j++) db[j] = 0;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) {
+                const int64_t k = i * cols + j;
+                const T v = m ? (m[k] ? g[k] * s : (T)0) : g[k];
+                if (dx) dx[k] = v;
+                if (db) db[j * bs] += v;
+            }
+    });
+    return NULL;
+}
+
+/* ---- SimplifiedLayerNormalization (RMSNorm) ---------------------------------------- */
+
+static om_status *sln_dims(const om_kernel_ctx *ctx, int xi, int si, int64_t *rows, int64_t *cols) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[xi], *s = &ctx->in[si];
+    OM_TRY(check_float(n, x, xi, OM_UNDEFINED));
+    OM_TRY(check_float(n, s, si, x->dtype));
+    int axis;
+    OM_TRY(om_norm_axis(n, om_attr_int(n, "axis", -1), x->rank, &axis));
+    if (axis != x->rank - 1) return om_err_unsupported(n, "only the last axis is normalized");
+    *cols = x->dims[x->rank - 1];
+    *rows = *cols ? om_tensor_numel(x) / *cols : 0;
+    if (om_tensor_numel(s) != *cols) {
+        char a[128];
+        om_shape_str(s, a, sizeof a);
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': scale %s must have %lld elements", n->op->name, n->name, a,
+                        (long long)*cols);
+    }
+    return NULL;
+}
+
+static om_status *sln_infer(om_kernel_ctx *ctx) {
+    int64_t rows, cols;
+    OM_TRY(sln_dims(ctx, 0, 1, &rows, &cols));
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    if (ctx->n_out > 1) {
+        om_set_shape(&ctx->out[1], &ctx->in[0], ctx->in[0].dtype);
+        ctx->out[1].dims[ctx->out[1].rank - 1] = 1;
+    }
+    return NULL;
+}
+
+// x is (rows, cols), scale (cols); y like x, inv_rms (rows, 1)
+static om_status *sln_cpu(om_kernel_ctx *ctx) {
+    int64_t rows, cols;
+    OM_TRY(sln_dims(ctx, 0, 1, &rows, &cols));
+    const double eps = om_attr_float(ctx->node, "epsilon", 1e-5f);
+    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
+        const T *restrict xp = ctx->in[0].data;
+        const T *restrict sp = ctx->in[1].data;
+        T *restrict yp = ctx->out[0].data;
+        T *restrict ip = wanted(ctx, 1) ? (T *)ctx->out[1].data : NULL;
+        for (int64_t i = 0; i < rows; i++) {
+            const T *restrict xr = xp + i * cols;
+            T ss = 0;
+            for (int64_t j = 0; j < cols; j++) ss += xr[j] * xr[j];
+            const T inv = (T)1 / sqrt(ss / (T)cols + (T)eps);
+            if (ip) ip[i] = inv;
+            for (int64_t j = 0; j < cols; j++) yp[i * cols + j] = xr[j] * inv * sp[j];
+        }
+    });
+    return NULL;
+}
+
+static om_status *sln_grad(om_grad_ctx *c) {
+    int x = c->g->nodes[c->node].in[0], s = c->g->nodes[c->node].in[1], dy = c->dy[0];
+    if (dy < 0) return NULL;
+    int inv = om_node_ensure_output(c->g, c->node, 1, c->g->values[x].dtype);
+    if (inv < 0) return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"));
+    int in[4] = {dy, x, s, inv}, out[2], want[2] = {c->need_dx[0], c->need_dx[1]};
+    if (emit_partial(c, "SimplifiedLayerNormalizationGrad", in, 4, out, 2, want) < 0) return NULL;
+    c->dx[0] = out[0];
+    c->dx[1] = out[1];
+    return NULL;
+}
+
+static om_status *sln_grad_infer(om_kernel_ctx *ctx) {
+    int64_t rows, cols;
+    OM_TRY(sln_dims(ctx, 1, 2, &rows, &cols));
+    if (om_tensor_numel(&ctx->in[0]) != rows * cols || om_tensor_numel(&ctx->in[3]) != rows)
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': dy / inv_rms sizes do not match x", ctx->node->op->name,
+                        ctx->node->name);
+    om_set_shape(&ctx->out[0], &ctx->in[1], ctx->in[1].dtype);
+    if (ctx->n_out > 1) om_set_shape(&ctx->out[1], &ctx->in[2], ctx->in[2].dtype);
+    return NULL;
+}
+
+/* y = x r s with r = (mean(x^2) + eps)^-1/2:
+ *   dx_j = r (g_j s_j) - x_j r^3 / cols * sum_k (g_k s_k x_k),   ds_j = sum_rows g_j x_j r */
+// dy, x are (rows, cols), scale (cols), inv_rms (rows)
+static om_status *sln_grad_cpu(om_kernel_ctx *ctx) {
+    int64_t rows, cols;
+    OM_TRY(sln_dims(ctx, 1, 2, &rows, &cols));
+    const int want_dx = wanted(ctx, 0), want_ds = wanted(ctx, 1);
+    OM_DISPATCH_FLOAT(ctx->in[1].dtype, ctx->node, {
+        const T *restrict g = ctx->in[0].data;
+        const T *restrict xp = ctx->in[1].data;
+        const T *restrict sp = ctx->in[2].data;
+        const T *restrict ip = ctx->in[3].data;
+        T *restrict dx = want_dx ? (T *)ctx->out[0].data : NULL;
+        T *restrict ds = want_ds ? (T *)ctx->out[1].data : NULL;
+        if (ds) for (int64_t j = 0; j < cols; j++) ds[j] = 0;
+        for (int64_t i = 0; i < rows; i++) {
+            const T *restrict gr = g + i * cols;
+            const T *restrict xr = xp + i * cols;
+            const T r = ip[i];
+            if (ds) for (int64_t j = 0; j < cols; j++) ds[j] += gr[j] * xr[j] * r;
+            if (!dx) continue;
+            T dot = 0;
+            for (int64_t j = 0; j < cols; j++) dot += gr[j] * sp[j] * xr[j];
+            const T c3 = r * r * r * dot / (T)cols;
+            for (int64_t j = 0; j < cols; j++) dx[i * cols + j] = r * gr[j] * sp[j] - xr[j] * c3;
+        }
+    });
+    return NULL;
+}
+
+/* ---- the defs --------------------------------------------------------------------- */
+
+const om_op_def om_op_matmul_bias = {
+    .name = "MatMulBias", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
+    .infer = mmb_infer, .grad = mmb_grad, .cpu = mmb_cpu, .diff_inputs = 0x7,
+};
+const om_op_def om_op_matmul_bias_grad = {
+    .name = "MatMulBiasGrad", .domain = "ortmod", .min_in = 6, .max_in = 6, .min_out = 1, .max_out = 3,
+    .infer = mmbg_infer, .cpu = mmbg_cpu,
+};
+const om_op_def om_op_bias_gelu = {
+    .name = "BiasGelu", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
+    .infer = bias_gelu_infer, .grad = bias_gelu_grad, .cpu = bias_gelu_cpu, .diff_inputs = 0x3,
+};
+const om_op_def om_op_bias_gelu_grad = {
+    .name = "BiasGeluGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 2,
+    .infer = bias_gelu_grad_infer, .cpu = bias_gelu_grad_cpu,
+};
+const om_op_def om_op_bias_dropout = {
+    .name = "BiasDropout", .domain = "ortmod", .min_in = 1, .max_in = 5, .min_out = 1, .max_out = 2,
+    .flags = OM_OP_RANDOM, .dtype = bias_dropout_dtype, .infer = bias_dropout_infer, .grad = bias_dropout_grad,
+    .cpu = bias_dropout_cpu, .diff_inputs = 0x7,
+};
+const om_op_def om_op_bias_dropout_grad = {
+    .name = "BiasDropoutGrad", .domain = "ortmod", .min_in = 1, .max_in = 5, .min_out = 1, .max_out = 2,
+    .infer = bias_dropout_grad_infer, .cpu = bias_dropout_grad_cpu,
+};
+const om_op_def om_op_simplified_layer_norm = {
+    .name = "SimplifiedLayerNormalization", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 2,
+    .infer = sln_infer, .grad = sln_grad, .cpu = sln_cpu, .diff_inputs = 0x3,
+};
+const om_op_def om_op_simplified_layer_norm_grad = {
+    .name = "SimplifiedLayerNormalizationGrad", .domain = "ortmod", .min_in = 4, .max_in = 4, .min_out = 1,
+    .max_out = 2, .infer = sln_grad_infer, .cpu = sln_grad_cpu,
+};

@@ -1,0 +1,1139 @@
+/* misc.c — the rest of what exports emit: comparisons and logic, Clip, activations, Tile,
+ * Trilu, Pad, Einsum, and their backward ops.
+ *
+ * Exports:
+ *   om_op_less              Less               a <  b -> bool   (broadcast; f32 f64 i32 i64)
+ *   om_op_greater           Greater            a >  b -> bool
+ *   om_op_less_or_equal     LessOrEqual        a <= b -> bool
+ *   om_op_greater_or_equal  GreaterOrEqual     a >= b -> bool
+ *   om_op_and               And                bool, broadcast
+ *   om_op_or                Or
+ *   om_op_xor               Xor
+ *   om_op_not               Not
+ *   om_op_is_nan            IsNaN              float -> bool
+ *   om_op_is_inf            IsInf              float -> bool (detect_negative, detect_positive)
+ *   om_op_clip              Clip               (x, min?, max?)  f32 f64 i32 i64
+ *   om_op_clip_grad         ClipGrad           (domain ortmod)  (dy, x, min?, max?) -> dy where min <= x <= max
+ *   om_op_leaky_relu        LeakyRelu          alpha
+ *   om_op_softplus          Softplus
+ *   om_op_elu               Elu                alpha
+ *   om_op_selu              Selu               alpha, gamma
+ *   om_op_hard_sigmoid      HardSigmoid        alpha, beta
+ *   om_op_hard_swish        HardSwish
+ *   om_op_mish              Mish
+ *   om_op_softsign          Softsign
+ *   om_op_activation_grad   ActivationGrad     (domain ortmod)  (dy, x; activation, alpha, beta, gamma) -> dx
+ *   om_op_tile              Tile               (x, repeats)     any dtype
+ *   om_op_tile_grad         TileGrad           (domain ortmod)  (dy, Shape(x)) -> dx (sum over the tiles)
+ *   om_op_trilu             Trilu              (x, k?; upper)   any dtype; its gradient is Trilu(dy)
+ *   om_op_pad               Pad                (x, pads, value?, axes?; mode constant|reflect|edge|wrap)
+ *   om_op_pad_grad          PadGrad            (domain ortmod)  (dy, Shape(x), pads, axes?; mode) -> dx
+ *   om_op_einsum            Einsum             1 or 2 operands, ellipsis; permute + reshape + batched GEMM
+ *
+ * Shape-carrying inputs (Tile's repeats, Pad's pads and axes) must be known at plan time:
+ * exports compute them from Shape/Constant, which the planner folds.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ops/broadcast.h"
+#include "ops/op.h"
+
+#define MISC_FLOAT(dt, node, i, ...)                                            \
+    switch (dt) {                                                               \
+    case OM_F32: { typedef float T; __VA_ARGS__; } break;                       \
+    case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
+    default: return om_err_dtype((node), (i), (dt));                            \
+    }
+
+#define MISC_ARITH(dt, node, i, ...)                                            \
+    switch (dt) {                                                               \
+    case OM_F32: { typedef float T; __VA_ARGS__; } break;                       \
+    case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
+    case OM_I32: { typedef int32_t T; __VA_ARGS__; } break;                     \
+    case OM_I64: { typedef int64_t T; __VA_ARGS__; } break;                     \
+    default: return om_err_dtype((node), (i), (dt));                            \
+    }
+
+#define EMIT_OK(v) do { if ((v) < 0) return NULL; } while (0)
+
+static const char *nm(const om_node *n) { return n && n->name ? n->name : ""; }
+static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
+static om_dtype dtype_bool(const om_graph *g, const om_node *n, int j) { return OM_BOOL; }
+static int is_float(om_dtype d) { return d == OM_F32 || d == OM_F64; }
+static int is_arith(om_dtype d) { return is_float(d) || d == OM_I32 || d == OM_I64; }
+
+static om_status *need_known(const om_node *n, const om_tensor *t, int i, int64_t *vals, int max, int *count) {
+    *count = om_read_ints(t, vals, max);
+    if (*count < 0)
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d must be int64 values known at plan time "
+                        "(at most %d)", n->op->name, nm(n), i, max);
+    return NULL;
+}
+
+/* ---- comparisons and logic ------------------------------------------------------------ */
+
+static om_status *infer_compare(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    if (!is_arith(ctx->in[0].dtype)) return om_err_dtype(n, 0, ctx->in[0].dtype);
+    if (ctx->in[1].dtype != ctx->in[0].dtype) return om_err_dtype(n, 1, ctx->in[1].dtype);
+    om_status *st = om_broadcast_shape(&ctx->in[0], &ctx->in[1], &ctx->out[0]);
+    if (st) return om_error_context(st, "%s node '%s'", n->op->name, nm(n));
+    ctx->out[0].dtype = OM_BOOL;
+    return NULL;
+}
+
+static om_status *infer_logic(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    for (int i = 0; i < ctx->n_in; i++)
+        if (ctx->in[i].dtype != OM_BOOL) return om_err_dtype(n, i, ctx->in[i].dtype);
+    if (ctx->n_in == 1) {
+        om_set_shape(&ctx->out[0], &ctx->in[0], OM_BOOL);
+        return NULL;
+    }
+    om_status *st = om_broadcast_shape(&ctx->in[0], &ctx->in[1], &ctx->out[0]);
+    if (st) return om_error_context(st, "%s node '%s'", n->op->name, nm(n));
+    ctx->out[0].dtype = OM_BOOL;
+    return NULL;
+}
+
+#define COMPARE_KERNEL(fname, OPEXPR)                                                         \
+    static om_status *fname(om_kernel_ctx *ctx) {                                             \
+        om_bcast p;                                                                           \
+        const om_tensor *ops[3] = {&ctx->out[0], &ctx->in[0], &ctx->in[1]};                   \
+        OM_TRY(om_bcast_init(&p, ctx->node, &ctx->out[0], ops, 3));                           \
+        MISC_ARITH(ctx->in[0].dtype, ctx->node, 0,                                            \
+                   OM_BINARY_LOOP(&p, uint8_t, ctx->out[0].data, T, ctx->in[0].data, T,       \
+                                  ctx->in[1].data, OPEXPR));                                  \
+        return NULL;                                                                          \
+    }
+
+COMPARE_KERNEL(less_cpu, x < y)
+COMPARE_KERNEL(greater_cpu, x > y)
+COMPARE_KERNEL(less_equal_cpu, x <= y)
+COMPARE_KERNEL(greater_equal_cpu, x >= y)
+
+#define LOGIC_KERNEL(fname, OPEXPR)                                                           \
+    static om_status *fname(om_kernel_ctx *ctx) {                                             \
+        om_bcast p;                                                                           \
+        const om_tensor *ops[3] = {&ctx->out[0], &ctx->in[0], &ctx->in[1]};                   \
+        OM_TRY(om_bcast_init(&p, ctx->node, &ctx->out[0], ops, 3));                           \
+        OM_BINARY_LOOP(&p, uint8_t, ctx->out[0].data, uint8_t, ctx->in[0].data, uint8_t,      \
+                       ctx->in[1].data, OPEXPR);                                              \
+        return NULL;                                                                          \
+    }
+
+LOGIC_KERNEL(and_cpu, (x != 0) & (y != 0))
+LOGIC_KERNEL(or_cpu, (x != 0) | (y != 0))
+LOGIC_KERNEL(xor_cpu, (x != 0) ^ (y != 0))
+
+// x, y are (n) bool
+static om_status *not_cpu(om_kernel_ctx *ctx) {
+    const uint8_t *restrict x = ctx->in[0].data;
+    uint8_t *restrict y = ctx->out[0].data;
+    const int64_t n = om_tensor_numel(&ctx->in[0]);
+    for (int64_t i = 0; i < n; i++) y[i] = !x[i];
+    return NULL;
+}
+
+static om_status *infer_float_to_bool(om_kernel_ctx *ctx) {
+    if (!is_float(ctx->in[0].dtype)) return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    om_set_shape(&ctx->out[0], &ctx->in[0], OM_BOOL);
+    return NULL;
+}
+
+// x is (n) float, y is (n) bool
+static om_status *is_nan_cpu(om_kernel_ctx *ctx) {
+    const int64_t n = om_tensor_numel(&ctx->in[0]);
+    uint8_t *restrict y = ctx->out[0].data;
+    MISC_FLOAT(ctx->in[0].dtype, ctx->node, 0, {
+        const T *restrict x = ctx->in[0].data;
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] != x[i];
+    });
+    return NULL;
+}
+
+static om_status *is_inf_cpu(om_kernel_ctx *ctx) {
+    const int64_t n = om_tensor_numel(&ctx->in[0]);
+    const int neg = om_attr_int(ctx->node, "detect_negative", 1) != 0;
+    const int pos = om_attr_int(ctx->node, "detect_positive", 1) != 0;
+    uint8_t *restrict y = ctx->out[0].data;
+    MISC_FLOAT(ctx->in[0].dtype, ctx->node, 0, {
+        const T *restrict x = ctx->in[0].data;
+        for (int64_t i = 0; i < n; i++) y[i] = (pos && x[i] == (T)INFINITY) || (neg && x[i] == -(T)INFINITY);
+    });
+    return NULL;
+}
+
+/* ---- Clip ------------------------------------------------------------------------------ */
+
+static om_status *clip_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    if (!is_arith(ctx->in[0].dtype)) return om_err_dtype(n, 0, ctx->in[0].dtype);
+    int first = strcmp(n->op->name, "ClipGrad") == 0;   /* ClipGrad: (dy, x, min?, max?) */
+    for (int i = 1 + first; i < ctx->n_in; i++) {
+        if (!present(ctx, i)) continue;
+        if (ctx->in[i].dtype != ctx->in[first].dtype) return om_err_dtype(n, i, ctx->in[i].dtype);
+        if (om_tensor_numel(&ctx->in[i]) != 1)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': min/max must be scalars", n->op->name, nm(n));
+    }
+    om_set_shape(&ctx->out[0], &ctx->in[first], ctx->in[first].dtype);
+    return NULL;
+}
+
+// x, y are (n); lo, hi scalars (absent: unbounded)
+static om_status *clip_cpu(om_kernel_ctx *ctx) {
+    const int64_t n = om_tensor_numel(&ctx->in[0]);
+    const int has_lo = present(ctx, 1), has_hi = present(ctx, 2);
+    MISC_ARITH(ctx->in[0].dtype, ctx->node, 0, {
+        const T *restrict x = ctx->in[0].data;
+        T *restrict y = ctx->out[0].data;
+        const T lo = has_lo ? *(const T *)ctx->in[1].data : 0, hi = has_hi ? *(const T *)ctx->in[2].data : 0;
+        /* as numpy.clip: min first, then max (hi < lo gives hi everywhere) */
+        for (int64_t i = 0; i < n; i++) {
+            T v = x[i];
+            if (has_lo) v = v < lo ? lo : v;
+            if (has_hi) v = v > hi ? hi : v;
+            y[i] = v;
+        }
+    });
+    return NULL;
+}
+
+static om_status *clip_grad(om_grad_ctx *c) {
+    const om_node *n = &c->g->nodes[c->node];
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    int in[4] = {c->dy[0], n->in[0], n->n_in > 1 ? n->in[1] : -1, n->n_in > 2 ? n->in[2] : -1};
+    int k = in[3] >= 0 ? 4 : in[2] >= 0 ? 3 : 2;
+    EMIT_OK(c->dx[0] = om_emit(c, "ClipGrad", in, k));
+    return NULL;
+}
+
+// dy, x, dx are (n): dx = dy where lo <= x <= hi (as torch.clamp's backward), else 0
+static om_status *clip_grad_cpu(om_kernel_ctx *ctx) {
+    const int64_t n = om_tensor_numel(&ctx->in[0]);
+    const int has_lo = present(ctx, 2), has_hi = present(ctx, 3);
+    MISC_FLOAT(ctx->in[0].dtype, ctx->node, 0, {
+        const T *restrict dy = ctx->in[0].data, *restrict x = ctx->in[1].data;
+        T *restrict dx = ctx->out[0].data;
+        const T lo = has_lo ? *(const T *)ctx->in[2].data : -(T)INFINITY;
+        const T hi = has_hi ? *(const T *)ctx->in[3].data : (T)INFINITY;
+        for (int64_t i = 0; i < n; i++) dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0;
+    });
+    return NULL;
+}
+
+/* ---- activations ------------------------------------------------------------------------
+ * One forward kernel and one ActivationGrad for the family; the op is selected once per
+ * call (a switch outside the loops), so each loop body is a plain expression. */
+
+enum { ACT_LEAKY, ACT_SOFTPLUS, ACT_ELU, ACT_SELU, ACT_HARD_SIGMOID, ACT_HARD_SWISH, ACT_MISH, ACT_SOFTSIGN };
+
+typedef struct act_params {
+    int kind;
+    double alpha, beta, gamma;
+} act_params;
+
+static int act_kind(const char *name) {
+    static const char *const names[] = {"LeakyRelu", "Softplus", "Elu", "Selu", "HardSigmoid", "HardSwish",
+                                        "Mish", "Softsign"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (strcmp(names[i], name) == 0) return i;
+    return -1;
+}
+
+static om_status *act_read(const om_node *n, const char *name, act_params *p) {
+    p->kind = act_kind(name);
+    if (p->kind < 0) return om_err_unsupported(n, "activation");
+    static const float dflt_alpha[] = {0.01f, 0, 1.0f, 1.67326319217681884765625f, 0.2f, 0, 0, 0};
+    p->alpha = om_attr_float(n, "alpha", dflt_alpha[p->kind]);
+    p->beta = om_attr_float(n, "beta", 0.5f);
+    p->gamma = om_attr_float(n, "gamma", 1.05070102214813232421875f);
+    return NULL;
+}
+
+static om_status *act_infer(om_kernel_ctx *ctx) {
+    if (!is_float(ctx->in[0].dtype)) return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    for (int i = 1; i < ctx->n_in; i++)
+        if (ctx->in[i].dtype != ctx->in[0].dtype || !om_shape_equal(&ctx->in[i], &ctx->in[0]))
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': inputs must match", ctx->node->op->name,
+                            nm(ctx->node));
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    return NULL;
+}
+
+#define ACT_LOOP(n, ...) for (int64_t i = 0; i < (n); i++) { const T v = x[i]; y[i] = (T)(__VA_ARGS__); }
+
+// x, y are (n)
+static om_status *act_cpu(om_kernel_ctx *ctx) {
+    act_params p;
+    OM_TRY(act_read(ctx->node, ctx->node->op->name, &p));
+    const int64_t n = om_tensor_numel(&ctx->in[0]);
+    MISC_FLOAT(ctx->in[0].dtype, ctx->node, 0, {
+        const T *restrict x = ctx->in[0].data;
+        T *restrict y = ctx->out[0].data;
+        const T a = (T)p.alpha, b = (T)p.beta, gm = (T)p.gamma;
+        switch (p.kind) {
+        case ACT_LEAKY: ACT_LOOP(n, v > 0 ? v : a * v); break;
+        case ACT_SOFTPLUS: ACT_LOOP(n, v > 0 ? v + log1p(exp(-(double)v)) : log1p(exp((double)v))); break;
+        case ACT_ELU: ACT_LOOP(n, v > 0 ? v : a * expm1((double)v)); break;
+        case ACT_SELU: ACT_LOOP(n, v > 0 ? gm * v : gm * a * expm1((double)v)); break;
+        case ACT_HARD_SIGMOID: ACT_LOOP(n, a * v + b < 0 ? 0 : a * v + b > 1 ? 1 : a * v + b); break;
+        case ACT_HARD_SWISH: ACT_LOOP(n, v <= -3 ? 0 : v >= 3 ? v : v * (v + 3) / 6); break;
+        case ACT_MISH: ACT_LOOP(n, v * tanh(v > 0 ? v + log1p(exp(-(double)v)) : log1p(exp((double)v)))); break;
+        case ACT_SOFTSIGN: ACT_LOOP(n, v / (1 + (v < 0 ? -v : v))); break;
+        }
+    });
+    return NULL;
+}
+
+static om_status *act_grad(om_grad_ctx *c) {
+    const int node = c->node;
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    act_params p;
+    om_status *st = act_read(&c->g->nodes[node], c->g->nodes[node].op->name, &p);
+    if (st) return om_grad_fail(c, st);
+    const char *name = c->g->nodes[node].op->name;   /* static string of the op def */
+    EMIT_OK(c->dx[0] = om_emit2(c, "ActivationGrad", c->dy[0], c->g->nodes[node].in[0]));
+    om_status *s2 = om_node_set_string(c->g, om_emit_last(c), "activation", name);
+    if (s2) return om_grad_fail(c, s2);
+    om_emit_attr_float(c, "alpha", (float)p.alpha);
+    om_emit_attr_float(c, "beta", (float)p.beta);
+    om_emit_attr_float(c, "gamma", (float)p.gamma);
+    return NULL;
+}
+
+#define ACT_GRAD_LOOP(n, ...) for (int64_t i = 0; i < (n); i++) { const T v = x[i]; dx[i] = dy[i] * (T)(__VA_ARGS__); }
+
+static inline double sigmoid_d(double v) { return v >= 0 ? 1 / (1 + exp(-v)) : exp(v) / (1 + exp(v)); }
+
+// dy, x, dx are (n)
+static om_status *act_grad_cpu(om_kernel_ctx *ctx) {
+    act_params p;
+    OM_TRY(act_read(ctx->node, om_attr_string(ctx->node, "activation", ""), &p));
+    const int64_t n = om_tensor_numel(&ctx->in[0]);
+    MISC_FLOAT(ctx->in[0].dtype, ctx->node, 0, {
+        const T *restrict dy = ctx->in[0].data, *restrict x = ctx->in[1].data;
+        T *restrict dx = ctx->out[0].data;
+        const T a = (T)p.alpha, b = (T)p.beta, gm = (T)p.gamma;
+        switch (p.kind) {
+        case ACT_LEAKY: ACT_GRAD_LOOP(n, v > 0 ? 1 : a); break;
+        case ACT_SOFTPLUS: ACT_GRAD_LOOP(n, sigmoid_d(v)); break;
+        case ACT_ELU: ACT_GRAD_LOOP(n, v > 0 ? 1 : a * exp((double)v)); break;
+        case ACT_SELU: ACT_GRAD_LOOP(n, v > 0 ? gm : gm * a * exp((double)v)); break;
+        case ACT_HARD_SIGMOID: ACT_GRAD_LOOP(n, a * v + b > 0 && a * v + b < 1 ? a : 0); break;
+        case ACT_HARD_SWISH: ACT_GRAD_LOOP(n, v < -3 ? 0 : v > 3 ? 1 : (2 * (double)v + 3) / 6); break;
+        case ACT_MISH:
+            for (int64_t i = 0; i < n; i++) {
+                const double v = x[i];
+                const double t = tanh(v > 0 ? v + log1p(exp(-v)) : log1p(exp(v)));
+                dx[i] = dy[i] * (T)(t + v * sigmoid_d(v) * (1 - t * t));
+            }
+            break;
+        case ACT_SOFTSIGN: ACT_GRAD_LOOP(n, 1 / ((1 + (v < 0 ? -(double)v : v)) * (1 + (v < 0 ? -(double)v : v)))); break;
+        }
+    });
+    return NULL;
+}
+
+/* ---- Tile ------------------------------------------------------------------------------- */
+
+static om_status *tile_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    int64_t rep[OM_MAX_RANK];
+    int r;
+    OM_TRY(need_known(n, &ctx->in[1], 1, rep, OM_MAX_RANK, &r));
+    if (r != x->rank)
+        return om_error(OM_INVALID_ARGUMENT, "Tile node '%s': repeats has %d values for rank %d", nm(n), r, x->rank);
+    om_set_shape(&ctx->out[0], x, x->dtype);
+    for (int i = 0; i < r; i++) {
+        if (rep[i] < 0) return om_error(OM_INVALID_ARGUMENT, "Tile node '%s': negative repeats", nm(n));
+        ctx->out[0].dims[i] = x->dims[i] * rep[i];
+    }
+    return NULL;
+}
+
+/* Row-major offset in x (dims xd, rank r) of output position o (dims od): each index
+ * modulo the input dim. Used by Tile and TileGrad row by row. */
+static int64_t tile_src_row(int r, const int64_t *xd, const int64_t *idx) {
+    int64_t off = 0;
+    for (int d = 0; d < r - 1; d++) off = off * xd[d] + idx[d] % xd[d];
+    return off * (r ? xd[r - 1] : 1);
+}
+
+static void odometer_next(int r, const int64_t *dims, int64_t *idx) {
+    for (int d = r - 1; d >= 0; d--) {
+        if (++idx[d] < dims[d]) return;
+        idx[d] = 0;
+    }
+}
+
+// x is (*S) any dtype, y is (*S * repeats): each output row copies one input row repeated
+static om_status *tile_cpu(om_kernel_ctx *ctx) {
+    const om_tensor *x = &ctx->in[0];
+    const om_tensor *y = &ctx->out[0];
+    const size_t es = om_dtype_size(x->dtype);
+    const int r = x->rank;
+    const int64_t numel = om_tensor_numel(y);
+    if (numel == 0) return NULL;
+    if (r == 0) {
+        memcpy(y->data, x->data, es);
+        return NULL;
+    }
+    const int64_t W = x->dims[r - 1], OW = y->dims[r - 1];
+    const int64_t rows = numel / OW;
+    int64_t idx[OM_MAX_RANK] = {0};
+    const char *xp = x->data;
+    char *yp = y->data;
+    for (int64_t row = 0; row < rows; row++) {
+        const char *src = xp + (size_t)tile_src_row(r, x->dims, idx) * es;
+        char *dst = yp + (size_t)(row * OW) * es;
+        for (int64_t t = 0; t < OW; t += W) memcpy(dst + (size_t)t * es, src, (size_t)W * es);
+        odometer_next(r - 1, y->dims, idx);
+    }
+    return NULL;
+}
+
+static om_status *tile_grad(om_grad_ctx *c) {
+    const int x = c->g->nodes[c->node].in[0];
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    int shp = om_emit_shape(c, x);
+    EMIT_OK(shp);
+    EMIT_OK(c->dx[0] = om_emit2(c, "TileGrad", c->dy[0], shp));
+    return NULL;
+}
+
+static om_status *shape_to_out(const om_node *n, const om_tensor *t, int i, om_dtype dt, om_tensor *out) {
+    int64_t d[OM_MAX_RANK];
+    int r;
+    OM_TRY(need_known(n, t, i, d, OM_MAX_RANK, &r));
+    out->dtype = dt;
+    out->rank = r;
+    memcpy(out->dims, d, sizeof(int64_t) * (size_t)r);
+    return NULL;
+}
+
+static om_status *tile_grad_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    if (!is_float(ctx->in[0].dtype)) return om_err_dtype(n, 0, ctx->in[0].dtype);
+    OM_TRY(shape_to_out(n, &ctx->in[1], 1, ctx->in[0].dtype, &ctx->out[0]));
+    if (ctx->out[0].rank != ctx->in[0].rank)
+        return om_error(OM_INVALID_ARGUMENT, "TileGrad node '%s': rank mismatch", nm(n));
+    for (int i = 0; i < ctx->out[0].rank; i++)
+        if (ctx->out[0].dims[i] == 0 ? ctx->in[0].dims[i] != 0 : ctx->in[0].dims[i] % ctx->out[0].dims[i])
+            return om_error(OM_INVALID_ARGUMENT, "TileGrad node '%s': dY is not a tiling of X", nm(n));
+    return NULL;
+}
+
+// dy is (*S * repeats), dx is (*S): dx = sum of dy over the tiles
+static om_status *tile_grad_cpu(om_kernel_ctx *ctx) {
+    const om_tensor *dy = &ctx->in[0];
+    om_tensor *dx = &ctx->out[0];
+    const int r = dx->rank;
+    const int64_t numel = om_tensor_numel(dy);
+    MISC_FLOAT(dy->dtype, ctx->node, 0, {
+        T *dxp = dx->data;
+        const T *dyp = dy->data;
+        memset(dxp, 0, (size_t)om_tensor_numel(dx) * sizeof(T));
+        if (numel == 0) return NULL;
+        if (r == 0) { dxp[0] = dyp[0]; return NULL; }
+        const int64_t W = dx->dims[r - 1], OW = dy->dims[r - 1], rows = numel / OW;
+        int64_t idx[OM_MAX_RANK] = {0};
+        for (int64_t row = 0; row < rows; row++) {
+            T *restrict d = dxp + tile_src_row(r, dx->dims, idx);
+            const T *restrict g = dyp + row * OW;
+            for (int64_t t = 0; t < OW; t += W)
+                for (int64_t i = 0; i < W; i++) d[i] += g[t + i];
+            odometer_next(r - 1, dy->dims, idx);
+        }
+    });
+    return NULL;
+}
+
+/* ---- Trilu ------------------------------------------------------------------------------ */
+
+static om_status *trilu_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    if (ctx->in[0].rank < 2)
+        return om_error(OM_INVALID_ARGUMENT, "Trilu node '%s': input must have rank >= 2", nm(n));
+    if (present(ctx, 1) && ctx->in[1].dtype != OM_I64) return om_err_dtype(n, 1, ctx->in[1].dtype);
+    om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
+    return NULL;
+}
+
+// x, y are (B, R, C) any dtype: keeps j - i >= k (upper) or j - i <= k (lower), zeros the rest
+static om_status *trilu_cpu(om_kernel_ctx *ctx) {
+    const om_tensor *x = &ctx->in[0];
+    const int64_t k = present(ctx, 1) ? *(const int64_t *)ctx->in[1].data : 0;
+    const int upper = om_attr_int(ctx->node, "upper", 1) != 0;
+    const size_t es = om_dtype_size(x->dtype);
+    const int64_t R = x->dims[x->rank - 2], C = x->dims[x->rank - 1];
+    const int64_t B = R > 0 && C > 0 ? om_tensor_numel(x) / (R * C) : 0;
+    const char *xp = x->data;
+    char *yp = ctx->out[0].data;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < R; i++) {
+            /* kept columns: [lo, hi) */
+            int64_t lo = upper ? i + k : 0, hi = upper ? C : i + k + 1;
+            lo = lo < 0 ? 0 : lo > C ? C : lo;
+            hi = hi < 0 ? 0 : hi > C ? C : hi;
+            if (hi < lo) hi = lo;
+            const size_t row = (size_t)((b * R + i) * C) * es;
+            memset(yp + row, 0, (size_t)C * es);
+            memcpy(yp + row + (size_t)lo * es, xp + row + (size_t)lo * es, (size_t)(hi - lo) * es);
+        }
+    return NULL;
+}
+
+static om_status *trilu_grad(om_grad_ctx *c) {
+    const om_node *n = &c->g->nodes[c->node];
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    int in[2] = {c->dy[0], n->n_in > 1 ? n->in[1] : -1};
+    const int64_t upper = om_attr_int(n, "upper", 1);
+    EMIT_OK(c->dx[0] = om_emit(c, "Trilu", in, in[1] >= 0 ? 2 : 1));
+    om_emit_attr_int(c, "upper", upper);
+    return NULL;
+}
+
+/* ---- Pad -------------------------------------------------------------------------------- */
+
+enum { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP };
+
+typedef struct pad_geom {
+    int rank, mode;
+    int64_t in[OM_MAX_RANK], out[OM_MAX_RANK], pb[OM_MAX_RANK];
+} pad_geom;
+
+/* pads_t: (2 * n_axes) int64; axes_t: optional. x dims (r, xd). */
+static om_status *pad_geometry(const om_node *n, int r, const int64_t *xd, const om_tensor *pads_t,
+                               const om_tensor *axes_t, int pads_i, pad_geom *g) {
+    int64_t pads[2 * OM_MAX_RANK], axes[OM_MAX_RANK];
+    int np, na = r;
+    OM_TRY(need_known(n, pads_t, pads_i, pads, 2 * OM_MAX_RANK, &np));
+    if (axes_t && axes_t->dtype != OM_UNDEFINED) {
+        OM_TRY(need_known(n, axes_t, pads_i + 2, axes, OM_MAX_RANK, &na));
+        for (int i = 0; i < na; i++) {
+            int a;
+            OM_TRY(om_norm_axis(n, axes[i], r, &a));
+            axes[i] = a;
+        }
+    } else {
+        for (int i = 0; i < r; i++) axes[i] = i;
+    }
+    if (np != 2 * na)
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': pads has %d values, expected %d", n->op->name, nm(n),
+                        np, 2 * na);
+    const char *mode = om_attr_string(n, "mode", "constant");
+    g->mode = strcmp(mode, "constant") == 0 ? PAD_CONSTANT : strcmp(mode, "reflect") == 0 ? PAD_REFLECT
+            : strcmp(mode, "edge") == 0 ? PAD_EDGE : strcmp(mode, "wrap") == 0 ? PAD_WRAP : -1;
+    if (g->mode < 0) return om_error(OM_UNSUPPORTED_OP, "%s node '%s': mode '%s'", n->op->name, nm(n), mode);
+    g->rank = r;
+    for (int i = 0; i < r; i++) {
+        g->in[i] = xd[i];
+        g->out[i] = xd[i];
+        g->pb[i] = 0;
+    }
+    for (int i = 0; i < na; i++) {
+        const int a = (int)axes[i];
+        g->pb[a] = pads[i];
+        g->out[a] = xd[a] + pads[i] + pads[na + i];
+        if (g->out[a] < 0)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': negative output size", n->op->name, nm(n));
+        if (g->mode != PAD_CONSTANT && xd[a] == 0 && g->out[a] > 0)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': cannot %s-pad an empty dim", n->op->name, nm(n), mode);
+        if (g->mode == PAD_REFLECT && (pads[i] >= xd[a] || pads[na + i] >= xd[a]) && (pads[i] > 0 || pads[na + i] > 0))
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': reflect padding must be smaller than the dim",
+                            n->op->name, nm(n));
+    }
+    return NULL;
+}
+
+/* Source index along one dim for output index o, or -1 (constant padding). */
+static inline int64_t pad_src(int mode, int64_t o, int64_t pb, int64_t S) {
+    int64_t i = o - pb;
+    if (i >= 0 && i < S) return i;
+    switch (mode) {
+    case PAD_EDGE: return i < 0 ? 0 : S - 1;
+    case PAD_REFLECT: {
+        if (S == 1) return 0;
+        const int64_t per = 2 * (S - 1);
+        i %= per;
+        if (i < 0) i += per;
+        return i < S ? i : per - i;
+    }
+    case PAD_WRAP: i %= S; return i < 0 ? i + S : i;
+    default: return -1;
+    }
+}
+
+static om_status *pad_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    pad_geom g;
+    const om_tensor *x = &ctx->in[0];
+    OM_TRY(pad_geometry(n, x->rank, x->dims, &ctx->in[1], ctx->n_in > 3 ? &ctx->in[3] : NULL, 1, &g));
+    if (present(ctx, 2) && ctx->in[2].dtype != x->dtype) return om_err_dtype(n, 2, ctx->in[2].dtype);
+    ctx->out[0].dtype = x->dtype;
+    ctx->out[0].rank = g.rank;
+    memcpy(ctx->out[0].dims, g.out, sizeof(int64_t) * (size_t)g.rank);
+    return NULL;
+}
+
+#define PAD_TYPES(dt, node, ...)                                                \
+    switch (dt) {                                                               \
+    case OM_F32: { typedef float T; __VA_ARGS__; } break;                       \
+    case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
+    case OM_I32: { typedef int32_t T; __VA_ARGS__; } break;                     \
+    case OM_I64: { typedef int64_t T; __VA_ARGS__; } break;                     \
+    case OM_BOOL: case OM_U8: case OM_I8: { typedef uint8_t T; __VA_ARGS__; } break; \
+    default: return om_err_dtype((node), 0, (dt));                             \
+    }
+
+/* The input row (offset of its first element) feeding output row idx (all dims but the
+ * last), or -1 when the row lies in constant padding. */
+static int64_t pad_src_row(const pad_geom *g, const int64_t *idx) {
+    int64_t off = 0;
+    for (int d = 0; d < g->rank - 1; d++) {
+        const int64_t s = pad_src(g->mode, idx[d], g->pb[d], g->in[d]);
+        if (s < 0) return -1;
+        off = off * g->in[d] + s;
+    }
+    return off * g->in[g->rank - 1];
+}
+
+// x is (*S), y is (*S + pads)
+static om_status *pad_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0];
+    pad_geom g;
+    OM_TRY(pad_geometry(n, x->rank, x->dims, &ctx->in[1], ctx->n_in > 3 ? &ctx->in[3] : NULL, 1, &g));
+    const int64_t numel = om_tensor_numel(&ctx->out[0]);
+    if (numel == 0) return NULL;
+    const int r = g.rank;
+    PAD_TYPES(x->dtype, n, {
+        const T *xp = x->data;
+        T *yp = ctx->out[0].data;
+        const T cv = present(ctx, 2) && om_tensor_numel(&ctx->in[2]) > 0 ? *(const T *)ctx->in[2].data : (T)0;
+        if (r == 0) { yp[0] = xp[0]; return NULL; }
+        const int64_t W = g.in[r - 1], OW = g.out[r - 1], pb = g.pb[r - 1], rows = numel / OW;
+        int64_t idx[OM_MAX_RANK] = {0};
+        for (int64_t row = 0; row < rows; row++) {
+            T *restrict y = yp + row * OW;
+            const int64_t src = pad_src_row(&g, idx);
+            if (src < 0) {
+                for (int64_t o = 0; o < OW; o++) y[o] = cv;
+            } else {
+                const T *restrict xr = xp + src;
+                for (int64_t o = 0; o < OW; o++) {
+                    const int64_t s = pad_src(g.mode, o, pb, W);
+                    y[o] = s < 0 ? cv : xr[s];
+                }
+            }
+            odometer_next(r - 1, g.out, idx);
+        }
+    });
+    return NULL;
+}
+
+static om_status *pad_grad(om_grad_ctx *c) {
+    const om_node *n = &c->g->nodes[c->node];
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    const int x = n->in[0], pads = n->in[1], axes = n->n_in > 3 ? n->in[3] : -1;
+    char mode[16];
+    snprintf(mode, sizeof mode, "%s", om_attr_string(n, "mode", "constant"));
+    int in[4] = {c->dy[0], -1, pads, axes};
+    EMIT_OK(in[1] = om_emit_shape(c, x));
+    EMIT_OK(c->dx[0] = om_emit(c, "PadGrad", in, axes >= 0 ? 4 : 3));
+    om_status *st = om_node_set_string(c->g, om_emit_last(c), "mode", mode);
+    if (st) return om_grad_fail(c, st);
+    return NULL;
+}
+
+static om_status *pad_grad_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    pad_geom g;
+    int64_t xd[OM_MAX_RANK];
+    int r;
+    if (!is_float(ctx->in[0].dtype)) return om_err_dtype(n, 0, ctx->in[0].dtype);
+    OM_TRY(need_known(n, &ctx->in[1], 1, xd, OM_MAX_RANK, &r));
+    OM_TRY(pad_geometry(n, r, xd, &ctx->in[2], ctx->n_in > 3 ? &ctx->in[3] : NULL, 2, &g));
+    if (ctx->in[0].rank != r || memcmp(ctx->in[0].dims, g.out, sizeof(int64_t) * (size_t)r) != 0)
+        return om_error(OM_INVALID_ARGUMENT, "PadGrad node '%s': dY does not match the padded X", nm(n));
+    ctx->out[0].dtype = ctx->in[0].dtype;
+    ctx->out[0].rank = r;
+    memcpy(ctx->out[0].dims, xd, sizeof(int64_t) * (size_t)r);
+    return NULL;
+}
+
+// dy is (*S + pads), dx is (*S): every dy element adds into the element it was copied from
+static om_status *pad_grad_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    om_tensor *dx = &ctx->out[0];
+    pad_geom g;
+    OM_TRY(pad_geometry(n, dx->rank, dx->dims, &ctx->in[2], ctx->n_in > 3 ? &ctx->in[3] : NULL, 2, &g));
+    const int64_t numel = om_tensor_numel(&ctx->in[0]);
+    const int r = g.rank;
+    MISC_FLOAT(dx->dtype, n, 0, {
+        const T *dyp = ctx->in[0].data;
+        T *dxp = dx->data;
+        memset(dxp, 0, (size_t)om_tensor_numel(dx) * sizeof(T));
+        if (numel == 0) return NULL;
+        if (r == 0) { dxp[0] = dyp[0]; return NULL; }
+        const int64_t W = g.in[r - 1], OW = g.out[r - 1], pb = g.pb[r - 1], rows = numel / OW;
+        int64_t idx[OM_MAX_RANK] = {0};
+        for (int64_t row = 0; row < rows; row++) {
+            const int64_t src = pad_src_row(&g, idx);
+            if (src >= 0) {
+                const T *restrict gy = dyp + row * OW;
+                T *restrict d = dxp + src;
+                for (int64_t o = 0; o < OW; o++) {
+                    const int64_t s = pad_src(g.mode, o, pb, W);
+                    if (s >= 0) d[s] += gy[o];
+                }
+            }
+            odometer_next(r - 1, g.out, idx);
+        }
+    });
+    return NULL;
+}
+
+/* ---- Einsum ---------------------------------------------------------------------------------
+ * Labels: letters a-z A-Z are 0..51; the dims an ellipsis stands for get labels 52.., right-
+ * aligned across operands (numpy broadcasting). Two operands are computed as one batched GEMM:
+ *   batch labels  (in A, B and the output)       -> the GEMM batch
+ *   I labels      (in A and the output, not B)    -> GEMM rows
+ *   J labels      (in B and the output, not A)    -> GEMM columns
+ *   K labels      (everything else)               -> summed; a label of one operand only is
+ *                                                    read with stride 0 from the other
+ * A is gathered (permute + broadcast) into (batch, I, K), B into (batch, K, J), and the
+ * (batch, I, J) product is scattered into the output's label order. */
+
+#define EIN_MAXL 64
+#define EIN_MAXT 3
+
+typedef struct ein_term {
+    int n;                  /* rank */
+    int lab[OM_MAX_RANK];
+} ein_term;
+
+typedef struct ein_eq {
+    int nin;
+    ein_term in[EIN_MAXT - 1], out;
+    int64_t size[EIN_MAXL];
+    int nell;               /* ellipsis rank (broadcast) */
+} ein_eq;
+
+static int ein_letter(char ch) {
+    if (ch >= 'a' && ch <= 'z') return ch - 'a';
+    if (ch >= 'A' && ch <= 'Z') return 26 + ch - 'A';
+    return -1;
+}
+
+/* Parses one term of s[0:len]; ell_rank: the operand's rank minus its letters (-1: output). */
+static int ein_term_parse(const char *s, int len, int *letters, int *has_ell, int *pos_ell) {
+    int nl = 0;
+    *has_ell = 0;
+    *pos_ell = -1;
+    for (int i = 0; i < len; i++) {
+        if (s[i] == ' ') continue;
+        if (s[i] == '.') {
+            if (i + 2 >= len) return -1;
+            if (*has_ell || s[i + 1] != '.' || s[i + 2] != '.') return -1;
+            *has_ell = 1;
+            *pos_ell = nl;
+            i += 2;
+            continue;
+        }
+        int l = ein_letter(s[i]);
+        if (l < 0 || nl >= OM_MAX_RANK) return -1;
+        letters[nl++] = l;
+    }
+    return nl;
+}
+
+/* Parses eq against operands xs (nin of them); fills sizes. */
+static om_status *ein_parse(const om_node *n, const char *eq, int nin, const om_tensor *const *xs, ein_eq *e) {
+    memset(e, 0, sizeof *e);
+    if (nin < 1 || nin > 2) return om_err_unsupported(n, "Einsum with more than 2 operands");
+    e->nin = nin;
+    const char *arrow = strstr(eq, "->");
+    const int lhs_len = arrow ? (int)(arrow - eq) : (int)strlen(eq);
+    int count[EIN_MAXL] = {0};
+    for (int i = 0; i < EIN_MAXL; i++) e->size[i] = -1;
+    int start = 0, t = 0, ell_any = 0;
+    int lets[EIN_MAXT][OM_MAX_RANK], nls[EIN_MAXT], has[EIN_MAXT], pos[EIN_MAXT];
+    for (int i = 0; i <= lhs_len; i++) {
+        if (i < lhs_len && eq[i] != ',') continue;
+        if (t >= nin) return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': more terms than inputs in '%s'", nm(n), eq);
+        nls[t] = ein_term_parse(eq + start, i - start, lets[t], &has[t], &pos[t]);
+        if (nls[t] < 0) return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': cannot parse '%s'", nm(n), eq);
+        const int er = xs[t]->rank - nls[t];
+        if ((has[t] && er < 0) || (!has[t] && er != 0))
+            return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': term %d of '%s' does not match rank %d", nm(n),
+                            t, eq, xs[t]->rank);
+        if (has[t] && er > e->nell) e->nell = er;
+        ell_any |= has[t];
+        t++;
+        start = i + 1;
+    }
+    if (t != nin) return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': '%s' has %d terms for %d inputs", nm(n), eq, t, nin);
+    if (52 + e->nell > EIN_MAXL) return om_err_unsupported(n, "Einsum ellipsis rank");
+    for (t = 0; t < nin; t++) {
+        ein_term *tm = &e->in[t];
+        const int er = xs[t]->rank - nls[t];
+        tm->n = 0;
+        for (int k = 0; k <= nls[t]; k++) {
+            if (has[t] && k == pos[t])
+                for (int j = 0; j < er; j++) tm->lab[tm->n++] = 52 + (e->nell - er) + j;
+            if (k < nls[t]) tm->lab[tm->n++] = lets[t][k];
+        }
+        for (int d = 0; d < tm->n; d++) {
+            const int l = tm->lab[d];
+            for (int d2 = 0; d2 < d; d2++)
+                if (tm->lab[d2] == l) return om_err_unsupported(n, "Einsum with a repeated label in one operand (diagonal)");
+            const int64_t s = xs[t]->dims[d];
+            if (e->size[l] < 0 || e->size[l] == 1) e->size[l] = s;
+            else if (s != 1 && s != e->size[l])
+                return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': label size mismatch (%lld vs %lld) in '%s'",
+                                nm(n), (long long)s, (long long)e->size[l], eq);
+            if (l < 52) count[l]++;
+        }
+    }
+    /* output */
+    e->out.n = 0;
+    if (arrow) {
+        int ol[OM_MAX_RANK], oh, op;
+        int no = ein_term_parse(arrow + 2, (int)strlen(arrow + 2), ol, &oh, &op);
+        if (no < 0) return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': cannot parse the output of '%s'", nm(n), eq);
+        for (int k = 0; k <= no; k++) {
+            if (oh && k == op)
+                for (int j = 0; j < e->nell; j++) e->out.lab[e->out.n++] = 52 + j;
+            if (k < no) {
+                if (e->size[ol[k]] < 0)
+                    return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': output label not in any input", nm(n));
+                for (int d2 = 0; d2 < e->out.n; d2++)
+                    if (e->out.lab[d2] == ol[k]) return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': repeated output label", nm(n));
+                e->out.lab[e->out.n++] = ol[k];
+            }
+        }
+        if (!oh && e->nell > 0 && ell_any) {
+            /* ellipsis dims dropped from the output are summed: fine, they are K labels */
+        }
+    } else {
+        /* implicit output: the ellipsis, then letters used once, alphabetically */
+        for (int j = 0; j < e->nell; j++) e->out.lab[e->out.n++] = 52 + j;
+        for (int l = 0; l < 52; l++)
+            if (count[l] == 1) e->out.lab[e->out.n++] = l;
+    }
+    if (e->out.n > OM_MAX_RANK) return om_err_unsupported(n, "Einsum output rank");
+    return NULL;
+}
+
+static int ein_has(const ein_term *t, int l) {
+    for (int d = 0; d < t->n; d++)
+        if (t->lab[d] == l) return d;
+    return -1;
+}
+
+static om_status *einsum_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *xs[2] = {&ctx->in[0], ctx->n_in > 1 ? &ctx->in[1] : NULL};
+    for (int i = 0; i < ctx->n_in; i++)
+        if (!is_float(ctx->in[i].dtype) || ctx->in[i].dtype != ctx->in[0].dtype) return om_err_dtype(n, i, ctx->in[i].dtype);
+    ein_eq e;
+    OM_TRY(ein_parse(n, om_attr_string(n, "equation", ""), ctx->n_in, xs, &e));
+    ctx->out[0].dtype = ctx->in[0].dtype;
+    ctx->out[0].rank = e.out.n;
+    for (int d = 0; d < e.out.n; d++) ctx->out[0].dims[d] = e.size[e.out.lab[d]];
+    return NULL;
+}
+
+/* dst (contiguous, dims = size of labs[0..nl)) = src viewed through per-label strides
+ * (0 for labels src lacks or holds with size 1). An odometer over all but the last label;
+ * the last label is a strided inner loop. */
+#define EIN_GATHER(T, dst, src, nl, dims, str)                                                 \
+    do {                                                                                       \
+        int64_t tot_ = 1;                                                                      \
+        for (int d_ = 0; d_ < (nl); d_++) tot_ *= (dims)[d_];                                  \
+        if (tot_ == 0) break;                                                                  \
+        const int64_t in_ = (nl) ? (dims)[(nl) - 1] : 1, is_ = (nl) ? (str)[(nl) - 1] : 0;     \
+        int64_t idx_[EIN_MAXL] = {0};                                                          \
+        for (int64_t row_ = 0; row_ < tot_ / in_; row_++) {                                    \
+            int64_t off_ = 0;                                                                  \
+            for (int d_ = 0; d_ < (nl) - 1; d_++) off_ += idx_[d_] * (str)[d_];                \
+            T *restrict o_ = (dst) + row_ * in_;                                               \
+            const T *restrict s_ = (src) + off_;                                               \
+            for (int64_t i_ = 0; i_ < in_; i_++) o_[i_] = s_[i_ * is_];                        \
+            for (int d_ = (nl) - 2; d_ >= 0; d_--) {                                           \
+                if (++idx_[d_] < (dims)[d_]) break;                                            \
+                idx_[d_] = 0;                                                                  \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
+/* Strides of tensor term t (with dims) for labels labs[0..nl): 0 where absent or size 1. */
+static void ein_strides(const ein_term *t, const int64_t *dims, const int *labs, int nl, int64_t *str) {
+    int64_t s[OM_MAX_RANK], acc = 1;
+    for (int d = t->n - 1; d >= 0; d--) {
+        s[d] = dims[d] == 1 ? 0 : acc;
+        acc *= dims[d];
+    }
+    for (int i = 0; i < nl; i++) {
+        int d = ein_has(t, labs[i]);
+        str[i] = d < 0 ? 0 : s[d];
+    }
+}
+
+static void gemm_f32(int64_t M, int64_t N, int64_t K, const float *A, const float *B, float *C) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, A, (int)(K ? K : 1), B,
+                (int)(N ? N : 1), 0.0f, C, (int)(N ? N : 1));
+}
+static void gemm_f64(int64_t M, int64_t N, int64_t K, const double *A, const double *B, double *C) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0, A, (int)(K ? K : 1), B,
+                (int)(N ? N : 1), 0.0, C, (int)(N ? N : 1));
+}
+#define EIN_GEMM(T) _Generic((T)0, float: gemm_f32, default: gemm_f64)
+
+// A (*a), B (*b) -> Y (*out) by labels: see the block comment above
+static om_status *einsum_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *xs[2] = {&ctx->in[0], ctx->n_in > 1 ? &ctx->in[1] : NULL};
+    ein_eq e;
+    OM_TRY(ein_parse(n, om_attr_string(n, "equation", ""), ctx->n_in, xs, &e));
+    const om_tensor *y = &ctx->out[0];
+    /* all labels used anywhere */
+    int used[EIN_MAXL] = {0};
+    for (int t = 0; t < e.nin; t++)
+        for (int d = 0; d < e.in[t].n; d++) used[e.in[t].lab[d]] = 1;
+    int bl[EIN_MAXL], il[EIN_MAXL], jl[EIN_MAXL], kl[EIN_MAXL], nb = 0, ni = 0, nj = 0, nk = 0;
+    const ein_term *A = &e.in[0], *B = e.nin > 1 ? &e.in[1] : NULL;
+    for (int d = 0; d < e.out.n; d++) {   /* output-label order keeps the final scatter cheap */
+        const int l = e.out.lab[d];
+        const int inA = ein_has(A, l) >= 0, inB = B && ein_has(B, l) >= 0;
+        if (inA && inB) bl[nb++] = l;
+        else if (inA) il[ni++] = l;
+        else jl[nj++] = l;
+    }
+    for (int l = 0; l < EIN_MAXL; l++)
+        if (used[l] && ein_has(&e.out, l) < 0) kl[nk++] = l;
+    int64_t NB = 1, NI = 1, NJ = 1, NK = 1;
+    for (int i = 0; i < nb; i++) NB *= e.size[bl[i]];
+    for (int i = 0; i < ni; i++) NI *= e.size[il[i]];
+    for (int i = 0; i < nj; i++) NJ *= e.size[jl[i]];
+    for (int i = 0; i < nk; i++) NK *= e.size[kl[i]];
+    /* gather orders: A as (b, i, k), B as (b, k, j), product as (b, i, j) */
+    int la[EIN_MAXL], lb[EIN_MAXL], lc[EIN_MAXL], na = 0, nbb = 0, nc = 0;
+    int64_t da[EIN_MAXL], db[EIN_MAXL], sa[EIN_MAXL], sb[EIN_MAXL], dc[EIN_MAXL];
+    for (int i = 0; i < nb; i++) la[na++] = bl[i], lb[nbb++] = bl[i], lc[nc++] = bl[i];
+    for (int i = 0; i < ni; i++) la[na++] = il[i], lc[nc++] = il[i];
+    for (int i = 0; i < nk; i++) la[na++] = kl[i], lb[nbb++] = kl[i];
+    for (int i = 0; i < nj; i++) lb[nbb++] = jl[i], lc[nc++] = jl[i];
+    for (int i = 0; i < na; i++) da[i] = e.size[la[i]];
+    for (int i = 0; i < nbb; i++) db[i] = e.size[lb[i]];
+    for (int i = 0; i < nc; i++) dc[i] = e.size[lc[i]];
+    ein_strides(A, xs[0]->dims, la, na, sa);
+    if (B) ein_strides(B, xs[1]->dims, lb, nbb, sb);
+    /* output strides for the (b, i, j) order: the scatter is a gather from the product */
+    int64_t so[EIN_MAXL];
+    {
+        int64_t acc = 1, pst[EIN_MAXL];
+        for (int i = nc - 1; i >= 0; i--) { pst[i] = acc; acc *= dc[i]; }
+        for (int d = 0; d < e.out.n; d++) {
+            int k = 0;
+            while (lc[k] != e.out.lab[d]) k++;
+            so[d] = dc[k] == 1 ? 0 : pst[k];
+        }
+    }
+    int64_t dout[OM_MAX_RANK];
+    for (int d = 0; d < e.out.n; d++) dout[d] = e.size[e.out.lab[d]];
+    const int64_t ysize = om_tensor_numel(y);
+    MISC_FLOAT(xs[0]->dtype, n, 0, {
+        const T *ap = xs[0]->data;
+        T *yp = y->data;
+        T *ga = om_alloc((size_t)(NB * NI * NK) * sizeof(T) + 64);
+        T *gb = B ? om_alloc((size_t)(NB * NK * NJ) * sizeof(T) + 64) : NULL;
+        T *pc = om_alloc((size_t)(NB * NI * NJ) * sizeof(T) + 64);
+        if (!ga || !pc || (B && !gb)) {
+            om_free(ga); om_free(gb); om_free(pc);
+            return om_error(OM_OUT_OF_MEMORY, "Einsum node '%s': out of memory", nm(n));
+        }
+        EIN_GATHER(T, ga, ap, na, da, sa);
+        if (B) {
+            const T *bp = xs[1]->data;
+            EIN_GATHER(T, gb, bp, nbb, db, sb);
+            for (int64_t b = 0; b < NB; b++)
+                if (NI && NJ) {
+                    if (NK) EIN_GEMM(T)(NI, NJ, NK, ga + b * NI * NK, gb + b * NK * NJ, pc + b * NI * NJ);
+                    else memset(pc + b * NI * NJ, 0, (size_t)(NI * NJ) * sizeof(T));
+                }
+        } else {
+            /* one operand: sum over K */
+            for (int64_t r = 0; r < NB * NI; r++) {
+                const T *restrict s = ga + r * NK;
+                T acc = 0;
+                for (int64_t k = 0; k < NK; k++) acc += s[k];
+                pc[r] = acc;
+            }
+        }
+        if (ysize > 0) EIN_GATHER(T, yp, pc, e.out.n, dout, so);
+        om_free(ga); om_free(gb); om_free(pc);
+    });
+    return NULL;
+}
+
+/* Writes term t of the equation as text ("...ij"); the ellipsis dims come back as "...". */
+static void ein_term_text(const ein_term *t, int nell, char *buf, size_t cap) {
+    size_t k = 0;
+    int ell_done = 0;
+    for (int d = 0; d < t->n && k + 4 < cap; d++) {
+        const int l = t->lab[d];
+        if (l >= 52) {
+            if (!ell_done) { memcpy(buf + k, "...", 3); k += 3; ell_done = 1; }
+            continue;
+        }
+        buf[k++] = (char)(l < 26 ? 'a' + l : 'A' + l - 26);
+    }
+    buf[k] = 0;
+}
+
+/* dA = einsum("out,B->A")(dY, B) and dB = einsum("A,out->B")(A, dY) (one operand:
+ * dA = einsum("out->A")(dY)); every label of the differentiated operand must appear in
+ * the other operand or the output (no summed-alone labels, no dropped ellipsis). Ellipsis
+ * broadcasting is undone with SumToShape. */
+static om_status *einsum_grad(om_grad_ctx *c) {
+    const int node = c->node;
+    const om_node *n = &c->g->nodes[node];
+    if (c->dy[0] < 0) return NULL;
+    const char *eq = om_attr_string(n, "equation", "");
+    const int nin = n->n_in;
+    int ins[2] = {n->in[0], nin > 1 ? n->in[1] : -1};
+    /* parse the labels without shapes: fake operands whose rank matches the letters; the
+     * ellipsis rank is unknown at this point, so it is written back as "..." */
+    const char *arrow = strstr(eq, "->");
+    char terms[3][64];
+    {
+        const int lhs_len = arrow ? (int)(arrow - eq) : (int)strlen(eq);
+        int t = 0, start = 0;
+        for (int i = 0; i <= lhs_len && t < 2; i++) {
+            if (i < lhs_len && eq[i] != ',') continue;
+            int len = i - start;
+            if (len > 63) len = 63;
+            int k = 0;
+            for (int j = 0; j < len; j++) if (eq[start + j] != ' ') terms[t][k++] = eq[start + j];
+            terms[t][k] = 0;
+            t++;
+            start = i + 1;
+        }
+        if (t != nin) return om_grad_fail(c, om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': bad equation", nm(n)));
+        if (arrow) {
+            int k = 0;
+            for (const char *p = arrow + 2; *p && k < 63; p++) if (*p != ' ') terms[2][k++] = *p;
+            terms[2][k] = 0;
+        } else {
+            /* implicit output: the ellipsis (if any), then letters used once, alphabetically */
+            int cnt[52] = {0}, ell = 0, k = 0;
+            for (int t2 = 0; t2 < nin; t2++)
+                for (const char *p = terms[t2]; *p; p++) {
+                    if (*p == '.') ell = 1;
+                    else if (ein_letter(*p) >= 0) cnt[ein_letter(*p)]++;
+                }
+            if (ell) { memcpy(terms[2], "...", 3); k = 3; }
+            for (int l = 0; l < 52 && k < 63; l++)
+                if (cnt[l] == 1) terms[2][k++] = (char)(l < 26 ? 'a' + l : 'A' + l - 26);
+            terms[2][k] = 0;
+        }
+    }
+    for (int i = 0; i < nin; i++) {
+        if (!c->need_dx[i]) continue;
+        /* every label (and the ellipsis) of term i must appear among the grad's inputs */
+        const char *mine = terms[i], *other = nin > 1 ? terms[1 - i] : "", *out = terms[2];
+        for (const char *p = mine; *p; p++) {
+            const int ok = *p == '.' ? (strchr(out, '.') != NULL) : (strchr(out, *p) || strchr(other, *p));
+            if (!ok)
+                return om_grad_fail(c, om_error(OM_NO_GRADIENT, "Einsum node '%s': no gradient rule for '%s' "
+                                                "(operand %d has a label summed in it alone)", nm(n), eq, i));
+        }
+        char geq[256];
+        int gin[2];
+        if (nin == 1) {
+            snprintf(geq, sizeof geq, "%s->%s", out, mine);
+            gin[0] = c->dy[0];
+        } else if (i == 0) {
+            snprintf(geq, sizeof geq, "%s,%s->%s", out, other, mine);
+            gin[0] = c->dy[0];
+            gin[1] = ins[1];
+        } else {
+            snprintf(geq, sizeof geq, "%s,%s->%s", other, out, mine);
+            gin[0] = ins[0];
+            gin[1] = c->dy[0];
+        }
+        int v = om_emit(c, "Einsum", gin, nin);
+        EMIT_OK(v);
+        om_status *st = om_node_set_string(c->g, om_emit_last(c), "equation", geq);
+        if (st) return om_grad_fail(c, st);
+        /* broadcast (size-1 or missing ellipsis dims) operands: sum back to the input's shape */
+        if (strchr(mine, '.')) EMIT_OK(v = om_emit_sum_to(c, v, ins[i]));
+        c->dx[i] = v;
+    }
+    return NULL;
+}
+
+/* ---- the defs ----------------------------------------------------------------------------- */
+
+#define CMP_DEF(sym, NAME, cpu_fn)                                                                      \
+    const om_op_def sym = {.name = NAME, .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1, \
+                           .dtype = dtype_bool, .infer = infer_compare, .cpu = cpu_fn};
+CMP_DEF(om_op_less, "Less", less_cpu)
+CMP_DEF(om_op_greater, "Greater", greater_cpu)
+CMP_DEF(om_op_less_or_equal, "LessOrEqual", less_equal_cpu)
+CMP_DEF(om_op_greater_or_equal, "GreaterOrEqual", greater_equal_cpu)
+
+#define LOGIC_DEF(sym, NAME, nin, cpu_fn)                                                                   \
+    const om_op_def sym = {.name = NAME, .domain = "", .min_in = nin, .max_in = nin, .min_out = 1, .max_out = 1, \
+                           .dtype = dtype_bool, .infer = infer_logic, .cpu = cpu_fn};
+LOGIC_DEF(om_op_and, "And", 2, and_cpu)
+LOGIC_DEF(om_op_or, "Or", 2, or_cpu)
+LOGIC_DEF(om_op_xor, "Xor", 2, xor_cpu)
+LOGIC_DEF(om_op_not, "Not", 1, not_cpu)
+
+const om_op_def om_op_is_nan = {.name = "IsNaN", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
+                                .dtype = dtype_bool, .infer = infer_float_to_bool, .cpu = is_nan_cpu};
+const om_op_def om_op_is_inf = {.name = "IsInf", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
+                                .dtype = dtype_bool, .infer = infer_float_to_bool, .cpu = is_inf_cpu};
+
+const om_op_def om_op_clip = {.name = "Clip", .domain = "", .min_in = 1, .max_in = 3, .min_out = 1, .max_out = 1,
+                              .infer = clip_infer, .grad = clip_grad, .cpu = clip_cpu, .diff_inputs = 0x1};
+const om_op_def om_op_clip_grad = {.name = "ClipGrad", .domain = "ortmod", .min_in = 2, .max_in = 4, .min_out = 1,
+                                   .max_out = 1, .infer = clip_infer, .cpu = clip_grad_cpu};
+
+#define ACT_DEF(sym, NAME)                                                                                   \
+    const om_op_def sym = {.name = NAME, .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1, \
+                           .infer = act_infer, .grad = act_grad, .cpu = act_cpu, .diff_inputs = 0x1};
+ACT_DEF(om_op_leaky_relu, "LeakyRelu")
+ACT_DEF(om_op_softplus, "Softplus")
+ACT_DEF(om_op_elu, "Elu")
+ACT_DEF(om_op_selu, "Selu")
+ACT_DEF(om_op_hard_sigmoid, "HardSigmoid")
+ACT_DEF(om_op_hard_swish, "HardSwish")
+ACT_DEF(om_op_mish, "Mish")
+ACT_DEF(om_op_softsign, "Softsign")
+const om_op_def om_op_activation_grad = {.name = "ActivationGrad", .domain = "ortmod", .min_in = 2, .max_in = 2,
+                                         .min_out = 1, .max_out = 1, .infer = act_infer, .cpu = act_grad_cpu};
+
+const om_op_def om_op_tile = {.name = "Tile", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
+                              .infer = tile_infer, .grad = tile_grad, .cpu = tile_cpu, .diff_inputs = 0x1};
+const om_op_def om_op_tile_grad = {.name = "TileGrad", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1,
+                                   .max_out = 1, .infer = tile_grad_infer, .cpu = tile_grad_cpu};
+
+const om_op_def om_op_trilu = {.name = "Trilu", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
+                               .infer = trilu_infer, .grad = trilu_grad, .cpu = trilu_cpu, .diff_inputs = 0x1};
+
+const om_op_def om_op_pad = {.name = "Pad", .domain = "", .min_in = 2, .max_in = 4, .min_out = 1, .max_out = 1,
+                             .infer = pad_infer, .grad = pad_grad, .cpu = pad_cpu, .diff_inputs = 0x1};
+const om_op_def om_op_pad_grad = {.name = "PadGrad", .domain = "ortmod", .min_in = 3, .max_in = 4, .min_out = 1,
+                                  .max_out = 1, .infer = pad_grad_infer, .cpu = pad_grad_cpu};
+
+const om_op_def om_op_einsum = {.name = "Einsum", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
+                                .infer = einsum_infer, .grad = einsum_grad, .cpu = einsum_cpu, .diff_inputs = 0x3};

@@ -1,0 +1,43 @@
+/* fuse_matmul_add_bias.c — MatMul(x, W) + b -> MatMulBias(x, W, b) (pass "matmul_add_bias").
+ *
+ * W must be provably 2-D (a parameter or constant; a Transpose(perm 1,0) of one is folded
+ * as transB, so nn.Linear on 3-D inputs — Transpose(W) -> MatMul -> Add — is one GEMM
+ * with no materialized transpose) and b a rank-1 parameter or constant: then x of any
+ * rank >= 1 gives exactly MatMul's output shape. The bias is written into the output and
+ * the GEMM accumulates onto it; the gradient is one MatMulBiasGrad node (two GEMMs with the
+ * transposes folded into BLAS flags, and the column sums of dY). */
+#include "passes/fuse_match.h"
+
+om_status *om_pass_matmul_add_bias(om_pass_ctx *c) {
+    om_graph *g = c->g;
+    int *uses = om_graph_use_counts(g);
+    if (!uses) return om_error(OM_OUT_OF_MEMORY, "out of memory in matmul_add_bias");
+    om_status *st = NULL;
+    for (int k = 0; k < g->n_nodes && !st; k++) {
+        om_node *add = &g->nodes[k];
+        if (!fm_is(add, "Add") || add->n_in != 2) continue;
+        for (int side = 0; side < 2; side++) {
+            om_node *mm = fm_single(g, uses, add->in[side], "MatMul");
+            int b = add->in[1 - side];
+            if (!mm || !fm_is_vector(g, b)) continue;
+            int x = mm->in[0], w = mm->in[1], tb = 0;
+            if (fm_rank(g, w) != 2) {
+                om_node *t = fm_producer(g, w);
+                const int64_t *perm;
+                int np = fm_is(t, "Transpose") ? om_attr_ints(t, "perm", &perm) : -2;
+                if (!t || fm_rank(g, t->in[0]) != 2 || !(np == -1 || (np == 2 && perm[0] == 1 && perm[1] == 0)))
+                    continue;
+                w = t->in[0];
+                tb = 1;
+            }
+            if (g->values[x].dtype != g->values[b].dtype || g->values[w].dtype != g->values[b].dtype) continue;
+            int in[3] = {x, w, b}, out[1] = {add->out[0]};
+            mm->dead = 1;
+            if ((st = fm_rewrite(c, k, "MatMulBias", "ortmod", in, 3, out, 1))) break;
+            if (tb) st = om_node_set_int(g, k, "transB", 1);
+            break;
+        }
+    }
+    free(uses);
+    return st;
+}

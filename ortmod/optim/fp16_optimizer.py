@@ -1,0 +1,303 @@
+"""FP16_Optimizer: dynamic loss scaling for fp16/bf16 training around a torch optimizer.
+
+    optimizer = FP16_Optimizer(FusedAdam(model.parameters(), lr=1e-4), clip_grad_norm=1.0)
+    loss = model(x, y)
+    optimizer.backward(loss)        # (loss * loss_scale).backward()
+    optimizer.step()                # skipped (and the scale halved) if a gradient overflowed
+    optimizer.zero_grad()
+
+``step()`` reads every gradient once in C to find inf/NaN and the global L2 norm
+together, then unscales and clips: with a :class:`FusedAdam` inside, the unscale/clip
+factor rides on the Adam update itself (no extra pass, and fp32 master weights read the
+fp16 model gradients directly); with any other torch optimizer one more C pass scales the
+gradients (into the fp32 master gradients when there are masters).
+
+Loss scale: starts at ``init_loss_scale`` (2**16), doubles after ``scale_window`` (2000)
+consecutive finite steps, halves on overflow, never below ``min_loss_scale`` (1) nor above
+``max_loss_scale`` (2**24). ``optimizer.loss_scale`` reads it; ``state_dict()`` keeps it.
+
+As ORT's ``FP16_Optimizer``, wrapping a DeepSpeed ZeRO stage 1/2 optimizer patches its
+overflow check in place and returns it; an Apex optimizer is a torch optimizer and is
+wrapped like one. Any other object: a warning, and it is returned unchanged.
+"""
+import math
+import warnings
+
+import torch
+from torch.utils.dlpack import to_dlpack
+
+from .. import _C
+from .fused_adam import FusedAdam
+
+__all__ = ["FP16_Optimizer"]
+
+_HALF = (torch.float16, torch.bfloat16)
+_FLOAT = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _kind(optimizer):
+    module = type(optimizer).__module__ or ""
+    if module.startswith("deepspeed"):
+        return "deepspeed"
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return "apex" if module.startswith("apex") else "torch"
+    return None
+
+
+def _c_able(t):
+    """Tensors the C passes take: dense CPU float32/float16/bfloat16."""
+    return t.device.type == "cpu" and t.dtype in _FLOAT and t.is_contiguous()
+
+
+def _check_and_norm(grads, scale):
+    """(found_inf, squared L2 norm of grads / scale) in one pass; torch for tensors C cannot take."""
+    c = [g for g in grads if _c_able(g)]
+    found_inf, sq = _C.grads_check_and_norm(list(map(to_dlpack, c)), float(scale)) if c else (False, 0.0)
+    for g in grads:
+        if not _c_able(g):
+            s = float(torch.sum((g.detach().double() / scale) ** 2))
+            found_inf = found_inf or not math.isfinite(s)
+            sq += s
+    return bool(found_inf), (math.inf if found_inf else sq)
+
+
+class FP16_Optimizer:
+    """Wraps a torch optimizer with dynamic loss scaling (see the module docstring).
+
+    Keyword arguments: ``init_loss_scale`` (2**16), ``scale_factor`` (2), ``scale_window``
+    (2000), ``min_loss_scale`` (1), ``max_loss_scale`` (2**24), ``dynamic_loss_scale``
+    (True; False keeps ``init_loss_scale``), ``clip_grad_norm`` (None: no clipping; else the
+    max global L2 norm of the unscaled gradients), ``master_weights`` (True: fp16/bf16
+    parameters get fp32 master copies that the inner optimizer updates).
+    """
+
+    def __new__(cls, optimizer, **kwargs):
+        kind = _kind(optimizer)
+        if kind is None:
+            warnings.warn(f"FP16_Optimizer: {type(optimizer).__module__}.{type(optimizer).__qualname__} is neither a "
+                          "torch, DeepSpeed nor Apex optimizer; it is returned unchanged (no loss scaling)",
+                          UserWarning, stacklevel=2)
+            return optimizer
+        if kind == "deepspeed":
+            return _modify_deepspeed(optimizer, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, optimizer, *, init_loss_scale=2.0 ** 16, scale_factor=2.0, scale_window=2000,
+                 min_loss_scale=1.0, max_loss_scale=2.0 ** 24, dynamic_loss_scale=True, clip_grad_norm=None,
+                 master_weights=True):
+        if not init_loss_scale > 0 or not scale_factor > 1 or scale_window < 1 or not min_loss_scale > 0:
+            raise ValueError("FP16_Optimizer: need init_loss_scale > 0, scale_factor > 1, scale_window >= 1, "
+                             "min_loss_scale > 0")
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ValueError(f"FP16_Optimizer: clip_grad_norm must be > 0 or None, got {clip_grad_norm}")
+        self.optimizer = optimizer
+        self.scale_factor = float(scale_factor)
+        self.scale_window = int(scale_window)
+        self.min_loss_scale = float(min_loss_scale)
+        self.max_loss_scale = float(max_loss_scale)
+        self.dynamic_loss_scale = bool(dynamic_loss_scale)
+        self.clip_grad_norm = clip_grad_norm
+        self._loss_scale = float(min(max(init_loss_scale, min_loss_scale), max_loss_scale))
+        self._good_steps = 0           # consecutive finite steps since the last scale change
+        self.overflow = False          # did the last step() skip?
+        self.skipped_steps = 0
+        self.last_grad_norm = None     # global L2 norm of the unscaled gradients, before clipping
+        # (group index, index in group, model param, master or None), in param_groups order
+        self._slots = []
+        for gi, group in enumerate(optimizer.param_groups):
+            for pi, p in enumerate(group["params"]):
+                master = None
+                if master_weights and p.dtype in _HALF:
+                    master = p.detach().clone().to(torch.float32)
+                    group["params"][pi] = master
+                    if p in optimizer.state:   # move existing state onto the master
+                        optimizer.state[master] = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point()
+                                                       and v.dim() > 0 else v)
+                                                   for k, v in optimizer.state.pop(p).items()}
+                self._slots.append((gi, pi, p, master))
+
+    # ---- what users see ----------------------------------------------------------------
+    @property
+    def loss_scale(self):
+        """The current loss scale."""
+        return self._loss_scale
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def __getattr__(self, name):   # anything else: the inner optimizer's
+        if name == "optimizer":
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+    def __repr__(self):
+        return f"FP16_Optimizer(loss_scale={self._loss_scale}, optimizer={self.optimizer!r})"
+
+    def backward(self, loss, retain_graph=False, create_graph=False):
+        """Backward of loss * loss_scale (in fp32)."""
+        (loss.float() * self._loss_scale).backward(retain_graph=retain_graph, create_graph=create_graph)
+
+    def zero_grad(self, set_to_none=True):
+        for _, _, p, master in self._slots:
+            for t in (p, master):
+                if t is None or t.grad is None:
+                    continue
+                if set_to_none:
+                    t.grad = None
+                else:
+                    t.grad.detach_()
+                    t.grad.zero_()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Checks, unscales, clips, then steps the inner optimizer — or skips on overflow.
+        Returns closure()'s loss if given (None when the step was skipped)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grads = []
+        for _, _, p, _ in self._slots:
+            if p.grad is not None:
+                if p.grad.is_sparse:
+                    raise RuntimeError("FP16_Optimizer does not support sparse gradients")
+                grads.append(p.grad)
+        scale = self._loss_scale
+        found_inf, sq = _check_and_norm(grads, scale)
+        self.overflow = found_inf
+        if found_inf:
+            self.skipped_steps += 1
+            self._update_scale(overflow=True)
+            self.last_grad_norm = math.inf
+            return None
+        norm = math.sqrt(sq)
+        self.last_grad_norm = norm
+        clip = 1.0
+        if self.clip_grad_norm is not None and norm > self.clip_grad_norm:
+            clip = self.clip_grad_norm / (norm + 1e-6)
+        divisor = scale / clip            # every gradient is divided by this
+
+        if isinstance(self.optimizer, FusedAdam):
+            # the unscale/clip rides on the Adam update; masters read the model grads directly
+            per_group = [list(g["params"]) for g in self.optimizer.param_groups]
+            for gi, pi, p, master in self._slots:
+                per_group[gi][pi] = p.grad
+            self.optimizer.step(grad_scale=divisor, grads=per_group)
+        else:
+            self._unscale_into_inner(1.0 / divisor)
+            self.optimizer.step()
+        for _, _, p, master in self._slots:
+            if master is not None and p.grad is not None:
+                p.copy_(master)
+        self._update_scale(overflow=False)
+        return loss
+
+    def _unscale_into_inner(self, factor):
+        """Gradients of the inner optimizer's params = model grads * factor (one C pass)."""
+        src, dst, inplace = [], [], []
+        for _, _, p, master in self._slots:
+            g = p.grad
+            if master is None:
+                if g is not None and factor != 1.0:
+                    inplace.append(g)
+                continue
+            if g is None:
+                master.grad = None
+                continue
+            if master.grad is None or master.grad.shape != master.shape or not master.grad.is_contiguous():
+                master.grad = torch.empty_like(master, memory_format=torch.contiguous_format)
+            src.append(g)
+            dst.append(master.grad)
+        c_src = [(s, d) for s, d in zip(src, dst) if _c_able(s)]
+        if c_src:
+            _C.grads_copy_scaled([to_dlpack(s) for s, _ in c_src], [to_dlpack(d) for _, d in c_src], float(factor))
+        for s, d in zip(src, dst):
+            if not _c_able(s):
+                torch.mul(s, factor, out=d)
+        c_in = [g for g in inplace if _c_able(g)]
+        if c_in:
+            _C.grads_scale(list(map(to_dlpack, c_in)), float(factor))
+        for g in inplace:
+            if not _c_able(g):
+                g.mul_(factor)
+
+    def _update_scale(self, overflow):
+        if not self.dynamic_loss_scale:
+            return
+        if overflow:
+            self._loss_scale = max(self._loss_scale / self.scale_factor, self.min_loss_scale)
+            self._good_steps = 0
+        else:
+            self._good_steps += 1
+            if self._good_steps >= self.scale_window:
+                self._loss_scale = min(self._loss_scale * self.scale_factor, self.max_loss_scale)
+                self._good_steps = 0
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def state_dict(self):
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "loss_scaler": {"loss_scale": self._loss_scale, "good_steps": self._good_steps,
+                            "scale_factor": self.scale_factor, "scale_window": self.scale_window,
+                            "min_loss_scale": self.min_loss_scale, "max_loss_scale": self.max_loss_scale,
+                            "dynamic_loss_scale": self.dynamic_loss_scale, "skipped_steps": self.skipped_steps},
+            "fp32_master_params": [m.detach().clone() if m is not None else None for _, _, _, m in self._slots],
+        }
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        s = state_dict["loss_scaler"]
+        self._loss_scale = float(s["loss_scale"])
+        self._good_steps = int(s["good_steps"])
+        self.scale_factor = float(s["scale_factor"])
+        self.scale_window = int(s["scale_window"])
+        self.min_loss_scale = float(s["min_loss_scale"])
+        self.max_loss_scale = float(s["max_loss_scale"])
+        self.dynamic_loss_scale = bool(s["dynamic_loss_scale"])
+        self.skipped_steps = int(s.get("skipped_steps", 0))
+        masters = state_dict.get("fp32_master_params", [])
+        if len(masters) != len(self._slots):
+            raise ValueError(f"FP16_Optimizer.load_state_dict: {len(masters)} master entries for "
+                             f"{len(self._slots)} parameters")
+        with torch.no_grad():
+            for (_, _, p, master), saved in zip(self._slots, masters):
+                if (master is None) != (saved is None):
+                    raise ValueError("FP16_Optimizer.load_state_dict: master weights do not match this optimizer's")
+                if master is not None:
+                    master.copy_(saved)
+                    p.copy_(master)
+
+
+# ---- DeepSpeed ---------------------------------------------------------------------------
+
+def _modify_deepspeed(optimizer, **kwargs):
+    """DeepSpeed ZeRO stage 1/2 (DeepSpeedZeroOptimizer): as ORT does, replace its overflow
+    check with the fused one (one C pass over CPU gradients; DeepSpeed's own otherwise) and
+    return the same optimizer. Loss scaling stays DeepSpeed's."""
+    if kwargs:
+        warnings.warn(f"FP16_Optimizer: options {sorted(kwargs)} are ignored for DeepSpeed optimizers "
+                      "(DeepSpeed keeps its own loss scaler)", UserWarning, stacklevel=3)
+    original = getattr(optimizer, "has_overflow_serial", None)
+    if original is None or getattr(original, "_ortmod_fused", False):
+        return optimizer
+
+    def has_overflow_serial(*args, **kw):
+        params = args[0] if args else kw.get("params")
+        is_grad_list = args[1] if len(args) > 1 else kw.get("is_grad_list", False)
+        try:
+            grads = [t if is_grad_list else t.grad for t in params]
+            grads = [g for g in grads if g is not None]
+        except TypeError:
+            return original(*args, **kw)
+        if not all(_c_able(g) for g in grads):
+            return original(*args, **kw)
+        return _check_and_norm(grads, 1.0)[0]
+
+    has_overflow_serial._ortmod_fused = True
+    optimizer.has_overflow_serial = has_overflow_serial
+    return optimizer

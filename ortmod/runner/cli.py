@@ -1,0 +1,22 @@
+"""``ortmod-train``: runs the native training runner (the compiled C binary) with the
+given arguments. See ``ortmod-train --help``."""
+import os
+import sys
+
+from ortmod.runner import find_binary
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    binary = find_binary()
+    if binary is None:
+        sys.stderr.write("ortmod-train: the compiled runner was not found (looked next to the ortmod.runner "
+                         "package and in build/); build it with 'make runner'\n")
+        return 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(binary, [binary] + argv)   # does not return
+
+
+if __name__ == "__main__":
+    sys.exit(main())
