@@ -280,6 +280,9 @@ class Exported:
     # buffers (state names), and each listed num_batches_tracked is incremented, as eager does.
     state_updates: list = dataclasses.field(default_factory=list)   # [(engine output index, buffer name)]
     counters: list = dataclasses.field(default_factory=list)        # [num_batches_tracked buffer name]
+    # per graph output: the names of the graph inputs it depends on (for gradients that
+    # no output in the loss reaches: None, as eager autograd gives, not zeros)
+    output_deps: list = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -452,6 +455,7 @@ def export(module, flat):
                                f"nor a parameter/buffer of the module")
 
     updates, bn_prefixes = _add_batchnorm_outputs(model, state_names)
+    output_deps = _output_dependencies(model)
     counters = []
     if updates:
         onnx_bytes = model.SerializeToString()
@@ -461,4 +465,34 @@ def export(module, flat):
             if getattr(owner, "num_batches_tracked", None) is not None:
                 counters.append(counter)
     return Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
-                    wrapper.out_tensor_positions, updates, counters)
+                    wrapper.out_tensor_positions, updates, counters, output_deps)
+
+
+def _output_dependencies(model):
+    """For each graph output, the frozenset of graph input names it is computed from."""
+    deps = {gi.name: frozenset((gi.name,)) for gi in model.graph.input}
+    empty = frozenset()
+
+    def walk_outer(sub):               # If/Loop/Scan bodies may read outer values
+        out = set()
+        for node in sub.node:
+            for i in node.input:
+                out |= deps.get(i, empty)
+            for attr in node.attribute:
+                for g in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
+                    out |= walk_outer(g)
+        return out
+
+    for node in model.graph.node:
+        src = set()
+        for i in node.input:
+            if i:
+                src |= deps.get(i, empty)
+        for attr in node.attribute:
+            for sub in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
+                src |= walk_outer(sub)
+        fs = frozenset(src)
+        for o in node.output:
+            if o:
+                deps[o] = fs
+    return [deps.get(o.name, empty) for o in model.graph.output]

@@ -21,12 +21,24 @@ def _wrap(capsule):
 class CompiledCall:
     """What the Function needs from a cache entry (passed as its first, non-tensor argument)."""
 
-    __slots__ = ("engine", "output_differentiable", "n_inputs")
+    __slots__ = ("engine", "output_differentiable", "n_inputs", "output_deps", "_reached")
 
-    def __init__(self, engine, output_differentiable, n_inputs):
+    def __init__(self, engine, output_differentiable, n_inputs, output_deps=None):
         self.engine = engine
         self.output_differentiable = tuple(output_differentiable)
         self.n_inputs = n_inputs
+        # per output: the input positions it depends on (None: unknown, keep every gradient)
+        self.output_deps = output_deps
+        self._reached = {}
+
+    def reached(self, present):
+        """Input positions that a gradient reaches when only the outputs flagged in
+        ``present`` have one (cached per pattern)."""
+        r = self._reached.get(present)
+        if r is None:
+            r = frozenset().union(*(d for d, p in zip(self.output_deps, present) if p))
+            self._reached[present] = r
+        return r
 
 
 class EngineFunction(torch.autograd.Function):
@@ -57,6 +69,12 @@ class EngineFunction(torch.autograd.Function):
             return (None,) * (1 + call.n_inputs)
         grads = call.engine.backward(
             ctx.stash, [None if g is None else _engine_view(g) for g in grad_outputs])
+        present = tuple(g is not None for g in grad_outputs)
+        if call.output_deps is not None and not all(present):
+            # Outputs left out of the loss: an input that none of the others depends on
+            # gets no gradient (None), as in eager autograd, rather than the engine's zeros.
+            reached = call.reached(present)
+            return (None,) + tuple(_wrap(g) if i in reached else None for i, g in enumerate(grads))
         return (None,) + tuple(_wrap(g) for g in grads)
 
 

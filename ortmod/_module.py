@@ -162,7 +162,10 @@ class _Entry:
         diff = list(engine.output_differentiable)
         for index, _ in exported.state_updates:       # running stats: never differentiated
             diff[index] = False
-        self.call = CompiledCall(engine, diff, len(self.names))
+        position = {name: i for i, name in enumerate(self.names)}
+        deps = [frozenset(position[n] for n in d if n in position) for d in exported.output_deps]
+        self.call = CompiledCall(engine, diff, len(self.names),
+                                 deps if len(deps) == len(diff) else None)
         self.relink(exported)
 
     def relink(self, exported):

@@ -17,6 +17,17 @@ import ortmod._C as _C
 from ortmod.optim import AdamWMode, FusedAdam
 
 STEPS = 50
+
+
+@pytest.fixture(autouse=True)
+def torch_single_thread():
+    """The references are many small torch ops; on a busy 2-core machine torch's OpenMP
+    threads make each cost milliseconds. FusedAdam keeps its own threads."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 SHAPES = [(100, 400), (17,), (3, 5, 7), (1,), (33, 65)]   # 40k elements: threaded; odd sizes: scalar tails
 
 

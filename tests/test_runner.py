@@ -423,3 +423,31 @@ def test_weight_lists_freeze_what_they_say(binary, task, tmp_path):
     np.testing.assert_array_equal(before["0.weight"], after["0.weight"])
     np.testing.assert_array_equal(before["0.bias"], after["0.bias"])
     assert not np.array_equal(before["2.weight"], after["2.weight"])
+
+
+def test_loss_none_trains_a_graph_that_outputs_its_loss(binary, task, tmp_path):
+    """A model that computes its own scalar loss: --loss none, labels are a plain graph input."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array((0.1 * rng.standard_normal((C, D))).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.zeros(C, np.float32), "b")
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["logits"], transB=1),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "y"], ["loss"], reduction="mean")]
+    g = helper.make_graph(nodes, "linear_with_loss",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", D]),
+                           helper.make_tensor_value_info("y", TensorProto.INT64, ["N"])],
+                          [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], [w, b])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), str(tmp_path / "m.onnx"))
+    data = read_shards(task / "train")
+    write_shards(tmp_path / "d", {"x": data["x"], "y": data["labels"]})
+    r = run_cli(binary, "--model", tmp_path / "m.onnx", "--train_data_dir", tmp_path / "d", "--loss", "none",
+                "--num_train_steps", "40", "--display_loss_steps", "1", "--learning_rate", "0.02",
+                "--output_dir", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    losses = [float(ln.split("loss ")[1].split(",")[0]) for ln in r.stdout.splitlines() if ln.startswith("step ")]
+    assert losses[-1] < 0.8 * losses[0]
+    assert not np.array_equal(weights(tmp_path / "m.onnx")["w"], weights(tmp_path / "out" / "trained_model.onnx")["w"])
+    # a non-scalar loss_input is refused with --loss none
+    fails(run_cli(binary, "--model", tmp_path / "m.onnx", "--train_data_dir", tmp_path / "d", "--loss", "none",
+                  "--loss_input", "logits"), "loss_input: 'logits'", "scalar")

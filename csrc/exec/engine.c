@@ -297,7 +297,7 @@ om_status *om_engine_forward(om_engine *e, const om_tensor *inputs, int n_inputs
     if (!given || !stash_buf) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
     for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
     for (int v = 0; v < p->n_values; v++) {
-        if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)p->fwd_arena + p->offset[v];
+        if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)p->scratch + p->offset[v];
         else if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= 0 && g->values[v].producer < g->n_fwd_nodes) {
             f.data[v] = om_alloc(om_tensor_nbytes(&p->vt[v]));
@@ -383,7 +383,7 @@ om_status *om_engine_backward(om_engine *e, om_stash *s, const om_tensor *grad_o
     }
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)s->buf + p->offset[v];
-        else if (p->storage[v] == OM_ST_BWD) f.data[v] = (char *)p->bwd_arena + p->offset[v];
+        else if (p->storage[v] == OM_ST_BWD) f.data[v] = (char *)p->scratch + p->offset[v];
         else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= g->n_fwd_nodes) {
             f.data[v] = om_alloc(om_tensor_nbytes(&p->vt[v]));
             if (!f.data[v]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory for gradients"); goto done; }
@@ -503,8 +503,9 @@ const char *om_engine_report_json(om_engine *e) {
             if (g->values[v].producer >= g->n_fwd_nodes) out_bwd += nb;
             else out_fwd += nb;
         }
-        size_t peak_fwd = p->fwd_arena_size + p->stash_size + out_fwd;
-        size_t peak_bwd = p->bwd_arena_size + p->stash_size + out_bwd;
+        size_t scratch = p->fwd_arena_size > p->bwd_arena_size ? p->fwd_arena_size : p->bwd_arena_size;
+        size_t peak_fwd = scratch + p->stash_size + out_fwd;
+        size_t peak_bwd = scratch + p->stash_size + out_bwd;
         sb_printf(&b, "%s{\"input_shapes\": [", i ? ", " : "");
         for (int k = 0; k < p->n_inputs; k++) {
             sb_printf(&b, "%s[", k ? ", " : "");

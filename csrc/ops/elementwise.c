@@ -1205,15 +1205,18 @@ static om_status *sum_to_shape_grad(om_grad_ctx *c) {
 
 /* ---- the table entries ------------------------------------------------------------------------ */
 
+/* Elementwise kernels read element i before writing element i: they may run in place. */
 #define BIN(sym, nm, infer_fn, grad_fn, cpu_fn)                                               \
     const om_op_def sym = {.name = nm, .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1, \
-                           .infer = infer_fn, .grad = grad_fn, .cpu = cpu_fn, .diff_inputs = 0x3u};
+                           .flags = OM_OP_INPLACE, .infer = infer_fn, .grad = grad_fn, .cpu = cpu_fn,       \
+                           .diff_inputs = 0x3u};
 #define UN(sym, nm, infer_fn, grad_fn, cpu_fn)                                                \
     const om_op_def sym = {.name = nm, .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1, \
-                           .infer = infer_fn, .grad = grad_fn, .cpu = cpu_fn, .diff_inputs = 0x1u};
+                           .flags = OM_OP_INPLACE, .infer = infer_fn, .grad = grad_fn, .cpu = cpu_fn,       \
+                           .diff_inputs = 0x1u};
 #define GRAD_OP(sym, nm, infer_fn, cpu_fn)                                                    \
     const om_op_def sym = {.name = nm, .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1, \
-                           .infer = infer_fn, .cpu = cpu_fn};
+                           .flags = OM_OP_INPLACE, .infer = infer_fn, .cpu = cpu_fn};
 
 BIN(om_op_add, "Add", infer_binary_arith, add_grad, add_cpu)
 BIN(om_op_sub, "Sub", infer_binary_arith, sub_grad, sub_cpu)

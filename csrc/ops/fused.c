@@ -106,22 +106,6 @@ static int emit_partial(om_grad_ctx *c, const char *op, const int *in, int n_in,
     return id;
 }
 
-static void copy_attrs(om_grad_ctx *c, const om_node *src) {
-    int id = om_emit_last(c);
-    for (int a = 0; a < src->n_attr; a++) {
-        const om_attr *at = &src->attr[a];
-        om_status *st = NULL;
-        switch (at->type) {
-        case OM_ATTR_INT: st = om_node_set_int(c->g, id, at->name, at->i); break;
-        case OM_ATTR_FLOAT: st = om_node_set_float(c->g, id, at->name, at->f); break;
-        case OM_ATTR_STRING: st = om_node_set_string(c->g, id, at->name, at->s); break;
-        case OM_ATTR_INTS: st = om_node_set_ints(c->g, id, at->name, at->ints, at->n); break;
-        default: break;
-        }
-        if (st) { om_grad_fail(c, st); return; }
-    }
-}
-
 /* ---- MatMulBias ------------------------------------------------------------------- */
 
 static om_status *mmb_dims(const om_kernel_ctx *ctx, int64_t *M, int64_t *N, int64_t *K) {
@@ -153,7 +137,7 @@ static om_status *mmb_dims(const om_kernel_ctx *ctx, int64_t *M, int64_t *N, int
 }
 
 static om_status *mmb_infer(om_kernel_ctx *ctx) {
-    int64_t M, N, K;
+    int64_t M = 0, N = 0, K = 0;
     OM_TRY(mmb_dims(ctx, &M, &N, &K));
     const om_tensor *x = &ctx->in[0];
     om_tensor *y = &ctx->out[0];
@@ -166,7 +150,7 @@ static om_status *mmb_infer(om_kernel_ctx *ctx) {
 
 // x is (M, K) (leading dims flattened), W is (K, N) or (N, K) with transB, b is (N) or (1); y is (M, N)
 static om_status *mmb_cpu(om_kernel_ctx *ctx) {
-    int64_t M, N, K;
+    int64_t M = 0, N = 0, K = 0;
     OM_TRY(mmb_dims(ctx, &M, &N, &K));
     int tb = om_attr_int(ctx->node, "transB", 0) != 0;
     const om_tensor *b = &ctx->in[2];
@@ -227,7 +211,7 @@ static om_status *mmbg_dims(om_kernel_ctx *ctx, om_tensor *xs, om_tensor *ws, om
 
 static om_status *mmbg_infer(om_kernel_ctx *ctx) {
     om_tensor xs, ws, bs;
-    int64_t M, N, K;
+    int64_t M = 0, N = 0, K = 0;
     OM_TRY(mmbg_dims(ctx, &xs, &ws, &bs, &M, &N, &K));
     if (ctx->n_out > 0) ctx->out[0] = xs;
     if (ctx->n_out > 1) ctx->out[1] = ws;
@@ -238,7 +222,7 @@ static om_status *mmbg_infer(om_kernel_ctx *ctx) {
 // dy is (M, N), x is (M, K), W is (K, N) or (N, K); dx (M, K), dW like W, db (N) or (1)
 static om_status *mmbg_cpu(om_kernel_ctx *ctx) {
     om_tensor xs, ws, bs;
-    int64_t M, N, K;
+    int64_t M = 0, N = 0, K = 0;
     OM_TRY(mmbg_dims(ctx, &xs, &ws, &bs, &M, &N, &K));
     const om_node *n = ctx->node;
     int tb = om_attr_int(n, "transB", 0) != 0;
@@ -301,7 +285,7 @@ static om_status *bias_rows(const om_kernel_ctx *ctx, int xi, int bi, int64_t *r
 }
 
 static om_status *bias_gelu_infer(om_kernel_ctx *ctx) {
-    int64_t rows, cols;
+    int64_t rows = 0, cols = 0;
     if (gelu_tanh_mode(ctx->node) < 0) return om_err_unsupported(ctx->node, "approximate must be \"none\" or \"tanh\"");
     OM_TRY(bias_rows(ctx, 0, 1, &rows, &cols));
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
@@ -310,7 +294,7 @@ static om_status *bias_gelu_infer(om_kernel_ctx *ctx) {
 
 // x is (rows, cols), b is (cols) or (1); y like x
 static om_status *bias_gelu_cpu(om_kernel_ctx *ctx) {
-    int64_t rows, cols;
+    int64_t rows = 0, cols = 0;
     OM_TRY(bias_rows(ctx, 0, 1, &rows, &cols));
     const int tanh_mode = gelu_tanh_mode(ctx->node);
     const int64_t bs = om_tensor_numel(&ctx->in[1]) == 1 ? 0 : 1;
@@ -342,7 +326,7 @@ static om_status *bias_gelu_grad(om_grad_ctx *c) {
 }
 
 static om_status *bias_gelu_grad_infer(om_kernel_ctx *ctx) {
-    int64_t rows, cols;
+    int64_t rows = 0, cols = 0;
     OM_TRY(check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
     OM_TRY(bias_rows(ctx, 1, 2, &rows, &cols));
     if (om_tensor_numel(&ctx->in[0]) != rows * cols)
@@ -354,7 +338,7 @@ static om_status *bias_gelu_grad_infer(om_kernel_ctx *ctx) {
 
 // dy, x are (rows, cols), b is (cols) or (1); dx like x, db like b = column sums of dx
 static om_status *bias_gelu_grad_cpu(om_kernel_ctx *ctx) {
-    int64_t rows, cols;
+    int64_t rows = 0, cols = 0;
     OM_TRY(bias_rows(ctx, 1, 2, &rows, &cols));
     const int tanh_mode = gelu_tanh_mode(ctx->node);
     const int64_t bs = om_tensor_numel(&ctx->in[2]) == 1 ? 0 : 1;
@@ -403,13 +387,19 @@ static om_status *bias_dropout_check(const om_kernel_ctx *ctx, int64_t *rows, in
         OM_TRY(check_bias(n, &ctx->in[1], 1, *cols));
     }
     if (present(ctx, 2)) {
-        OM_TRY(check_float(n, &ctx->in[2], 2, x->dtype));
-        if (!om_shape_equal(&ctx->in[2], x)) {
+        const om_tensor *r = &ctx->in[2];
+        OM_TRY(check_float(n, r, 2, x->dtype));
+        int ok = r->rank <= x->rank;
+        for (int d = 0; ok && d < r->rank; d++) {
+            int64_t e = r->dims[r->rank - 1 - d], f = x->dims[x->rank - 1 - d];
+            ok = e == f || e == 1;
+        }
+        if (!ok) {
             char a[128], b[128];
             om_shape_str(x, a, sizeof a);
-            om_shape_str(&ctx->in[2], b, sizeof b);
-            return om_error(OM_INVALID_ARGUMENT, "BiasDropout node '%s': the residual %s must have the shape of x %s",
-                            n->name, b, a);
+            om_shape_str(r, b, sizeof b);
+            return om_error(OM_INVALID_ARGUMENT, "BiasDropout node '%s': the residual %s must broadcast to x %s "
+                            "without growing it", n->name, b, a);
         }
     }
     if (present(ctx, 4) && ctx->in[4].dtype != OM_BOOL) return om_err_dtype(n, 4, ctx->in[4].dtype);
@@ -417,7 +407,7 @@ static om_status *bias_dropout_check(const om_kernel_ctx *ctx, int64_t *rows, in
 }
 
 static om_status *bias_dropout_infer(om_kernel_ctx *ctx) {
-    int64_t rows, cols;
+    int64_t rows = 0, cols = 0;
     OM_TRY(bias_dropout_check(ctx, &rows, &cols));
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     if (ctx->n_out > 1) om_set_shape(&ctx->out[1], &ctx->in[0], OM_BOOL);
@@ -432,9 +422,24 @@ static om_status *dropout_params(const om_kernel_ctx *ctx, int ri, int ti, doubl
     return NULL;
 }
 
-// x, residual, y, mask are (rows, cols); b is (cols) or (1)
+/* Offset in r (broadcast to x's shape) of x's flat index k: the slow path for a residual
+ * smaller than x. */
+static int64_t res_offset(const om_tensor *x, const om_tensor *r, int64_t k) {
+    int64_t off = 0, stride = 1;
+    for (int d = 0; d < x->rank; d++) {
+        int dx = x->rank - 1 - d, dr = r->rank - 1 - d;
+        int64_t i = k % x->dims[dx];
+        k /= x->dims[dx];
+        if (dr < 0) continue;
+        if (r->dims[dr] != 1) off += i * stride;
+        stride *= r->dims[dr];
+    }
+    return off;
+}
+
+// x, y, mask are (rows, cols); residual like x (or broadcast to it); b is (cols) or (1)
 static om_status *bias_dropout_cpu(om_kernel_ctx *ctx) {
-    int64_t rows, cols;
+    int64_t rows = 0, cols = 0;
     OM_TRY(bias_dropout_check(ctx, &rows, &cols));
     double ratio;
     int training;
@@ -444,6 +449,8 @@ static om_status *bias_dropout_cpu(om_kernel_ctx *ctx) {
     const uint64_t seed = ctx->seed;
     const int64_t bs = present(ctx, 1) && om_tensor_numel(&ctx->in[1]) != 1 ? 1 : 0;
     uint8_t *restrict mask = wanted(ctx, 1) ? (uint8_t *)ctx->out[1].data : NULL;
+    const om_tensor *x = &ctx->in[0];
+    const int rsame = !present(ctx, 2) || om_shape_equal(&ctx->in[2], x);
     OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
         const T *restrict xp = ctx->in[0].data;
         const T *restrict bp = present(ctx, 1) ? (const T *)ctx->in[1].data : NULL;
@@ -462,7 +469,7 @@ static om_status *bias_dropout_cpu(om_kernel_ctx *ctx) {
                 } else if (mask) {
                     mask[k] = 1;
                 }
-                yp[k] = rp ? v + rp[k] : v;
+                yp[k] = rp ? v + rp[rsame ? k : res_offset(x, &ctx->in[2], k)] : v;
             }
     });
     return NULL;
@@ -474,7 +481,9 @@ static om_status *bias_dropout_grad(om_grad_ctx *c) {
     int b = f->n_in > 1 ? f->in[1] : -1, ratio = f->n_in > 3 ? f->in[3] : -1, tm = f->n_in > 4 ? f->in[4] : -1;
     int dy = c->dy[0];
     if (dy < 0) return NULL;
-    if (c->need_dx[2]) c->dx[2] = dy;
+    /* a residual of x's shape gets dy as is (SumToShape of equal shapes is a copy) */
+    if (c->need_dx[2] && (c->dx[2] = om_emit_sum_to(c, dy, f->in[2])) < 0) return NULL;
+    f = &c->g->nodes[c->node];
     if (!c->need_dx[0] && !c->need_dx[1]) return NULL;
     int mask = tm >= 0 ? om_node_ensure_output(c->g, c->node, 1, OM_BOOL) : -1;
     if (tm >= 0 && mask < 0)
@@ -556,7 +565,7 @@ static om_status *sln_dims(const om_kernel_ctx *ctx, int xi, int si, int64_t *ro
 }
 
 static om_status *sln_infer(om_kernel_ctx *ctx) {
-    int64_t rows, cols;
+    int64_t rows = 0, cols = 0;
     OM_TRY(sln_dims(ctx, 0, 1, &rows, &cols));
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     if (ctx->n_out > 1) {
@@ -568,7 +577,7 @@ static om_status *sln_infer(om_kernel_ctx *ctx) {
 
 // x is (rows, cols), scale (cols); y like x, inv_rms (rows, 1)
 static om_status *sln_cpu(om_kernel_ctx *ctx) {
-    int64_t rows, cols;
+    int64_t rows = 0, cols = 0;
     OM_TRY(sln_dims(ctx, 0, 1, &rows, &cols));
     const double eps = om_attr_float(ctx->node, "epsilon", 1e-5f);
     OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
@@ -601,7 +610,7 @@ static om_status *sln_grad(om_grad_ctx *c) {
 }
 
 static om_status *sln_grad_infer(om_kernel_ctx *ctx) {
-    int64_t rows, cols;
+    int64_t rows = 0, cols = 0;
     OM_TRY(sln_dims(ctx, 1, 2, &rows, &cols));
     if (om_tensor_numel(&ctx->in[0]) != rows * cols || om_tensor_numel(&ctx->in[3]) != rows)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': dy / inv_rms sizes do not match x", ctx->node->op->name,
@@ -615,7 +624,7 @@ static om_status *sln_grad_infer(om_kernel_ctx *ctx) {
  *   dx_j = r (g_j s_j) - x_j r^3 / cols * sum_k (g_k s_k x_k),   ds_j = sum_rows g_j x_j r */
 // dy, x are (rows, cols), scale (cols), inv_rms (rows)
 static om_status *sln_grad_cpu(om_kernel_ctx *ctx) {
-    int64_t rows, cols;
+    int64_t rows = 0, cols = 0;
     OM_TRY(sln_dims(ctx, 1, 2, &rows, &cols));
     const int want_dx = wanted(ctx, 0), want_ds = wanted(ctx, 1);
     OM_DISPATCH_FLOAT(ctx->in[1].dtype, ctx->node, {

@@ -412,7 +412,7 @@ static om_status *shape_to_out(const om_node *n, const om_tensor *t, int i, om_d
     OM_TRY(need_known(n, t, i, d, OM_MAX_RANK, &r));
     out->dtype = dt;
     out->rank = r;
-    memcpy(out->dims, d, sizeof(int64_t) * (size_t)r);
+    for (int i = 0; i < r && i < OM_MAX_RANK; i++) out->dims[i] = d[i];
     return NULL;
 }
 
@@ -981,21 +981,6 @@ static om_status *einsum_cpu(om_kernel_ctx *ctx) {
         om_free(ga); om_free(gb); om_free(pc);
     });
     return NULL;
-}
-
-/* Writes term t of the equation as text ("...ij"); the ellipsis dims come back as "...". */
-static void ein_term_text(const ein_term *t, int nell, char *buf, size_t cap) {
-    size_t k = 0;
-    int ell_done = 0;
-    for (int d = 0; d < t->n && k + 4 < cap; d++) {
-        const int l = t->lab[d];
-        if (l >= 52) {
-            if (!ell_done) { memcpy(buf + k, "...", 3); k += 3; ell_done = 1; }
-            continue;
-        }
-        buf[k++] = (char)(l < 26 ? 'a' + l : 'A' + l - 26);
-    }
-    buf[k] = 0;
 }
 
 /* dA = einsum("out,B->A")(dY, B) and dB = einsum("A,out->B")(A, dY) (one operand:

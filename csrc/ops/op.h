@@ -40,6 +40,8 @@ enum {
     OM_OP_ALIAS = 1 << 0,      /* output 0 may share input 0's memory (Reshape, Identity, ...) */
     OM_OP_RANDOM = 1 << 1,     /* never fold at plan time, never merge */
     OM_OP_SHAPE_ONLY = 1 << 2, /* reads only input shapes (Shape, Size): foldable once shapes are known */
+    OM_OP_INPLACE = 1 << 3,    /* output 0 may overwrite input 0 when both have the same shape and input 0
+                                  dies here: the kernel reads each element before writing the same element */
 };
 
 typedef struct om_op_def {

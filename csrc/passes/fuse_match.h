@@ -16,6 +16,7 @@
 #define OM_FUSE_MATCH_H
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "passes/pass.h"

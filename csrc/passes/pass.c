@@ -9,6 +9,16 @@
 static const om_pass passes[] = {
     {"constant_folding", OM_PASS_FORWARD, om_pass_constant_folding},
     {"cse", OM_PASS_FORWARD | OM_PASS_JOINT, om_pass_cse},
+    /* fusions: gelu before bias_gelu (Add + written-out GELU -> BiasGelu); attention and
+     * bias_gelu before matmul_add_bias (they claim their Adds first); matmul_add_bias
+     * before bias_dropout_residual (MatMul + Add -> Dropout -> Add: both fire) */
+    {"gelu", OM_PASS_FORWARD, om_pass_gelu},
+    {"layer_norm", OM_PASS_FORWARD, om_pass_layer_norm},
+    {"softmax_cross_entropy", OM_PASS_FORWARD, om_pass_softmax_cross_entropy},
+    {"attention", OM_PASS_FORWARD, om_pass_attention},
+    {"bias_gelu", OM_PASS_FORWARD, om_pass_bias_gelu},
+    {"matmul_add_bias", OM_PASS_FORWARD, om_pass_matmul_add_bias},
+    {"bias_dropout_residual", OM_PASS_FORWARD, om_pass_bias_dropout_residual},
     {"dce", OM_PASS_FORWARD | OM_PASS_JOINT, om_pass_dce},
 };
 

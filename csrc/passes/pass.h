@@ -44,4 +44,12 @@ int om_pass_disabled(const char *name);
 om_status *om_pass_constant_folding(om_pass_ctx *c);
 om_status *om_pass_cse(om_pass_ctx *c);
 om_status *om_pass_dce(om_pass_ctx *c);
+/* fusions (fuse_*.c) */
+om_status *om_pass_gelu(om_pass_ctx *c);
+om_status *om_pass_layer_norm(om_pass_ctx *c);
+om_status *om_pass_softmax_cross_entropy(om_pass_ctx *c);
+om_status *om_pass_attention(om_pass_ctx *c);
+om_status *om_pass_bias_gelu(om_pass_ctx *c);
+om_status *om_pass_matmul_add_bias(om_pass_ctx *c);
+om_status *om_pass_bias_dropout_residual(om_pass_ctx *c);
 #endif

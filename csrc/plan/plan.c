@@ -20,8 +20,7 @@ void om_plan_free(om_plan *p) {
     free(p->fwd_prog);
     free(p->bwd_prog);
     free(p->seed_of_output);
-    om_free(p->fwd_arena);
-    om_free(p->bwd_arena);
+    om_free(p->scratch);
     free(p);
 }
 
@@ -245,22 +244,41 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
             if (v >= 0 && p->storage[v] == OM_ST_BWD) p->storage[v] = OM_ST_OUT;
         }
 
+    /* In-place reuse: an INPLACE op's output takes its first input's buffer when that input
+     * dies at this node (same arena, same size); the merged buffer lives until the output's
+     * last use. share[] points each merged output at the buffer that owns the bytes. */
+    int *share = malloc(sizeof(int) * ((size_t)nv + 1));
+    if (!share) goto oom;
+    for (int v = 0; v < nv; v++) share[v] = v;
+    for (int k = 0; k < nn; k++) {
+        const om_node *n = &g->nodes[k];
+        if (step_of[k] < 0 || !(n->op->flags & OM_OP_INPLACE) || n->n_in < 1 || n->in[0] < 0 || n->out[0] < 0) continue;
+        int a = root_of(p, n->in[0]), b = n->out[0];
+        om_storage sa = p->storage[a];
+        if ((sa != OM_ST_FWD && sa != OM_ST_BWD) || p->storage[b] != sa || last[a] != step_of[k]) continue;
+        if (!om_shape_equal(&p->vt[a], &p->vt[b]) || p->vt[a].dtype != p->vt[b].dtype) continue;
+        int owner = share[a];
+        share[b] = owner;
+        if (last[b] > last[owner]) last[owner] = last[b];
+    }
     int n_iv = 0;
     for (int v = 0; v < nv; v++)
-        if (p->storage[v] == OM_ST_FWD) iv[n_iv++] = (interval){v, def[v], last[v], aligned_bytes(&p->vt[v])};
+        if (p->storage[v] == OM_ST_FWD && share[v] == v) iv[n_iv++] = (interval){v, def[v], last[v], aligned_bytes(&p->vt[v])};
     p->fwd_arena_size = place(p, iv, n_iv);
     n_iv = 0;
     for (int v = 0; v < nv; v++)
-        if (p->storage[v] == OM_ST_BWD) iv[n_iv++] = (interval){v, def[v], last[v], aligned_bytes(&p->vt[v])};
+        if (p->storage[v] == OM_ST_BWD && share[v] == v) iv[n_iv++] = (interval){v, def[v], last[v], aligned_bytes(&p->vt[v])};
     p->bwd_arena_size = place(p, iv, n_iv);
     n_iv = 0;
     for (int v = 0; v < nv; v++)   /* the stash lives from forward to backward: no sharing */
         if (p->storage[v] == OM_ST_STASH) iv[n_iv++] = (interval){v, 0, 1, aligned_bytes(&p->vt[v])};
     p->stash_size = place(p, iv, n_iv);
+    for (int v = 0; v < nv; v++)
+        if (share[v] != v) p->offset[v] = p->offset[share[v]];
+    free(share);
 
-    p->fwd_arena = om_alloc(p->fwd_arena_size);
-    p->bwd_arena = om_alloc(p->bwd_arena_size);
-    if (!p->fwd_arena || !p->bwd_arena) goto oom;
+    p->scratch = om_alloc(p->fwd_arena_size > p->bwd_arena_size ? p->fwd_arena_size : p->bwd_arena_size);
+    if (!p->scratch) goto oom;
     goto done;
 oom:
     st = om_error(OM_OUT_OF_MEMORY, "out of memory building a plan");

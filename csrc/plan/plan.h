@@ -35,7 +35,9 @@ typedef struct om_plan {
     int *bwd_prog, n_bwd_prog;
     int *seed_of_output;          /* per graph output: the seed value (or -1) */
     size_t fwd_arena_size, bwd_arena_size, stash_size;
-    void *fwd_arena, *bwd_arena;  /* reused by every call (engine lock held) */
+    void *scratch;                /* one arena for both programs: the forward's scratch is dead once
+                                     it returns (what backward needs is in the stash), so the backward
+                                     reuses the same bytes; calls are serialized by the engine lock */
 } om_plan;
 
 /* Builds a plan for g (after autodiff) and these input shapes. */

@@ -181,7 +181,6 @@ void om_runner_free(om_runner *r) {
     rn_dataset_free(&r->train);
     rn_dataset_free(&r->test);
     free(r->update_secs);
-    free(r->update_samples);
     rn_profiler_free(&r->prof);
     rn_events_close(&r->events);
     free(r);

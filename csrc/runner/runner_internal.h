@@ -168,7 +168,6 @@ struct om_runner {
     int64_t start_update, run_steps, run_updates, run_skipped, run_samples;
     double run_seconds, last_loss, last_grad_norm;
     double *update_secs;             /* per update of this run (stabilized throughput) */
-    int64_t *update_samples;
     int64_t n_update_secs, cap_update_secs;
     double eval_loss, eval_accuracy;
     int64_t last_ckpt_update;

@@ -1,0 +1,222 @@
+"""FP16_Optimizer: the loss-scale schedule step by step, overflow skips, fused
+check/unscale/clip, fp32 master weights for fp16/bf16 models, checkpoints, and wrapping
+optimizers of other kinds."""
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from ortmod.optim import FP16_Optimizer, FusedAdam
+from ortmod.optim.fp16_optimizer import FP16_Optimizer as FP16_Optimizer_direct
+
+
+@pytest.fixture(autouse=True)
+def torch_single_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny(dtype=torch.float32):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(dtype)
+
+
+def set_grads(model, value_fn):
+    for p in model.parameters():
+        p.grad = value_fn(p)
+
+
+def test_importable_from_both_places():
+    assert FP16_Optimizer is FP16_Optimizer_direct
+
+
+def test_defaults():
+    opt = FP16_Optimizer(torch.optim.SGD(tiny().parameters(), lr=0.1))
+    assert opt.loss_scale == 2.0 ** 16
+    assert opt.scale_window == 2000 and opt.scale_factor == 2.0 and opt.min_loss_scale == 1.0
+
+
+def test_backward_scales_the_loss():
+    model = tiny()
+    x = torch.randn(4, 6)
+    model(x).sum().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), init_loss_scale=1024.0)
+    opt.backward(model(x).sum())
+    for p, g in zip(model.parameters(), plain):
+        torch.testing.assert_close(p.grad, g * 1024.0)
+
+
+def test_scale_schedule_and_overflow_skips_step_by_step():
+    model = tiny()
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), init_loss_scale=8.0, scale_window=3)
+    # step: 1..10; inf gradient on steps 4, 8 and 9 (NaN on 9)
+    bad = {4: math.inf, 8: -math.inf, 9: math.nan}
+    expected_scale_after = {1: 8, 2: 8, 3: 16, 4: 8, 5: 8, 6: 8, 7: 16, 8: 8, 9: 4, 10: 4}
+    for step in range(1, 11):
+        before = [p.detach().clone() for p in model.parameters()]
+        set_grads(model, lambda p: torch.full_like(p, opt.loss_scale))   # unscaled gradient: 1
+        if step in bad:
+            next(iter(model.parameters())).grad[0, 0] = bad[step]
+        opt.step()
+        changed = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        print(f"step {step}: overflow={opt.overflow} loss_scale={opt.loss_scale}")
+        assert opt.overflow == (step in bad)
+        assert changed == (step not in bad)
+        if step not in bad:       # SGD on unscaled grads of 1: p -= 0.1
+            for b, p in zip(before, model.parameters()):
+                torch.testing.assert_close(p.detach(), b - 0.1)
+        assert opt.loss_scale == expected_scale_after[step]
+    assert opt.skipped_steps == 3
+
+
+def test_scale_floor_and_ceiling():
+    model = tiny()
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), init_loss_scale=4.0, scale_window=1,
+                         max_loss_scale=16.0)
+    for expected in (2.0, 1.0, 1.0, 1.0):
+        set_grads(model, lambda p: torch.full_like(p, math.inf))
+        opt.step()
+        assert opt.loss_scale == expected
+    for expected in (2.0, 4.0, 8.0, 16.0, 16.0):
+        set_grads(model, torch.ones_like)
+        opt.step()
+        assert opt.loss_scale == expected
+
+
+def test_static_loss_scale():
+    model = tiny()
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), init_loss_scale=128.0,
+                         dynamic_loss_scale=False, scale_window=1)
+    set_grads(model, lambda p: torch.full_like(p, math.inf))
+    opt.step()
+    set_grads(model, torch.ones_like)
+    opt.step()
+    assert opt.loss_scale == 128.0
+
+
+@pytest.mark.parametrize("inner", ["sgd", "fused"])
+def test_unscale_and_clip_match_torch(inner):
+    ref, model = tiny(), tiny()
+    x = torch.randn(16, 6)
+    if inner == "sgd":
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), init_loss_scale=256.0, clip_grad_norm=0.5)
+    else:
+        ref_opt = FusedAdam(ref.parameters(), lr=1e-2, adam_w_mode=2)
+        opt = FP16_Optimizer(FusedAdam(model.parameters(), lr=1e-2, adam_w_mode=2), init_loss_scale=256.0,
+                             clip_grad_norm=0.5)
+    for _ in range(3):
+        ref_opt.zero_grad()
+        (ref(x) ** 2).sum().backward()
+        norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        ref_opt.step()
+        opt.zero_grad()
+        opt.backward((model(x) ** 2).sum())
+        opt.step()
+        assert opt.last_grad_norm == pytest.approx(float(norm), rel=1e-5)
+        for a, b in zip(ref.parameters(), model.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("inner", ["fused", "adamw"])
+def test_half_model_keeps_fp32_master_weights(dtype, inner):
+    """The half model trains through fp32 masters: its params are the masters rounded, and
+    the masters follow an fp32 run on the same (unscaled) gradients."""
+    model = tiny(dtype)
+    ref = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
+    if inner == "fused":
+        opt = FP16_Optimizer(FusedAdam(model.parameters(), lr=1e-3, adam_w_mode=2, weight_decay=0.01),
+                             init_loss_scale=64.0)
+        ref_opt = FusedAdam(ref, lr=1e-3, adam_w_mode=2, weight_decay=0.01)
+    else:
+        opt = FP16_Optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01),
+                             init_loss_scale=64.0)
+        ref_opt = torch.optim.AdamW(ref, lr=1e-3, weight_decay=0.01)
+    masters = [p for g in opt.param_groups for p in g["params"]]
+    assert all(m.dtype == torch.float32 for m in masters)
+    g = torch.Generator().manual_seed(3)
+    for step in range(200):          # small updates that a half parameter alone would round away
+        grads = [torch.randn(p.shape, generator=g) * 1e-2 for p in model.parameters()]
+        for p, r, gr in zip(model.parameters(), ref, grads):
+            p.grad = (gr * opt.loss_scale).to(dtype)
+            r.grad = p.grad.float() / opt.loss_scale
+        opt.step()
+        ref_opt.step()
+    for p, m, r in zip(model.parameters(), masters, ref):
+        assert p.dtype == dtype
+        torch.testing.assert_close(m, r, rtol=1e-5, atol=1e-6)
+        assert torch.equal(p.detach(), m.to(dtype))
+
+
+def test_state_dict_round_trip():
+    shapes_model = tiny(torch.float16)
+    opt = FP16_Optimizer(FusedAdam(shapes_model.parameters(), lr=1e-3), init_loss_scale=32.0, scale_window=2)
+    g = torch.Generator().manual_seed(5)
+    stream = [[torch.randn(p.shape, generator=g) for p in shapes_model.parameters()] for _ in range(8)]
+    stream[2][0][0] = math.inf
+
+    def run(model, o, grads_list):
+        for grads in grads_list:
+            for p, gr in zip(model.parameters(), grads):
+                p.grad = (gr * o.loss_scale).half()
+            o.step()
+
+    run(shapes_model, opt, stream[:4])
+    saved_model = copy.deepcopy(shapes_model.state_dict())
+    saved = copy.deepcopy(opt.state_dict())
+    assert saved["loss_scaler"]["loss_scale"] == opt.loss_scale
+    run(shapes_model, opt, stream[4:])
+
+    model2 = tiny(torch.float16)
+    model2.load_state_dict(saved_model)
+    opt2 = FP16_Optimizer(FusedAdam(model2.parameters(), lr=1e-3), init_loss_scale=2.0 ** 16)
+    opt2.load_state_dict(saved)
+    assert opt2.loss_scale == saved["loss_scaler"]["loss_scale"]
+    run(model2, opt2, stream[4:])
+    assert opt2.loss_scale == opt.loss_scale
+    for a, b in zip(shapes_model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_zero_grad():
+    model = tiny(torch.float16)
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    set_grads(model, torch.ones_like)
+    opt.step()
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+    assert all(p.grad is None for g in opt.param_groups for p in g["params"])
+
+
+def test_other_optimizer_is_returned_unchanged_with_a_warning():
+    class NotAnOptimizer:
+        def step(self):
+            pass
+    o = NotAnOptimizer()
+    with pytest.warns(UserWarning, match="returned unchanged"):
+        assert FP16_Optimizer(o) is o
+
+
+def test_deepspeed_optimizer():
+    deepspeed = pytest.importorskip("deepspeed")   # noqa: F841 (not installed here: skipped)
+    pytest.skip("DeepSpeed ZeRO needs a distributed setup; covered where DeepSpeed runs")
+
+
+def test_apex_optimizer():
+    apex_optimizers = pytest.importorskip("apex.optimizers")
+    model = tiny()
+    inner = apex_optimizers.FusedSGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt = FP16_Optimizer(inner, init_loss_scale=4.0)
+    set_grads(model, lambda p: torch.full_like(p, 4.0))
+    opt.step()
+    assert not opt.overflow
