@@ -3,7 +3,7 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.ortmod-deps
 APT_PKGS := protobuf-c-compiler libprotobuf-c-dev libopenblas-dev libdlpack-dev
-PY_PKGS  := torch==2.13.0 onnx onnxscript numpy pytest setuptools
+PY_PKGS  := torch==2.13.0 onnx onnxscript onnxruntime numpy pytest setuptools transformers
 
 .PHONY: setup apt venv build test demo bench clean
 
@@ -28,6 +28,7 @@ $(STAMP): Makefile
 build: venv
 	@$(PY) setup.py -q build_ext --inplace 2>&1 | grep -v -E "^(running|copying|creating)" || true
 	@$(PY) -c "import ortmod._C" || (echo "build failed"; exit 1)
+	@$(MAKE) -s --no-print-directory runner
 
 test: setup
 	$(PY) -m pytest tests -q

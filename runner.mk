@@ -3,6 +3,8 @@
 # `setup.py build_ext` generates from the installed onnx package's onnx.proto.
 # Objects go to build/runner-obj/ (one per source, with header dependencies), so a rebuild
 # after an edit compiles only what changed; `make -j` compiles in parallel.
+RUNNER_PREV_GOAL := $(.DEFAULT_GOAL)
+RUNNER_INCLUDED  := $(filter-out $(lastword $(MAKEFILE_LIST)),$(MAKEFILE_LIST))
 RUNNER_BIN    := build/ortmod-train
 RUNNER_OBJDIR := build/runner-obj
 RUNNER_CC     ?= gcc
@@ -31,3 +33,8 @@ runner-clean:
 	rm -rf $(RUNNER_OBJDIR) $(RUNNER_BIN)
 
 -include $(wildcard $(RUNNER_OBJDIR)/*/*.d $(RUNNER_OBJDIR)/*/*/*.d)
+
+# included from another Makefile: leave its default goal alone, wherever the include sits
+ifneq ($(RUNNER_INCLUDED),)
+.DEFAULT_GOAL := $(RUNNER_PREV_GOAL)
+endif

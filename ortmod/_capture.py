@@ -59,15 +59,29 @@ def dtype_name(dtype):
 
 
 class FlatInputs:
-    """The pytree leaves of a call's (args, kwargs), their spec, and (lazily) their key paths."""
+    """The pytree leaves of a call's (args, kwargs), their structure key, and (lazily)
+    their pytree spec and key paths.
 
-    __slots__ = ("leaves", "spec", "_tree", "_paths")
+    ``structure`` is what the schema key holds: the pytree spec, or — on the fast path,
+    when every argument is a tensor — just the argument count and keyword names (the
+    leaves are then ``args + kwargs.values()``, the order pytree gives), which is much
+    cheaper to build and hash. The spec itself is only needed on a cache miss.
+    """
 
-    def __init__(self, leaves, spec, tree):
+    __slots__ = ("leaves", "structure", "_spec", "_tree", "_paths")
+
+    def __init__(self, leaves, structure, spec, tree):
         self.leaves = leaves
-        self.spec = spec
+        self.structure = structure
+        self._spec = spec
         self._tree = tree
         self._paths = None
+
+    @property
+    def spec(self):
+        if self._spec is None:
+            self._spec = pytree.tree_flatten(self._tree)[1]
+        return self._spec
 
     @property
     def paths(self):
@@ -80,10 +94,19 @@ class FlatInputs:
         return [i for i, v in enumerate(self.leaves) if isinstance(v, torch.Tensor)]
 
 
+_Tensor = torch.Tensor
+
+
 def flatten_inputs(args, kwargs):
-    tree = (tuple(args), dict(kwargs))
-    leaves, spec = pytree.tree_flatten(tree)
-    return FlatInputs(leaves, spec, tree)
+    tree = (args, kwargs)
+    leaves = list(args)
+    if kwargs:
+        leaves.extend(kwargs.values())
+    for v in leaves:
+        if type(v) is not _Tensor and not isinstance(v, _Tensor):
+            leaves, spec = pytree.tree_flatten(tree)
+            return FlatInputs(leaves, spec, spec, tree)
+    return FlatInputs(leaves, ("tensors", len(args), tuple(kwargs)), None, tree)
 
 
 def _forward_parameter_names(module):
@@ -178,7 +201,7 @@ def input_keys(flat):
             grads.append(v.requires_grad)
         else:
             per_leaf.append(("C",) + _constant_key(v))
-    return (flat.spec, tuple(per_leaf)), tuple(grads)
+    return (flat.structure, tuple(per_leaf)), tuple(grads)
 
 
 class StateInfo:
@@ -362,11 +385,44 @@ def _add_batchnorm_outputs(model, state_names):
     return updates, prefixes
 
 
+# Symbolics for aten ops the TorchScript exporter lacks but models use on their way to
+# the loss, emitted as ops the engine has (as ORT registers its own custom symbolics).
+
+def _diff_symbolic(g, input, n, dim, prepend, append):
+    """torch.diff (n=1): Slice(x, 1:) - Slice(x, :-1) along dim, after Concat of
+    prepend/append. transformers' masking utilities call it on position ids."""
+    from torch.onnx import symbolic_helper as sh
+    n, dim = sh._maybe_get_const(n, "i"), sh._maybe_get_const(dim, "i")
+    if n != 1 or not isinstance(dim, int):
+        return sh._unimplemented("aten::diff", "only n=1 with a constant dim")
+    parts = [t for t in (prepend, input, append) if not sh._is_none(t)]
+    x = g.op("Concat", *parts, axis_i=dim) if len(parts) > 1 else input
+
+    def const(v):
+        return g.op("Constant", value_t=torch.tensor([v], dtype=torch.int64))
+
+    axis = const(dim)
+    hi = g.op("Slice", x, const(1), const(2 ** 62), axis)
+    lo = g.op("Slice", x, const(0), const(-1), axis)
+    return g.op("Sub", hi, lo)
+
+
+_SYMBOLICS_REGISTERED = False
+
+
+def _register_symbolics():
+    global _SYMBOLICS_REGISTERED
+    if not _SYMBOLICS_REGISTERED:
+        torch.onnx.register_custom_op_symbolic("aten::diff", _diff_symbolic, 9)
+        _SYMBOLICS_REGISTERED = True
+
+
 def export(module, flat):
     """Export ``module`` called as ``flat`` describes; return ONNX bytes and the input/output mapping."""
     import onnx
     from torch.onnx import TrainingMode
 
+    _register_symbolics()
     wrapper = _FlatWrapper(module, flat)
     tensor_indices = flat.tensor_indices()
     tensors = tuple(flat.leaves[i] for i in tensor_indices)

@@ -152,7 +152,7 @@ class _Entry:
     """One engine: built from one export for one requires_grad pattern."""
 
     __slots__ = ("engine", "call", "names", "needs_grad", "output_spec", "output_leaves",
-                 "output_positions", "state_updates", "counters", "input_slots", "state_names",
+                 "output_positions", "single", "state_updates", "counters", "input_slots", "state_names",
                  "template", "template_generation")
 
     def __init__(self, engine, exported, needs_grad):
@@ -173,6 +173,7 @@ class _Entry:
         self.output_spec = exported.output_spec
         self.output_leaves = exported.output_leaves
         self.output_positions = exported.output_tensor_positions
+        self.single = self.output_spec.is_leaf()          # the module returned one tensor
         self.state_updates = exported.state_updates
         self.counters = exported.counters
         gis = [exported.graph_inputs[n] for n in self.names]
@@ -194,6 +195,8 @@ class _Entry:
         return tensors
 
     def rebuild(self, outputs):
+        if self.single:
+            return outputs[0]
         leaves = list(self.output_leaves)
         for pos, t in zip(self.output_positions, outputs):
             leaves[pos] = t

@@ -451,3 +451,76 @@ def test_loss_none_trains_a_graph_that_outputs_its_loss(binary, task, tmp_path):
     # a non-scalar loss_input is refused with --loss none
     fails(run_cli(binary, "--model", tmp_path / "m.onnx", "--train_data_dir", tmp_path / "d", "--loss", "none",
                   "--loss_input", "logits"), "loss_input: 'logits'", "scalar")
+
+
+C_API_PROGRAM = r"""
+#include <stdio.h>
+#include <string.h>
+#include "ortmod_runner.h"
+
+static int lines;
+static void on_print(void *user, om_log_level lvl, const char *msg) { lines++; }
+
+static int expect_error(om_runner_params *p, const char *fragment) {
+    om_runner *r = NULL;
+    om_status *st = om_runner_create(p, &r);
+    int ok = st && strstr(om_status_message(st), fragment) && !r;
+    if (!ok) printf("expected an error with '%s', got '%s'\n", fragment, st ? om_status_message(st) : "success");
+    om_status_free(st);
+    om_runner_params_init(p);
+    return ok ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    om_runner_params p;
+    int bad = 0;
+    om_runner_params_init(&p);
+    bad += expect_error(&p, "model_path: empty model path");
+    p.model_path = argv[1]; p.optimizer = "";
+    bad += expect_error(&p, "optimizer: empty optimizer name");
+    p.model_path = argv[1]; p.num_train_steps = 10; p.gradient_accumulation_steps = 4;
+    bad += expect_error(&p, "num_train_steps: 10 is not a multiple of gradient_accumulation_steps (4)");
+    const char *a[] = {"0.weight"}, *b[] = {"2.weight"};
+    p.model_path = argv[1]; p.weights_to_train = a; p.n_weights_to_train = 1;
+    p.weights_not_to_train = b; p.n_weights_not_to_train = 1;
+    bad += expect_error(&p, "not both");
+    p.model_path = argv[1]; p.checkpoint_period = 0;
+    bad += expect_error(&p, "checkpoint_period");
+
+    p.model_path = argv[1]; p.train_data_dir = argv[2]; p.test_data_dir = argv[3];
+    p.optimizer = "lamb"; p.learning_rate = 0.01f; p.num_train_steps = 40; p.print = on_print;
+    om_runner *r = NULL;
+    om_status *st = om_runner_create(&p, &r);
+    if (!st) st = om_runner_initialize(r);
+    om_runner_eval_result before = {0}, after = {0};
+    if (!st) st = om_runner_evaluate(r, &before);
+    if (!st) st = om_runner_run(r);
+    if (!st) st = om_runner_evaluate(r, &after);
+    if (st) { printf("error: %s\n", om_status_message(st)); om_status_free(st); om_runner_free(r); return 1; }
+    om_runner_summary s;
+    om_runner_get_summary(r, &s);
+    printf("updates %lld, eval loss %.4f -> %.4f, accuracy %.3f -> %.3f, %d lines\n", (long long)s.updates,
+           before.loss, after.loss, before.accuracy, after.accuracy, lines);
+    bad += !(s.updates == 40 && after.loss < before.loss && after.accuracy > before.accuracy && lines > 0);
+    om_runner_free(r);
+    return bad;
+}
+"""
+
+
+def test_c_api(binary, task, tmp_path):
+    """The runner as a C library: validation messages name the field; create/initialize/evaluate/run."""
+    src = tmp_path / "use_runner.c"
+    src.write_text(C_API_PROGRAM)
+    objdir = os.path.join(ROOT, "build", "runner-obj")
+    objs = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(objdir) for f in fs
+                  if f.endswith(".o") and f != "main.o"   # only objects of sources that still exist
+                  and os.path.exists(os.path.join(ROOT, "csrc", os.path.relpath(os.path.join(dp, f[:-2] + ".c"), objdir))))
+    exe = tmp_path / "use_runner"
+    cc = subprocess.run(["gcc", "-std=c11", "-I", os.path.join(ROOT, "csrc", "include"), "-o", str(exe), str(src),
+                         *objs, "-lprotobuf-c", "-lopenblas", "-lm", "-lpthread"], capture_output=True, text=True)
+    assert cc.returncode == 0, cc.stderr
+    r = subprocess.run([str(exe), str(task / "mlp.onnx"), str(task / "train"), str(task / "test")],
+                       capture_output=True, text=True, timeout=60)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -1,7 +1,7 @@
 """Optimizer step time on a GPT-2-124M-sized parameter set (148 tensors, 124.4M values, fp32,
 CPU): torch.optim.AdamW (for-loop, foreach, fused) vs ortmod's FusedAdam.
 
-    .venv/bin/python bench/optim/bench_adam.py [--steps 7] [--warmup 2] [--scale 1.0]
+    .venv/bin/python bench/optim/bench_adam.py [--steps 7] [--warmup 2] [--scale 1.0] [--threads N]
 
 Prints the median step time of each and its ratio to torch's fastest. Each optimizer gets
 fresh zero state on the same parameters and gradients; gradients are fixed (the work per
@@ -57,7 +57,11 @@ def main():
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--threads", type=int, default=0, help="torch's and ortmod's thread count (0: defaults)")
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+        _C.optim_set_num_threads(args.threads)
 
     shapes = gpt2_small_shapes(args.scale)
     torch.manual_seed(0)
@@ -65,6 +69,7 @@ def main():
     for p in params:
         p.grad = torch.randn(p.shape) * 1e-3
     numel = sum(p.numel() for p in params)
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"parameter set: {len(params)} tensors, {numel / 1e6:.1f}M fp32 values; "
           f"torch threads {torch.get_num_threads()}, ortmod optimizer threads {_C.optim_num_threads()}; "
           f"{args.warmup} warm-up + median of {args.steps} steps")

@@ -17,6 +17,9 @@
  * detaches those no input needs (out = -1), so a kernel computes only what is wanted.
  * Bias gradients are the column sums of the gradient, computed in the same pass over it.
  *
+ * BiasGelu, BiasDropout and their gradients are OM_OP_INPLACE: each element of input 0 is
+ * read before the same element of output 0 is written.
+ *
  * Every bias here broadcasts over the last dim only: the passes fuse only when the bias is
  * a rank-1 parameter or constant, and the shape rules check its length at plan time.
  */
@@ -662,20 +665,20 @@ const om_op_def om_op_matmul_bias_grad = {
 };
 const om_op_def om_op_bias_gelu = {
     .name = "BiasGelu", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
-    .infer = bias_gelu_infer, .grad = bias_gelu_grad, .cpu = bias_gelu_cpu, .diff_inputs = 0x3,
+    .flags = OM_OP_INPLACE, .infer = bias_gelu_infer, .grad = bias_gelu_grad, .cpu = bias_gelu_cpu, .diff_inputs = 0x3,
 };
 const om_op_def om_op_bias_gelu_grad = {
     .name = "BiasGeluGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 2,
-    .infer = bias_gelu_grad_infer, .cpu = bias_gelu_grad_cpu,
+    .flags = OM_OP_INPLACE, .infer = bias_gelu_grad_infer, .cpu = bias_gelu_grad_cpu,
 };
 const om_op_def om_op_bias_dropout = {
     .name = "BiasDropout", .domain = "ortmod", .min_in = 1, .max_in = 5, .min_out = 1, .max_out = 2,
-    .flags = OM_OP_RANDOM, .dtype = bias_dropout_dtype, .infer = bias_dropout_infer, .grad = bias_dropout_grad,
+    .flags = OM_OP_RANDOM | OM_OP_INPLACE, .dtype = bias_dropout_dtype, .infer = bias_dropout_infer, .grad = bias_dropout_grad,
     .cpu = bias_dropout_cpu, .diff_inputs = 0x7,
 };
 const om_op_def om_op_bias_dropout_grad = {
     .name = "BiasDropoutGrad", .domain = "ortmod", .min_in = 1, .max_in = 5, .min_out = 1, .max_out = 2,
-    .infer = bias_dropout_grad_infer, .cpu = bias_dropout_grad_cpu,
+    .flags = OM_OP_INPLACE, .infer = bias_dropout_grad_infer, .cpu = bias_dropout_grad_cpu,
 };
 const om_op_def om_op_simplified_layer_norm = {
     .name = "SimplifiedLayerNormalization", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 2,

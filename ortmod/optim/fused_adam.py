@@ -59,7 +59,8 @@ class FusedAdam(torch.optim.Optimizer):
                  adam_w_mode=AdamWMode.ADAMW_TRANSFORMERS, weight_decay=0.0, set_grad_none=True):
         _check_hparams(lr, betas, eps, weight_decay, adam_w_mode)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
-                        weight_decay=weight_decay, adam_w_mode=AdamWMode(adam_w_mode))
+                        weight_decay=weight_decay, adam_w_mode=int(AdamWMode(adam_w_mode)))
+        # (a plain int in param_groups, so state_dict() loads with torch.load(weights_only=True))
         super().__init__(params, defaults)
         self.adam_w_mode = AdamWMode(adam_w_mode)
         self.set_grad_none = set_grad_none
