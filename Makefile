@@ -8,6 +8,8 @@ PY_PKGS  := torch==2.13.0 onnx onnxscript onnxruntime numpy pytest setuptools tr
 .PHONY: setup apt venv build test demo bench clean
 
 -include runner.mk
+-include cuda/cuda.mk
+-include bench/bench.mk
 
 setup: apt venv build
 
@@ -29,6 +31,7 @@ build: venv
 	@$(PY) setup.py -q build_ext --inplace 2>&1 | grep -v -E "^(running|copying|creating)" || true
 	@$(PY) -c "import ortmod._C" || (echo "build failed"; exit 1)
 	@$(MAKE) -s --no-print-directory runner
+	@if [ -f cuda/cuda.mk ]; then $(MAKE) -s --no-print-directory cuda; fi
 
 test: setup
 	$(PY) -m pytest tests -q

@@ -476,3 +476,24 @@ def test_log_level_from_environment(monkeypatch):
         ORTModule(Custom())
     monkeypatch.delenv("ORTMODULE_LOG_LEVEL")
     ORTModule(Custom())                              # back to WARNING for the other tests
+
+
+def test_torch_diff_exports_through_ortmods_own_symbolic():
+    """torch.diff has no ONNX symbolic in torch; ortmod registers one (Slice - Slice,
+    Concat for prepend/append), so models that call it (transformers' masking) export."""
+    class Diff(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 6)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return torch.diff(h, dim=1, prepend=h[:, :1]) + torch.diff(h, dim=0, append=h[-1:])
+
+    eager, model = pair(Diff())
+    x = torch.randn(4, 6)
+    out, ref = model(x), eager(x)
+    close(out, ref)
+    out.pow(2).sum().backward()
+    ref.pow(2).sum().backward()
+    grads_match(model, eager)

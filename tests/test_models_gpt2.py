@@ -58,3 +58,17 @@ def test_gpt2_output_structure():
 
 def test_gpt2_trains_with_dropout():
     train_with_dropout(lambda: make_gpt2(0.1), make_batches(), lm_loss)
+
+
+def test_gpt2_without_attention_mask():
+    """Without attention_mask transformers derives one from position ids (torch.diff —
+    which ortmod exports itself, the exporter has no symbolic — and CumSum)."""
+    from ortmod import ORTModule
+    from modelparity import assert_close
+    torch.manual_seed(0)
+    eager = make_gpt2()
+    model = ORTModule(make_gpt2())
+    model.load_state_dict(eager.state_dict())
+    ids = make_batches(1)[0]["input_ids"]
+    out = call_or_xfail(lambda: model(input_ids=ids, labels=ids))
+    assert_close("loss", out.loss, eager(input_ids=ids, labels=ids).loss)

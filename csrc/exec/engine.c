@@ -172,6 +172,13 @@ om_status *om_engine_export_onnx(const om_engine *e, const char *stage, void **b
     return st;
 }
 
+uint64_t om_engine_rng_offset(const om_engine *e) { return e->calls; }
+void om_engine_set_rng_offset(om_engine *e, uint64_t offset) {
+    pthread_mutex_lock(&e->lock);
+    e->calls = offset;
+    pthread_mutex_unlock(&e->lock);
+}
+
 /* ---- running ---------------------------------------------------------------------- */
 
 static om_status *check_inputs(const om_engine *e, const om_tensor *inputs, int n) {

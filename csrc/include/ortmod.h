@@ -123,6 +123,11 @@ int         om_engine_output_differentiable(const om_engine *eng, int i);
  * the engine and stays valid until the next call or om_engine_free. NULL if out of memory. */
 const char *om_engine_report_json(om_engine *eng);
 
+/* Random ops draw from a stream keyed by (seed, forward-call counter, node): saving the
+ * counter with a checkpoint and restoring it makes a resumed run draw the same masks. */
+uint64_t om_engine_rng_offset(const om_engine *eng);
+void     om_engine_set_rng_offset(om_engine *eng, uint64_t offset);
+
 /* Serialized ONNX of a stage: "optimized" (forward after passes) or "execution"
  * (forward + backward as the engine runs it). *bytes is om_alloc'd; caller om_frees it. */
 om_status *om_engine_export_onnx(const om_engine *eng, const char *stage, void **bytes, size_t *n);

@@ -1,0 +1,187 @@
+#!/usr/bin/env python
+"""Regenerate README.md's supported-ops and model-families tables from the engine's op table.
+
+    python scripts/gen_ops_table.py          # rewrite README.md in place
+    python scripts/gen_ops_table.py --check  # exit 1 if README.md is out of date
+
+The op list comes from the built extension (``ortmod._C.op_table()``: name, domain,
+whether the op has a gradient rule), in table order; which family file defines each op
+comes from csrc/ops/op_table.c (the X-macro list, in the same order) and the family
+files themselves. Nothing here is typed by hand except MODEL_FAMILIES below: the ONNX ops
+each tested model family's export uses (torch 2.13 TorchScript exporter, opset 20); its
+status is computed against the op table.
+
+The tables live between ``<!-- ops-table:begin -->`` / ``<!-- ops-table:end -->`` and
+``<!-- model-families:begin -->`` / ``<!-- model-families:end -->`` in README.md.
+"""
+import argparse
+import glob
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+OPS_DIR = os.path.join(ROOT, "csrc", "ops")
+
+# (family, how it is called, test file, ONNX ops its training-mode export uses)
+MODEL_FAMILIES = [
+    ("MLP (Linear, GELU, LayerNorm, ReLU, Dropout, cross-entropy)", "`model(x, y)`",
+     "tests/test_mlp_parity.py",
+     ["Dropout", "Gelu", "Gemm", "LayerNormalization", "Relu", "SoftmaxCrossEntropyLoss"]),
+    ("GPT-2 (`transformers.GPT2LMHeadModel`)", "`input_ids`, `attention_mask`, `labels`",
+     "tests/test_models_gpt2.py",
+     ["Add", "And", "Cast", "Concat", "Constant", "ConstantOfShape", "Dropout", "Equal", "Expand",
+      "Flatten", "Gather", "Gemm", "IsNaN", "LayerNormalization", "LessOrEqual", "MatMul", "Mul",
+      "Pad", "Pow", "Range", "Reshape", "Shape", "Slice", "Softmax", "SoftmaxCrossEntropyLoss",
+      "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze", "Where"]),
+    ("GPT-2 without `attention_mask`", "`input_ids`, `labels`",
+     "tests/test_models_gpt2.py",
+     ["Add", "And", "Cast", "Concat", "Constant", "ConstantOfShape", "CumSum", "Dropout", "Equal",
+      "Expand", "Flatten", "Gather", "Gemm", "IsNaN", "LayerNormalization", "LessOrEqual", "MatMul",
+      "Mul", "Not", "Pad", "Pow", "Range", "Reshape", "Shape", "Slice", "Softmax",
+      "SoftmaxCrossEntropyLoss", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose",
+      "Unsqueeze", "Where"]),
+    ("BERT classifier (`transformers.BertForSequenceClassification`)",
+     "`input_ids`, `token_type_ids`, `attention_mask`, `labels`", "tests/test_models_bert.py",
+     ["Add", "And", "Cast", "Concat", "Constant", "ConstantOfShape", "Dropout", "Equal", "Expand",
+      "Flatten", "Gather", "Gelu", "Gemm", "GreaterOrEqual", "IsNaN", "LayerNormalization", "MatMul",
+      "Mul", "Range", "Reshape", "Shape", "Slice", "Softmax", "SoftmaxCrossEntropyLoss", "Sqrt",
+      "Tanh", "Transpose", "Unsqueeze", "Where"]),
+    ("BERT without `token_type_ids`", "`input_ids`, `attention_mask`, `labels`",
+     "tests/test_models_bert.py",
+     ["Add", "And", "Cast", "Concat", "Constant", "ConstantOfShape", "Dropout", "Equal", "Expand",
+      "Flatten", "Gather", "GatherElements", "Gelu", "Gemm", "GreaterOrEqual", "IsNaN",
+      "LayerNormalization", "MatMul", "Mul", "Range", "Reshape", "Shape", "Slice", "Softmax",
+      "SoftmaxCrossEntropyLoss", "Sqrt", "Tanh", "Transpose", "Unsqueeze", "Where"]),
+    ("ResNet-style CNN (Conv2d stride/padding/groups, BatchNorm2d, MaxPool2d, AdaptiveAvgPool2d)",
+     "`model(x, y)`", "tests/test_models_cnn.py",
+     ["Add", "BatchNormalization", "Constant", "Conv", "Dropout", "Flatten", "Gemm",
+      "GlobalAveragePool", "MaxPool", "Relu", "SoftmaxCrossEntropyLoss"]),
+    ("LSTM classifier (`nn.LSTM`, batch_first)", "`model(tokens, labels)`", "tests/test_models_rnn.py",
+     ["Concat", "Constant", "ConstantOfShape", "Dropout", "Gather", "Gemm", "LSTM", "Shape", "Slice",
+      "SoftmaxCrossEntropyLoss", "Squeeze", "Transpose", "Unsqueeze"]),
+    ("GRU classifier (`nn.GRU`, batch_first)", "`model(tokens, labels)`", "tests/test_models_rnn.py",
+     ["Concat", "Constant", "ConstantOfShape", "Dropout", "GRU", "Gather", "Gemm", "Shape", "Slice",
+      "SoftmaxCrossEntropyLoss", "Squeeze", "Transpose", "Unsqueeze"]),
+]
+
+
+def load_op_table():
+    sys.path.insert(0, ROOT)
+    from ortmod import _C
+    return list(_C.op_table())
+
+
+def table_symbols():
+    """The op symbols of csrc/ops/op_table.c's X-macro list, in order."""
+    with open(os.path.join(OPS_DIR, "op_table.c")) as f:
+        text = f.read()
+    return re.findall(r"\bX\(\s*(\w+)\s*\)", text)
+
+
+def symbol_families():
+    """symbol -> family file that defines it (ops/<family>.c)."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(OPS_DIR, "*.c"))):
+        name = os.path.basename(path)
+        if name == "op_table.c":
+            continue
+        with open(path) as f:
+            text = f.read()
+        # `const om_op_def sym = {...}` or a table macro `NAME(sym, "Op", ...)`
+        for sym in re.findall(r"\bom_op_def\s+(om_op_\w+)\s*=", text):
+            out.setdefault(sym, name)
+        for sym in re.findall(r"^\s*[A-Z_][A-Z0-9_]*\(\s*(om_op_\w+)\s*,", text, re.M):
+            out.setdefault(sym, name)
+    return out
+
+
+def ops_by_family(ops):
+    syms = table_symbols()
+    if len(syms) != len(ops):
+        raise SystemExit(f"csrc/ops/op_table.c lists {len(syms)} ops, the built extension {len(ops)}: "
+                         "rebuild it (python setup.py build_ext --inplace) and run again")
+    families = symbol_families()
+    grouped = {}
+    for sym, (name, domain, has_grad) in zip(syms, ops):
+        family = families.get(sym, "?")
+        grouped.setdefault(family, []).append((name, domain, has_grad))
+    return grouped
+
+
+def render_ops(ops):
+    grouped = ops_by_family(ops)
+    n_onnx = sum(1 for _, d, _ in ops if d == "")
+    lines = [
+        f"{n_onnx} ONNX ops and {len(ops) - n_onnx} internal ops (gradient and fused ops, domain "
+        "`ortmod`; they also serve ORT's `com.microsoft` names), each with a shape/dtype rule "
+        "and a CPU kernel. ONNX ops marked ° have no gradient rule: no gradient flows through "
+        "them (comparisons, shapes, masks) — the engine says so by name if one is ever needed.",
+        "",
+        "| family (`csrc/ops/`) | ONNX ops | internal ops |",
+        "|---|---|---|",
+    ]
+    for family in sorted(grouped):
+        entries = grouped[family]
+        onnx_ops = sorted(f"{n}°" if not g else n for n, d, g in entries if d == "")
+        internal = sorted(n for n, d, _ in entries if d != "")
+        lines.append(f"| `{family}` | {', '.join(onnx_ops) or '—'} | {', '.join(internal) or '—'} |")
+    return "\n".join(lines)
+
+
+def render_families(ops):
+    have = {name for name, domain, _ in ops if domain == ""}
+    lines = [
+        "Each family is trained in its test for 10 optimizer steps through ORTModule and "
+        "through eager PyTorch from identical weights (per-step losses and final parameters "
+        "within rtol 1e-4 / atol 1e-5, fp32), and once more with dropout > 0. The status is "
+        "computed from the ONNX ops the family's export uses and the op table.",
+        "",
+        "| model family | called with | status | test |",
+        "|---|---|---|---|",
+    ]
+    for family, called, test, needed in MODEL_FAMILIES:
+        missing = sorted(set(needed) - have)
+        status = "trains on the engine" if not missing else "needs " + ", ".join(f"`{m}`" for m in missing)
+        lines.append(f"| {family} | {called} | {status} | `{test}` |")
+    return "\n".join(lines)
+
+
+def replace_between(text, marker, body):
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        raise SystemExit(f"README.md has no {begin} ... {end} section")
+    return text[:i + len(begin)] + "\n" + body + "\n" + text[j:]
+
+
+def render(readme_text, ops=None):
+    ops = load_op_table() if ops is None else ops
+    text = replace_between(readme_text, "ops-table", render_ops(ops))
+    return replace_between(text, "model-families", render_families(ops))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if README.md is out of date")
+    args = ap.parse_args()
+    with open(README) as f:
+        current = f.read()
+    new = render(current)
+    if args.check:
+        if new != current:
+            print("README.md's generated tables are out of date: run python scripts/gen_ops_table.py")
+            return 1
+        return 0
+    if new != current:
+        with open(README, "w") as f:
+            f.write(new)
+        print("README.md updated")
+    else:
+        print("README.md already up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
