@@ -14,6 +14,14 @@ def _engine_view(t):
     return t.detach() if t.requires_grad else t
 
 
+def _stream(tensors):
+    # CUDA inputs: the engine enqueues on torch's current stream (no synchronization needed)
+    for t in tensors:
+        if t is not None:
+            return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+    return None
+
+
 def _wrap(capsule):
     return None if capsule is None else torch.from_dlpack(capsule)
 
@@ -50,7 +58,7 @@ class EngineFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call, *tensors):
-        capsules, stash = call.engine.forward([_engine_view(t) for t in tensors], True)
+        capsules, stash = call.engine.forward([_engine_view(t) for t in tensors], True, _stream(tensors))
         outputs = tuple(torch.from_dlpack(c) for c in capsules)
         ctx.set_materialize_grads(False)
         ctx.call = call
@@ -68,7 +76,7 @@ class EngineFunction(torch.autograd.Function):
         if ctx.stash is None:
             return (None,) * (1 + call.n_inputs)
         grads = call.engine.backward(
-            ctx.stash, [None if g is None else _engine_view(g) for g in grad_outputs])
+            ctx.stash, [None if g is None else _engine_view(g) for g in grad_outputs], _stream(grad_outputs))
         present = tuple(g is not None for g in grad_outputs)
         if call.output_deps is not None and not all(present):
             # Outputs left out of the loss: an input that none of the others depends on
@@ -85,5 +93,5 @@ def run_training(call, tensors):
 
 def run_inference(engine, tensors):
     """Forward-only (eval or no_grad): plain tensors, no autograd history, no stash."""
-    capsules, _ = engine.forward([_engine_view(t) for t in tensors], False)
+    capsules, _ = engine.forward([_engine_view(t) for t in tensors], False, _stream(tensors))
     return tuple(torch.from_dlpack(c) for c in capsules)

@@ -2,8 +2,10 @@
  *
  * Multi-phase init, heap types and per-module state (PEP 489/573/630). Tensors cross as
  * DLPack capsules in both directions, read and handed over in place: no copies except
- * for a non-contiguous input, which the engine needs dense. The GIL is released while
- * kernels run.
+ * for a non-contiguous CPU input, which the engine needs dense. The GIL is released while
+ * kernels run. CUDA tensors (kDLCUDA) run on the CUDA provider, enqueued on the stream the
+ * caller passes (torch.cuda.current_stream().cuda_stream); device memory handed out comes
+ * back to the provider's pool through the DLPack deleter, in order on that stream.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -11,6 +13,7 @@
 
 #include "ortmod.h"
 #include "ops/op.h"
+#include "exec/device.h"
 
 #ifndef kDLBool_
 #define kDLBool_ 6U   /* DLPack >= 0.8 names this kDLBool; the header here may predate it */
@@ -130,12 +133,14 @@ static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_
     h->mt = mt;
     DLTensor *d = &mt->dl_tensor;
     memset(t, 0, sizeof *t);
-    if (d->device.device_type != kDLCPU) {
+    if (d->device.device_type != kDLCPU && d->device.device_type != kDLCUDA) {
         input_hold_release(h);
-        PyErr_Format(PyExc_ValueError, "%s %zd is on device type %d; this build of ortmod runs on the CPU", what,
+        PyErr_Format(PyExc_ValueError, "%s %zd is on device type %d; ortmod runs on the CPU and on CUDA", what,
                      index, (int)d->device.device_type);
         return -1;
     }
+    t->device = d->device.device_type == kDLCUDA ? OM_CUDA : OM_CPU;
+    t->device_id = t->device == OM_CUDA ? d->device.device_id : 0;
     if (dl_to_om_dtype(d->dtype, &t->dtype) < 0) {
         input_hold_release(h);
         PyErr_Format(PyExc_TypeError, "%s %zd has a dtype (code %d, %d bits) that ortmod does not support", what,
@@ -160,6 +165,11 @@ static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_
     }
     if (dense) {
         t->data = base;
+    } else if (t->device == OM_CUDA) {
+        input_hold_release(h);
+        PyErr_Format(PyExc_ValueError, "%s %zd is a non-contiguous CUDA tensor; pass a contiguous one "
+                     "(.contiguous())", what, index);
+        return -1;
     } else {
         size_t es = om_dtype_size(t->dtype);
         h->dense_copy = om_alloc(om_tensor_nbytes(t));
@@ -176,12 +186,20 @@ static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_
 typedef struct out_ctx {
     DLManagedTensor mt;
     int64_t shape[OM_MAX_RANK];
+    om_device_type device;
+    int device_id;
+    void *stream;                /* CUDA: freed in order on the stream it was produced on */
 } out_ctx;
 
 static void out_deleter(DLManagedTensor *mt) {
     out_ctx *c = (out_ctx *)mt;
-    om_free(mt->dl_tensor.data);
+    om_device_free_data(c->device, c->device_id, mt->dl_tensor.data, c->stream);
     free(c);
+}
+
+static void free_tensor_data(om_tensor *t, void *stream) {
+    om_device_free_data(t->device, t->device_id, t->data, stream);
+    t->data = NULL;
 }
 
 static void capsule_destructor(PyObject *cap) {
@@ -192,12 +210,15 @@ static void capsule_destructor(PyObject *cap) {
 }
 
 /* Wraps an engine-owned tensor into a DLPack capsule; on failure frees t->data. */
-static PyObject *capsule_from_tensor(om_tensor *t) {
+static PyObject *capsule_from_tensor(om_tensor *t, void *stream) {
     out_ctx *c = calloc(1, sizeof *c);
-    if (!c) { om_free(t->data); return PyErr_NoMemory(); }
+    if (!c) { free_tensor_data(t, stream); return PyErr_NoMemory(); }
     for (int i = 0; i < t->rank; i++) c->shape[i] = t->dims[i];
+    c->device = t->device;
+    c->device_id = t->device_id;
+    c->stream = stream;
     c->mt.dl_tensor.data = t->data;
-    c->mt.dl_tensor.device = (DLDevice){kDLCPU, 0};
+    c->mt.dl_tensor.device = t->device == OM_CUDA ? (DLDevice){kDLCUDA, t->device_id} : (DLDevice){kDLCPU, 0};
     c->mt.dl_tensor.ndim = t->rank;
     c->mt.dl_tensor.dtype = om_to_dl_dtype(t->dtype);
     c->mt.dl_tensor.shape = c->shape;
@@ -325,11 +346,29 @@ static int check_ready(EngineObject *self) {
     return 0;
 }
 
-/* forward(inputs, training) -> (list of capsules, stash or None) */
+/* stream: None or an int (a cudaStream_t as torch's Stream.cuda_stream gives it). */
+static int parse_stream(PyObject *obj, void **stream, int *given) {
+    *stream = NULL;
+    *given = 0;
+    if (!obj || obj == Py_None) return 0;
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "stream must be an int (torch.cuda.Stream.cuda_stream) or None, got %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *stream = PyLong_AsVoidPtr(obj);
+    if (PyErr_Occurred()) return -1;
+    *given = 1;
+    return 0;
+}
+
+/* forward(inputs, training, stream=None) -> (list of capsules, stash or None) */
 static PyObject *Engine_forward(EngineObject *self, PyObject *args) {
-    PyObject *seq_in;
-    int training = 0;
-    if (!PyArg_ParseTuple(args, "Op", &seq_in, &training) || check_ready(self) < 0) return NULL;
+    PyObject *seq_in, *stream_obj = Py_None;
+    int training = 0, stream_given = 0;
+    void *stream = NULL;
+    if (!PyArg_ParseTuple(args, "Op|O", &seq_in, &training, &stream_obj) || check_ready(self) < 0) return NULL;
+    if (parse_stream(stream_obj, &stream, &stream_given) < 0) return NULL;
     module_state *ms = state_of_type(Py_TYPE(self));
     PyObject *seq = PySequence_Fast(seq_in, "inputs must be a sequence of tensors");
     if (!seq) return NULL;
@@ -349,7 +388,8 @@ static PyObject *Engine_forward(EngineObject *self, PyObject *args) {
         if (tensor_from_py(PySequence_Fast_GET_ITEM(seq, i), "input", i, &ins[i], &holds[i]) < 0) goto out;
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
-    st = om_engine_forward(self->eng, ins, (int)n, training, outs, &stash, (void **)holds, input_hold_release);
+    st = om_engine_forward_stream(self->eng, ins, (int)n, training, outs, &stash, (void **)holds, input_hold_release,
+                                  stream);
     Py_END_ALLOW_THREADS
     if (st) { raise_status(ms, st); goto out; }
     if (stash)   /* the stash owns the holds now */
@@ -357,7 +397,7 @@ static PyObject *Engine_forward(EngineObject *self, PyObject *args) {
     list = PyList_New(n_out);
     if (!list) goto out;
     for (int i = 0; i < n_out; i++) {
-        PyObject *cap = capsule_from_tensor(&outs[i]);
+        PyObject *cap = capsule_from_tensor(&outs[i], stream);
         if (!cap) goto out;
         PyList_SET_ITEM(list, i, cap);
     }
@@ -377,7 +417,7 @@ static PyObject *Engine_forward(EngineObject *self, PyObject *args) {
     Py_DECREF(stash_obj);
 out:
     if (!result && outs)
-        for (int i = 0; i < n_out; i++) om_free(outs[i].data);
+        for (int i = 0; i < n_out; i++) free_tensor_data(&outs[i], stream);
     om_stash_free(stash);
     for (Py_ssize_t i = 0; holds && i < n; i++) input_hold_release(holds[i]);
     Py_XDECREF(list);
@@ -388,10 +428,13 @@ out:
     return result;
 }
 
-/* backward(stash, grad_outputs) -> list (per input: capsule or None) */
+/* backward(stash, grad_outputs, stream=None) -> list (per input: capsule or None) */
 static PyObject *Engine_backward(EngineObject *self, PyObject *args) {
-    PyObject *stash_obj, *seq_in;
-    if (!PyArg_ParseTuple(args, "OO", &stash_obj, &seq_in) || check_ready(self) < 0) return NULL;
+    PyObject *stash_obj, *seq_in, *stream_obj = Py_None;
+    void *stream = NULL;
+    int stream_given = 0;
+    if (!PyArg_ParseTuple(args, "OO|O", &stash_obj, &seq_in, &stream_obj) || check_ready(self) < 0) return NULL;
+    if (parse_stream(stream_obj, &stream, &stream_given) < 0) return NULL;
     module_state *ms = state_of_type(Py_TYPE(self));
     if (!PyObject_TypeCheck(stash_obj, (PyTypeObject *)ms->StashType) || ((StashObject *)stash_obj)->engine != (PyObject *)self) {
         PyErr_SetString(PyExc_TypeError, "backward needs the stash that this engine's forward returned");
@@ -422,7 +465,7 @@ static PyObject *Engine_backward(EngineObject *self, PyObject *args) {
     }
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
-    st = om_engine_backward(self->eng, so->stash, gouts, grads);
+    st = om_engine_backward_stream(self->eng, so->stash, gouts, grads, stream, stream_given);
     Py_END_ALLOW_THREADS
     if (st) { raise_status(ms, st); goto out; }
     om_stash_free(so->stash);   /* backward is done with what the forward kept */
@@ -430,12 +473,12 @@ static PyObject *Engine_backward(EngineObject *self, PyObject *args) {
     list = PyList_New(n_in);
     if (!list) goto out;
     for (int i = 0; i < n_in; i++) {
-        PyObject *item = grads[i].data ? capsule_from_tensor(&grads[i]) : Py_NewRef(Py_None);
+        PyObject *item = grads[i].data ? capsule_from_tensor(&grads[i], stream) : Py_NewRef(Py_None);
         if (!item) { Py_CLEAR(list); goto out; }
         PyList_SET_ITEM(list, i, item);
     }
 out:
-    for (int i = 0; grads && i < n_in; i++) om_free(grads[i].data);
+    for (int i = 0; grads && i < n_in; i++) free_tensor_data(&grads[i], stream);
     for (int i = 0; holds && i < n_out; i++) input_hold_release(holds[i]);
     Py_DECREF(seq);
     free(gouts);
@@ -471,11 +514,13 @@ static PyObject *Engine_get_output_diff(EngineObject *self, void *c) {
 
 static PyMethodDef Engine_methods[] = {
     {"forward", (PyCFunction)Engine_forward, METH_VARARGS,
-     "forward(inputs, training) -> (outputs, stash)\n\nRuns the forward. inputs: tensors (DLPack) in graph-input order, "
-     "read in place. outputs: DLPack capsules. stash: what backward needs (None unless training with grad inputs)."},
+     "forward(inputs, training, stream=None) -> (outputs, stash)\n\nRuns the forward. inputs: tensors (DLPack) in "
+     "graph-input order, read in place, all on one device. outputs: DLPack capsules on that device. stash: what backward "
+     "needs (None unless training with grad inputs). stream: for CUDA inputs, the cudaStream_t (an int, e.g. "
+     "torch.cuda.current_stream().cuda_stream) the kernels are enqueued on; None = the legacy default stream."},
     {"backward", (PyCFunction)Engine_backward, METH_VARARGS,
-     "backward(stash, grad_outputs) -> grads\n\nOne DLPack capsule per graph input that needs a gradient, None elsewhere. "
-     "A None output gradient counts as zeros."},
+     "backward(stash, grad_outputs, stream=None) -> grads\n\nOne DLPack capsule per graph input that needs a gradient, "
+     "None elsewhere. A None output gradient counts as zeros. stream: as for forward; None = the forward's stream."},
     {"export_onnx", (PyCFunction)Engine_export_onnx, METH_VARARGS,
      "export_onnx(stage) -> bytes: 'optimized' (forward) or 'execution' (forward + backward)."},
     {"report", (PyCFunction)Engine_report, METH_NOARGS,

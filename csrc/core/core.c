@@ -1,6 +1,7 @@
 /* core.c — status objects, aligned memory, dtype facts, small utilities. */
 #include "core/core.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -97,10 +98,20 @@ size_t om_tensor_nbytes(const om_tensor *t) {
 }
 
 /* 64-byte alignment: a cache line, and enough for any vector ISA the kernels use. */
+/* Counted so that a test can prove the steady state allocates nothing it should not. */
+static atomic_size_t alloc_calls, alloc_bytes;
+
 void *om_alloc(size_t nbytes) {
     void *p = NULL;
     if (posix_memalign(&p, 64, nbytes ? (nbytes + 63) & ~(size_t)63 : 64) != 0) return NULL;
+    atomic_fetch_add_explicit(&alloc_calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&alloc_bytes, nbytes, memory_order_relaxed);
     return p;
+}
+
+void om_alloc_stats(size_t *calls, size_t *bytes) {
+    if (calls) *calls = atomic_load_explicit(&alloc_calls, memory_order_relaxed);
+    if (bytes) *bytes = atomic_load_explicit(&alloc_bytes, memory_order_relaxed);
 }
 
 void om_free(void *p) { free(p); }

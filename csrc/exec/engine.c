@@ -1,6 +1,7 @@
 /* engine.c — the public API: compile once, plan per shape set, run forward and backward
- * on the CPU execution provider. */
+ * on the CPU execution provider, or on the CUDA one (exec/device.h) for CUDA inputs. */
 #include "autodiff/autodiff.h"
+#include "exec/device.h"
 #include "passes/pass.h"
 #include "plan/plan.h"
 #include "plan/recompute.h"
@@ -37,6 +38,7 @@ struct om_stash {
     om_release_fn release;
     int n_inputs;
     int used;
+    void *stream;               /* CUDA: the stream the forward ran on (the stash is ordered on it) */
 };
 
 static void logf_(om_engine *e, om_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -190,12 +192,23 @@ static om_status *check_inputs(const om_engine *e, const om_tensor *inputs, int 
         if (inputs[i].dtype != v->dtype)
             return om_error(OM_INVALID_ARGUMENT, "input '%s' has dtype %s but the model was compiled for %s", v->name,
                             om_dtype_name(inputs[i].dtype), om_dtype_name(v->dtype));
-        if (inputs[i].device != OM_CPU)
-            return om_error(OM_INVALID_ARGUMENT, "input '%s' is not in CPU memory", v->name);
+        if (inputs[i].device != OM_CPU && inputs[i].device != OM_CUDA)
+            return om_error(OM_INVALID_ARGUMENT, "input '%s' is on an unknown device", v->name);
+        if (inputs[i].device != inputs[0].device ||
+            (inputs[i].device == OM_CUDA && inputs[i].device_id != inputs[0].device_id))
+            return om_error(OM_INVALID_ARGUMENT, "input '%s' is on %s:%d but input '%s' is on %s:%d: every input "
+                            "must be on one device", v->name, inputs[i].device == OM_CUDA ? "cuda" : "cpu",
+                            inputs[i].device_id, g->values[g->inputs[0]].name,
+                            inputs[0].device == OM_CUDA ? "cuda" : "cpu", inputs[0].device_id);
         if (inputs[i].rank < 0 || inputs[i].rank > OM_MAX_RANK)
             return om_error(OM_INVALID_ARGUMENT, "input '%s' has rank %d (max %d)", v->name, inputs[i].rank, OM_MAX_RANK);
         if (!inputs[i].data && om_tensor_numel(&inputs[i]) > 0)
             return om_error(OM_INVALID_ARGUMENT, "input '%s' has no data", v->name);
+    }
+    if (n && inputs[0].device == OM_CUDA) {
+        const om_cuda_provider *cu;
+        om_status *st = om_cuda_get(&cu);
+        if (st) return om_error_context(st, "input '%s' is a CUDA tensor", g->values[g->inputs[0]].name);
     }
     return NULL;
 }
@@ -219,7 +232,24 @@ static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, om_pla
 typedef struct frame {          /* where every value's bytes are during one call */
     void **data;
     om_plan *plan;
+    const om_cuda_provider *cu; /* CUDA plans: the provider; NULL on the CPU */
+    void *stream;
 } frame;
+
+/* Engine-owned run-time memory: host memory, or the CUDA pool (ordered on the call's stream). */
+static void *frame_alloc(frame *f, size_t nb) {
+    if (!f->cu) return om_alloc(nb);
+    void *p = NULL;
+    om_status *st = f->cu->alloc(f->plan->device_id, nb ? nb : 1, f->stream, &p);
+    if (st) { om_status_free(st); return NULL; }
+    return p;
+}
+
+static void frame_release(frame *f, void *p) {
+    if (!p) return;
+    if (f->cu) f->cu->free(f->plan->device_id, p, f->stream);
+    else om_free(p);
+}
 
 static void *resolve(frame *f, int v) {
     om_plan *p = f->plan;
@@ -230,6 +260,12 @@ static void *resolve(frame *f, int v) {
 static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_prog, uint64_t call, int training) {
     const om_graph *g = e->g;
     om_tensor in[64], out[64];
+    const void *in_host[64];
+    om_cuda_exec x = {0};
+    if (f->cu) {
+        OM_TRY(f->cu->exec_for(f->plan->device_id, f->stream, &x));
+        x.in_host = in_host;
+    }
     for (int s = 0; s < n_prog; s++) {
         const om_node *n = &g->nodes[prog[s]];
         for (int i = 0; i < n->n_in; i++) {
@@ -244,7 +280,14 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
         }
         om_kernel_ctx ctx = {.g = g, .node = n, .n_in = n->n_in, .n_out = n->n_out, .in = in, .out = out,
                              .seed = om_rand_u64(e->seed ^ call, (uint64_t)prog[s]), .training = training};
-        om_status *st = n->op->cpu(&ctx);
+        om_status *st;
+        if (f->cu) {
+            for (int i = 0; i < n->n_in; i++)   /* host copies of what was known at plan time */
+                in_host[i] = n->in[i] >= 0 && f->plan->storage[n->in[i]] == OM_ST_CONST ? f->plan->vt[n->in[i]].data : NULL;
+            st = f->plan->cuda_kernel[prog[s]](&ctx, &x);
+        } else {
+            st = n->op->cpu(&ctx);
+        }
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
     }
     return NULL;
@@ -254,39 +297,53 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
 static om_status *hand_out(frame *f, int v, char *given, om_tensor *t) {
     om_plan *p = f->plan;
     *t = p->vt[v];
-    t->device = OM_CPU;
-    t->device_id = 0;
+    t->device = p->device;
+    t->device_id = p->device_id;
     if (p->storage[v] == OM_ST_OUT && !given[v]) {
         t->data = f->data[v];
         given[v] = 1;
         return NULL;
     }
     size_t nb = om_tensor_nbytes(t);
-    t->data = om_alloc(nb);
+    t->data = frame_alloc(f, nb);
     if (!t->data) return om_error(OM_OUT_OF_MEMORY, "out of memory for an output of %zu bytes", nb);
     void *src = resolve(f, v);
-    if (nb) memcpy(t->data, src, nb);
-    return NULL;
+    if (!nb) return NULL;
+    if (!f->cu) {
+        memcpy(t->data, src, nb);
+        return NULL;
+    }
+    om_status *st = f->cu->memcpy_async(p->device_id, t->data, src, nb, OM_COPY_D2D, f->stream);
+    if (st) { frame_release(f, t->data); t->data = NULL; }
+    return st;
 }
 
-static om_status *frame_init(frame *f, om_plan *p) {
+static om_status *frame_init(frame *f, om_plan *p, void *stream) {
     f->plan = p;
+    f->stream = stream;
+    if (p->device == OM_CUDA) OM_TRY(om_cuda_get(&f->cu));
     f->data = calloc((size_t)p->n_values + 1, sizeof(void *));
     if (!f->data) return om_error(OM_OUT_OF_MEMORY, "out of memory");
     for (int v = 0; v < p->n_values; v++)
-        if (p->storage[v] == OM_ST_CONST) f->data[v] = p->vt[v].data;
+        if (p->storage[v] == OM_ST_CONST) f->data[v] = f->cu ? p->dev_const[v] : p->vt[v].data;
     return NULL;
 }
 
 /* Frees OUT buffers not handed to the caller (after a failure, or unused duplicates). */
 static void frame_free(frame *f, const char *given) {
     for (int v = 0; f->data && v < f->plan->n_values; v++)
-        if (f->plan->storage[v] == OM_ST_OUT && (!given || !given[v])) om_free(f->data[v]);
+        if (f->plan->storage[v] == OM_ST_OUT && (!given || !given[v])) frame_release(f, f->data[v]);
     free(f->data);
 }
 
 om_status *om_engine_forward(om_engine *e, const om_tensor *inputs, int n_inputs, bool training,
                              om_tensor *outputs, om_stash **stash_out, void **keepalive, om_release_fn release) {
+    return om_engine_forward_stream(e, inputs, n_inputs, training, outputs, stash_out, keepalive, release, NULL);
+}
+
+om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n_inputs, bool training,
+                                    om_tensor *outputs, om_stash **stash_out, void **keepalive, om_release_fn release,
+                                    void *stream) {
     *stash_out = NULL;
     OM_TRY(check_inputs(e, inputs, n_inputs));
     const om_graph *g = e->g;
@@ -298,23 +355,23 @@ om_status *om_engine_forward(om_engine *e, const om_tensor *inputs, int n_inputs
     om_status *st = find_plan(e, inputs, n_inputs, &p);
     if (st) goto done;
     uint64_t call = ++e->calls;
-    if ((st = frame_init(&f, p))) goto done;
+    if ((st = frame_init(&f, p, stream))) goto done;
     given = calloc((size_t)p->n_values + 1, 1);
-    stash_buf = om_alloc(p->stash_size);
+    stash_buf = frame_alloc(&f, p->stash_size);
     if (!given || !stash_buf) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
     for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)p->scratch + p->offset[v];
         else if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= 0 && g->values[v].producer < g->n_fwd_nodes) {
-            f.data[v] = om_alloc(om_tensor_nbytes(&p->vt[v]));
+            f.data[v] = frame_alloc(&f, om_tensor_nbytes(&p->vt[v]));
             if (!f.data[v]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory for outputs"); goto done; }
         }
     }
     if ((st = run_program(e, &f, p->fwd_prog, p->n_fwd_prog, call, training))) goto done;
     for (int i = 0; i < g->n_outputs; i++) {
         if ((st = hand_out(&f, g->outputs[i], given, &outputs[i]))) {
-            for (int k = 0; k < i; k++) om_free(outputs[k].data);
+            for (int k = 0; k < i; k++) frame_release(&f, outputs[k].data);
             goto done;
         }
     }
@@ -324,7 +381,7 @@ om_status *om_engine_forward(om_engine *e, const om_tensor *inputs, int n_inputs
         void **keep = calloc((size_t)n_inputs + 1, sizeof(void *));
         if (!s || !ins || !keep) {
             free(s); free(ins); free(keep);
-            for (int k = 0; k < g->n_outputs; k++) om_free(outputs[k].data);
+            for (int k = 0; k < g->n_outputs; k++) frame_release(&f, outputs[k].data);
             st = om_error(OM_OUT_OF_MEMORY, "out of memory");
             goto done;
         }
@@ -338,17 +395,23 @@ om_status *om_engine_forward(om_engine *e, const om_tensor *inputs, int n_inputs
         s->keepalive = keep;
         s->release = release;
         s->n_inputs = n_inputs;
+        s->stream = stream;
         *stash_out = s;
     }
 done:
+    if (stash_buf) frame_release(&f, stash_buf);
     if (f.data) frame_free(&f, given);
     free(given);
-    om_free(stash_buf);
     pthread_mutex_unlock(&e->lock);
     return st;
 }
 
 om_status *om_engine_backward(om_engine *e, om_stash *s, const om_tensor *grad_outputs, om_tensor *input_grads) {
+    return om_engine_backward_stream(e, s, grad_outputs, input_grads, NULL, 0);
+}
+
+om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor *grad_outputs, om_tensor *input_grads,
+                                     void *stream, int stream_given) {
     const om_graph *g = e->g;
     if (!s || s->eng != e) return om_error(OM_INVALID_ARGUMENT, "the stash does not belong to this engine");
     if (s->used)
@@ -360,7 +423,8 @@ om_status *om_engine_backward(om_engine *e, om_stash *s, const om_tensor *grad_o
     frame f = {0};
     char *given = NULL;
     void **zeros = calloc((size_t)g->n_outputs + 1, sizeof(void *));
-    om_status *st = frame_init(&f, p);
+    if (s && stream_given) s->stream = stream;   /* the stash is freed in order on this stream */
+    om_status *st = frame_init(&f, p, s->stream);
     if (st) goto done;
     given = calloc((size_t)p->n_values + 1, 1);
     if (!given || !zeros) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
@@ -371,20 +435,25 @@ om_status *om_engine_backward(om_engine *e, om_stash *s, const om_tensor *grad_o
         const om_tensor *want = &p->vt[sv];
         if (grad_outputs && grad_outputs[i].data) {
             const om_tensor *got = &grad_outputs[i];
-            if (got->dtype != want->dtype || !om_shape_equal(got, want)) {
+            if (got->dtype != want->dtype || !om_shape_equal(got, want) || got->device != p->device) {
                 char a[128], b[128];
                 om_shape_str(got, a, sizeof a);
                 om_shape_str(want, b, sizeof b);
-                st = om_error(OM_INVALID_ARGUMENT, "gradient for output '%s' is %s, expected %s",
-                              g->values[g->outputs[i]].name, a, b);
+                st = om_error(OM_INVALID_ARGUMENT, "gradient for output '%s' is %s%s, expected %s%s",
+                              g->values[g->outputs[i]].name, a, got->device == OM_CUDA ? " (cuda)" : "", b,
+                              p->device == OM_CUDA ? " (cuda)" : "");
                 goto done;
             }
             f.data[sv] = got->data;
         } else {
             size_t nb = om_tensor_nbytes(want);
-            zeros[i] = om_alloc(nb);
+            zeros[i] = frame_alloc(&f, nb);
             if (!zeros[i]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
-            memset(zeros[i], 0, nb);
+            if (f.cu) {
+                if (nb && (st = f.cu->memset_async(p->device_id, zeros[i], 0, nb, f.stream))) goto done;
+            } else {
+                memset(zeros[i], 0, nb);
+            }
             f.data[sv] = zeros[i];
         }
     }
@@ -392,7 +461,7 @@ om_status *om_engine_backward(om_engine *e, om_stash *s, const om_tensor *grad_o
         if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)s->buf + p->offset[v];
         else if (p->storage[v] == OM_ST_BWD) f.data[v] = (char *)p->scratch + p->offset[v];
         else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= g->n_fwd_nodes) {
-            f.data[v] = om_alloc(om_tensor_nbytes(&p->vt[v]));
+            f.data[v] = frame_alloc(&f, om_tensor_nbytes(&p->vt[v]));
             if (!f.data[v]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory for gradients"); goto done; }
         }
     }
@@ -401,7 +470,7 @@ om_status *om_engine_backward(om_engine *e, om_stash *s, const om_tensor *grad_o
         int v = g->grad_of_input[i];
         if (v < 0) continue;
         if ((st = hand_out(&f, v, given, &input_grads[i]))) {
-            for (int k = 0; k < i; k++) { om_free(input_grads[k].data); input_grads[k].data = NULL; }
+            for (int k = 0; k < i; k++) { frame_release(&f, input_grads[k].data); input_grads[k].data = NULL; }
             goto done;
         }
     }
@@ -414,7 +483,7 @@ done:
         frame_free(&f, given);
     }
     if (zeros)
-        for (int i = 0; i < g->n_outputs; i++) om_free(zeros[i]);
+        for (int i = 0; i < g->n_outputs; i++) frame_release(&f, zeros[i]);
     free(zeros);
     free(given);
     pthread_mutex_unlock(&e->lock);
@@ -428,7 +497,7 @@ void om_stash_free(om_stash *s) {
             if (s->keepalive[i]) s->release(s->keepalive[i]);
     free(s->keepalive);
     free(s->inputs);
-    om_free(s->buf);
+    om_device_free_data(s->plan->device, s->plan->device_id, s->buf, s->stream);
     free(s);
 }
 

@@ -79,6 +79,18 @@ size_t  om_tensor_nbytes(const om_tensor *t);
 /* Aligned host memory; what the engine hands out (outputs, gradients) is freed with om_free. */
 void *om_alloc(size_t nbytes);
 void  om_free(void *p);
+/* Running totals of om_alloc calls and bytes since the process started (all threads):
+ * a test reads them around a training step to prove the steady state allocates nothing
+ * but the outputs and gradients it hands out. Either pointer may be NULL. */
+void  om_alloc_stats(size_t *calls, size_t *bytes);
+
+/* ---- threads --------------------------------------------------------------------- */
+/* Threads the CPU kernels use, the calling thread included; n < 1 restores the default
+ * (OMP_NUM_THREADS, else the CPUs this process may run on). Also sets OpenBLAS's count,
+ * so BLAS and the kernels share one budget. The binding calls it with
+ * torch.get_num_threads() so that torch, BLAS and the engine agree. */
+void om_set_num_threads(int n);
+int  om_get_num_threads(void);
 
 /* ---- engine ---------------------------------------------------------------------- */
 typedef enum om_log_level {

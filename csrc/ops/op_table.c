@@ -135,6 +135,11 @@
     X(om_op_pad) \
     X(om_op_pad_grad) \
     X(om_op_einsum) \
+    /* scan.c */ \
+    X(om_op_cumsum) \
+    X(om_op_gather_elements) \
+    X(om_op_gather_elements_grad) \
+    X(om_op_scatter_elements) \
     /* end */
 
 #define OM_DECLARE(sym) extern const om_op_def sym;

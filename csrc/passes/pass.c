@@ -8,6 +8,7 @@
  * code goes last. */
 static const om_pass passes[] = {
     {"constant_folding", OM_PASS_FORWARD, om_pass_constant_folding},
+    {"eliminate_identity", OM_PASS_FORWARD, om_pass_eliminate_identity},
     {"cse", OM_PASS_FORWARD | OM_PASS_JOINT, om_pass_cse},
     /* fusions: gelu before bias_gelu (Add + written-out GELU -> BiasGelu); attention and
      * bias_gelu before matmul_add_bias (they claim their Adds first); matmul_add_bias

@@ -1,6 +1,7 @@
 /* plan.c — shape inference, plan-time folding, dead-node removal, storage and arena
  * offsets for one set of input shapes. */
 #include "plan/plan.h"
+#include "exec/device.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 void om_plan_free(om_plan *p) {
     if (!p) return;
+    if (p->device == OM_CUDA) om_device_plan_release(p);   /* frees the device scratch */
     for (int v = 0; p->owned && v < p->n_values; v++)
         if (p->owned[v]) om_free(p->vt[v].data);
     free(p->input_shapes);
@@ -29,6 +31,8 @@ int om_plan_matches(const om_plan *p, const om_tensor *inputs, int n_inputs) {
     for (int i = 0; i < n_inputs; i++)
         if (p->input_shapes[i].dtype != inputs[i].dtype || !om_shape_equal(&p->input_shapes[i], &inputs[i]))
             return 0;
+    if (n_inputs && (inputs[0].device != p->device || (p->device != OM_CPU && inputs[0].device_id != p->device_id)))
+        return 0;
     return 1;
 }
 
@@ -143,6 +147,10 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     if (!p || !folded || !live || !needed || !step_of || !last || !def || !iv) goto oom;
     p->n_inputs = n_inputs;
     p->n_values = nv;
+    if (n_inputs) {   /* the engine checked that every input is on this device */
+        p->device = inputs[0].device;
+        p->device_id = inputs[0].device == OM_CPU ? 0 : inputs[0].device_id;
+    }
     p->input_shapes = malloc(sizeof(om_tensor) * ((size_t)n_inputs + 1));
     p->vt = calloc((size_t)nv + 1, sizeof(om_tensor));
     p->storage = calloc((size_t)nv + 1, sizeof(om_storage));
@@ -277,6 +285,10 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
         if (share[v] != v) p->offset[v] = p->offset[share[v]];
     free(share);
 
+    if (p->device == OM_CUDA) {
+        if ((st = om_device_plan_prepare(g, p, nn))) goto fail;
+        goto done;
+    }
     p->scratch = om_alloc(p->fwd_arena_size > p->bwd_arena_size ? p->fwd_arena_size : p->bwd_arena_size);
     if (!p->scratch) goto oom;
     goto done;

@@ -8,6 +8,7 @@
 #ifndef OM_PLAN_H
 #define OM_PLAN_H
 #include "ops/op.h"
+#include "../../cuda/provider.h"
 #include <pthread.h>
 
 typedef enum om_storage {
@@ -37,13 +38,20 @@ typedef struct om_plan {
     size_t fwd_arena_size, bwd_arena_size, stash_size;
     void *scratch;                /* one arena for both programs: the forward's scratch is dead once
                                      it returns (what backward needs is in the stash), so the backward
-                                     reuses the same bytes; calls are serialized by the engine lock */
+                                     reuses the same bytes; calls are serialized by the engine lock
+                                     (CUDA plans: device memory, and the stream orders the calls) */
+    /* where the plan runs: the device of its inputs (all inputs share one) */
+    om_device_type device;
+    int device_id;
+    om_cuda_kernel_fn *cuda_kernel;   /* CUDA plans: per node id, its provider kernel */
+    void **dev_const;             /* CUDA plans: per value, the device copy of a CONST value's data
+                                     (uploaded once at plan time; NULL where nothing reads it) */
 } om_plan;
 
-/* Builds a plan for g (after autodiff) and these input shapes. */
+/* Builds a plan for g (after autodiff) and these input shapes, on the inputs' device. */
 om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_inputs, bool has_backward,
                          om_plan **out);
 void om_plan_free(om_plan *p);
-/* 1 when the plan was built for exactly these input dtypes and shapes. */
+/* 1 when the plan was built for exactly these input dtypes, shapes and device. */
 int om_plan_matches(const om_plan *p, const om_tensor *inputs, int n_inputs);
 #endif

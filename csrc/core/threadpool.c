@@ -1,0 +1,259 @@
+/* threadpool.c — persistent pthread workers behind om_parallel_for (see threadpool.h).
+ *
+ * One job at a time. A job is [0, n) cut into R ranges; every participant (the caller and
+ * the workers) claims range indices from one 64-bit word, (generation << 32) | next, with a
+ * compare-and-swap. The generation in the word is what makes late workers harmless: a
+ * worker that wakes after its job finished (and the caller moved on) fails the CAS and
+ * goes back to waiting, so job parameters can live in the pool itself and never dangle.
+ *
+ * Waiting: after a job a worker spins briefly (kernels come back to back within a step),
+ * then sleeps on a condition variable. The caller waits for the last range by spinning,
+ * then yielding: on a loaded machine a preempted worker must get the CPU back.
+ */
+#include "core/threadpool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+#define MAX_THREADS 256
+#define RANGES_PER_THREAD 4   /* a little slack so that a preempted thread delays less */
+#define WORKER_SPIN 4000      /* pause iterations (~20-40 µs) before a worker sleeps */
+#define CALLER_SPIN 20000     /* pause iterations before the caller starts yielding */
+
+/* OpenBLAS's own thread count; weak so a BLIS build links too. */
+extern void openblas_set_num_threads(int n) __attribute__((weak));
+
+static struct {
+    pthread_mutex_t submit;          /* one job at a time; held by the submitting caller */
+    pthread_mutex_t mu;              /* sleeping workers */
+    pthread_cond_t cv;
+    atomic_uint_fast64_t claim;      /* (gen << 32) | next unclaimed range */
+    atomic_uint gen;                 /* bumped per job and on shutdown */
+    atomic_int sleeping;
+    atomic_int stop;
+    atomic_int done;                 /* ranges finished in the current job */
+    /* current job (written by the submitter before publishing the claim word) */
+    _Atomic(om_range_fn) fn;
+    _Atomic(void *) ctx;
+    atomic_int_fast64_t n;
+    atomic_int ranges;
+    atomic_int nthreads;             /* wanted, caller included; 0 = not decided yet */
+    int nworkers;                    /* started */
+    pthread_t tids[MAX_THREADS];
+} P = {
+    .submit = PTHREAD_MUTEX_INITIALIZER,
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .cv = PTHREAD_COND_INITIALIZER,
+};
+
+static _Thread_local int tls_in_parallel;
+static _Thread_local int tls_range;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static int default_threads(void) {
+    const char *e = getenv("OMP_NUM_THREADS");
+    if (e && *e) {
+        int v = atoi(e);
+        if (v > 0) return v < MAX_THREADS ? v : MAX_THREADS;
+    }
+    int n = 0;
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+#endif
+    if (n < 1) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    return n < MAX_THREADS ? n : MAX_THREADS;
+}
+
+static int threads_wanted(void) {
+    int t = atomic_load_explicit(&P.nthreads, memory_order_relaxed);
+    if (!t) {
+        t = default_threads();
+        int zero = 0;   /* the first caller decides; set_num_threads may have won the race */
+        if (!atomic_compare_exchange_strong(&P.nthreads, &zero, t)) t = zero;
+    }
+    return t;
+}
+
+static inline void range_bounds(int64_t n, int R, int i, int64_t *lo, int64_t *hi) {
+    /* n * i / R without overflow for any realistic n (n < 2^54) */
+    *lo = (int64_t)((__int128)n * i / R);
+    *hi = (int64_t)((__int128)n * (i + 1) / R);
+}
+
+/* Claims and runs ranges of the job of generation g until none is left. */
+static void run_ranges(uint32_t g) {
+    for (;;) {
+        uint_fast64_t c = atomic_load(&P.claim);
+        if ((uint32_t)(c >> 32) != g) return;
+        const int R = atomic_load(&P.ranges);
+        const int i = (int)(uint32_t)c;
+        if (i >= R) return;
+        om_range_fn fn = atomic_load(&P.fn);
+        void *ctx = atomic_load(&P.ctx);
+        const int64_t n = atomic_load(&P.n);
+        if (!atomic_compare_exchange_weak(&P.claim, &c, c + 1)) continue;
+        int64_t lo, hi;
+        range_bounds(n, R, i, &lo, &hi);
+        tls_range = i;
+        fn(ctx, lo, hi);
+        atomic_fetch_add(&P.done, 1);
+    }
+}
+
+static void *worker_main(void *arg) {
+    (void)arg;
+    tls_in_parallel = 1;
+    unsigned seen = atomic_load(&P.gen);
+    for (;;) {
+        unsigned g = atomic_load(&P.gen);
+        for (int s = 0; g == seen && s < WORKER_SPIN; s++) {
+            CPU_RELAX();
+            g = atomic_load(&P.gen);
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&P.mu);
+            atomic_fetch_add(&P.sleeping, 1);
+            while ((g = atomic_load(&P.gen)) == seen) pthread_cond_wait(&P.cv, &P.mu);
+            atomic_fetch_sub(&P.sleeping, 1);
+            pthread_mutex_unlock(&P.mu);
+        }
+        seen = g;
+        if (atomic_load(&P.stop)) return NULL;
+        run_ranges(g);
+    }
+}
+
+static void wake_workers(void) {
+    if (atomic_load(&P.sleeping) > 0) {
+        pthread_mutex_lock(&P.mu);
+        pthread_cond_broadcast(&P.cv);
+        pthread_mutex_unlock(&P.mu);
+    }
+}
+
+/* Called with P.submit held. */
+static void stop_workers(void) {
+    if (!P.nworkers) return;
+    atomic_store(&P.stop, 1);
+    atomic_fetch_add(&P.gen, 1);
+    pthread_mutex_lock(&P.mu);
+    pthread_cond_broadcast(&P.cv);
+    pthread_mutex_unlock(&P.mu);
+    for (int i = 0; i < P.nworkers; i++) pthread_join(P.tids[i], NULL);
+    P.nworkers = 0;
+    atomic_store(&P.stop, 0);
+}
+
+/* A forked child has the pool's memory but none of its threads. */
+static void atfork_child(void) {
+    pthread_mutex_init(&P.submit, NULL);
+    pthread_mutex_init(&P.mu, NULL);
+    pthread_cond_init(&P.cv, NULL);
+    atomic_store(&P.sleeping, 0);
+    atomic_store(&P.stop, 0);
+    P.nworkers = 0;
+}
+static void register_atfork(void) { pthread_atfork(NULL, NULL, atfork_child); }
+
+/* Called with P.submit held: starts workers up to nthreads - 1; returns how many run. */
+static int ensure_workers(void) {
+    pthread_once(&atfork_once, register_atfork);
+    const int want = threads_wanted() - 1;
+    while (P.nworkers < want) {
+        if (pthread_create(&P.tids[P.nworkers], NULL, worker_main, NULL) != 0) break;
+        P.nworkers++;
+    }
+    return P.nworkers;
+}
+
+int om_parallel_ranges(int64_t n, int64_t grain) {
+    if (grain < 1) grain = 1;
+    if (n <= grain || tls_in_parallel) return 1;
+    const int T = threads_wanted();
+    if (T <= 1) return 1;
+    const int64_t by_grain = (n + grain - 1) / grain;
+    const int64_t cap = (int64_t)T * RANGES_PER_THREAD;
+    return (int)(by_grain < cap ? by_grain : cap);
+}
+
+int om_parallel_range_id(void) { return tls_range; }
+int om_in_parallel(void) { return tls_in_parallel; }
+
+static void run_serial(int64_t n, int R, om_range_fn fn, void *ctx) {
+    /* the same ranges as a parallel run, so per-range partials give identical results */
+    const int saved_in = tls_in_parallel, saved_range = tls_range;
+    tls_in_parallel = 1;
+    for (int i = 0; i < R; i++) {
+        int64_t lo, hi;
+        range_bounds(n, R, i, &lo, &hi);
+        tls_range = i;
+        fn(ctx, lo, hi);
+    }
+    tls_in_parallel = saved_in;
+    tls_range = saved_range;
+}
+
+void om_parallel_for(int64_t n, int64_t grain, om_range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    const int R = om_parallel_ranges(n, grain);
+    if (R <= 1) {
+        const int saved = tls_range;
+        tls_range = 0;
+        fn(ctx, 0, n);
+        tls_range = saved;
+        return;
+    }
+    if (pthread_mutex_trylock(&P.submit) != 0) {   /* another thread's job is running */
+        run_serial(n, R, fn, ctx);
+        return;
+    }
+    if (ensure_workers() == 0) {
+        pthread_mutex_unlock(&P.submit);
+        run_serial(n, R, fn, ctx);
+        return;
+    }
+    atomic_store(&P.fn, fn);
+    atomic_store(&P.ctx, ctx);
+    atomic_store(&P.n, n);
+    atomic_store(&P.ranges, R);
+    atomic_store(&P.done, 0);
+    const uint32_t g = atomic_load(&P.gen) + 1;
+    atomic_store(&P.claim, (uint_fast64_t)g << 32);
+    atomic_store(&P.gen, g);
+    wake_workers();
+
+    const int saved_range = tls_range;
+    tls_in_parallel = 1;
+    run_ranges(g);
+    for (int s = 0; atomic_load(&P.done) < R; s++) {
+        if (s < CALLER_SPIN) CPU_RELAX();
+        else sched_yield();
+    }
+    tls_in_parallel = 0;
+    tls_range = saved_range;
+    pthread_mutex_unlock(&P.submit);
+}
+
+void om_set_num_threads(int n) {
+    if (n < 1) n = default_threads();
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    pthread_mutex_lock(&P.submit);
+    if (n < P.nworkers + 1) stop_workers();   /* restarted lazily, fewer */
+    atomic_store(&P.nthreads, n);
+    pthread_mutex_unlock(&P.submit);
+    if (openblas_set_num_threads) openblas_set_num_threads(n);
+}
+
+int om_get_num_threads(void) { return threads_wanted(); }

@@ -1,0 +1,49 @@
+/* threadpool.h — the engine's one thread pool: persistent pthread workers, the calling
+ * thread participating.
+ *
+ *     typedef struct { const float *x; float *y; } relu_args;
+ *     static void relu_range(void *c, int64_t lo, int64_t hi) {   // one contiguous range
+ *         const relu_args *a = c;
+ *         for (int64_t i = lo; i < hi; i++) a->y[i] = a->x[i] > 0 ? a->x[i] : 0;
+ *     }
+ *     relu_args a = {x, y};
+ *     om_parallel_for(n, OM_GRAIN, relu_range, &a);   // returns when every range is done
+ *
+ * Rules:
+ *   - fn(ctx, lo, hi) is called on disjoint ranges covering [0, n) exactly once; ranges
+ *     are at least `grain` long (except the last) and contiguous, so a kernel can keep
+ *     per-range state (a partial sum per range is how reductions are written: size the
+ *     partials with om_parallel_ranges(n, grain) and index them with om_parallel_range_id()).
+ *   - n <= grain, one thread, or a call from inside a parallel range (nested) runs fn(ctx, 0, n)
+ *     on the calling thread: no oversubscription, never a deadlock.
+ *   - Two threads calling at once: the second runs serially rather than waiting.
+ *   - The thread count follows om_set_num_threads (public, ortmod.h), which also sets
+ *     OpenBLAS's, so BLAS and the pool never run more threads than asked for together.
+ *     Default: OMP_NUM_THREADS when set, else the CPUs this process may run on.
+ */
+#ifndef OM_THREADPOOL_H
+#define OM_THREADPOOL_H
+
+#include <stdint.h>
+
+#include "ortmod.h"
+
+/* Elements per range below which threading costs more than it saves (a wake-up is ~2-5 µs;
+ * 32K floats of a simple op take ~5-10 µs on one core). */
+#define OM_GRAIN ((int64_t)32768)
+
+typedef void (*om_range_fn)(void *ctx, int64_t lo, int64_t hi);
+
+void om_parallel_for(int64_t n, int64_t grain, om_range_fn fn, void *ctx);
+
+/* How many ranges om_parallel_for(n, grain, ...) will use (1 when it runs serially), and,
+ * inside fn, the index of the current range in [0, that count). Ranges are numbered in
+ * order of lo, so per-range partial results combine in a fixed order: results do not
+ * depend on which thread ran what. */
+int om_parallel_ranges(int64_t n, int64_t grain);
+int om_parallel_range_id(void);
+
+/* 1 inside a parallel range (nested calls run serially). */
+int om_in_parallel(void);
+
+#endif

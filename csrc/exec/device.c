@@ -1,0 +1,155 @@
+/* device.c — loading the CUDA execution provider and the device parts of a plan.
+ *
+ * ortmod/libortmod_cuda.so is looked for next to the module that holds this code (the
+ * ortmod._C extension, found with dladdr), or where ORTMOD_CUDA_LIBRARY points. It is loaded
+ * once, on the first CUDA tensor, and never unloaded (DLPack deleters may call into it until
+ * the process exits). A CPU-only process never loads it.
+ */
+#include "exec/device.h"
+#include "plan/plan.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static const om_cuda_provider *cuda_provider;
+static char cuda_error[1024];
+
+static om_status *host_error(om_code code, const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return om_error(code, "%s", buf);
+}
+
+static void cuda_load(void) {
+    char path[4096];
+    const char *env = getenv("ORTMOD_CUDA_LIBRARY");
+    if (env && *env) {
+        snprintf(path, sizeof path, "%s", env);
+    } else {
+        Dl_info info;
+        if (!dladdr((void *)&cuda_load, &info) || !info.dli_fname) {
+            snprintf(cuda_error, sizeof cuda_error, "cannot locate the ortmod library to find libortmod_cuda.so");
+            return;
+        }
+        snprintf(path, sizeof path, "%s", info.dli_fname);
+        char *slash = strrchr(path, '/');
+        if (slash) slash[1] = '\0';
+        else path[0] = '\0';
+        strncat(path, "libortmod_cuda.so", sizeof path - strlen(path) - 1);
+    }
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(cuda_error, sizeof cuda_error,
+                 "the CUDA execution provider is not available: %s (build it with `make cuda` on a machine with "
+                 "the CUDA toolkit)", dlerror());
+        return;
+    }
+    om_cuda_provider_get_fn get = (om_cuda_provider_get_fn)dlsym(h, "om_cuda_provider_get");
+    const om_cuda_provider *p = get ? get() : NULL;
+    if (!p) {
+        snprintf(cuda_error, sizeof cuda_error, "%s has no om_cuda_provider_get", path);
+        return;
+    }
+    if (p->abi != OM_CUDA_ABI) {
+        snprintf(cuda_error, sizeof cuda_error, "%s has provider ABI %d, this engine wants %d: rebuild it (make cuda)",
+                 path, p->abi, OM_CUDA_ABI);
+        return;
+    }
+    static const om_cuda_host host = {
+        .abi = OM_CUDA_ABI, .error = host_error, .attr_int = om_attr_int, .attr_float = om_attr_float,
+        .attr_string = om_attr_string, .attr_ints = om_attr_ints,
+    };
+    om_status *st = p->init(&host);
+    if (st) {
+        snprintf(cuda_error, sizeof cuda_error, "the CUDA execution provider failed to start: %s", om_status_message(st));
+        om_status_free(st);
+        return;
+    }
+    cuda_provider = p;
+}
+
+om_status *om_cuda_get(const om_cuda_provider **out) {
+    pthread_once(&cuda_once, cuda_load);
+    *out = cuda_provider;
+    if (!cuda_provider) return om_error(OM_INVALID_ARGUMENT, "%s", cuda_error);
+    return NULL;
+}
+
+int om_cuda_loaded(void) { return cuda_provider != NULL; }
+
+void om_device_free_data(om_device_type device, int device_id, void *data, void *stream) {
+    if (!data) return;
+    if (device == OM_CPU) om_free(data);
+    else if (cuda_provider) cuda_provider->free(device_id, data, stream);
+}
+
+/* ---- plans ------------------------------------------------------------------------ */
+
+om_status *om_device_plan_prepare(const om_graph *g, om_plan *p, int n_nodes) {
+    const om_cuda_provider *cu;
+    OM_TRY(om_cuda_get(&cu));
+    p->cuda_kernel = calloc((size_t)n_nodes + 1, sizeof(om_cuda_kernel_fn));
+    p->dev_const = calloc((size_t)p->n_values + 1, sizeof(void *));
+    char *read = calloc((size_t)p->n_values + 1, 1);
+    if (!p->cuda_kernel || !p->dev_const || !read) {
+        free(read);
+        return om_error(OM_OUT_OF_MEMORY, "out of memory building a CUDA plan");
+    }
+    /* every node that runs needs a kernel: a missing one fails here, naming the op */
+    for (int pass = 0; pass < 2; pass++) {
+        const int *prog = pass ? p->bwd_prog : p->fwd_prog;
+        int n = pass ? p->n_bwd_prog : p->n_fwd_prog;
+        for (int s = 0; s < n; s++) {
+            const om_node *nd = &g->nodes[prog[s]];
+            om_cuda_kernel_fn k = cu->find_kernel(nd->op->name, nd->op->domain);
+            if (!k) {
+                free(read);
+                return om_error(OM_UNSUPPORTED_OP, "op %s%s%s (node '%s') has no CUDA kernel yet; run the model on "
+                                "the CPU, or add the kernel in cuda/", nd->op->domain[0] ? nd->op->domain : "",
+                                nd->op->domain[0] ? "." : "", nd->op->name, nd->name ? nd->name : "");
+            }
+            p->cuda_kernel[prog[s]] = k;
+            for (int i = 0; i < nd->n_in; i++)
+                if (nd->in[i] >= 0) read[nd->in[i]] = 1;
+        }
+    }
+    for (int i = 0; i < g->n_outputs; i++) read[g->outputs[i]] = 1;
+    if (g->grad_of_input)
+        for (int i = 0; i < g->n_inputs; i++)
+            if (g->grad_of_input[i] >= 0) read[g->grad_of_input[i]] = 1;
+    om_status *st = NULL;
+    /* constants the device reads: uploaded once (an alias of a constant reads its root) */
+    for (int v = 0; v < p->n_values && !st; v++) {
+        if (!read[v]) continue;
+        int r = v;
+        while (p->storage[r] == OM_ST_ALIAS) r = p->alias_of[r];
+        if (p->storage[r] != OM_ST_CONST || p->dev_const[r] || !p->vt[r].data) continue;
+        size_t nb = om_tensor_nbytes(&p->vt[r]);
+        if ((st = cu->alloc_static(p->device_id, nb ? nb : 1, &p->dev_const[r]))) break;
+        if (nb) st = cu->memcpy_sync(p->device_id, p->dev_const[r], p->vt[r].data, nb, OM_COPY_H2D);
+    }
+    free(read);
+    if (st) return st;
+    size_t scratch = p->fwd_arena_size > p->bwd_arena_size ? p->fwd_arena_size : p->bwd_arena_size;
+    return cu->alloc_static(p->device_id, scratch ? scratch : 1, &p->scratch);
+}
+
+void om_device_plan_release(om_plan *p) {
+    const om_cuda_provider *cu = cuda_provider;
+    if (cu) {
+        for (int v = 0; p->dev_const && v < p->n_values; v++)
+            if (p->dev_const[v]) cu->free_static(p->device_id, p->dev_const[v]);
+        if (p->scratch) cu->free_static(p->device_id, p->scratch);
+    }
+    p->scratch = NULL;
+    free(p->dev_const);
+    p->dev_const = NULL;
+    free(p->cuda_kernel);
+    p->cuda_kernel = NULL;
+}

@@ -1,0 +1,40 @@
+/* device.h — the engine side of execution providers other than the CPU.
+ *
+ * The CPU provider is the op table's `cpu` kernels, linked in. The CUDA provider lives in a
+ * separate shared object, ortmod/libortmod_cuda.so (built from cuda/ when the CUDA toolkit is
+ * present), loaded with dlopen the first time the engine sees a CUDA tensor; a CPU-only build
+ * or run never touches it. Its interface is cuda/provider.h.
+ *
+ * Streams: every CUDA call takes the caller's stream (torch.cuda.current_stream(), passed from
+ * Python as an int; 0 = the legacy default stream). Work is only enqueued: the engine never
+ * synchronizes the host with the device in a step.
+ */
+#ifndef OM_EXEC_DEVICE_H
+#define OM_EXEC_DEVICE_H
+
+#include "../../cuda/provider.h"
+
+/* The loaded and initialized CUDA provider, loading it on first use. Thread-safe. On failure
+ * the error says why (library missing, no driver, ABI mismatch) and is the same every call. */
+om_status *om_cuda_get(const om_cuda_provider **out);
+/* 1 when the provider was loaded (does not try to load it). */
+int om_cuda_loaded(void);
+
+/* Frees engine-allocated data of t wherever it lives: om_free for CPU memory, the CUDA pool
+ * (stream-ordered on stream) for device memory. What DLPack deleters call. */
+void om_device_free_data(om_device_type device, int device_id, void *data, void *stream);
+
+/* Device parts of a plan (plan.c calls these for plans of CUDA inputs): kernels per node,
+ * constants uploaded once, the scratch arena in device memory. */
+struct om_plan;
+om_status *om_device_plan_prepare(const om_graph *g, struct om_plan *p, int n_nodes);
+void om_device_plan_release(struct om_plan *p);
+
+/* om_engine_forward / om_engine_backward with the stream to enqueue on (ignored for CPU
+ * tensors). backward with stream NULL reuses the forward's stream. */
+om_status *om_engine_forward_stream(om_engine *eng, const om_tensor *inputs, int n_inputs, bool training,
+                                    om_tensor *outputs, om_stash **stash, void **inputs_keepalive,
+                                    om_release_fn release, void *stream);
+om_status *om_engine_backward_stream(om_engine *eng, om_stash *stash, const om_tensor *grad_outputs,
+                                     om_tensor *input_grads, void *stream, int stream_given);
+#endif

@@ -1,0 +1,59 @@
+/* eliminate_identity.c — removes nodes that return their input unchanged: Identity, Cast to
+ * the dtype the value already has, Concat of a single input, and Dropout that cannot drop
+ * (ratio 0, or training_mode false) whose mask nobody reads. Exports emit all of these
+ * (GPT-2 from transformers carries eight same-dtype Casts). A node whose output is a graph
+ * output stays, so that outputs keep their names. */
+#include "passes/pass.h"
+
+#include <stdlib.h>
+
+/* 1 when constant value v is a scalar equal to x (float or bool/int) */
+static int const_scalar_is(const om_graph *g, int v, double x) {
+    if (v < 0 || !g->values[v].constant) return 0;
+    const om_tensor *t = g->values[v].constant;
+    if (om_tensor_numel(t) != 1) return 0;
+    switch (t->dtype) {
+    case OM_F32: return *(const float *)t->data == (float)x;
+    case OM_F64: return *(const double *)t->data == x;
+    case OM_BOOL: case OM_U8: return *(const uint8_t *)t->data == (uint8_t)x;
+    case OM_I64: return *(const int64_t *)t->data == (int64_t)x;
+    default: return 0;
+    }
+}
+
+static int passthrough(const om_graph *g, const om_node *n) {
+    const char *op = n->op->name;
+    if (strcmp(n->op->domain, "") != 0) return 0;
+    if (strcmp(op, "Identity") == 0) return 1;
+    if (strcmp(op, "Cast") == 0)
+        return n->in[0] >= 0 && om_attr_int(n, "to", 0) == (int64_t)g->values[n->in[0]].dtype;
+    if (strcmp(op, "Concat") == 0) return n->n_in == 1;
+    if (strcmp(op, "Dropout") == 0) {
+        int ratio = n->n_in > 1 ? n->in[1] : -1, mode = n->n_in > 2 ? n->in[2] : -1;
+        int no_training = mode < 0 || const_scalar_is(g, mode, 0);
+        int zero_ratio = ratio >= 0 && const_scalar_is(g, ratio, 0);
+        return no_training || zero_ratio;
+    }
+    return 0;
+}
+
+om_status *om_pass_eliminate_identity(om_pass_ctx *c) {
+    om_graph *g = c->g;
+    int *uses = om_graph_use_counts(g);
+    if (!uses) return om_error(OM_OUT_OF_MEMORY, "out of memory in eliminate_identity");
+    char *is_output = calloc((size_t)g->n_values + 1, 1);
+    if (!is_output) { free(uses); return om_error(OM_OUT_OF_MEMORY, "out of memory in eliminate_identity"); }
+    for (int i = 0; i < g->n_outputs; i++) is_output[g->outputs[i]] = 1;
+    for (int k = 0; k < g->n_nodes; k++) {
+        om_node *n = &g->nodes[k];
+        if (n->dead || n->n_in < 1 || n->in[0] < 0 || n->out[0] < 0 || is_output[n->out[0]]) continue;
+        if (strcmp(n->op->name, "Dropout") == 0 && n->n_out > 1 && n->out[1] >= 0 && uses[n->out[1]] > 0) continue;
+        if (!passthrough(g, n)) continue;
+        om_graph_replace_uses(g, n->out[0], n->in[0]);
+        n->dead = 1;
+        om_pass_fired(c, n->name);
+    }
+    free(uses);
+    free(is_output);
+    return NULL;
+}
