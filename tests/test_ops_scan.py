@@ -146,3 +146,11 @@ def test_scatter_elements_unsupported_reduction():
                    attrs={"reduction": "mul"})
     with pytest.raises(_C.UnsupportedOpError, match="reduction"):
         run(m, [randn(3), np.array([0], np.int64), randn(1)])
+
+
+def test_cumsum_bool_gives_int64():
+    """torch.cumsum of a bool mask (GPT-2's position ids) exports as CumSum on bool: int64 out, as torch."""
+    x = RNG.integers(0, 2, (3, 6)).astype(bool)
+    outs = check_op("CumSum", {"x": x, "axis": np.array(1, np.int64)},
+                    lambda x, axis: np.cumsum(x, axis=1).astype(np.int64), const_inputs=["axis"])
+    assert outs[0].dtype == np.int64

@@ -109,7 +109,8 @@ void *om_alloc(size_t nbytes) {
     return p;
 }
 
-void om_alloc_stats(size_t *calls, size_t *bytes) {
+/* default visibility: tests reach it through ctypes before the binding exposes it */
+__attribute__((visibility("default"))) void om_alloc_stats(size_t *calls, size_t *bytes) {
     if (calls) *calls = atomic_load_explicit(&alloc_calls, memory_order_relaxed);
     if (bytes) *bytes = atomic_load_explicit(&alloc_bytes, memory_order_relaxed);
 }

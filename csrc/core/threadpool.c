@@ -1,4 +1,4 @@
-/* threadpool.c — persistent pthread workers behind om_parallel_for (see threadpool.h).
+/* threadpool.c — persistent pthread workers behind om_pool_for (see threadpool.h).
  *
  * One job at a time. A job is [0, n) cut into R ranges; every participant (the caller and
  * the workers) claims range indices from one 64-bit word, (generation << 32) | next, with a
@@ -43,7 +43,7 @@ static struct {
     atomic_int stop;
     atomic_int done;                 /* ranges finished in the current job */
     /* current job (written by the submitter before publishing the claim word) */
-    _Atomic(om_range_fn) fn;
+    _Atomic(om_pool_fn) fn;
     _Atomic(void *) ctx;
     atomic_int_fast64_t n;
     atomic_int ranges;
@@ -100,7 +100,7 @@ static void run_ranges(uint32_t g) {
         const int R = atomic_load(&P.ranges);
         const int i = (int)(uint32_t)c;
         if (i >= R) return;
-        om_range_fn fn = atomic_load(&P.fn);
+        om_pool_fn fn = atomic_load(&P.fn);
         void *ctx = atomic_load(&P.ctx);
         const int64_t n = atomic_load(&P.n);
         if (!atomic_compare_exchange_weak(&P.claim, &c, c + 1)) continue;
@@ -178,7 +178,7 @@ static int ensure_workers(void) {
     return P.nworkers;
 }
 
-int om_parallel_ranges(int64_t n, int64_t grain) {
+int om_pool_ranges(int64_t n, int64_t grain) {
     if (grain < 1) grain = 1;
     if (n <= grain || tls_in_parallel) return 1;
     const int T = threads_wanted();
@@ -188,10 +188,10 @@ int om_parallel_ranges(int64_t n, int64_t grain) {
     return (int)(by_grain < cap ? by_grain : cap);
 }
 
-int om_parallel_range_id(void) { return tls_range; }
-int om_in_parallel(void) { return tls_in_parallel; }
+int om_pool_range_id(void) { return tls_range; }
+int om_pool_in_parallel(void) { return tls_in_parallel; }
 
-static void run_serial(int64_t n, int R, om_range_fn fn, void *ctx) {
+static void run_serial(int64_t n, int R, om_pool_fn fn, void *ctx) {
     /* the same ranges as a parallel run, so per-range partials give identical results */
     const int saved_in = tls_in_parallel, saved_range = tls_range;
     tls_in_parallel = 1;
@@ -205,9 +205,9 @@ static void run_serial(int64_t n, int R, om_range_fn fn, void *ctx) {
     tls_range = saved_range;
 }
 
-void om_parallel_for(int64_t n, int64_t grain, om_range_fn fn, void *ctx) {
+void om_pool_for(int64_t n, int64_t grain, om_pool_fn fn, void *ctx) {
     if (n <= 0) return;
-    const int R = om_parallel_ranges(n, grain);
+    const int R = om_pool_ranges(n, grain);
     if (R <= 1) {
         const int saved = tls_range;
         tls_range = 0;
@@ -246,7 +246,7 @@ void om_parallel_for(int64_t n, int64_t grain, om_range_fn fn, void *ctx) {
     pthread_mutex_unlock(&P.submit);
 }
 
-void om_set_num_threads(int n) {
+__attribute__((visibility("default"))) void om_set_num_threads(int n) {
     if (n < 1) n = default_threads();
     if (n > MAX_THREADS) n = MAX_THREADS;
     pthread_mutex_lock(&P.submit);
@@ -256,4 +256,4 @@ void om_set_num_threads(int n) {
     if (openblas_set_num_threads) openblas_set_num_threads(n);
 }
 
-int om_get_num_threads(void) { return threads_wanted(); }
+__attribute__((visibility("default"))) int om_get_num_threads(void) { return threads_wanted(); }

@@ -7,13 +7,13 @@
  *         for (int64_t i = lo; i < hi; i++) a->y[i] = a->x[i] > 0 ? a->x[i] : 0;
  *     }
  *     relu_args a = {x, y};
- *     om_parallel_for(n, OM_GRAIN, relu_range, &a);   // returns when every range is done
+ *     om_pool_for(n, OM_GRAIN, relu_range, &a);   // returns when every range is done
  *
  * Rules:
  *   - fn(ctx, lo, hi) is called on disjoint ranges covering [0, n) exactly once; ranges
  *     are at least `grain` long (except the last) and contiguous, so a kernel can keep
  *     per-range state (a partial sum per range is how reductions are written: size the
- *     partials with om_parallel_ranges(n, grain) and index them with om_parallel_range_id()).
+ *     partials with om_pool_ranges(n, grain) and index them with om_pool_range_id()).
  *   - n <= grain, one thread, or a call from inside a parallel range (nested) runs fn(ctx, 0, n)
  *     on the calling thread: no oversubscription, never a deadlock.
  *   - Two threads calling at once: the second runs serially rather than waiting.
@@ -32,18 +32,18 @@
  * 32K floats of a simple op take ~5-10 µs on one core). */
 #define OM_GRAIN ((int64_t)32768)
 
-typedef void (*om_range_fn)(void *ctx, int64_t lo, int64_t hi);
+typedef void (*om_pool_fn)(void *ctx, int64_t lo, int64_t hi);
 
-void om_parallel_for(int64_t n, int64_t grain, om_range_fn fn, void *ctx);
+void om_pool_for(int64_t n, int64_t grain, om_pool_fn fn, void *ctx);
 
-/* How many ranges om_parallel_for(n, grain, ...) will use (1 when it runs serially), and,
+/* How many ranges om_pool_for(n, grain, ...) will use (1 when it runs serially), and,
  * inside fn, the index of the current range in [0, that count). Ranges are numbered in
  * order of lo, so per-range partial results combine in a fixed order: results do not
  * depend on which thread ran what. */
-int om_parallel_ranges(int64_t n, int64_t grain);
-int om_parallel_range_id(void);
+int om_pool_ranges(int64_t n, int64_t grain);
+int om_pool_range_id(void);
 
 /* 1 inside a parallel range (nested calls run serially). */
-int om_in_parallel(void);
+int om_pool_in_parallel(void);
 
 #endif

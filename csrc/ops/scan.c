@@ -2,7 +2,7 @@
  * ScatterElements, and their backward ops.
  *
  * Exports (scan.list):
- *   om_op_cumsum                 CumSum               (x, axis; exclusive, reverse)   f32 f64 i32 i64
+ *   om_op_cumsum                 CumSum               (x, axis; exclusive, reverse)   f32 f64 i32 i64; bool/u8/i8 -> i64
  *   om_op_gather_elements        GatherElements       (data, indices; axis)           any dtype
  *   om_op_gather_elements_grad   GatherElementsGrad   (domain ortmod) (dy, Shape(data), indices; axis)
  *                                                     -> dx: dy scatter-added into zeros of Shape(data)
@@ -19,6 +19,9 @@
  * GPT-2 exports without attention_mask compute position ids with CumSum on int64; BERT
  * without token_type_ids takes its buffered type ids with GatherElements on int64: both
  * kernels therefore handle integer data (and the planner folds them when inputs are known).
+ * torch.cumsum of a bool (or 8-bit int) tensor gives int64, and the TorchScript exporter
+ * emits CumSum on the bool tensor as it is (GPT-2's position ids from a mask): CumSum
+ * follows torch there, with an int64 output (ONNX itself has no bool CumSum).
  * Indices follow ONNX: negative values wrap, out-of-range values are an error naming the
  * node; indices may be smaller than data off the axis (torch.gather semantics).
  */
@@ -63,16 +66,24 @@ static om_status *cumsum_axis(const om_kernel_ctx *ctx, int *axis) {
     return om_norm_axis(ctx->node, int_at(a, 0), x->rank, axis);
 }
 
+static int small_int(om_dtype dt) { return dt == OM_BOOL || dt == OM_U8 || dt == OM_I8; }
+
+static om_dtype cumsum_dtype(const om_graph *g, const om_node *n, int out_index) {
+    const om_dtype dt = n->in[0] >= 0 ? g->values[n->in[0]].dtype : OM_UNDEFINED;
+    return small_int(dt) ? OM_I64 : dt;
+}
+
 static om_status *cumsum_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0];
     if (x->rank < 1) return om_error(OM_INVALID_ARGUMENT, "CumSum node '%s': x must have rank >= 1", nm(ctx->node));
-    if (x->dtype != OM_F32 && x->dtype != OM_F64 && !is_int(x->dtype)) return om_err_dtype(ctx->node, 0, x->dtype);
+    if (x->dtype != OM_F32 && x->dtype != OM_F64 && !is_int(x->dtype) && !small_int(x->dtype))
+        return om_err_dtype(ctx->node, 0, x->dtype);
     if (!is_int(ctx->in[1].dtype)) return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);
     if (ctx->in[1].data) {
         int axis;
         OM_TRY(cumsum_axis(ctx, &axis));
     }
-    om_set_shape(&ctx->out[0], x, x->dtype);
+    om_set_shape(&ctx->out[0], x, small_int(x->dtype) ? OM_I64 : x->dtype);
     return NULL;
 }
 
@@ -87,6 +98,20 @@ static om_status *cumsum_cpu(om_kernel_ctx *ctx) {
     const int rev = om_attr_int(ctx->node, "reverse", 0) != 0;
     const int64_t N = x->dims[axis], outer = dims_prod(x->dims, 0, axis);
     const int64_t inner = dims_prod(x->dims, axis + 1, x->rank);
+    if (small_int(x->dtype)) {
+        /* bool/uint8/int8 summed into int64 (torch's promotion); not a hot path */
+        int64_t *yp = ctx->out[0].data;
+        for (int64_t o = 0; o < outer; o++)
+            for (int64_t j = 0; j < inner; j++) {
+                int64_t acc = 0;
+                for (int64_t s = 0; s < N; s++) {
+                    const int64_t k = (rev ? N - 1 - s : s), at = (o * N + k) * inner + j;
+                    const int64_t v = x->dtype == OM_I8 ? ((const int8_t *)x->data)[at] : ((const uint8_t *)x->data)[at];
+                    if (excl) { yp[at] = acc; acc += v; } else { acc += v; yp[at] = acc; }
+                }
+            }
+        return NULL;
+    }
     SCAN_ARITH(x->dtype, ctx->node, 0, {
         const T *xp = x->data;
         T *yp = ctx->out[0].data;
@@ -356,7 +381,7 @@ static om_status *scatter_elements_grad(om_grad_ctx *c) {
 
 const om_op_def om_op_cumsum = {
     .name = "CumSum", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
-    .infer = cumsum_infer, .grad = cumsum_grad, .cpu = cumsum_cpu, .diff_inputs = 1,
+    .dtype = cumsum_dtype, .infer = cumsum_infer, .grad = cumsum_grad, .cpu = cumsum_cpu, .diff_inputs = 1,
 };
 const om_op_def om_op_gather_elements = {
     .name = "GatherElements", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,

@@ -8,7 +8,6 @@
  * code goes last. */
 static const om_pass passes[] = {
     {"constant_folding", OM_PASS_FORWARD, om_pass_constant_folding},
-    {"eliminate_identity", OM_PASS_FORWARD, om_pass_eliminate_identity},
     {"cse", OM_PASS_FORWARD | OM_PASS_JOINT, om_pass_cse},
     /* fusions: gelu before bias_gelu (Add + written-out GELU -> BiasGelu); attention and
      * bias_gelu before matmul_add_bias (they claim their Adds first); matmul_add_bias
@@ -20,6 +19,7 @@ static const om_pass passes[] = {
     {"bias_gelu", OM_PASS_FORWARD, om_pass_bias_gelu},
     {"matmul_add_bias", OM_PASS_FORWARD, om_pass_matmul_add_bias},
     {"bias_dropout_residual", OM_PASS_FORWARD, om_pass_bias_dropout_residual},
+    {"eliminate_identity", OM_PASS_FORWARD, om_pass_eliminate_identity},
     {"dce", OM_PASS_FORWARD | OM_PASS_JOINT, om_pass_dce},
 };
 

@@ -1,0 +1,284 @@
+// reduce.cu — reductions over a set of axes (ReduceSum/Mean/Max/Min/Prod, and SumToShape and
+// the bias gradients through omc_reduce), and their gradients ReduceGrad / ReduceMinMaxGrad.
+//
+// A reduction is split, on the host, into kept dims (the output, in order) and reduced dims,
+// each with x's strides, size-1 dims dropped and neighbours merged. One thread per output
+// walks the reduced set (coalesced when the kept dims are innermost: reducing leading axes),
+// or one block per output when the innermost axis is reduced (a row sum).
+#include <math.h>
+
+#include "common.cuh"
+
+enum { RED_SUM = 0, RED_MEAN, RED_MAX, RED_MIN, RED_PROD };
+
+struct walk {          // an odometer over some of x's dims
+    int n;
+    int64_t dims[OM_MAX_RANK], str[OM_MAX_RANK];
+};
+struct red_geom {
+    walk kept, red;
+    int64_t n_out, n_red;
+};
+
+__device__ __forceinline__ int64_t walk_off(const walk &w, int64_t i) {
+    int64_t off = 0;
+    for (int d = w.n - 1; d >= 0 && i; d--) {
+        int64_t q = i / w.dims[d];
+        off += (i - q * w.dims[d]) * w.str[d];
+        i = q;
+    }
+    return off;
+}
+
+static void red_geometry(int rank, const int64_t *dims, const uint8_t *red, red_geom *g) {
+    memset(g, 0, sizeof *g);
+    int64_t str[OM_MAX_RANK], s = 1;
+    for (int d = rank - 1; d >= 0; d--) { str[d] = s; s *= dims[d]; }
+    g->n_out = g->n_red = 1;
+    int last = -1;   // kind of the previous kept dim appended: 0 kept, 1 reduced
+    for (int d = 0; d < rank; d++) {
+        if (dims[d] == 1) continue;
+        walk *w = red[d] ? &g->red : &g->kept;
+        int kind = red[d] ? 1 : 0;
+        if (red[d]) g->n_red *= dims[d];
+        else g->n_out *= dims[d];
+        if (last == kind && w->n > 0 && w->str[w->n - 1] == str[d] * dims[d]) {   // contiguous with the previous: merge
+            w->dims[w->n - 1] *= dims[d];
+            w->str[w->n - 1] = str[d];
+        } else {
+            w->dims[w->n] = dims[d];
+            w->str[w->n] = str[d];
+            w->n++;
+        }
+        last = kind;
+    }
+}
+
+template <typename A, int KIND> __device__ __forceinline__ A red_init() {
+    return KIND == RED_MAX ? (A)-INFINITY : KIND == RED_MIN ? (A)INFINITY : KIND == RED_PROD ? (A)1 : (A)0;
+}
+template <> __device__ __forceinline__ int64_t red_init<int64_t, RED_MAX>() { return INT64_MIN; }
+template <> __device__ __forceinline__ int64_t red_init<int64_t, RED_MIN>() { return INT64_MAX; }
+template <> __device__ __forceinline__ int32_t red_init<int32_t, RED_MAX>() { return INT32_MIN; }
+template <> __device__ __forceinline__ int32_t red_init<int32_t, RED_MIN>() { return INT32_MAX; }
+
+template <typename A, int KIND> __device__ __forceinline__ A red_step(A acc, A v) {
+    switch (KIND) {
+    case RED_MAX: return (v != v || v > acc) ? v : acc;
+    case RED_MIN: return (v != v || v < acc) ? v : acc;
+    case RED_PROD: return acc * v;
+    default: return acc + v;
+    }
+}
+
+// x is any shape; y (n_out) = reduce over the reduced set; one thread per output
+template <typename T, typename R, int KIND>
+__global__ void reduce_thread_kernel(T *y, const T *x, red_geom g, double scale) {
+    GRID_STRIDE(o, g.n_out) {
+        int64_t base = walk_off(g.kept, o);
+        R acc = red_init<R, KIND>();
+        for (int64_t r = 0; r < g.n_red; r++) acc = red_step<R, KIND>(acc, (R)ld(x[base + walk_off(g.red, r)]));
+        if (KIND == RED_MEAN) acc = (R)(acc * (R)scale);
+        y[o] = st<T>(acc);
+    }
+}
+
+// the same with one block per output (innermost axis reduced): threads stride the reduced set
+template <typename T, typename R, int KIND>
+__global__ void reduce_block_kernel(T *y, const T *x, red_geom g, double scale) {
+    for (int64_t o = blockIdx.x; o < g.n_out; o += gridDim.x) {
+        int64_t base = walk_off(g.kept, o);
+        R acc = red_init<R, KIND>();
+        for (int64_t r = threadIdx.x; r < g.n_red; r += blockDim.x)
+            acc = red_step<R, KIND>(acc, (R)ld(x[base + walk_off(g.red, r)]));
+        if (KIND == RED_MAX) acc = block_max(acc);
+        else if (KIND == RED_MIN) acc = -block_max(-acc);
+        else if (KIND == RED_PROD) {   // rare: finish serially through shared memory
+            __shared__ R sh[1024];
+            sh[threadIdx.x] = acc;
+            __syncthreads();
+            if (threadIdx.x == 0)
+                for (unsigned k = 1; k < blockDim.x; k++) acc *= sh[k];
+            __syncthreads();
+        } else acc = block_sum(acc);
+        if (threadIdx.x == 0) {
+            if (KIND == RED_MEAN) acc = (R)(acc * (R)scale);
+            y[o] = st<T>(acc);
+        }
+    }
+}
+
+template <typename T, typename R, int KIND>
+static void reduce_launch(const red_geom &g, T *y, const T *x, double scale, cudaStream_t s) {
+    int row = g.red.n > 0 && g.red.str[g.red.n - 1] == 1 && g.n_red >= 64;
+    if (row) {
+        int64_t blocks = g.n_out < 65535 * 8 ? g.n_out : 65535 * 8;
+        reduce_block_kernel<T, R, KIND><<<(unsigned)blocks, 256, 0, s>>>(y, x, g, scale);
+    } else {
+        reduce_thread_kernel<T, R, KIND><<<grid_for(g.n_out), OMC_THREADS, 0, s>>>(y, x, g, scale);
+    }
+}
+
+// Reduces in (data src, in's dims) over the axes flagged in reduce_axis into dst (n_out values).
+// kind: RED_*; scale multiplies a mean (1/n; ints divide).
+om_status *omc_reduce(const om_kernel_ctx *ctx, const om_cuda_exec *x, int kind, const om_tensor *in, const void *src,
+                      const uint8_t *reduce_axis, void *dst, double scale) {
+    red_geom g;
+    red_geometry(in->rank, in->dims, reduce_axis, &g);
+    if (g.n_out == 0) return NULL;
+    if (numel(in) == 0) g.n_red = 0;   // an empty set reduces to the identity
+    cudaStream_t s = stream_of(x);
+#define RED_KINDS(T, R)                                                                   \
+    switch (kind) {                                                                       \
+    case RED_SUM: reduce_launch<T, R, RED_SUM>(g, (T *)dst, (const T *)src, scale, s); break;   \
+    case RED_MEAN: reduce_launch<T, R, RED_MEAN>(g, (T *)dst, (const T *)src, scale, s); break; \
+    case RED_MAX: reduce_launch<T, R, RED_MAX>(g, (T *)dst, (const T *)src, scale, s); break;   \
+    case RED_MIN: reduce_launch<T, R, RED_MIN>(g, (T *)dst, (const T *)src, scale, s); break;   \
+    default: reduce_launch<T, R, RED_PROD>(g, (T *)dst, (const T *)src, scale, s); break;       \
+    }
+    switch (in->dtype) {
+    case OM_F32: RED_KINDS(float, float); break;
+    case OM_F16: RED_KINDS(__half, float); break;
+    case OM_BF16: RED_KINDS(__nv_bfloat16, float); break;
+    case OM_F64: RED_KINDS(double, double); break;
+    case OM_I64: RED_KINDS(int64_t, int64_t); break;
+    case OM_I32: RED_KINDS(int32_t, int64_t); break;
+    default: return omc_err_dtype(ctx, 0, in->dtype);
+    }
+#undef RED_KINDS
+    return omc_launched(ctx);
+}
+
+// axes from input axes_input (known at plan time) or the "axes" attribute, as reduce.c
+static om_status *reduce_mask(const om_kernel_ctx *ctx, const om_cuda_exec *x, int axes_input, int rank, uint8_t *red) {
+    int64_t axes[OM_MAX_RANK];
+    int count = 0;
+    if (present(ctx, axes_input)) {
+        if (numel(&ctx->in[axes_input]) > 0) {
+            count = host_ints(ctx, x, axes_input, axes, OM_MAX_RANK);
+            if (count < 0) return omc_err_unsupported(ctx, "axes that are not known at plan time");
+        }
+    } else {
+        const int64_t *v;
+        int k = attr_is(ctx, "axes", &v);
+        if (k > OM_MAX_RANK) return omc_err_unsupported(ctx, "more axes than dims");
+        for (int i = 0; i < k; i++) axes[i] = v[i];
+        count = k > 0 ? k : 0;
+    }
+    for (int i = 0; i < rank; i++) red[i] = 0;
+    if (count == 0) {
+        if (!attr_i(ctx, "noop_with_empty_axes", 0))
+            for (int i = 0; i < rank; i++) red[i] = 1;
+        return NULL;
+    }
+    for (int i = 0; i < count; i++) {
+        int a = norm_axis(axes[i], rank);
+        if (a < 0) return OMC_ERR(OM_INVALID_ARGUMENT, "node '%s': axis %lld out of range", omc_node_name(ctx), (long long)axes[i]);
+        if (rank) red[a] = 1;
+    }
+    return NULL;
+}
+
+static om_status *reduce_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int kind) {
+    const om_tensor *in = &ctx->in[0];
+    uint8_t red[OM_MAX_RANK];
+    OMC_TRY(reduce_mask(ctx, x, 1, in->rank, red));
+    int64_t n_red = 1;
+    for (int d = 0; d < in->rank; d++)
+        if (red[d]) n_red *= in->dims[d];
+    return omc_reduce(ctx, x, kind, in, in->data, red, ctx->out[0].data, n_red ? 1.0 / (double)n_red : 1.0);
+}
+static om_status *reduce_sum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_SUM); }
+static om_status *reduce_mean_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MEAN); }
+static om_status *reduce_max_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MAX); }
+static om_status *reduce_min_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MIN); }
+static om_status *reduce_prod_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_PROD); }
+
+// ---- ReduceGrad(dy, Shape(x), axes?): dx = broadcast(dy) (* 1/n for a mean) ---------------------
+
+// dx is (n); dy is dx's shape with the reduced dims removed: dy index = the kept digits of i
+template <typename T>
+__global__ void reduce_grad_kernel(T *dx, const T *dy, walk w, int64_t n, float scale) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(i, n) dx[i] = st<T>(ld(dy[walk_off(w, i)]) * (A)scale);
+}
+
+// a walk over dx's dims giving the dy offset: stride 0 on reduced dims
+static void grad_walk(int rank, const int64_t *dims, const uint8_t *red, walk *w) {
+    memset(w, 0, sizeof *w);
+    int64_t s = 1;
+    int64_t str[OM_MAX_RANK];
+    for (int d = rank - 1; d >= 0; d--) {
+        str[d] = red[d] ? 0 : s;
+        if (!red[d]) s *= dims[d];
+    }
+    for (int d = 0; d < rank; d++) {
+        w->dims[w->n] = dims[d];
+        w->str[w->n] = str[d];
+        w->n++;
+    }
+}
+
+static om_status *reduce_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *dx = &ctx->out[0];
+    uint8_t red[OM_MAX_RANK];
+    OMC_TRY(reduce_mask(ctx, x, 2, dx->rank, red));
+    int64_t n = numel(dx), n_red = 1;
+    for (int d = 0; d < dx->rank; d++)
+        if (red[d]) n_red *= dx->dims[d];
+    if (!n) return NULL;
+    float scale = attr_i(ctx, "mean", 0) ? (float)(1.0 / (double)n_red) : 1.0f;
+    walk w;
+    grad_walk(dx->rank, dx->dims, red, &w);
+    OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {
+        reduce_grad_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)dx->data, (const T *)ctx->in[0].data, w, n, scale);
+    });
+    return omc_launched(ctx);
+}
+
+// ReduceMinMaxGrad(dy, Shape(x), x, y, axes?): dy routed to the elements equal to the extremum,
+// ties share it equally. One thread per output: counts its ties, then writes its slice of dx.
+template <typename T>
+__global__ void minmax_grad_kernel(T *dx, const T *dy, const T *x_, const T *y_, red_geom g) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(o, g.n_out) {
+        int64_t base = walk_off(g.kept, o);
+        A yv = ld(y_[o]);
+        int64_t count = 0;
+        for (int64_t r = 0; r < g.n_red; r++) {
+            A v = ld(x_[base + walk_off(g.red, r)]);
+            count += v == yv || (v != v && yv != yv);
+        }
+        A share = count ? ld(dy[o]) / (A)count : (A)0;
+        for (int64_t r = 0; r < g.n_red; r++) {
+            int64_t off = base + walk_off(g.red, r);
+            A v = ld(x_[off]);
+            dx[off] = (v == yv || (v != v && yv != yv)) ? st<T>(share) : st<T>((A)0);
+        }
+    }
+}
+
+static om_status *reduce_min_max_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *dx = &ctx->out[0];
+    uint8_t red[OM_MAX_RANK];
+    OMC_TRY(reduce_mask(ctx, x, 4, dx->rank, red));
+    if (!numel(dx)) return NULL;
+    red_geom g;
+    red_geometry(dx->rank, dx->dims, red, &g);
+    OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {
+        minmax_grad_kernel<T><<<grid_for(g.n_out), OMC_THREADS, 0, stream_of(x)>>>(
+            (T *)dx->data, (const T *)ctx->in[0].data, (const T *)ctx->in[2].data, (const T *)ctx->in[3].data, g);
+    });
+    return omc_launched(ctx);
+}
+
+extern const omc_kernel_entry omc_kernels_reduce[] = {
+    {"ReduceSum", "", reduce_sum_cuda},
+    {"ReduceMean", "", reduce_mean_cuda},
+    {"ReduceMax", "", reduce_max_cuda},
+    {"ReduceMin", "", reduce_min_cuda},
+    {"ReduceProd", "", reduce_prod_cuda},
+    {"ReduceGrad", "ortmod", reduce_grad_cuda},
+    {"ReduceMinMaxGrad", "ortmod", reduce_min_max_grad_cuda},
+    OMC_TABLE_END,
+};
