@@ -250,9 +250,23 @@ template <typename A> __device__ A block_max(A v) {
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    v = lane < nw ? sh[lane] : (A)-INFINITY;
+    v = lane < nw ? sh[lane] : sh[0];   // a duplicate is neutral for max
     return warp_max(v);
 }
+
+// ---- temporary device memory (provider.cu): stream-ordered, from the provider's pool -------------
+om_status *omc_temp_alloc(const om_cuda_exec *x, size_t n, void **out);
+void omc_temp_free(const om_cuda_exec *x, void *p);
+
+// ---- shared helpers (matmul.cu, reduce.cu) --------------------------------------------------------
+om_status *omc_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M, int64_t N,
+                    int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ, double beta, void *O,
+                    int64_t sO, int64_t batch);
+// db (N) = column sums of dy (M, N); to_scalar: db[0] = sum of everything
+om_status *omc_column_sum(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *db, const void *dy,
+                          int64_t M, int64_t N, int to_scalar);
+om_status *omc_reduce(const om_kernel_ctx *ctx, const om_cuda_exec *x, int kind, const om_tensor *in, const void *src,
+                      const uint8_t *reduce_axis, void *dst, double scale);
 
 // ---- the per-file kernel tables ------------------------------------------------------------------
 struct omc_kernel_entry {

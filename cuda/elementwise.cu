@@ -10,8 +10,6 @@
 
 #include "common.cuh"
 
-om_status *omc_reduce(const om_kernel_ctx *ctx, const om_cuda_exec *x, int kind, const om_tensor *in, const void *src,
-                      const uint8_t *reduce_axis, void *dst, double scale);   // reduce.cu
 enum { RED_SUM = 0, RED_MEAN, RED_MAX, RED_MIN, RED_PROD };
 
 // ---- binary arithmetic --------------------------------------------------------------------------

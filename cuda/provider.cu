@@ -163,6 +163,11 @@ static om_status *p_exec_for(int dev, void *stream, om_cuda_exec *x) {
     return NULL;
 }
 
+// ---- temporary device memory for kernels (common.cuh): the run's pool, ordered on its stream ----
+
+om_status *omc_temp_alloc(const om_cuda_exec *x, size_t n, void **out) { return p_alloc(x->device, n, x->stream, out); }
+void omc_temp_free(const om_cuda_exec *x, void *p) { p_free(x->device, p, x->stream); }
+
 // ---- broadcast plans (common.cuh) ------------------------------------------------------------
 
 int bcast_init(bcast *b, const om_tensor *space, const om_tensor *const *ops, int n_ops) {

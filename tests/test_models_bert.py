@@ -54,3 +54,28 @@ def test_bert_output_structure():
 
 def test_bert_trains_with_dropout():
     train_with_dropout(lambda: make_bert(0.1), make_batches(), cls_loss)
+
+
+def test_bert_without_token_type_ids():
+    """Without token_type_ids BERT gathers them from a registered buffer (GatherElements)."""
+    from ortmod import ORTModule
+    from modelparity import assert_close
+    torch.manual_seed(0)
+    eager = make_bert()
+    model = ORTModule(make_bert())
+    model.load_state_dict(eager.state_dict())
+    batch = {k: v for k, v in make_batches(1)[0].items() if k != "token_type_ids"}
+    out = call_or_xfail(lambda: model(**batch))
+    ref = eager(**batch)
+    assert_close("loss", out.loss, ref.loss)
+    out.loss.backward()
+    ref.loss.backward()
+    for (n, pe), po in zip(eager.named_parameters(), model.parameters()):
+        assert_close(f"grad of {n}", po.grad, pe.grad)
+
+
+def test_bert_without_token_type_ids():
+    """Without token_type_ids BERT takes its buffered (all-zero) type ids with torch.gather:
+    GatherElements on int64 in the export."""
+    batches = [{k: v for k, v in b.items() if k != "token_type_ids"} for b in make_batches()]
+    train_parity(make_bert, batches, cls_loss)

@@ -19,6 +19,7 @@ static const om_pass passes[] = {
     {"bias_gelu", OM_PASS_FORWARD, om_pass_bias_gelu},
     {"matmul_add_bias", OM_PASS_FORWARD, om_pass_matmul_add_bias},
     {"bias_dropout_residual", OM_PASS_FORWARD, om_pass_bias_dropout_residual},
+    {"transpose_matmul", OM_PASS_FORWARD, om_pass_transpose_matmul},
     {"eliminate_identity", OM_PASS_FORWARD, om_pass_eliminate_identity},
     {"dce", OM_PASS_FORWARD | OM_PASS_JOINT, om_pass_dce},
 };

@@ -44,6 +44,7 @@ int om_pass_disabled(const char *name);
 om_status *om_pass_constant_folding(om_pass_ctx *c);
 om_status *om_pass_cse(om_pass_ctx *c);
 om_status *om_pass_eliminate_identity(om_pass_ctx *c);
+om_status *om_pass_transpose_matmul(om_pass_ctx *c);
 om_status *om_pass_dce(om_pass_ctx *c);
 /* fusions (fuse_*.c) */
 om_status *om_pass_gelu(om_pass_ctx *c);

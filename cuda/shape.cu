@@ -1,0 +1,499 @@
+// shape.cu — the data-moving glue ops (shape.c, and Tile/Trilu/Pad of misc.c): views that the
+// planner did not alias, Transpose, Gather/GatherGrad, Concat/ConcatGrad, Slice/SliceGrad,
+// Expand, Split/SplitGrad, Shape/Size. Everything moves whole elements, so kernels are written
+// per element size. Shape-like inputs (Slice's starts, a Concat's shapes) are read from the
+// host copies the planner keeps (known at plan time). Constant, ConstantOfShape and Range
+// always fold at plan time (their output shape depends on their input data), so they need no
+// kernel.
+#include "common.cuh"
+
+// ---- a strided copy: y dense over dims; x offset = base + sum idx[d] * xs[d] (xs may be 0) ---------
+
+struct strided {
+    int n;
+    int64_t dims[OM_MAX_RANK], xs[OM_MAX_RANK];
+    int64_t base;
+};
+
+__device__ __forceinline__ int64_t strided_off(const strided &s, int64_t i) {
+    int64_t off = s.base;
+    for (int d = s.n - 1; d >= 0 && i; d--) {
+        int64_t q = i / s.dims[d];
+        off += (i - q * s.dims[d]) * s.xs[d];
+        i = q;
+    }
+    return off;
+}
+
+// y (n) = x[strided]; scatter: x[strided] = y
+template <typename U>
+__global__ void strided_copy_kernel(U *y, const U *x, strided s, int64_t n) {
+    GRID_STRIDE(i, n) y[i] = x[strided_off(s, i)];
+}
+template <typename U>
+__global__ void strided_scatter_kernel(U *x, const U *y, strided s, int64_t n) {
+    GRID_STRIDE(i, n) x[strided_off(s, i)] = y[i];
+}
+
+// drops size-1 dims and merges dims that stay contiguous in x
+static void strided_simplify(strided *s) {
+    strided t;
+    memset(&t, 0, sizeof t);
+    t.base = s->base;
+    for (int d = 0; d < s->n; d++) {
+        if (s->dims[d] == 1) continue;
+        if (t.n > 0 && t.xs[t.n - 1] == s->xs[d] * s->dims[d]) {
+            t.dims[t.n - 1] *= s->dims[d];
+            t.xs[t.n - 1] = s->xs[d];
+            continue;
+        }
+        t.dims[t.n] = s->dims[d];
+        t.xs[t.n] = s->xs[d];
+        t.n++;
+    }
+    *s = t;
+}
+
+static om_status *strided_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, size_t es, void *dst, const void *src,
+                              strided s, int scatter) {
+    int64_t n = 1;
+    for (int d = 0; d < s.n; d++) n *= s.dims[d];
+    if (!n) return NULL;
+    strided_simplify(&s);
+    if (s.n == 1 && s.xs[0] == 1)   // one contiguous run
+        return copy_d2d(scatter ? (char *)dst + s.base * es : dst, scatter ? src : (const char *)src + s.base * es,
+                        (size_t)n * es, x);
+    if (s.n == 0) return copy_d2d(scatter ? (char *)dst + s.base * es : dst, scatter ? src : (const char *)src + s.base * es, es, x);
+    OMC_DISPATCH_SIZE(es, ctx, {
+        if (scatter) strided_scatter_kernel<U><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((U *)dst, (const U *)src, s, n);
+        else strided_copy_kernel<U><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((U *)dst, (const U *)src, s, n);
+    });
+    return omc_launched(ctx);
+}
+
+static void dense_strides(int rank, const int64_t *dims, int64_t *str) {
+    int64_t s = 1;
+    for (int d = rank - 1; d >= 0; d--) { str[d] = s; s *= dims[d]; }
+}
+static int64_t prod(const int64_t *d, int a, int b) {
+    int64_t p = 1;
+    for (int i = a; i < b; i++) p *= d[i];
+    return p;
+}
+
+// ---- views (Reshape, Flatten, Squeeze, Unsqueeze): a copy when the planner did not alias ---------
+
+static om_status *view_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    if (!ctx->out[0].data) return NULL;
+    return copy_d2d(ctx->out[0].data, ctx->in[0].data, nbytes(&ctx->in[0]), x);
+}
+
+// ---- Shape / Size (normally folded at plan time) -----------------------------------------------------
+
+struct small_ints { int64_t v[OM_MAX_RANK]; };
+__global__ void write_ints_kernel(int64_t *y, small_ints v, int n) {
+    if (threadIdx.x < (unsigned)n) y[threadIdx.x] = v.v[threadIdx.x];
+}
+static om_status *shape_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    int rank = ctx->in[0].rank;
+    int64_t s = attr_i(ctx, "start", 0), e = attr_i(ctx, "end", rank);
+    if (s < 0) s += rank;
+    if (e < 0) e += rank;
+    s = s < 0 ? 0 : s > rank ? rank : s;
+    e = e < 0 ? 0 : e > rank ? rank : e;
+    small_ints v;
+    int n = 0;
+    for (int64_t i = s; i < e; i++) v.v[n++] = ctx->in[0].dims[i];
+    if (!n) return NULL;
+    write_ints_kernel<<<1, 32, 0, stream_of(x)>>>((int64_t *)ctx->out[0].data, v, n);
+    return omc_launched(ctx);
+}
+static om_status *size_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    small_ints v;
+    v.v[0] = numel(&ctx->in[0]);
+    write_ints_kernel<<<1, 32, 0, stream_of(x)>>>((int64_t *)ctx->out[0].data, v, 1);
+    return omc_launched(ctx);
+}
+
+// ---- Transpose ------------------------------------------------------------------------------------
+
+// x is (d0..dr-1), y is (d_perm0..d_perm r-1): y[i] = x[permuted index]
+static om_status *transpose_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *in = &ctx->in[0];
+    int r = in->rank, perm[OM_MAX_RANK];
+    const int64_t *p;
+    int k = attr_is(ctx, "perm", &p);
+    for (int i = 0; i < r; i++) perm[i] = k < 0 ? r - 1 - i : (int)p[i];
+    if (k >= 0 && k != r) return omc_err_unsupported(ctx, "perm of the wrong length");
+    int64_t xs[OM_MAX_RANK];
+    dense_strides(r, in->dims, xs);
+    strided s;
+    memset(&s, 0, sizeof s);
+    s.n = r;
+    for (int i = 0; i < r; i++) { s.dims[i] = in->dims[perm[i]]; s.xs[i] = xs[perm[i]]; }
+    return strided_run(ctx, x, dtype_size(in->dtype), ctx->out[0].data, in->data, s, 0);
+}
+
+// ---- Expand: x right-aligned against y, size-1 dims repeat (stride 0) ---------------------------------
+
+static om_status *expand_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *in = &ctx->in[0], *out = &ctx->out[0];
+    int R = out->rank;
+    int64_t xd[OM_MAX_RANK], xs[OM_MAX_RANK];
+    for (int i = 0; i < R; i++) xd[i] = i < R - in->rank ? 1 : in->dims[i - (R - in->rank)];
+    dense_strides(R, xd, xs);
+    strided s;
+    memset(&s, 0, sizeof s);
+    s.n = R;
+    for (int i = 0; i < R; i++) { s.dims[i] = out->dims[i]; s.xs[i] = xd[i] == 1 ? 0 : xs[i]; }
+    return strided_run(ctx, x, dtype_size(in->dtype), out->data, in->data, s, 0);
+}
+
+// ---- Gather / GatherGrad ----------------------------------------------------------------------------
+
+// x is (outer, N, inner), idx (K) int32/int64 (negative wraps), y is (outer, K, inner)
+template <typename U, typename I>
+__global__ void gather_kernel(U *y, const U *x_, const I *idx, int64_t outer, int64_t N, int64_t K, int64_t inner) {
+    GRID_STRIDE(i, outer * K * inner) {
+        int64_t j = i % inner, t = i / inner, k = t % K, o = t / K;
+        int64_t r = (int64_t)idx[k];
+        if (r < 0) r += N;
+        y[i] = (r >= 0 && r < N) ? x_[(o * N + r) * inner + j] : (U)0;   // out of range: 0 (the CPU raises)
+    }
+}
+
+static om_status *gather_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *in = &ctx->in[0], *ind = &ctx->in[1];
+    int axis = norm_axis(attr_i(ctx, "axis", 0), in->rank);
+    if (axis < 0) return OMC_ERR(OM_INVALID_ARGUMENT, "Gather node '%s': axis out of range", omc_node_name(ctx));
+    int64_t outer = prod(in->dims, 0, axis), N = in->dims[axis], inner = prod(in->dims, axis + 1, in->rank), K = numel(ind);
+    int64_t n = outer * K * inner;
+    if (!n) return NULL;
+    OMC_DISPATCH_SIZE(dtype_size(in->dtype), ctx, {
+        if (ind->dtype == OM_I64)
+            gather_kernel<U, int64_t><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
+                (U *)ctx->out[0].data, (const U *)in->data, (const int64_t *)ind->data, outer, N, K, inner);
+        else if (ind->dtype == OM_I32)
+            gather_kernel<U, int32_t><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
+                (U *)ctx->out[0].data, (const U *)in->data, (const int32_t *)ind->data, outer, N, K, inner);
+        else return omc_err_dtype(ctx, 1, ind->dtype);
+    });
+    return omc_launched(ctx);
+}
+
+__device__ __forceinline__ void atomic_add(float *p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(double *p, double v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(__half *p, float v) { atomicAdd(p, __float2half_rn(v)); }
+__device__ __forceinline__ void atomic_add(__nv_bfloat16 *p, float v) { atomicAdd(p, __float2bfloat16_rn(v)); }
+
+// dy is (outer, K, inner), dx is (outer, N, inner) zeroed: dx[o, idx[k], :] += dy[o, k, :]
+template <typename T, typename I>
+__global__ void gather_grad_kernel(T *dx, const T *dy, const I *idx, int64_t outer, int64_t N, int64_t K, int64_t inner) {
+    GRID_STRIDE(i, outer * K * inner) {
+        int64_t j = i % inner, t = i / inner, k = t % K, o = t / K;
+        int64_t r = (int64_t)idx[k];
+        if (r < 0) r += N;
+        if (r >= 0 && r < N) atomic_add(&dx[(o * N + r) * inner + j], ld(dy[i]));
+    }
+}
+
+static om_status *gather_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *dy = &ctx->in[0], *ind = &ctx->in[2], *dx = &ctx->out[0];
+    int axis = norm_axis(attr_i(ctx, "axis", 0), dx->rank);
+    if (axis < 0) return OMC_ERR(OM_INVALID_ARGUMENT, "GatherGrad node '%s': axis out of range", omc_node_name(ctx));
+    int64_t outer = prod(dx->dims, 0, axis), N = dx->dims[axis], inner = prod(dx->dims, axis + 1, dx->rank), K = numel(ind);
+    OMC_TRY(omc_cuda(cudaMemsetAsync(dx->data, 0, nbytes(dx), stream_of(x)), "cudaMemsetAsync"));
+    int64_t n = outer * K * inner;
+    if (!n) return NULL;
+    OMC_DISPATCH_FLOAT(dy->dtype, ctx, 0, {
+        if (ind->dtype == OM_I64)
+            gather_grad_kernel<T, int64_t><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
+                (T *)dx->data, (const T *)dy->data, (const int64_t *)ind->data, outer, N, K, inner);
+        else if (ind->dtype == OM_I32)
+            gather_grad_kernel<T, int32_t><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
+                (T *)dx->data, (const T *)dy->data, (const int32_t *)ind->data, outer, N, K, inner);
+        else return omc_err_dtype(ctx, 2, ind->dtype);
+    });
+    return omc_launched(ctx);
+}
+
+// ---- Concat / ConcatGrad / Split / SplitGrad: (outer, chunk) blocks, one 2-D copy each ----------
+
+static om_status *copy_2d(const om_cuda_exec *x, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                          size_t rows) {
+    if (!width || !rows) return NULL;
+    return omc_cuda(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, stream_of(x)),
+                    "cudaMemcpy2DAsync");
+}
+
+// x_k are (outer, n_k, inner), y is (outer, sum n_k, inner)
+static om_status *concat_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *y = &ctx->out[0];
+    int axis = norm_axis(attr_i(ctx, "axis", 0), y->rank);
+    if (axis < 0) return OMC_ERR(OM_INVALID_ARGUMENT, "Concat node '%s': axis out of range", omc_node_name(ctx));
+    size_t es = dtype_size(y->dtype);
+    int64_t outer = prod(y->dims, 0, axis), inner_b = prod(y->dims, axis + 1, y->rank) * (int64_t)es;
+    int64_t row_b = y->dims[axis] * inner_b, off = 0;
+    for (int k = 0; k < ctx->n_in; k++) {
+        if (!present(ctx, k)) continue;
+        int64_t chunk = ctx->in[k].dims[axis] * inner_b;
+        OMC_TRY(copy_2d(x, (char *)y->data + off, (size_t)row_b, ctx->in[k].data, (size_t)chunk, (size_t)chunk, (size_t)outer));
+        off += chunk;
+    }
+    return NULL;
+}
+
+// ConcatGrad(dy, Shape(x_0), ..., Shape(x_n-1); axis, index): dy is (outer, sum n_k, inner), dx (outer, n_index, inner)
+static om_status *concat_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *dy = &ctx->in[0], *dx = &ctx->out[0];
+    int index = (int)attr_i(ctx, "index", 0);
+    int axis = norm_axis(attr_i(ctx, "axis", 0), dy->rank);
+    if (axis < 0 || index < 0 || index >= ctx->n_in - 1) return omc_err_unsupported(ctx, "axis or index");
+    int64_t before = 0;
+    for (int i = 0; i < index; i++) {
+        int64_t d[OM_MAX_RANK];
+        if (host_ints(ctx, x, 1 + i, d, OM_MAX_RANK) <= axis) return omc_err_unsupported(ctx, "shapes not known at plan time");
+        before += d[axis];
+    }
+    size_t es = dtype_size(dy->dtype);
+    int64_t inner_b = prod(dy->dims, axis + 1, dy->rank) * (int64_t)es, outer = prod(dy->dims, 0, axis);
+    int64_t chunk = dx->dims[axis] * inner_b, stride = dy->dims[axis] * inner_b;
+    return copy_2d(x, dx->data, (size_t)chunk, (const char *)dy->data + before * inner_b, (size_t)stride, (size_t)chunk,
+                   (size_t)outer);
+}
+
+// sizes along axis: the split input (known at plan time), the split attribute, or equal chunks
+static om_status *split_sizes(const om_kernel_ctx *ctx, const om_cuda_exec *x, int split_input, int64_t dim, int n,
+                              int64_t *sizes) {
+    const int64_t *av;
+    int na;
+    if (split_input >= 0 && present(ctx, split_input)) {
+        int64_t v[64];
+        if (n > 64 || host_ints(ctx, x, split_input, v, 64) != n) return omc_err_unsupported(ctx, "split sizes");
+        for (int j = 0; j < n; j++) sizes[j] = v[j];
+    } else if ((na = attr_is(ctx, "split", &av)) >= 0) {
+        if (na != n) return omc_err_unsupported(ctx, "split sizes");
+        for (int j = 0; j < n; j++) sizes[j] = av[j];
+    } else {
+        int64_t chunk = (dim + n - 1) / n;
+        for (int j = 0; j < n; j++) {
+            int64_t left = dim - j * chunk;
+            sizes[j] = left < 0 ? 0 : left < chunk ? left : chunk;
+        }
+    }
+    return NULL;
+}
+
+// x is (outer, sum n_j, inner), y_j is (outer, n_j, inner)
+static om_status *split_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *in = &ctx->in[0];
+    int axis = norm_axis(attr_i(ctx, "axis", 0), in->rank);
+    int n = ctx->n_out;
+    if (axis < 0 || n > 64) return omc_err_unsupported(ctx, "axis or more than 64 outputs");
+    int64_t sizes[64];
+    OMC_TRY(split_sizes(ctx, x, 1, in->dims[axis], n, sizes));
+    size_t es = dtype_size(in->dtype);
+    int64_t inner_b = prod(in->dims, axis + 1, in->rank) * (int64_t)es, outer = prod(in->dims, 0, axis);
+    int64_t row_b = in->dims[axis] * inner_b, off = 0;
+    for (int j = 0; j < n; j++) {
+        int64_t chunk = sizes[j] * inner_b;
+        if (wanted(ctx, j))
+            OMC_TRY(copy_2d(x, ctx->out[j].data, (size_t)chunk, (const char *)in->data + off, (size_t)row_b, (size_t)chunk,
+                            (size_t)outer));
+        off += chunk;
+    }
+    return NULL;
+}
+
+// SplitGrad(Shape(x), split?, dy_0..dy_n-1): dy_j (outer, n_j, inner) -> dx (outer, sum n_j, inner), zeros for absent dy_j
+static om_status *split_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *dx = &ctx->out[0];
+    int axis = norm_axis(attr_i(ctx, "axis", 0), dx->rank);
+    int n = ctx->n_in - 2;
+    if (axis < 0 || n > 64) return omc_err_unsupported(ctx, "axis or more than 64 parts");
+    int64_t sizes[64];
+    OMC_TRY(split_sizes(ctx, x, 1, dx->dims[axis], n, sizes));
+    size_t es = dtype_size(dx->dtype);
+    int64_t inner_b = prod(dx->dims, axis + 1, dx->rank) * (int64_t)es, outer = prod(dx->dims, 0, axis);
+    int64_t row_b = dx->dims[axis] * inner_b, off = 0;
+    for (int j = 0; j < n; j++) {
+        int64_t chunk = sizes[j] * inner_b;
+        if (present(ctx, 2 + j))
+            OMC_TRY(copy_2d(x, (char *)dx->data + off, (size_t)row_b, ctx->in[2 + j].data, (size_t)chunk, (size_t)chunk,
+                            (size_t)outer));
+        else if (chunk && outer)
+            OMC_TRY(omc_cuda(cudaMemset2DAsync((char *)dx->data + off, (size_t)row_b, 0, (size_t)chunk, (size_t)outer,
+                                               stream_of(x)), "cudaMemset2DAsync"));
+        off += chunk;
+    }
+    return NULL;
+}
+
+// ---- Slice / SliceGrad ----------------------------------------------------------------------------------
+
+struct slice_params { int64_t start[OM_MAX_RANK], step[OM_MAX_RANK], count[OM_MAX_RANK]; };
+
+// starts = in[first], ends, axes?, steps? (known at plan time), clamped as ONNX says
+static om_status *slice_params_get(const om_kernel_ctx *ctx, const om_cuda_exec *x, int first, int rank,
+                                   const int64_t *dims, slice_params *sp) {
+    for (int a = 0; a < rank; a++) { sp->start[a] = 0; sp->step[a] = 1; sp->count[a] = dims[a]; }
+    int64_t st[OM_MAX_RANK], en[OM_MAX_RANK], ax[OM_MAX_RANK], sp_[OM_MAX_RANK];
+    int ns = host_ints(ctx, x, first, st, OM_MAX_RANK), ne = host_ints(ctx, x, first + 1, en, OM_MAX_RANK);
+    if (ns < 0 || ne != ns) return omc_err_unsupported(ctx, "starts/ends that are not known at plan time");
+    int has_axes = present(ctx, first + 2), has_steps = present(ctx, first + 3);
+    if (has_axes && host_ints(ctx, x, first + 2, ax, OM_MAX_RANK) != ns) return omc_err_unsupported(ctx, "axes");
+    if (has_steps && host_ints(ctx, x, first + 3, sp_, OM_MAX_RANK) != ns) return omc_err_unsupported(ctx, "steps");
+    for (int i = 0; i < ns; i++) {
+        int a = norm_axis(has_axes ? ax[i] : i, rank);
+        if (a < 0) return omc_err_unsupported(ctx, "axis out of range");
+        int64_t step = has_steps ? sp_[i] : 1, d = dims[a], s = st[i], e = en[i], cnt;
+        if (step == 0) return omc_err_unsupported(ctx, "step 0");
+        if (s < 0) s += d;
+        if (e < 0) e += d;
+        if (step > 0) {
+            s = s < 0 ? 0 : s > d ? d : s;
+            e = e < 0 ? 0 : e > d ? d : e;
+            cnt = e > s ? (e - s + step - 1) / step : 0;
+        } else {
+            s = s < 0 ? 0 : s > d - 1 ? d - 1 : s;
+            e = e < -1 ? -1 : e > d - 1 ? d - 1 : e;
+            cnt = s > e ? (s - e - step - 1) / -step : 0;
+        }
+        if (d == 0) cnt = 0;
+        sp->start[a] = cnt ? s : 0;
+        sp->step[a] = step;
+        sp->count[a] = cnt;
+    }
+    return NULL;
+}
+
+static strided slice_walk(int rank, const int64_t *dims, const slice_params *sp) {
+    int64_t xs[OM_MAX_RANK];
+    dense_strides(rank, dims, xs);
+    strided s;
+    memset(&s, 0, sizeof s);
+    s.n = rank;
+    for (int a = 0; a < rank; a++) {
+        s.dims[a] = sp->count[a];
+        s.xs[a] = sp->step[a] * xs[a];
+        s.base += sp->start[a] * xs[a];
+    }
+    return s;
+}
+
+// x is (d0..), y is (count0..)
+static om_status *slice_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *in = &ctx->in[0];
+    slice_params sp;
+    OMC_TRY(slice_params_get(ctx, x, 1, in->rank, in->dims, &sp));
+    return strided_run(ctx, x, dtype_size(in->dtype), ctx->out[0].data, in->data, slice_walk(in->rank, in->dims, &sp), 0);
+}
+
+// SliceGrad(dy, Shape(x), starts, ends, axes?, steps?): zeros with dy scattered into the slice
+static om_status *slice_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *dx = &ctx->out[0];
+    slice_params sp;
+    OMC_TRY(slice_params_get(ctx, x, 2, dx->rank, dx->dims, &sp));
+    OMC_TRY(omc_cuda(cudaMemsetAsync(dx->data, 0, nbytes(dx), stream_of(x)), "cudaMemsetAsync"));
+    return strided_run(ctx, x, dtype_size(dx->dtype), dx->data, ctx->in[0].data, slice_walk(dx->rank, dx->dims, &sp), 1);
+}
+
+// ---- Tile / TileGrad (misc.c) ------------------------------------------------------------------------------
+
+struct tile_geom { int n; int64_t ydims[OM_MAX_RANK], xdims[OM_MAX_RANK], xstr[OM_MAX_RANK]; };
+
+// y (n) = x[idx mod xdims]: y's dims are x's times the repeats
+template <typename U>
+__global__ void tile_kernel(U *y, const U *x_, tile_geom g, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t t = i, off = 0;
+        for (int d = g.n - 1; d >= 0; d--) {
+            int64_t q = t / g.ydims[d], r = t - q * g.ydims[d];
+            off += (r % g.xdims[d]) * g.xstr[d];
+            t = q;
+        }
+        y[i] = x_[off];
+    }
+}
+
+static om_status *tile_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *in = &ctx->in[0], *out = &ctx->out[0];
+    tile_geom g;
+    memset(&g, 0, sizeof g);
+    g.n = in->rank;
+    dense_strides(in->rank, in->dims, g.xstr);
+    for (int d = 0; d < in->rank; d++) { g.ydims[d] = out->dims[d]; g.xdims[d] = in->dims[d] ? in->dims[d] : 1; }
+    int64_t n = numel(out);
+    if (!n) return NULL;
+    OMC_DISPATCH_SIZE(dtype_size(in->dtype), ctx, {
+        tile_kernel<U><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((U *)out->data, (const U *)in->data, g, n);
+    });
+    return omc_launched(ctx);
+}
+
+// TileGrad(dy, Shape(x)): dx = sum over the tiles. dy viewed as (r0, x0, r1, x1, ...), reduced over the r's
+static om_status *tile_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *dy = &ctx->in[0], *dx = &ctx->out[0];
+    int r = dx->rank;
+    if (2 * r > OM_MAX_RANK) {
+        // more than 4 dims: reduce one axis pair at a time is not implemented
+        return omc_err_unsupported(ctx, "TileGrad of rank > 4");
+    }
+    om_tensor v;
+    memset(&v, 0, sizeof v);
+    v.dtype = dy->dtype;
+    v.rank = 2 * r;
+    uint8_t red[OM_MAX_RANK];
+    for (int d = 0; d < r; d++) {
+        int64_t xd = dx->dims[d];
+        v.dims[2 * d] = xd ? dy->dims[d] / xd : 0;
+        v.dims[2 * d + 1] = xd;
+        red[2 * d] = 1;
+        red[2 * d + 1] = 0;
+    }
+    return omc_reduce(ctx, x, 0, &v, dy->data, red, dx->data, 1.0);
+}
+
+// ---- Trilu (misc.c): x is (batch, R, C); keeps j - i >= k (upper) or j - i <= k (lower) ---------------------
+
+template <typename U>
+__global__ void trilu_kernel(U *y, const U *x_, int64_t n, int64_t R, int64_t C, int64_t k, int upper) {
+    GRID_STRIDE(t, n) {
+        int64_t j = t % C, i = (t / C) % R;
+        int keep = upper ? j - i >= k : j - i <= k;
+        y[t] = keep ? x_[t] : (U)0;
+    }
+}
+
+static om_status *trilu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *in = &ctx->in[0];
+    if (in->rank < 2) return omc_err_unsupported(ctx, "rank < 2");
+    int64_t k = 0;
+    if (present(ctx, 1)) {
+        int64_t v[1];
+        if (host_ints(ctx, x, 1, v, 1) != 1) return omc_err_unsupported(ctx, "k that is not known at plan time");
+        k = v[0];
+    }
+    int upper = attr_i(ctx, "upper", 1) != 0;
+    int64_t n = numel(in), R = in->dims[in->rank - 2], C = in->dims[in->rank - 1];
+    if (!n) return NULL;
+    OMC_DISPATCH_SIZE(dtype_size(in->dtype), ctx, {
+        trilu_kernel<U><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((U *)ctx->out[0].data, (const U *)in->data, n, R, C,
+                                                                       k, upper);
+    });
+    return omc_launched(ctx);
+}
+
+extern const omc_kernel_entry omc_kernels_shape[] = {
+    {"Shape", "", shape_cuda}, {"Size", "", size_cuda},
+    {"Reshape", "", view_cuda}, {"Flatten", "", view_cuda}, {"Squeeze", "", view_cuda}, {"Unsqueeze", "", view_cuda},
+    {"Transpose", "", transpose_cuda},
+    {"Gather", "", gather_cuda}, {"GatherGrad", "ortmod", gather_grad_cuda},
+    {"Concat", "", concat_cuda}, {"ConcatGrad", "ortmod", concat_grad_cuda},
+    {"Slice", "", slice_cuda}, {"SliceGrad", "ortmod", slice_grad_cuda},
+    {"Expand", "", expand_cuda},
+    {"Split", "", split_cuda}, {"SplitGrad", "ortmod", split_grad_cuda},
+    {"Tile", "", tile_cuda}, {"TileGrad", "ortmod", tile_grad_cuda},
+    {"Trilu", "", trilu_cuda},
+    OMC_TABLE_END,
+};
