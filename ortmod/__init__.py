@@ -9,6 +9,7 @@ backward-graph generation, memory planning); later calls run on the engine.
 from ._logging import LogLevel
 from ._capture import ExportError, UnsupportedModelError
 from ._module import DebugOptions, ORTModule
+from ._explain import explain
 
 try:
     from ._C import EngineError, UnsupportedOpError
@@ -24,4 +25,4 @@ except ImportError as _e:  # pragma: no cover - only without a built extension
         raise AttributeError(f"module 'ortmod' has no attribute {name!r}")
 
 __all__ = ["ORTModule", "DebugOptions", "LogLevel", "EngineError", "UnsupportedOpError", "ExportError",
-           "UnsupportedModelError"]
+           "UnsupportedModelError", "explain"]

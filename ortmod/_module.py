@@ -15,6 +15,8 @@ changes — a parameter, buffer or submodule registered anywhere inside the wrap
 or an attribute set on the ORTModule — mark the module *dirty*: the next call exports
 again and keeps its engines only if the new ONNX bytes are identical.
 """
+import json
+import logging
 import dataclasses
 import os
 import warnings
@@ -312,13 +314,19 @@ class ORTModule(torch.nn.Module):
         export_key = (inputs_key, module.training, torch.is_grad_enabled(), state.signature_id)
         key = (export_key, input_grads, state.grads) if want_grad else (export_key,)
         entry = d["_ortmod_cache"].get(key)
-        if entry is None:
+        first_call = entry is None
+        if first_call:
             entry = self._ortmod_build(flat, state, export_key, key, want_grad)
         tensors = entry.inputs(flat.leaves, state)
         if entry.needs_grad:
             outputs = run_training(entry.call, tensors)
         else:
             outputs = run_inference(entry.engine, tensors)
+        if first_call and logger.isEnabledFor(logging.INFO):
+            # the plan exists now: say what the passes and the planner made of the model
+            from ._explain import summarize
+            logger.info("compiled %s graph:\n%s", "training" if entry.needs_grad else "inference",
+                        summarize(json.loads(entry.engine.report())))
         if entry.state_updates:
             _update_state(entry, outputs, state)
         return entry.rebuild(outputs)
