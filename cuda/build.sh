@@ -25,11 +25,16 @@ if [ -z "$NVCC" ]; then
     for c in /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do [ -x "$c" ] && NVCC=$c && break; done
 fi
 [ -n "$NVCC" ] || skip "nvcc not found (the CUDA provider is built where the CUDA toolkit is installed)"
-CUDA_HOME=${CUDA_HOME:-$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)}
 MAJOR=$("$NVCC" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
 [ -n "$MAJOR" ] || skip "cannot tell the CUDA version of $NVCC"
-[ -f "$CUDA_HOME/include/cuda_runtime.h" ] || [ -f "$CUDA_HOME/targets/x86_64-linux/include/cuda_runtime.h" ] \
-    || skip "no CUDA runtime headers next to $NVCC"
+if [ -z "${CUDA_HOME:-}" ]; then   # nvcc may be a wrapper script: look for the toolkit's headers
+    for c in "$(dirname "$(readlink -f "$NVCC")")/.." /usr/local/cuda-"$MAJOR"* /usr/local/cuda; do
+        if [ -f "$c/include/cuda_runtime.h" ] || [ -f "$c/targets/x86_64-linux/include/cuda_runtime.h" ]; then
+            CUDA_HOME=$(cd "$c" && pwd); break
+        fi
+    done
+fi
+[ -n "${CUDA_HOME:-}" ] || skip "no CUDA runtime headers found for $NVCC (set CUDA_HOME)"
 
 site_dirs() {
     [ -x "$PY" ] && "$PY" - <<'PY' 2>/dev/null || true

@@ -89,7 +89,6 @@ static om_status *lt_bias_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
-    om_status *st = NULL;
     cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     lt_key key = {(int)dt, tb, M, N, K, (int)epi};
@@ -130,15 +129,14 @@ static om_status *lt_bias_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
         float one = 1.0f, zero = 0.0f;
         cublasStatus_t s = cublasLtMatmul(lt, op, &one, W, la, X, lb, &zero, Y, lc, Y, lc, &e.algo, x->workspace,
                                           x->workspace_size, stream_of(x));
-        if (s == CUBLAS_STATUS_SUCCESS) *done = 1;
-        else st = blas_err(ctx, s, "cublasLtMatmul");
+        if (s == CUBLAS_STATUS_SUCCESS) *done = 1;   // otherwise the caller takes the plain path
     }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatmulDescDestroy(op);
-    return st;
+    return NULL;
 }
 
 // y is (rows, cols); y[i, j] = beta * c[(i * sm + j * sn)] — the bias written before a beta=1 GEMM

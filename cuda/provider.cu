@@ -25,6 +25,9 @@ struct device_state {
     void *workspace;
 };
 static device_state devices[MAX_DEVICES];
+// calls that block the host (plan time only: arena and constant uploads); the GPU benchmark and
+// tests read it to prove that a training step after planning never synchronizes
+static uint64_t sync_calls;
 static pthread_mutex_t devices_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static om_status *device_ready(int dev, device_state **out) {
@@ -107,6 +110,7 @@ static om_status *p_alloc_static(int dev, size_t n, void **out) {
     device_state *d;
     OMC_TRY(device_ready(dev, &d));
     device_guard gd(dev);
+    __atomic_add_fetch(&sync_calls, 1, __ATOMIC_RELAXED);
     cudaError_t e = cudaMalloc(out, n ? n : 1);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -120,6 +124,7 @@ static om_status *p_alloc_static(int dev, size_t n, void **out) {
 static void p_free_static(int dev, void *p) {
     if (!p) return;
     device_guard gd(dev);
+    __atomic_add_fetch(&sync_calls, 1, __ATOMIC_RELAXED);
     if (cudaFree(p) != cudaSuccess) cudaGetLastError();
 }
 
@@ -142,6 +147,7 @@ static om_status *p_memset_async(int dev, void *dst, int v, size_t n, void *stre
 static om_status *p_memcpy_sync(int dev, void *dst, const void *src, size_t n, om_cuda_copy kind) {
     if (!n) return NULL;
     device_guard gd(dev);
+    __atomic_add_fetch(&sync_calls, 1, __ATOMIC_RELAXED);
     return omc_cuda(cudaMemcpy(dst, src, n, kind_of(kind)), "cudaMemcpy");
 }
 
@@ -222,12 +228,11 @@ int bcast_init(bcast *b, const om_tensor *space, const om_tensor *const *ops, in
 // ---- the kernel registry -----------------------------------------------------------------------
 
 extern const omc_kernel_entry omc_kernels_matmul[], omc_kernels_elementwise[], omc_kernels_nn[],
-    omc_kernels_loss[], omc_kernels_shape[], omc_kernels_reduce[], omc_kernels_fused[], omc_kernels_misc[],
-    omc_kernels_attention[];
+    omc_kernels_loss[], omc_kernels_shape[], omc_kernels_reduce[], omc_kernels_fused[], omc_kernels_attention[];
 
 static const omc_kernel_entry *const tables[] = {
     omc_kernels_matmul, omc_kernels_elementwise, omc_kernels_nn, omc_kernels_loss, omc_kernels_shape,
-    omc_kernels_reduce, omc_kernels_fused, omc_kernels_misc, omc_kernels_attention,
+    omc_kernels_reduce, omc_kernels_fused, omc_kernels_attention,
 };
 
 static om_cuda_kernel_fn p_find_kernel(const char *name, const char *domain) {
@@ -258,4 +263,9 @@ static const om_cuda_provider provider = {
 
 extern "C" __attribute__((visibility("default"))) const om_cuda_provider *om_cuda_provider_get(void) {
     return &provider;
+}
+
+// How many host-blocking CUDA calls the provider made so far (see sync_calls).
+extern "C" __attribute__((visibility("default"))) uint64_t om_cuda_sync_count(void) {
+    return __atomic_load_n(&sync_calls, __ATOMIC_RELAXED);
 }

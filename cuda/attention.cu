@@ -1,0 +1,359 @@
+// attention.cu — FusedAttention / FusedAttentionGrad (attention.c) on cuBLAS with the scores
+// materialized in fp32: S = scale Q K^T (+ mask, causal), a row softmax that keeps lse per
+// row, dropout keep(i) = uniform(seed, i) >= ratio on the flat (batch..., L, S) index as the
+// CPU draws it, then O = P V. The backward recomputes P from lse:
+//   dV = Pd^T dO, dPd = dO V^T, dS = P (dPd keep/(1-ratio) - rowsum(dO O)), dQ = scale dS K,
+//   dK = scale dS^T Q.
+// Memory is O(batch L S) per call (temporary, from the pool); a flash-style kernel that never
+// materializes S is the next step for long sequences. Needs: scale factors and the dropout
+// ratio known at plan time, Q/K/V each stacked or shared over the batch, no mask gradient.
+#include <cublas_v2.h>
+#include <math.h>
+
+#include "common.cuh"
+
+struct attn_geom {
+    int64_t L, S, D, Dv, nbatch;
+    int nb;
+    int64_t batch[OM_MAX_RANK], m_str[OM_MAX_RANK];
+    int64_t q_bs, k_bs, v_bs;        // batch strides over the flattened batch (0 = shared)
+    int64_t m_row, m_col;
+    int has_mask, causal, kt, nan_to_zero, dropout;
+    double scale, ratio;
+};
+
+// stride over the flattened batch: mat when stacked, 0 when shared, -1 otherwise
+static int64_t flat_stride(const om_tensor *t, const attn_geom *g, int64_t mat) {
+    int br = t->rank - 2, all_one = 1, same = br == g->nb;
+    for (int i = 0; i < br; i++) all_one &= t->dims[i] == 1;
+    if (all_one) return 0;
+    for (int i = 0; same && i < br; i++) same = t->dims[i] == g->batch[i];
+    return same ? mat : -1;
+}
+
+static om_status *attn_geometry(const om_kernel_ctx *ctx, const om_cuda_exec *x, int q, int mi, int f, int r, int tm,
+                                attn_geom *g) {
+    const om_tensor *Q = &ctx->in[q], *K = &ctx->in[q + 1], *V = &ctx->in[q + 2];
+    memset(g, 0, sizeof *g);
+    g->kt = attr_i(ctx, "k_transposed", 0) != 0;
+    g->causal = attr_i(ctx, "causal", 0) != 0;
+    g->nan_to_zero = attr_i(ctx, "nan_to_zero", 0) != 0;
+    g->L = Q->dims[Q->rank - 2];
+    g->D = Q->dims[Q->rank - 1];
+    g->S = g->kt ? K->dims[K->rank - 1] : K->dims[K->rank - 2];
+    g->Dv = V->dims[V->rank - 1];
+    const om_tensor *M = present(ctx, mi) ? &ctx->in[mi] : NULL;
+    g->has_mask = M != NULL;
+    int mb = M && M->rank > 2 ? M->rank - 2 : 0;
+    int nb = Q->rank - 2;
+    if (K->rank - 2 > nb) nb = K->rank - 2;
+    if (mb > nb) nb = mb;
+    g->nb = nb;
+    g->nbatch = 1;
+    const om_tensor *ops[3] = {Q, K, M};
+    for (int i = 0; i < nb; i++) {
+        int64_t d = 1;
+        for (int k = 0; k < 3; k++) {
+            if (!ops[k]) continue;
+            int br = ops[k]->rank > 2 ? ops[k]->rank - 2 : 0, j = i - (nb - br);
+            int64_t e = j >= 0 ? ops[k]->dims[j] : 1;
+            if (e != 1) d = e;
+        }
+        g->batch[i] = d;
+        g->nbatch *= d;
+    }
+    g->q_bs = flat_stride(Q, g, g->L * g->D);
+    g->k_bs = flat_stride(K, g, g->S * g->D);
+    g->v_bs = flat_stride(V, g, g->S * g->Dv);
+    if (g->q_bs < 0 || g->k_bs < 0 || g->v_bs < 0)
+        return omc_err_unsupported(ctx, "Q, K or V broadcast over part of the batch");
+    if (M) {
+        int64_t ml = M->rank >= 2 ? M->dims[M->rank - 2] : 1, ms = M->rank >= 1 ? M->dims[M->rank - 1] : 1;
+        g->m_col = ms == 1 ? 0 : 1;
+        g->m_row = ml == 1 ? 0 : ms;
+        int64_t s = ml * ms;
+        for (int i = nb - 1; i >= 0; i--) {
+            int j = i - (nb - mb);
+            int64_t d = j >= 0 ? M->dims[j] : 1;
+            g->m_str[i] = d == 1 ? 0 : s;
+            s *= d;
+        }
+    }
+    g->scale = attr_f(ctx, "scale", 1.0f);
+    int inv = (int)attr_i(ctx, "inv", 0);
+    for (int i = 0; i < 3; i++) {
+        if (!present(ctx, f + i)) continue;
+        double v;
+        if (host_scalar(ctx, x, f + i, &v)) return omc_err_unsupported(ctx, "a scale factor that is not known at plan time");
+        g->scale = (inv >> i & 1) ? g->scale / v : g->scale * v;
+    }
+    if (present(ctx, tm)) {
+        double t = 1, ratio = 0.5;
+        if (host_scalar(ctx, x, tm, &t)) return omc_err_unsupported(ctx, "a training_mode that is not known at plan time");
+        if (present(ctx, r) && host_scalar(ctx, x, r, &ratio))
+            return omc_err_unsupported(ctx, "a dropout ratio that is not known at plan time");
+        if (t != 0 && ratio > 0.0) { g->dropout = 1; g->ratio = ratio; }
+    }
+    return NULL;
+}
+
+static int blas_type(om_dtype dt, cudaDataType *t) {
+    switch (dt) {
+    case OM_F32: *t = CUDA_R_32F; return 0;
+    case OM_F16: *t = CUDA_R_16F; return 0;
+    case OM_BF16: *t = CUDA_R_16BF; return 0;
+    case OM_F64: *t = CUDA_R_64F; return 0;
+    default: return -1;
+    }
+}
+
+// Row-major batched C(M,N) = alpha op(A)(M,K) op(B)(K,N) + beta C with A, B of type ab and C of type ct
+static om_status *bgemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, cudaDataType ab, cudaDataType ctp, int ta, int tb,
+                        int64_t M, int64_t N, int64_t K, double alpha, const void *A, int64_t sA, const void *B, int64_t sB,
+                        double beta, void *C, int64_t sC, int64_t batch) {
+    if (!M || !N || !batch) return NULL;
+    int dbl = ab == CUDA_R_64F;
+    float af = (float)alpha, bf = (float)beta;
+    const void *pa = dbl ? (const void *)&alpha : (const void *)&af, *pb = dbl ? (const void *)&beta : (const void *)&bf;
+    int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N);
+    cublasStatus_t s = cublasGemmStridedBatchedEx(
+        (cublasHandle_t)x->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K,
+        pa, B, ab, ldb, sB, A, ab, lda, sA, pb, C, ctp, (int)N, sC, (int)batch, dbl ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return OMC_ERR(OM_RUNTIME, "node '%s' (%s): cublasGemmStridedBatchedEx failed (status %d)", omc_node_name(ctx),
+                       omc_op_name(ctx), (int)s);
+    return NULL;
+}
+
+struct soft_args {
+    int64_t L, S, nb;
+    int64_t batch[OM_MAX_RANK], m_str[OM_MAX_RANK];
+    int64_t m_row, m_col;
+    int causal, nan_to_zero, dropout;
+    float scale, ratio, dscale;
+};
+
+__device__ __forceinline__ int64_t mask_base(const soft_args &a, int64_t t) {
+    int64_t off = 0;
+    for (int d = a.nb - 1; d >= 0; d--) {
+        int64_t i = t % a.batch[d];
+        t /= a.batch[d];
+        off += i * a.m_str[d];
+    }
+    return off;
+}
+
+// the logit of score s at (t, i, j): scale s + mask (+ causal -inf)
+template <typename T>
+__device__ __forceinline__ float logit(const soft_args &a, float s, const T *mask, int64_t mb, int64_t i, int64_t j) {
+    float v = s * a.scale;
+    if (mask) v += (float)ld(mask[mb + i * a.m_row + j * a.m_col]);
+    if (a.causal && j > i) v = -INFINITY;
+    return v;
+}
+
+// S (nbatch, L, S) fp32 scores -> P (T, dropout applied) and lse (nbatch, L); one block per row
+template <typename T>
+__global__ void attn_softmax_kernel(T *P, T *lse, const float *Sc, const T *mask, soft_args a, const int64_t *seedp) {
+    uint64_t seed = seedp ? (uint64_t)*seedp : 0;
+    int64_t rows = 1;
+    for (int d = 0; d < a.nb; d++) rows *= a.batch[d];
+    rows *= a.L;
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        int64_t t = row / a.L, i = row - t * a.L;
+        int64_t mb = mask ? mask_base(a, t) : 0;
+        const float *sr = Sc + row * a.S;
+        float m = -INFINITY;
+        for (int64_t j = threadIdx.x; j < a.S; j += blockDim.x) m = fmaxf(m, logit(a, sr[j], mask, mb, i, j));
+        m = block_max(m);
+        float sum = 0;
+        if (m != -INFINITY)
+            for (int64_t j = threadIdx.x; j < a.S; j += blockDim.x) sum += expf(logit(a, sr[j], mask, mb, i, j) - m);
+        sum = block_sum(sum);
+        float l = m + logf(sum);   // fully masked rows: -inf + log 0 = -inf (P = NaN, or 0 with nan_to_zero)
+        T *pr = P + row * a.S;
+        for (int64_t j = threadIdx.x; j < a.S; j += blockDim.x) {
+            float p = expf(logit(a, sr[j], mask, mb, i, j) - l);
+            if (p != p && a.nan_to_zero) p = 0;
+            if (a.dropout) p = rand_uniform(seed, (uint64_t)(row * a.S + j)) >= a.ratio ? p * a.dscale : 0.0f;
+            pr[j] = st<T>((typename acc<T>::t)p);
+        }
+        if (lse && threadIdx.x == 0) lse[row] = st<T>((typename acc<T>::t)l);
+    }
+}
+
+__global__ void write_seed_kernel(int64_t *p, uint64_t seed) { *p = (int64_t)seed; }
+
+static soft_args soft_of(const attn_geom &g) {
+    soft_args a;
+    memset(&a, 0, sizeof a);
+    a.L = g.L; a.S = g.S; a.nb = g.nb;
+    for (int i = 0; i < g.nb; i++) { a.batch[i] = g.batch[i]; a.m_str[i] = g.m_str[i]; }
+    a.m_row = g.m_row; a.m_col = g.m_col;
+    a.causal = g.causal; a.nan_to_zero = g.nan_to_zero; a.dropout = g.dropout;
+    a.scale = (float)g.scale; a.ratio = (float)g.ratio; a.dscale = g.ratio < 1.0 ? (float)(1.0 / (1.0 - g.ratio)) : 0.0f;
+    return a;
+}
+
+static unsigned rows_grid(int64_t rows) { return (unsigned)(rows < 65535 * 16 ? (rows > 0 ? rows : 1) : 65535 * 16); }
+
+// Q (batch..., L, D), K (batch..., S, D) or K^T, V (batch..., S, Dv), mask -> (L, S); O (batch..., L, Dv), lse, seed
+static om_status *attention_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    attn_geom g;
+    OMC_TRY(attn_geometry(ctx, x, 0, 3, 4, 7, 8, &g));
+    om_dtype dt = ctx->in[0].dtype;
+    cudaDataType t;
+    if (blas_type(dt, &t) || dt == OM_F64) return omc_err_dtype(ctx, 0, dt);
+    int64_t B = g.nbatch, L = g.L, S = g.S;
+    if (wanted(ctx, 2)) {
+        write_seed_kernel<<<1, 1, 0, stream_of(x)>>>((int64_t *)ctx->out[2].data, ctx->seed);
+        OMC_TRY(omc_launched(ctx));
+    }
+    if (!B || !L) return NULL;
+    size_t es = dtype_size(dt);
+    float *Sc = NULL;
+    void *P = NULL;
+    OMC_TRY(omc_temp_alloc(x, sizeof(float) * (size_t)(B * L * S), (void **)&Sc));
+    om_status *st = omc_temp_alloc(x, es * (size_t)(B * L * S), &P);
+    if (!st)   // S = Q K^T (K^T given when k_transposed)
+        st = bgemm(ctx, x, t, CUDA_R_32F, 0, !g.kt, L, S, g.D, 1.0, ctx->in[0].data, g.q_bs, ctx->in[1].data, g.k_bs, 0.0,
+                   Sc, L * S, B);
+    if (!st) {
+        soft_args a = soft_of(g);
+        const int64_t *seedp = NULL;
+        int64_t *dseed = NULL;
+        if (g.dropout) {   // the forward's seed, on the device (the stash keeps it for the backward)
+            if (wanted(ctx, 2)) seedp = (const int64_t *)ctx->out[2].data;
+            else if (!(st = omc_temp_alloc(x, 8, (void **)&dseed))) {
+                write_seed_kernel<<<1, 1, 0, stream_of(x)>>>(dseed, ctx->seed);
+                seedp = dseed;
+            }
+        }
+        if (!st) {
+            OMC_DISPATCH_FLOAT(dt, ctx, 0, {
+                attn_softmax_kernel<T><<<rows_grid(B * L), 256, 0, stream_of(x)>>>(
+                    (T *)P, wanted(ctx, 1) ? (T *)ctx->out[1].data : NULL, Sc,
+                    g.has_mask ? (const T *)ctx->in[3].data : NULL, a, seedp);
+            });
+            st = omc_launched(ctx);
+        }
+        if (dseed) omc_temp_free(x, dseed);
+    }
+    if (!st)   // O = P V
+        st = bgemm(ctx, x, t, t, 0, 0, L, g.Dv, S, 1.0, P, L * S, ctx->in[2].data, g.v_bs, 0.0, ctx->out[0].data, L * g.Dv, B);
+    omc_temp_free(x, Sc);
+    if (P) omc_temp_free(x, P);
+    return st;
+}
+
+// recompute P (fp32, in place over the scores) from lse; Pd = P keep dscale (T); one block per row
+template <typename T>
+__global__ void attn_recompute_kernel(float *Sc, T *Pd, const T *lse, const T *mask, soft_args a, const int64_t *seedp) {
+    uint64_t seed = seedp ? (uint64_t)*seedp : 0;
+    int64_t rows = a.L;
+    for (int d = 0; d < a.nb; d++) rows *= a.batch[d];
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        int64_t t = row / a.L, i = row - t * a.L;
+        int64_t mb = mask ? mask_base(a, t) : 0;
+        float l = (float)ld(lse[row]);
+        float *sr = Sc + row * a.S;
+        for (int64_t j = threadIdx.x; j < a.S; j += blockDim.x) {
+            float p = expf(logit(a, sr[j], mask, mb, i, j) - l);
+            if (p != p) p = 0;
+            sr[j] = p;
+            float k = a.dropout ? (rand_uniform(seed, (uint64_t)(row * a.S + j)) >= a.ratio ? a.dscale : 0.0f) : 1.0f;
+            Pd[row * a.S + j] = st<T>((typename acc<T>::t)(p * k));
+        }
+    }
+}
+
+// Di = rowsum(dO * O) per row (nbatch*L rows of Dv)
+template <typename T>
+__global__ void attn_rowdot_kernel(float *Di, const T *dO, const T *O, int64_t rows, int64_t Dv) {
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        float s = 0;
+        for (int64_t j = threadIdx.x; j < Dv; j += blockDim.x) s += (float)ld(dO[row * Dv + j]) * (float)ld(O[row * Dv + j]);
+        s = block_sum(s);
+        if (threadIdx.x == 0) Di[row] = s;
+    }
+}
+
+// dS = P (dPd keep dscale - Di), written as T for the dQ / dK products
+template <typename T>
+__global__ void attn_ds_kernel(T *dS, const float *P, const float *dPd, const float *Di, soft_args a, const int64_t *seedp,
+                               int64_t n) {
+    uint64_t seed = seedp ? (uint64_t)*seedp : 0;
+    GRID_STRIDE(k, n) {
+        int64_t row = k / a.S;
+        float kp = a.dropout ? (rand_uniform(seed, (uint64_t)k) >= a.ratio ? a.dscale : 0.0f) : 1.0f;
+        dS[k] = st<T>((typename acc<T>::t)(P[k] * (dPd[k] * kp - Di[row])));
+    }
+}
+
+// FusedAttentionGrad(dO, Q, K, V, O, lse, mask?, f0?, f1?, f2?, ratio?, training_mode?, seed?) -> (dQ?, dK?, dV?, dmask?)
+static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    attn_geom g;
+    OMC_TRY(attn_geometry(ctx, x, 1, 6, 7, 10, 11, &g));
+    if (wanted(ctx, 3)) return omc_err_unsupported(ctx, "a gradient for the attention mask");
+    om_dtype dt = ctx->in[1].dtype;
+    cudaDataType t;
+    if (blas_type(dt, &t) || dt == OM_F64) return omc_err_dtype(ctx, 1, dt);
+    int64_t B = g.nbatch, L = g.L, S = g.S, D = g.D, Dv = g.Dv;
+    if ((wanted(ctx, 1) && g.k_bs == 0 && B > 1) || (wanted(ctx, 2) && g.v_bs == 0 && B > 1) ||
+        (wanted(ctx, 0) && g.q_bs == 0 && B > 1))
+        return omc_err_unsupported(ctx, "gradients of Q, K or V shared over the batch");
+    if (!B || !L) return NULL;
+    const void *dO = ctx->in[0].data, *Q = ctx->in[1].data, *K = ctx->in[2].data, *V = ctx->in[3].data;
+    const int64_t *seedp = g.dropout && present(ctx, 12) ? (const int64_t *)ctx->in[12].data : NULL;
+    if (g.dropout && !seedp) return OMC_ERR(OM_INTERNAL, "FusedAttentionGrad node '%s': the dropout seed is missing", omc_node_name(ctx));
+    size_t es = dtype_size(dt), nls = (size_t)(B * L * S);
+    float *Sc = NULL, *dPd = NULL, *Di = NULL;
+    void *Pd = NULL;
+    om_status *st = omc_temp_alloc(x, sizeof(float) * nls, (void **)&Sc);
+    if (!st) st = omc_temp_alloc(x, sizeof(float) * nls, (void **)&dPd);
+    if (!st) st = omc_temp_alloc(x, sizeof(float) * (size_t)(B * L), (void **)&Di);
+    if (!st) st = omc_temp_alloc(x, es * nls, &Pd);
+    soft_args a = soft_of(g);
+    if (!st) st = bgemm(ctx, x, t, CUDA_R_32F, 0, !g.kt, L, S, D, 1.0, Q, g.q_bs, K, g.k_bs, 0.0, Sc, L * S, B);
+    if (!st) {
+        OMC_DISPATCH_FLOAT(dt, ctx, 1, {
+            attn_recompute_kernel<T><<<rows_grid(B * L), 256, 0, stream_of(x)>>>(
+                Sc, (T *)Pd, (const T *)ctx->in[5].data, g.has_mask ? (const T *)ctx->in[6].data : NULL, a, seedp);
+            attn_rowdot_kernel<T><<<rows_grid(B * L), 128, 0, stream_of(x)>>>(Di, (const T *)dO, (const T *)ctx->in[4].data,
+                                                                               B * L, Dv);
+        });
+        st = omc_launched(ctx);
+    }
+    // dV = Pd^T dO: (S, L) x (L, Dv)
+    if (!st && wanted(ctx, 2))
+        st = bgemm(ctx, x, t, t, 1, 0, S, Dv, L, 1.0, Pd, L * S, dO, L * Dv, 0.0, ctx->out[2].data, S * Dv, B);
+    // dPd = dO V^T: (L, Dv) x (Dv, S), fp32
+    if (!st) st = bgemm(ctx, x, t, CUDA_R_32F, 0, 1, L, S, Dv, 1.0, dO, L * Dv, V, g.v_bs, 0.0, dPd, L * S, B);
+    if (!st) {   // dS into Pd's buffer (Pd is no longer needed)
+        OMC_DISPATCH_FLOAT(dt, ctx, 1, {
+            attn_ds_kernel<T><<<grid_for((int64_t)nls), OMC_THREADS, 0, stream_of(x)>>>((T *)Pd, Sc, dPd, Di, a, seedp,
+                                                                                          (int64_t)nls);
+        });
+        st = omc_launched(ctx);
+    }
+    // dQ = scale dS K: (L, S) x (S, D) — K^T (D, S) read transposed when k_transposed
+    if (!st && wanted(ctx, 0))
+        st = bgemm(ctx, x, t, t, 0, g.kt, L, D, S, g.scale, Pd, L * S, K, g.k_bs, 0.0, ctx->out[0].data, L * D, B);
+    // dK = scale dS^T Q: (S, L) x (L, D); with k_transposed dK^T = scale Q^T dS: (D, L) x (L, S)
+    if (!st && wanted(ctx, 1)) {
+        if (!g.kt) st = bgemm(ctx, x, t, t, 1, 0, S, D, L, g.scale, Pd, L * S, Q, g.q_bs, 0.0, ctx->out[1].data, S * D, B);
+        else st = bgemm(ctx, x, t, t, 1, 0, D, S, L, g.scale, Q, g.q_bs, Pd, L * S, 0.0, ctx->out[1].data, S * D, B);
+    }
+    if (Sc) omc_temp_free(x, Sc);
+    if (dPd) omc_temp_free(x, dPd);
+    if (Di) omc_temp_free(x, Di);
+    if (Pd) omc_temp_free(x, Pd);
+    return st;
+}
+
+extern const omc_kernel_entry omc_kernels_attention[] = {
+    {"FusedAttention", "ortmod", attention_cuda},
+    {"FusedAttentionGrad", "ortmod", attention_grad_cuda},
+    OMC_TABLE_END,
+};

@@ -1,0 +1,152 @@
+"""GPT-2 124M training step on one GPU: ortmod vs eager vs torch.compile.
+
+    python tests/gpu/bench_gpt2.py --out results/ [--dtype bf16] [--batch 8] [--seq 1024] [--budget 240]
+
+A step is forward + backward + fused AdamW + zero_grad on the same model and data. Reports
+ms/step, tokens/s, the ratios (ortmod / eager, ortmod / compile: > 1 means ortmod is faster)
+and the CPU<->GPU synchronizations seen inside a timed step: torch's (sync debug mode) and the
+engine's (om_cuda_sync_count of libortmod_cuda.so). Each variant is skipped once the time
+budget is spent; a variant that fails records its error. Results: bench_gpt2.json and .txt.
+"""
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+
+def make_model(dtype, seq):
+    import transformers
+    cfg = transformers.GPT2Config(n_positions=max(seq, 1024), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  use_cache=False)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg).to(device="cuda", dtype=dtype)
+
+
+def engine_syncs():
+    try:
+        lib = ctypes.CDLL(os.path.join(ROOT, "ortmod", "libortmod_cuda.so"))
+        lib.om_cuda_sync_count.restype = ctypes.c_uint64
+        return int(lib.om_cuda_sync_count())
+    except OSError:
+        return 0
+
+
+def bench(name, model, ids, warmup, steps, deadline, log):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    t0 = time.time()
+    for _ in range(warmup):
+        loss = step()
+    torch.cuda.synchronize()
+    first = time.time() - t0
+    log(f"{name}: warmup {warmup} steps in {first:.1f}s, loss {loss.item():.4f}")
+    if time.time() > deadline:
+        raise TimeoutError("time budget spent during warmup")
+    # synchronizations inside one step
+    e0 = engine_syncs()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch_syncs = sum("synchroniz" in str(x.message) for x in w)
+    eng_syncs = engine_syncs() - e0
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    n = 0
+    for _ in range(steps):
+        step()
+        n += 1
+        if time.time() > deadline:
+            break
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end) / n
+    return {"ms_per_step": ms, "steps": n, "warmup_s": first, "torch_syncs_in_step": torch_syncs,
+            "engine_syncs_in_step": eng_syncs, "final_loss": float(loss.item())}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--budget", type=float, default=240.0, help="seconds for the whole benchmark")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    t_start = time.time()
+    deadline = t_start + a.budget
+    lines = []
+
+    def log(s):
+        print(s, flush=True)
+        lines.append(s)
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
+    log(f"GPT-2 124M, {a.dtype}, batch {a.batch} x {a.seq}, device {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    ids = torch.randint(0, 50257, (a.batch, a.seq), device="cuda")
+    results = {"config": vars(a), "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    import ortmod._capture as cap
+    cap.SUPPORTED_DEVICE_TYPES = frozenset(cap.SUPPORTED_DEVICE_TYPES | {"cuda"})
+    from ortmod import ORTModule
+
+    variants = [("eager", lambda m: m), ("ortmod", ORTModule), ("compile", torch.compile)]
+    for name, wrap in variants:
+        if time.time() > deadline - 20:
+            results[name] = {"error": "skipped: time budget spent"}
+            log(f"{name}: skipped (time budget)")
+            continue
+        try:
+            model = wrap(make_model(dtype, a.seq))
+            r = bench(name, model, ids, a.warmup, a.steps, deadline, log)
+            if name == "ortmod":
+                r["export_count"] = getattr(model, "_ortmod_export_count", None)
+            results[name] = r
+            log(f"{name}: {r['ms_per_step']:.1f} ms/step, {a.batch * a.seq / r['ms_per_step'] * 1e3:.0f} tok/s, "
+                f"syncs in a step: torch {r['torch_syncs_in_step']}, engine {r['engine_syncs_in_step']}")
+        except Exception as e:   # record and go on: the other variants still measure
+            results[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+            log(f"{name}: FAILED {type(e).__name__}: {str(e)[:500]}")
+            traceback.print_exc()
+        finally:
+            model = None
+            torch.cuda.empty_cache()
+    def ms(n):
+        return results.get(n, {}).get("ms_per_step")
+    if ms("ortmod") and ms("eager"):
+        results["ortmod_vs_eager"] = ms("eager") / ms("ortmod")
+        log(f"ortmod vs eager: {results['ortmod_vs_eager']:.2f}x (goal >= 1.2x)")
+    if ms("ortmod") and ms("compile"):
+        results["ortmod_vs_compile"] = ms("compile") / ms("ortmod")
+        log(f"ortmod vs torch.compile: {results['ortmod_vs_compile']:.2f}x (goal >= 1.0x)")
+    results["wall_s"] = time.time() - t_start
+    with open(os.path.join(a.out, "bench_gpt2.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(a.out, "bench_gpt2.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

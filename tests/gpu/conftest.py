@@ -1,0 +1,37 @@
+"""GPU tests: skipped where torch sees no CUDA device or the CUDA provider is not built.
+
+ortmod._capture.SUPPORTED_DEVICE_TYPES is widened to include "cuda" here (the capture layer
+still lists the CPU only; the engine takes CUDA tensors when ortmod/libortmod_cuda.so exists).
+"""
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))   # tests/ (oputil, modelparity)
+
+torch = pytest.importorskip("torch")
+
+SO = os.path.join(os.path.dirname(os.path.dirname(HERE)), "ortmod", "libortmod_cuda.so")
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    if not torch.cuda.is_available():
+        reason = "no CUDA device"
+    elif not os.path.isfile(SO):
+        reason = "ortmod/libortmod_cuda.so is not built (make cuda)"
+    if reason:
+        for it in items:
+            if str(it.fspath).startswith(HERE):
+                it.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _cuda_capture():
+    import ortmod._capture as cap
+    old = cap.SUPPORTED_DEVICE_TYPES
+    cap.SUPPORTED_DEVICE_TYPES = frozenset(old | {"cuda"})
+    yield
+    cap.SUPPORTED_DEVICE_TYPES = old

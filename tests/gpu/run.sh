@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh — the one GPU check: on a GPU machine (torch with CUDA present; no package
+# registries) it makes the extension and the CUDA provider importable, runs tests/gpu and the
+# GPT-2 124M benchmark, and writes everything to $OUT (or ./gpu-results) within ~5 minutes.
+#
+#   extension: ortmod/_C*.so if it imports; else the prebuilt one carried in build/gpu-carry
+#              (tests/gpu/prepare.sh) with its libraries; else a build with setup.py
+#   provider:  rebuilt with nvcc when the toolkit is there (cuBLAS headers: carried or from the
+#              nvidia wheels next to torch); else the carried prebuilt libortmod_cuda.so
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+RES=${OUT:-gpu-results}
+mkdir -p "$RES"
+LOG="$RES/run.log"
+exec > >(tee -a "$LOG") 2>&1
+T0=$(date +%s)
+echo "== $(date -u) on $(hostname); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+PY=${PY:-}
+for c in .venv/bin/python python3 python; do
+    [ -n "$PY" ] && break
+    command -v "$c" >/dev/null 2>&1 && "$c" -c "import torch" 2>/dev/null && PY=$(command -v "$c")
+done
+[ -n "$PY" ] || { echo "no python with torch"; exit 1; }
+echo "python: $PY ($("$PY" -c 'import torch,sys; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'))"
+
+CARRY=build/gpu-carry
+if [ -d "$CARRY/lib" ]; then export LD_LIBRARY_PATH="$PWD/$CARRY/lib:${LD_LIBRARY_PATH:-}"; fi
+# the nvidia wheels next to torch: cuBLAS (and its headers when the wheel has them)
+NV=$("$PY" - <<'PY' 2>/dev/null
+import os, torch
+site = os.path.dirname(os.path.dirname(torch.__file__))
+for d in ("nvidia/cu13", "nvidia/cublas"):
+    p = os.path.join(site, d)
+    if os.path.isdir(os.path.join(p, "lib")):
+        print(p); break
+PY
+)
+[ -n "$NV" ] && export LD_LIBRARY_PATH="$NV/lib:${LD_LIBRARY_PATH:-}"
+
+if ! "$PY" -c "import ortmod._C" 2>/dev/null; then
+    if ls "$CARRY"/_C*.so >/dev/null 2>&1; then cp "$CARRY"/_C*.so ortmod/; fi
+    if ! "$PY" -c "import ortmod._C" 2>/dev/null; then
+        echo "building the extension"; "$PY" setup.py -q build_ext --inplace || { echo "extension build failed"; exit 1; }
+    fi
+fi
+"$PY" -c "import ortmod._C" || { echo "ortmod._C does not import"; exit 1; }
+
+if command -v nvcc >/dev/null 2>&1 || ls /usr/local/cuda*/bin/nvcc >/dev/null 2>&1; then
+    if [ -f "$CARRY/include/cublas_v2.h" ]; then
+        mkdir -p build/cuda-deps/include && cp "$CARRY"/include/*.h build/cuda-deps/include/
+        [ -n "$NV" ] && ln -sfn "$NV/lib" build/cuda-deps/lib
+    fi
+    CUBLAS_NO_INSTALL=1 CUDA_ARCHS=${CUDA_ARCHS:-90} PY="$PY" bash cuda/build.sh || echo "provider build failed"
+fi
+if [ ! -f ortmod/libortmod_cuda.so ] && [ -f "$CARRY/libortmod_cuda.so" ]; then cp "$CARRY/libortmod_cuda.so" ortmod/; fi
+ls -la ortmod/libortmod_cuda.so || echo "NO CUDA PROVIDER: the GPU tests will skip"
+
+echo "== GPU tests ($(( $(date +%s) - T0 ))s)"
+timeout 150 "$PY" -m pytest tests/gpu -q -x --no-header -p no:cacheprovider -rs 2>&1 | tail -60 | tee "$RES/gpu_tests.txt"
+LEFT=$(( 290 - ($(date +%s) - T0) ))
+echo "== benchmark (budget ${LEFT}s)"
+if [ "$LEFT" -gt 40 ]; then
+    timeout $((LEFT + 10)) "$PY" tests/gpu/bench_gpt2.py --out "$RES" --budget $((LEFT - 15)) 2>&1 | tail -40
+fi
+echo "== done in $(( $(date +%s) - T0 ))s; results in $RES"
