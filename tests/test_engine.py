@@ -113,3 +113,40 @@ def test_export_stages_are_valid_onnx():
     assert any(o.name.endswith("_grad") or "grad" in o.name for o in exe.graph.input)
     with pytest.raises(ValueError):
         eng.export_onnx("nonsense")
+
+
+def two_heads_model():
+    """h = x @ w; a = relu(h) @ wa; b = tanh(h) @ wb: two outputs sharing a trunk."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Relu", ["h"], ["ra"]),
+        helper.make_node("Tanh", ["h"], ["tb"]),
+        helper.make_node("MatMul", ["ra", "wa"], ["a"]),
+        helper.make_node("MatMul", ["tb", "wb"], ["b"]),
+    ]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x", "w", "wa", "wb")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("a", "b")]
+    g = helper.make_graph(nodes, "two_heads", inputs, outputs)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]).SerializeToString()
+
+
+def test_outputs_without_gradient_cost_nothing_and_give_none():
+    eng = _C.Engine(two_heads_model(), [False, True, True, True])
+    rng = np.random.default_rng(3)
+    x, w, wa, wb = (rng.standard_normal(s).astype(np.float32) for s in ((4, 3), (3, 5), (5, 2), (5, 2)))
+    da = rng.standard_normal((4, 2)).astype(np.float32)
+    h = x @ w
+    expect_w = x.T @ ((da @ wa.T) * (h > 0))
+    for _ in range(2):   # the second call reuses the cached backward variant
+        _, stash = eng.forward([x, w, wa, wb], True)
+        grads = eng.backward(stash, [da, None])
+        assert grads[0] is None and grads[3] is None, "wb only reaches the output without a gradient"
+        np.testing.assert_allclose(np_of(grads[1]), expect_w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np_of(grads[2]), np.maximum(h, 0).T @ da, rtol=1e-5, atol=1e-6)
+    # both gradients present: the full program, wb gets its gradient
+    _, stash = eng.forward([x, w, wa, wb], True)
+    db = rng.standard_normal((4, 2)).astype(np.float32)
+    grads = eng.backward(stash, [da, db])
+    np.testing.assert_allclose(np_of(grads[3]), np.tanh(h).T @ db, rtol=1e-5, atol=1e-6)
+    expect_w = x.T @ ((da @ wa.T) * (h > 0) + (db @ wb.T) * (1 - np.tanh(h) ** 2))
+    np.testing.assert_allclose(np_of(grads[1]), expect_w, rtol=1e-5, atol=1e-5)

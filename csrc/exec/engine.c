@@ -357,7 +357,12 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     uint64_t call = ++e->calls;
     if ((st = frame_init(&f, p, stream))) goto done;
     given = calloc((size_t)p->n_values + 1, 1);
-    stash_buf = frame_alloc(&f, p->stash_size);
+    if (!f.cu && p->spare_stash) {   /* steady state: the last freed stash comes back */
+        stash_buf = p->spare_stash;
+        p->spare_stash = NULL;
+    } else {
+        stash_buf = frame_alloc(&f, p->stash_size);
+    }
     if (!given || !stash_buf) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
     for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
     for (int v = 0; v < p->n_values; v++) {
@@ -399,11 +404,144 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
         *stash_out = s;
     }
 done:
-    if (stash_buf) frame_release(&f, stash_buf);
+    if (stash_buf && !f.cu && p && !p->spare_stash) p->spare_stash = stash_buf;
+    else if (stash_buf) frame_release(&f, stash_buf);
     if (f.data) frame_free(&f, given);
     free(given);
     pthread_mutex_unlock(&e->lock);
     return st;
+}
+
+/* ---- backward with absent output gradients ---------------------------------------------
+ * Gradients are linear in the output gradients, so a backward node all of whose
+ * seed-derived inputs are zero produces zero. For a call where some outputs have no
+ * gradient (outputs outside the loss), such nodes are skipped: one whose zero output is
+ * still read gets its output buffer zero-filled at its place in the program instead, and
+ * an input gradient that is all zero is not returned at all. Variants are cached per plan
+ * by the mask of present seeds. */
+typedef struct om_bwd_variant {
+    uint64_t present;       /* bit i: output i has a gradient this call */
+    int *prog;              /* node ids; a negative entry -(k+1) means: zero-fill node k's outputs */
+    int n_prog;
+    char *zero_grad;        /* per graph input: its gradient is zero (hand back none) */
+    struct om_bwd_variant *next;
+} om_bwd_variant;
+
+void om_plan_free_variants(om_plan *p) {
+    for (om_bwd_variant *v = p->variants, *next; v; v = next) {
+        next = v->next;
+        free(v->prog);
+        free(v->zero_grad);
+        free(v);
+    }
+    p->variants = NULL;
+}
+
+static om_status *bwd_variant(const om_graph *g, om_plan *p, uint64_t present, om_bwd_variant **out) {
+    for (om_bwd_variant *v = p->variants; v; v = v->next)
+        if (v->present == present) { *out = v; return NULL; }
+    int nv = p->n_values;
+    char *seedlike = calloc((size_t)nv + 1, 1), *zero = calloc((size_t)nv + 1, 1), *read = calloc((size_t)nv + 1, 1);
+    om_bwd_variant *var = calloc(1, sizeof *var);
+    if (var) {
+        var->prog = malloc(sizeof(int) * ((size_t)p->n_bwd_prog + 1));
+        var->zero_grad = calloc((size_t)g->n_inputs + 1, 1);
+    }
+    if (!seedlike || !zero || !read || !var || !var->prog || !var->zero_grad) {
+        free(seedlike); free(zero); free(read);
+        if (var) { free(var->prog); free(var->zero_grad); free(var); }
+        return om_error(OM_OUT_OF_MEMORY, "out of memory");
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        int sv = p->seed_of_output[i];
+        if (sv < 0) continue;
+        seedlike[sv] = 1;
+        zero[sv] = !(present >> (i < 64 ? i : 63) & 1u);
+    }
+    char *skip = calloc((size_t)p->n_bwd_prog + 1, 1);
+    if (!skip) { free(seedlike); free(zero); free(read); free(var->prog); free(var->zero_grad); free(var); return om_error(OM_OUT_OF_MEMORY, "out of memory"); }
+    for (int s = 0; s < p->n_bwd_prog; s++) {
+        const om_node *n = &g->nodes[p->bwd_prog[s]];
+        int any_seed = 0, all_zero = 1;
+        for (int i = 0; i < n->n_in; i++) {
+            int v = n->in[i];
+            if (v < 0) continue;
+            while (p->storage[v] == OM_ST_ALIAS && !seedlike[v]) v = p->alias_of[v];
+            if (!seedlike[n->in[i]] && !seedlike[v]) continue;
+            any_seed = 1;
+            if (!zero[n->in[i]] && !zero[v]) all_zero = 0;
+        }
+        for (int j = 0; j < n->n_out; j++)
+            if (n->out[j] >= 0 && any_seed) {
+                seedlike[n->out[j]] = 1;
+                zero[n->out[j]] = (char)all_zero;
+            }
+        skip[s] = (char)(any_seed && all_zero);
+    }
+    /* which zero values a running node (or the result) still reads */
+    for (int s = 0; s < p->n_bwd_prog; s++) {
+        const om_node *n = &g->nodes[p->bwd_prog[s]];
+        if (skip[s]) continue;
+        for (int i = 0; i < n->n_in; i++)
+            if (n->in[i] >= 0) read[n->in[i]] = 1;
+    }
+    for (int i = 0; i < g->n_inputs; i++) {
+        int v = g->grad_of_input[i];
+        if (v >= 0 && zero[v]) var->zero_grad[i] = 1;
+    }
+    for (int s = 0; s < p->n_bwd_prog; s++) {
+        const om_node *n = &g->nodes[p->bwd_prog[s]];
+        if (!skip[s]) { var->prog[var->n_prog++] = p->bwd_prog[s]; continue; }
+        int needed = 0;
+        for (int j = 0; j < n->n_out; j++)
+            if (n->out[j] >= 0 && read[n->out[j]]) needed = 1;
+        /* aliases of a skipped output read later also need the bytes: zero-fill then too */
+        for (int v = 0; v < nv && !needed; v++)
+            if (read[v] && p->storage[v] == OM_ST_ALIAS)
+                for (int j = 0; j < n->n_out; j++) {
+                    int r = v;
+                    while (p->storage[r] == OM_ST_ALIAS) r = p->alias_of[r];
+                    if (r == n->out[j]) needed = 1;
+                }
+        if (needed) var->prog[var->n_prog++] = -(p->bwd_prog[s] + 1);
+    }
+    free(skip); free(seedlike); free(zero); free(read);
+    var->present = present;
+    var->next = p->variants;
+    p->variants = var;
+    *out = var;
+    return NULL;
+}
+
+/* Zero-fills the outputs of node k (a skipped backward node whose zero result is read). */
+static om_status *zero_fill_outputs(frame *f, const om_graph *g, int k) {
+    const om_node *n = &g->nodes[k];
+    for (int j = 0; j < n->n_out; j++) {
+        int v = n->out[j];
+        if (v < 0) continue;
+        size_t nb = om_tensor_nbytes(&f->plan->vt[v]);
+        void *d = resolve(f, v);
+        if (!nb || !d) continue;
+        if (f->cu) OM_TRY(f->cu->memset_async(f->plan->device_id, d, 0, nb, f->stream));
+        else memset(d, 0, nb);
+    }
+    return NULL;
+}
+
+/* Runs a variant program: node ids, with -(k+1) entries zero-filling node k's outputs. */
+static om_status *run_variant(om_engine *e, frame *f, const om_bwd_variant *var) {
+    for (int s = 0; s < var->n_prog;) {
+        if (var->prog[s] < 0) {
+            OM_TRY(zero_fill_outputs(f, e->g, -var->prog[s] - 1));
+            s++;
+            continue;
+        }
+        int run_end = s;
+        while (run_end < var->n_prog && var->prog[run_end] >= 0) run_end++;
+        OM_TRY(run_program(e, f, var->prog + s, run_end - s, 0, 1));
+        s = run_end;
+    }
+    return NULL;
 }
 
 om_status *om_engine_backward(om_engine *e, om_stash *s, const om_tensor *grad_outputs, om_tensor *input_grads) {
@@ -465,10 +603,26 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
             if (!f.data[v]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory for gradients"); goto done; }
         }
     }
-    if ((st = run_program(e, &f, p->bwd_prog, p->n_bwd_prog, 0, 1))) goto done;
+    uint64_t present = 0;
+    int all_present = 1;
+    for (int i = 0; i < g->n_outputs; i++) {
+        int has = p->seed_of_output[i] >= 0 && grad_outputs && grad_outputs[i].data;
+        if (p->seed_of_output[i] >= 0 && !has) all_present = 0;
+        if (has) present |= (uint64_t)1 << (i < 64 ? i : 63);
+    }
+    const om_bwd_variant *var = NULL;
+    if (!all_present && g->n_outputs <= 64) {
+        om_bwd_variant *vv;
+        if ((st = bwd_variant(g, p, present, &vv))) goto done;
+        var = vv;
+        st = run_variant(e, &f, var);
+    } else {
+        st = run_program(e, &f, p->bwd_prog, p->n_bwd_prog, 0, 1);
+    }
+    if (st) goto done;
     for (int i = 0; i < g->n_inputs; i++) {
         int v = g->grad_of_input[i];
-        if (v < 0) continue;
+        if (v < 0 || (var && var->zero_grad[i])) continue;
         if ((st = hand_out(&f, v, given, &input_grads[i]))) {
             for (int k = 0; k < i; k++) { frame_release(&f, input_grads[k].data); input_grads[k].data = NULL; }
             goto done;
@@ -497,7 +651,17 @@ void om_stash_free(om_stash *s) {
             if (s->keepalive[i]) s->release(s->keepalive[i]);
     free(s->keepalive);
     free(s->inputs);
-    om_device_free_data(s->plan->device, s->plan->device_id, s->buf, s->stream);
+    if (s->plan->device == OM_CPU) {
+        pthread_mutex_lock(&s->eng->lock);
+        if (!s->plan->spare_stash) {
+            s->plan->spare_stash = s->buf;
+            s->buf = NULL;
+        }
+        pthread_mutex_unlock(&s->eng->lock);
+        om_free(s->buf);
+    } else {
+        om_device_free_data(s->plan->device, s->plan->device_id, s->buf, s->stream);
+    }
     free(s);
 }
 

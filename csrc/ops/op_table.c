@@ -140,6 +140,11 @@
     X(om_op_gather_elements) \
     X(om_op_gather_elements_grad) \
     X(om_op_scatter_elements) \
+    /* rnn.c */ \
+    X(om_op_lstm) \
+    X(om_op_gru) \
+    X(om_op_lstm_grad) \
+    X(om_op_gru_grad) \
     /* end */
 
 #define OM_DECLARE(sym) extern const om_op_def sym;

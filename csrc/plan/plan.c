@@ -23,6 +23,8 @@ void om_plan_free(om_plan *p) {
     free(p->bwd_prog);
     free(p->seed_of_output);
     om_free(p->scratch);
+    om_free(p->spare_stash);
+    om_plan_free_variants(p);
     free(p);
 }
 

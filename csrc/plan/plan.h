@@ -42,6 +42,10 @@ typedef struct om_plan {
                                      (CUDA plans: device memory, and the stream orders the calls) */
     /* where the plan runs: the device of its inputs (all inputs share one) */
     om_device_type device;
+    void *spare_stash;            /* CPU: a freed stash buffer kept for the next forward, so that the
+                                     steady state allocates no stash */
+    struct om_bwd_variant *variants; /* backward programs for calls where some output gradients are
+                                     absent (zero): what they cannot reach is skipped (exec/engine.c) */
     int device_id;
     om_cuda_kernel_fn *cuda_kernel;   /* CUDA plans: per node id, its provider kernel */
     void **dev_const;             /* CUDA plans: per value, the device copy of a CONST value's data
@@ -52,6 +56,8 @@ typedef struct om_plan {
 om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_inputs, bool has_backward,
                          om_plan **out);
 void om_plan_free(om_plan *p);
+/* Frees the backward variants (defined with them, in exec/engine.c). */
+void om_plan_free_variants(om_plan *p);
 /* 1 when the plan was built for exactly these input dtypes, shapes and device. */
 int om_plan_matches(const om_plan *p, const om_tensor *inputs, int n_inputs);
 #endif
