@@ -34,7 +34,7 @@ build: venv
 	@if [ -f cuda/cuda.mk ]; then $(MAKE) -s --no-print-directory cuda; fi
 
 test: setup
-	$(PY) -m pytest tests -q
+	timeout 1500 $(PY) -m pytest tests -q
 
 demo: setup
 	$(PY) demo/train_mlp.py
