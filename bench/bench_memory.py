@@ -58,11 +58,13 @@ def child(config, model_name, batch):
     for _ in range(2):
         step()
     libc.malloc_trim(0)
+    steady = rss_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")   # resets VmHWM to the current resident size
     step()
     peak = rss_kib("VmHWM")
-    print(json.dumps({"config": config, "peak_above_baseline_mib": (peak - base) / 1024}))
+    print(json.dumps({"config": config, "peak_above_baseline_mib": (peak - base) / 1024,
+                      "held_between_steps_mib": (steady - base) / 1024}))
 
 
 def main():
@@ -74,22 +76,25 @@ def main():
     if a.child:
         return child(a.child, a.model, a.batch)
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    results = {}
+    results, held = {}, {}
     for config in ("eager", "ortmod-level0", "ortmod-level1", "ortmod-level2"):
         out = subprocess.run([sys.executable, __file__, "--child", config, "--model", a.model, "--batch", str(a.batch)],
                              env=env, capture_output=True, text=True)
         if out.returncode != 0:
             print(f"{config}: failed\n{out.stderr[-2000:]}")
             continue
-        results[config] = json.loads(out.stdout.strip().splitlines()[-1])["peak_above_baseline_mib"]
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        results[config] = r["peak_above_baseline_mib"]
+        held[config] = r["held_between_steps_mib"]
     print(f"\npeak memory of a training step above the baseline ({a.model}, batch {a.batch})")
-    print(f"{'config':<16}{'MiB':>10}{'vs eager':>10}")
+    print(f"{'config':<16}{'peak MiB':>10}{'vs eager':>10}{'held between steps':>20}")
     for k, v in results.items():
         ratio = v / results["eager"] if "eager" in results and results["eager"] else float("nan")
-        print(f"{k:<16}{v:>10.1f}{ratio:>10.2f}")
+        print(f"{k:<16}{v:>10.1f}{ratio:>10.2f}{held[k]:>20.1f}")
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", f"memory_{a.model}.json"), "w") as f:
-        json.dump({"model": a.model, "batch": a.batch, "peak_above_baseline_mib": results}, f, indent=1)
+        json.dump({"model": a.model, "batch": a.batch, "peak_above_baseline_mib": results,
+                   "held_between_steps_mib": held}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -47,8 +47,8 @@ def summarize(r):
     for p in r["plans"]:
         shapes = " ".join("x".join(map(str, s)) or "()" for s in p["input_shapes"])
         lines.append(f"plan for inputs [{shapes}]: {p['forward_kernels']} forward + {p['backward_kernels']} backward "
-                     f"kernels; peak {_mib(p['peak_bytes'])} (forward arena {_mib(p['forward_arena_bytes'])}, "
-                     f"backward arena {_mib(p['backward_arena_bytes'])}, stash {_mib(p['stash_bytes'])})")
+                     f"kernels; peak {_mib(p['peak_bytes'])} (frame {_mib(p['frame_bytes'])} holding scratch and "
+                     f"a stash of {_mib(p['stash_bytes'])})")
         big = ", ".join(f"{b['name']} {_mib(b['bytes'])} ({b['where']})" for b in p["largest_buffers"][:5])
         lines.append(f"  largest buffers: {big}")
     return "\n".join(lines)

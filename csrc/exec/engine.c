@@ -223,8 +223,8 @@ static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, om_pla
         return om_error(OM_OUT_OF_MEMORY, "out of memory");
     }
     e->plans[e->n_plans++] = p;
-    logf_(e, OM_LOG_INFO, "planned shape set %d: %d forward + %d backward kernels, arenas %zu + %zu bytes, stash %zu bytes",
-          e->n_plans, p->n_fwd_prog, p->n_bwd_prog, p->fwd_arena_size, p->bwd_arena_size, p->stash_size);
+    logf_(e, OM_LOG_INFO, "planned shape set %d: %d forward + %d backward kernels, frame %zu bytes (stash %zu)",
+          e->n_plans, p->n_fwd_prog, p->n_bwd_prog, p->stash_size, p->stash_value_bytes);
     *out = p;
     return NULL;
 }
@@ -366,7 +366,7 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     if (!given || !stash_buf) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
     for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
     for (int v = 0; v < p->n_values; v++) {
-        if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)p->scratch + p->offset[v];
+        if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= 0 && g->values[v].producer < g->n_fwd_nodes) {
             f.data[v] = frame_alloc(&f, om_tensor_nbytes(&p->vt[v]));
@@ -597,7 +597,7 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
     }
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)s->buf + p->offset[v];
-        else if (p->storage[v] == OM_ST_BWD) f.data[v] = (char *)p->scratch + p->offset[v];
+        else if (p->storage[v] == OM_ST_BWD) f.data[v] = (char *)s->buf + p->offset[v];
         else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= g->n_fwd_nodes) {
             f.data[v] = frame_alloc(&f, om_tensor_nbytes(&p->vt[v]));
             if (!f.data[v]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory for gradients"); goto done; }
@@ -743,9 +743,8 @@ const char *om_engine_report_json(om_engine *e) {
             if (g->values[v].producer >= g->n_fwd_nodes) out_bwd += nb;
             else out_fwd += nb;
         }
-        size_t scratch = p->fwd_arena_size > p->bwd_arena_size ? p->fwd_arena_size : p->bwd_arena_size;
-        size_t peak_fwd = scratch + p->stash_size + out_fwd;
-        size_t peak_bwd = scratch + p->stash_size + out_bwd;
+        size_t peak_fwd = p->stash_size + out_fwd;
+        size_t peak_bwd = p->stash_size + out_bwd + out_fwd;
         sb_printf(&b, "%s{\"input_shapes\": [", i ? ", " : "");
         for (int k = 0; k < p->n_inputs; k++) {
             sb_printf(&b, "%s[", k ? ", " : "");
@@ -753,10 +752,10 @@ const char *om_engine_report_json(om_engine *e) {
                 sb_printf(&b, "%s%lld", d ? ", " : "", (long long)p->input_shapes[k].dims[d]);
             sb_printf(&b, "]");
         }
-        sb_printf(&b, "], \"forward_kernels\": %d, \"backward_kernels\": %d, \"forward_arena_bytes\": %zu, "
-                      "\"backward_arena_bytes\": %zu, \"stash_bytes\": %zu, \"forward_output_bytes\": %zu, "
+        sb_printf(&b, "], \"forward_kernels\": %d, \"backward_kernels\": %d, \"frame_bytes\": %zu, "
+                      "\"stash_bytes\": %zu, \"forward_output_bytes\": %zu, "
                       "\"gradient_bytes\": %zu, \"peak_bytes\": %zu, \"largest_buffers\": [",
-                  p->n_fwd_prog, p->n_bwd_prog, p->fwd_arena_size, p->bwd_arena_size, p->stash_size, out_fwd, out_bwd,
+                  p->n_fwd_prog, p->n_bwd_prog, p->stash_size, p->stash_value_bytes, out_fwd, out_bwd,
                   peak_fwd > peak_bwd ? peak_fwd : peak_bwd);
         /* the ten largest run-time buffers, by a simple selection (plans are small) */
         char *taken = calloc((size_t)p->n_values + 1, 1);

@@ -271,18 +271,21 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
         share[b] = owner;
         if (last[b] > last[owner]) last[owner] = last[b];
     }
+    /* One timeline, one buffer per forward call (the "frame"): forward scratch, the stash
+     * and backward scratch are placed together. A stashed value lives from its forward step
+     * to its last backward use, so the backward reuses the bytes of what it no longer needs
+     * (the loss's saved log-probabilities once their gradient ran, ...), as eager PyTorch
+     * frees saved tensors along its backward. Frames are recycled per plan. */
     int n_iv = 0;
-    for (int v = 0; v < nv; v++)
-        if (p->storage[v] == OM_ST_FWD && share[v] == v) iv[n_iv++] = (interval){v, def[v], last[v], aligned_bytes(&p->vt[v])};
-    p->fwd_arena_size = place(p, iv, n_iv);
-    n_iv = 0;
-    for (int v = 0; v < nv; v++)
-        if (p->storage[v] == OM_ST_BWD && share[v] == v) iv[n_iv++] = (interval){v, def[v], last[v], aligned_bytes(&p->vt[v])};
-    p->bwd_arena_size = place(p, iv, n_iv);
-    n_iv = 0;
-    for (int v = 0; v < nv; v++)   /* the stash lives from forward to backward: no sharing */
-        if (p->storage[v] == OM_ST_STASH) iv[n_iv++] = (interval){v, 0, 1, aligned_bytes(&p->vt[v])};
+    p->stash_value_bytes = 0;
+    for (int v = 0; v < nv; v++) {
+        om_storage s = p->storage[v];
+        if ((s != OM_ST_FWD && s != OM_ST_BWD && s != OM_ST_STASH) || share[v] != v) continue;
+        iv[n_iv++] = (interval){v, def[v], last[v], aligned_bytes(&p->vt[v])};
+        if (s == OM_ST_STASH) p->stash_value_bytes += aligned_bytes(&p->vt[v]);
+    }
     p->stash_size = place(p, iv, n_iv);
+    p->fwd_arena_size = p->bwd_arena_size = 0;
     for (int v = 0; v < nv; v++)
         if (share[v] != v) p->offset[v] = p->offset[share[v]];
     free(share);
@@ -291,8 +294,6 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
         if ((st = om_device_plan_prepare(g, p, nn))) goto fail;
         goto done;
     }
-    p->scratch = om_alloc(p->fwd_arena_size > p->bwd_arena_size ? p->fwd_arena_size : p->bwd_arena_size);
-    if (!p->scratch) goto oom;
     goto done;
 oom:
     st = om_error(OM_OUT_OF_MEMORY, "out of memory building a plan");

@@ -35,7 +35,9 @@ typedef struct om_plan {
     int *fwd_prog, n_fwd_prog;    /* runtime node ids, in order */
     int *bwd_prog, n_bwd_prog;
     int *seed_of_output;          /* per graph output: the seed value (or -1) */
-    size_t fwd_arena_size, bwd_arena_size, stash_size;
+    size_t fwd_arena_size, bwd_arena_size;   /* 0: scratch lives in the frame (see plan.c) */
+    size_t stash_size;            /* bytes of the per-forward frame: forward scratch, stash, backward scratch */
+    size_t stash_value_bytes;     /* of which values kept from forward to backward (before reuse) */
     void *scratch;                /* one arena for both programs: the forward's scratch is dead once
                                      it returns (what backward needs is in the stash), so the backward
                                      reuses the same bytes; calls are serialized by the engine lock
