@@ -79,3 +79,102 @@ def gpt_batch(batch=8, seq=128, vocab=4096, seed=0):
 def mlp_batch(batch=256, d_in=1024, classes=10, seed=0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(batch, d_in, generator=g), torch.randint(0, classes, (batch,), generator=g))
+
+
+class ResBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.skip = None
+        if stride != 1 or cin != cout:
+            self.skip = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.b1(self.c1(x)))
+        y = self.b2(self.c2(y))
+        return F.relu(y + (x if self.skip is None else self.skip(x)))
+
+
+class ResNet(nn.Module):
+    """A small ResNet-style CNN for 3x32x32 images; forward(x, y) returns the cross-entropy."""
+
+    def __init__(self, classes=10, width=32):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                                  nn.MaxPool2d(2))
+        self.layers = nn.Sequential(ResBlock(width, width, 1), ResBlock(width, 2 * width, 2),
+                                    ResBlock(2 * width, 4 * width, 2))
+        self.head = nn.Linear(4 * width, classes)
+
+    def forward(self, x, y):
+        x = self.layers(self.stem(x))
+        x = x.mean(dim=(2, 3))
+        return F.cross_entropy(self.head(x), y)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, bias):
+        B, T, C = x.shape
+        h = C // self.heads
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.reshape(B, T, self.heads, h).transpose(1, 2)
+        k = k.reshape(B, T, self.heads, h).transpose(1, 2)
+        v = v.reshape(B, T, self.heads, h).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(h)) + bias
+        y = (att.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+        x = self.ln1(x + self.proj(y))                       # post-LN, as BERT
+        return self.ln2(x + self.out(F.gelu(self.fc(x))))
+
+
+class BERT(nn.Module):
+    """A tiny BERT-style encoder (post-LN, erf GELU, padding mask); forward(ids, mask, labels)
+    returns the masked-LM cross-entropy over every position."""
+
+    def __init__(self, vocab=8192, d=128, heads=2, layers=2, max_len=128):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(max_len, d)
+        self.ln = nn.LayerNorm(d)
+        self.layers = nn.ModuleList(EncoderLayer(d, heads) for _ in range(layers))
+        self.head = nn.Linear(d, vocab)
+        self.register_buffer("positions", torch.arange(max_len), persistent=False)
+
+    def forward(self, ids, mask, labels):
+        T = ids.shape[1]
+        x = self.ln(self.tok(ids) + self.pos(self.positions[:T]))
+        bias = (1.0 - mask[:, None, None, :].to(x.dtype)) * -10000.0
+        for layer in self.layers:
+            x = layer(x, bias)
+        logits = self.head(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def cnn_batch(batch=64, classes=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, classes, (batch,), generator=g))
+
+
+def bert_batch(batch=16, seq=128, vocab=8192, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[batch // 2:, seq * 3 // 4:] = 0                       # some padded rows
+    return (ids, mask, torch.randint(0, vocab, (batch, seq), generator=g))
+
+
+# name -> (constructor, batch function); the benchmark's model list
+BENCH_MODELS = {
+    "mlp": (MLP, mlp_batch),
+    "gpt2": (GPT, gpt_batch),
+    "resnet": (ResNet, cnn_batch),
+    "bert": (BERT, bert_batch),
+}

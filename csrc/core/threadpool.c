@@ -112,10 +112,12 @@ static void run_ranges(uint32_t g) {
     }
 }
 
+/* arg: the generation when the worker was created. Reading P.gen here instead would race:
+ * a thread that starts late (a loaded machine) could take a later generation as already
+ * seen (the shutdown's included) and sleep through it. */
 static void *worker_main(void *arg) {
-    (void)arg;
     tls_in_parallel = 1;
-    unsigned seen = atomic_load(&P.gen);
+    unsigned seen = (unsigned)(uintptr_t)arg;
     for (;;) {
         unsigned g = atomic_load(&P.gen);
         for (int s = 0; g == seen && s < WORKER_SPIN; s++) {
@@ -172,7 +174,8 @@ static int ensure_workers(void) {
     pthread_once(&atfork_once, register_atfork);
     const int want = threads_wanted() - 1;
     while (P.nworkers < want) {
-        if (pthread_create(&P.tids[P.nworkers], NULL, worker_main, NULL) != 0) break;
+        void *gen0 = (void *)(uintptr_t)atomic_load(&P.gen);
+        if (pthread_create(&P.tids[P.nworkers], NULL, worker_main, gen0) != 0) break;
         P.nworkers++;
     }
     return P.nworkers;
@@ -206,9 +209,17 @@ static void run_serial(int64_t n, int R, om_pool_fn fn, void *ctx) {
 }
 
 void om_pool_for(int64_t n, int64_t grain, om_pool_fn fn, void *ctx) {
+    om_pool_run(n, om_pool_ranges(n, grain), fn, ctx);
+}
+
+void om_pool_run(int64_t n, int R, om_pool_fn fn, void *ctx) {
     if (n <= 0) return;
-    const int R = om_pool_ranges(n, grain);
-    if (R <= 1) {
+    if (R > n) R = (int)n;
+    if (R <= 1 || tls_in_parallel) {
+        if (R > 1) {   /* nested: the asked-for ranges, on this thread */
+            run_serial(n, R, fn, ctx);
+            return;
+        }
         const int saved = tls_range;
         tls_range = 0;
         fn(ctx, 0, n);
@@ -246,14 +257,18 @@ void om_pool_for(int64_t n, int64_t grain, om_pool_fn fn, void *ctx) {
     pthread_mutex_unlock(&P.submit);
 }
 
+/* Cheap when nothing changes (the binding may call it before every step). */
 __attribute__((visibility("default"))) void om_set_num_threads(int n) {
+    static atomic_int blas_threads;   /* what OpenBLAS was last told */
     if (n < 1) n = default_threads();
     if (n > MAX_THREADS) n = MAX_THREADS;
-    pthread_mutex_lock(&P.submit);
-    if (n < P.nworkers + 1) stop_workers();   /* restarted lazily, fewer */
-    atomic_store(&P.nthreads, n);
-    pthread_mutex_unlock(&P.submit);
-    if (openblas_set_num_threads) openblas_set_num_threads(n);
+    if (atomic_load(&P.nthreads) != n) {
+        pthread_mutex_lock(&P.submit);
+        if (n < P.nworkers + 1) stop_workers();   /* restarted lazily, fewer */
+        atomic_store(&P.nthreads, n);
+        pthread_mutex_unlock(&P.submit);
+    }
+    if (openblas_set_num_threads && atomic_exchange(&blas_threads, n) != n) openblas_set_num_threads(n);
 }
 
 __attribute__((visibility("default"))) int om_get_num_threads(void) { return threads_wanted(); }

@@ -41,6 +41,10 @@ void om_pool_for(int64_t n, int64_t grain, om_pool_fn fn, void *ctx);
  * order of lo, so per-range partial results combine in a fixed order: results do not
  * depend on which thread ran what. */
 int om_pool_ranges(int64_t n, int64_t grain);
+/* om_pool_for with exactly R ranges (R from om_pool_ranges, kept by the caller that sized
+ * per-range partials with it: the count cannot change under it if another thread resizes
+ * the pool meanwhile). R < 1 counts as 1; R > n as n. */
+void om_pool_run(int64_t n, int R, om_pool_fn fn, void *ctx);
 int om_pool_range_id(void);
 
 /* 1 inside a parallel range (nested calls run serially). */

@@ -64,7 +64,14 @@ static inline void om_bcast_next(const om_bcast *p, int64_t *idx, int64_t *off) 
     }
 }
 
-/* ---- threading: OpenMP when the build enables it, serial otherwise ---------------- */
+/* ---- threading ---------------------------------------------------------------------
+ * Kernels thread through the engine's pool (core/threadpool.h: om_pool_for), which shares
+ * its thread count with OpenBLAS. OM_PARALLEL_FOR is an OpenMP pragma kept for loops not
+ * yet moved to the pool: it is a no-op unless the build adds -fopenmp. OM_CHUNKED and
+ * OM_BCAST_RUNS below run their inline bodies serially (a body cannot be handed to a
+ * thread); hot loops use the range workers at the end of this file instead. */
+#include "core/threadpool.h"
+
 #ifdef _OPENMP
 #define OM_PRAGMA_(x) _Pragma(#x)
 #define OM_PARALLEL_FOR(cond) OM_PRAGMA_(omp parallel for schedule(static) if (cond))
@@ -171,5 +178,115 @@ static inline void om_bcast_next(const om_bcast *p, int64_t *idx, int64_t *off) 
             });                                                                  \
         }                                                                        \
     } while (0)
+
+/* ---- range workers for the pool ------------------------------------------------------
+ * OM_BINARY_WORKER(name, TO, TA, TB, EXPR) defines `static void name(void *, lo, hi)` that
+ * runs OM_BINARY_LOOP's paths over work items [lo, hi): elements when the plan is one
+ * contiguous run of both operands, else whole runs. om_binary_run(p, name, out, a, b)
+ * hands it to the pool with about OM_GRAIN elements per range. */
+typedef struct om_bin_args {
+    const om_bcast *p;
+    void *o;
+    const void *a, *b;
+} om_bin_args;
+
+static inline int om_bcast_flat(const om_bcast *p) { return p->n_outer == 1 && p->step[1] && p->step[2]; }
+
+#define OM_BINARY_WORKER(name, TO, TA, TB, ...)                                               \
+    OM_VEC_CLONES static void name(void *om_c_, int64_t om_lo, int64_t om_hi) {               \
+        const om_bin_args *om_ba_ = (const om_bin_args *)om_c_;                               \
+        const om_bcast *om_bp_ = om_ba_->p;                                                   \
+        TO *const om_o_ = (TO *)om_ba_->o;                                                    \
+        const TA *const om_a_ = (const TA *)om_ba_->a;                                        \
+        const TB *const om_b_ = (const TB *)om_ba_->b;                                        \
+        const int64_t om_in_ = om_bp_->inner;                                                 \
+        const int om_sa_ = om_bp_->step[1], om_sb_ = om_bp_->step[2];                         \
+        if (om_bcast_flat(om_bp_)) {                                                          \
+            TO *restrict o = om_o_; const TA *restrict pa = om_a_; const TB *restrict pb = om_b_; \
+            for (int64_t i = om_lo; i < om_hi; i++) {                                         \
+                const TA x = pa[i]; const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__);             \
+            }                                                                                 \
+            return;                                                                           \
+        }                                                                                     \
+        int64_t om_idx_[OM_MAX_RANK], om_off[OM_BCAST_MAX_OPS];                               \
+        om_bcast_start(om_bp_, om_lo, om_idx_, om_off);                                       \
+        for (int64_t om_r_ = om_lo; om_r_ < om_hi; om_r_++) {                                 \
+            TO *restrict o = om_o_ + om_off[0];                                               \
+            const TA *restrict pa = om_a_ + om_off[1];                                        \
+            const TB *restrict pb = om_b_ + om_off[2];                                        \
+            if (om_sa_ && om_sb_) {                                                           \
+                for (int64_t i = 0; i < om_in_; i++) {                                        \
+                    const TA x = pa[i]; const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__);         \
+                }                                                                             \
+            } else if (om_sa_) {                                                              \
+                const TB y = pb[0];                                                           \
+                for (int64_t i = 0; i < om_in_; i++) { const TA x = pa[i]; o[i] = (TO)(__VA_ARGS__); } \
+            } else if (om_sb_) {                                                              \
+                const TA x = pa[0];                                                           \
+                for (int64_t i = 0; i < om_in_; i++) { const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__); } \
+            } else {                                                                          \
+                const TA x = pa[0]; const TB y = pb[0];                                       \
+                const TO v = (TO)(__VA_ARGS__);                                               \
+                for (int64_t i = 0; i < om_in_; i++) o[i] = v;                                \
+            }                                                                                 \
+            om_bcast_next(om_bp_, om_idx_, om_off);                                           \
+        }                                                                                     \
+    }
+
+/* Work items of a plan for the pool: elements (flat) or runs, and the grain to match. */
+static inline void om_bcast_items(const om_bcast *p, int flat, int64_t *n, int64_t *grain) {
+    if (flat) {
+        *n = p->inner;
+        *grain = OM_GRAIN;
+    } else {
+        *n = p->n_outer;
+        *grain = p->inner >= OM_GRAIN || p->inner < 1 ? 1 : OM_GRAIN / p->inner;
+    }
+}
+
+static inline void om_binary_run(const om_bcast *p, om_pool_fn fn, void *out, const void *a, const void *b) {
+    om_bin_args c = {p, out, a, b};
+    int64_t n, grain;
+    om_bcast_items(p, om_bcast_flat(p), &n, &grain);
+    om_pool_for(n, grain, fn, &c);
+}
+
+/* Elementwise range workers over contiguous arrays: y[i] = EXPR(x = x[i]) and
+ * y[i] = EXPR(g = a[i], s = b[i]). Inside EXPR, T names the element type. */
+typedef struct om_ew_args {
+    void *y;
+    const void *a, *b;
+} om_ew_args;
+
+#define OM_UNARY_WORKER(name, TT, ...)                                                        \
+    OM_VEC_CLONES static void name(void *om_c_, int64_t om_lo, int64_t om_hi) {               \
+        typedef TT T;                                                                         \
+        const om_ew_args *om_ea_ = (const om_ew_args *)om_c_;                                 \
+        const T *restrict xp = (const T *)om_ea_->a;                                          \
+        T *restrict yp = (T *)om_ea_->y;                                                      \
+        for (int64_t i = om_lo; i < om_hi; i++) {                                             \
+            const T x = xp[i];                                                                \
+            yp[i] = (T)(__VA_ARGS__);                                                         \
+        }                                                                                     \
+    }
+
+#define OM_GRAD2_WORKER(name, TT, ...)                                                        \
+    OM_VEC_CLONES static void name(void *om_c_, int64_t om_lo, int64_t om_hi) {               \
+        typedef TT T;                                                                         \
+        const om_ew_args *om_ea_ = (const om_ew_args *)om_c_;                                 \
+        const T *restrict dyp = (const T *)om_ea_->a;                                         \
+        const T *restrict sp = (const T *)om_ea_->b;                                          \
+        T *restrict dxp = (T *)om_ea_->y;                                                     \
+        for (int64_t i = om_lo; i < om_hi; i++) {                                             \
+            const T g = dyp[i];                                                               \
+            const T s = sp[i];                                                                \
+            dxp[i] = (T)(__VA_ARGS__);                                                        \
+        }                                                                                     \
+    }
+
+static inline void om_ew_run(int64_t n, om_pool_fn fn, void *y, const void *a, const void *b) {
+    om_ew_args c = {y, a, b};
+    om_pool_for(n, OM_GRAIN, fn, &c);
+}
 
 #endif

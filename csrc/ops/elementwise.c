@@ -42,6 +42,7 @@
 #include <tgmath.h>
 
 #include "ops/broadcast.h"
+#include "ops/vecmath.h"
 
 /* ---- small helpers ------------------------------------------------------------------ */
 
@@ -110,92 +111,7 @@ static void node_io(const om_grad_ctx *c, int *in, int n_in, int *out, int n_out
 
 static om_dtype dtype_bool(const om_graph *g, const om_node *n, int j) { return OM_BOOL; }
 
-/* ---- float32 vector math ------------------------------------------------------------------
- * libm's tanhf/erff/expf are scalar calls (~20 ns each) that stop -O3 from vectorizing a
- * loop. The float32 kernels use these branch-free versions instead (selects are bit masks,
- * so GCC vectorizes them even with -ftrapping-math): max error about 1.5 ulp over the whole
- * range (checked against float64 references). float64 kernels keep libm, whose accuracy the
- * float64 finite-difference gradient checks rely on. */
-
-static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-/* c ? a : b without a branch */
-static inline float sel_f32(int c, float a, float b) {
-    uint32_t m = (uint32_t)-(int32_t)c;
-    return bits_f32((f32_bits(a) & m) | (f32_bits(b) & ~m));
-}
-static inline float abs_f32(float x) { return bits_f32(f32_bits(x) & 0x7fffffffu); }
-static inline float copysign_f32(float mag, float sgn) {
-    return bits_f32((f32_bits(mag) & 0x7fffffffu) | (f32_bits(sgn) & 0x80000000u));
-}
-
-/* e^x: x = n ln2 + r (Cody-Waite), e^r by the Cephes polynomial, 2^n via the exponent
- * bits. Below -87.34 (denormal results) gives 0, above 88.72 gives inf; NaN stays NaN. */
-static inline float exp_f32(float x) {
-    const float x0 = x;
-    x = sel_f32(x < -87.33654f, -87.33654f, x);
-    x = sel_f32(x > 88.37626f, 88.37626f, x);
-    const float magic = 12582912.0f;   /* 1.5 * 2^23: adding it rounds to an integer */
-    const float t = x * 1.44269504f + magic;
-    const float n = t - magic;
-    const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
-    const int32_t ni = (int32_t)(f32_bits(t) - f32_bits(magic));
-    float v = y * bits_f32((uint32_t)(ni + 127) << 23);
-    v = sel_f32(x0 > 88.72283f, bits_f32(0x7f800000u), v);
-    return sel_f32(x0 < -87.33654f, 0.0f, v);
-}
-
-/* tanh: odd polynomial below 0.625 (Cephes), (1 - e)/(1 + e) with e = exp(-2|x|) above. */
-static inline float tanh_f32(float x) {
-    const float ax = abs_f32(x), z = x * x;
-    const float small =
-        ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z + 1.33314422036e-1f) * z -
-         3.33332819422e-1f) * z * x + x;
-    const float e = exp_f32(-2.0f * ax);
-    const float big = copysign_f32((1.0f - e) / (1.0f + e), x);
-    return sel_f32(ax < 0.625f, small, big);
-}
-
-/* erf: minimax polynomials (N. Juffa's erff), odd polynomial below 0.9277, 1 - exp(poly)
- * above. */
-static inline float erf_f32(float a) {
-    const float t = abs_f32(a), s = a * a;
-    float r = -1.72853470e-5f * t + 3.83197126e-4f;
-    const float u = -3.88396438e-3f * t + 2.42546219e-2f;
-    r = r * s + u;
-    r = r * t - 1.06777877e-1f;
-    r = r * t - 6.34846687e-1f;
-    r = r * t - 1.28717512e-1f;
-    r = r * t - t;
-    const float big = copysign_f32(1.0f - exp_f32(r), a);
-    float q = -5.96761703e-4f;
-    q = q * s + 4.99119423e-3f;
-    q = q * s - 2.67681349e-2f;
-    q = q * s + 1.12819925e-1f;
-    q = q * s - 3.76125336e-1f;
-    q = q * s + 1.28379166e-1f;
-    q = q * a + a;
-    return sel_f32(t > 0.927734375f, big, q);
-}
-
-/* sigmoid from exp(-|x|) only, so nothing overflows. */
-static inline float sigmoid_f32(float x) {
-    const float e = exp_f32(-abs_f32(x));
-    const float s = 1.0f / (1.0f + e);
-    return sel_f32(x >= 0.0f, s, e * s);
-}
-static inline double sigmoid_f64(double x) {
-    const double e = exp(-fabs(x));
-    const double s = 1.0 / (1.0 + e);
-    return x >= 0.0 ? s : e * s;
-}
+/* ---- float32 vector math: ops/vecmath.h (exp_f32, tanh_f32, erf_f32, sigmoid_f32) -- */
 
 /* ---- shape rules ---------------------------------------------------------------------- */
 
@@ -252,19 +168,24 @@ static om_status *binary_plan(om_kernel_ctx *ctx, om_bcast *p) {
     return om_bcast_init(p, ctx->node, &ctx->out[0], ops, 3);
 }
 
-/* out = EXPR(x, y), broadcast; for f32 f64 i32 i64 (x, y, out of one dtype). */
+/* out = EXPR(x, y), broadcast; for f32 f64 i32 i64 (x, y, out of one dtype). One range
+ * worker per dtype (broadcast.h), run on the pool. */
 #define BINARY_ARITH_KERNEL(fname, EXPR)                                                       \
-    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                              \
+    OM_BINARY_WORKER(fname##_f32, float, float, float, EXPR)                                   \
+    OM_BINARY_WORKER(fname##_f64, double, double, double, EXPR)                                \
+    OM_BINARY_WORKER(fname##_i32, int32_t, int32_t, int32_t, EXPR)                             \
+    OM_BINARY_WORKER(fname##_i64, int64_t, int64_t, int64_t, EXPR)                             \
+    static om_status *fname(om_kernel_ctx *ctx) {                                              \
         /* a, b broadcast to out (ONNX multidirectional) */                                   \
         om_bcast p;                                                                            \
         OM_TRY(binary_plan(ctx, &p));                                                          \
         void *o = ctx->out[0].data;                                                            \
         const void *a = ctx->in[0].data, *b = ctx->in[1].data;                                 \
         switch (ctx->in[0].dtype) {                                                            \
-        case OM_F32: OM_BINARY_LOOP(&p, float, o, float, a, float, b, EXPR); break;           \
-        case OM_F64: OM_BINARY_LOOP(&p, double, o, double, a, double, b, EXPR); break;        \
-        case OM_I32: OM_BINARY_LOOP(&p, int32_t, o, int32_t, a, int32_t, b, EXPR); break;     \
-        case OM_I64: OM_BINARY_LOOP(&p, int64_t, o, int64_t, a, int64_t, b, EXPR); break;     \
+        case OM_F32: om_binary_run(&p, fname##_f32, o, a, b); break;                           \
+        case OM_F64: om_binary_run(&p, fname##_f64, o, a, b); break;                           \
+        case OM_I32: om_binary_run(&p, fname##_i32, o, a, b); break;                           \
+        case OM_I64: om_binary_run(&p, fname##_i64, o, a, b); break;                           \
         default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);                         \
         }                                                                                      \
         return NULL;                                                                           \
@@ -563,62 +484,46 @@ static om_status *where_grad(om_grad_ctx *c) {
 
 /* ---- unary -------------------------------------------------------------------------------- */
 
-/* y = EXPR(x) elementwise: E32 for float32, E64 for float64. */
+/* y = EXPR(x) elementwise: E32 for float32, E64 for float64; range workers on the pool. */
 #define UNARY_FLOAT_KERNEL2(fname, E32, E64)                                                 \
-    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                            \
+    OM_UNARY_WORKER(fname##_f32, float, E32)                                                 \
+    OM_UNARY_WORKER(fname##_f64, double, E64)                                                \
+    static om_status *fname(om_kernel_ctx *ctx) {                                            \
         /* x is any shape; y like x */                                                       \
         const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
+        void *y = ctx->out[0].data;                                                          \
+        const void *x = ctx->in[0].data;                                                     \
         switch (ctx->in[0].dtype) {                                                          \
-        case OM_F32: UNARY_ARITH_LOOP(float, E32); break;                                    \
-        case OM_F64: UNARY_ARITH_LOOP(double, E64); break;                                   \
+        case OM_F32: om_ew_run(n, fname##_f32, y, x, NULL); break;                           \
+        case OM_F64: om_ew_run(n, fname##_f64, y, x, NULL); break;                           \
         default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);                       \
         }                                                                                    \
         return NULL;                                                                         \
     }
 
-/* y = EXPR(x) elementwise for the float dtypes. */
-#define UNARY_FLOAT_KERNEL(fname, EXPR)                                                      \
-    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                            \
-        /* x is any shape; y like x */                                                       \
-        const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
-        OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {                                     \
-            const T *restrict xp = (const T *)ctx->in[0].data;                               \
-            T *restrict yp = (T *)ctx->out[0].data;                                          \
-            OM_CHUNKED(n, {                                                                  \
-                for (int64_t i = om_lo; i < om_hi; i++) {                                    \
-                    const T x = xp[i];                                                       \
-                    yp[i] = (T)(EXPR);                                                       \
-                }                                                                            \
-            });                                                                              \
-        });                                                                                  \
-        return NULL;                                                                         \
-    }
+/* y = EXPR(x) elementwise for the float dtypes (EXPR may name T). */
+#define UNARY_FLOAT_KERNEL(fname, EXPR) UNARY_FLOAT_KERNEL2(fname, EXPR, EXPR)
 
 /* The same for f32 f64 i32 i64 (ops that also serve shape arithmetic). */
 #define UNARY_ARITH_KERNEL(fname, EXPR)                                                      \
-    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                            \
+    OM_UNARY_WORKER(fname##_f32, float, EXPR)                                                \
+    OM_UNARY_WORKER(fname##_f64, double, EXPR)                                               \
+    OM_UNARY_WORKER(fname##_i32, int32_t, EXPR)                                              \
+    OM_UNARY_WORKER(fname##_i64, int64_t, EXPR)                                              \
+    static om_status *fname(om_kernel_ctx *ctx) {                                            \
         /* x is any shape; y like x */                                                       \
         const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
+        void *y = ctx->out[0].data;                                                          \
+        const void *x = ctx->in[0].data;                                                     \
         switch (ctx->in[0].dtype) {                                                          \
-        case OM_F32: UNARY_ARITH_LOOP(float, EXPR); break;                                   \
-        case OM_F64: UNARY_ARITH_LOOP(double, EXPR); break;                                  \
-        case OM_I32: UNARY_ARITH_LOOP(int32_t, EXPR); break;                                 \
-        case OM_I64: UNARY_ARITH_LOOP(int64_t, EXPR); break;                                 \
+        case OM_F32: om_ew_run(n, fname##_f32, y, x, NULL); break;                           \
+        case OM_F64: om_ew_run(n, fname##_f64, y, x, NULL); break;                           \
+        case OM_I32: om_ew_run(n, fname##_i32, y, x, NULL); break;                           \
+        case OM_I64: om_ew_run(n, fname##_i64, y, x, NULL); break;                           \
         default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);                       \
         }                                                                                    \
         return NULL;                                                                         \
     }
-#define UNARY_ARITH_LOOP(T, EXPR)                                                            \
-    do {                                                                                     \
-        const T *restrict xp = (const T *)ctx->in[0].data;                                   \
-        T *restrict yp = (T *)ctx->out[0].data;                                              \
-        OM_CHUNKED(n, {                                                                      \
-            for (int64_t i = om_lo; i < om_hi; i++) {                                        \
-                const T x = xp[i];                                                           \
-                yp[i] = (T)(EXPR);                                                           \
-            }                                                                                \
-        });                                                                                  \
-    } while (0)
 
 UNARY_ARITH_KERNEL(neg_cpu, -x)
 UNARY_ARITH_KERNEL(relu_cpu, x > 0 ? x : 0)
@@ -664,24 +569,23 @@ static om_status *gelu_cpu(om_kernel_ctx *ctx) {
 
 /* ---- fused backward kernels: dx = dy * f'(saved) --------------------------------------- */
 
-#define GRAD2_KERNEL(fname, EXPR)                                                            \
-    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                            \
+#define GRAD2_KERNEL2(fname, E32, E64)                                                       \
+    OM_GRAD2_WORKER(fname##_f32, float, E32)                                                 \
+    OM_GRAD2_WORKER(fname##_f64, double, E64)                                                \
+    static om_status *fname(om_kernel_ctx *ctx) {                                            \
         /* dy and s (the saved x or y) have the same size; dx like dy */                      \
         const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
-        OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {                                     \
-            const T *restrict dyp = (const T *)ctx->in[0].data;                              \
-            const T *restrict sp = (const T *)ctx->in[1].data;                               \
-            T *restrict dxp = (T *)ctx->out[0].data;                                         \
-            OM_CHUNKED(n, {                                                                  \
-                for (int64_t i = om_lo; i < om_hi; i++) {                                    \
-                    const T g = dyp[i];                                                      \
-                    const T s = sp[i];                                                       \
-                    dxp[i] = (T)(EXPR);                                                      \
-                }                                                                            \
-            });                                                                              \
-        });                                                                                  \
+        void *dx = ctx->out[0].data;                                                         \
+        const void *dy = ctx->in[0].data, *sv = ctx->in[1].data;                             \
+        switch (ctx->in[0].dtype) {                                                          \
+        case OM_F32: om_ew_run(n, fname##_f32, dx, dy, sv); break;                           \
+        case OM_F64: om_ew_run(n, fname##_f64, dx, dy, sv); break;                           \
+        default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);                       \
+        }                                                                                    \
         return NULL;                                                                         \
     }
+
+#define GRAD2_KERNEL(fname, EXPR) GRAD2_KERNEL2(fname, EXPR, EXPR)
 
 GRAD2_KERNEL(relu_grad_cpu, s > 0 ? g : (T)0)
 GRAD2_KERNEL(tanh_grad_cpu, g * ((T)1 - s * s))
@@ -703,31 +607,6 @@ static inline double gelu_tanh_deriv_f64(double x) {
     const double t = tanh(GELU_K0 * (x + GELU_K1 * x * x * x));
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K0 * (1.0 + 3 * GELU_K1 * x * x);
 }
-
-#define GRAD2_KERNEL2(fname, E32, E64)                                                       \
-    OM_VEC_CLONES static om_status *fname(om_kernel_ctx *ctx) {                                            \
-        /* dy and s (the saved x) have the same size; dx like dy */                          \
-        const int64_t n = om_tensor_numel(&ctx->in[0]);                                      \
-        switch (ctx->in[0].dtype) {                                                          \
-        case OM_F32: GRAD2_LOOP(float, E32); break;                                          \
-        case OM_F64: GRAD2_LOOP(double, E64); break;                                         \
-        default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);                       \
-        }                                                                                    \
-        return NULL;                                                                         \
-    }
-#define GRAD2_LOOP(T, EXPR)                                                                  \
-    do {                                                                                     \
-        const T *restrict dyp = (const T *)ctx->in[0].data;                                  \
-        const T *restrict sp = (const T *)ctx->in[1].data;                                   \
-        T *restrict dxp = (T *)ctx->out[0].data;                                             \
-        OM_CHUNKED(n, {                                                                      \
-            for (int64_t i = om_lo; i < om_hi; i++) {                                        \
-                const T g = dyp[i];                                                          \
-                const T s = sp[i];                                                           \
-                dxp[i] = (T)(EXPR);                                                          \
-            }                                                                                \
-        });                                                                                  \
-    } while (0)
 
 GRAD2_KERNEL2(gelu_erf_grad_cpu, g * gelu_erf_deriv_f32(s), g * gelu_erf_deriv_f64(s))
 GRAD2_KERNEL2(gelu_tanh_grad_cpu, g * gelu_tanh_deriv_f32(s), g * gelu_tanh_deriv_f64(s))

@@ -18,6 +18,7 @@
 
 #include "ops/broadcast.h"
 #include "ops/op.h"
+#include "ops/vecmath.h"
 
 #define SM_CHUNK 64
 
@@ -29,7 +30,8 @@
     default: return om_err_dtype((node), 0, (dt));                              \
     }
 
-#define EXP_T(x) _Generic((x), float: expf, default: exp)(x)
+/* float32: the vectorizable exp of vecmath.h (about 1.5 ulp); float64: libm */
+#define EXP_T(x) _Generic((x), float: exp_f32, default: exp)(x)
 #define LOG_T(x) _Generic((x), float: logf, default: log)(x)
 
 static const char *node_name(const om_node *n) { return n->name ? n->name : ""; }
@@ -99,33 +101,65 @@ static om_status *softmax_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
-// x, y are (outer, D, inner); softmax over D. LOG selects log-softmax.
-#define SOFTMAX_KERNEL(T, LOG, xp, yp, s)                                                   \
+/* Row sum and max in 16 independent lanes: -O3 turns the lane loop into vector adds/maxes
+ * (a plain `s += x[d]` is a serial dependency chain it may not reorder). */
+#define SM_LANES 16
+#define SM_SUM(T, v, n) _Generic((T)0, float: sm_sum_f32, default: sm_sum_f64)((const void *)(v), (n))
+#define SM_MAX(T, v, n) _Generic((T)0, float: sm_max_f32, default: sm_max_f64)((const void *)(v), (n))
+#define SM_REDUCERS(TT, SUF)                                                                \
+    static inline TT sm_sum_##SUF(const void *v_, int64_t n) {                              \
+        const TT *restrict v = v_;                                                          \
+        TT acc[SM_LANES] = {0};                                                             \
+        int64_t d = 0;                                                                      \
+        for (; d + SM_LANES <= n; d += SM_LANES)                                            \
+            for (int j = 0; j < SM_LANES; j++) acc[j] += v[d + j];                          \
+        TT t = 0;                                                                           \
+        for (; d < n; d++) t += v[d];                                                       \
+        for (int j = 0; j < SM_LANES; j++) t += acc[j];                                     \
+        return t;                                                                           \
+    }                                                                                       \
+    static inline TT sm_max_##SUF(const void *v_, int64_t n) {                              \
+        const TT *restrict v = v_;                                                          \
+        TT acc[SM_LANES];                                                                   \
+        for (int j = 0; j < SM_LANES; j++) acc[j] = -INFINITY;                              \
+        int64_t d = 0;                                                                      \
+        for (; d + SM_LANES <= n; d += SM_LANES)                                            \
+            for (int j = 0; j < SM_LANES; j++) acc[j] = v[d + j] > acc[j] ? v[d + j] : acc[j]; \
+        TT m = -INFINITY;                                                                   \
+        for (; d < n; d++) m = v[d] > m ? v[d] : m;                                         \
+        for (int j = 0; j < SM_LANES; j++) m = acc[j] > m ? acc[j] : m;                     \
+        return m;                                                                           \
+    }
+SM_REDUCERS(float, f32)
+SM_REDUCERS(double, f64)
+
+// x, y are (outer, D, inner); softmax over D. LOG selects log-softmax. Runs work items
+// [lo_, hi_): rows when inner == 1, else (row, chunk of SM_CHUNK inner positions) pairs.
+#define SOFTMAX_KERNEL(T, LOG, xp, yp, s, lo_, hi_)                                         \
     do {                                                                                    \
         const int64_t D_ = (s).D, I_ = (s).inner;                                           \
         if (I_ == 1) {                                                                      \
-            OM_PARALLEL_FOR((s).outer * D_ > OM_CHUNK)                                      \
-            for (int64_t o = 0; o < (s).outer; o++) {                                       \
+            for (int64_t o = (lo_); o < (hi_); o++) {                                       \
                 const T *restrict x = (xp) + o * D_;                                        \
                 T *restrict y = (yp) + o * D_;                                              \
-                T m = -INFINITY;                                                            \
-                for (int64_t d = 0; d < D_; d++) m = x[d] > m ? x[d] : m;                   \
+                T m = SM_MAX(T, x, D_);                                                     \
                 if (m == -INFINITY) m = 0; /* all -inf: keep exp() finite-arg */            \
                 T sum = 0;                                                                  \
                 if (LOG) {                                                                  \
-                    for (int64_t d = 0; d < D_; d++) sum += EXP_T(x[d] - m);                \
+                    for (int64_t d = 0; d < D_; d++) y[d] = EXP_T(x[d] - m);                \
+                    sum = SM_SUM(T, y, D_);                                                 \
                     const T lse = m + LOG_T(sum);                                           \
                     for (int64_t d = 0; d < D_; d++) y[d] = x[d] - lse;                     \
                 } else {                                                                    \
-                    for (int64_t d = 0; d < D_; d++) { y[d] = EXP_T(x[d] - m); sum += y[d]; } \
+                    for (int64_t d = 0; d < D_; d++) y[d] = EXP_T(x[d] - m);                \
+                    sum = SM_SUM(T, y, D_);                                                 \
                     const T r = (T)1 / sum;                                                 \
                     for (int64_t d = 0; d < D_; d++) y[d] *= r;                             \
                 }                                                                           \
             }                                                                               \
         } else {                                                                            \
             const int64_t nch_ = (I_ + SM_CHUNK - 1) / SM_CHUNK;                            \
-            OM_PARALLEL_FOR((s).outer * D_ * I_ > OM_CHUNK)                                 \
-            for (int64_t t = 0; t < (s).outer * nch_; t++) {                                \
+            for (int64_t t = (lo_); t < (hi_); t++) {                                       \
                 const int64_t o = t / nch_, i0 = (t % nch_) * SM_CHUNK;                     \
                 const int64_t w = I_ - i0 < SM_CHUNK ? I_ - i0 : SM_CHUNK;                  \
                 const T *restrict x = (xp) + o * D_ * I_ + i0;                              \
@@ -151,18 +185,44 @@ static om_status *softmax_infer(om_kernel_ctx *ctx) {
         }                                                                                   \
     } while (0)
 
+/* Range workers: the kernels above over work items [lo, hi), one per dtype and variant. */
+typedef struct sm_args {
+    const void *x;      /* x, or dy for the gradients */
+    void *y;            /* y, or dx */
+    const void *y_in;   /* the forward's y (gradients) */
+    sm_geom s;
+} sm_args;
+
+static int64_t sm_grain(int64_t per_item) { return per_item >= OM_GRAIN ? 1 : OM_GRAIN / (per_item ? per_item : 1); }
+
+#define SM_WORKER(name, TT, LOG)                                                            \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                      \
+        typedef TT T;                                                                       \
+        const sm_args *c = c_;                                                              \
+        const T *xp = c->x;                                                                 \
+        T *yp = c->y;                                                                       \
+        SOFTMAX_KERNEL(T, LOG, xp, yp, c->s, lo, hi);                                       \
+    }
+SM_WORKER(softmax_f32, float, 0)
+SM_WORKER(softmax_f64, double, 0)
+SM_WORKER(log_softmax_f32, float, 1)
+SM_WORKER(log_softmax_f64, double, 1)
+
 static om_status *softmax_run(om_kernel_ctx *ctx, int is_log) {
     int64_t axis;
     int coerce;
     sm_geom s;
     sm_attrs(ctx, &axis, &coerce);
     OM_TRY(sm_geometry(ctx->node, &ctx->in[0], axis, coerce, &s));
-    NN_DISPATCH(ctx->in[0].dtype, ctx->node, {
-        const T *xp = ctx->in[0].data;
-        T *yp = ctx->out[0].data;
-        if (is_log) SOFTMAX_KERNEL(T, 1, xp, yp, s);
-        else SOFTMAX_KERNEL(T, 0, xp, yp, s);
-    });
+    sm_args a = {ctx->in[0].data, ctx->out[0].data, NULL, s};
+    const int64_t w = s.inner < SM_CHUNK ? s.inner : SM_CHUNK;
+    const int64_t items = s.inner == 1 ? s.outer : s.outer * ((s.inner + SM_CHUNK - 1) / SM_CHUNK);
+    const int64_t grain = sm_grain(s.D * w);
+    switch (ctx->in[0].dtype) {
+    case OM_F32: om_pool_for(items, grain, is_log ? log_softmax_f32 : softmax_f32, &a); break;
+    case OM_F64: om_pool_for(items, grain, is_log ? log_softmax_f64 : softmax_f64, &a); break;
+    default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    }
     return NULL;
 }
 
@@ -188,12 +248,11 @@ static om_status *softmax_grad(om_grad_ctx *c) { return softmax_grad_rule(c, "So
 static om_status *log_softmax_grad(om_grad_ctx *c) { return softmax_grad_rule(c, "LogSoftmaxGrad"); }
 
 // dy, y, dx are (outer, D, inner); the reduction runs over D.
-#define SOFTMAX_GRAD_KERNEL(T, LOG, dyp, yp, dxp, s)                                          \
+#define SOFTMAX_GRAD_KERNEL(T, LOG, dyp, yp, dxp, s, lo_, hi_)                              \
     do {                                                                                      \
         const int64_t D_ = (s).D, I_ = (s).inner;                                             \
         const int64_t nch_ = (I_ + SM_CHUNK - 1) / SM_CHUNK;                                  \
-        OM_PARALLEL_FOR((s).outer * D_ * I_ > OM_CHUNK)                                       \
-        for (int64_t t = 0; t < (s).outer * nch_; t++) {                                      \
+        for (int64_t t = (lo_); t < (hi_); t++) {                                             \
             const int64_t o = t / nch_, i0 = (t % nch_) * SM_CHUNK;                           \
             const int64_t w = I_ - i0 < SM_CHUNK ? I_ - i0 : SM_CHUNK;                        \
             const T *restrict g = (dyp) + o * D_ * I_ + i0;                                   \
@@ -218,18 +277,34 @@ static om_status *log_softmax_grad(om_grad_ctx *c) { return softmax_grad_rule(c,
         }                                                                                     \
     } while (0)
 
+#define SM_GRAD_WORKER(name, TT, LOG)                                                       \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                      \
+        typedef TT T;                                                                       \
+        const sm_args *c = c_;                                                              \
+        const T *dyp = c->x, *yp = c->y_in;                                                 \
+        T *dxp = c->y;                                                                      \
+        SOFTMAX_GRAD_KERNEL(T, LOG, dyp, yp, dxp, c->s, lo, hi);                            \
+    }
+SM_GRAD_WORKER(softmax_grad_f32, float, 0)
+SM_GRAD_WORKER(softmax_grad_f64, double, 0)
+SM_GRAD_WORKER(log_softmax_grad_f32, float, 1)
+SM_GRAD_WORKER(log_softmax_grad_f64, double, 1)
+
 static om_status *softmax_grad_run(om_kernel_ctx *ctx, int is_log) {
     int64_t axis;
     int coerce;
     sm_geom s;
     sm_attrs(ctx, &axis, &coerce);
     OM_TRY(sm_geometry(ctx->node, &ctx->in[0], axis, coerce, &s));
-    NN_DISPATCH(ctx->in[0].dtype, ctx->node, {
-        const T *dyp = ctx->in[0].data, *yp = ctx->in[1].data;
-        T *dxp = ctx->out[0].data;
-        if (is_log) SOFTMAX_GRAD_KERNEL(T, 1, dyp, yp, dxp, s);
-        else SOFTMAX_GRAD_KERNEL(T, 0, dyp, yp, dxp, s);
-    });
+    sm_args a = {ctx->in[0].data, ctx->out[0].data, ctx->in[1].data, s};
+    const int64_t w = s.inner < SM_CHUNK ? s.inner : SM_CHUNK;
+    const int64_t items = s.outer * ((s.inner + SM_CHUNK - 1) / SM_CHUNK);
+    const int64_t grain = sm_grain(s.D * w);
+    switch (ctx->in[0].dtype) {
+    case OM_F32: om_pool_for(items, grain, is_log ? log_softmax_grad_f32 : softmax_grad_f32, &a); break;
+    case OM_F64: om_pool_for(items, grain, is_log ? log_softmax_grad_f64 : softmax_grad_f64, &a); break;
+    default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    }
     return NULL;
 }
 
@@ -287,45 +362,78 @@ static om_status *ln_infer(om_kernel_ctx *ctx) {
 }
 
 // x, y are (N, D); scale, bias are (D); mean, invstd are (N)
+typedef struct ln_args {
+    const void *x, *scale, *bias, *dy, *mean_in, *inv_in, *dmean, *dinv;
+    void *y, *mean, *inv, *dscale, *dbias;
+    int64_t N, D;
+    double eps;
+} ln_args;
+
+static int64_t ln_grain(int64_t D) { return D >= OM_GRAIN ? 1 : OM_GRAIN / (D ? D : 1); }
+
+/* rows [lo, hi) of the forward */
+#define LN_FWD_WORKER(name, TT)                                                             \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                      \
+        typedef TT T;                                                                       \
+        const ln_args *c = c_;                                                              \
+        const int64_t D = c->D;                                                             \
+        const T *xp = c->x, *scale = c->scale, *bias = c->bias;                             \
+        T *yp = c->y, *meanp = c->mean, *invp = c->inv;                                     \
+        for (int64_t r = lo; r < hi; r++) {                                                 \
+            const T *restrict xr = xp + r * D;                                              \
+            T *restrict yr = yp + r * D;                                                    \
+            const T *restrict sc = scale;                                                   \
+            /* two passes in double: the variance of large-mean rows stays accurate */     \
+            /* (8 double lanes, so that -O3 vectorizes the sums) */                        \
+            double l1[8] = {0}, l2[8] = {0}, sum = 0, ss = 0;                               \
+            int64_t d8 = 0;                                                                 \
+            for (; d8 + 8 <= D; d8 += 8)                                                    \
+                for (int j = 0; j < 8; j++) l1[j] += xr[d8 + j];                            \
+            for (int64_t d = d8; d < D; d++) sum += xr[d];                                  \
+            for (int j = 0; j < 8; j++) sum += l1[j];                                       \
+            const double mean = D ? sum / (double)D : 0;                                    \
+            for (d8 = 0; d8 + 8 <= D; d8 += 8)                                              \
+                for (int j = 0; j < 8; j++) {                                               \
+                    const double cd = xr[d8 + j] - mean;                                    \
+                    l2[j] += cd * cd;                                                       \
+                }                                                                           \
+            for (int64_t d = d8; d < D; d++) {                                              \
+                const double cd = xr[d] - mean;                                             \
+                ss += cd * cd;                                                              \
+            }                                                                               \
+            for (int j = 0; j < 8; j++) ss += l2[j];                                        \
+            const double inv = 1.0 / sqrt((D ? ss / (double)D : 0) + c->eps);               \
+            const T m = (T)mean, iv = (T)inv;                                               \
+            if (bias) {                                                                     \
+                const T *restrict b = bias;                                                 \
+                for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - m) * iv * sc[d] + b[d];    \
+            } else {                                                                        \
+                for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - m) * iv * sc[d];           \
+            }                                                                               \
+            if (meanp) meanp[r] = m;                                                        \
+            if (invp) invp[r] = iv;                                                         \
+        }                                                                                   \
+    }
+LN_FWD_WORKER(ln_fwd_f32, float)
+LN_FWD_WORKER(ln_fwd_f64, double)
+
+// x, y are (N, D); scale, bias are (D); mean, invstd are (N)
 static om_status *ln_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
     int axis = 0;
     int64_t N = 0, D = 0;
     OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
-    const double eps = om_attr_float(n, "epsilon", 1e-5f);
     const int has_bias = ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED;
-    NN_DISPATCH(x->dtype, n, {
-        const T *xp = x->data, *scale = ctx->in[1].data, *bias = has_bias ? ctx->in[2].data : NULL;
-        T *yp = ctx->out[0].data;
-        T *meanp = ctx->n_out > 1 ? ctx->out[1].data : NULL;
-        T *invp = ctx->n_out > 2 ? ctx->out[2].data : NULL;
-        OM_PARALLEL_FOR(N * D > OM_CHUNK)
-        for (int64_t r = 0; r < N; r++) {
-            const T *restrict xr = xp + r * D;
-            T *restrict yr = yp + r * D;
-            const T *restrict sc = scale;
-            /* two passes in double: the variance of large-mean rows stays accurate */
-            double sum = 0;
-            for (int64_t d = 0; d < D; d++) sum += xr[d];
-            const double mean = D ? sum / (double)D : 0;
-            double ss = 0;
-            for (int64_t d = 0; d < D; d++) {
-                const double c = xr[d] - mean;
-                ss += c * c;
-            }
-            const double inv = 1.0 / sqrt((D ? ss / (double)D : 0) + eps);
-            const T m = (T)mean, iv = (T)inv;
-            if (bias) {
-                const T *restrict b = bias;
-                for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - m) * iv * sc[d] + b[d];
-            } else {
-                for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] - m) * iv * sc[d];
-            }
-            if (meanp) meanp[r] = m;
-            if (invp) invp[r] = iv;
-        }
-    });
+    ln_args a = {.x = x->data, .scale = ctx->in[1].data, .bias = has_bias ? ctx->in[2].data : NULL,
+                 .y = ctx->out[0].data, .mean = ctx->n_out > 1 ? ctx->out[1].data : NULL,
+                 .inv = ctx->n_out > 2 ? ctx->out[2].data : NULL, .N = N, .D = D,
+                 .eps = om_attr_float(n, "epsilon", 1e-5f)};
+    switch (x->dtype) {
+    case OM_F32: om_pool_for(N, ln_grain(D), ln_fwd_f32, &a); break;
+    case OM_F64: om_pool_for(N, ln_grain(D), ln_fwd_f64, &a); break;
+    default: return om_err_dtype(n, 0, x->dtype);
+    }
     return NULL;
 }
 
@@ -393,63 +501,96 @@ static om_status *ln_grad_infer(om_kernel_ctx *ctx) {
  *          + (dmean - dinvstd * inv^2 * xhat) / D    (when Mean / InvStdDev have gradients)
  *   dscale = sum_N(dy * xhat), dbias = sum_N(dy)                                       */
 // dy, x, dx are (N, D); scale, dscale, dbias are (D); mean, inv are (N)
+/* rows [lo, hi) of dX */
+#define LN_DX_WORKER(name, TT)                                                              \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                      \
+        typedef TT T;                                                                       \
+        const ln_args *c = c_;                                                              \
+        const int64_t D = c->D;                                                             \
+        const T *dyp = c->dy, *xp = c->x, *scale = c->scale, *meanp = c->mean_in, *invp = c->inv_in; \
+        const T *dmp = c->dmean, *dip = c->dinv;                                            \
+        T *dxp = c->y;                                                                      \
+        for (int64_t r = lo; r < hi; r++) {                                                 \
+            const T *restrict g = dyp + r * D, *restrict xr = xp + r * D, *restrict sc = scale; \
+            T *restrict dx = dxp + r * D;                                                   \
+            const T m = meanp[r], iv = invp[r];                                             \
+            double l1[8] = {0}, l2[8] = {0}, s1 = 0, s2 = 0;   /* 8 lanes: vectorized */   \
+            int64_t d8 = 0;                                                                 \
+            for (; d8 + 8 <= D; d8 += 8)                                                    \
+                for (int j = 0; j < 8; j++) {                                               \
+                    const T gs = g[d8 + j] * sc[d8 + j];                                    \
+                    l1[j] += gs;                                                            \
+                    l2[j] += gs * ((xr[d8 + j] - m) * iv);                                  \
+                }                                                                           \
+            for (int64_t d = d8; d < D; d++) {                                              \
+                const T gs = g[d] * sc[d];                                                  \
+                s1 += gs;                                                                   \
+                s2 += gs * ((xr[d] - m) * iv);                                              \
+            }                                                                               \
+            for (int j = 0; j < 8; j++) { s1 += l1[j]; s2 += l2[j]; }                       \
+            const T a = (T)(s1 / (double)D), b = (T)(s2 / (double)D);                       \
+            for (int64_t d = 0; d < D; d++) dx[d] = iv * (g[d] * sc[d] - a - (xr[d] - m) * iv * b); \
+            if (dmp || dip) {                                                               \
+                const T km = dmp ? dmp[r] / (T)D : 0, ki = dip ? dip[r] * iv * iv * iv / (T)D : 0; \
+                for (int64_t d = 0; d < D; d++) dx[d] += km - ki * (xr[d] - m);             \
+            }                                                                               \
+        }                                                                                   \
+    }
+LN_DX_WORKER(ln_dx_f32, float)
+LN_DX_WORKER(ln_dx_f64, double)
+
+/* columns [lo, hi) of dScale/dBias: every row adds into the same (D) vectors, so threads
+ * split D, and each column still sums its rows in order (results do not depend on threads) */
+#define LN_DPARAM_WORKER(name, TT)                                                          \
+    OM_VEC_CLONES static void name(void *c_, int64_t d0, int64_t d1) {                      \
+        typedef TT T;                                                                       \
+        const ln_args *c = c_;                                                              \
+        const int64_t D = c->D, N = c->N;                                                   \
+        const T *dyp = c->dy, *xp = c->x, *meanp = c->mean_in, *invp = c->inv_in;           \
+        T *dsp = c->dscale, *dbp = c->dbias;                                                \
+        if (dsp) for (int64_t d = d0; d < d1; d++) dsp[d] = 0;                              \
+        if (dbp) for (int64_t d = d0; d < d1; d++) dbp[d] = 0;                              \
+        for (int64_t r = 0; r < N; r++) {                                                   \
+            const T *restrict g = dyp + r * D, *restrict xr = xp + r * D;                   \
+            const T m = meanp[r], iv = invp[r];                                             \
+            if (dsp) {                                                                      \
+                T *restrict ds = dsp;                                                       \
+                for (int64_t d = d0; d < d1; d++) ds[d] += g[d] * ((xr[d] - m) * iv);       \
+            }                                                                               \
+            if (dbp) {                                                                      \
+                T *restrict db = dbp;                                                       \
+                for (int64_t d = d0; d < d1; d++) db[d] += g[d];                            \
+            }                                                                               \
+        }                                                                                   \
+    }
+LN_DPARAM_WORKER(ln_dparam_f32, float)
+LN_DPARAM_WORKER(ln_dparam_f64, double)
+
+/* xhat = (x - mean) * inv, g = dy * scale:
+ *   dx = inv * (g - mean_D(g) - xhat * mean_D(g * xhat))
+ *          + (dmean - dinvstd * inv^2 * xhat) / D    (when Mean / InvStdDev have gradients)
+ *   dscale = sum_N(dy * xhat), dbias = sum_N(dy)                                       */
+// dy, x, dx are (N, D); scale, dscale, dbias are (D); mean, inv are (N)
 static om_status *ln_grad_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[1];
     int axis = 0;
     int64_t N = 0, D = 0;
     OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
-    NN_DISPATCH(x->dtype, n, {
-        const T *dyp = ctx->in[0].data, *xp = x->data, *scale = ctx->in[2].data;
-        const T *meanp = ctx->in[3].data, *invp = ctx->in[4].data;
-        const T *dmp = ctx->n_in > 5 && ctx->in[5].dtype != OM_UNDEFINED ? ctx->in[5].data : NULL;
-        const T *dip = ctx->n_in > 6 && ctx->in[6].dtype != OM_UNDEFINED ? ctx->in[6].data : NULL;
-        T *dxp = ctx->out[0].data;
-        T *dsp = ctx->n_out > 1 ? ctx->out[1].data : NULL;
-        T *dbp = ctx->n_out > 2 ? ctx->out[2].data : NULL;
-        if (dxp) {
-            OM_PARALLEL_FOR(N * D > OM_CHUNK)
-            for (int64_t r = 0; r < N; r++) {
-                const T *restrict g = dyp + r * D, *restrict xr = xp + r * D, *restrict sc = scale;
-                T *restrict dx = dxp + r * D;
-                const T m = meanp[r], iv = invp[r];
-                double s1 = 0, s2 = 0;
-                for (int64_t d = 0; d < D; d++) {
-                    const T gs = g[d] * sc[d];
-                    s1 += gs;
-                    s2 += gs * ((xr[d] - m) * iv);
-                }
-                const T a = (T)(s1 / (double)D), b = (T)(s2 / (double)D);
-                for (int64_t d = 0; d < D; d++) dx[d] = iv * (g[d] * sc[d] - a - (xr[d] - m) * iv * b);
-                if (dmp || dip) {
-                    const T km = dmp ? dmp[r] / (T)D : 0, ki = dip ? dip[r] * iv * iv * iv / (T)D : 0;
-                    for (int64_t d = 0; d < D; d++) dx[d] += km - ki * (xr[d] - m);
-                }
-            }
-        }
-        /* parameter gradients: rows accumulate into (D) vectors; split D across threads */
-        if (dsp || dbp) {
-            const int64_t nch = (D + 255) / 256;
-            OM_PARALLEL_FOR(N * D > OM_CHUNK && nch > 1)
-            for (int64_t ch = 0; ch < nch; ch++) {
-                const int64_t d0 = ch * 256, d1 = d0 + 256 < D ? d0 + 256 : D;
-                if (dsp) for (int64_t d = d0; d < d1; d++) dsp[d] = 0;
-                if (dbp) for (int64_t d = d0; d < d1; d++) dbp[d] = 0;
-                for (int64_t r = 0; r < N; r++) {
-                    const T *restrict g = dyp + r * D, *restrict xr = xp + r * D;
-                    const T m = meanp[r], iv = invp[r];
-                    if (dsp) {
-                        T *restrict ds = dsp;
-                        for (int64_t d = d0; d < d1; d++) ds[d] += g[d] * ((xr[d] - m) * iv);
-                    }
-                    if (dbp) {
-                        T *restrict db = dbp;
-                        for (int64_t d = d0; d < d1; d++) db[d] += g[d];
-                    }
-                }
-            }
-        }
-    });
+    if (x->dtype != OM_F32 && x->dtype != OM_F64) return om_err_dtype(n, 0, x->dtype);
+    const int f32 = x->dtype == OM_F32;
+    ln_args a = {.dy = ctx->in[0].data, .x = x->data, .scale = ctx->in[2].data, .mean_in = ctx->in[3].data,
+                 .inv_in = ctx->in[4].data,
+                 .dmean = ctx->n_in > 5 && ctx->in[5].dtype != OM_UNDEFINED ? ctx->in[5].data : NULL,
+                 .dinv = ctx->n_in > 6 && ctx->in[6].dtype != OM_UNDEFINED ? ctx->in[6].data : NULL,
+                 .y = ctx->out[0].data, .dscale = ctx->n_out > 1 ? ctx->out[1].data : NULL,
+                 .dbias = ctx->n_out > 2 ? ctx->out[2].data : NULL, .N = N, .D = D};
+    if (a.y) om_pool_for(N, ln_grain(D), f32 ? ln_dx_f32 : ln_dx_f64, &a);
+    if (a.dscale || a.dbias) {
+        /* column ranges of at least 16 (a cache line of floats), N rows each */
+        const int64_t grain = N >= OM_GRAIN / 16 ? 16 : OM_GRAIN / (N ? N : 1);
+        om_pool_for(D, grain, f32 ? ln_dparam_f32 : ln_dparam_f64, &a);
+    }
     return NULL;
 }
 

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/threadpool.h"
 #include "ops/op.h"
 
 /* ---- helpers ----------------------------------------------------------------------- */
@@ -490,6 +491,47 @@ static void transpose_tiled(void *dst, const void *src, int64_t A, int64_t B, in
 #undef TILED_T
 }
 
+typedef struct tr_args {
+    const char *xp;
+    char *yp;
+    size_t esz;
+    int r, mode, nd;             /* mode 0: runs, 1: batch of 2-D transposes, 2: strided rows */
+    int64_t od[OM_MAX_RANK], st[OM_MAX_RANK];
+} tr_args;
+
+/* outer items [lo, hi) of transpose_cpu's loop (the odometer over od[0..nd) started at lo) */
+static void transpose_range(void *c_, int64_t lo, int64_t hi) {
+    const tr_args *c = c_;
+    const int r = c->r, nd = c->nd;
+    const int64_t *od = c->od, *st = c->st;
+    const int64_t esz = (int64_t)c->esz;
+    int64_t idx[OM_MAX_RANK] = {0}, off = 0, t = lo;
+    for (int a = nd - 1; a >= 0; a--) {
+        idx[a] = t % od[a];
+        t /= od[a];
+        off += idx[a] * st[a];
+    }
+    if (c->mode == 0) {
+        const size_t run = (size_t)od[r - 1] * c->esz;
+        for (int64_t t = lo; t < hi; t++) {
+            memcpy(c->yp + t * (int64_t)run, c->xp + off * esz, run);
+            off = odometer_next(nd, od, st, idx, off);
+        }
+    } else if (c->mode == 1) {
+        const int64_t A = od[r - 2], B = od[r - 1];
+        for (int64_t t = lo; t < hi; t++) {
+            transpose_tiled(c->yp + t * A * B * esz, c->xp + off * esz, A, B, st[r - 1], c->esz);
+            off = odometer_next(nd, od, st, idx, off);
+        }
+    } else {
+        const int64_t n = od[r - 1];
+        for (int64_t t = lo; t < hi; t++) {
+            move_strided(c->yp + t * n * esz, 1, c->xp + off * esz, st[r - 1], n, c->esz);
+            off = odometer_next(nd, od, st, idx, off);
+        }
+    }
+}
+
 // x is (d0, ..., dr-1), y is (d[perm[0]], ..., d[perm[r-1]])
 static om_status *transpose_cpu(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0];
@@ -512,31 +554,21 @@ static om_status *transpose_cpu(om_kernel_ctx *ctx) {
         od[i] = dims[p[i]];
         st[i] = xs[p[i]];
     }
-    const char *xp = x->data;
-    char *yp = y->data;
-    int64_t idx[OM_MAX_RANK] = {0}, off = 0;
+    tr_args a = {.xp = x->data, .yp = y->data, .esz = esz, .r = r};
+    memcpy(a.od, od, sizeof od);
+    memcpy(a.st, st, sizeof st);
+    int64_t per_item;   /* elements per work item, for the grain */
     if (p[r - 1] == r - 1) {
         /* x's innermost run stays innermost: copy runs of od[r-1] elements */
-        const size_t run = (size_t)od[r - 1] * esz;
-        const int64_t outer = dims_prod(od, 0, r - 1);
-        for (int64_t t = 0; t < outer; t++) {
-            memcpy(yp + t * (int64_t)run, xp + off * (int64_t)esz, run);
-            off = odometer_next(r - 1, od, st, idx, off);
-        }
+        a.mode = 0, a.nd = r - 1, per_item = od[r - 1];
     } else if (p[r - 2] == r - 1) {
         /* x's contiguous axis is y's second-to-last: a batch of 2-D transposes */
-        const int64_t A = od[r - 2], B = od[r - 1], outer = dims_prod(od, 0, r - 2);
-        for (int64_t t = 0; t < outer; t++) {
-            transpose_tiled(yp + t * A * B * (int64_t)esz, xp + off * (int64_t)esz, A, B, st[r - 1], esz);
-            off = odometer_next(r - 2, od, st, idx, off);
-        }
+        a.mode = 1, a.nd = r - 2, per_item = od[r - 2] * od[r - 1];
     } else {
-        const int64_t n = od[r - 1], outer = dims_prod(od, 0, r - 1);
-        for (int64_t t = 0; t < outer; t++) {
-            move_strided(yp + t * n * (int64_t)esz, 1, xp + off * (int64_t)esz, st[r - 1], n, esz);
-            off = odometer_next(r - 1, od, st, idx, off);
-        }
+        a.mode = 2, a.nd = r - 1, per_item = od[r - 1];
     }
+    const int64_t outer = dims_prod(od, 0, a.nd);
+    om_pool_for(outer, per_item >= OM_GRAIN ? 1 : OM_GRAIN / (per_item ? per_item : 1), transpose_range, &a);
     return NULL;
 }
 
@@ -645,6 +677,36 @@ static om_status *gather_grad_infer(om_kernel_ctx *ctx) {
     return infer_from_shape_input(ctx, 1, &ctx->out[0], ctx->in[0].dtype);
 }
 
+typedef struct gg_args {
+    const void *dy;
+    void *dx;
+    const om_tensor *ind;
+    int64_t N, K, outer, inner;
+    size_t esz;
+} gg_args;
+
+/* columns [j0, j1) of every row of dx: zero, then accumulate the gathered rows of dy */
+#define GATHER_GRAD_WORKER(name, TT)                                                          \
+    static void name(void *c_, int64_t j0, int64_t j1) {                                      \
+        typedef TT T;                                                                         \
+        const gg_args *c = c_;                                                                \
+        const int64_t N = c->N, K = c->K, inner = c->inner;                                   \
+        const T *dyp = c->dy;                                                                 \
+        T *dxp = c->dx;                                                                       \
+        for (int64_t r = 0; r < c->outer * N; r++)                                            \
+            memset(dxp + r * inner + j0, 0, (size_t)(j1 - j0) * sizeof(T));                   \
+        for (int64_t o = 0; o < c->outer; o++)                                                \
+            for (int64_t k = 0; k < K; k++) {                                                 \
+                int64_t i = int_at(c->ind, k);                                                \
+                if (i < 0) i += N;                                                            \
+                T *restrict d = dxp + (o * N + i) * inner;                                    \
+                const T *restrict s = dyp + (o * K + k) * inner;                              \
+                for (int64_t j = j0; j < j1; j++) d[j] += s[j];                               \
+            }                                                                                 \
+    }
+GATHER_GRAD_WORKER(gather_grad_f32, float)
+GATHER_GRAD_WORKER(gather_grad_f64, double)
+
 // dy is (outer, K, inner), dx is (outer, N, inner): dx[o, idx[k], :] += dy[o, k, :]
 static om_status *gather_grad_cpu(om_kernel_ctx *ctx) {
     const om_tensor *dy = &ctx->in[0], *ind = &ctx->in[2];
@@ -655,21 +717,14 @@ static om_status *gather_grad_cpu(om_kernel_ctx *ctx) {
     const int64_t N = dx->dims[axis], K = om_tensor_numel(ind);
     const int64_t outer = dims_prod(dx->dims, 0, axis), inner = dims_prod(dx->dims, axis + 1, dx->rank);
     OM_TRY(check_indices(ctx->node, ind, N, axis));
-    memset(dx->data, 0, om_tensor_nbytes(dx));
-    OM_DISPATCH_FLOAT(dy->dtype, ctx->node, {
-        const T *dyp = dy->data;
-        T *dxp = dx->data;
-        for (int64_t o = 0; o < outer; o++)
-            for (int64_t k = 0; k < K; k++) {
-                int64_t i = int_at(ind, k);
-                if (i < 0) i += N;
-                /* repeated indices accumulate, so rows may coincide across k: no restrict
-                 * across iterations, but within one row dst and src never overlap */
-                T *restrict d = dxp + (o * N + i) * inner;
-                const T *restrict s = dyp + (o * K + k) * inner;
-                for (int64_t j = 0; j < inner; j++) d[j] += s[j];
-            }
-    });
+    if (dy->dtype != OM_F32 && dy->dtype != OM_F64) return om_err_dtype(ctx->node, 0, dy->dtype);
+    gg_args a = {.dy = dy->data, .dx = dx->data, .ind = ind, .N = N, .K = K, .outer = outer, .inner = inner,
+                 .esz = om_dtype_size(dy->dtype)};
+    /* threads split the row (columns): repeated indices then never race, and every element
+     * sums its contributions in index order whatever the thread count */
+    const int64_t per_col = outer * (K > N ? K : N);
+    const int64_t grain = per_col >= OM_GRAIN / 16 ? 16 : OM_GRAIN / (per_col ? per_col : 1);
+    om_pool_for(inner, grain, dy->dtype == OM_F32 ? gather_grad_f32 : gather_grad_f64, &a);
     return NULL;
 }
 

@@ -1,0 +1,504 @@
+"""Training-step speed on the CPU: eager PyTorch vs torch.compile (inductor) vs ORTModule.
+
+A step is forward + backward + AdamW step + zero_grad. Every (model, mode) pair runs in its
+own process (clean peak memory, no cross-talk between compilers); the thread count is the
+same for all of them (torch.set_num_threads, which the engine's pool and OpenBLAS follow).
+Reported per cell: median step time over --steps timed steps after --warmup steps, steps/s,
+min, first-call latency (first step, which includes export + compile), peak resident
+memory of the process. Ratios are ortmod/eager and ortmod/compile in steps/s (> 1: ortmod
+faster), from the same run.
+
+Also: per-step binding overhead (a tiny model whose kernels take ~1 µs) and a GEMM roofline
+(cblas_sgemm through the OpenBLAS the engine links, at the models' GEMM shapes, against a
+large square sgemm as the machine's practical peak).
+
+    .venv/bin/python bench/bench_train.py [--models mlp,gpt2,resnet,bert] [--steps 20]
+        [--warmup 3] [--threads N] [--modes eager,compile,ortmod] [--quick]
+
+Writes bench/results/train_<timestamp>.json (and train_latest.json) and train_latest.png.
+"""
+import argparse
+import ctypes
+import ctypes.util
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+MODES = ("eager", "compile", "ortmod")
+
+
+# ---------------------------------------------------------------------------------------
+# child: one (model, mode)
+# ---------------------------------------------------------------------------------------
+def run_child(model_name, mode, steps, warmup, threads):
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, ROOT)
+    import torch
+
+    import models
+    torch.manual_seed(0)
+    torch.set_num_threads(threads)
+    ctor, batch_fn = models.BENCH_MODELS[model_name]
+    model = ctor()
+    model.train()
+    data = batch_fn()
+    out = {"model": model_name, "mode": mode, "threads": torch.get_num_threads(),
+           "params": sum(p.numel() for p in model.parameters())}
+    try:
+        if mode == "compile":
+            model = torch.compile(model)
+        elif mode == "ortmod":
+            from ortmod import ORTModule
+            model = ORTModule(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            loss = model(*data)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        t0 = time.perf_counter()
+        loss = step()
+        out["first_call_s"] = time.perf_counter() - t0
+        out["first_loss"] = float(loss)
+        for _ in range(warmup):
+            step()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        out["median_s"] = statistics.median(times)
+        out["min_s"] = min(times)
+        out["steps_per_s"] = 1.0 / out["median_s"]
+        out["times_s"] = times
+        if mode == "ortmod":
+            try:
+                from ortmod import _C
+                out["engine_threads"] = _C.get_num_threads() if hasattr(_C, "get_num_threads") else \
+                    ctypes.CDLL(_C.__file__).om_get_num_threads()
+            except Exception:  # noqa: BLE001 - informative only
+                pass
+    except Exception as e:  # noqa: BLE001 - every failure becomes a cell, the run goes on
+        kind = type(e).__name__
+        msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else kind
+        if mode == "ortmod" and ("Unsupported" in kind or "unsupported" in msg.lower()):
+            out["error"] = "unsupported: " + msg
+        else:
+            out["error"] = f"{kind}: {msg}"
+        out["traceback"] = traceback.format_exc()[-2000:]
+    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return out
+
+
+def run_interleaved(model_name, modes, steps, warmup, threads):
+    """All modes in one process, one step of each in turn: a machine whose load changes
+    during the run (other jobs) slows every mode alike, so the ratios stay meaningful."""
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, ROOT)
+    import torch
+
+    import models
+    torch.set_num_threads(threads)
+    ctor, batch_fn = models.BENCH_MODELS[model_name]
+    data = batch_fn()
+    runners, out = {}, {}
+    for mode in modes:
+        torch.manual_seed(0)
+        model = ctor()
+        model.train()
+        try:
+            if mode == "compile":
+                model = torch.compile(model)
+            elif mode == "ortmod":
+                from ortmod import ORTModule
+                model = ORTModule(model)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+            def step(model=model, opt=opt):
+                loss = model(*data)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            for _ in range(1 + warmup):
+                step()
+            runners[mode] = step
+            out[mode] = []
+        except Exception as e:  # noqa: BLE001
+            out[mode] = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"}
+    for _ in range(steps):
+        for mode, step in runners.items():
+            t0 = time.perf_counter()
+            step()
+            out[mode].append(time.perf_counter() - t0)
+    res = {}
+    for mode in modes:
+        if isinstance(out[mode], dict):
+            res[mode] = out[mode]
+        else:
+            res[mode] = {"median_s": statistics.median(out[mode]), "min_s": min(out[mode]),
+                         "steps_per_s": 1.0 / statistics.median(out[mode]), "times_s": out[mode]}
+    return res
+
+
+def binding_overhead(threads, iters=2000):
+    """ORTModule forward+backward on a model whose kernels take about a microsecond: what is
+    left is the Python wrapper, the binding, DLPack and the engine's per-call work."""
+    sys.path.insert(0, ROOT)
+    import torch
+    import torch.nn as nn
+    torch.set_num_threads(threads)
+    from ortmod import ORTModule
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.l(x).sum()
+
+    res = {}
+    x = torch.randn(4, 8)
+    for name, m in (("eager", Tiny()), ("ortmod", ORTModule(Tiny()))):
+        for _ in range(50):
+            m(x).backward()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            m(x).backward()
+        res[name + "_fwd_bwd_us"] = (time.perf_counter() - t0) / iters * 1e6
+    # the engine alone: forward + backward straight through _C would need the binding's
+    # internals; the tiny model's kernels (a 4x8x8 GEMM, a sum, their gradients) take ~1 µs
+    res["kernel_us_estimate"] = 1.0
+    res["overhead_us"] = res["ortmod_fwd_bwd_us"] - res["kernel_us_estimate"]
+    return res
+
+
+# ---------------------------------------------------------------------------------------
+# GEMM roofline through the engine's BLAS
+# ---------------------------------------------------------------------------------------
+GEMM_SHAPES = {
+    # (M, N, K) of forward, dX and dW products: tokens x in -> out
+    "mlp": [(256, 1024, 1024), (256, 1024, 1024), (1024, 1024, 256)],
+    "gpt2": [(1024, 768, 256), (1024, 256, 768), (256, 768, 1024),       # qkv
+             (1024, 1024, 256), (1024, 256, 1024), (256, 1024, 1024),    # fc, out
+             (1024, 4096, 256), (1024, 256, 4096), (256, 4096, 1024),    # lm head
+             (128, 128, 64), (128, 64, 128)],                            # attention, per head
+}
+
+
+def gemm_roofline(threads):
+    import numpy as np
+    sys.path.insert(0, ROOT)
+    path = None
+    try:
+        import ortmod._C as C  # the OpenBLAS the engine is linked with is already loaded
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "/libopenblas" in line:
+                    path = line.split()[-1]
+                    break
+    except Exception:  # noqa: BLE001
+        pass
+    lib = ctypes.CDLL(path or ctypes.util.find_library("openblas") or "libopenblas.so.0")
+    lib.openblas_set_num_threads(threads)
+    sg = lib.cblas_sgemm
+    fp = ctypes.POINTER(ctypes.c_float)
+    sg.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, fp, ctypes.c_int, fp, ctypes.c_int, ctypes.c_float, fp,
+                                        ctypes.c_int]
+
+    def gflops(M, N, K, reps=None):
+        a = np.random.rand(M, K).astype(np.float32)
+        b = np.random.rand(K, N).astype(np.float32)
+        c = np.zeros((M, N), np.float32)
+        args = (101, 111, 111, M, N, K, 1.0, a.ctypes.data_as(fp), K, b.ctypes.data_as(fp), N, 0.0,
+                c.ctypes.data_as(fp), N)
+        sg(*args)
+        flop = 2.0 * M * N * K
+        reps = reps or max(3, int(2e9 / flop))
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                sg(*args)
+            best = min(best, (time.perf_counter() - t0) / reps)
+        return flop / best / 1e9
+
+    peak = gflops(2048, 2048, 2048, reps=3)
+    core = None
+    if hasattr(lib, "openblas_get_corename"):
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        core = lib.openblas_get_corename().decode()
+    rows = {"peak_gflops": peak, "blas": path, "blas_core": core, "threads": threads, "shapes": {}}
+    for model, shapes in GEMM_SHAPES.items():
+        for (M, N, K) in shapes:
+            g = gflops(M, N, K)
+            rows["shapes"][f"{model} {M}x{N}x{K}"] = {"gflops": g, "of_peak": g / peak}
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# parent
+# ---------------------------------------------------------------------------------------
+def spawn(args_list, timeout):
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        p = subprocess.run([sys.executable, os.path.abspath(__file__)] + args_list, capture_output=True, text=True,
+                           timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("@@RESULT "):
+            return json.loads(line[len("@@RESULT "):])
+    tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
+    return {"error": f"process failed (rc {p.returncode}): {tail[0][:300]}"}
+
+
+def fmt_cell(r):
+    if "error" in r:
+        return r["error"][:60]
+    return f"{r['median_s'] * 1e3:8.1f} ms {r['steps_per_s']:6.2f}/s"
+
+
+def machine():
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            fl = next(l for l in f if l.startswith("flags")).split()
+        flags = " ".join(x for x in ("avx2", "fma", "avx512f") if x in fl)
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "isa": flags, "online_cpus": os.cpu_count(), "python": platform.python_version(),
+            "load_avg": os.getloadavg()}
+
+
+def write_png(path, results, models_, modes):
+    """Bar chart of steps/s per model and mode; matplotlib when installed, else a plain PNG
+    drawn by hand (bars only, colours: eager grey, compile blue, ortmod orange)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(8, 4))
+        w = 0.8 / len(modes)
+        for j, mode in enumerate(modes):
+            ys = [results[m][mode].get("steps_per_s", 0) for m in models_]
+            ax.bar([i + j * w for i in range(len(models_))], ys, w, label=mode)
+        ax.set_xticks([i + w * (len(modes) - 1) / 2 for i in range(len(models_))])
+        ax.set_xticklabels(models_)
+        ax.set_ylabel("training steps / s (higher is better)")
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set_title("CPU training step: eager vs torch.compile vs ORTModule")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        return "matplotlib"
+    except ImportError:
+        pass
+    import struct
+    import zlib
+    W, H = 640, 320
+    px = [[(255, 255, 255)] * W for _ in range(H)]
+    colors = {"eager": (128, 128, 128), "compile": (31, 119, 180), "ortmod": (255, 127, 14)}
+    vals = [results[m][md].get("steps_per_s", 0) for m in models_ for md in modes]
+    top = max(vals + [1e-9])
+    group = W // max(1, len(models_))
+    bw = max(2, (group - 20) // max(1, len(modes)))
+    for i, m in enumerate(models_):
+        for j, md in enumerate(modes):
+            h = int((H - 20) * results[m][md].get("steps_per_s", 0) / top)
+            x0 = i * group + 10 + j * bw
+            for y in range(H - 1 - h, H - 1):
+                for x in range(x0, min(W, x0 + bw - 2)):
+                    px[y][x] = colors.get(md, (0, 0, 0))
+    raw = b"".join(b"\x00" + bytes(c for p in row for c in p) for row in px)
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", W, H, 8, 2, 0, 0, 0)) +
+                chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    return "hand-written PNG (bars: grey eager, blue compile, orange ortmod)"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mlp,gpt2,resnet,bert")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="0: torch's default")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per (model, mode) process")
+    ap.add_argument("--quick", action="store_true", help="5 steps, 1 warm-up (a smoke run)")
+    ap.add_argument("--no-extras", action="store_true", help="skip the binding overhead and GEMM roofline")
+    ap.add_argument("--child", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--overhead-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--interleave-child", metavar="MODEL", help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="processes per (model, mode), run in turns (eager, compile, ortmod, eager, ...) so that "
+                         "load from other jobs that comes and goes hits every mode; the reported step time is the "
+                         "median over all rounds' steps")
+    ap.add_argument("--interleave", action="store_true",
+                    help="time the modes step by step in one process instead (their thread pools then disturb "
+                         "each other: OpenBLAS's spinning threads slow torch's OpenMP team)")
+    ap.add_argument("--gemm-child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.quick:
+        a.steps, a.warmup = 5, 1
+    if a.threads <= 0:
+        import torch
+        a.threads = torch.get_num_threads()
+
+    if a.child:
+        print("@@RESULT " + json.dumps(run_child(a.child[0], a.child[1], a.steps, a.warmup, a.threads)))
+        return
+    if a.interleave_child:
+        print("@@RESULT " + json.dumps(run_interleaved(a.interleave_child, a.modes.split(","), a.steps, a.warmup,
+                                                       a.threads)))
+        return
+    if a.overhead_child:
+        print("@@RESULT " + json.dumps(binding_overhead(a.threads)))
+        return
+    if a.gemm_child:
+        print("@@RESULT " + json.dumps(gemm_roofline(a.threads)))
+        return
+
+    models_ = [m for m in a.models.split(",") if m]
+    modes = [m for m in a.modes.split(",") if m]
+    mach = machine()
+    print(f"machine: {mach['cpu']} ({mach['isa']}), {mach['online_cpus']} online CPUs, "
+          f"load average {mach['load_avg'][0]:.1f}")
+    print(f"threads: {a.threads} for torch, torch.compile, the ortmod pool and OpenBLAS; "
+          f"{a.steps} timed steps after {a.warmup} warm-up; step = fwd + bwd + AdamW + zero_grad")
+    print("step times: " + ("the modes take turns step by step in one process" if a.interleave else
+                            f"one process per (model, mode), {a.rounds} rounds taken in turns; median over all steps")
+          + "; first call = the first step (export/compile included), min over rounds; peak RSS of the process\n")
+    results = {}
+    for m in models_:
+        results[m] = {}
+        rounds = 1 if a.interleave else max(1, a.rounds)
+        runs = {mode: [] for mode in modes}
+        for _ in range(rounds):
+            for mode in modes:
+                runs[mode].append(spawn(["--child", m, mode, "--steps", str(a.steps if not a.interleave else 3),
+                                         "--warmup", str(a.warmup if not a.interleave else 1),
+                                         "--threads", str(a.threads)], a.timeout))
+        for mode in modes:
+            ok = [r for r in runs[mode] if "error" not in r]
+            if not ok:
+                results[m][mode] = runs[mode][0]
+                continue
+            r = dict(ok[0])
+            times = [t for x in ok for t in x["times_s"]]
+            r.update(median_s=statistics.median(times), min_s=min(times), steps_per_s=1.0 / statistics.median(times),
+                     times_s=times, round_medians_s=[x["median_s"] for x in ok],
+                     first_call_s=min(x["first_call_s"] for x in ok), peak_rss_mib=max(x["peak_rss_mib"] for x in ok))
+            results[m][mode] = r
+        if a.interleave:
+            inter = spawn(["--interleave-child", m, "--modes", ",".join(modes), "--steps", str(a.steps),
+                           "--warmup", str(a.warmup), "--threads", str(a.threads)], a.timeout * len(modes))
+            for mode in modes:
+                r, got = results[m][mode], inter.get(mode, inter)
+                if "error" in r:
+                    continue
+                if "error" in got:
+                    r["error"] = got["error"]
+                else:
+                    r.update({k: got[k] for k in ("median_s", "min_s", "steps_per_s", "times_s")})
+        for mode in modes:
+            print(f"  {m:7s} {mode:8s} {fmt_cell(results[m][mode])}", flush=True)
+
+    def ratio(m, other):
+        o, x = results[m].get("ortmod", {}), results[m].get(other, {})
+        if "steps_per_s" in o and "steps_per_s" in x:
+            return o["steps_per_s"] / x["steps_per_s"]
+        return None
+
+    head = f"\n{'model':8s}" + "".join(f"{md + ' (median)':>22s}" for md in modes) + \
+        f"{'ort/eager':>10s}{'ort/comp':>10s}{'1st ort s':>10s}{'1st comp s':>11s}" + \
+        "".join(f"{'RSS ' + md[:4] + ' MiB':>14s}" for md in modes)
+    print(head)
+    print("-" * len(head))
+    for m in models_:
+        row = f"{m:8s}"
+        for md in modes:
+            row += f"{fmt_cell(results[m][md]):>22s}"
+        for other in ("eager", "compile"):
+            r = ratio(m, other)
+            row += f"{(f'{r:.2f}x' if r else '-'):>10s}"
+        fo = results[m].get("ortmod", {}).get("first_call_s")
+        fc = results[m].get("compile", {}).get("first_call_s")
+        row += f"{(f'{fo:.2f}' if fo else '-'):>10s}{(f'{fc:.2f}' if fc else '-'):>11s}"
+        for md in modes:
+            rss = results[m][md].get("peak_rss_mib")
+            row += f"{(f'{rss:.0f}' if rss else '-'):>14s}"
+        print(row)
+    for m in models_:
+        for md in modes:
+            if "error" in results[m][md]:
+                print(f"  note: {m}/{md}: {results[m][md]['error']}")
+
+    extras = {}
+    if not a.no_extras and "ortmod" in modes:
+        ov = spawn(["--overhead-child", "--threads", str(a.threads)], 600)
+        extras["binding_overhead"] = ov
+        if "error" in ov:
+            print(f"\nbinding overhead: {ov['error']}")
+        else:
+            print(f"\nbinding overhead (Linear 8->8, batch 4, fwd+bwd): ortmod {ov['ortmod_fwd_bwd_us']:.1f} µs, "
+                  f"eager {ov['eager_fwd_bwd_us']:.1f} µs; kernels ~{ov['kernel_us_estimate']:.0f} µs -> "
+                  f"~{ov['overhead_us']:.0f} µs per step beyond kernels (goal < 30)")
+    if not a.no_extras:
+        gm = spawn(["--gemm-child", "--threads", str(a.threads)], 600)
+        extras["gemm_roofline"] = gm
+        if "error" in gm:
+            print(f"GEMM roofline: {gm['error']}")
+        else:
+            print(f"\nGEMM roofline (cblas_sgemm, {gm['blas']}, kernels for {gm.get('blas_core')}, "
+                  f"{gm['threads']} threads): peak {gm['peak_gflops']:.1f} GFLOP/s (2048^3)")
+            if gm.get("blas_core", "").lower() in ("haswell", "zen") and "avx512f" in mach["isa"]:
+                print("  note: this CPU has AVX-512 but OpenBLAS picked AVX2 kernels; OPENBLAS_CORETYPE=SKYLAKEX "
+                      "(set before the library loads) raises the peak")
+            for k, v in gm["shapes"].items():
+                print(f"  {k:24s} {v['gflops']:7.1f} GFLOP/s  {100 * v['of_peak']:5.1f}% of peak")
+
+    os.makedirs(RESULTS, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    mach["load_avg_end"] = os.getloadavg()
+    busy = max(mach["load_avg"][0], mach["load_avg_end"][0]) > 0.5 * (mach["online_cpus"] or 1)
+    print(f"load average at the end: {mach['load_avg_end'][0]:.1f}" +
+          (" — other work shared the CPUs during the run: compare ratios, not absolute times" if busy else ""))
+    doc = {"machine": mach, "threads": a.threads, "steps": a.steps, "warmup": a.warmup,
+           "command": " ".join([".venv/bin/python", "bench/bench_train.py"] + sys.argv[1:]),
+           "results": results, "ratios": {m: {"ortmod/eager": ratio(m, "eager"), "ortmod/compile": ratio(m, "compile")}
+                                          for m in models_}, **extras}
+    for name in (f"train_{stamp}.json", "train_latest.json"):
+        with open(os.path.join(RESULTS, name), "w") as f:
+            json.dump(doc, f, indent=1)
+    how = write_png(os.path.join(RESULTS, "train_latest.png"), results, models_, modes)
+    print(f"\nwrote bench/results/train_{stamp}.json, train_latest.json, train_latest.png ({how})")
+
+
+if __name__ == "__main__":
+    main()
