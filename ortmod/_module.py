@@ -318,6 +318,10 @@ class ORTModule(torch.nn.Module):
         if first_call:
             entry = self._ortmod_build(flat, state, export_key, key, want_grad)
         tensors = entry.inputs(flat.leaves, state)
+        threads = torch.get_num_threads()
+        if threads != d.get("_ortmod_threads"):   # torch, BLAS and the engine use one count
+            self._C.set_num_threads(threads)
+            d["_ortmod_threads"] = threads
         if entry.needs_grad:
             outputs = run_training(entry.call, tensors)
         else:

@@ -601,7 +601,24 @@ static PyObject *op_table(PyObject *m, PyObject *unused) {
     return list;
 }
 
+/* set_num_threads(n): the engine's pool and OpenBLAS use n threads (ORTModule passes
+ * torch.get_num_threads(), so that torch, BLAS and the engine agree). */
+static PyObject *set_num_threads(PyObject *m, PyObject *arg) {
+    int n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "the thread count must be at least 1");
+        return NULL;
+    }
+    om_set_num_threads(n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_num_threads(PyObject *m, PyObject *unused) { return PyLong_FromLong(om_get_num_threads()); }
+
 static PyMethodDef module_methods[] = {
+    {"set_num_threads", set_num_threads, METH_O, "set_num_threads(n): threads for the engine's kernels and OpenBLAS."},
+    {"get_num_threads", get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"op_table", op_table, METH_NOARGS, "op_table() -> [(name, domain, has_gradient_rule)]: the engine's op table."},
     {NULL, NULL, 0, NULL},
 };

@@ -612,7 +612,7 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
     }
     const om_bwd_variant *var = NULL;
     if (!all_present && g->n_outputs <= 64) {
-        om_bwd_variant *vv;
+        om_bwd_variant *vv = NULL;
         if ((st = bwd_variant(g, p, present, &vv))) goto done;
         var = vv;
         st = run_variant(e, &f, var);
