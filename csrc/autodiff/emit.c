@@ -67,19 +67,41 @@ int om_emit2(om_grad_ctx *c, const char *op_type, int a, int b) {
 
 int om_emit_last(const om_grad_ctx *c) { return ((const om_grad_state *)c)->last; }
 
+/* Attributes can change an output's dtype (Cast's "to"): the rule runs again after each. */
+static void retype_last(om_grad_ctx *c) {
+    om_grad_state *s = (om_grad_state *)c;
+    if (s->status || s->last < 0) return;
+    om_node *n = &c->g->nodes[s->last];
+    if (!n->op->dtype) return;
+    for (int j = 0; j < n->n_out; j++)
+        if (n->out[j] >= 0) {
+            om_dtype dt = n->op->dtype(c->g, n, j);
+            if (dt != OM_UNDEFINED) c->g->values[n->out[j]].dtype = dt;
+        }
+}
+
 void om_emit_attr_int(om_grad_ctx *c, const char *name, int64_t v) {
     om_grad_state *s = (om_grad_state *)c;
     if (!s->status && s->last >= 0) om_grad_fail(c, om_node_set_int(c->g, s->last, name, v));
+    retype_last(c);
+}
+
+void om_emit_attr_string(om_grad_ctx *c, const char *name, const char *v) {
+    om_grad_state *s = (om_grad_state *)c;
+    if (!s->status && s->last >= 0) om_grad_fail(c, om_node_set_string(c->g, s->last, name, v));
+    retype_last(c);
 }
 
 void om_emit_attr_ints(om_grad_ctx *c, const char *name, const int64_t *v, int n) {
     om_grad_state *s = (om_grad_state *)c;
     if (!s->status && s->last >= 0) om_grad_fail(c, om_node_set_ints(c->g, s->last, name, v, n));
+    retype_last(c);
 }
 
 void om_emit_attr_float(om_grad_ctx *c, const char *name, float v) {
     om_grad_state *s = (om_grad_state *)c;
     if (!s->status && s->last >= 0) om_grad_fail(c, om_node_set_float(c->g, s->last, name, v));
+    retype_last(c);
 }
 
 int om_emit_shape(om_grad_ctx *c, int x) { return om_emit1(c, "Shape", x); }

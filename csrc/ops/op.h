@@ -79,6 +79,8 @@ int om_emit_last(const om_grad_ctx *c);
 void om_emit_attr_int(om_grad_ctx *c, const char *name, int64_t v);
 void om_emit_attr_ints(om_grad_ctx *c, const char *name, const int64_t *v, int n);
 void om_emit_attr_float(om_grad_ctx *c, const char *name, float v);
+void om_emit_attr_string(om_grad_ctx *c, const char *name, const char *v);
+/* (each re-runs the node's dtype rule, so attributes like Cast's "to" take effect) */
 /* Shape(x) as a value (folded at plan time: costs nothing at run time). */
 int om_emit_shape(om_grad_ctx *c, int x);
 /* dL/dx for x broadcast into y: sums dy over the broadcast axes back to x's shape
