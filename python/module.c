@@ -11,13 +11,12 @@
 #include <Python.h>
 #include <dlpack/dlpack.h>
 
+#include "dlpack_in.h"
+
 #include "ortmod.h"
 #include "ops/op.h"
 #include "exec/device.h"
 
-#ifndef kDLBool_
-#define kDLBool_ 6U   /* DLPack >= 0.8 names this kDLBool; the header here may predate it */
-#endif
 
 typedef struct module_state {
     PyObject *EngineType;
@@ -58,19 +57,6 @@ static void input_hold_release(void *p) {
     free(h);
 }
 
-static int dl_to_om_dtype(DLDataType t, om_dtype *out) {
-    if (t.lanes != 1) return -1;
-    switch (t.code) {
-    case kDLFloat: *out = t.bits == 32 ? OM_F32 : t.bits == 64 ? OM_F64 : t.bits == 16 ? OM_F16 : OM_UNDEFINED; break;
-    case kDLBfloat: *out = t.bits == 16 ? OM_BF16 : OM_UNDEFINED; break;
-    case kDLInt: *out = t.bits == 64 ? OM_I64 : t.bits == 32 ? OM_I32 : t.bits == 8 ? OM_I8 : OM_UNDEFINED; break;
-    case kDLUInt: *out = t.bits == 8 ? OM_U8 : OM_UNDEFINED; break;
-    case kDLBool_: *out = t.bits == 8 ? OM_BOOL : OM_UNDEFINED; break;
-    default: *out = OM_UNDEFINED;
-    }
-    return *out == OM_UNDEFINED ? -1 : 0;
-}
-
 static DLDataType om_to_dl_dtype(om_dtype dt) {
     DLDataType t = {kDLFloat, 32, 1};
     switch (dt) {
@@ -108,26 +94,10 @@ static void gather_strided(char *dst, const char *src, int rank, const int64_t *
  * tensor. what names the argument in errors. Returns 0, or -1 with an exception set. */
 static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_tensor *t, input_hold **hold) {
     *hold = NULL;
-    PyObject *cap;
-    if (PyCapsule_CheckExact(obj)) {
-        cap = Py_NewRef(obj);
-    } else {
-        cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
-        if (!cap) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "%s %zd must be a tensor (an object with __dlpack__), got %.100s", what,
-                         index, Py_TYPE(obj)->tp_name);
-            return -1;
-        }
-    }
-    DLManagedTensor *mt = PyCapsule_GetPointer(cap, "dltensor");
-    if (!mt) {
-        Py_DECREF(cap);
-        PyErr_Format(PyExc_TypeError, "%s %zd: not a DLPack tensor capsule (or one already consumed)", what, index);
-        return -1;
-    }
-    if (PyCapsule_SetName(cap, "used_dltensor") < 0) { Py_DECREF(cap); return -1; }
-    Py_DECREF(cap);   /* the managed tensor is ours now: the hold calls its deleter */
+    char label[96];
+    snprintf(label, sizeof label, "%s %zd", what, index);
+    DLManagedTensor *mt = om_py_take_dlpack(obj, label);
+    if (!mt) return -1;   /* ours now: the hold calls its deleter */
     input_hold *h = calloc(1, sizeof *h);
     if (!h) { mt->deleter(mt); PyErr_NoMemory(); return -1; }
     h->mt = mt;
@@ -141,7 +111,7 @@ static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_
     }
     t->device = d->device.device_type == kDLCUDA ? OM_CUDA : OM_CPU;
     t->device_id = t->device == OM_CUDA ? d->device.device_id : 0;
-    if (dl_to_om_dtype(d->dtype, &t->dtype) < 0) {
+    if (om_py_dl_dtype(d->dtype, &t->dtype) < 0) {
         input_hold_release(h);
         PyErr_Format(PyExc_TypeError, "%s %zd has a dtype (code %d, %d bits) that ortmod does not support", what,
                      index, (int)d->dtype.code, (int)d->dtype.bits);

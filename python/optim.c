@@ -10,6 +10,8 @@
 #include <Python.h>
 #include <dlpack/dlpack.h>
 
+#include "dlpack_in.h"
+
 #include <limits.h>
 
 #include "ortmod_optim.h"
@@ -32,37 +34,13 @@ static void tensor_list_free(tensor_list *l) {
     l->n = 0;
 }
 
-static int dl_float_dtype(DLDataType t, om_dtype *out) {
-    *out = OM_UNDEFINED;
-    if (t.lanes != 1) return -1;
-    if (t.code == kDLFloat) *out = t.bits == 32 ? OM_F32 : t.bits == 16 ? OM_F16 : OM_UNDEFINED;
-    else if (t.code == kDLBfloat && t.bits == 16) *out = OM_BF16;
-    return *out == OM_UNDEFINED ? -1 : 0;
-}
-
 /* Reads one capsule/tensor into l->t[i] and takes ownership of its managed tensor.
  * Returns 0, or -1 with an exception set. */
 static int read_tensor(PyObject *obj, const char *what, Py_ssize_t i, tensor_list *l) {
-    PyObject *cap;
-    if (PyCapsule_CheckExact(obj)) {
-        cap = Py_NewRef(obj);
-    } else {
-        cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
-        if (!cap) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "%s[%zd] must be a tensor (DLPack capsule or object with __dlpack__), got %.100s",
-                         what, i, Py_TYPE(obj)->tp_name);
-            return -1;
-        }
-    }
-    DLManagedTensor *mt = PyCapsule_GetPointer(cap, "dltensor");
-    if (!mt) {
-        Py_DECREF(cap);
-        PyErr_Format(PyExc_TypeError, "%s[%zd]: not a DLPack tensor capsule (or one already consumed)", what, i);
-        return -1;
-    }
-    if (PyCapsule_SetName(cap, "used_dltensor") < 0) { Py_DECREF(cap); return -1; }
-    Py_DECREF(cap);
+    char label[96];
+    snprintf(label, sizeof label, "%s[%zd]", what, i);
+    DLManagedTensor *mt = om_py_take_dlpack(obj, label);
+    if (!mt) return -1;
     l->mt[i] = mt;   /* ours now: tensor_list_free calls its deleter */
     DLTensor *d = &mt->dl_tensor;
     om_tensor *t = &l->t[i];
@@ -72,7 +50,7 @@ static int read_tensor(PyObject *obj, const char *what, Py_ssize_t i, tensor_lis
                      what, i, (int)d->device.device_type);
         return -1;
     }
-    if (dl_float_dtype(d->dtype, &t->dtype) < 0) {
+    if (om_py_dl_dtype(d->dtype, &t->dtype) < 0 || (t->dtype != OM_F32 && t->dtype != OM_F16 && t->dtype != OM_BF16)) {
         PyErr_Format(PyExc_TypeError, "%s[%zd] has a dtype (DLPack code %d, %d bits) the optimizer does not support; "
                      "expected float32, float16 or bfloat16", what, i, (int)d->dtype.code, (int)d->dtype.bits);
         return -1;
