@@ -135,9 +135,7 @@ om_status *om_device_plan_prepare(const om_graph *g, om_plan *p, int n_nodes) {
         if (nb) st = cu->memcpy_sync(p->device_id, p->dev_const[r], p->vt[r].data, nb, OM_COPY_H2D);
     }
     free(read);
-    if (st) return st;
-    size_t scratch = p->fwd_arena_size > p->bwd_arena_size ? p->fwd_arena_size : p->bwd_arena_size;
-    return cu->alloc_static(p->device_id, scratch ? scratch : 1, &p->scratch);
+    return st;   /* scratch lives in each call's frame, from the provider's pool */
 }
 
 void om_device_plan_release(om_plan *p) {
@@ -145,9 +143,7 @@ void om_device_plan_release(om_plan *p) {
     if (cu) {
         for (int v = 0; p->dev_const && v < p->n_values; v++)
             if (p->dev_const[v]) cu->free_static(p->device_id, p->dev_const[v]);
-        if (p->scratch) cu->free_static(p->device_id, p->scratch);
     }
-    p->scratch = NULL;
     free(p->dev_const);
     p->dev_const = NULL;
     free(p->cuda_kernel);

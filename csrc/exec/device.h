@@ -25,7 +25,7 @@ int om_cuda_loaded(void);
 void om_device_free_data(om_device_type device, int device_id, void *data, void *stream);
 
 /* Device parts of a plan (plan.c calls these for plans of CUDA inputs): kernels per node,
- * constants uploaded once, the scratch arena in device memory. */
+ * constants uploaded once (scratch lives in each call's frame). */
 struct om_plan;
 om_status *om_device_plan_prepare(const om_graph *g, struct om_plan *p, int n_nodes);
 void om_device_plan_release(struct om_plan *p);

@@ -10,7 +10,7 @@
 
 void om_plan_free(om_plan *p) {
     if (!p) return;
-    if (p->device == OM_CUDA) om_device_plan_release(p);   /* frees the device scratch */
+    if (p->device == OM_CUDA) om_device_plan_release(p);   /* frees the device constants */
     for (int v = 0; p->owned && v < p->n_values; v++)
         if (p->owned[v]) om_free(p->vt[v].data);
     free(p->input_shapes);
@@ -22,7 +22,6 @@ void om_plan_free(om_plan *p) {
     free(p->fwd_prog);
     free(p->bwd_prog);
     free(p->seed_of_output);
-    om_free(p->scratch);
     om_free(p->spare_stash);
     om_plan_free_variants(p);
     free(p);
@@ -285,7 +284,6 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
         if (s == OM_ST_STASH) p->stash_value_bytes += aligned_bytes(&p->vt[v]);
     }
     p->stash_size = place(p, iv, n_iv);
-    p->fwd_arena_size = p->bwd_arena_size = 0;
     for (int v = 0; v < nv; v++)
         if (share[v] != v) p->offset[v] = p->offset[share[v]];
     free(share);

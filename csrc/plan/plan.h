@@ -16,9 +16,9 @@ typedef enum om_storage {
     OM_ST_CONST,      /* initializer, or folded at plan time: plan-owned data */
     OM_ST_INPUT,      /* a graph input: the caller's memory */
     OM_ST_SEED,       /* dL/d(output): the caller's memory, or a zeroed backward-arena slot */
-    OM_ST_FWD,        /* forward scratch arena */
+    OM_ST_FWD,        /* forward scratch, in the frame */
     OM_ST_STASH,      /* forward value the backward reads: one buffer per forward call */
-    OM_ST_BWD,        /* backward scratch arena */
+    OM_ST_BWD,        /* backward scratch, in the frame */
     OM_ST_OUT,        /* a result handed to the caller: allocated fresh each call */
     OM_ST_ALIAS,      /* shares the memory of value alias_of (Reshape & co.) */
 } om_storage;
@@ -29,19 +29,15 @@ typedef struct om_plan {
     int n_values;
     om_tensor *vt;                /* per value: dtype, rank, dims; data set for OM_ST_CONST */
     om_storage *storage;
-    size_t *offset;               /* into its arena / stash buffer */
+    size_t *offset;               /* into the frame */
     int *alias_of;
     char *owned;                  /* vt[v].data was allocated by the plan */
     int *fwd_prog, n_fwd_prog;    /* runtime node ids, in order */
     int *bwd_prog, n_bwd_prog;
     int *seed_of_output;          /* per graph output: the seed value (or -1) */
-    size_t fwd_arena_size, bwd_arena_size;   /* 0: scratch lives in the frame (see plan.c) */
-    size_t stash_size;            /* bytes of the per-forward frame: forward scratch, stash, backward scratch */
+    size_t stash_size;            /* bytes of the per-forward frame: forward scratch, stash and
+                                     backward scratch on one timeline (see plan.c) */
     size_t stash_value_bytes;     /* of which values kept from forward to backward (before reuse) */
-    void *scratch;                /* one arena for both programs: the forward's scratch is dead once
-                                     it returns (what backward needs is in the stash), so the backward
-                                     reuses the same bytes; calls are serialized by the engine lock
-                                     (CUDA plans: device memory, and the stream orders the calls) */
     /* where the plan runs: the device of its inputs (all inputs share one) */
     om_device_type device;
     void *spare_stash;            /* CPU: a freed stash buffer kept for the next forward, so that the
