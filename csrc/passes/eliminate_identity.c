@@ -3,22 +3,12 @@
  * (ratio 0, or training_mode false) whose mask nobody reads. Exports emit all of these
  * (GPT-2 from transformers carries eight same-dtype Casts). A node whose output is a graph
  * output stays, so that outputs keep their names. */
-#include "passes/pass.h"
+#include "passes/fuse_match.h"
 
-#include <stdlib.h>
-
-/* 1 when constant value v is a scalar equal to x (float or bool/int) */
+/* 1 when constant value v is a scalar equal to x (fm_const_scalar reads any float/int/bool) */
 static int const_scalar_is(const om_graph *g, int v, double x) {
-    if (v < 0 || !g->values[v].constant) return 0;
-    const om_tensor *t = g->values[v].constant;
-    if (om_tensor_numel(t) != 1) return 0;
-    switch (t->dtype) {
-    case OM_F32: return *(const float *)t->data == (float)x;
-    case OM_F64: return *(const double *)t->data == x;
-    case OM_BOOL: case OM_U8: return *(const uint8_t *)t->data == (uint8_t)x;
-    case OM_I64: return *(const int64_t *)t->data == (int64_t)x;
-    default: return 0;
-    }
+    double got;
+    return fm_const_scalar(g, v, &got) && got == x;
 }
 
 static int passthrough(const om_graph *g, const om_node *n) {
