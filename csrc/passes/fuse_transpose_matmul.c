@@ -10,8 +10,7 @@ static int swaps_last_two(const om_graph *g, const om_node *t) {
     if (!fm_is(t, "Transpose") || t->in[0] < 0) return 0;
     const int64_t *perm;
     int np = om_attr_ints(t, "perm", &perm);
-    if (np < 0)   /* default perm reverses the axes: a swap only for rank 2 */
-        return g->values[t->in[0]].rank_hint == 2 || (g->values[t->in[0]].constant && g->values[t->in[0]].constant->rank == 2);
+    if (np < 0) return fm_rank(g, t->in[0]) == 2;   /* default perm reverses the axes: a swap only for rank 2 */
     if (np < 2) return 0;
     for (int i = 0; i < np - 2; i++)
         if (perm[i] != i) return 0;
