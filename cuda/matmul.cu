@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include "common.cuh"
+#include "ops/matmul_geom.h"
 
 // ---- cuBLAS plumbing -------------------------------------------------------------------------
 
@@ -160,51 +161,17 @@ static om_status *fill_bias(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_
 
 // ---- numpy matmul geometry (as matmul.c) ---------------------------------------------------------
 
-struct mm_geom {
-    int64_t M, N, K;
-    int ta, tb, nb;
-    int64_t batch[OM_MAX_RANK], nbatch;
-    int64_t a_str[OM_MAX_RANK], b_str[OM_MAX_RANK], y_str[OM_MAX_RANK];
-};
-
-static void batch_strides(const int64_t *bdims, int br, int nb, int64_t mat, int64_t *str) {
-    int64_t s = mat;
-    for (int i = nb - 1; i >= 0; i--) {
-        int j = i - (nb - br);
-        if (j < 0 || bdims[j] == 1) str[i] = 0;
-        else { str[i] = s; s *= bdims[j]; }
-    }
-}
+typedef om_mm_geom mm_geom;   /* csrc/ops/matmul_geom.h, shared with the CPU kernels */
 
 static om_status *mm_geometry(const om_kernel_ctx *ctx, int ra, const int64_t *a, int rb, const int64_t *b, int ta,
                               int tb, mm_geom *g) {
-    memset(g, 0, sizeof *g);
-    if (ra < 1 || rb < 1) return OMC_ERR(OM_INVALID_ARGUMENT, "node '%s' (%s): operands must have rank >= 1",
-                                         omc_node_name(ctx), omc_op_name(ctx));
-    int64_t ka, kb;
-    if (ra == 1) { ta = 0; g->M = 1; ka = a[0]; }
-    else { g->M = ta ? a[ra - 1] : a[ra - 2]; ka = ta ? a[ra - 2] : a[ra - 1]; }
-    if (rb == 1) { tb = 0; g->N = 1; kb = b[0]; }
-    else { g->N = tb ? b[rb - 2] : b[rb - 1]; kb = tb ? b[rb - 1] : b[rb - 2]; }
-    g->ta = ta;
-    g->tb = tb;
-    int bra = ra > 2 ? ra - 2 : 0, brb = rb > 2 ? rb - 2 : 0;
-    g->nb = bra > brb ? bra : brb;
-    int bad = ka != kb;
-    g->nbatch = 1;
-    for (int i = 0; i < g->nb && !bad; i++) {
-        int ja = i - (g->nb - bra), jb = i - (g->nb - brb);
-        int64_t da = ja >= 0 ? a[ja] : 1, db = jb >= 0 ? b[jb] : 1;
-        if (da != db && da != 1 && db != 1) bad = 1;
-        g->batch[i] = da == 1 ? db : da;
-        g->nbatch *= g->batch[i];
-    }
-    if (bad) return OMC_ERR(OM_INVALID_ARGUMENT, "node '%s' (%s): operand shapes do not multiply", omc_node_name(ctx),
-                            omc_op_name(ctx));
-    g->K = ka;
-    batch_strides(a, bra, g->nb, g->M * g->K, g->a_str);
-    batch_strides(b, brb, g->nb, g->K * g->N, g->b_str);
-    batch_strides(g->batch, g->nb, g->nb, g->M * g->N, g->y_str);
+    int rc = om_mm_geometry(ra, a, rb, b, ta, tb, g);
+    if (rc == OM_MM_BAD_RANK)
+        return OMC_ERR(OM_INVALID_ARGUMENT, "node '%s' (%s): operands must have rank >= 1", omc_node_name(ctx),
+                       omc_op_name(ctx));
+    if (rc != OM_MM_OK)
+        return OMC_ERR(OM_INVALID_ARGUMENT, "node '%s' (%s): operand shapes do not multiply", omc_node_name(ctx),
+                       omc_op_name(ctx));
     return NULL;
 }
 

@@ -24,21 +24,11 @@
 #include <stdlib.h>
 
 #include "ops/op.h"
+#include "ops/matmul_geom.h"
 
 /* ---- geometry --------------------------------------------------------------------- */
 
-/* out(Mo,No) = alpha * op(P)(Mo,Ko) * op(Q)(Ko,No) over a broadcast batch. Strides are in
- * elements per batch dim (0 = operand broadcast or output reduced along that dim). */
-typedef struct mm_geom {
-    int64_t M, N, K;              /* of the forward product op(A)(M,K) op(B)(K,N) */
-    int ta, tb;                   /* effective transposes (a 1-D operand never transposes) */
-    int nb;                       /* broadcast batch rank */
-    int64_t batch[OM_MAX_RANK];
-    int64_t nbatch;
-    int64_t a_str[OM_MAX_RANK], b_str[OM_MAX_RANK], y_str[OM_MAX_RANK];
-    int y_rank;
-    int64_t y_dims[OM_MAX_RANK];
-} mm_geom;
+typedef om_mm_geom mm_geom;   /* ops/matmul_geom.h */
 
 static void dims_str(int rank, const int64_t *d, char *buf, size_t n) {
     size_t k = 0;
@@ -48,64 +38,20 @@ static void dims_str(int rank, const int64_t *d, char *buf, size_t n) {
     if (k < n) snprintf(buf + k, n - k, ")");
 }
 
-/* Batch strides (in elements) of an operand whose batch dims are bdims (rank br) right-
- * aligned against the full batch; mat = elements per matrix. */
-static void batch_strides(const int64_t *bdims, int br, int nb, int64_t mat, int64_t *str) {
-    int64_t s = mat;
-    for (int i = nb - 1; i >= 0; i--) {
-        int j = i - (nb - br);
-        if (j < 0 || bdims[j] == 1) {
-            str[i] = 0;
-        } else {
-            str[i] = s;
-            s *= bdims[j];
-        }
-    }
-}
-
 /* Geometry of alpha * op(A) op(B) with numpy matmul rules for A (ra dims a) and B. */
 static om_status *mm_geometry(const om_node *n, int ra, const int64_t *a, int rb, const int64_t *b,
                               int ta, int tb, mm_geom *g) {
     char sa[160], sb[160];
-    memset(g, 0, sizeof(*g));
-    if (ra < 1 || rb < 1) {
+    int rc = om_mm_geometry(ra, a, rb, b, ta, tb, g);
+    if (rc != OM_MM_OK) {
         dims_str(ra, a, sa, sizeof sa);
         dims_str(rb, b, sb, sizeof sb);
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': operands must have rank >= 1, got %s and %s",
-                        n->op->name, n->name ? n->name : "", sa, sb);
-    }
-    int64_t ka, kb;
-    if (ra == 1) { ta = 0; g->M = 1; ka = a[0]; }
-    else { g->M = ta ? a[ra - 1] : a[ra - 2]; ka = ta ? a[ra - 2] : a[ra - 1]; }
-    if (rb == 1) { tb = 0; g->N = 1; kb = b[0]; }
-    else { g->N = tb ? b[rb - 2] : b[rb - 1]; kb = tb ? b[rb - 1] : b[rb - 2]; }
-    g->ta = ta;
-    g->tb = tb;
-    int bra = ra > 2 ? ra - 2 : 0, brb = rb > 2 ? rb - 2 : 0;
-    g->nb = bra > brb ? bra : brb;
-    int bad = ka != kb;
-    g->nbatch = 1;
-    for (int i = 0; i < g->nb && !bad; i++) {
-        int ja = i - (g->nb - bra), jb = i - (g->nb - brb);
-        int64_t da = ja >= 0 ? a[ja] : 1, db = jb >= 0 ? b[jb] : 1;
-        if (da != db && da != 1 && db != 1) bad = 1;
-        g->batch[i] = da == 1 ? db : da;
-        g->nbatch *= g->batch[i];
-    }
-    if (bad) {
-        dims_str(ra, a, sa, sizeof sa);
-        dims_str(rb, b, sb, sizeof sb);
+        if (rc == OM_MM_BAD_RANK)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': operands must have rank >= 1, got %s and %s",
+                            n->op->name, n->name ? n->name : "", sa, sb);
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': shapes %s%s and %s%s do not multiply",
                         n->op->name, n->name ? n->name : "", sa, ta ? "^T" : "", sb, tb ? "^T" : "");
     }
-    g->K = ka;
-    batch_strides(a, bra, g->nb, g->M * g->K, g->a_str);
-    batch_strides(b, brb, g->nb, g->K * g->N, g->b_str);
-    batch_strides(g->batch, g->nb, g->nb, g->M * g->N, g->y_str);
-    g->y_rank = 0;
-    for (int i = 0; i < g->nb; i++) g->y_dims[g->y_rank++] = g->batch[i];
-    if (ra > 1) g->y_dims[g->y_rank++] = g->M;
-    if (rb > 1) g->y_dims[g->y_rank++] = g->N;
     if (g->M > INT32_MAX || g->N > INT32_MAX || g->K > INT32_MAX)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': matrix dims exceed the BLAS int range",
                         n->op->name, n->name ? n->name : "");
