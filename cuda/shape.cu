@@ -6,6 +6,7 @@
 // always fold at plan time (their output shape depends on their input data), so they need no
 // kernel.
 #include "common.cuh"
+#include "ops/slice_geom.h"
 
 // ---- a strided copy: y dense over dims; x offset = base + sum idx[d] * xs[d] (xs may be 0) ---------
 
@@ -346,23 +347,10 @@ static om_status *slice_params_get(const om_kernel_ctx *ctx, const om_cuda_exec 
     for (int i = 0; i < ns; i++) {
         int a = norm_axis(has_axes ? ax[i] : i, rank);
         if (a < 0) return omc_err_unsupported(ctx, "axis out of range");
-        int64_t step = has_steps ? sp_[i] : 1, d = dims[a], s = st[i], e = en[i], cnt;
+        int64_t step = has_steps ? sp_[i] : 1, d = dims[a], s = st[i], e = en[i];
         if (step == 0) return omc_err_unsupported(ctx, "step 0");
-        if (s < 0) s += d;
-        if (e < 0) e += d;
-        if (step > 0) {
-            s = s < 0 ? 0 : s > d ? d : s;
-            e = e < 0 ? 0 : e > d ? d : e;
-            cnt = e > s ? (e - s + step - 1) / step : 0;
-        } else {
-            s = s < 0 ? 0 : s > d - 1 ? d - 1 : s;
-            e = e < -1 ? -1 : e > d - 1 ? d - 1 : e;
-            cnt = s > e ? (s - e - step - 1) / -step : 0;
-        }
-        if (d == 0) cnt = 0;
-        sp->start[a] = cnt ? s : 0;
+        sp->count[a] = om_slice_axis(s, e, step, d, &sp->start[a]);
         sp->step[a] = step;
-        sp->count[a] = cnt;
     }
     return NULL;
 }

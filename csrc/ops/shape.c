@@ -36,6 +36,7 @@
 
 #include "core/threadpool.h"
 #include "ops/op.h"
+#include "ops/slice_geom.h"
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
@@ -870,22 +871,9 @@ static om_status *slice_params_get(const om_kernel_ctx *ctx, int first, int rank
         seen[a] = 1;
         const int64_t step = has_steps ? int_at(&ctx->in[first + 3], i) : 1, d = dims[a];
         if (step == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "step 0 on axis %d", a);
-        int64_t s = int_at(&ctx->in[first], i), e = int_at(&ctx->in[first + 1], i), cnt;
-        if (s < 0) s += d;
-        if (e < 0) e += d;
-        if (step > 0) {
-            s = s < 0 ? 0 : s > d ? d : s;
-            e = e < 0 ? 0 : e > d ? d : e;
-            cnt = e > s ? (e - s + step - 1) / step : 0;
-        } else {
-            s = s < 0 ? 0 : s > d - 1 ? d - 1 : s;
-            e = e < -1 ? -1 : e > d - 1 ? d - 1 : e;
-            cnt = s > e ? (s - e - step - 1) / -step : 0;
-        }
-        if (d == 0) cnt = 0;
-        sp->start[a] = cnt ? s : 0;
+        int64_t s = int_at(&ctx->in[first], i), e = int_at(&ctx->in[first + 1], i);
+        sp->count[a] = om_slice_axis(s, e, step, d, &sp->start[a]);
         sp->step[a] = step;
-        sp->count[a] = cnt;
     }
     return NULL;
 }
