@@ -130,6 +130,32 @@ static inline void om_bcast_next(const om_bcast *p, int64_t *idx, int64_t *off) 
         }                                                                        \
     } while (0)
 
+/* One broadcast run: out[i] = EXPR(x, y) (the variadic tail) over N elements, with each
+ * operand stepping along the run (SA/SB nonzero) or held at its first element. The four
+ * loops are the fast paths: both contiguous, one side constant (scalar operand, size-1
+ * last dim), or both constant. Shared by OM_BINARY_LOOP and OM_BINARY_WORKER. */
+#define OM_BINARY_RUN(TO, TA, TB, O, PA, PB, N, SA, SB, ...)                                   \
+    do {                                                                                      \
+        TO *restrict o = (O);                                                                 \
+        const TA *restrict pa = (PA);                                                         \
+        const TB *restrict pb = (PB);                                                         \
+        if ((SA) && (SB)) {                                                                   \
+            for (int64_t i = 0; i < (N); i++) {                                               \
+                const TA x = pa[i]; const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__);             \
+            }                                                                                 \
+        } else if (SA) {                                                                      \
+            const TB y = pb[0];                                                               \
+            for (int64_t i = 0; i < (N); i++) { const TA x = pa[i]; o[i] = (TO)(__VA_ARGS__); } \
+        } else if (SB) {                                                                      \
+            const TA x = pa[0];                                                               \
+            for (int64_t i = 0; i < (N); i++) { const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__); } \
+        } else {                                                                              \
+            const TA x = pa[0]; const TB y = pb[0];                                           \
+            const TO v = (TO)(__VA_ARGS__);                                                   \
+            for (int64_t i = 0; i < (N); i++) o[i] = v;                                       \
+        }                                                                                     \
+    } while (0)
+
 /* out = EXPR(x, y) (the variadic tail) for x from A, y from B, broadcast by plan p
  * (operands: out, a, b).
  * The four inner loops are the fast paths: both contiguous (same shape, or trailing
@@ -145,36 +171,13 @@ static inline void om_bcast_next(const om_bcast *p, int64_t *idx, int64_t *off) 
         const int om_sa_ = om_bp_->step[1], om_sb_ = om_bp_->step[2];            \
         if (om_bp_->n_outer == 1 && om_sa_ && om_sb_) {                          \
             OM_CHUNKED(om_in_, {                                                 \
-                TO *restrict o = om_o_; const TA *restrict pa = om_a_;           \
-                const TB *restrict pb = om_bptr_;                                   \
-                for (int64_t i = om_lo; i < om_hi; i++) {                        \
-                    const TA x = pa[i]; const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__);   \
-                }                                                                \
+                OM_BINARY_RUN(TO, TA, TB, om_o_ + om_lo, om_a_ + om_lo, om_bptr_ + om_lo, \
+                              om_hi - om_lo, 1, 1, __VA_ARGS__);                 \
             });                                                                  \
         } else {                                                                 \
             OM_BCAST_RUNS(om_bp_, {                                              \
-                TO *restrict o = om_o_ + om_off[0];                              \
-                const TA *restrict pa = om_a_ + om_off[1];                       \
-                const TB *restrict pb = om_bptr_ + om_off[2];                       \
-                if (om_sa_ && om_sb_) {                                          \
-                    for (int64_t i = 0; i < om_in_; i++) {                       \
-                        const TA x = pa[i]; const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__); \
-                    }                                                            \
-                } else if (om_sa_) {                                             \
-                    const TB y = pb[0];                                          \
-                    for (int64_t i = 0; i < om_in_; i++) {                       \
-                        const TA x = pa[i]; o[i] = (TO)(__VA_ARGS__);                   \
-                    }                                                            \
-                } else if (om_sb_) {                                             \
-                    const TA x = pa[0];                                          \
-                    for (int64_t i = 0; i < om_in_; i++) {                       \
-                        const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__);                   \
-                    }                                                            \
-                } else {                                                         \
-                    const TA x = pa[0]; const TB y = pb[0];                      \
-                    const TO v = (TO)(__VA_ARGS__);                                     \
-                    for (int64_t i = 0; i < om_in_; i++) o[i] = v;               \
-                }                                                                \
+                OM_BINARY_RUN(TO, TA, TB, om_o_ + om_off[0], om_a_ + om_off[1],  \
+                              om_bptr_ + om_off[2], om_in_, om_sa_, om_sb_, __VA_ARGS__); \
             });                                                                  \
         }                                                                        \
     } while (0)
@@ -201,34 +204,16 @@ static inline int om_bcast_flat(const om_bcast *p) { return p->n_outer == 1 && p
         const TB *const om_b_ = (const TB *)om_ba_->b;                                        \
         const int64_t om_in_ = om_bp_->inner;                                                 \
         const int om_sa_ = om_bp_->step[1], om_sb_ = om_bp_->step[2];                         \
-        if (om_bcast_flat(om_bp_)) {                                                          \
-            TO *restrict o = om_o_; const TA *restrict pa = om_a_; const TB *restrict pb = om_b_; \
-            for (int64_t i = om_lo; i < om_hi; i++) {                                         \
-                const TA x = pa[i]; const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__);             \
-            }                                                                                 \
+        if (om_bcast_flat(om_bp_)) {   /* one contiguous run: work items are elements */     \
+            OM_BINARY_RUN(TO, TA, TB, om_o_ + om_lo, om_a_ + om_lo, om_b_ + om_lo, om_hi - om_lo, 1, 1, \
+                          __VA_ARGS__);                                                        \
             return;                                                                           \
         }                                                                                     \
         int64_t om_idx_[OM_MAX_RANK], om_off[OM_BCAST_MAX_OPS];                               \
         om_bcast_start(om_bp_, om_lo, om_idx_, om_off);                                       \
         for (int64_t om_r_ = om_lo; om_r_ < om_hi; om_r_++) {                                 \
-            TO *restrict o = om_o_ + om_off[0];                                               \
-            const TA *restrict pa = om_a_ + om_off[1];                                        \
-            const TB *restrict pb = om_b_ + om_off[2];                                        \
-            if (om_sa_ && om_sb_) {                                                           \
-                for (int64_t i = 0; i < om_in_; i++) {                                        \
-                    const TA x = pa[i]; const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__);         \
-                }                                                                             \
-            } else if (om_sa_) {                                                              \
-                const TB y = pb[0];                                                           \
-                for (int64_t i = 0; i < om_in_; i++) { const TA x = pa[i]; o[i] = (TO)(__VA_ARGS__); } \
-            } else if (om_sb_) {                                                              \
-                const TA x = pa[0];                                                           \
-                for (int64_t i = 0; i < om_in_; i++) { const TB y = pb[i]; o[i] = (TO)(__VA_ARGS__); } \
-            } else {                                                                          \
-                const TA x = pa[0]; const TB y = pb[0];                                       \
-                const TO v = (TO)(__VA_ARGS__);                                               \
-                for (int64_t i = 0; i < om_in_; i++) o[i] = v;                                \
-            }                                                                                 \
+            OM_BINARY_RUN(TO, TA, TB, om_o_ + om_off[0], om_a_ + om_off[1], om_b_ + om_off[2], om_in_, \
+                          om_sa_, om_sb_, __VA_ARGS__);                                        \
             om_bcast_next(om_bp_, om_idx_, om_off);                                           \
         }                                                                                     \
     }

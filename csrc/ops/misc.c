@@ -924,7 +924,7 @@ static om_status *einsum_cpu(om_kernel_ctx *ctx) {
     for (int i = 0; i < nj; i++) NJ *= e.size[jl[i]];
     for (int i = 0; i < nk; i++) NK *= e.size[kl[i]];
     /* gather orders: A as (b, i, k), B as (b, k, j), product as (b, i, j) */
-    int la[EIN_MAXL], lb[EIN_MAXL], lc[EIN_MAXL], na = 0, nbb = 0, nc = 0;
+    int la[EIN_MAXL] = {0}, lb[EIN_MAXL] = {0}, lc[EIN_MAXL] = {0}, na = 0, nbb = 0, nc = 0;
     int64_t da[EIN_MAXL], db[EIN_MAXL], sa[EIN_MAXL], sb[EIN_MAXL], dc[EIN_MAXL];
     for (int i = 0; i < nb; i++) la[na++] = bl[i], lb[nbb++] = bl[i], lc[nc++] = bl[i];
     for (int i = 0; i < ni; i++) la[na++] = il[i], lc[nc++] = il[i];
