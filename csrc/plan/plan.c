@@ -217,7 +217,7 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
             om_tensor_nbytes(&p->vt[a]) != om_tensor_nbytes(&p->vt[b]))
             continue;
         p->storage[b] = OM_ST_ALIAS;
-        p->alias_of[b] = a;
+        p->alias_of[b] = root_of(p, a);   /* point at the buffer's owner: one hop at run time */
     }
 
     /* Lifetimes per root buffer, in program steps (forward steps, then backward steps). */
