@@ -51,6 +51,14 @@ def summarize(r):
                      f"a stash of {_mib(p['stash_bytes'])})")
         big = ", ".join(f"{b['name']} {_mib(b['bytes'])} ({b['where']})" for b in p["largest_buffers"][:5])
         lines.append(f"  largest buffers: {big}")
+    prof = r.get("profile")
+    if prof and prof["ops"]:
+        total = prof["forward_ms"] + prof["backward_ms"]
+        lines.append(f"profile (ORTMOD_PROFILE, CPU kernels): forward {prof['forward_ms']:.1f} ms, "
+                     f"backward {prof['backward_ms']:.1f} ms in all")
+        for o in prof["ops"][:12]:
+            lines.append(f"  {o['op']:<28} {o['phase']:<8} {o['calls']:>7} calls {o['ms']:>10.1f} ms "
+                         f"({100 * o['ms'] / total:.0f}%)" if total else "")
     return "\n".join(lines)
 
 

@@ -476,6 +476,14 @@ static PyObject *Engine_report(EngineObject *self, PyObject *unused) {
     return PyUnicode_FromString(r);
 }
 
+static PyObject *Engine_set_profiling(EngineObject *self, PyObject *on) {
+    if (check_ready(self) < 0) return NULL;
+    int v = PyObject_IsTrue(on);
+    if (v < 0) return NULL;
+    om_engine_set_profiling(self->eng, v);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Engine_get_input_names(EngineObject *self, void *c) { return Py_NewRef(self->input_names ? self->input_names : Py_None); }
 static PyObject *Engine_get_output_names(EngineObject *self, void *c) { return Py_NewRef(self->output_names ? self->output_names : Py_None); }
 static PyObject *Engine_get_output_diff(EngineObject *self, void *c) {
@@ -495,6 +503,8 @@ static PyMethodDef Engine_methods[] = {
      "export_onnx(stage) -> bytes: 'optimized' (forward) or 'execution' (forward + backward)."},
     {"report", (PyCFunction)Engine_report, METH_NOARGS,
      "report() -> str: JSON of what the passes and the planner did (node counts, fusions, memory per shape set)."},
+    {"set_profiling", (PyCFunction)Engine_set_profiling, METH_O,
+     "set_profiling(on): time every CPU kernel per op and phase (report()['profile']); turning it on resets it."},
     {NULL, NULL, 0, NULL},
 };
 

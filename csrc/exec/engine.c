@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 struct om_engine {
     om_graph *g;
@@ -27,6 +28,10 @@ struct om_engine {
     int memory_opt_level, n_recomputed;
     int n_plans, cap_plans;
     pthread_mutex_t lock;       /* plans' arenas are shared: one call at a time */
+    /* profiling (CPU): wall time and calls per (op, phase); NULL when off. Indexed by
+     * prof_op[node] * 2 + (node is backward). */
+    struct om_op_time { double ns; long calls; } *prof;
+    int *prof_op;
 };
 
 struct om_stash {
@@ -114,6 +119,8 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
     } else {
         g->n_fwd_nodes = g->n_nodes;
     }
+    const char *prof = getenv("ORTMOD_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") != 0) om_engine_set_profiling(e, true);
     *out = e;
     return NULL;
 fail:
@@ -129,6 +136,8 @@ void om_engine_free(om_engine *e) {
     free(e->report);
     om_graph_free(e->g);
     free(e->grad_inputs);
+    free(e->prof);
+    free(e->prof_op);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }
@@ -257,6 +266,40 @@ static void *resolve(frame *f, int v) {
     return f->data[v];
 }
 
+/* ---- profiling -------------------------------------------------------------------------
+ * Off by default (two clock reads per kernel when on). CUDA kernels run asynchronously, so
+ * only CPU kernels are timed. */
+void om_engine_set_profiling(om_engine *e, bool on) {
+    pthread_mutex_lock(&e->lock);
+    free(e->prof);
+    free(e->prof_op);
+    e->prof = NULL;
+    e->prof_op = NULL;
+    if (on) {
+        e->prof = calloc((size_t)om_op_count() * 2, sizeof *e->prof);
+        e->prof_op = malloc(sizeof(int) * ((size_t)e->g->n_nodes + 1));
+        if (!e->prof || !e->prof_op) {
+            free(e->prof); free(e->prof_op);
+            e->prof = NULL; e->prof_op = NULL;
+        } else {
+            for (int i = 0; i < e->g->n_nodes; i++) {
+                int k = 0;
+                while (k < om_op_count() && om_op_at(k) != e->g->nodes[i].op) k++;
+                e->prof_op[i] = k < om_op_count() ? k : 0;
+            }
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+}
+
+static void profile_add(om_engine *e, int node, const struct timespec *t0) {
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    struct om_op_time *t = &e->prof[e->prof_op[node] * 2 + (node >= e->g->n_fwd_nodes)];
+    t->ns += (double)(t1.tv_sec - t0->tv_sec) * 1e9 + (double)(t1.tv_nsec - t0->tv_nsec);
+    t->calls++;
+}
+
 static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_prog, uint64_t call, int training) {
     const om_graph *g = e->g;
     om_tensor in[64], out[64];
@@ -281,12 +324,15 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
         om_kernel_ctx ctx = {.g = g, .node = n, .n_in = n->n_in, .n_out = n->n_out, .in = in, .out = out,
                              .seed = om_rand_u64(e->seed ^ call, (uint64_t)prog[s]), .training = training};
         om_status *st;
+        struct timespec t0;
+        if (e->prof && !f->cu) clock_gettime(CLOCK_MONOTONIC, &t0);
         if (f->cu) {
             for (int i = 0; i < n->n_in; i++)   /* host copies of what was known at plan time */
                 in_host[i] = n->in[i] >= 0 && f->plan->storage[n->in[i]] == OM_ST_CONST ? f->plan->vt[n->in[i]].data : NULL;
             st = f->plan->cuda_kernel[prog[s]](&ctx, &x);
         } else {
             st = n->op->cpu(&ctx);
+            if (e->prof) profile_add(e, prog[s], &t0);
         }
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
     }
@@ -721,6 +767,27 @@ static void op_counts(sbuf *b, const om_graph *g, int from, int to) {
     sb_printf(b, "}");
 }
 
+/* "profile": {"forward_ms", "backward_ms", "ops": [{op, phase, calls, ms}] slowest first} */
+static void profile_json(sbuf *b, const om_engine *e) {
+    int n = om_op_count() * 2;
+    double fwd = 0, bwd = 0;
+    for (int i = 0; i < n; i++) *(i % 2 ? &bwd : &fwd) += e->prof[i].ns;
+    sb_printf(b, ", \"profile\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"ops\": [", fwd / 1e6, bwd / 1e6);
+    char *taken = calloc((size_t)n, 1);
+    for (int r = 0; taken; r++) {   /* selection by time: the table is small */
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (!taken[i] && e->prof[i].calls && (best < 0 || e->prof[i].ns > e->prof[best].ns)) best = i;
+        if (best < 0) break;
+        taken[best] = 1;
+        sb_printf(b, "%s{\"op\": \"%s\", \"phase\": \"%s\", \"calls\": %ld, \"ms\": %.3f}", r ? ", " : "",
+                  om_op_at(best / 2)->name, best % 2 ? "backward" : "forward", e->prof[best].calls,
+                  e->prof[best].ns / 1e6);
+    }
+    free(taken);
+    sb_printf(b, "]}");
+}
+
 const char *om_engine_report_json(om_engine *e) {
     const om_graph *g = e->g;
     sbuf b = {0};
@@ -777,7 +844,9 @@ const char *om_engine_report_json(om_engine *e) {
         free(taken);
         sb_printf(&b, "]}");
     }
-    sb_printf(&b, "]}");
+    sb_printf(&b, "]");
+    if (e->prof) profile_json(&b, e);
+    sb_printf(&b, "}");
     pthread_mutex_unlock(&e->lock);
     if (b.oom) { free(b.s); return NULL; }
     free(e->report);

@@ -135,6 +135,11 @@ int         om_engine_output_differentiable(const om_engine *eng, int i);
  * the engine and stays valid until the next call or om_engine_free. NULL if out of memory. */
 const char *om_engine_report_json(om_engine *eng);
 
+/* Per-op wall time of the CPU kernels (forward and backward apart), reported under
+ * "profile" in the JSON report. Turning it on (again) resets the counters; off by default,
+ * on at creation when ORTMOD_PROFILE is set to anything but 0. */
+void om_engine_set_profiling(om_engine *eng, bool on);
+
 /* Random ops draw from a stream keyed by (seed, forward-call counter, node): saving the
  * counter with a checkpoint and restoring it makes a resumed run draw the same masks. */
 uint64_t om_engine_rng_offset(const om_engine *eng);
