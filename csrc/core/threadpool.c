@@ -30,8 +30,6 @@
 #define WORKER_SPIN 4000      /* pause iterations (~20-40 µs) before a worker sleeps */
 #define CALLER_SPIN 20000     /* pause iterations before the caller starts yielding */
 
-/* OpenBLAS's own thread count; weak so a BLIS build links too. */
-extern void openblas_set_num_threads(int n) __attribute__((weak));
 
 static struct {
     pthread_mutex_t submit;          /* one job at a time; held by the submitting caller */
@@ -259,7 +257,6 @@ void om_pool_run(int64_t n, int R, om_pool_fn fn, void *ctx) {
 
 /* Cheap when nothing changes (the binding may call it before every step). */
 __attribute__((visibility("default"))) void om_set_num_threads(int n) {
-    static atomic_int blas_threads;   /* what OpenBLAS was last told */
     if (n < 1) n = default_threads();
     if (n > MAX_THREADS) n = MAX_THREADS;
     if (atomic_load(&P.nthreads) != n) {
@@ -268,7 +265,6 @@ __attribute__((visibility("default"))) void om_set_num_threads(int n) {
         atomic_store(&P.nthreads, n);
         pthread_mutex_unlock(&P.submit);
     }
-    if (openblas_set_num_threads && atomic_exchange(&blas_threads, n) != n) openblas_set_num_threads(n);
 }
 
 __attribute__((visibility("default"))) int om_get_num_threads(void) { return threads_wanted(); }

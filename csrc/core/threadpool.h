@@ -17,8 +17,9 @@
  *   - n <= grain, one thread, or a call from inside a parallel range (nested) runs fn(ctx, 0, n)
  *     on the calling thread: no oversubscription, never a deadlock.
  *   - Two threads calling at once: the second runs serially rather than waiting.
- *   - The thread count follows om_set_num_threads (public, ortmod.h), which also sets
- *     OpenBLAS's, so BLAS and the pool never run more threads than asked for together.
+ *   - The thread count follows om_set_num_threads (public, ortmod.h). BLAS itself runs
+ *     single-threaded: om_gemm (ops/gemm.h) shares big products out over this pool, so
+ *     the process holds one team of threads, not two fighting for the cores.
  *     Default: OMP_NUM_THREADS when set, else the CPUs this process may run on.
  */
 #ifndef OM_THREADPOOL_H

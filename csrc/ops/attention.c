@@ -27,13 +27,19 @@
  * Dropout draws keep(i) = om_rand_uniform(seed, i) >= ratio with i the flat index in the
  * (batch..., L, S) probabilities, as Dropout on the materialized tensor would.
  */
-#include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/threadpool.h"
+#include "ops/gemm.h"
 #include "ops/op.h"
+#include "ops/vecmath.h"
+
+/* float: the vectorizable exp_f32 (vecmath.h); double: libm */
+#define ATTN_EXP(x) _Generic((x), float: exp_f32, default: exp)(x)
 
 #define BQ 64
 #define BK 128
@@ -178,12 +184,8 @@ static void batch_offsets(const attn_geom *g, int64_t t, int64_t *q, int64_t *k,
 
 static void gemm(om_dtype dt, int ta, int tb, int M, int N, int K, double alpha, const void *A, int lda,
                  const void *B, int ldb, double beta, void *C, int ldc) {
-    if (M <= 0 || N <= 0 || K <= 0) return;
-    const enum CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
-    if (dt == OM_F32)
-        cblas_sgemm(CblasRowMajor, a, b, M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, ldc);
-    else
-        cblas_dgemm(CblasRowMajor, a, b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (K <= 0) return;   /* callers never ask for an empty inner dimension */
+    om_gemm(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* ---- shape rules ------------------------------------------------------------------ */
@@ -227,8 +229,25 @@ static om_status *attn_infer(om_kernel_ctx *ctx) {
 
 /* ---- forward ---------------------------------------------------------------------- */
 
+/* Work shared out over the pool: the forward by (batch index, query tile), each writing its
+ * own rows of O and lse; the backward by batch index, when no two batch indices share a
+ * gradient buffer (broadcast K, V or mask would), else on one thread. */
+typedef struct attn_job {
+    om_kernel_ctx *ctx;
+    const attn_geom *g;
+    om_dtype dt;
+    uint64_t seed;
+    int64_t tiles;          /* query tiles per batch index */
+    atomic_int failed;      /* a range found no memory for its scratch */
+} attn_job;
+
 #define ATTN_FWD(T)                                                                                          \
-    static om_status *attn_fwd_##T(om_kernel_ctx *ctx, const attn_geom *g, om_dtype dt, uint64_t seed) {      \
+    static void attn_fwd_range_##T(void *job, int64_t lo, int64_t hi) {                                      \
+        attn_job *j = job;                                                                                   \
+        om_kernel_ctx *ctx = j->ctx;                                                                         \
+        const attn_geom *g = j->g;                                                                           \
+        const om_dtype dt = j->dt;                                                                           \
+        const uint64_t seed = j->seed;                                                                       \
         const T *Q = ctx->in[0].data, *K = ctx->in[1].data, *V = ctx->in[2].data;                               \
         const T *M = g->has_mask ? (const T *)ctx->in[3].data : NULL;                                           \
         T *O = ctx->out[0].data;                                                                                \
@@ -237,12 +256,14 @@ static om_status *attn_infer(om_kernel_ctx *ctx) {
         const T scale = (T)g->scale, dscale = g->ratio < 1.0 ? (T)(1.0 / (1.0 - g->ratio)) : (T)0;             \
         const float ratio = (float)g->ratio;                                                                    \
         T *buf = malloc(sizeof(T) * (size_t)(BQ * BK + BQ * Dv + 2 * BQ + 1));                                  \
-        if (!buf) return om_error(OM_OUT_OF_MEMORY, "out of memory in attention");                              \
+        if (!buf) { atomic_store(&j->failed, 1); return; }                                                   \
         T *Sb = buf, *acc = Sb + BQ * BK, *mrow = acc + BQ * Dv, *lrow = mrow + BQ;                             \
-        for (int64_t t = 0; t < g->nbatch; t++) {                                                               \
-            int64_t qo, ko, vo, mo;                                                                             \
-            batch_offsets(g, t, &qo, &ko, &vo, &mo);                                                            \
-            for (int64_t i0 = 0; i0 < L; i0 += BQ) {                                                            \
+        for (int64_t u = lo; u < hi; u++) {                                                                  \
+            const int64_t t = u / j->tiles;                                                                  \
+            int64_t qo, ko, vo, mo;                                                                          \
+            batch_offsets(g, t, &qo, &ko, &vo, &mo);                                                         \
+            {                                                                                                \
+                const int64_t i0 = (u % j->tiles) * BQ;                                                      \
                 const int bq = (int)(L - i0 < BQ ? L - i0 : BQ);                                                \
                 for (int r = 0; r < bq; r++) { mrow[r] = -INFINITY; lrow[r] = 0; }                              \
                 memset(acc, 0, sizeof(T) * (size_t)(bq * Dv));                                                  \
@@ -271,9 +292,9 @@ static om_status *attn_infer(om_kernel_ctx *ctx) {
                         for (int c = 0; c < bk; c++) mx = s[c] > mx ? s[c] : mx;                                \
                         const T m_new = mx > mrow[r] ? mx : mrow[r];                                            \
                         if (m_new == -INFINITY) { for (int c = 0; c < bk; c++) s[c] = 0; continue; }           \
-                        const T corr = exp(mrow[r] - m_new);                                                    \
+                        const T corr = ATTN_EXP(mrow[r] - m_new);                                                    \
                         T sum = 0;                                                                              \
-                        for (int c = 0; c < bk; c++) { s[c] = exp(s[c] - m_new); sum += s[c]; }                 \
+                        for (int c = 0; c < bk; c++) { s[c] = ATTN_EXP(s[c] - m_new); sum += s[c]; }                 \
                         lrow[r] = lrow[r] * corr + sum;                                                         \
                         mrow[r] = m_new;                                                                        \
                         if (corr != (T)1) { T *restrict a = acc + r * Dv; for (int64_t d = 0; d < Dv; d++) a[d] *= corr; } \
@@ -302,9 +323,14 @@ static om_status *attn_infer(om_kernel_ctx *ctx) {
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
-        (void)scale;                                                                                            \
-        free(buf);                                                                                              \
-        return NULL;                                                                                            \
+        (void)scale;                                                                                         \
+        free(buf);                                                                                           \
+    }                                                                                                        \
+    static om_status *attn_fwd_##T(om_kernel_ctx *ctx, const attn_geom *g, om_dtype dt, uint64_t seed) {     \
+        attn_job j = {.ctx = ctx, .g = g, .dt = dt, .seed = seed, .tiles = (g->L + BQ - 1) / BQ};            \
+        om_pool_for(g->nbatch * j.tiles, 1, attn_fwd_range_##T, &j);                                         \
+        if (atomic_load(&j.failed)) return om_error(OM_OUT_OF_MEMORY, "out of memory in attention");         \
+        return NULL;                                                                                         \
     }
 
 ATTN_FWD(float)
@@ -367,8 +393,25 @@ static om_status *attn_grad_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+/* 1 when every batch index has its own dK, dV and dMask rows (no broadcast batch dim of a
+ * wanted gradient), so batch indices can run on different threads. */
+static int bwd_batches_independent(const om_kernel_ctx *ctx, const attn_geom *g) {
+    for (int d = 0; d < g->nb; d++) {
+        if (g->batch[d] == 1) continue;
+        if ((wanted(ctx, 1) && !g->k_str[d]) || (wanted(ctx, 2) && !g->v_str[d]) ||
+            (g->has_mask && wanted(ctx, 3) && !g->m_str[d]))
+            return 0;
+    }
+    return 1;
+}
+
 #define ATTN_BWD(T)                                                                                          \
-    static om_status *attn_bwd_##T(om_kernel_ctx *ctx, const attn_geom *g, om_dtype dt, uint64_t seed) {      \
+    static void attn_bwd_range_##T(void *job, int64_t lo, int64_t hi) {                                      \
+        attn_job *j = job;                                                                                   \
+        om_kernel_ctx *ctx = j->ctx;                                                                         \
+        const attn_geom *g = j->g;                                                                           \
+        const om_dtype dt = j->dt;                                                                           \
+        const uint64_t seed = j->seed;                                                                       \
         const T *dO = ctx->in[0].data, *Q = ctx->in[1].data, *K = ctx->in[2].data, *V = ctx->in[3].data;        \
         const T *O = ctx->in[4].data, *LSE = ctx->in[5].data;                                                   \
         const T *M = g->has_mask ? (const T *)ctx->in[6].data : NULL;                                           \
@@ -379,13 +422,10 @@ static om_status *attn_grad_infer(om_kernel_ctx *ctx) {
         const int64_t L = g->L, S = g->S, D = g->D, Dv = g->Dv;                                                 \
         const T dscale = g->ratio < 1.0 ? (T)(1.0 / (1.0 - g->ratio)) : (T)0;                                   \
         const float ratio = (float)g->ratio;                                                                    \
-        /* outputs accumulate over tiles and over broadcast batch dims: zero them first */                     \
-        for (int j = 0; j < 4; j++)                                                                             \
-            if (wanted(ctx, j)) memset(ctx->out[j].data, 0, om_tensor_nbytes(&ctx->out[j]));                    \
         T *buf = malloc(sizeof(T) * (size_t)(3 * BQ * BK + BQ + 1));                                           \
-        if (!buf) return om_error(OM_OUT_OF_MEMORY, "out of memory in attention backward");                     \
+        if (!buf) { atomic_store(&j->failed, 1); return; }                                                   \
         T *P = buf, *Pd = P + BQ * BK, *dS = Pd + BQ * BK, *Drow = dS + BQ * BK;                                \
-        for (int64_t t = 0; t < g->nbatch; t++) {                                                               \
+        for (int64_t t = lo; t < hi; t++) {                                                                  \
             int64_t qo, ko, vo, mo;                                                                             \
             batch_offsets(g, t, &qo, &ko, &vo, &mo);                                                            \
             for (int64_t i0 = 0; i0 < L; i0 += BQ) {                                                            \
@@ -414,7 +454,7 @@ static om_status *attn_grad_infer(om_kernel_ctx *ctx) {
                             if (g->m_col) for (int c = 0; c < bk; c++) p[c] += mr[c];                           \
                             else for (int c = 0; c < bk; c++) p[c] += mr[0];                                    \
                         }                                                                                       \
-                        for (int c = 0; c < bk; c++) p[c] = exp(p[c] - lse);                                    \
+                        for (int c = 0; c < bk; c++) p[c] = ATTN_EXP(p[c] - lse);                                    \
                         if (g->causal)                                                                          \
                             for (int c = (int)(i - j0 + 1 > 0 ? i - j0 + 1 : 0); c < bk; c++) p[c] = 0;         \
                         if (g->dropout) {                                                                       \
@@ -465,8 +505,17 @@ static om_status *attn_grad_infer(om_kernel_ctx *ctx) {
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
-        free(buf);                                                                                              \
-        return NULL;                                                                                            \
+        free(buf);                                                                                           \
+    }                                                                                                        \
+    static om_status *attn_bwd_##T(om_kernel_ctx *ctx, const attn_geom *g, om_dtype dt, uint64_t seed) {     \
+        /* outputs accumulate over tiles and over broadcast batch dims: zero them first */                   \
+        for (int k = 0; k < 4; k++)                                                                          \
+            if (wanted(ctx, k)) memset(ctx->out[k].data, 0, om_tensor_nbytes(&ctx->out[k]));                 \
+        attn_job j = {.ctx = ctx, .g = g, .dt = dt, .seed = seed, .tiles = (g->L + BQ - 1) / BQ};            \
+        if (bwd_batches_independent(ctx, g)) om_pool_for(g->nbatch, 1, attn_bwd_range_##T, &j);              \
+        else attn_bwd_range_##T(&j, 0, g->nbatch);                                                           \
+        if (atomic_load(&j.failed)) return om_error(OM_OUT_OF_MEMORY, "out of memory in attention backward"); \
+        return NULL;                                                                                         \
     }
 
 ATTN_BWD(float)

@@ -23,12 +23,12 @@
  * Every bias here broadcasts over the last dim only: the passes fuse only when the bias is
  * a rank-1 parameter or constant, and the shape rules check its length at plan time.
  */
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/gemm.h"
 #include "ops/op.h"
 #include "ops/vecmath.h"
 #include "core/threadpool.h"
@@ -85,16 +85,7 @@ static double scalar_in(const om_kernel_ctx *ctx, int i, double dflt) {
 
 static void gemm(om_dtype dt, int ta, int tb, int M, int N, int K, const void *A, int lda, const void *B, int ldb,
                  double beta, void *C) {
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        if (beta == 0) memset(C, 0, (size_t)M * (size_t)N * om_dtype_size(dt));
-        return;
-    }
-    const enum CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
-    if (dt == OM_F32)
-        cblas_sgemm(CblasRowMajor, a, b, M, N, K, 1.0f, A, lda > 0 ? lda : 1, B, ldb > 0 ? ldb : 1, (float)beta, C, N);
-    else
-        cblas_dgemm(CblasRowMajor, a, b, M, N, K, 1.0, A, lda > 0 ? lda : 1, B, ldb > 0 ? ldb : 1, beta, C, N);
+    om_gemm(dt, ta, tb, M, N, K, 1.0, A, lda, B, ldb, beta, C, N);
 }
 
 /* Emits op with n_out outputs and detaches those whose want[j] is 0. Returns the node id. */

@@ -18,11 +18,12 @@
  * the other operand, works out the geometry at plan time and accumulates broadcast batch
  * slices with beta = 1, so no batch-sized intermediate is ever materialized.
  */
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/threadpool.h"
+#include "ops/gemm.h"
 #include "ops/op.h"
 #include "ops/matmul_geom.h"
 
@@ -70,20 +71,7 @@ typedef struct bgemm {
 
 static void gemm1(om_dtype dt, int tp, int tq, int M, int N, int K, double alpha, const void *P,
                   const void *Q, double beta, void *O) {
-    if (M == 0 || N == 0) return;
-    int lda = tp ? M : K, ldb = tq ? K : N, ldc = N;
-    lda = lda > 0 ? lda : 1;
-    ldb = ldb > 0 ? ldb : 1;
-    if (K == 0) {
-        /* BLAS quick-returns without touching C when K == 0 only if beta == 1; be explicit */
-        if (beta == 0) memset(O, 0, (size_t)M * N * om_dtype_size(dt));
-        return;
-    }
-    const enum CBLAS_TRANSPOSE a = tp ? CblasTrans : CblasNoTrans, b = tq ? CblasTrans : CblasNoTrans;
-    if (dt == OM_F32)
-        cblas_sgemm(CblasRowMajor, a, b, M, N, K, (float)alpha, P, lda, Q, ldb, (float)beta, O, ldc);
-    else
-        cblas_dgemm(CblasRowMajor, a, b, M, N, K, alpha, P, lda, Q, ldb, beta, O, ldc);
+    om_gemm(dt, tp, tq, M, N, K, alpha, P, tp ? M : K, Q, tq ? K : N, beta, O, N);
 }
 
 /* 1 when strides walk the full batch contiguously (matrix size mat); dims of size 1 ignored. */
@@ -101,6 +89,37 @@ static int batch_is_broadcast(const mm_geom *g, const int64_t *str) {
     for (int i = 0; i < g->nb; i++)
         if (g->batch[i] != 1 && str[i] != 0) return 0;
     return 1;
+}
+
+/* Element offsets of batch index t (row-major over g->batch) in P, Q and O. */
+static void batch_offsets(const mm_geom *g, const bgemm *m, int64_t t, int64_t *po, int64_t *qo, int64_t *oo) {
+    *po = *qo = *oo = 0;
+    for (int d = g->nb - 1; d >= 0; d--) {
+        const int64_t i = t % g->batch[d];
+        t /= g->batch[d];
+        *po += i * m->p_str[d];
+        *qo += i * m->q_str[d];
+        *oo += i * m->o_str[d];
+    }
+}
+
+typedef struct bgemm_batch {
+    om_dtype dt;
+    const mm_geom *g;
+    const bgemm *m;
+    double alpha;
+    size_t es;
+} bgemm_batch;
+
+static void bgemm_batch_range(void *ctx, int64_t lo, int64_t hi) {
+    const bgemm_batch *j = ctx;
+    const bgemm *m = j->m;
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t po, qo, oo;
+        batch_offsets(j->g, m, t, &po, &qo, &oo);
+        gemm1(j->dt, m->tp, m->tq, m->Mo, m->No, m->Ko, j->alpha, (const char *)m->P + po * j->es,
+              (const char *)m->Q + qo * j->es, 0.0, (char *)m->O + oo * j->es);
+    }
 }
 
 /* O[o] (+)= alpha * op(P[p]) op(Q[q]) for every batch index; O reduced where o_str is 0. */
@@ -139,17 +158,18 @@ static void bgemm_run(om_dtype dt, const mm_geom *g, const bgemm *m, double alph
         memset(m->O, 0, (size_t)(on * osz) * es);
         beta = 1.0;
     }
-    int64_t idx[OM_MAX_RANK] = {0};
-    int64_t po = 0, qo = 0, oo = 0;
+    /* every product writes its own output: many, or small, products are shared out whole
+     * (each then runs single-threaded); a few big ones run in turn, each shared out */
+    if (o_full && (g->nbatch >= 2 * om_get_num_threads() || (int64_t)m->Mo * m->No * m->Ko < ((int64_t)1 << 20))) {
+        bgemm_batch job = {dt, g, m, alpha, es};
+        om_pool_for(g->nbatch, 1, bgemm_batch_range, &job);
+        return;
+    }
     for (int64_t t = 0; t < g->nbatch; t++) {
+        int64_t po, qo, oo;
+        batch_offsets(g, m, t, &po, &qo, &oo);
         gemm1(dt, m->tp, m->tq, m->Mo, m->No, m->Ko, alpha, (const char *)m->P + po * es,
               (const char *)m->Q + qo * es, beta, (char *)m->O + oo * es);
-        for (int d = g->nb - 1; d >= 0; d--) {
-            po += m->p_str[d]; qo += m->q_str[d]; oo += m->o_str[d];
-            if (++idx[d] < g->batch[d]) break;
-            po -= idx[d] * m->p_str[d]; qo -= idx[d] * m->q_str[d]; oo -= idx[d] * m->o_str[d];
-            idx[d] = 0;
-        }
     }
 }
 

@@ -33,12 +33,12 @@
  * Shape-carrying inputs (Tile's repeats, Pad's pads and axes) must be known at plan time:
  * exports compute them from Shape/Constant, which the planner folds.
  */
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "ops/broadcast.h"
+#include "ops/gemm.h"
 #include "ops/op.h"
 
 #define MISC_FLOAT(dt, node, i, ...)                                            \
@@ -887,12 +887,10 @@ static void ein_strides(const ein_term *t, const int64_t *dims, const int *labs,
 }
 
 static void gemm_f32(int64_t M, int64_t N, int64_t K, const float *A, const float *B, float *C) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, A, (int)(K ? K : 1), B,
-                (int)(N ? N : 1), 0.0f, C, (int)(N ? N : 1));
+    om_gemm(OM_F32, false, false, M, N, K, 1.0, A, K, B, N, 0.0, C, N);
 }
 static void gemm_f64(int64_t M, int64_t N, int64_t K, const double *A, const double *B, double *C) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0, A, (int)(K ? K : 1), B,
-                (int)(N ? N : 1), 0.0, C, (int)(N ? N : 1));
+    om_gemm(OM_F64, false, false, M, N, K, 1.0, A, K, B, N, 0.0, C, N);
 }
 #define EIN_GEMM(T) _Generic((T)0, float: gemm_f32, default: gemm_f64)
 

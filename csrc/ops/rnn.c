@@ -36,11 +36,11 @@
  * node): layout = 1, clip, input_forget, peepholes P, sequence_lens other than all T
  * (activations/activation_alpha are string lists, refused by the importer).
  */
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "ops/gemm.h"
 #include "ops/op.h"
 
 #define RNN_FLOAT(dt, node, ...)                                                \
@@ -61,21 +61,7 @@ static int node_in(const om_node *n, int i) { return i < n->n_in ? n->in[i] : -1
 /* row-major C (M, N) = alpha op(A) op(B) + beta C, float or double by `f32` */
 static void gemm(int f32, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A, int64_t lda,
                  const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {   /* empty sum: C = beta C */
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++) {
-                if (f32) ((float *)C)[i * ldc + j] = beta == 0 ? 0.0f : (float)(beta * ((float *)C)[i * ldc + j]);
-                else ((double *)C)[i * ldc + j] = beta == 0 ? 0.0 : beta * ((double *)C)[i * ldc + j];
-            }
-        return;
-    }
-    const enum CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
-    if (f32)
-        cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, (float)alpha, A, (int)lda, B, (int)ldb, (float)beta,
-                    C, (int)ldc);
-    else
-        cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    om_gemm(f32 ? OM_F32 : OM_F64, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* ---- attributes and geometry ---------------------------------------------------------- */
