@@ -97,10 +97,10 @@ typedef void (*om_piece_fn)(void *ctx, int tensor, int64_t lo, int64_t hi, int p
 void om_visit_pieces(const int64_t *offsets, int n, int64_t begin, int64_t end, int part, void *ctx, om_piece_fn fn);
 
 /* ---- parallel for ------------------------------------------------------------------
- * Splits [0, total) into at most om_optim_num_threads() contiguous parts (multiples of
- * 64 elements, each at least grain elements) and runs fn on each; part 0 runs on the
- * calling thread, the others on fresh pthreads (a part whose thread cannot be created
- * runs on the calling thread). Returns the number of parts; fn(ctx, part, begin, end). */
+ * Splits [0, total) into contiguous parts (multiples of 64 elements, each at least grain
+ * elements; at most OM_OPTIM_MAX_PARTS, or the cap om_optim_set_num_threads /
+ * ORTMOD_NUM_THREADS set) and runs fn on each, on the engine's thread pool. Parts are
+ * numbered in order of begin. Returns the number of parts; fn(ctx, part, begin, end). */
 #define OM_OPTIM_MAX_PARTS 64
 typedef void (*om_range_fn)(void *ctx, int part, int64_t begin, int64_t end);
 int om_parallel_for(int64_t total, int64_t grain, void *ctx, om_range_fn fn);

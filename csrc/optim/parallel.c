@@ -1,82 +1,65 @@
 /* parallel.c — the optimizer kernels' threading: a parallel-for over one concatenated
- * element range, on plain pthreads (the build has no OpenMP).
+ * element range, run on the engine's thread pool (core/threadpool.h), so an optimizer step
+ * uses the same threads as forward and backward instead of starting its own per call.
  *
- * Threads are created per call. An optimizer step over a large model touches hundreds
- * of MB, so thread start-up (~20 us) is noise there; small calls (below the grain) stay
- * on the calling thread and pay nothing. */
+ * Parts are whole multiples of 64 elements (the vector code's unit) and numbered in order
+ * of their start, so per-part partial sums combine in a fixed order. */
 #include "optim/optim_internal.h"
 
-#include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 
-static int g_num_threads = 0;   /* 0: not decided yet */
+#include "core/threadpool.h"
 
-static int default_num_threads(void) {
-    const char *env = getenv("ORTMOD_NUM_THREADS");
-    if (env && *env) {
-        int n = atoi(env);
-        if (n > 0) return n < OM_OPTIM_MAX_PARTS ? n : OM_OPTIM_MAX_PARTS;
-    }
-    cpu_set_t set;
-    int n = 1;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
-    if (n < 1) n = 1;
-    return n < OM_OPTIM_MAX_PARTS ? n : OM_OPTIM_MAX_PARTS;
-}
+#define PART_UNIT 64
 
-int om_optim_num_threads(void) {
-    int n = __atomic_load_n(&g_num_threads, __ATOMIC_RELAXED);
-    if (n <= 0) {
-        n = default_num_threads();
-        __atomic_store_n(&g_num_threads, n, __ATOMIC_RELAXED);
+static int g_max_parts = -1;   /* -1: not decided yet; 0: no cap beyond the pool's */
+
+static int max_parts(void) {
+    int n = __atomic_load_n(&g_max_parts, __ATOMIC_RELAXED);
+    if (n < 0) {
+        const char *env = getenv("ORTMOD_NUM_THREADS");
+        n = env && *env && atoi(env) > 0 ? atoi(env) : 0;
+        __atomic_store_n(&g_max_parts, n, __ATOMIC_RELAXED);
     }
     return n;
 }
 
-void om_optim_set_num_threads(int n) {
-    if (n > OM_OPTIM_MAX_PARTS) n = OM_OPTIM_MAX_PARTS;
-    __atomic_store_n(&g_num_threads, n > 0 ? n : 0, __ATOMIC_RELAXED);
+int om_optim_num_threads(void) {
+    int cap = max_parts(), pool = om_get_num_threads();
+    return cap && cap < pool ? cap : pool;
 }
 
-typedef struct range_task {
+void om_optim_set_num_threads(int n) {
+    if (n > OM_OPTIM_MAX_PARTS) n = OM_OPTIM_MAX_PARTS;
+    __atomic_store_n(&g_max_parts, n > 0 ? n : 0, __ATOMIC_RELAXED);
+}
+
+typedef struct pool_job {
     void *ctx;
     om_range_fn fn;
-    int part;
-    int64_t begin, end;
-} range_task;
+    int64_t total;
+} pool_job;
 
-static void *range_thread(void *arg) {
-    range_task *t = arg;
-    t->fn(t->ctx, t->part, t->begin, t->end);
-    return NULL;
+static void pool_range(void *c, int64_t lo, int64_t hi) {
+    const pool_job *j = c;
+    const int64_t begin = lo * PART_UNIT, end = hi * PART_UNIT < j->total ? hi * PART_UNIT : j->total;
+    if (begin < end) j->fn(j->ctx, om_pool_range_id(), begin, end);
 }
 
 int om_parallel_for(int64_t total, int64_t grain, void *ctx, om_range_fn fn) {
     if (total <= 0) return 0;
-    if (grain < 64) grain = 64;
-    int64_t parts = om_optim_num_threads();
-    if (parts > (total + grain - 1) / grain) parts = (total + grain - 1) / grain;
+    if (grain < PART_UNIT) grain = PART_UNIT;
+    const int64_t units = (total + PART_UNIT - 1) / PART_UNIT;
+    int parts = om_pool_ranges(units, grain / PART_UNIT);
+    const int cap = max_parts() ? max_parts() : OM_OPTIM_MAX_PARTS;
+    if (parts > cap) parts = cap;
     if (parts <= 1) {
         fn(ctx, 0, 0, total);
         return 1;
     }
-    int64_t per = (total + parts - 1) / parts;
-    per = (per + 63) / 64 * 64;            /* part boundaries on 64-element multiples */
-    range_task tasks[OM_OPTIM_MAX_PARTS];
-    pthread_t tids[OM_OPTIM_MAX_PARTS];
-    int started[OM_OPTIM_MAX_PARTS] = {0};
-    int np = 0;
-    for (int64_t b = 0; b < total && np < OM_OPTIM_MAX_PARTS; b += per, np++) {
-        tasks[np] = (range_task){ctx, fn, np, b, b + per < total ? b + per : total};
-    }
-    for (int i = 1; i < np; i++) started[i] = pthread_create(&tids[i], NULL, range_thread, &tasks[i]) == 0;
-    fn(ctx, 0, tasks[0].begin, tasks[0].end);
-    for (int i = 1; i < np; i++) {
-        if (started[i]) pthread_join(tids[i], NULL);
-        else range_thread(&tasks[i]);
-    }
-    return np;
+    pool_job j = {ctx, fn, total};
+    om_pool_run(units, parts, pool_range, &j);
+    return parts;
 }
 
 void om_visit_pieces(const int64_t *offsets, int n, int64_t begin, int64_t end, int part, void *ctx, om_piece_fn fn) {
