@@ -25,7 +25,7 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture
+from . import _capture, _threads
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
 
@@ -212,6 +212,7 @@ def _load_C():
         raise ImportError(
             "ortmod's C extension (ortmod._C) is not built or failed to load: "
             f"{e}. Build it with `make setup` (or `python setup.py build_ext --inplace`).") from e
+    _threads.share_torch_threads(_C)
     return _C
 
 

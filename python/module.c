@@ -16,6 +16,7 @@
 #include "ortmod.h"
 #include "ops/op.h"
 #include "exec/device.h"
+#include "core/threadpool.h"
 
 
 typedef struct module_state {
@@ -581,8 +582,8 @@ static PyObject *op_table(PyObject *m, PyObject *unused) {
     return list;
 }
 
-/* set_num_threads(n): the engine's pool and OpenBLAS use n threads (ORTModule passes
- * torch.get_num_threads(), so that torch, BLAS and the engine agree). */
+/* set_num_threads(n): the engine's pool uses n threads (ORTModule passes
+ * torch.get_num_threads(), so that torch and the engine agree). */
 static PyObject *set_num_threads(PyObject *m, PyObject *arg) {
     int n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
@@ -596,8 +597,30 @@ static PyObject *set_num_threads(PyObject *m, PyObject *arg) {
 
 static PyObject *get_num_threads(PyObject *m, PyObject *unused) { return PyLong_FromLong(om_get_num_threads()); }
 
+/* use_openmp(address or None): run the pool's jobs as regions of the OpenMP runtime whose
+ * GOMP_parallel entry point is at address (ortmod/_threads.py finds torch's). */
+static PyObject *use_openmp(PyObject *m, PyObject *arg) {
+    if (arg == Py_None) {
+        om_pool_use_openmp(NULL);
+        Py_RETURN_NONE;
+    }
+    void *p = PyLong_AsVoidPtr(arg);
+    if (!p) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "use_openmp: the address is 0");
+        return NULL;
+    }
+    om_pool_use_openmp((om_openmp_parallel_fn)p);
+    Py_RETURN_NONE;
+}
+
+static PyObject *uses_openmp(PyObject *m, PyObject *unused) { return PyBool_FromLong(om_pool_uses_openmp()); }
+
 static PyMethodDef module_methods[] = {
-    {"set_num_threads", set_num_threads, METH_O, "set_num_threads(n): threads for the engine's kernels and OpenBLAS."},
+    {"set_num_threads", set_num_threads, METH_O, "set_num_threads(n): threads for the engine's kernels."},
+    {"use_openmp", use_openmp, METH_O,
+     "use_openmp(address | None): run the engine's parallel work on the OpenMP runtime whose GOMP_parallel is at "
+     "address (None: the engine's own threads)."},
+    {"uses_openmp", uses_openmp, METH_NOARGS, "uses_openmp() -> bool: the engine's parallel work runs on OpenMP."},
     {"get_num_threads", get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"op_table", op_table, METH_NOARGS, "op_table() -> [(name, domain, has_gradient_rule)]: the engine's op table."},
     {NULL, NULL, 0, NULL},

@@ -54,6 +54,10 @@ static struct {
     .cv = PTHREAD_COND_INITIALIZER,
 };
 
+/* When set (om_pool_use_openmp): jobs run as OpenMP parallel regions of the runtime that
+ * torch already uses, on its threads, instead of on our workers. */
+static _Atomic(om_openmp_parallel_fn) omp_parallel;
+
 static _Thread_local int tls_in_parallel;
 static _Thread_local int tls_range;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -158,6 +162,8 @@ static void stop_workers(void) {
 
 /* A forked child has the pool's memory but none of its threads. */
 static void atfork_child(void) {
+    /* GNU OpenMP cannot start a team in a child forked after the parent used one */
+    atomic_store(&omp_parallel, NULL);
     pthread_mutex_init(&P.submit, NULL);
     pthread_mutex_init(&P.mu, NULL);
     pthread_cond_init(&P.cv, NULL);
@@ -206,6 +212,42 @@ static void run_serial(int64_t n, int R, om_pool_fn fn, void *ctx) {
     tls_range = saved_range;
 }
 
+/* One job as an OpenMP region: every thread of the team (the caller is its master) claims
+ * ranges from a counter on the caller's stack; the region ends when all are done. */
+typedef struct omp_job {
+    om_pool_fn fn;
+    void *ctx;
+    int64_t n;
+    int R;
+    atomic_int next;
+} omp_job;
+
+static void omp_region(void *arg) {
+    omp_job *j = arg;
+    const int saved_in = tls_in_parallel, saved_range = tls_range;
+    tls_in_parallel = 1;
+    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->R;) {
+        int64_t lo, hi;
+        range_bounds(j->n, j->R, i, &lo, &hi);
+        tls_range = i;
+        j->fn(j->ctx, lo, hi);
+    }
+    tls_in_parallel = saved_in;
+    tls_range = saved_range;
+}
+
+__attribute__((visibility("default"))) void om_pool_use_openmp(om_openmp_parallel_fn parallel) {
+    pthread_once(&atfork_once, register_atfork);
+    om_openmp_parallel_fn old = atomic_exchange(&omp_parallel, parallel);
+    if (parallel && !old) {   /* our workers are not needed any more */
+        pthread_mutex_lock(&P.submit);
+        stop_workers();
+        pthread_mutex_unlock(&P.submit);
+    }
+}
+
+__attribute__((visibility("default"))) int om_pool_uses_openmp(void) { return atomic_load(&omp_parallel) != NULL; }
+
 void om_pool_for(int64_t n, int64_t grain, om_pool_fn fn, void *ctx) {
     om_pool_run(n, om_pool_ranges(n, grain), fn, ctx);
 }
@@ -222,6 +264,13 @@ void om_pool_run(int64_t n, int R, om_pool_fn fn, void *ctx) {
         tls_range = 0;
         fn(ctx, 0, n);
         tls_range = saved;
+        return;
+    }
+    om_openmp_parallel_fn parallel = atomic_load(&omp_parallel);
+    if (parallel) {
+        const int T = threads_wanted();
+        omp_job j = {.fn = fn, .ctx = ctx, .n = n, .R = R};
+        parallel(omp_region, &j, (unsigned)(T < R ? T : R), 0);
         return;
     }
     if (pthread_mutex_trylock(&P.submit) != 0) {   /* another thread's job is running */

@@ -26,7 +26,9 @@ import warnings
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from .. import _C
+from .. import _C, _threads
+
+_threads.share_torch_threads(_C)
 from .fused_adam import FusedAdam
 
 __all__ = ["FP16_Optimizer"]

@@ -24,7 +24,9 @@ import math
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from .. import _C
+from .. import _C, _threads
+
+_threads.share_torch_threads(_C)
 
 __all__ = ["AdamWMode", "FusedAdam"]
 
