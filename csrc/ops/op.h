@@ -130,7 +130,8 @@ static inline om_dtype om_dtype_stat(om_dtype d) { return d == OM_F64 ? OM_F64 :
 /* The fp16/bf16 dtype that node n's CPU kernel would have to compute in, given its input
  * and output tensors (absent ones have dtype OM_UNDEFINED / out value -1); OM_UNDEFINED when
  * the CPU kernel can run it: no half tensor, or an op that only moves elements
- * (OM_OP_ANY_DTYPE). The planner refuses CPU plans and skips folding where this is set. */
+ * (OM_OP_ANY_DTYPE). The planner refuses CPU plans that would run such a node; folding runs
+ * it through fp32 (om_cpu_fold). */
 static inline om_dtype om_node_cpu_half(const om_node *n, const om_tensor *in, const om_tensor *out) {
     if (n->op->flags & OM_OP_ANY_DTYPE) return OM_UNDEFINED;
     for (int i = 0; i < n->n_in; i++)
@@ -139,6 +140,11 @@ static inline om_dtype om_node_cpu_half(const om_node *n, const om_tensor *in, c
         if (n->out[j] >= 0 && om_dtype_is_half(out[j].dtype)) return out[j].dtype;
     return OM_UNDEFINED;
 }
+
+/* Runs node n's CPU kernel to fold it (plan-time and compile-time folding): directly, or for
+ * fp16/bf16 math (om_node_cpu_half) on fp32 copies of the half inputs, rounding the fp32
+ * results once into the half outputs (ops/fold.c). */
+om_status *om_cpu_fold(om_kernel_ctx *ctx);
 
 /* Input i (tensor t) of node n must be a float dtype, and dtype want unless want is
  * OM_UNDEFINED. The error names node, op, input and dtype. */

@@ -83,9 +83,7 @@ static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, cha
             p->vt[v] = out[j];
             p->vt[v].data = NULL;
         }
-        /* folding runs the CPU kernel: a node it cannot compute (fp16/bf16 math) runs with
-         * the plan's provider instead, which for a CPU plan is refused below */
-        if (!known || om_node_cpu_half(n, in, out) != OM_UNDEFINED) continue;
+        if (!known) continue;
         for (int j = 0; j < n->n_out; j++) {
             int v = n->out[j];
             if (v < 0) continue;
@@ -95,7 +93,7 @@ static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, cha
             p->owned[v] = 1;
             p->storage[v] = OM_ST_CONST;
         }
-        st = n->op->cpu(&ctx);
+        st = om_cpu_fold(&ctx);   /* fp16/bf16 math through fp32, as the CUDA kernels do it */
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
         folded[k] = 1;
     }
