@@ -30,14 +30,16 @@ static int blas_types(om_dtype dt, cudaDataType *t, cublasComputeType_t *ct) {
 
 // Row-major, batched: O[b] = alpha op(P[b]) op(Q[b]) + beta O[b] for b < batch, where
 // op(P) is (M,K), op(Q) is (K,N), O is (M,N); strides in elements (0 = shared operand).
-static om_status *gemm_rm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M,
-                          int64_t N, int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ,
-                          double beta, void *O, int64_t sO, int64_t batch) {
+// o_f32: O is fp32 while P and Q are dt (fp16/bf16 products accumulated across calls).
+static om_status *gemm_rm_to(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M,
+                             int64_t N, int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ,
+                             double beta, void *O, int64_t sO, int64_t batch, int o_f32) {
     if (M == 0 || N == 0 || batch == 0) return NULL;
     cudaDataType t;
     cublasComputeType_t ct;
     if (blas_types(dt, &t, &ct)) return omc_err_dtype(ctx, 0, dt);
-    size_t es = dtype_size(dt);
+    const cudaDataType to = o_f32 ? CUDA_R_32F : t;
+    size_t es = o_f32 ? sizeof(float) : dtype_size(dt);
     if (K == 0) {   // a product over nothing: beta O (only beta 0 and 1 occur)
         if (beta == 0)
             for (int64_t b = 0; b < batch; b++)
@@ -56,13 +58,19 @@ static om_status *gemm_rm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dt
     cublasOperation_t oq = tq ? CUBLAS_OP_T : CUBLAS_OP_N, op = tp ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasStatus_t s;
     if (batch == 1)
-        s = cublasGemmEx(h, oq, op, (int)N, (int)M, (int)K, pa, Q, t, ldb, P, t, lda, pb, O, t, ldc, ct,
+        s = cublasGemmEx(h, oq, op, (int)N, (int)M, (int)K, pa, Q, t, ldb, P, t, lda, pb, O, to, ldc, ct,
                          CUBLAS_GEMM_DEFAULT);
     else
-        s = cublasGemmStridedBatchedEx(h, oq, op, (int)N, (int)M, (int)K, pa, Q, t, ldb, sQ, P, t, lda, sP, pb, O, t,
+        s = cublasGemmStridedBatchedEx(h, oq, op, (int)N, (int)M, (int)K, pa, Q, t, ldb, sQ, P, t, lda, sP, pb, O, to,
                                        ldc, sO, (int)batch, ct, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) return blas_err(ctx, s, "cublasGemmEx");
     return NULL;
+}
+
+static om_status *gemm_rm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M,
+                          int64_t N, int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ,
+                          double beta, void *O, int64_t sO, int64_t batch) {
+    return gemm_rm_to(ctx, x, dt, tp, tq, M, N, K, alpha, P, sP, Q, sQ, beta, O, sO, batch, 0);
 }
 
 // ---- cuBLASLt with a bias epilogue -------------------------------------------------------------
@@ -223,21 +231,31 @@ static om_status *bgemm_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_
         return gemm_rm(ctx, x, dt, m->tp, m->tq, m->Mo, m->No, m->Ko, alpha, m->P, p_b ? 0 : psz, m->Q, q_b ? 0 : qsz,
                        0.0, m->O, osz, g->nbatch);
     // general: batched over the innermost batch dim, looped over the others (output full),
-    // or one GEMM per batch index accumulating into a reduced output
+    // or one GEMM per batch index accumulating into a reduced output — fp16/bf16 accumulate
+    // into an fp32 temporary (each GEMM would round its partial sum otherwise), rounded once
     int last = g->nb - 1;
     while (last > 0 && g->batch[last] == 1) last--;
     double beta = 0.0;
+    const int acc32 = !o_full && om_dtype_is_half(dt);
+    void *O = m->O;
+    const size_t oes = acc32 ? sizeof(float) : es;
     if (!o_full) {
-        OMC_TRY(omc_cuda(cudaMemsetAsync(m->O, 0, (size_t)(on * osz) * es, stream_of(x)), "cudaMemsetAsync"));
+        if (acc32) OMC_TRY(omc_temp_alloc(x, sizeof(float) * (size_t)(on * osz), &O));
+        om_status *st = omc_cuda(cudaMemsetAsync(O, 0, (size_t)(on * osz) * oes, stream_of(x)), "cudaMemsetAsync");
+        if (st) {
+            if (acc32) omc_temp_free(x, O);
+            return st;
+        }
         beta = 1.0;
     }
     int64_t inner = o_full ? g->batch[last] : 1;
     int64_t idx[OM_MAX_RANK] = {0};
     int64_t po = 0, qo = 0, oo = 0;
-    for (int64_t t = 0; t < g->nbatch; t += inner) {
-        OMC_TRY(gemm_rm(ctx, x, dt, m->tp, m->tq, m->Mo, m->No, m->Ko, alpha, (const char *)m->P + po * es,
+    om_status *st = NULL;
+    for (int64_t t = 0; t < g->nbatch && !st; t += inner) {
+        st = gemm_rm_to(ctx, x, dt, m->tp, m->tq, m->Mo, m->No, m->Ko, alpha, (const char *)m->P + po * es,
                         o_full ? m->p_str[last] : 0, (const char *)m->Q + qo * es, o_full ? m->q_str[last] : 0, beta,
-                        (char *)m->O + oo * es, o_full ? m->o_str[last] : 0, inner));
+                        (char *)O + oo * oes, o_full ? m->o_str[last] : 0, inner, acc32);
         for (int d = (o_full ? last - 1 : g->nb - 1); d >= 0; d--) {
             po += m->p_str[d]; qo += m->q_str[d]; oo += m->o_str[d];
             if (++idx[d] < g->batch[d]) break;
@@ -245,7 +263,17 @@ static om_status *bgemm_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_
             idx[d] = 0;
         }
     }
-    return NULL;
+    if (acc32) {
+        if (!st) {
+            int64_t n = on * osz;
+            OMC_DISPATCH_FLOAT(dt, ctx, 0, {
+                omc_round_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)m->O, (const A *)O, n);
+            });
+            st = omc_launched(ctx);
+        }
+        omc_temp_free(x, O);
+    }
+    return st;
 }
 
 // ---- MatMul / FusedMatMul -------------------------------------------------------------------------
