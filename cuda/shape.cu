@@ -468,7 +468,7 @@ static om_status *trilu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     if (in->rank < 2) return omc_err_unsupported(ctx, "rank < 2");
     int64_t k = 0;
     if (present(ctx, 1)) {
-        int64_t v[1];
+        int64_t v[1] = {0};
         if (host_ints(ctx, x, 1, v, 1) != 1) return omc_err_unsupported(ctx, "k that is not known at plan time");
         k = v[0];
     }

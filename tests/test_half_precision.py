@@ -114,6 +114,24 @@ def test_cast_round_trip_and_its_gradient_run_on_the_cpu(dt):
     torch.testing.assert_close(gw, dy * x.to(dt).float(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_data_movement_ops_take_half_on_the_cpu(dt):
+    """Transpose, Slice, Concat and their gradients (Transpose, SliceGrad, ConcatGrad) only move
+    elements: they run on half tensors on the CPU, bit for bit."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),
+             helper.make_node("Slice", ["t", "s", "e"], ["u"]),
+             helper.make_node("Concat", ["u", "w"], ["y"], axis=0)]
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "s"), numpy_helper.from_array(np.array([3], np.int64), "e")]
+    x, w = torch.randn(4, 5).to(dt), torch.randn(3, 4).to(dt)
+    eng, (y,), stash = forward(graph_model(nodes, [("x", dt), ("w", dt)], ["y"], inits), [x, w], grad=[True, True])
+    assert y.dtype == dt and torch.equal(y, torch.cat([x.t()[1:3], w]))
+    dy = torch.randn(5, 4).to(dt)
+    gx, gw = [torch.from_dlpack(c) for c in eng.backward(stash, [dy])]
+    want = torch.zeros(5, 4, dtype=dt)
+    want[1:3] = dy[:2]
+    assert gx.dtype == dt and torch.equal(gx, want.t()) and torch.equal(gw, dy[2:])
+
+
 # ---- half-precision math on the CPU: a plan-time error naming node and dtype --------------------------
 
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
