@@ -132,6 +132,24 @@ def test_data_movement_ops_take_half_on_the_cpu(dt):
     assert gx.dtype == dt and torch.equal(gx, want.t()) and torch.equal(gw, dy[2:])
 
 
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("raw", [True, False], ids=["raw_data", "int32_data"])
+def test_half_initializers_and_constants_import(dt, raw):
+    """FLOAT16/BFLOAT16 tensors in both TensorProto encodings (raw bytes, or one value per
+    int32_data entry), as an initializer and as a Constant node's value."""
+    v = torch.tensor([1.5, -0.1, 65504.0 if dt == torch.float16 else 3e38, 2 ** -20]).to(dt)
+    # raw: the bytes; otherwise onnx.helper stores each value's bits in int32_data itself
+    vals = v.view(torch.int16).numpy().tobytes() if raw else v.float().tolist()
+    init = helper.make_tensor("c", HALF_ONNX[dt], [4], vals, raw=raw)
+    nodes = [helper.make_node("Constant", [], ["k"], value=helper.make_tensor("kv", HALF_ONNX[dt], [4], vals, raw=raw)),
+             helper.make_node("Cast", ["c"], ["c32"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["k"], ["k32"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["c32", "x"], ["y"]),
+             helper.make_node("Add", ["k32", "x"], ["z"])]
+    _, (y, z), _ = forward(graph_model(nodes, [("x", torch.float32)], ["y", "z"], [init]), [torch.zeros(4)])
+    assert torch.equal(y, v.float()) and torch.equal(z, v.float())
+
+
 # ---- half-precision math on the CPU: a plan-time error naming node and dtype --------------------------
 
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
