@@ -185,15 +185,16 @@ om_status *omc_reduce(const om_kernel_ctx *ctx, const om_cuda_exec *x, int kind,
     cudaStream_t s = stream_of(x);
     int64_t chunks = split_chunks(g, kind);
     if (chunks) {
+        const int mean = kind == RED_MEAN;
+#define RED_SPLIT(T, R) return reduce_split<T, R>(ctx, x, g, chunks, (T *)dst, (const T *)src, scale, mean)
         switch (in->dtype) {
-        case OM_F32: return reduce_split<float, float>(ctx, x, g, chunks, (float *)dst, (const float *)src, scale, kind == RED_MEAN);
-        case OM_F16: return reduce_split<__half, float>(ctx, x, g, chunks, (__half *)dst, (const __half *)src, scale, kind == RED_MEAN);
-        case OM_BF16:
-            return reduce_split<__nv_bfloat16, float>(ctx, x, g, chunks, (__nv_bfloat16 *)dst, (const __nv_bfloat16 *)src, scale,
-                                                      kind == RED_MEAN);
-        case OM_F64: return reduce_split<double, double>(ctx, x, g, chunks, (double *)dst, (const double *)src, scale, kind == RED_MEAN);
+        case OM_F32: RED_SPLIT(float, float);
+        case OM_F16: RED_SPLIT(__half, float);
+        case OM_BF16: RED_SPLIT(__nv_bfloat16, float);
+        case OM_F64: RED_SPLIT(double, double);
         default: break;   // integers: one thread per output
         }
+#undef RED_SPLIT
     }
 #define RED_KINDS(T, R)                                                                   \
     switch (kind) {                                                                       \

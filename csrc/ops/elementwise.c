@@ -1055,8 +1055,8 @@ BIN(om_op_min, "Min", infer_binary_arith, maxmin_grad, min_cpu)
 const om_op_def om_op_equal = {.name = "Equal", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1,
                                .max_out = 1, .dtype = dtype_bool, .infer = infer_equal, .cpu = equal_cpu};
 const om_op_def om_op_where = {.name = "Where", .domain = "", .min_in = 3, .max_in = 3, .min_out = 1,
-                               .max_out = 1, .flags = OM_OP_ANY_DTYPE, .dtype = dtype_where, .infer = infer_where, .grad = where_grad,
-                               .cpu = where_cpu, .diff_inputs = 0x6u};
+                               .max_out = 1, .flags = OM_OP_ANY_DTYPE, .dtype = dtype_where, .infer = infer_where,
+                               .grad = where_grad, .cpu = where_cpu, .diff_inputs = 0x6u};
 
 UN(om_op_neg, "Neg", infer_unary_arith, neg_grad, neg_cpu)
 UN(om_op_relu, "Relu", infer_unary_arith, relu_grad, relu_cpu)
@@ -1074,8 +1074,8 @@ const om_op_def om_op_identity = {.name = "Identity", .domain = "", .min_in = 1,
                                   .max_out = 1, .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = infer_identity,
                                   .grad = identity_grad, .cpu = identity_cpu, .diff_inputs = 0x1u};
 const om_op_def om_op_cast = {.name = "Cast", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1,
-                              .max_out = 1, .flags = OM_OP_ANY_DTYPE, .dtype = dtype_cast, .infer = infer_cast, .grad = cast_grad,
-                              .cpu = cast_cpu, .diff_inputs = 0x1u};
+                              .max_out = 1, .flags = OM_OP_ANY_DTYPE, .dtype = dtype_cast, .infer = infer_cast,
+                              .grad = cast_grad, .cpu = cast_cpu, .diff_inputs = 0x1u};
 const om_op_def om_op_dropout = {.name = "Dropout", .domain = "", .min_in = 1, .max_in = 3, .min_out = 1,
                                  .max_out = 2, .flags = OM_OP_RANDOM, .dtype = dtype_dropout,
                                  .infer = infer_dropout, .grad = dropout_grad, .cpu = dropout_cpu,
