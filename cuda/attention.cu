@@ -153,9 +153,9 @@ __device__ __forceinline__ float logit(const soft_args &a, float s, const T *mas
     return v;
 }
 
-// S (nbatch, L, S) fp32 scores -> P (T, dropout applied) and lse (nbatch, L); one block per row
+// S (nbatch, L, S) fp32 scores -> P (T, dropout applied) and lse (nbatch, L) fp32; one block per row
 template <typename T>
-__global__ void attn_softmax_kernel(T *P, T *lse, const float *Sc, const T *mask, soft_args a, const int64_t *seedp) {
+__global__ void attn_softmax_kernel(T *P, float *lse, const float *Sc, const T *mask, soft_args a, const int64_t *seedp) {
     uint64_t seed = seedp ? (uint64_t)*seedp : 0;
     int64_t rows = 1;
     for (int d = 0; d < a.nb; d++) rows *= a.batch[d];
@@ -179,7 +179,7 @@ __global__ void attn_softmax_kernel(T *P, T *lse, const float *Sc, const T *mask
             if (a.dropout) p = rand_uniform(seed, (uint64_t)(row * a.S + j)) >= a.ratio ? p * a.dscale : 0.0f;
             pr[j] = st<T>((typename acc<T>::t)p);
         }
-        if (lse && threadIdx.x == 0) lse[row] = st<T>((typename acc<T>::t)l);
+        if (lse && threadIdx.x == 0) lse[row] = l;
     }
 }
 
@@ -205,6 +205,8 @@ static om_status *attention_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x
     om_dtype dt = ctx->in[0].dtype;
     cudaDataType t;
     if (blas_type(dt, &t) || dt == OM_F64) return omc_err_dtype(ctx, 0, dt);
+    // lse is fp32 for every dtype taken here (attention.c's dtype rule: the statistics dtype)
+    if (wanted(ctx, 1) && ctx->out[1].dtype != OM_F32) return omc_err_unsupported(ctx, "an lse output that is not float32");
     int64_t B = g.nbatch, L = g.L, S = g.S;
     if (wanted(ctx, 2)) {
         write_seed_kernel<<<1, 1, 0, stream_of(x)>>>((int64_t *)ctx->out[2].data, ctx->seed);
@@ -233,7 +235,7 @@ static om_status *attention_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x
         if (!st) {
             OMC_DISPATCH_FLOAT(dt, ctx, 0, {
                 attn_softmax_kernel<T><<<rows_grid(B * L), 256, 0, stream_of(x)>>>(
-                    (T *)P, wanted(ctx, 1) ? (T *)ctx->out[1].data : NULL, Sc,
+                    (T *)P, wanted(ctx, 1) ? (float *)ctx->out[1].data : NULL, Sc,
                     g.has_mask ? (const T *)ctx->in[3].data : NULL, a, seedp);
             });
             st = omc_launched(ctx);
@@ -249,14 +251,14 @@ static om_status *attention_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x
 
 // recompute P (fp32, in place over the scores) from lse; Pd = P keep dscale (T); one block per row
 template <typename T>
-__global__ void attn_recompute_kernel(float *Sc, T *Pd, const T *lse, const T *mask, soft_args a, const int64_t *seedp) {
+__global__ void attn_recompute_kernel(float *Sc, T *Pd, const float *lse, const T *mask, soft_args a, const int64_t *seedp) {
     uint64_t seed = seedp ? (uint64_t)*seedp : 0;
     int64_t rows = a.L;
     for (int d = 0; d < a.nb; d++) rows *= a.batch[d];
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         int64_t t = row / a.L, i = row - t * a.L;
         int64_t mb = mask ? mask_base(a, t) : 0;
-        float l = (float)ld(lse[row]);
+        float l = lse[row];
         float *sr = Sc + row * a.S;
         for (int64_t j = threadIdx.x; j < a.S; j += blockDim.x) {
             float p = expf(logit(a, sr[j], mask, mb, i, j) - l);
@@ -299,6 +301,7 @@ static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_ex
     om_dtype dt = ctx->in[1].dtype;
     cudaDataType t;
     if (blas_type(dt, &t) || dt == OM_F64) return omc_err_dtype(ctx, 1, dt);
+    if (ctx->in[5].dtype != OM_F32) return omc_err_dtype(ctx, 5, ctx->in[5].dtype);
     int64_t B = g.nbatch, L = g.L, S = g.S, D = g.D, Dv = g.Dv;
     if ((wanted(ctx, 1) && g.k_bs == 0 && B > 1) || (wanted(ctx, 2) && g.v_bs == 0 && B > 1) ||
         (wanted(ctx, 0) && g.q_bs == 0 && B > 1))
@@ -319,7 +322,7 @@ static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_ex
     if (!st) {
         OMC_DISPATCH_FLOAT(dt, ctx, 1, {
             attn_recompute_kernel<T><<<rows_grid(B * L), 256, 0, stream_of(x)>>>(
-                Sc, (T *)Pd, (const T *)ctx->in[5].data, g.has_mask ? (const T *)ctx->in[6].data : NULL, a, seedp);
+                Sc, (T *)Pd, (const float *)ctx->in[5].data, g.has_mask ? (const T *)ctx->in[6].data : NULL, a, seedp);
             attn_rowdot_kernel<T><<<rows_grid(B * L), 128, 0, stream_of(x)>>>(Di, (const T *)dO, (const T *)ctx->in[4].data,
                                                                                B * L, Dv);
         });

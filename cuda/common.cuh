@@ -131,7 +131,16 @@ template <typename T> __device__ __forceinline__ double to_f64(T v) { return (do
 template <> __device__ __forceinline__ double to_f64<__half>(__half v) { return (double)__half2float(v); }
 template <> __device__ __forceinline__ double to_f64<__nv_bfloat16>(__nv_bfloat16 v) { return (double)__bfloat162float(v); }
 
-// Dispatch on a float dtype: BODY sees T (storage) and A (math type).
+// dst (n) = src rounded once to T, src in T's math type: the last step of a result that many
+// additions reach (scatter-adds, GEMMs accumulated over a batch), summed in fp32 for fp16/bf16.
+template <typename T>
+__global__ void omc_round_kernel(T *dst, const typename acc<T>::t *src, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = st<T>(src[i]);
+}
+
+// Dispatch on a float dtype: BODY sees T (storage) and A (math type). Every kernel written
+// against ld()/st() and A takes fp16 and bf16 through this one macro (fp32 math, one rounding).
 #define OMC_DISPATCH_FLOAT(dt, ctx, i, ...)                                          \
     switch (dt) {                                                                     \
     case OM_F32: { typedef float T; typedef float A; __VA_ARGS__; } break;                   \

@@ -85,6 +85,13 @@ static om_status *binary_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, in
                 (T *)ctx->out[0].data, (const T *)ctx->in[0].data, (const int32_t *)ctx->in[1].data, p, n, op); break;
             case OM_F32: binary_kernel<T, float><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
                 (T *)ctx->out[0].data, (const T *)ctx->in[0].data, (const float *)ctx->in[1].data, p, n, op); break;
+            case OM_F64: binary_kernel<T, double><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
+                (T *)ctx->out[0].data, (const T *)ctx->in[0].data, (const double *)ctx->in[1].data, p, n, op); break;
+            case OM_F16: binary_kernel<T, __half><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
+                (T *)ctx->out[0].data, (const T *)ctx->in[0].data, (const __half *)ctx->in[1].data, p, n, op); break;
+            case OM_BF16: binary_kernel<T, __nv_bfloat16><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
+                (T *)ctx->out[0].data, (const T *)ctx->in[0].data, (const __nv_bfloat16 *)ctx->in[1].data, p, n, op);
+                break;
             default: return omc_err_dtype(ctx, 1, ctx->in[1].dtype);
             }
         });

@@ -196,9 +196,10 @@ static om_status *bias_dropout_grad_cuda(const om_kernel_ctx *ctx, const om_cuda
 
 // ---- SimplifiedLayerNormalization (RMSNorm over the last axis) --------------------------------------
 
-// x, y are (rows, cols), scale (cols), inv_rms (rows) or NULL; one block per row
+// x, y are (rows, cols), scale (cols), inv_rms (rows) or NULL in the math type A (fp32 for
+// fp16/bf16: fused.c's statistics dtype); one block per row
 template <typename T>
-__global__ void rms_norm_kernel(T *y, T *inv_out, const T *x, const T *scale, int64_t rows, int64_t cols, float eps) {
+__global__ void rms_norm_kernel(T *y, typename acc<T>::t *inv_out, const T *x, const T *scale, int64_t rows, int64_t cols, float eps) {
     typedef typename acc<T>::t A;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T *xr = x + r * cols;
@@ -206,7 +207,7 @@ __global__ void rms_norm_kernel(T *y, T *inv_out, const T *x, const T *scale, in
         for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) { A v = ld(xr[j]); ss += v * v; }
         A inv = (A)1 / sqrt(block_sum(ss) / (A)cols + (A)eps);
         for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) y[r * cols + j] = st<T>(ld(xr[j]) * inv * ld(scale[j]));
-        if (inv_out && threadIdx.x == 0) inv_out[r] = st<T>(inv);
+        if (inv_out && threadIdx.x == 0) inv_out[r] = inv;
     }
 }
 
@@ -219,9 +220,10 @@ static om_status *rms_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x)
     int64_t cols = in->dims[in->rank - 1], rows = cols ? numel(in) / cols : 0;
     if (!rows) return NULL;
     float eps = attr_f(ctx, "epsilon", 1e-5f);
+    if (wanted(ctx, 1) && ctx->out[1].dtype != om_dtype_stat(in->dtype)) return omc_err_unsupported(ctx, "inv_rms dtype");
     OMC_DISPATCH_FLOAT(in->dtype, ctx, 0, {
         rms_norm_kernel<T><<<rows_grid(rows), cols_threads(cols), 0, stream_of(x)>>>(
-            (T *)ctx->out[0].data, wanted(ctx, 1) ? (T *)ctx->out[1].data : NULL, (const T *)in->data,
+            (T *)ctx->out[0].data, wanted(ctx, 1) ? (A *)ctx->out[1].data : NULL, (const T *)in->data,
             (const T *)ctx->in[1].data, rows, cols, eps);
     });
     return omc_launched(ctx);
@@ -230,11 +232,12 @@ static om_status *rms_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x)
 // dy, x, dx are (rows, cols); scale (cols); inv_rms (rows):
 //   dx_j = r g_j s_j - x_j r^3 / cols * sum_k g_k s_k x_k
 template <typename T>
-__global__ void rms_norm_dx_kernel(T *dx, const T *dy, const T *x, const T *scale, const T *inv, int64_t rows, int64_t cols) {
+__global__ void rms_norm_dx_kernel(T *dx, const T *dy, const T *x, const T *scale, const typename acc<T>::t *inv, int64_t rows,
+                                   int64_t cols) {
     typedef typename acc<T>::t A;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T *g = dy + r * cols, *xr = x + r * cols;
-        A rr = ld(inv[r]), dot = 0;
+        A rr = inv[r], dot = 0;
         for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) dot += ld(g[j]) * ld(scale[j]) * ld(xr[j]);
         A c3 = rr * rr * rr * block_sum(dot) / (A)cols;
         for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
@@ -244,28 +247,29 @@ __global__ void rms_norm_dx_kernel(T *dx, const T *dy, const T *x, const T *scal
 
 // ds_j = sum_rows g_j x_j r — one thread per column (coalesced across columns)
 template <typename T>
-__global__ void rms_norm_ds_kernel(T *ds, const T *dy, const T *x, const T *inv, int64_t rows, int64_t cols) {
+__global__ void rms_norm_ds_kernel(T *ds, const T *dy, const T *x, const typename acc<T>::t *inv, int64_t rows, int64_t cols) {
     typedef typename acc<T>::t A;
     GRID_STRIDE(j, cols) {
         A s = 0;
-        for (int64_t r = 0; r < rows; r++) s += ld(dy[r * cols + j]) * ld(x[r * cols + j]) * ld(inv[r]);
+        for (int64_t r = 0; r < rows; r++) s += ld(dy[r * cols + j]) * ld(x[r * cols + j]) * inv[r];
         ds[j] = st<T>(s);
     }
 }
 
 static om_status *rms_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[1];
+    if (ctx->in[3].dtype != om_dtype_stat(in->dtype)) return omc_err_dtype(ctx, 3, ctx->in[3].dtype);
     int64_t cols = in->dims[in->rank - 1], rows = cols ? numel(in) / cols : 0;
     if (!rows) return NULL;
     OMC_DISPATCH_FLOAT(in->dtype, ctx, 1, {
         // ds first: dx may overwrite dy
         if (wanted(ctx, 1))
             rms_norm_ds_kernel<T><<<grid_for(cols), OMC_THREADS, 0, stream_of(x)>>>(
-                (T *)ctx->out[1].data, (const T *)ctx->in[0].data, (const T *)in->data, (const T *)ctx->in[3].data, rows, cols);
+                (T *)ctx->out[1].data, (const T *)ctx->in[0].data, (const T *)in->data, (const A *)ctx->in[3].data, rows, cols);
         if (wanted(ctx, 0))
             rms_norm_dx_kernel<T><<<rows_grid(rows), cols_threads(cols), 0, stream_of(x)>>>(
                 (T *)ctx->out[0].data, (const T *)ctx->in[0].data, (const T *)in->data, (const T *)ctx->in[2].data,
-                (const T *)ctx->in[3].data, rows, cols);
+                (const A *)ctx->in[3].data, rows, cols);
     });
     return omc_launched(ctx);
 }

@@ -30,14 +30,16 @@ static int blas_types(om_dtype dt, cudaDataType *t, cublasComputeType_t *ct) {
 
 // Row-major, batched: O[b] = alpha op(P[b]) op(Q[b]) + beta O[b] for b < batch, where
 // op(P) is (M,K), op(Q) is (K,N), O is (M,N); strides in elements (0 = shared operand).
-static om_status *gemm_rm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M,
-                          int64_t N, int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ,
-                          double beta, void *O, int64_t sO, int64_t batch) {
+// o_f32: O is fp32 while P and Q are dt (fp16/bf16 products accumulated across calls).
+static om_status *gemm_rm_to(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M,
+                             int64_t N, int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ,
+                             double beta, void *O, int64_t sO, int64_t batch, int o_f32) {
     if (M == 0 || N == 0 || batch == 0) return NULL;
     cudaDataType t;
     cublasComputeType_t ct;
     if (blas_types(dt, &t, &ct)) return omc_err_dtype(ctx, 0, dt);
-    size_t es = dtype_size(dt);
+    const cudaDataType to = o_f32 ? CUDA_R_32F : t;
+    size_t es = o_f32 ? sizeof(float) : dtype_size(dt);
     if (K == 0) {   // a product over nothing: beta O (only beta 0 and 1 occur)
         if (beta == 0)
             for (int64_t b = 0; b < batch; b++)
@@ -56,13 +58,19 @@ static om_status *gemm_rm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dt
     cublasOperation_t oq = tq ? CUBLAS_OP_T : CUBLAS_OP_N, op = tp ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasStatus_t s;
     if (batch == 1)
-        s = cublasGemmEx(h, oq, op, (int)N, (int)M, (int)K, pa, Q, t, ldb, P, t, lda, pb, O, t, ldc, ct,
+        s = cublasGemmEx(h, oq, op, (int)N, (int)M, (int)K, pa, Q, t, ldb, P, t, lda, pb, O, to, ldc, ct,
                          CUBLAS_GEMM_DEFAULT);
     else
-        s = cublasGemmStridedBatchedEx(h, oq, op, (int)N, (int)M, (int)K, pa, Q, t, ldb, sQ, P, t, lda, sP, pb, O, t,
+        s = cublasGemmStridedBatchedEx(h, oq, op, (int)N, (int)M, (int)K, pa, Q, t, ldb, sQ, P, t, lda, sP, pb, O, to,
                                        ldc, sO, (int)batch, ct, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) return blas_err(ctx, s, "cublasGemmEx");
     return NULL;
+}
+
+static om_status *gemm_rm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M,
+                          int64_t N, int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ,
+                          double beta, void *O, int64_t sO, int64_t batch) {
+    return gemm_rm_to(ctx, x, dt, tp, tq, M, N, K, alpha, P, sP, Q, sQ, beta, O, sO, batch, 0);
 }
 
 // ---- cuBLASLt with a bias epilogue -------------------------------------------------------------
@@ -80,6 +88,7 @@ static om_status *lt_bias_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
                                int64_t N, int64_t K, const void *X, const void *W, const void *bias, void *Y,
                                int *done) {
     *done = 0;
+    (void)ctx;   // failures here are not errors: the caller takes the plain GEMM path
     cudaDataType t;
     cublasComputeType_t ct;
     if (blas_types(dt, &t, &ct) || dt == OM_F64) return NULL;   // fp64: the plain path
@@ -223,21 +232,31 @@ static om_status *bgemm_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_
         return gemm_rm(ctx, x, dt, m->tp, m->tq, m->Mo, m->No, m->Ko, alpha, m->P, p_b ? 0 : psz, m->Q, q_b ? 0 : qsz,
                        0.0, m->O, osz, g->nbatch);
     // general: batched over the innermost batch dim, looped over the others (output full),
-    // or one GEMM per batch index accumulating into a reduced output
+    // or one GEMM per batch index accumulating into a reduced output — fp16/bf16 accumulate
+    // into an fp32 temporary (each GEMM would round its partial sum otherwise), rounded once
     int last = g->nb - 1;
     while (last > 0 && g->batch[last] == 1) last--;
     double beta = 0.0;
+    const int acc32 = !o_full && om_dtype_is_half(dt);
+    void *O = m->O;
+    const size_t oes = acc32 ? sizeof(float) : es;
     if (!o_full) {
-        OMC_TRY(omc_cuda(cudaMemsetAsync(m->O, 0, (size_t)(on * osz) * es, stream_of(x)), "cudaMemsetAsync"));
+        if (acc32) OMC_TRY(omc_temp_alloc(x, sizeof(float) * (size_t)(on * osz), &O));
+        om_status *st = omc_cuda(cudaMemsetAsync(O, 0, (size_t)(on * osz) * oes, stream_of(x)), "cudaMemsetAsync");
+        if (st) {
+            if (acc32) omc_temp_free(x, O);
+            return st;
+        }
         beta = 1.0;
     }
     int64_t inner = o_full ? g->batch[last] : 1;
     int64_t idx[OM_MAX_RANK] = {0};
     int64_t po = 0, qo = 0, oo = 0;
-    for (int64_t t = 0; t < g->nbatch; t += inner) {
-        OMC_TRY(gemm_rm(ctx, x, dt, m->tp, m->tq, m->Mo, m->No, m->Ko, alpha, (const char *)m->P + po * es,
+    om_status *st = NULL;
+    for (int64_t t = 0; t < g->nbatch && !st; t += inner) {
+        st = gemm_rm_to(ctx, x, dt, m->tp, m->tq, m->Mo, m->No, m->Ko, alpha, (const char *)m->P + po * es,
                         o_full ? m->p_str[last] : 0, (const char *)m->Q + qo * es, o_full ? m->q_str[last] : 0, beta,
-                        (char *)m->O + oo * es, o_full ? m->o_str[last] : 0, inner));
+                        (char *)O + oo * oes, o_full ? m->o_str[last] : 0, inner, acc32);
         for (int d = (o_full ? last - 1 : g->nb - 1); d >= 0; d--) {
             po += m->p_str[d]; qo += m->q_str[d]; oo += m->o_str[d];
             if (++idx[d] < g->batch[d]) break;
@@ -245,7 +264,17 @@ static om_status *bgemm_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_
             idx[d] = 0;
         }
     }
-    return NULL;
+    if (acc32) {
+        if (!st) {
+            int64_t n = on * osz;
+            OMC_DISPATCH_FLOAT(dt, ctx, 0, {
+                omc_round_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)m->O, (const A *)O, n);
+            });
+            st = omc_launched(ctx);
+        }
+        omc_temp_free(x, O);
+    }
+    return st;
 }
 
 // ---- MatMul / FusedMatMul -------------------------------------------------------------------------
@@ -334,41 +363,18 @@ static om_status *matmul_bias_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
     return gemm_rm(ctx, x, dt, 0, tb, M, N, K, 1.0, X->data, 0, W->data, 0, 1.0, ctx->out[0].data, 0, 1);
 }
 
-// dy is (M, N): db[j] = sum_i dy[i, j] — one block per column tile, fp32 accumulation
-template <typename T>
-__global__ void column_sum_kernel(T *db, const T *dy, int64_t M, int64_t N) {
-    // blockDim (32, 8): threadIdx.x walks columns, threadIdx.y strides rows
-    __shared__ typename acc<T>::t sh[8][33];
-    int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;
-    typename acc<T>::t s = 0;
-    if (j < N)
-        for (int64_t i = threadIdx.y; i < M; i += 8) s += ld(dy[i * N + j]);
-    sh[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < N) {
-        for (int k = 1; k < 8; k++) s += sh[k][threadIdx.x];
-        db[j] = st<T>(s);
-    }
-}
-
-// x is (n,): out[0] = sum x — one block
-template <typename T>
-__global__ void total_sum_kernel(T *out, const T *x, int64_t n) {
-    typename acc<T>::t s = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += ld(x[i]);
-    s = block_sum(s);
-    if (threadIdx.x == 0) out[0] = st<T>(s);
-}
-
+// db (N) = column sums of dy (M, N), or db[0] = the sum of everything: reduce.cu's reduction
+// (fp32 accumulation, split over row chunks when there are few columns)
 om_status *omc_column_sum(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *db, const void *dy,
                           int64_t M, int64_t N, int to_scalar) {
-    OMC_DISPATCH_FLOAT(dt, ctx, 0, {
-        if (to_scalar)
-            total_sum_kernel<T><<<1, 1024, 0, stream_of(x)>>>((T *)db, (const T *)dy, M * N);
-        else if (N > 0)
-            column_sum_kernel<T><<<(unsigned)((N + 31) / 32), dim3(32, 8), 0, stream_of(x)>>>((T *)db, (const T *)dy, M, N);
-    });
-    return omc_launched(ctx);
+    om_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.rank = 2;
+    t.dims[0] = M;
+    t.dims[1] = N;
+    const uint8_t axes[2] = {1, (uint8_t)(to_scalar ? 1 : 0)};
+    return omc_reduce(ctx, x, 0 /* RED_SUM */, &t, dy, axes, db, 1.0);
 }
 
 // dy is (M, N), x is (M, K), W is (K, N) or (N, K); dx (M, K), dW like W, db (N) or (1)

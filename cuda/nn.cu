@@ -205,7 +205,7 @@ __global__ void layer_norm_kernel(T *y, void *mean, void *inv, om_dtype sdt, con
 
 static om_status *layer_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
-    int64_t N, D;
+    int64_t N = 0, D = 0;
     OMC_TRY(ln_geometry(ctx, in, &N, &D));
     if (!N || !D) return NULL;
     float eps = attr_f(ctx, "epsilon", 1e-5f);
@@ -283,7 +283,7 @@ __global__ void layer_norm_dparam_final(T *ds, T *db, const float *pds, const fl
 
 static om_status *layer_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[1];
-    int64_t N, D;
+    int64_t N = 0, D = 0;
     OMC_TRY(ln_geometry(ctx, in, &N, &D));
     if (!N || !D) return NULL;
     om_dtype sdt = ctx->in[3].dtype;

@@ -108,6 +108,61 @@ __global__ void reduce_block_kernel(T *y, const T *x, red_geom g, double scale) 
     }
 }
 
+// A sum over leading axes with few outputs (bias gradients: (rows, N) -> N) gives one thread
+// per output too little parallelism: the reduced set is split into chunks, a block (32, 8)
+// sums 32 neighbouring outputs over one chunk into part (chunks, n_out), then a second pass
+// adds the chunks. R is the accumulator (fp32 for fp16/bf16/fp32).
+template <typename T, typename R>
+__global__ void reduce_split_kernel(R *part, const T *x, red_geom g, int64_t rows_per) {
+    __shared__ R sh[8][33];
+    int64_t o = (int64_t)blockIdx.x * 32 + threadIdx.x;
+    int64_t r0 = (int64_t)blockIdx.y * rows_per, r1 = r0 + rows_per < g.n_red ? r0 + rows_per : g.n_red;
+    R acc = 0;
+    if (o < g.n_out) {
+        int64_t base = walk_off(g.kept, o);
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) acc += (R)ld(x[base + walk_off(g.red, r)]);
+    }
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && o < g.n_out) {
+        for (int k = 1; k < 8; k++) acc += sh[k][threadIdx.x];
+        part[(int64_t)blockIdx.y * g.n_out + o] = acc;
+    }
+}
+
+template <typename T, typename R>
+__global__ void reduce_split_final(T *y, const R *part, int64_t chunks, int64_t n_out, double scale, int mean) {
+    GRID_STRIDE(o, n_out) {
+        R acc = 0;
+        for (int64_t c = 0; c < chunks; c++) acc += part[c * n_out + o];
+        if (mean) acc = (R)(acc * (R)scale);
+        y[o] = st<T>(acc);
+    }
+}
+
+// Chunks for the split sum (0: not worth it): enough blocks to fill the GPU, chunks of >= 64.
+static int64_t split_chunks(const red_geom &g, int kind) {
+    if ((kind != RED_SUM && kind != RED_MEAN) || g.n_red < 256 || g.n_out >= 65536) return 0;
+    if (g.red.n > 0 && g.red.str[g.red.n - 1] == 1) return 0;   // contiguous rows: the block-per-row kernel
+    int64_t blocks_x = (g.n_out + 31) / 32, want = (512 + blocks_x - 1) / blocks_x, most = g.n_red / 64;
+    int64_t chunks = want < most ? want : most;
+    return chunks > 1 ? (chunks < 1024 ? chunks : 1024) : 0;
+}
+
+template <typename T, typename R>
+static om_status *reduce_split(const om_kernel_ctx *ctx, const om_cuda_exec *x, const red_geom &g, int64_t chunks,
+                               T *y, const T *src, double scale, int mean) {
+    R *part = NULL;
+    OMC_TRY(omc_temp_alloc(x, sizeof(R) * (size_t)(chunks * g.n_out), (void **)&part));
+    int64_t rows_per = (g.n_red + chunks - 1) / chunks;
+    reduce_split_kernel<T, R><<<dim3((unsigned)((g.n_out + 31) / 32), (unsigned)chunks), dim3(32, 8), 0, stream_of(x)>>>(
+        part, src, g, rows_per);
+    reduce_split_final<T, R><<<grid_for(g.n_out), OMC_THREADS, 0, stream_of(x)>>>(y, part, chunks, g.n_out, scale, mean);
+    om_status *st = omc_launched(ctx);
+    omc_temp_free(x, part);
+    return st;
+}
+
 template <typename T, typename R, int KIND>
 static void reduce_launch(const red_geom &g, T *y, const T *x, double scale, cudaStream_t s) {
     int row = g.red.n > 0 && g.red.str[g.red.n - 1] == 1 && g.n_red >= 64;
@@ -128,6 +183,19 @@ om_status *omc_reduce(const om_kernel_ctx *ctx, const om_cuda_exec *x, int kind,
     if (g.n_out == 0) return NULL;
     if (numel(in) == 0) g.n_red = 0;   // an empty set reduces to the identity
     cudaStream_t s = stream_of(x);
+    int64_t chunks = split_chunks(g, kind);
+    if (chunks) {
+        const int mean = kind == RED_MEAN;
+#define RED_SPLIT(T, R) return reduce_split<T, R>(ctx, x, g, chunks, (T *)dst, (const T *)src, scale, mean)
+        switch (in->dtype) {
+        case OM_F32: RED_SPLIT(float, float);
+        case OM_F16: RED_SPLIT(__half, float);
+        case OM_BF16: RED_SPLIT(__nv_bfloat16, float);
+        case OM_F64: RED_SPLIT(double, double);
+        default: break;   // integers: one thread per output
+        }
+#undef RED_SPLIT
+    }
 #define RED_KINDS(T, R)                                                                   \
     switch (kind) {                                                                       \
     case RED_SUM: reduce_launch<T, R, RED_SUM>(g, (T *)dst, (const T *)src, scale, s); break;   \

@@ -23,7 +23,9 @@ SUPPORTED_DTYPES = frozenset({
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
 })
-SUPPORTED_DEVICE_TYPES = frozenset({"cpu"})
+# CPU tensors run on the C kernels (float32/float64 math); CUDA tensors on the CUDA provider
+# (ortmod/libortmod_cuda.so: float32, float16 and bfloat16 with fp32 accumulation, float64).
+SUPPORTED_DEVICE_TYPES = frozenset({"cpu", "cuda"})
 
 ONNX_OPSET = 20
 
@@ -172,6 +174,31 @@ def check_state(module):
         check_tensor(b, f"buffer '{name}'")
 
 
+def check_one_device(module, flat):
+    """Raise UnsupportedDeviceError when the call's tensors and the module's parameters and
+    buffers are not all on one device: one engine call runs on one device (the CPU or one
+    GPU), and torch would only fail later, inside the export, with a less telling message."""
+    first = None
+    named = [(describe_input(module, flat.paths[i]), flat.leaves[i]) for i in flat.tensor_indices()]
+    named += [(f"parameter '{n}'", p) for n, p in module.named_parameters(remove_duplicate=True)]
+    named += [(f"buffer '{n}'", b) for n, b in module.named_buffers(remove_duplicate=True)]
+    for what, t in named:
+        if first is None:
+            first = (what, t.device)
+        elif t.device != first[1]:
+            raise UnsupportedDeviceError(
+                f"{what} is on {t.device} but {first[0]} is on {first[1]}: ortmod runs a module's call on one "
+                f"device, so move the module and every tensor argument to the same device (module.to(device), "
+                f"x.to(device))")
+
+
+def cuda_devices(module, flat):
+    """Indices of the CUDA devices the call touches (for forking their RNG around tracing)."""
+    tensors = [flat.leaves[i] for i in flat.tensor_indices()]
+    tensors += list(module.parameters()) + list(module.buffers())
+    return sorted({t.device.index for t in tensors if t.is_cuda and t.device.index is not None})
+
+
 # ---------------------------------------------------------------------------
 # schema key
 #
@@ -309,11 +336,12 @@ class Exported:
 
 
 @contextlib.contextmanager
-def _preserved_state(module):
-    """Tracing runs the module in torch: keep RNG and buffers (e.g. BatchNorm stats) unchanged."""
+def _preserved_state(module, cuda_devices=()):
+    """Tracing runs the module in torch: keep RNG (the CPU's and that of the CUDA devices the
+    call uses: dropout draws there) and buffers (e.g. BatchNorm stats) unchanged."""
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
     training = module.training
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=list(cuda_devices)):
         try:
             yield buffers
         finally:
@@ -407,6 +435,70 @@ def _diff_symbolic(g, input, n, dim, prepend, append):
     return g.op("Sub", hi, lo)
 
 
+# ONNX element type and torch dtype of a TorchScript scalar type (what value.type().scalarType() says).
+_FLOAT_TYPES = {"Float": (1, torch.float32), "Double": (11, torch.float64), "Half": (10, torch.float16),
+                "BFloat16": (16, torch.bfloat16)}
+
+
+def _sdpa_symbolic(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
+    """F.scaled_dot_product_attention as torch's own opset-14 symbolic emits it (the node chain
+    the engine's attention fusion matches), but typed in the query's dtype throughout. torch's
+    builds the scale, the causal mask and a boolean mask's -inf/0 from float32 constants, and
+    for fp16/bf16 queries its type promotion then casts the scores (and, downstream, whole
+    layers' weights) to float32 — with an invalid Cast (to=15) for bf16."""
+    from torch.onnx import symbolic_helper as sh
+    dropout_p = sh._maybe_get_const(dropout_p, "f")
+    is_causal = sh._maybe_get_const(is_causal, "b")
+    enable_gqa = sh._maybe_get_const(enable_gqa, "b")
+    scale = None if sh._is_none(scale) else sh._maybe_get_const(scale, "f")
+    qtype = query.type().scalarType() if query.type() is not None else None
+    if qtype not in _FLOAT_TYPES or enable_gqa or not isinstance(dropout_p, float) or not isinstance(is_causal, bool) \
+            or (scale is not None and not isinstance(scale, float)):
+        return sh._unimplemented("aten::scaled_dot_product_attention",
+                                 "a float query, constant dropout_p / is_causal / scale, and no enable_gqa")
+    onnx_type, dtype = _FLOAT_TYPES[qtype]
+
+    def const(v, dt=dtype):
+        return g.op("Constant", value_t=torch.tensor(v, dtype=dt))
+
+    if scale is None:   # 1/sqrt(E) from the query's last dim, in fp32, then in the query's dtype
+        shape = g.op("Shape", query)
+        last = g.op("Slice", shape, const([-1], torch.int64), const([2 ** 62], torch.int64))
+        e = g.op("Cast", last, to_i=1)
+        s = g.op("Cast", g.op("Div", const([1.0], torch.float32), g.op("Sqrt", e)), to_i=onnx_type)
+    else:
+        s = const(scale)
+    rank = sh._get_tensor_rank(key)
+    if rank is None:
+        return sh._unimplemented("aten::scaled_dot_product_attention", "a key of unknown rank")
+    perm = list(range(rank))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    scores = g.op("MatMul", g.op("Mul", query, s), g.op("Transpose", key, perm_i=perm))
+    zero, neg_inf = const([0.0]), const([-float("inf")])
+    guard_nan = False
+    if is_causal:   # ones(L, S).tril() == 0 -> -inf, as torch's symbolic builds it
+        shape_q, shape_k = g.op("Shape", query), g.op("Shape", key)
+        size = g.op("Concat", g.op("Slice", shape_q, const([-2], torch.int64), const([-1], torch.int64)),
+                    g.op("Slice", shape_k, const([-2], torch.int64), const([-1], torch.int64)), axis_i=0)
+        tril = g.op("Trilu", g.op("Expand", const([1.0]), size), upper_i=0)
+        scores = g.op("Add", scores, g.op("Where", g.op("Equal", tril, zero), neg_inf, zero))
+    elif not sh._is_none(attn_mask):
+        mtype = attn_mask.type().scalarType() if attn_mask.type() is not None else None
+        if mtype == "Bool":   # fully masked rows give NaN in the softmax: 0, as torch's kernels
+            attn_mask = g.op("Where", attn_mask, zero, neg_inf)
+            guard_nan = True
+        elif mtype != qtype:
+            attn_mask = g.op("Cast", attn_mask, to_i=onnx_type)
+        scores = g.op("Add", scores, attn_mask)
+    weights = g.op("Softmax", scores, axis_i=-1)
+    if guard_nan:
+        weights = g.op("Where", g.op("IsNaN", weights), zero, weights)
+    if dropout_p != 0:
+        weights = g.op("Dropout", weights, const(dropout_p, torch.float32))
+    return g.op("MatMul", weights, value)
+
+
 _SYMBOLICS_REGISTERED = False
 
 
@@ -417,12 +509,23 @@ def _register_symbolics():
         _SYMBOLICS_REGISTERED = True
 
 
+@contextlib.contextmanager
+def _export_symbolics():
+    """Symbolics that replace torch's own, registered only while ortmod exports (a user's
+    torch.onnx.export in the same process keeps torch's)."""
+    _register_symbolics()
+    torch.onnx.register_custom_op_symbolic("aten::scaled_dot_product_attention", _sdpa_symbolic, 14)
+    try:
+        yield
+    finally:
+        torch.onnx.unregister_custom_op_symbolic("aten::scaled_dot_product_attention", 14)
+
+
 def export(module, flat):
     """Export ``module`` called as ``flat`` describes; return ONNX bytes and the input/output mapping."""
     import onnx
     from torch.onnx import TrainingMode
 
-    _register_symbolics()
     wrapper = _FlatWrapper(module, flat)
     tensor_indices = flat.tensor_indices()
     tensors = tuple(flat.leaves[i] for i in tensor_indices)
@@ -430,7 +533,7 @@ def export(module, flat):
     bn_buffers = _batchnorm_buffers(module)
     expected_mutations = {n for names in bn_buffers.values() for n in names}
 
-    with _preserved_state(module) as saved_buffers:
+    with _preserved_state(module, cuda_devices(module, flat)) as saved_buffers:
         # One eager run first, to learn the output structure and ranks (all output
         # dimensions are declared dynamic, and dynamic_axes needs the ranks).
         with torch.no_grad():
@@ -469,18 +572,19 @@ def export(module, flat):
                 warnings.simplefilter("ignore", FutureWarning)
                 warnings.simplefilter("ignore", UserWarning)
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                torch.onnx.export(
-                    wrapper, tensors, f,
-                    dynamo=False,
-                    training=TrainingMode.TRAINING if module.training else TrainingMode.EVAL,
-                    do_constant_folding=False,
-                    export_params=False,
-                    keep_initializers_as_inputs=True,
-                    opset_version=ONNX_OPSET,
-                    input_names=input_names,
-                    output_names=output_names,
-                    dynamic_axes=dynamic_axes,
-                )
+                with _export_symbolics():
+                    torch.onnx.export(
+                        wrapper, tensors, f,
+                        dynamo=False,
+                        training=TrainingMode.TRAINING if module.training else TrainingMode.EVAL,
+                        do_constant_folding=False,
+                        export_params=False,
+                        keep_initializers_as_inputs=True,
+                        opset_version=ONNX_OPSET,
+                        input_names=input_names,
+                        output_names=output_names,
+                        dynamic_axes=dynamic_axes,
+                    )
         except Exception as e:
             first = str(e).strip().split("\n", 1)[0]
             first = first[:500] + (" ..." if len(first) > 500 else "")

@@ -16,6 +16,12 @@ def _engine_view(t):
     return to_dlpack(t)
 
 
+def _dense(g):
+    # Gradients torch hands back may be strided views (the expanded ones of a .sum() loss);
+    # the binding copies strided CPU tensors itself, CUDA ones must arrive dense.
+    return g.contiguous() if g.is_cuda and not g.is_contiguous() else g
+
+
 def _stream(tensors):
     # CUDA inputs: the engine enqueues on torch's current stream (no synchronization needed)
     for t in tensors:
@@ -78,7 +84,7 @@ class EngineFunction(torch.autograd.Function):
         if ctx.stash is None:
             return (None,) * (1 + call.n_inputs)
         grads = call.engine.backward(
-            ctx.stash, [None if g is None else _engine_view(g) for g in grad_outputs], _stream(grad_outputs))
+            ctx.stash, [None if g is None else _engine_view(_dense(g)) for g in grad_outputs], _stream(grad_outputs))
         present = tuple(g is not None for g in grad_outputs)
         if call.output_deps is not None and not all(present):
             # Outputs left out of the loss: an input that none of the others depends on

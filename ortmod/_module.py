@@ -193,7 +193,7 @@ class _Entry:
             self.template_generation = state.generation
         tensors = self.template.copy()
         for pos, leaf in self.input_slots:
-            tensors[pos] = leaves[leaf]
+            tensors[pos] = _dense(leaves[leaf])
         return tensors
 
     def rebuild(self, outputs):
@@ -203,6 +203,13 @@ class _Entry:
         for pos, t in zip(self.output_positions, outputs):
             leaves[pos] = t
         return pytree.tree_unflatten(leaves, self.output_spec)
+
+
+def _dense(t):
+    # The engine reads CUDA tensors in place and needs them dense (the binding copies strided
+    # CPU tensors itself): a sliced CUDA batch (input_ids[:, :-1]) is laid out anew, the
+    # layout copy being the only thing torch does with it.
+    return t.contiguous() if t.is_cuda and not t.is_contiguous() else t
 
 
 def _load_C():
@@ -363,6 +370,7 @@ class ORTModule(torch.nn.Module):
         if record is None or record.stale:
             _capture.check_inputs(module, flat)
             _capture.check_state(module)
+            _capture.check_one_device(module, flat)
             exported = self._ortmod_export(flat)
             if record is not None and record.exported.onnx_bytes == exported.onnx_bytes:
                 record.exported = exported

@@ -10,8 +10,5 @@
  * OM_NO_GRADIENT naming the op and the node. */
 om_status *om_autodiff(om_graph *g, const bool *grad_inputs);
 
-/* True for dtypes that carry gradients. */
-static inline int om_dtype_is_float(om_dtype dt) {
-    return dt == OM_F32 || dt == OM_F64 || dt == OM_F16 || dt == OM_BF16;
-}
+/* (om_dtype_is_float, in ops/op.h, says which dtypes carry gradients.) */
 #endif

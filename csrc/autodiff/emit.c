@@ -126,12 +126,9 @@ int om_emit_scalar(om_grad_ctx *c, om_dtype dt, double v) {
     }
     t->dtype = dt;
     t->rank = 0;
-    switch (dt) {
-    case OM_F32: *(float *)t->data = (float)v; break;
-    case OM_F64: *(double *)t->data = v; break;
-    case OM_I64: *(int64_t *)t->data = (int64_t)v; break;
-    case OM_I32: *(int32_t *)t->data = (int32_t)v; break;
-    default:
+    /* in the value's own dtype (fp16/bf16 rounded to nearest even), so that the node it
+     * feeds sees operands of one dtype */
+    if (om_scalar_set(dt, t->data, v)) {
         om_free(t->data);
         free(t);
         om_grad_fail(c, om_error(OM_INTERNAL, "om_emit_scalar: unsupported dtype %s", om_dtype_name(dt)));

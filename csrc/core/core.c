@@ -1,5 +1,6 @@
 /* core.c — status objects, aligned memory, dtype facts, small utilities. */
 #include "core/core.h"
+#include "core/half.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -84,6 +85,37 @@ const char *om_dtype_name(om_dtype dt) {
     case OM_I8: return "int8";
     case OM_BOOL: return "bool";
     default: return "undefined";
+    }
+}
+
+int om_scalar_get(const om_tensor *t, double *v) {
+    if (!t->data || om_tensor_numel(t) < 1) return -1;
+    const void *p = t->data;
+    switch (t->dtype) {
+    case OM_F32: *v = *(const float *)p; return 0;
+    case OM_F64: *v = *(const double *)p; return 0;
+    case OM_F16: *v = om_f16_to_f32(*(const uint16_t *)p); return 0;
+    case OM_BF16: *v = om_bf16_to_f32(*(const uint16_t *)p); return 0;
+    case OM_I64: *v = (double)*(const int64_t *)p; return 0;
+    case OM_I32: *v = *(const int32_t *)p; return 0;
+    case OM_I8: *v = *(const int8_t *)p; return 0;
+    case OM_U8: case OM_BOOL: *v = *(const uint8_t *)p; return 0;
+    default: return -1;
+    }
+}
+
+int om_scalar_set(om_dtype dt, void *p, double v) {
+    switch (dt) {
+    case OM_F32: *(float *)p = (float)v; return 0;
+    case OM_F64: *(double *)p = v; return 0;
+    case OM_F16: *(uint16_t *)p = om_f32_to_f16((float)v); return 0;
+    case OM_BF16: *(uint16_t *)p = om_f32_to_bf16((float)v); return 0;
+    case OM_I64: *(int64_t *)p = (int64_t)v; return 0;
+    case OM_I32: *(int32_t *)p = (int32_t)v; return 0;
+    case OM_I8: *(int8_t *)p = (int8_t)v; return 0;
+    case OM_U8: *(uint8_t *)p = (uint8_t)v; return 0;
+    case OM_BOOL: *(uint8_t *)p = v != 0; return 0;
+    default: return -1;
     }
 }
 

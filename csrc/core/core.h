@@ -33,6 +33,14 @@ int om_grow(void **arr, int *cap, int n, size_t elem);
 int  om_shape_equal(const om_tensor *a, const om_tensor *b);
 void om_shape_str(const om_tensor *t, char *buf, size_t n);   /* "[2, 3] float32" */
 
+/* Element 0 of a tensor of any numeric dtype (fp16/bf16 included) as a double: the scalar
+ * constants that rules and passes read (a dropout ratio, an attention scale, 0.5 in a GELU
+ * pattern). Returns 0, or -1 when t has no data, no elements or a non-numeric dtype. */
+int om_scalar_get(const om_tensor *t, double *v);
+/* Stores v at p as one element of dtype dt (floats rounded to nearest even, integers
+ * truncated); returns 0, or -1 for a dtype that cannot hold a number. */
+int om_scalar_set(om_dtype dt, void *p, double v);
+
 /* Deterministic counter-based random numbers (splitmix64): the same seed and offset give
  * the same stream on every machine and thread split. */
 uint64_t om_rand_u64(uint64_t seed, uint64_t index);

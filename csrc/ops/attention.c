@@ -79,14 +79,10 @@ static int batch_strides(const int64_t *bd, int br, const int64_t *batch, int nb
 static om_status *scalar_factor(const om_kernel_ctx *ctx, int i, double *v) {
     const om_tensor *t = &ctx->in[i];
     if (om_tensor_numel(t) != 1) return attn_err(ctx->node, "a scale factor must be a scalar, got", t);
+    if (!om_dtype_in(t->dtype, OM_DT_ARITH)) return om_err_dtype(ctx->node, i, t->dtype);
     if (!t->data) { *v = 1.0; return NULL; }   /* shape-only pass: the value is read at run time */
-    switch (t->dtype) {
-    case OM_F32: *v = *(const float *)t->data; return NULL;
-    case OM_F64: *v = *(const double *)t->data; return NULL;
-    case OM_I64: *v = (double)*(const int64_t *)t->data; return NULL;
-    case OM_I32: *v = *(const int32_t *)t->data; return NULL;
-    default: return om_err_dtype(ctx->node, i, t->dtype);
-    }
+    om_scalar_get(t, v);
+    return NULL;
 }
 
 /* Geometry from Q, K, V, mask at input slots q..; factors at f; dropout at r, t. */
@@ -96,8 +92,7 @@ static om_status *attn_geometry(const om_kernel_ctx *ctx, int q, int mi, int f, 
     memset(g, 0, sizeof *g);
     for (int i = 0; i < 3; i++) {
         const om_tensor *t = &ctx->in[q + i];
-        if (t->dtype != OM_F32 && t->dtype != OM_F64) return om_err_dtype(n, q + i, t->dtype);
-        if (t->dtype != Q->dtype) return om_err_dtype(n, q + i, t->dtype);
+        OM_TRY(om_check_float(n, t, q + i, i ? Q->dtype : OM_UNDEFINED));
         if (t->rank < 2) return attn_err(n, "Q, K and V must have rank >= 2, got", t);
     }
     g->kt = om_attr_int(n, "k_transposed", 0) != 0;
@@ -190,8 +185,11 @@ static void gemm(om_dtype dt, int ta, int tb, int M, int N, int K, double alpha,
 
 /* ---- shape rules ------------------------------------------------------------------ */
 
+/* lse is kept in the statistics dtype: fp32 for fp16/bf16 attention (exp(s - lse) in the
+ * backward needs more than half precision of lse). */
 static om_dtype attn_dtype(const om_graph *g, const om_node *n, int j) {
-    return j == 2 ? OM_I64 : g->values[n->in[0]].dtype;
+    om_dtype q = g->values[n->in[0]].dtype;
+    return j == 2 ? OM_I64 : j == 1 ? om_dtype_stat(q) : q;
 }
 
 static om_status *check_causal_shape(const om_kernel_ctx *ctx, int i, const attn_geom *g) {
@@ -218,6 +216,7 @@ static om_status *attn_infer(om_kernel_ctx *ctx) {
     if (ctx->n_out > 1) {
         ctx->out[1] = *o;
         ctx->out[1].rank = g.nb + 1;
+        ctx->out[1].dtype = om_dtype_stat(o->dtype);
     }
     if (ctx->n_out > 2) {
         memset(&ctx->out[2], 0, sizeof ctx->out[2]);
@@ -343,7 +342,8 @@ static om_status *attn_cpu(om_kernel_ctx *ctx) {
     uint64_t seed = ctx->seed;
     if (wanted(ctx, 2)) *(int64_t *)ctx->out[2].data = (int64_t)seed;
     if (ctx->in[0].dtype == OM_F32) return attn_fwd_float(ctx, &g, OM_F32, seed);
-    return attn_fwd_double(ctx, &g, OM_F64, seed);
+    if (ctx->in[0].dtype == OM_F64) return attn_fwd_double(ctx, &g, OM_F64, seed);
+    return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
 }
 
 /* ---- backward --------------------------------------------------------------------- */
@@ -356,7 +356,7 @@ static om_status *attn_grad(om_grad_ctx *c) {
     for (int i = 0; i < 10; i++) in_f[i] = i < f->n_in ? f->in[i] : -1;
     int o = f->out[0];
     om_dtype dt = c->g->values[o].dtype;
-    int lse = om_node_ensure_output(c->g, c->node, 1, dt);
+    int lse = om_node_ensure_output(c->g, c->node, 1, om_dtype_stat(dt));
     int seed = in_f[8] >= 0 ? om_node_ensure_output(c->g, c->node, 2, OM_I64) : -1;
     if (lse < 0 || (in_f[8] >= 0 && seed < 0))
         return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"));
@@ -385,6 +385,10 @@ static om_status *attn_grad(om_grad_ctx *c) {
 static om_status *attn_grad_infer(om_kernel_ctx *ctx) {
     attn_geom g;
     OM_TRY(attn_geometry(ctx, 1, 6, 7, 10, 11, &g));
+    const om_dtype dt = ctx->in[1].dtype;
+    OM_TRY(om_check_float(ctx->node, &ctx->in[0], 0, dt));
+    OM_TRY(om_check_float(ctx->node, &ctx->in[4], 4, dt));
+    OM_TRY(om_check_float(ctx->node, &ctx->in[5], 5, om_dtype_stat(dt)));
     for (int j = 0; j < 4 && j < ctx->n_out; j++) {
         int src = j < 3 ? 1 + j : 6;
         if (!present(ctx, src)) continue;
@@ -531,7 +535,8 @@ static om_status *attn_grad_cpu(om_kernel_ctx *ctx) {
         seed = (uint64_t)*(const int64_t *)ctx->in[12].data;
     }
     if (ctx->in[1].dtype == OM_F32) return attn_bwd_float(ctx, &g, OM_F32, seed);
-    return attn_bwd_double(ctx, &g, OM_F64, seed);
+    if (ctx->in[1].dtype == OM_F64) return attn_bwd_double(ctx, &g, OM_F64, seed);
+    return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);
 }
 
 const om_op_def om_op_fused_attention = {

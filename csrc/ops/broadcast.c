@@ -2,7 +2,7 @@
  * (broadcast.h).
  *
  * Exports: om_broadcast_shape, om_set_shape, om_norm_axis, om_read_ints, om_err_dtype,
- *          om_err_unsupported, om_bcast_init.
+ *          om_check_dtype, om_check_float, om_err_unsupported, om_bcast_init.
  */
 #include "ops/broadcast.h"
 
@@ -14,6 +14,18 @@ static const char *node_op(const om_node *n) { return n && n->op ? n->op->name :
 om_status *om_err_dtype(const om_node *n, int input, om_dtype got) {
     return om_error(OM_INVALID_ARGUMENT, "node '%s' (%s): input %d has unsupported dtype %s",
                     node_name(n), node_op(n), input, om_dtype_name(got));
+}
+
+om_status *om_check_dtype(const om_node *n, const om_tensor *t, int i, unsigned set) {
+    return om_dtype_in(t->dtype, set) ? NULL : om_err_dtype(n, i, t->dtype);
+}
+
+om_status *om_check_float(const om_node *n, const om_tensor *t, int i, om_dtype want) {
+    if (!om_dtype_is_float(t->dtype)) return om_err_dtype(n, i, t->dtype);
+    if (want != OM_UNDEFINED && t->dtype != want)
+        return om_error(OM_INVALID_ARGUMENT, "node '%s' (%s): input %d has dtype %s, expected %s", node_name(n),
+                        node_op(n), i, om_dtype_name(t->dtype), om_dtype_name(want));
+    return NULL;
 }
 
 om_status *om_err_unsupported(const om_node *n, const char *what) {

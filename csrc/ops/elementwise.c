@@ -41,22 +41,18 @@
 #include <string.h>
 #include <tgmath.h>
 
+#include "core/half.h"
 #include "ops/broadcast.h"
 #include "ops/vecmath.h"
 
 /* ---- small helpers ------------------------------------------------------------------ */
 
-#define DT_BIT(d) (1u << (unsigned)(d))
-#define DT_FLOAT (DT_BIT(OM_F32) | DT_BIT(OM_F64))
-#define DT_ARITH (DT_FLOAT | DT_BIT(OM_I32) | DT_BIT(OM_I64))
-#define DT_INTS (DT_BIT(OM_I32) | DT_BIT(OM_I64) | DT_BIT(OM_I8) | DT_BIT(OM_U8))
-#define DT_EQ (DT_ARITH | DT_BIT(OM_I8) | DT_BIT(OM_U8) | DT_BIT(OM_BOOL))
-#define DT_CAST (DT_EQ | DT_BIT(OM_F16) | DT_BIT(OM_BF16))
+/* The float and arithmetic sets (fp16/bf16 included) are op.h's OM_DT_FLOAT / OM_DT_ARITH. */
+#define DT_EQ (OM_DT_ARITH | OM_DT_BIT(OM_I8) | OM_DT_BIT(OM_U8) | OM_DT_BIT(OM_BOOL))
+#define DT_CAST DT_EQ
 
 static om_status *check_dtype(const om_kernel_ctx *ctx, int i, unsigned allowed) {
-    om_dtype d = ctx->in[i].dtype;
-    if (d <= 0 || d >= 32 || !(allowed & DT_BIT(d))) return om_err_dtype(ctx->node, i, d);
-    return NULL;
+    return om_check_dtype(ctx->node, &ctx->in[i], i, allowed);
 }
 
 static om_status *check_same_dtype(const om_kernel_ctx *ctx, int i, int j) {
@@ -88,11 +84,8 @@ static om_status *read_scalar_float(const om_kernel_ctx *ctx, int i, double *v) 
     if (!t->data || om_tensor_numel(t) != 1)
         return om_error(OM_INVALID_ARGUMENT, "node '%s' (%s): input %d must be a scalar", ctx->node->name,
                         ctx->node->op->name, i);
-    switch (t->dtype) {
-    case OM_F32: *v = *(const float *)t->data; return NULL;
-    case OM_F64: *v = *(const double *)t->data; return NULL;
-    default: return om_err_dtype(ctx->node, i, t->dtype);
-    }
+    if (!om_dtype_is_float(t->dtype) || om_scalar_get(t, v)) return om_err_dtype(ctx->node, i, t->dtype);
+    return NULL;
 }
 
 static om_dtype vdt(const om_graph *g, int v) { return v >= 0 ? g->values[v].dtype : OM_UNDEFINED; }
@@ -116,20 +109,20 @@ static om_dtype dtype_bool(const om_graph *g, const om_node *n, int j) { return 
 /* ---- shape rules ---------------------------------------------------------------------- */
 
 static om_status *infer_unary_float(om_kernel_ctx *ctx) {
-    OM_TRY(check_dtype(ctx, 0, DT_FLOAT));
+    OM_TRY(check_dtype(ctx, 0, OM_DT_FLOAT));
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     return NULL;
 }
 
 static om_status *infer_unary_arith(om_kernel_ctx *ctx) {
-    OM_TRY(check_dtype(ctx, 0, DT_ARITH));
+    OM_TRY(check_dtype(ctx, 0, OM_DT_ARITH));
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     return NULL;
 }
 
 /* (dy, saved) -> like dy; saved must have dy's size. */
 static om_status *infer_grad2(om_kernel_ctx *ctx) {
-    OM_TRY(check_dtype(ctx, 0, DT_FLOAT));
+    OM_TRY(check_dtype(ctx, 0, OM_DT_FLOAT));
     OM_TRY(check_same_dtype(ctx, 0, 1));
     OM_TRY(check_same_numel(ctx, 0, 1));
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
@@ -144,14 +137,14 @@ static om_status *infer_broadcast(om_kernel_ctx *ctx, om_dtype out_dt) {
 }
 
 static om_status *infer_binary_arith(om_kernel_ctx *ctx) {
-    OM_TRY(check_dtype(ctx, 0, DT_ARITH));
+    OM_TRY(check_dtype(ctx, 0, OM_DT_ARITH));
     OM_TRY(check_same_dtype(ctx, 0, 1));
     return infer_broadcast(ctx, ctx->in[0].dtype);
 }
 
 static om_status *infer_pow(om_kernel_ctx *ctx) {
-    OM_TRY(check_dtype(ctx, 0, DT_FLOAT));
-    OM_TRY(check_dtype(ctx, 1, DT_ARITH));
+    OM_TRY(check_dtype(ctx, 0, OM_DT_FLOAT));
+    OM_TRY(check_dtype(ctx, 1, OM_DT_ARITH));
     return infer_broadcast(ctx, ctx->in[0].dtype);
 }
 
@@ -722,51 +715,7 @@ static om_status *identity_grad(om_grad_ctx *c) {
 
 /* ---- Cast ------------------------------------------------------------------------------------ */
 
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
-    if (e == 0) {
-        float f = (float)m * 5.9604644775390625e-8f;   /* subnormal: m * 2^-24 */
-        return sign ? -f : f;
-    }
-    if (e == 31) bits = sign | 0x7f800000u | (m << 13);
-    else bits = sign | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* Round to nearest even, overflow to inf, NaN stays NaN. */
-static inline uint16_t f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* >= 65520 rounds to inf */
-    if (ax < 0x38800000u) {                                      /* below 2^-14: subnormal */
-        float a;
-        memcpy(&a, &ax, 4);
-        float t = a * 16777216.0f + 8388608.0f;   /* adding 2^23 rounds a*2^24 to an integer (RNE) */
-        uint32_t tb;
-        memcpy(&tb, &t, 4);
-        return (uint16_t)(sign | (tb - 0x4b000000u));
-    }
-    uint32_t r = ax + 0xc8000fffu + ((ax >> 13) & 1u);   /* rebias exponent by -112, round */
-    return (uint16_t)(sign | (r >> 13));
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
+/* fp16/bf16 <-> fp32 with round to nearest even: core/half.h. */
 
 /* Float -> integer saturates (C leaves out-of-range conversion undefined); NaN -> 0. */
 static inline int64_t sat_i64(double v) {
@@ -781,14 +730,14 @@ static inline int64_t id_i64(int64_t v) { return v; }
 /* Loads go to int64 when the source is an integer (exact), to double otherwise. */
 #define LD_F32(v) ((double)(v))
 #define LD_F64(v) ((double)(v))
-#define LD_F16(v) ((double)f16_to_f32(v))
-#define LD_BF16(v) ((double)bf16_to_f32(v))
+#define LD_F16(v) ((double)om_f16_to_f32(v))
+#define LD_BF16(v) ((double)om_bf16_to_f32(v))
 #define LD_INT(v) ((int64_t)(v))
 #define LD_BOOL(v) ((int64_t)((v) != 0))
 #define ST_F32(v) ((float)(v))
 #define ST_F64(v) ((double)(v))
-#define ST_F16(v) f32_to_f16((float)(v))
-#define ST_BF16(v) f32_to_bf16((float)(v))
+#define ST_F16(v) om_f32_to_f16((float)(v))
+#define ST_BF16(v) om_f32_to_bf16((float)(v))
 #define ST_I64(v) TO_I64(v)
 #define ST_I32(v) ((int32_t)TO_I64(v))
 #define ST_I8(v) ((int8_t)TO_I64(v))
@@ -820,7 +769,7 @@ static om_dtype dtype_cast(const om_graph *g, const om_node *n, int j) {
     return (om_dtype)om_attr_int(n, "to", OM_UNDEFINED);
 }
 
-static int cast_dtype_ok(om_dtype d) { return d > 0 && d < 32 && (DT_CAST & DT_BIT(d)); }
+static int cast_dtype_ok(om_dtype d) { return om_dtype_in(d, DT_CAST); }
 
 static om_status *infer_cast(om_kernel_ctx *ctx) {
     om_dtype to = (om_dtype)om_attr_int(ctx->node, "to", OM_UNDEFINED);
@@ -858,14 +807,12 @@ OM_VEC_CLONES static om_status *cast_cpu(om_kernel_ctx *ctx) {
     return NULL;
 }
 
-static int is_float_dt(om_dtype d) { return d == OM_F32 || d == OM_F64 || d == OM_F16 || d == OM_BF16; }
-
 /* Between float dtypes the gradient is cast back; through an integer there is none. */
 static om_status *cast_grad(om_grad_ctx *c) {
     int in[1], out[1];
     node_io(c, in, 1, out, 1);
     om_dtype from = vdt(c->g, in[0]), to = vdt(c->g, out[0]);
-    if (c->dy[0] < 0 || !c->need_dx[0] || !is_float_dt(from) || !is_float_dt(to)) return NULL;
+    if (c->dy[0] < 0 || !c->need_dx[0] || !om_dtype_is_float(from) || !om_dtype_is_float(to)) return NULL;
     int v = om_emit1(c, "Cast", c->dy[0]);
     EMIT_OK(v);
     om_emit_attr_int(c, "to", from);
@@ -882,8 +829,8 @@ static om_dtype dtype_dropout(const om_graph *g, const om_node *n, int j) {
 }
 
 static om_status *infer_dropout(om_kernel_ctx *ctx) {
-    OM_TRY(check_dtype(ctx, 0, DT_FLOAT));
-    if (present(ctx, 1)) OM_TRY(check_dtype(ctx, 1, DT_FLOAT));
+    OM_TRY(check_dtype(ctx, 0, OM_DT_FLOAT));
+    if (present(ctx, 1)) OM_TRY(check_dtype(ctx, 1, OM_DT_FLOAT));
     if (present(ctx, 2) && ctx->in[2].dtype != OM_BOOL) return om_err_dtype(ctx->node, 2, ctx->in[2].dtype);
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     if (ctx->n_out > 1) om_set_shape(&ctx->out[1], &ctx->in[0], OM_BOOL);
@@ -962,7 +909,7 @@ static om_status *dropout_grad(om_grad_ctx *c) {
 }
 
 static om_status *infer_dropout_grad(om_kernel_ctx *ctx) {
-    OM_TRY(check_dtype(ctx, 0, DT_FLOAT));
+    OM_TRY(check_dtype(ctx, 0, OM_DT_FLOAT));
     if (ctx->in[1].dtype != OM_BOOL) return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);
     OM_TRY(check_same_numel(ctx, 0, 1));
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
@@ -993,7 +940,7 @@ OM_VEC_CLONES static om_status *dropout_grad_cpu(om_kernel_ctx *ctx) {
 /* ---- SumToShape ------------------------------------------------------------------------------- */
 
 static om_status *infer_sum_to_shape(om_kernel_ctx *ctx) {
-    OM_TRY(check_dtype(ctx, 0, DT_ARITH));
+    OM_TRY(check_dtype(ctx, 0, OM_DT_ARITH));
     int64_t t[OM_MAX_RANK];
     int r = om_read_ints(&ctx->in[1], t, OM_MAX_RANK);
     if (r < 0)
@@ -1108,8 +1055,8 @@ BIN(om_op_min, "Min", infer_binary_arith, maxmin_grad, min_cpu)
 const om_op_def om_op_equal = {.name = "Equal", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1,
                                .max_out = 1, .dtype = dtype_bool, .infer = infer_equal, .cpu = equal_cpu};
 const om_op_def om_op_where = {.name = "Where", .domain = "", .min_in = 3, .max_in = 3, .min_out = 1,
-                               .max_out = 1, .dtype = dtype_where, .infer = infer_where, .grad = where_grad,
-                               .cpu = where_cpu, .diff_inputs = 0x6u};
+                               .max_out = 1, .flags = OM_OP_ANY_DTYPE, .dtype = dtype_where, .infer = infer_where,
+                               .grad = where_grad, .cpu = where_cpu, .diff_inputs = 0x6u};
 
 UN(om_op_neg, "Neg", infer_unary_arith, neg_grad, neg_cpu)
 UN(om_op_relu, "Relu", infer_unary_arith, relu_grad, relu_cpu)
@@ -1124,11 +1071,11 @@ UN(om_op_log, "Log", infer_unary_float, log_grad, log_cpu)
 UN(om_op_reciprocal, "Reciprocal", infer_unary_float, reciprocal_grad, reciprocal_cpu)
 
 const om_op_def om_op_identity = {.name = "Identity", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1,
-                                  .max_out = 1, .flags = OM_OP_ALIAS, .infer = infer_identity,
+                                  .max_out = 1, .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = infer_identity,
                                   .grad = identity_grad, .cpu = identity_cpu, .diff_inputs = 0x1u};
 const om_op_def om_op_cast = {.name = "Cast", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1,
-                              .max_out = 1, .dtype = dtype_cast, .infer = infer_cast, .grad = cast_grad,
-                              .cpu = cast_cpu, .diff_inputs = 0x1u};
+                              .max_out = 1, .flags = OM_OP_ANY_DTYPE, .dtype = dtype_cast, .infer = infer_cast,
+                              .grad = cast_grad, .cpu = cast_cpu, .diff_inputs = 0x1u};
 const om_op_def om_op_dropout = {.name = "Dropout", .domain = "", .min_in = 1, .max_in = 3, .min_out = 1,
                                  .max_out = 2, .flags = OM_OP_RANDOM, .dtype = dtype_dropout,
                                  .infer = infer_dropout, .grad = dropout_grad, .cpu = dropout_cpu,

@@ -38,12 +38,6 @@
 static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
 static int wanted(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out && ctx->out[j].data != NULL; }
 
-static om_status *check_float(const om_node *n, const om_tensor *t, int i, om_dtype want) {
-    if (t->dtype != OM_F32 && t->dtype != OM_F64) return om_err_dtype(n, i, t->dtype);
-    if (want != OM_UNDEFINED && t->dtype != want) return om_err_dtype(n, i, t->dtype);
-    return NULL;
-}
-
 static om_status *read_shape(const om_kernel_ctx *ctx, int i, om_tensor *like, om_dtype dt) {
     int64_t d[OM_MAX_RANK];
     int r = present(ctx, i) ? om_read_ints(&ctx->in[i], d, OM_MAX_RANK) : -1;
@@ -72,15 +66,13 @@ static om_status *check_bias(const om_node *n, const om_tensor *b, int i, int64_
     return NULL;
 }
 
-/* Reads a scalar float or bool input. */
+/* Reads a scalar float (fp16/bf16 too) or bool input. */
 static double scalar_in(const om_kernel_ctx *ctx, int i, double dflt) {
-    if (!present(ctx, i) || !ctx->in[i].data || om_tensor_numel(&ctx->in[i]) != 1) return dflt;
-    switch (ctx->in[i].dtype) {
-    case OM_F32: return *(const float *)ctx->in[i].data;
-    case OM_F64: return *(const double *)ctx->in[i].data;
-    case OM_BOOL: return *(const uint8_t *)ctx->in[i].data != 0;
-    default: return dflt;
-    }
+    double v;
+    if (!present(ctx, i) || om_tensor_numel(&ctx->in[i]) != 1 || ctx->in[i].dtype == OM_I64 ||
+        ctx->in[i].dtype == OM_I32 || om_scalar_get(&ctx->in[i], &v))
+        return dflt;
+    return ctx->in[i].dtype == OM_BOOL ? v != 0 : v;
 }
 
 static void gemm(om_dtype dt, int ta, int tb, int M, int N, int K, const void *A, int lda, const void *B, int ldb,
@@ -108,9 +100,9 @@ static om_status *mmb_dims(const om_kernel_ctx *ctx, int64_t *M, int64_t *N, int
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0], *w = &ctx->in[1], *b = &ctx->in[2];
     int tb = om_attr_int(n, "transB", 0) != 0;
-    OM_TRY(check_float(n, x, 0, OM_UNDEFINED));
-    OM_TRY(check_float(n, w, 1, x->dtype));
-    OM_TRY(check_float(n, b, 2, x->dtype));
+    OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(n, w, 1, x->dtype));
+    OM_TRY(om_check_float(n, b, 2, x->dtype));
     char sx[128], sw[128];
     om_shape_str(x, sx, sizeof sx);
     om_shape_str(w, sw, sizeof sw);
@@ -187,7 +179,7 @@ static om_status *mmbg_dims(om_kernel_ctx *ctx, om_tensor *xs, om_tensor *ws, om
     const om_node *n = ctx->node;
     int tb = om_attr_int(n, "transB", 0) != 0;
     om_dtype dt = ctx->in[0].dtype;
-    OM_TRY(check_float(n, &ctx->in[0], 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(n, &ctx->in[0], 0, OM_UNDEFINED));
     OM_TRY(read_shape(ctx, 3, xs, dt));
     OM_TRY(read_shape(ctx, 4, ws, dt));
     OM_TRY(read_shape(ctx, 5, bs, dt));
@@ -200,8 +192,8 @@ static om_status *mmbg_dims(om_kernel_ctx *ctx, om_tensor *xs, om_tensor *ws, om
     if (om_tensor_numel(&ctx->in[0]) != *M * *N)
         return om_error(OM_INVALID_ARGUMENT, "MatMulBiasGrad node '%s': dY has %lld elements, expected %lld", n->name,
                         (long long)om_tensor_numel(&ctx->in[0]), (long long)(*M * *N));
-    if (present(ctx, 1)) OM_TRY(check_float(n, &ctx->in[1], 1, dt));
-    if (present(ctx, 2)) OM_TRY(check_float(n, &ctx->in[2], 2, dt));
+    if (present(ctx, 1)) OM_TRY(om_check_float(n, &ctx->in[1], 1, dt));
+    if (present(ctx, 2)) OM_TRY(om_check_float(n, &ctx->in[2], 2, dt));
     return NULL;
 }
 
@@ -271,8 +263,8 @@ static int gelu_tanh_mode(const om_node *n) {
 
 static om_status *bias_rows(const om_kernel_ctx *ctx, int xi, int bi, int64_t *rows, int64_t *cols) {
     const om_tensor *x = &ctx->in[xi], *b = &ctx->in[bi];
-    OM_TRY(check_float(ctx->node, x, xi, OM_UNDEFINED));
-    OM_TRY(check_float(ctx->node, b, bi, x->dtype));
+    OM_TRY(om_check_float(ctx->node, x, xi, OM_UNDEFINED));
+    OM_TRY(om_check_float(ctx->node, b, bi, x->dtype));
     if (x->rank < 1) return om_error(OM_INVALID_ARGUMENT, "%s node '%s': x must have rank >= 1", ctx->node->op->name,
                                      ctx->node->name);
     *cols = x->dims[x->rank - 1];
@@ -379,7 +371,7 @@ static om_status *bias_gelu_grad(om_grad_ctx *c) {
 
 static om_status *bias_gelu_grad_infer(om_kernel_ctx *ctx) {
     int64_t rows = 0, cols = 0;
-    OM_TRY(check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
     OM_TRY(bias_rows(ctx, 1, 2, &rows, &cols));
     if (om_tensor_numel(&ctx->in[0]) != rows * cols)
         return om_error(OM_INVALID_ARGUMENT, "BiasGeluGrad node '%s': dy and x differ in size", ctx->node->name);
@@ -451,16 +443,16 @@ static om_dtype bias_dropout_dtype(const om_graph *g, const om_node *n, int j) {
 static om_status *bias_dropout_check(const om_kernel_ctx *ctx, int64_t *rows, int64_t *cols) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
-    OM_TRY(check_float(n, x, 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));
     *cols = x->rank ? x->dims[x->rank - 1] : 1;
     *rows = *cols ? om_tensor_numel(x) / *cols : 0;
     if (present(ctx, 1)) {
-        OM_TRY(check_float(n, &ctx->in[1], 1, x->dtype));
+        OM_TRY(om_check_float(n, &ctx->in[1], 1, x->dtype));
         OM_TRY(check_bias(n, &ctx->in[1], 1, *cols));
     }
     if (present(ctx, 2)) {
         const om_tensor *r = &ctx->in[2];
-        OM_TRY(check_float(n, r, 2, x->dtype));
+        OM_TRY(om_check_float(n, r, 2, x->dtype));
         int ok = r->rank <= x->rank;
         for (int d = 0; ok && d < r->rank; d++) {
             int64_t e = r->dims[r->rank - 1 - d], f = x->dims[x->rank - 1 - d];
@@ -572,7 +564,7 @@ static om_status *bias_dropout_grad(om_grad_ctx *c) {
 
 static om_status *bias_dropout_grad_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
-    OM_TRY(check_float(n, &ctx->in[0], 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(n, &ctx->in[0], 0, OM_UNDEFINED));
     if (present(ctx, 1)) {
         if (ctx->in[1].dtype != OM_BOOL) return om_err_dtype(n, 1, ctx->in[1].dtype);
         if (om_tensor_numel(&ctx->in[1]) != om_tensor_numel(&ctx->in[0]))
@@ -620,8 +612,8 @@ static om_status *bias_dropout_grad_cpu(om_kernel_ctx *ctx) {
 static om_status *sln_dims(const om_kernel_ctx *ctx, int xi, int si, int64_t *rows, int64_t *cols) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[xi], *s = &ctx->in[si];
-    OM_TRY(check_float(n, x, xi, OM_UNDEFINED));
-    OM_TRY(check_float(n, s, si, x->dtype));
+    OM_TRY(om_check_float(n, x, xi, OM_UNDEFINED));
+    OM_TRY(om_check_float(n, s, si, x->dtype));
     int axis;
     OM_TRY(om_norm_axis(n, om_attr_int(n, "axis", -1), x->rank, &axis));
     if (axis != x->rank - 1) return om_err_unsupported(n, "only the last axis is normalized");
@@ -636,12 +628,18 @@ static om_status *sln_dims(const om_kernel_ctx *ctx, int xi, int si, int64_t *ro
     return NULL;
 }
 
+/* inv_rms is kept in the statistics dtype (fp32 for fp16/bf16 x), as LayerNorm's InvStdDev. */
+static om_dtype sln_dtype(const om_graph *g, const om_node *n, int j) {
+    om_dtype x = g->values[n->in[0]].dtype;
+    return j == 1 ? om_dtype_stat(x) : x;
+}
+
 static om_status *sln_infer(om_kernel_ctx *ctx) {
     int64_t rows = 0, cols = 0;
     OM_TRY(sln_dims(ctx, 0, 1, &rows, &cols));
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     if (ctx->n_out > 1) {
-        om_set_shape(&ctx->out[1], &ctx->in[0], ctx->in[0].dtype);
+        om_set_shape(&ctx->out[1], &ctx->in[0], om_dtype_stat(ctx->in[0].dtype));
         ctx->out[1].dims[ctx->out[1].rank - 1] = 1;
     }
     return NULL;
@@ -672,7 +670,7 @@ static om_status *sln_cpu(om_kernel_ctx *ctx) {
 static om_status *sln_grad(om_grad_ctx *c) {
     int x = c->g->nodes[c->node].in[0], s = c->g->nodes[c->node].in[1], dy = c->dy[0];
     if (dy < 0) return NULL;
-    int inv = om_node_ensure_output(c->g, c->node, 1, c->g->values[x].dtype);
+    int inv = om_node_ensure_output(c->g, c->node, 1, om_dtype_stat(c->g->values[x].dtype));
     if (inv < 0) return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"));
     int in[4] = {dy, x, s, inv}, out[2], want[2] = {c->need_dx[0], c->need_dx[1]};
     if (emit_partial(c, "SimplifiedLayerNormalizationGrad", in, 4, out, 2, want) < 0) return NULL;
@@ -684,6 +682,8 @@ static om_status *sln_grad(om_grad_ctx *c) {
 static om_status *sln_grad_infer(om_kernel_ctx *ctx) {
     int64_t rows = 0, cols = 0;
     OM_TRY(sln_dims(ctx, 1, 2, &rows, &cols));
+    OM_TRY(om_check_float(ctx->node, &ctx->in[0], 0, ctx->in[1].dtype));
+    OM_TRY(om_check_float(ctx->node, &ctx->in[3], 3, om_dtype_stat(ctx->in[1].dtype)));
     if (om_tensor_numel(&ctx->in[0]) != rows * cols || om_tensor_numel(&ctx->in[3]) != rows)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': dy / inv_rms sizes do not match x", ctx->node->op->name,
                         ctx->node->name);
@@ -751,7 +751,7 @@ const om_op_def om_op_bias_dropout_grad = {
 };
 const om_op_def om_op_simplified_layer_norm = {
     .name = "SimplifiedLayerNormalization", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 2,
-    .infer = sln_infer, .grad = sln_grad, .cpu = sln_cpu, .diff_inputs = 0x3,
+    .dtype = sln_dtype, .infer = sln_infer, .grad = sln_grad, .cpu = sln_cpu, .diff_inputs = 0x3,
 };
 const om_op_def om_op_simplified_layer_norm_grad = {
     .name = "SimplifiedLayerNormalizationGrad", .domain = "ortmod", .min_in = 4, .max_in = 4, .min_out = 1,

@@ -86,8 +86,8 @@ typedef struct loss_geom {
 static om_status *loss_geometry(const om_node *n, const om_tensor *x, const om_tensor *lab, const om_tensor *w,
                                 loss_geom *g) {
     char bx[160], bl[160];
-    if (x->dtype != OM_F32 && x->dtype != OM_F64) return om_err_dtype(n, 0, x->dtype);
-    if (lab->dtype != OM_I64 && lab->dtype != OM_I32) return om_err_dtype(n, 1, lab->dtype);
+    OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));   /* fp16/bf16 scores too: loss and log_prob in their dtype */
+    OM_TRY(om_check_dtype(n, lab, 1, OM_DT_INDEX));
     int ok = x->rank >= 2 && lab->rank == x->rank - 1 && lab->dims[0] == x->dims[0];
     for (int i = 1; ok && i < lab->rank; i++) ok = lab->dims[i] == x->dims[i + 1];
     if (!ok) {
@@ -101,7 +101,7 @@ static om_status *loss_geometry(const om_node *n, const om_tensor *x, const om_t
     g->S = 1;
     for (int i = 2; i < x->rank; i++) g->S *= x->dims[i];
     if (w && w->dtype != OM_UNDEFINED) {
-        if (w->dtype != x->dtype) return om_err_dtype(n, 2, w->dtype);
+        OM_TRY(om_check_float(n, w, 2, x->dtype));
         if (w->rank != 1 || w->dims[0] != g->C) {
             om_shape_str(w, bx, sizeof bx);
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': weights must have shape (%lld), got %s",

@@ -173,12 +173,6 @@ static void bgemm_run(om_dtype dt, const mm_geom *g, const bgemm *m, double alph
     }
 }
 
-static om_status *check_float(const om_node *n, const om_tensor *t, int i, om_dtype want) {
-    if (t->dtype != OM_F32 && t->dtype != OM_F64) return om_err_dtype(n, i, t->dtype);
-    if (want != OM_UNDEFINED && t->dtype != want) return om_err_dtype(n, i, t->dtype);
-    return NULL;
-}
-
 /* ---- MatMul / FusedMatMul --------------------------------------------------------- */
 
 static void mm_trans(const om_node *n, int *ta, int *tb, double *alpha) {
@@ -193,8 +187,8 @@ static om_status *matmul_infer(om_kernel_ctx *ctx) {
     int ta, tb;
     double alpha;
     mm_trans(ctx->node, &ta, &tb, &alpha);
-    OM_TRY(check_float(ctx->node, a, 0, OM_UNDEFINED));
-    OM_TRY(check_float(ctx->node, b, 1, a->dtype));
+    OM_TRY(om_check_float(ctx->node, a, 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(ctx->node, b, 1, a->dtype));
     mm_geom g;
     OM_TRY(mm_geometry(ctx->node, a->rank, a->dims, b->rank, b->dims, ta, tb, &g));
     om_tensor *y = &ctx->out[0];
@@ -210,8 +204,8 @@ static om_status *matmul_cpu(om_kernel_ctx *ctx) {
     int ta, tb;
     double alpha;
     mm_trans(ctx->node, &ta, &tb, &alpha);
-    OM_TRY(check_float(ctx->node, a, 0, OM_UNDEFINED));
-    OM_TRY(check_float(ctx->node, b, 1, a->dtype));
+    OM_TRY(om_check_float(ctx->node, a, 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(ctx->node, b, 1, a->dtype));
     mm_geom g;
     OM_TRY(mm_geometry(ctx->node, a->rank, a->dims, b->rank, b->dims, ta, tb, &g));
     bgemm m = {(int)g.M, (int)g.N, (int)g.K, g.ta, g.tb, a->data, b->data, ctx->out[0].data,
@@ -252,8 +246,8 @@ static om_status *mmgrad_geometry(om_kernel_ctx *ctx, mm_geom *g, int *which, in
     *which = (int)om_attr_int(n, "input", 0);
     int ta = om_attr_int(n, "transA", 0) != 0, tb = om_attr_int(n, "transB", 0) != 0;
     if (*which != 0 && *which != 1) return om_err_unsupported(n, "attribute input must be 0 or 1");
-    OM_TRY(check_float(n, dy, 0, OM_UNDEFINED));
-    OM_TRY(check_float(n, other, 1, dy->dtype));
+    OM_TRY(om_check_float(n, dy, 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(n, other, 1, dy->dtype));
     if (!shp->data)
         return om_error(OM_INVALID_ARGUMENT, "MatMulGrad node '%s': the operand shape must be known at plan time",
                         n->name ? n->name : "");
@@ -314,8 +308,8 @@ static om_status *gemm_dims(om_kernel_ctx *ctx, int64_t *M, int64_t *N, int64_t 
     const om_node *n = ctx->node;
     const om_tensor *a = &ctx->in[0], *b = &ctx->in[1];
     int ta = om_attr_int(n, "transA", 0) != 0, tb = om_attr_int(n, "transB", 0) != 0;
-    OM_TRY(check_float(n, a, 0, OM_UNDEFINED));
-    OM_TRY(check_float(n, b, 1, a->dtype));
+    OM_TRY(om_check_float(n, a, 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(n, b, 1, a->dtype));
     char sa[160], sb[160];
     dims_str(a->rank, a->dims, sa, sizeof sa);
     dims_str(b->rank, b->dims, sb, sizeof sb);
@@ -333,7 +327,7 @@ static om_status *gemm_dims(om_kernel_ctx *ctx, int64_t *M, int64_t *N, int64_t 
         return om_error(OM_INVALID_ARGUMENT, "Gemm node '%s': dims exceed the BLAS int range", n->name ? n->name : "");
     const om_tensor *c = ctx->n_in > 2 ? &ctx->in[2] : NULL;
     if (c && c->dtype != OM_UNDEFINED) {
-        OM_TRY(check_float(n, c, 2, a->dtype));
+        OM_TRY(om_check_float(n, c, 2, a->dtype));
         int ok = c->rank <= 2;
         int64_t cm = c->rank == 2 ? c->dims[0] : 1, cn = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
         ok = ok && (cm == 1 || cm == *M) && (cn == 1 || cn == *N);

@@ -2,7 +2,7 @@
  * Trilu, Pad, Einsum, and their backward ops.
  *
  * Exports:
- *   om_op_less              Less               a <  b -> bool   (broadcast; f32 f64 i32 i64)
+ *   om_op_less              Less               a <  b -> bool   (broadcast; floats, i32, i64)
  *   om_op_greater           Greater            a >  b -> bool
  *   om_op_less_or_equal     LessOrEqual        a <= b -> bool
  *   om_op_greater_or_equal  GreaterOrEqual     a >= b -> bool
@@ -62,8 +62,9 @@
 static const char *nm(const om_node *n) { return n && n->name ? n->name : ""; }
 static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
 static om_dtype dtype_bool(const om_graph *g, const om_node *n, int j) { return OM_BOOL; }
-static int is_float(om_dtype d) { return d == OM_F32 || d == OM_F64; }
-static int is_arith(om_dtype d) { return is_float(d) || d == OM_I32 || d == OM_I64; }
+/* what the shape rules take (fp16/bf16 too); the CPU kernels dispatch f32/f64 (and ints) */
+static int is_float(om_dtype d) { return om_dtype_is_float(d); }
+static int is_arith(om_dtype d) { return om_dtype_in(d, OM_DT_ARITH); }
 
 static om_status *need_known(const om_node *n, const om_tensor *t, int i, int64_t *vals, int max, int *count) {
     *count = om_read_ints(t, vals, max);
@@ -1106,12 +1107,14 @@ const om_op_def om_op_activation_grad = {.name = "ActivationGrad", .domain = "or
                                          .min_out = 1, .max_out = 1, .infer = act_infer, .cpu = act_grad_cpu};
 
 const om_op_def om_op_tile = {.name = "Tile", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
-                              .infer = tile_infer, .grad = tile_grad, .cpu = tile_cpu, .diff_inputs = 0x1};
+                              .flags = OM_OP_ANY_DTYPE, .infer = tile_infer, .grad = tile_grad, .cpu = tile_cpu,
+                              .diff_inputs = 0x1};
 const om_op_def om_op_tile_grad = {.name = "TileGrad", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1,
                                    .max_out = 1, .infer = tile_grad_infer, .cpu = tile_grad_cpu};
 
 const om_op_def om_op_trilu = {.name = "Trilu", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
-                               .infer = trilu_infer, .grad = trilu_grad, .cpu = trilu_cpu, .diff_inputs = 0x1};
+                               .flags = OM_OP_ANY_DTYPE, .infer = trilu_infer, .grad = trilu_grad, .cpu = trilu_cpu,
+                               .diff_inputs = 0x1};
 
 const om_op_def om_op_pad = {.name = "Pad", .domain = "", .min_in = 2, .max_in = 4, .min_out = 1, .max_out = 1,
                              .infer = pad_infer, .grad = pad_grad, .cpu = pad_cpu, .diff_inputs = 0x1};

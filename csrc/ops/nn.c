@@ -78,20 +78,14 @@ static void sm_attrs(const om_kernel_ctx *ctx, int64_t *axis, int *coerce) {
     }
 }
 
-static om_status *float_check(const om_node *n, const om_tensor *t, int i, om_dtype want) {
-    if (t->dtype != OM_F32 && t->dtype != OM_F64) return om_err_dtype(n, i, t->dtype);
-    if (want != OM_UNDEFINED && t->dtype != want) return om_err_dtype(n, i, t->dtype);
-    return NULL;
-}
-
 static om_status *softmax_infer(om_kernel_ctx *ctx) {
     int64_t axis;
     int coerce;
     sm_geom s;
     sm_attrs(ctx, &axis, &coerce);
-    OM_TRY(float_check(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
     for (int i = 1; i < ctx->n_in; i++) {
-        OM_TRY(float_check(ctx->node, &ctx->in[i], i, ctx->in[0].dtype));
+        OM_TRY(om_check_float(ctx->node, &ctx->in[i], i, ctx->in[0].dtype));
         if (!om_shape_equal(&ctx->in[i], &ctx->in[0]))
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d has a different shape than input 0",
                             ctx->node->op->name, node_name(ctx->node), i);
@@ -313,11 +307,11 @@ static om_status *log_softmax_grad_cpu(om_kernel_ctx *ctx) { return softmax_grad
 
 /* ---- LayerNormalization ----------------------------------------------------------- */
 
-/* Mean and InvStdDev: float32 for float32 (and half) inputs, float64 for float64. */
+/* Mean and InvStdDev: the statistics dtype, float32 for float32 and fp16/bf16 inputs (ONNX's
+ * default stash_type), float64 for float64. */
 static om_dtype ln_dtype(const om_graph *g, const om_node *n, int out_index) {
     om_dtype x = g->values[n->in[0]].dtype;
-    if (out_index == 0) return x;
-    return x == OM_F64 ? OM_F64 : OM_F32;
+    return out_index == 0 ? x : om_dtype_stat(x);
 }
 
 /* X viewed as (N, D): N = prod(dims[:axis]), D = prod(dims[axis:]). */
@@ -334,7 +328,7 @@ static om_status *ln_geometry(const om_node *n, const om_tensor *x, int64_t axis
 }
 
 static om_status *ln_check_param(const om_node *n, const om_tensor *p, int i, om_dtype dt, int64_t D) {
-    OM_TRY(float_check(n, p, i, dt));
+    OM_TRY(om_check_float(n, p, i, dt));
     if (om_tensor_numel(p) != D) {
         char buf[128];
         om_shape_str(p, buf, sizeof buf);
@@ -349,13 +343,13 @@ static om_status *ln_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0];
     int axis = 0;
     int64_t N = 0, D = 0;
-    OM_TRY(float_check(n, x, 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));
     OM_TRY(ln_geometry(n, x, om_attr_int(n, "axis", -1), &axis, &N, &D));
     OM_TRY(ln_check_param(n, &ctx->in[1], 1, x->dtype, D));
     if (ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED) OM_TRY(ln_check_param(n, &ctx->in[2], 2, x->dtype, D));
     om_set_shape(&ctx->out[0], x, x->dtype);
     for (int j = 1; j < ctx->n_out && j < 3; j++) {
-        om_set_shape(&ctx->out[j], x, x->dtype);
+        om_set_shape(&ctx->out[j], x, om_dtype_stat(x->dtype));
         for (int i = axis; i < x->rank; i++) ctx->out[j].dims[i] = 1;
     }
     return NULL;
@@ -475,11 +469,13 @@ static om_status *ln_grad_infer(om_kernel_ctx *ctx) {
     const om_tensor *dy = &ctx->in[0], *x = &ctx->in[1];
     int axis = 0;
     int64_t N = 0, D = 0;
-    OM_TRY(float_check(n, dy, 0, OM_UNDEFINED));
-    for (int i = 1; i < 5; i++) OM_TRY(float_check(n, &ctx->in[i], i, dy->dtype));
+    /* dY, X, Scale in X's dtype; Mean, InvStdDev and their gradients in the statistics dtype */
+    const om_dtype sdt = om_dtype_stat(dy->dtype);
+    OM_TRY(om_check_float(n, dy, 0, OM_UNDEFINED));
+    for (int i = 1; i < 5; i++) OM_TRY(om_check_float(n, &ctx->in[i], i, i < 3 ? dy->dtype : sdt));
     for (int i = 5; i < ctx->n_in; i++) {
         if (ctx->in[i].dtype == OM_UNDEFINED) continue;
-        OM_TRY(float_check(n, &ctx->in[i], i, dy->dtype));
+        OM_TRY(om_check_float(n, &ctx->in[i], i, sdt));
         if (om_tensor_numel(&ctx->in[i]) != om_tensor_numel(&ctx->in[3]))
             return om_error(OM_INVALID_ARGUMENT, "LayerNormalizationGrad node '%s': input %d must match Mean",
                             node_name(n), i);

@@ -57,7 +57,7 @@ static om_status *bn_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
     int64_t N = 0, C = 0, S = 0;
-    if (x->dtype != OM_F32 && x->dtype != OM_F64) return om_err_dtype(n, 0, x->dtype);
+    OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));
     OM_TRY(bn_geometry(n, x, &N, &C, &S));
     for (int i = 1; i < 5; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, x->dtype, C));
     om_set_shape(&ctx->out[0], x, x->dtype);
@@ -159,7 +159,7 @@ static om_status *bn_grad_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0], *x = &ctx->in[1];
     int64_t N = 0, C = 0, S = 0;
-    if (dy->dtype != OM_F32 && dy->dtype != OM_F64) return om_err_dtype(n, 0, dy->dtype);
+    OM_TRY(om_check_float(n, dy, 0, OM_UNDEFINED));
     if (x->dtype != dy->dtype || !om_shape_equal(dy, x))
         return om_error(OM_INVALID_ARGUMENT, "BatchNormalizationGrad node '%s': dY and X differ", nm(n));
     OM_TRY(bn_geometry(n, x, &N, &C, &S));

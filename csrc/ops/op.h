@@ -42,6 +42,11 @@ enum {
     OM_OP_SHAPE_ONLY = 1 << 2, /* reads only input shapes (Shape, Size): foldable once shapes are known */
     OM_OP_INPLACE = 1 << 3,    /* output 0 may overwrite input 0 when both have the same shape and input 0
                                   dies here: the kernel reads each element before writing the same element */
+    OM_OP_ANY_DTYPE = 1 << 4,  /* the CPU kernel only moves or converts elements (by element size, or
+                                  Cast), so it takes every dtype the shape rule allows, fp16/bf16 too.
+                                  The other CPU kernels compute in fp32/fp64 only: a CPU plan that would
+                                  run one of them on fp16/bf16 is refused at plan time (half precision
+                                  runs on the CUDA provider) */
 };
 
 typedef struct om_op_def {
@@ -104,7 +109,51 @@ int om_read_ints(const om_tensor *t, int64_t *vals, int max);
 om_status *om_err_dtype(const om_node *n, int input, om_dtype got);
 om_status *om_err_unsupported(const om_node *n, const char *what);
 
-/* Generic float dispatch used by many kernels: expands BODY with T = float or double. */
+/* ---- dtype sets for dtype and shape rules: bit d set = dtype d allowed ---------------
+ * The rules accept what the op means for every provider: fp16/bf16 are float dtypes (the
+ * CUDA kernels load them to fp32 and round once on store). Which provider can run a node
+ * is the planner's question, not the shape rule's (see OM_OP_ANY_DTYPE). */
+#define OM_DT_BIT(d) (1u << (unsigned)(d))
+#define OM_DT_HALF (OM_DT_BIT(OM_F16) | OM_DT_BIT(OM_BF16))
+#define OM_DT_FLOAT (OM_DT_BIT(OM_F32) | OM_DT_BIT(OM_F64) | OM_DT_HALF)
+#define OM_DT_INDEX (OM_DT_BIT(OM_I32) | OM_DT_BIT(OM_I64))
+#define OM_DT_ARITH (OM_DT_FLOAT | OM_DT_INDEX)
+
+static inline int om_dtype_in(om_dtype d, unsigned set) { return d > 0 && d < 32 && (set & OM_DT_BIT(d)); }
+/* True for dtypes that carry gradients. */
+static inline int om_dtype_is_float(om_dtype d) { return om_dtype_in(d, OM_DT_FLOAT); }
+static inline int om_dtype_is_half(om_dtype d) { return d == OM_F16 || d == OM_BF16; }
+/* The dtype statistics of a float tensor are kept in (LayerNorm's Mean/InvStdDev, ...):
+ * fp32 for fp32 and fp16/bf16 inputs, fp64 for fp64. */
+static inline om_dtype om_dtype_stat(om_dtype d) { return d == OM_F64 ? OM_F64 : OM_F32; }
+
+/* The fp16/bf16 dtype that node n's CPU kernel would have to compute in, given its input
+ * and output tensors (absent ones have dtype OM_UNDEFINED / out value -1); OM_UNDEFINED when
+ * the CPU kernel can run it: no half tensor, or an op that only moves elements
+ * (OM_OP_ANY_DTYPE). The planner refuses CPU plans that would run such a node; folding runs
+ * it through fp32 (om_cpu_fold). */
+static inline om_dtype om_node_cpu_half(const om_node *n, const om_tensor *in, const om_tensor *out) {
+    if (n->op->flags & OM_OP_ANY_DTYPE) return OM_UNDEFINED;
+    for (int i = 0; i < n->n_in; i++)
+        if (n->in[i] >= 0 && om_dtype_is_half(in[i].dtype)) return in[i].dtype;
+    for (int j = 0; j < n->n_out; j++)
+        if (n->out[j] >= 0 && om_dtype_is_half(out[j].dtype)) return out[j].dtype;
+    return OM_UNDEFINED;
+}
+
+/* Runs node n's CPU kernel to fold it (plan-time and compile-time folding): directly, or for
+ * fp16/bf16 math (om_node_cpu_half) on fp32 copies of the half inputs, rounding the fp32
+ * results once into the half outputs (ops/fold.c). */
+om_status *om_cpu_fold(om_kernel_ctx *ctx);
+
+/* Input i (tensor t) of node n must be a float dtype, and dtype want unless want is
+ * OM_UNDEFINED. The error names node, op, input and dtype. */
+om_status *om_check_float(const om_node *n, const om_tensor *t, int i, om_dtype want);
+/* Input i of node n must have a dtype in set. */
+om_status *om_check_dtype(const om_node *n, const om_tensor *t, int i, unsigned set);
+
+/* Float dispatch of the CPU kernels: expands BODY with T = float or double (fp16/bf16 never
+ * reach a CPU kernel: the planner refuses them first). */
 #define OM_DISPATCH_FLOAT(dt, node, BODY)                                       \
     switch (dt) {                                                               \
     case OM_F32: { typedef float T; BODY; } break;                              \

@@ -11,7 +11,8 @@
  *
  * Semantics are opset 18's for all of them (axes as an optional int64 input, attributes
  * keepdims=1 and noop_with_empty_axes=0); the "axes" attribute of older opsets is read
- * when there is no axes input. Axes must be known at plan time. Kernels take float32,
+ * when there is no axes input. Axes must be known at plan time. The rules take every float
+ * dtype (fp16/bf16 for the CUDA kernels) and int32/int64; the CPU kernels take float32,
  * float64, int32 and int64 (ints appear when shape arithmetic is folded at plan time).
  *
  * Every reduction uses one plan (reduce_plan): the input's dims with size-1 dims dropped
@@ -133,6 +134,7 @@ static om_status *reduce_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0];
     om_tensor *y = &ctx->out[0];
     int red[OM_MAX_RANK];
+    OM_TRY(om_check_dtype(ctx->node, x, 0, OM_DT_ARITH));
     OM_TRY(reduce_mask(ctx, 1, x->rank, red));
     const int keep = om_attr_int(ctx->node, "keepdims", 1) != 0;
     y->dtype = x->dtype;
@@ -311,6 +313,7 @@ static om_status *shape_from_input(om_kernel_ctx *ctx, int i, om_tensor *out, om
 }
 
 static om_status *reduce_grad_infer(om_kernel_ctx *ctx) {
+    OM_TRY(om_check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
     OM_TRY(shape_from_input(ctx, 1, &ctx->out[0], ctx->in[0].dtype));
     int red[OM_MAX_RANK];
     OM_TRY(reduce_mask(ctx, 2, ctx->out[0].rank, red));
@@ -368,6 +371,8 @@ static om_status *reduce_grad_cpu(om_kernel_ctx *ctx) {
 /* ---- ReduceMinMaxGrad: dx = (x == y) * dy / (number of ties) ----------------------- */
 
 static om_status *reduce_min_max_grad_infer(om_kernel_ctx *ctx) {
+    OM_TRY(om_check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
+    for (int i = 2; i < 4; i++) OM_TRY(om_check_float(ctx->node, &ctx->in[i], i, ctx->in[0].dtype));
     OM_TRY(shape_from_input(ctx, 1, &ctx->out[0], ctx->in[0].dtype));
     int red[OM_MAX_RANK];
     return reduce_mask(ctx, 4, ctx->out[0].rank, red);

@@ -111,9 +111,9 @@ static om_status *expect_shape(const om_node *n, const om_tensor *t, int idx, co
 
 /* Checks X, W, R (inputs 0..2) and fills T, B, In, H. */
 static om_status *rnn_geometry(const om_node *n, const om_tensor *x, const om_tensor *w, const om_tensor *r, rnn_cfg *c) {
-    if (x->dtype != OM_F32 && x->dtype != OM_F64) return om_err_dtype(n, 0, x->dtype);
-    if (w->dtype != x->dtype) return om_err_dtype(n, 1, w->dtype);
-    if (r->dtype != x->dtype) return om_err_dtype(n, 2, r->dtype);
+    OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));
+    OM_TRY(om_check_float(n, w, 1, x->dtype));
+    OM_TRY(om_check_float(n, r, 2, x->dtype));
     if (x->rank != 3)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': X must be (seq_length, batch, input_size)", n->op->name, nm(n));
     c->T = x->dims[0], c->B = x->dims[1], c->In = x->dims[2];

@@ -76,7 +76,7 @@ static om_dtype cumsum_dtype(const om_graph *g, const om_node *n, int out_index)
 static om_status *cumsum_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0];
     if (x->rank < 1) return om_error(OM_INVALID_ARGUMENT, "CumSum node '%s': x must have rank >= 1", nm(ctx->node));
-    if (x->dtype != OM_F32 && x->dtype != OM_F64 && !is_int(x->dtype) && !small_int(x->dtype))
+    if (!om_dtype_is_float(x->dtype) && !is_int(x->dtype) && !small_int(x->dtype))
         return om_err_dtype(ctx->node, 0, x->dtype);
     if (!is_int(ctx->in[1].dtype)) return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);
     if (ctx->in[1].data) {
@@ -261,6 +261,7 @@ static om_status *gather_elements_grad(om_grad_ctx *c) {
 
 static om_status *gather_elements_grad_infer(om_kernel_ctx *ctx) {
     const om_tensor *shp = &ctx->in[1];
+    OM_TRY(om_check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
     if (!is_int(shp->dtype)) return om_err_dtype(ctx->node, 1, shp->dtype);
     if (!shp->data)
         return om_error(OM_INVALID_ARGUMENT, "GatherElementsGrad node '%s': the shape must be known at plan time",
@@ -385,7 +386,8 @@ const om_op_def om_op_cumsum = {
 };
 const om_op_def om_op_gather_elements = {
     .name = "GatherElements", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
-    .infer = gather_elements_infer, .grad = gather_elements_grad, .cpu = gather_elements_cpu, .diff_inputs = 1,
+    .flags = OM_OP_ANY_DTYPE, .infer = gather_elements_infer, .grad = gather_elements_grad, .cpu = gather_elements_cpu,
+    .diff_inputs = 1,
 };
 const om_op_def om_op_gather_elements_grad = {
     .name = "GatherElementsGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,

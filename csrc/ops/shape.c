@@ -24,7 +24,8 @@
  *
  * Most of these run at plan time on int64 shape data (the planner folds a node whose
  * inputs are all known), so every kernel that only moves data does it by bytes
- * (om_dtype_size) and works for any dtype; only GatherGrad adds (float32/float64) and
+ * (om_dtype_size) and works for any dtype, fp16/bf16 included (OM_OP_ANY_DTYPE); only
+ * GatherGrad adds (its rule takes every float dtype; the CPU kernel float32/float64) and
  * Range computes (float32/float64/int32/int64).
  *
  * Shape-like inputs (Reshape's shape, Slice's starts, axes, ...) must be known at plan
@@ -675,6 +676,7 @@ static om_status *infer_from_shape_input(om_kernel_ctx *ctx, int i, om_tensor *o
 }
 
 static om_status *gather_grad_infer(om_kernel_ctx *ctx) {
+    OM_TRY(om_check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
     return infer_from_shape_input(ctx, 1, &ctx->out[0], ctx->in[0].dtype);
 }
 
@@ -1256,43 +1258,43 @@ static om_status *split_grad_cpu(om_kernel_ctx *ctx) {
 
 const om_op_def om_op_shape = {
     .name = "Shape", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
-    .flags = OM_OP_SHAPE_ONLY, .dtype = dtype_i64, .infer = shape_infer, .cpu = shape_cpu, .diff_inputs = 0,
+    .flags = OM_OP_SHAPE_ONLY | OM_OP_ANY_DTYPE, .dtype = dtype_i64, .infer = shape_infer, .cpu = shape_cpu, .diff_inputs = 0,
 };
 const om_op_def om_op_size = {
     .name = "Size", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
-    .flags = OM_OP_SHAPE_ONLY, .dtype = dtype_i64, .infer = size_infer, .cpu = size_cpu, .diff_inputs = 0,
+    .flags = OM_OP_SHAPE_ONLY | OM_OP_ANY_DTYPE, .dtype = dtype_i64, .infer = size_infer, .cpu = size_cpu, .diff_inputs = 0,
 };
 const om_op_def om_op_constant = {
     .name = "Constant", .domain = "", .min_in = 0, .max_in = 0, .min_out = 1, .max_out = 1,
-    .dtype = constant_dtype, .infer = constant_infer, .cpu = constant_cpu, .diff_inputs = 0,
+    .dtype = constant_dtype, .flags = OM_OP_ANY_DTYPE, .infer = constant_infer, .cpu = constant_cpu, .diff_inputs = 0,
 };
 const om_op_def om_op_constant_of_shape = {
     .name = "ConstantOfShape", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
-    .dtype = constant_of_shape_dtype, .infer = constant_of_shape_infer, .cpu = constant_of_shape_cpu, .diff_inputs = 0,
+    .dtype = constant_of_shape_dtype, .flags = OM_OP_ANY_DTYPE, .infer = constant_of_shape_infer, .cpu = constant_of_shape_cpu, .diff_inputs = 0,
 };
 const om_op_def om_op_reshape = {
     .name = "Reshape", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
-    .flags = OM_OP_ALIAS, .infer = reshape_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = reshape_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
 };
 const om_op_def om_op_flatten = {
     .name = "Flatten", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
-    .flags = OM_OP_ALIAS, .infer = flatten_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = flatten_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
 };
 const om_op_def om_op_squeeze = {
     .name = "Squeeze", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
-    .flags = OM_OP_ALIAS, .infer = squeeze_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = squeeze_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
 };
 const om_op_def om_op_unsqueeze = {
     .name = "Unsqueeze", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
-    .flags = OM_OP_ALIAS, .infer = unsqueeze_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = unsqueeze_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
 };
 const om_op_def om_op_transpose = {
     .name = "Transpose", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
-    .infer = transpose_infer, .grad = transpose_grad, .cpu = transpose_cpu, .diff_inputs = 1,
+    .flags = OM_OP_ANY_DTYPE, .infer = transpose_infer, .grad = transpose_grad, .cpu = transpose_cpu, .diff_inputs = 1,
 };
 const om_op_def om_op_gather = {
     .name = "Gather", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
-    .infer = gather_infer, .grad = gather_grad, .cpu = gather_cpu, .diff_inputs = 1,
+    .flags = OM_OP_ANY_DTYPE, .infer = gather_infer, .grad = gather_grad, .cpu = gather_cpu, .diff_inputs = 1,
 };
 const om_op_def om_op_gather_grad = {
     .name = "GatherGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
@@ -1300,23 +1302,23 @@ const om_op_def om_op_gather_grad = {
 };
 const om_op_def om_op_concat = {
     .name = "Concat", .domain = "", .min_in = 1, .max_in = OM_MANY, .min_out = 1, .max_out = 1,
-    .infer = concat_infer, .grad = concat_grad, .cpu = concat_cpu, .diff_inputs = ~0u,
+    .flags = OM_OP_ANY_DTYPE, .infer = concat_infer, .grad = concat_grad, .cpu = concat_cpu, .diff_inputs = ~0u,
 };
 const om_op_def om_op_concat_grad = {
     .name = "ConcatGrad", .domain = "ortmod", .min_in = 2, .max_in = OM_MANY, .min_out = 1, .max_out = 1,
-    .infer = concat_grad_infer, .cpu = concat_grad_cpu, .diff_inputs = 0,
+    .flags = OM_OP_ANY_DTYPE, .infer = concat_grad_infer, .cpu = concat_grad_cpu, .diff_inputs = 0,
 };
 const om_op_def om_op_slice = {
     .name = "Slice", .domain = "", .min_in = 3, .max_in = 5, .min_out = 1, .max_out = 1,
-    .infer = slice_infer, .grad = slice_grad, .cpu = slice_cpu, .diff_inputs = 1,
+    .flags = OM_OP_ANY_DTYPE, .infer = slice_infer, .grad = slice_grad, .cpu = slice_cpu, .diff_inputs = 1,
 };
 const om_op_def om_op_slice_grad = {
     .name = "SliceGrad", .domain = "ortmod", .min_in = 4, .max_in = 6, .min_out = 1, .max_out = 1,
-    .infer = slice_grad_infer, .cpu = slice_grad_cpu, .diff_inputs = 0,
+    .flags = OM_OP_ANY_DTYPE, .infer = slice_grad_infer, .cpu = slice_grad_cpu, .diff_inputs = 0,
 };
 const om_op_def om_op_expand = {
     .name = "Expand", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
-    .infer = expand_infer, .grad = expand_grad, .cpu = expand_cpu, .diff_inputs = 1,
+    .flags = OM_OP_ANY_DTYPE, .infer = expand_infer, .grad = expand_grad, .cpu = expand_cpu, .diff_inputs = 1,
 };
 const om_op_def om_op_range = {
     .name = "Range", .domain = "", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
@@ -1324,9 +1326,9 @@ const om_op_def om_op_range = {
 };
 const om_op_def om_op_split = {
     .name = "Split", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = OM_MANY,
-    .infer = split_infer, .grad = split_grad, .cpu = split_cpu, .diff_inputs = 1,
+    .flags = OM_OP_ANY_DTYPE, .infer = split_infer, .grad = split_grad, .cpu = split_cpu, .diff_inputs = 1,
 };
 const om_op_def om_op_split_grad = {
     .name = "SplitGrad", .domain = "ortmod", .min_in = 3, .max_in = OM_MANY, .min_out = 1, .max_out = 1,
-    .dtype = split_grad_dtype, .infer = split_grad_infer, .cpu = split_grad_cpu, .diff_inputs = 0,
+    .dtype = split_grad_dtype, .flags = OM_OP_ANY_DTYPE, .infer = split_grad_infer, .cpu = split_grad_cpu, .diff_inputs = 0,
 };

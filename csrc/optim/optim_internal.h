@@ -1,62 +1,17 @@
-/* optim_internal.h — what the optimizer kernels share: fp16/bf16 converters (math is
- * fp32; storage may be half), the multi-tensor range splitter, and a small pthread
+/* optim_internal.h — what the optimizer kernels share: fp16/bf16 block loads and stores
+ * (math is fp32; storage may be half), the multi-tensor range splitter, and a small pthread
  * parallel-for. Private to csrc/optim/. */
 #ifndef OM_OPTIM_INTERNAL_H
 #define OM_OPTIM_INTERNAL_H
 
 #include "core/core.h"
+#include "core/half.h"
 #include "ortmod_optim.h"
 
 #include <stdint.h>
 #include <string.h>
 
-/* ---- fp16 / bf16 <-> fp32, round to nearest even (what torch's .half()/.bfloat16() do).
- * Branch-light so that the block loops below vectorize. */
-/* union punning (valid C11); memcpy here leaves loads the vectorizer cannot type */
-static inline float om_bits_f32(uint32_t u) { union { uint32_t u; float f; } x = {.u = u}; return x.f; }
-static inline uint32_t om_f32_bits(float f) { union { float f; uint32_t u; } x = {.f = f}; return x.u; }
-
-static inline float om_f16_to_f32(uint16_t h) {
-    /* Shift exponent+mantissa into fp32 position; multiplying by 2^112 rebiases the
-     * exponent (15 -> 127) and turns half subnormals into normal floats. Inf/NaN (half
-     * exponent 31) get the fp32 all-ones exponent, keeping the payload. */
-    uint32_t em = (uint32_t)(h & 0x7fffu);
-    float f = om_bits_f32(em << 13) * 0x1p112f;
-    uint32_t u = om_f32_bits(f);
-    u |= (em >= 0x7c00u) ? 0x7f800000u : 0u;
-    return om_bits_f32(u | ((uint32_t)(h & 0x8000u) << 16));
-}
-
-static inline uint16_t om_f32_to_f16(float x) {
-    /* F. Giesen's float_to_half_fast3_rtne. (Its branches keep this loop scalar; half
-     * parameters are the uncommon path — FP16_Optimizer keeps fp32 masters.) */
-    uint32_t f = om_f32_bits(x);
-    uint32_t sign = f & 0x80000000u;
-    f ^= sign;
-    uint16_t o;
-    if (f >= (uint32_t)(127 + 16) << 23) {                  /* overflow, Inf or NaN */
-        o = f > 0x7f800000u ? 0x7e00 : 0x7c00;
-    } else if (f < (uint32_t)113 << 23) {                   /* half subnormal or zero */
-        const uint32_t magic = (uint32_t)((127 - 15) + (23 - 10) + 1) << 23;
-        float t = om_bits_f32(f) + om_bits_f32(magic);
-        o = (uint16_t)(om_f32_bits(t) - magic);
-    } else {
-        uint32_t mant_odd = (f >> 13) & 1u;
-        f += ((uint32_t)(15 - 127) << 23) + 0xfffu;
-        f += mant_odd;
-        o = (uint16_t)(f >> 13);
-    }
-    return (uint16_t)(o | (sign >> 16));
-}
-
-static inline float om_bf16_to_f32(uint16_t b) { return om_bits_f32((uint32_t)b << 16); }
-
-static inline uint16_t om_f32_to_bf16(float x) {
-    uint32_t u = om_f32_bits(x);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t nan = (u >> 16) | 0x0040u;                                    /* quiet NaN */
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : r);
-}
+/* fp16 / bf16 <-> fp32 (round to nearest even): core/half.h. */
 
 /* Converts n values of dtype dt (f32, f16, bf16) at src to fp32 at dst, and back. */
 static inline void om_load_f32(om_dtype dt, const void *src, float *restrict dst, int64_t n) {

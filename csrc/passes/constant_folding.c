@@ -1,6 +1,7 @@
 /* constant_folding.c — evaluates nodes whose inputs are all constants, once, at compile
  * time. Trainable parameters are graph inputs, never constants, so they are never folded.
- * Random ops are left alone; so are results above a size cap (folding must not bloat). */
+ * Random ops are left alone; so are results above a size cap (folding must not bloat).
+ * fp16/bf16 arithmetic folds through fp32 (om_cpu_fold). */
 #include "passes/pass.h"
 
 #include <stdlib.h>
@@ -31,12 +32,13 @@ om_status *om_pass_constant_folding(om_pass_ctx *c) {
         size_t total = 0;
         for (int j = 0; j < n->n_out; j++) total += om_tensor_nbytes(&out[j]);
         if (total > FOLD_MAX_BYTES) continue;
+
         int ok = 1;
         for (int j = 0; j < n->n_out; j++) {
             out[j].data = n->out[j] >= 0 ? om_alloc(om_tensor_nbytes(&out[j])) : NULL;
             if (n->out[j] >= 0 && !out[j].data) ok = 0;
         }
-        if (ok) st = n->op->cpu(&kc);
+        if (ok) st = om_cpu_fold(&kc);   /* fp16/bf16 math through fp32 (ops/fold.c) */
         if (!ok || st) {
             for (int j = 0; j < n->n_out; j++) om_free(out[j].data);
             if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);

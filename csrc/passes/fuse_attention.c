@@ -39,8 +39,7 @@ static int peel_scalar(om_graph *g, const int *uses, int v, factors *f) {
         if (fm_const_scalar(g, s, &cv) && g->values[s].constant->dtype == g->values[v].dtype) {
             if (div && cv == 0) return v;
             f->scale = div ? f->scale / cv : f->scale * cv;
-        } else if (fm_shape_derived(g, s, 0) && f->n < 3 && om_dtype_size(g->values[s].dtype) &&
-                   (g->values[s].dtype == OM_F32 || g->values[s].dtype == OM_F64)) {
+        } else if (fm_shape_derived(g, s, 0) && f->n < 3 && om_dtype_is_float(g->values[s].dtype)) {
             if (div) f->inv |= 1 << f->n;
             f->in[f->n++] = s;
         } else {
@@ -154,12 +153,12 @@ static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
     om_node *tr = fm_producer(g, Kv);
     if (fm_is(tr, "Transpose") && is_swap_last2(tr)) { K = tr->in[0]; kt = 0; }
     om_dtype dt = g->values[Q].dtype;
-    if ((dt != OM_F32 && dt != OM_F64) || g->values[K].dtype != dt || g->values[V].dtype != dt) return NULL;
+    if (!om_dtype_is_float(dt) || g->values[K].dtype != dt || g->values[V].dtype != dt) return NULL;
     int cshape = mask >= 0 ? causal_shape(g, mask) : -1;
     if (mask >= 0 && cshape < 0 && g->values[mask].dtype != dt) return NULL;
     for (int i = 0; i < f.nd; i++) dead[nd++] = f.dead[i];
     /* the rewrite */
-    int lse = om_graph_add_value(g, NULL, dt);
+    int lse = om_graph_add_value(g, NULL, om_dtype_stat(dt));   /* FusedAttention's dtype rule */
     int seed = drop && !fm_dropout_is_identity(drop) ? om_graph_add_value(g, NULL, OM_I64) : -1;
     if (lse < 0 || (drop && !fm_dropout_is_identity(drop) && seed < 0))
         return om_error(OM_OUT_OF_MEMORY, "out of memory in attention");

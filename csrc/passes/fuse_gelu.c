@@ -5,8 +5,8 @@
  *   erf form:
  *     0.5 x (1 + erf(x / sqrt 2))  (or x * 0.70710678)        -> Gelu
  * with the 0.5 applied to x or to the product, operands of Mul/Add in either order. The
- * constants must match to 1e-5 (relative): the fused kernel computes the same formula, so
- * results differ by rounding only. Runs before bias_gelu so that Add + this becomes one
+ * constants must match to 1e-5 (relative; for fp16/bf16 constants, to their dtype's
+ * rounding): the fused kernel computes the same formula, so results differ by rounding only. Runs before bias_gelu so that Add + this becomes one
  * BiasGelu. */
 #include "passes/fuse_match.h"
 
@@ -98,7 +98,7 @@ om_status *om_pass_gelu(om_pass_ctx *c) {
             x = h->in[side];
             mode = gelu_tail(g, uses, x, h->in[1 - side], dead, &nd);
         }
-        if (mode < 0 || (g->values[x].dtype != OM_F32 && g->values[x].dtype != OM_F64)) continue;
+        if (mode < 0 || !om_dtype_is_float(g->values[x].dtype)) continue;
         for (int i = 0; i < nd; i++) dead[i]->dead = 1;
         int in[1] = {x}, out[1] = {top->out[0]};
         if ((st = fm_rewrite(c, k, "Gelu", "", in, 1, out, 1))) break;

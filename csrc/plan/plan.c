@@ -93,9 +93,30 @@ static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, cha
             p->owned[v] = 1;
             p->storage[v] = OM_ST_CONST;
         }
-        st = n->op->cpu(&ctx);
+        st = om_cpu_fold(&ctx);   /* fp16/bf16 math through fp32, as the CUDA kernels do it */
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
         folded[k] = 1;
+    }
+    return NULL;
+}
+
+/* The CPU kernels compute in fp32/fp64 (only ops that move elements take fp16/bf16): a CPU
+ * plan whose program would compute in half precision is refused here, naming the first such
+ * node, rather than failing in a kernel on the first step. */
+static om_status *check_cpu_dtypes(const om_graph *g, om_plan *p, const int *prog, int n_prog) {
+    om_tensor in[MAX_IO], out[MAX_IO];
+    for (int s = 0; s < n_prog; s++) {
+        const om_node *n = &g->nodes[prog[s]];
+        bind_node(g, p, prog[s], in, out);
+        for (int j = 0; j < n->n_out; j++)
+            if (n->out[j] >= 0) out[j].dtype = p->vt[n->out[j]].dtype;
+        om_dtype half = om_node_cpu_half(n, in, out);
+        if (half != OM_UNDEFINED)
+            return om_error(OM_INVALID_ARGUMENT,
+                            "%s node '%s' computes in %s, but the CPU kernels compute in float32/float64 only: "
+                            "half precision runs on the CUDA provider (move the model and its inputs to a GPU), "
+                            "or cast the model to float32 (model.float()) to run it on the CPU",
+                            n->op->name, n->name ? n->name : "", om_dtype_name(half));
     }
     return NULL;
 }
@@ -205,6 +226,10 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     }
     for (int k = n_fwd; k < nn; k++)
         if (live[k]) p->bwd_prog[p->n_bwd_prog++] = k;
+    if (p->device == OM_CPU) {
+        if ((st = check_cpu_dtypes(g, p, p->fwd_prog, p->n_fwd_prog))) goto fail;
+        if ((st = check_cpu_dtypes(g, p, p->bwd_prog, p->n_bwd_prog))) goto fail;
+    }
     for (int i = 0; i < p->n_fwd_prog; i++) step_of[p->fwd_prog[i]] = i;
     for (int i = 0; i < p->n_bwd_prog; i++) step_of[p->bwd_prog[i]] = p->n_fwd_prog + i;
 

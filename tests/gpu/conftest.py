@@ -1,8 +1,4 @@
-"""GPU tests: skipped where torch sees no CUDA device or the CUDA provider is not built.
-
-ortmod._capture.SUPPORTED_DEVICE_TYPES is widened to include "cuda" here (the capture layer
-still lists the CPU only; the engine takes CUDA tensors when ortmod/libortmod_cuda.so exists).
-"""
+"""GPU tests: skipped where torch sees no CUDA device or the CUDA provider is not built."""
 import os
 import sys
 
@@ -26,12 +22,3 @@ def pytest_collection_modifyitems(config, items):
         for it in items:
             if str(it.fspath).startswith(HERE):
                 it.add_marker(pytest.mark.skip(reason=reason))
-
-
-@pytest.fixture(autouse=True)
-def _cuda_capture():
-    import ortmod._capture as cap
-    old = cap.SUPPORTED_DEVICE_TYPES
-    cap.SUPPORTED_DEVICE_TYPES = frozenset(old | {"cuda"})
-    yield
-    cap.SUPPORTED_DEVICE_TYPES = old
