@@ -433,6 +433,7 @@ static om_status *einsum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     OMC_TRY(ein_parse(ctx, eq, nin, xs, &e));
     const om_tensor *Y = &ctx->out[0];
     const om_dtype dt = xs[0]->dtype;
+    if (dt != OM_F32 && dt != OM_F64 && dt != OM_F16 && dt != OM_BF16) return omc_err_dtype(ctx, 0, dt);
     const size_t es = dtype_size(dt);
     int used[EIN_MAXL] = {0};
     for (int t = 0; t < e.nin; t++)
