@@ -86,7 +86,9 @@ for a in ${CUDA_ARCHS:-90}; do ARCH_FLAGS="$ARCH_FLAGS -gencode arch=compute_$a,
 NVFLAGS="-std=c++17 -O3 -Xcompiler -fPIC,-fvisibility=hidden -Icuda -Icsrc -Icsrc/include -I$CUBLAS/include \
  --expt-relaxed-constexpr -Xcudafe --diag_suppress=177 $ARCH_FLAGS"
 mkdir -p "$OBJ"
-HDRS="cuda/*.h cuda/*.cuh csrc/ops/op.h csrc/graph/ir.h csrc/core/core.h csrc/include/ortmod.h"
+# the headers a .cu may include: cuda's own, and the engine's (op.h, the shared geometry headers
+# spatial.h, matmul_geom.h, slice_geom.h, ...): any newer than an object rebuilds it
+HDRS="cuda/*.h cuda/*.cuh csrc/ops/*.h csrc/graph/ir.h csrc/core/core.h csrc/include/ortmod.h"
 STAMP_FLAGS="$OBJ/flags"
 echo "$NVCC $NVFLAGS" > "$STAMP_FLAGS.new"
 cmp -s "$STAMP_FLAGS.new" "$STAMP_FLAGS" || { mv "$STAMP_FLAGS.new" "$STAMP_FLAGS"; rm -f "$OBJ"/*.o; }

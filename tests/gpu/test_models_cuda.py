@@ -1,5 +1,7 @@
 """Whole models on CUDA: ORTModule on the GPU against eager PyTorch on the GPU (loss and
 gradients after a few SGD steps), and no CPU<->GPU synchronization in a step."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -79,3 +81,52 @@ def test_no_sync_in_a_step():
     before = lib.om_cuda_sync_count()
     model(x, y).backward()
     assert lib.om_cuda_sync_count() == before, "the engine synchronized the host inside a step"
+
+
+# ---- CNN (Conv, BatchNormalization, MaxPool, GlobalAveragePool) and RNNs (LSTM, GRU) on CUDA ----------
+
+@pytest.fixture
+def exact_fp32():
+    """Eager's cuDNN convolutions may use TF32; the engine computes fp32 exactly: compare like with like."""
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _parity_cuda(make, batches, steps=3, rtol=1e-4, atol=1e-4):
+    """Eager CUDA and ORTModule CUDA copies of one model, SGD with momentum: the first step's
+    gradients, every loss and the final buffers (BatchNorm's running statistics) agree."""
+    torch.manual_seed(0)
+    base = make().cuda()
+    ref, ort = copy.deepcopy(base).train(), ORTModule(copy.deepcopy(base)).train()
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    opt_o = torch.optim.SGD(ort.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        x, y = (t.cuda() for t in batches[step % len(batches)])
+        l_ref, l_ort = ref(x, y), ort(x, y)
+        l_ref.backward()
+        l_ort.backward()
+        torch.testing.assert_close(l_ort, l_ref, rtol=rtol, atol=atol, msg=f"loss at step {step}")
+        if step == 0:
+            for (n, p), q in zip(ref.named_parameters(), ort.parameters()):
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=atol, msg=f"gradient of {n}")
+        for opt in (opt_r, opt_o):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for (n, b), c in zip(ref.named_buffers(), ort.buffers()):
+        torch.testing.assert_close(c, b, rtol=rtol, atol=atol, msg=f"buffer {n}")
+    assert ort._ortmod_export_count == 1
+
+
+def test_cnn_cuda_matches_eager_cuda(exact_fp32):
+    from test_models_cnn import TinyResNet, make_batches
+    _parity_cuda(TinyResNet, make_batches())
+
+
+@pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU], ids=["LSTM", "GRU"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["1dir", "bidir"])
+def test_rnn_cuda_matches_eager_cuda(exact_fp32, cell, bidirectional):
+    from test_models_rnn import RNNClassifier, make_batches
+    _parity_cuda(lambda: RNNClassifier(cell, num_layers=1 if bidirectional else 2, bidirectional=bidirectional),
+                 make_batches())

@@ -140,16 +140,6 @@ def test_dropout_masks_match_cpu():
     np.testing.assert_allclose(gg[0], gc[0], rtol=1e-6)
 
 
-def test_missing_kernel_fails_at_plan_time_naming_the_op():
-    x = f32(1, 2, 5, 5)
-    w = f32(3, 2, 3, 3)
-    model = make_model("Conv", {"x": x, "w": w})
-    eng = _C.Engine(model, [True, True])
-    with pytest.raises(_C.UnsupportedOpError, match=r"Conv.*CUDA kernel"):
-        eng.forward([torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()], True,
-                    torch.cuda.current_stream().cuda_stream)
-
-
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
 def test_matmul_half_precision(dt):
     a, b = torch.randn(64, 48, device="cuda", dtype=dt), torch.randn(48, 32, device="cuda", dtype=dt)
@@ -164,3 +154,178 @@ def test_matmul_half_precision(dt):
     y = torch.from_dlpack(caps[0])
     assert y.dtype == dt
     torch.testing.assert_close(y.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2)
+
+
+# ---- conv.cu, misc.cu, rnn.cu: every op of the table that runs as a kernel -------------------------
+# (id, op, inputs, attrs, grad, n_outputs, const_inputs, tolerance). Backward ops (ConvGradX/W,
+# MaxPoolGrad, PadGrad, LSTMGrad, ...) run through the forward op's gradient.
+
+def i64(*vals):
+    return np.array(vals, np.int64)
+
+
+def _rnn_inputs(cell, T, B, I, H, D, full=True, scale=1.0):
+    G = 4 if cell == "LSTM" else 3
+    inp = {"X": f32(T, B, I), "W": f32(D, G * H, I) * scale, "R": f32(D, G * H, H) * scale}
+    if full:
+        inp.update({"B": f32(D, 2 * G * H), "sequence_lens": None, "initial_h": f32(D, B, H)})
+        if cell == "LSTM":
+            inp["initial_c"] = f32(D, B, H)
+    return inp
+
+
+LOOSE = dict(rtol=1e-4, atol=1e-4)
+NEW_CASES = [
+    # Conv: im2col + GEMMs, col2im gather, grads for X, W, B
+    ("conv2d-pads-strides-bias", "Conv", {"x": f32(2, 3, 7, 6), "w": f32(4, 3, 3, 3), "b": f32(4)},
+     {"pads": [1, 1, 1, 1], "strides": [2, 1]}, ("x", "w", "b"), 1, (), LOOSE),
+    ("conv2d-groups-dilation-same", "Conv", {"x": f32(3, 4, 8, 9), "w": f32(6, 2, 3, 3)},
+     {"group": 2, "dilations": [2, 1], "auto_pad": "SAME_UPPER"}, ("x", "w"), 1, (), LOOSE),
+    ("conv2d-depthwise", "Conv", {"x": f32(2, 6, 5, 5), "w": f32(6, 1, 3, 3), "b": f32(6)},
+     {"group": 6, "pads": [1, 0, 1, 2]}, ("x", "w", "b"), 1, (), LOOSE),
+    ("conv2d-1x1", "Conv", {"x": f32(2, 3, 5, 4), "w": f32(4, 3, 1, 1), "b": f32(4)}, None, ("x", "w", "b"), 1, (),
+     LOOSE),
+    ("conv1d", "Conv", {"x": f32(3, 2, 10), "w": f32(5, 2, 4), "b": f32(5)}, {"strides": [2], "pads": [1, 2]},
+     ("x", "w", "b"), 1, (), LOOSE),
+    ("conv-bias-grad-only", "Conv", {"x": f32(2, 3, 6, 6), "w": f32(4, 3, 3, 3), "b": f32(4)}, None, ("x", "b"), 1,
+     ("w",), LOOSE),
+    # BatchNormalization: training (batch statistics, running stats), inference
+    ("bn-train-4d", "BatchNormalization",
+     {"x": f32(4, 3, 5, 6) * 2 + 0.5, "s": f32(3), "b": f32(3), "m": f32(3), "v": pos(3)},
+     {"training_mode": 1, "momentum": 0.9, "epsilon": 1e-5}, ("x", "s", "b"), 3, (), LOOSE),
+    ("bn-train-2d", "BatchNormalization", {"x": f32(6, 4), "s": f32(4), "b": f32(4), "m": f32(4), "v": pos(4)},
+     {"training_mode": 1, "momentum": 0.8}, ("x", "s", "b"), 3, (), LOOSE),
+    ("bn-inference", "BatchNormalization", {"x": f32(4, 3, 5), "s": f32(3), "b": f32(3), "m": f32(3), "v": pos(3)},
+     None, ("x", "s", "b"), 1, (), LOOSE),
+    # pools
+    ("maxpool2d", "MaxPool", {"x": f32(2, 3, 9, 8)}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+     ("x",), 1, (), {}),
+    ("maxpool2d-ceil-dilation-indices", "MaxPool", {"x": f32(2, 2, 9, 9)},
+     {"kernel_shape": [2, 3], "strides": [2, 2], "dilations": [2, 1], "ceil_mode": 1}, ("x",), 2, (), {}),
+    ("maxpool1d", "MaxPool", {"x": f32(2, 3, 11)}, {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, ("x",), 1,
+     (), {}),
+    ("avgpool2d-include-pad-ceil", "AveragePool", {"x": f32(2, 3, 7, 8)},
+     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1, "ceil_mode": 1},
+     ("x",), 1, (), {}),
+    ("avgpool2d-exclude-pad", "AveragePool", {"x": f32(2, 3, 7, 8)},
+     {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [1, 0, 1, 1]}, ("x",), 1, (), {}),
+    ("avgpool1d", "AveragePool", {"x": f32(2, 3, 10)}, {"kernel_shape": [4], "strides": [3]}, ("x",), 1, (), {}),
+    ("global-avgpool", "GlobalAveragePool", {"x": f32(2, 3, 4, 5)}, None, ("x",), 1, (), {}),
+    ("global-maxpool", "GlobalMaxPool", {"x": f32(2, 3, 4, 5)}, None, ("x",), 1, (), {}),
+    ("global-avgpool-1d", "GlobalAveragePool", {"x": f32(3, 2, 70)}, None, ("x",), 1, (), {}),
+    # Pad (the value is a device tensor, read by the kernel) and PadGrad
+    ("pad-constant", "Pad", {"x": f32(2, 3, 4), "pads": i64(0, 1, 2, 1, 2, 3), "value": np.float32(0.5)},
+     {"mode": "constant"}, ("x",), 1, ("pads",), {}),
+    ("pad-reflect", "Pad", {"x": f32(2, 3, 4), "pads": i64(0, 1, 2, 1, 2, 3)}, {"mode": "reflect"}, ("x",), 1,
+     ("pads",), {}),
+    ("pad-edge", "Pad", {"x": f32(2, 3, 4), "pads": i64(0, 1, 2, 1, 2, 3)}, {"mode": "edge"}, ("x",), 1,
+     ("pads",), {}),
+    ("pad-wrap", "Pad", {"x": f32(2, 3, 4), "pads": i64(0, 1, 2, 1, 2, 3)}, {"mode": "wrap"}, ("x",), 1,
+     ("pads",), {}),
+    ("pad-axes-crop", "Pad", {"x": f32(3, 5), "pads": i64(1, -2), "value": None, "axes": i64(-1)}, None, ("x",), 1,
+     ("pads", "axes"), {}),
+    ("pad-int64", "Pad", {"x": np.arange(12, dtype=np.int64).reshape(3, 4), "pads": i64(1, 0, 0, 2)},
+     {"mode": "edge"}, (), 1, ("pads",), {}),
+    # Einsum: gathers + one strided-batched GEMM (or a row sum), layouts as they come
+    ("einsum-bmm", "Einsum", {"a": f32(2, 3, 4), "b": f32(2, 4, 5)}, {"equation": "bij,bjk->bik"}, ("a", "b"), 1,
+     (), LOOSE),
+    ("einsum-attn-scores", "Einsum", {"a": f32(2, 2, 3, 4), "b": f32(2, 2, 5, 4)}, {"equation": "bhqd,bhkd->bhqk"},
+     ("a", "b"), 1, (), LOOSE),
+    ("einsum-ellipsis-broadcast", "Einsum", {"a": f32(2, 1, 3, 4), "b": f32(3, 4, 2)},
+     {"equation": "...ij,...jk->...ik"}, ("a", "b"), 1, (), LOOSE),
+    ("einsum-implicit", "Einsum", {"a": f32(3, 4), "b": f32(4, 2)}, {"equation": "ij,jk"}, ("a", "b"), 1, (), LOOSE),
+    ("einsum-outer", "Einsum", {"a": f32(3), "b": f32(4)}, {"equation": "i,j->ij"}, ("a", "b"), 1, (), LOOSE),
+    ("einsum-dot-rows", "Einsum", {"a": f32(3, 4), "b": f32(3, 4)}, {"equation": "bi,bi->b"}, ("a", "b"), 1, (),
+     LOOSE),
+    ("einsum-transpose", "Einsum", {"a": f32(2, 3, 4)}, {"equation": "ijk->kji"}, ("a",), 1, (), LOOSE),
+    ("einsum-sum", "Einsum", {"a": f32(3, 40)}, {"equation": "ij->i"}, (), 1, (), LOOSE),   # no gradient rule
+    # CumSum: a block scan per row (inner 1, several chunks), a column per thread otherwise; ints, bool
+    ("cumsum-rows", "CumSum", {"x": f32(3, 700), "axis": i64(1)}, None, ("x",), 1, ("axis",), LOOSE),
+    ("cumsum-rows-exclusive-reverse", "CumSum", {"x": f32(4, 300), "axis": i64(-1)}, {"exclusive": 1, "reverse": 1},
+     ("x",), 1, ("axis",), LOOSE),
+    ("cumsum-cols", "CumSum", {"x": f32(5, 4, 3), "axis": i64(0)}, {"reverse": 1}, ("x",), 1, ("axis",), {}),
+    ("cumsum-int64", "CumSum", {"x": R.integers(-5, 5, (2, 9)).astype(np.int64), "axis": np.array(1, np.int32)},
+     {"exclusive": 1}, (), 1, ("axis",), {}),
+    ("cumsum-bool", "CumSum", {"x": R.random((3, 33)) > 0.4, "axis": i64(1)}, None, (), 1, ("axis",), {}),
+    # GatherElements / GatherElementsGrad / ScatterElements (indices are data: device tensors)
+    ("gather-elements", "GatherElements", {"x": f32(4, 5), "i": np.array([[0, 3, -1, 2, 1], [3, 3, 0, 0, -4]])},
+     {"axis": 0}, ("x",), 1, (), {}),
+    ("gather-elements-smaller", "GatherElements", {"x": f32(3, 4, 5), "i": R.integers(-5, 5, (2, 3, 6))},
+     {"axis": 2}, ("x",), 1, (), {}),
+    ("gather-elements-int32-idx", "GatherElements", {"x": R.integers(0, 9, (4, 3)).astype(np.int64),
+     "i": np.array([[1, 0, 3], [2, 2, 0]], np.int32)}, {"axis": 0}, (), 1, (), {}),
+    ("scatter-elements-dups", "ScatterElements", {"x": f32(4, 5), "i": np.array([[1, 0, 1], [1, 3, 1]]),
+     "u": f32(2, 3)}, {"axis": 0}, ("x", "u"), 1, (), {}),
+    ("scatter-elements-add", "ScatterElements", {"x": f32(3, 6), "i": np.array([[0, 5, 5, -1], [2, 2, 0, 0]]),
+     "u": f32(2, 4)}, {"axis": 1, "reduction": "add"}, ("x", "u"), 1, (), {}),
+    # LSTM / GRU and LSTMGrad / GRUGrad
+    ("lstm-forward", "LSTM", _rnn_inputs("LSTM", 5, 3, 4, 6, 1), {"hidden_size": 6}, ("X", "W", "R", "B", "initial_h",
+     "initial_c"), 3, (), LOOSE),
+    ("lstm-reverse", "LSTM", _rnn_inputs("LSTM", 5, 3, 4, 6, 1), {"hidden_size": 6, "direction": "reverse"},
+     ("X", "W", "R", "B", "initial_h", "initial_c"), 3, (), LOOSE),
+    ("lstm-bidirectional", "LSTM", _rnn_inputs("LSTM", 5, 3, 4, 6, 2), {"hidden_size": 6, "direction": "bidirectional"},
+     ("X", "W", "R", "B", "initial_h", "initial_c"), 3, (), LOOSE),
+    ("lstm-minimal-y-h", "LSTM", _rnn_inputs("LSTM", 5, 3, 4, 6, 1, full=False), {"hidden_size": 6},
+     ("X", "W", "R"), 2, (), LOOSE),
+    ("lstm-larger", "LSTM", _rnn_inputs("LSTM", 9, 5, 16, 24, 2, scale=0.2),
+     {"hidden_size": 24, "direction": "bidirectional"}, ("X", "W", "R", "B"), 3, (), LOOSE),
+    ("gru-lbr", "GRU", _rnn_inputs("GRU", 5, 3, 4, 6, 1), {"hidden_size": 6, "linear_before_reset": 1},
+     ("X", "W", "R", "B", "initial_h"), 2, (), LOOSE),
+    ("gru-no-lbr", "GRU", _rnn_inputs("GRU", 5, 3, 4, 6, 1), {"hidden_size": 6, "linear_before_reset": 0},
+     ("X", "W", "R", "B", "initial_h"), 2, (), LOOSE),
+    ("gru-bidirectional-no-lbr", "GRU", _rnn_inputs("GRU", 5, 3, 4, 6, 2),
+     {"hidden_size": 6, "direction": "bidirectional"}, ("X", "W", "R", "B", "initial_h"), 2, (), LOOSE),
+    ("gru-reverse-lbr", "GRU", _rnn_inputs("GRU", 5, 3, 4, 6, 1),
+     {"hidden_size": 6, "direction": "reverse", "linear_before_reset": 1}, ("X", "W", "R", "B", "initial_h"), 2, (),
+     LOOSE),
+    ("gru-minimal", "GRU", _rnn_inputs("GRU", 5, 3, 4, 6, 1, full=False), {"hidden_size": 6, "linear_before_reset": 1},
+     ("X", "W", "R"), 2, (), LOOSE),
+]
+
+
+@pytest.mark.parametrize("op,inputs,attrs,grad,n_out,const,tol", [c[1:] for c in NEW_CASES],
+                         ids=[c[0] for c in NEW_CASES])
+def test_new_op_matches_cpu(op, inputs, attrs, grad, n_out, const, tol):
+    check(op, inputs, attrs, "", grad, n_outputs=n_out, const_inputs=const, **tol)
+
+
+# float64 takes the double kernels and cuBLAS's D GEMMs: agreement to fp64 rounding
+F64_CASES = [c for c in NEW_CASES if c[0] in ("conv2d-groups-dilation-same", "conv2d-pads-strides-bias", "bn-train-4d",
+                                              "avgpool2d-include-pad-ceil", "einsum-attn-scores", "cumsum-rows",
+                                              "pad-reflect", "scatter-elements-add", "lstm-bidirectional",
+                                              "gru-bidirectional-no-lbr")]
+
+
+@pytest.mark.parametrize("op,inputs,attrs,grad,n_out,const", [c[1:7] for c in F64_CASES],
+                         ids=[c[0] for c in F64_CASES])
+def test_new_op_float64_matches_cpu(op, inputs, attrs, grad, n_out, const):
+    inputs = {k: (v.astype(np.float64) if isinstance(v, (np.ndarray, np.generic)) and v.dtype == np.float32 else v)
+              for k, v in inputs.items()}
+    check(op, inputs, attrs, "", grad, n_outputs=n_out, const_inputs=const, rtol=1e-9, atol=1e-10)
+
+
+def test_conv_large_batch_takes_several_im2col_chunks():
+    # im2col scratch is taken in chunks of at most 256 MiB: a 3x3 kernel over 128 channels at 128x128
+    # is 75 MiB of columns per image, so these 5 images take two chunks (3 + 2)
+    x, w = f32(5, 128, 128, 128), f32(8, 128, 3, 3) * 0.05
+    check("Conv", {"x": x, "w": w}, {"pads": [1, 1, 1, 1]}, "", ("x", "w"), rtol=1e-3, atol=1e-3)
+
+
+def test_maxpool_nan_wins_its_window_as_on_cpu():
+    x = f32(1, 1, 4, 4)
+    x[0, 0, 1, 1] = np.nan
+    oc, og, _, _ = run_both("MaxPool", {"x": x}, {"kernel_shape": [2, 2], "strides": [2, 2]}, "", (), n_outputs=2)
+    np.testing.assert_array_equal(og[1], oc[1])
+    np.testing.assert_array_equal(np.isnan(og[0]), np.isnan(oc[0]))
+    np.testing.assert_allclose(og[0][~np.isnan(og[0])], oc[0][~np.isnan(oc[0])])
+
+
+def test_gather_elements_out_of_range_index_reads_zero_on_the_gpu():
+    # the CPU raises; the GPU cannot without a synchronization: the element contributes 0
+    x = f32(3, 2)
+    model = make_model("GatherElements", {"x": x, "i": np.array([[3, 0]], np.int64)}, {"axis": 0})
+    eng = _C.Engine(model, None)
+    caps, _ = eng.forward([torch.from_numpy(x).cuda(), torch.tensor([[3, 0]], device="cuda")], False,
+                          torch.cuda.current_stream().cuda_stream)
+    y = torch.from_dlpack(caps[0]).cpu().numpy()
+    np.testing.assert_array_equal(y, [[0.0, x[0, 1]]])

@@ -1,0 +1,495 @@
+// rnn.cu — LSTM and GRU (ONNX layout 0, as torch.onnx exports nn.LSTM / nn.GRU) and their
+// backward ops LSTMGrad / GRUGrad (rnn.c: the same saved state, the same step order).
+//
+//   X (T, B, I)  W (D, G*H, I)  R (D, G*H, H)  B (D, 2*G*H) = [Wb, Rb]
+//   initial_h/c, Y_h, Y_c (D, B, H)   Y (T, D, B, H)   gates (D, T, B, G*H)   cells / hr (D, T, B, H)
+//
+// Per direction the forward does one cuBLAS GEMM X W^T for every time step (plus the biases),
+// then per step one GEMM H_{t-1} R^T (two for GRU without linear_before_reset) and one
+// elementwise kernel for the gate nonlinearities. The backward walks the steps in reverse: an
+// elementwise kernel for the pre-activation gate gradients dG, a GEMM for dH_{t-1} = dG R and
+// one for dR += dG^T H_{t-1}; then dX = dG W and dW = dG^T X are one GEMM each and dB column sums.
+// Nothing synchronizes: the step loop only enqueues. The step GEMMs read and write column blocks
+// of the (B, G*H) gate matrices, so this file calls cuBLAS with explicit leading dimensions.
+#include <cublas_v2.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "common.cuh"
+
+enum { CELL_LSTM = 0, CELL_GRU = 1 };
+
+// ---- cuBLAS with leading dimensions ----------------------------------------------------------------
+
+// Row-major C (M, N) = op(A) op(B) + beta C, lda/ldb/ldc in elements; only beta 0 and 1 occur.
+static om_status *gemm_ld(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int ta, int tb, int64_t M,
+                          int64_t N, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, double beta,
+                          void *C, int64_t ldc) {
+    if (M <= 0 || N <= 0) return NULL;
+    const size_t es = dtype_size(dt);
+    if (K <= 0) {   // an empty sum: C = beta C
+        if (beta != 0.0) return NULL;
+        return omc_cuda(cudaMemset2DAsync(C, (size_t)ldc * es, 0, (size_t)N * es, (size_t)M, stream_of(x)),
+                        "cudaMemset2DAsync");
+    }
+    cudaDataType t;
+    cublasComputeType_t ct;
+    switch (dt) {   // as matmul.cu: fp32 stays fp32 (no TF32), halves accumulate in fp32
+    case OM_F32: t = CUDA_R_32F; ct = CUBLAS_COMPUTE_32F; break;
+    case OM_F16: t = CUDA_R_16F; ct = CUBLAS_COMPUTE_32F; break;
+    case OM_BF16: t = CUDA_R_16BF; ct = CUBLAS_COMPUTE_32F; break;
+    case OM_F64: t = CUDA_R_64F; ct = CUBLAS_COMPUTE_64F; break;
+    default: return omc_err_dtype(ctx, 0, dt);
+    }
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX)
+        return OMC_ERR(OM_INVALID_ARGUMENT, "node '%s' (%s): GEMM dims exceed cuBLAS's int range", omc_node_name(ctx),
+                       omc_op_name(ctx));
+    const double one = 1.0;
+    const float onef = 1.0f, betaf = (float)beta;
+    const void *pa = dt == OM_F64 ? (const void *)&one : (const void *)&onef;
+    const void *pb = dt == OM_F64 ? (const void *)&beta : (const void *)&betaf;
+    // column-major: C^T (N, M) = op(B)^T op(A)^T
+    cublasStatus_t s = cublasGemmEx((cublasHandle_t)x->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K, pa, B, t, (int)ldb, A, t,
+                                    (int)lda, pb, C, t, (int)ldc, ct, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return OMC_ERR(OM_RUNTIME, "node '%s' (%s): cublasGemmEx failed (cuBLAS status %d)", omc_node_name(ctx),
+                       omc_op_name(ctx), (int)s);
+    return NULL;
+}
+
+// ---- attributes and geometry (as rnn.c) ---------------------------------------------------------------
+
+struct rnn_cfg {
+    int cell;       // CELL_LSTM / CELL_GRU
+    int G;          // gates
+    int D;          // directions
+    int reverse0;   // direction 0 runs backwards in time ("reverse")
+    int lbr;        // GRU linear_before_reset
+    int64_t T, B, In, H;
+};
+
+static om_status *shape_error(const om_kernel_ctx *ctx, int i, const char *what, int rank, const int64_t *dims) {
+    char want[160];
+    int k = snprintf(want, sizeof want, "[");
+    for (int d = 0; d < rank && k < (int)sizeof want - 24; d++)
+        k += snprintf(want + k, sizeof want - (size_t)k, "%s%lld", d ? ", " : "", (long long)dims[d]);
+    snprintf(want + k, sizeof want - (size_t)k, "]");
+    return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': input %d (%s) does not have the expected shape %s",
+                   omc_op_name(ctx), omc_node_name(ctx), i, what, want);
+}
+
+static om_status *expect_shape(const om_kernel_ctx *ctx, int i, const char *what, int rank, const int64_t *dims) {
+    const om_tensor *t = &ctx->in[i];
+    int ok = t->rank == rank;
+    for (int d = 0; ok && d < rank; d++) ok = t->dims[d] == dims[d];
+    return ok ? NULL : shape_error(ctx, i, what, rank, dims);
+}
+
+// Attributes, then X, W, R (inputs 0..2): fills T, B, In, H.
+static om_status *rnn_config(const om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
+    memset(c, 0, sizeof *c);
+    c->cell = cell;
+    c->G = cell == CELL_LSTM ? 4 : 3;
+    const char *dir = attr_s(ctx, "direction", "forward");
+    if (!strcmp(dir, "forward")) c->D = 1;
+    else if (!strcmp(dir, "reverse")) c->D = 1, c->reverse0 = 1;
+    else if (!strcmp(dir, "bidirectional")) c->D = 2;
+    else return omc_err_unsupported(ctx, "direction other than forward, reverse or bidirectional");
+    if (attr_i(ctx, "layout", 0) != 0) return omc_err_unsupported(ctx, "layout = 1 (batch-major)");
+    if (!isnan(attr_f(ctx, "clip", NAN))) return omc_err_unsupported(ctx, "the clip attribute");
+    if (cell == CELL_LSTM && attr_i(ctx, "input_forget", 0) != 0) return omc_err_unsupported(ctx, "input_forget = 1");
+    c->lbr = cell == CELL_GRU ? attr_i(ctx, "linear_before_reset", 0) != 0 : 0;
+    c->H = attr_i(ctx, "hidden_size", -1);
+    const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *R = &ctx->in[2];
+    if (W->dtype != X->dtype) return omc_err_dtype(ctx, 1, W->dtype);
+    if (R->dtype != X->dtype) return omc_err_dtype(ctx, 2, R->dtype);
+    if (X->rank != 3)
+        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': X must be (seq_length, batch, input_size)", omc_op_name(ctx),
+                       omc_node_name(ctx));
+    c->T = X->dims[0], c->B = X->dims[1], c->In = X->dims[2];
+    if (c->H < 0) {
+        if (W->rank != 3)
+            return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': W must have rank 3", omc_op_name(ctx), omc_node_name(ctx));
+        c->H = W->dims[1] / c->G;
+    }
+    const int64_t wd[3] = {c->D, c->G * c->H, c->In}, rd[3] = {c->D, c->G * c->H, c->H};
+    OMC_TRY(expect_shape(ctx, 1, "W", 3, wd));
+    OMC_TRY(expect_shape(ctx, 2, "R", 3, rd));
+    return NULL;
+}
+
+// The forward's optional inputs: B, sequence_lens, initial_h, initial_c, P.
+static om_status *rnn_check_optional(const om_kernel_ctx *ctx, const om_cuda_exec *x, const rnn_cfg *c) {
+    const om_dtype dt = ctx->in[0].dtype;
+    if (present(ctx, 3)) {
+        const int64_t bd[2] = {c->D, 2 * c->G * c->H};
+        if (ctx->in[3].dtype != dt) return omc_err_dtype(ctx, 3, ctx->in[3].dtype);
+        OMC_TRY(expect_shape(ctx, 3, "B", 2, bd));
+    }
+    if (present(ctx, 4)) {
+        // all sequences full length is the same as none; shorter ones are not supported (rnn.c). The
+        // lengths must be known at plan time: reading them here would synchronize.
+        const om_tensor *s = &ctx->in[4];
+        if (s->dtype != OM_I32 && s->dtype != OM_I64) return omc_err_dtype(ctx, 4, s->dtype);
+        if (numel(s) != c->B)
+            return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': sequence_lens must have batch_size elements",
+                           omc_op_name(ctx), omc_node_name(ctx));
+        const void *h = x->in_host ? x->in_host[4] : NULL;
+        if (!h) return omc_err_unsupported(ctx, "sequence_lens that are not known at plan time");
+        for (int64_t b = 0; b < c->B; b++) {
+            const int64_t v = s->dtype == OM_I64 ? ((const int64_t *)h)[b] : ((const int32_t *)h)[b];
+            if (v != c->T) return omc_err_unsupported(ctx, "sequence_lens shorter than seq_length");
+        }
+    }
+    const int64_t hd[3] = {c->D, c->B, c->H};
+    for (int i = 5; i <= (c->cell == CELL_LSTM ? 6 : 5); i++)
+        if (present(ctx, i)) {
+            if (ctx->in[i].dtype != dt) return omc_err_dtype(ctx, i, ctx->in[i].dtype);
+            OMC_TRY(expect_shape(ctx, i, i == 5 ? "initial_h" : "initial_c", 3, hd));
+        }
+    if (c->cell == CELL_LSTM && present(ctx, 7)) return omc_err_unsupported(ctx, "peephole weights P");
+    return NULL;
+}
+
+// ---- forward kernels -------------------------------------------------------------------------------------
+
+template <typename A> __device__ __forceinline__ A sigm(A v) { return (A)1 / ((A)1 + exp(-v)); }
+
+// gates (rows, GH) += Wb + Rb on the first nr columns (all of LSTM's; GRU's z and r), Wb alone after
+template <typename T>
+__global__ void gate_bias_kernel(T *gates, const T *Wb, const T *Rb, int64_t rows, int64_t GH, int64_t nr) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(i, rows * GH) {
+        const int64_t j = i % GH;
+        gates[i] = st<T>(ld(gates[i]) + (ld(Wb[j]) + (j < nr ? ld(Rb[j]) : (A)0)));
+    }
+}
+
+// One LSTM step. g (B, 4H): the pre-activations i, o, f, c~ (x W^T + h R^T + biases), replaced by
+// their activations; cprev, c, h are (B, H): c = f cprev + i c~, h = o tanh(c)
+template <typename T>
+__global__ void lstm_cell_kernel(T *g, T *c, T *h, const T *cprev, int64_t B, int64_t H) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(k, B * H) {
+        const int64_t b = k / H, j = k - b * H;
+        T *gb = g + b * 4 * H;
+        const A i_ = sigm(ld(gb[j])), o_ = sigm(ld(gb[H + j])), f_ = sigm(ld(gb[2 * H + j])), c_ = tanh(ld(gb[3 * H + j]));
+        gb[j] = st<T>(i_), gb[H + j] = st<T>(o_), gb[2 * H + j] = st<T>(f_), gb[3 * H + j] = st<T>(c_);
+        const A cn = f_ * ld(cprev[k]) + i_ * c_;
+        c[k] = st<T>(cn);
+        h[k] = st<T>(o_ * tanh(cn));
+    }
+}
+
+// GRU step, z and r: g (B, 3H) input-side pre-activations, rec (B, 3H) the recurrent products
+template <typename T>
+__global__ void gru_zr_kernel(T *g, const T *rec, int64_t B, int64_t H) {
+    GRID_STRIDE(k, B * 2 * H) {
+        const int64_t b = k / (2 * H), at = b * 3 * H + (k - b * 2 * H);
+        g[at] = st<T>(sigm(ld(g[at]) + ld(rec[at])));
+    }
+}
+
+// rh (B, H) = r * hprev, r the second gate block of g (B, 3H)
+template <typename T>
+__global__ void gru_reset_hidden_kernel(T *rh, const T *g, const T *hprev, int64_t B, int64_t H) {
+    GRID_STRIDE(k, B * H) {
+        const int64_t b = k / H, j = k - b * H;
+        rh[k] = st<T>(ld(g[b * 3 * H + H + j]) * ld(hprev[k]));
+    }
+}
+
+// GRU step, output: hr = rec_h + Rbh (saved), h~ = tanh(gh + (lbr ? r hr : hr)) (into g's third
+// block), h = (1 - z) h~ + z hprev. Without linear_before_reset rec_h already is (r hprev) Rh^T.
+template <typename T>
+__global__ void gru_out_kernel(T *g, T *saved, T *h, const T *rec, const T *Rb, const T *hprev, int64_t B, int64_t H,
+                               int lbr) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(k, B * H) {
+        const int64_t b = k / H, j = k - b * H;
+        T *gb = g + b * 3 * H;
+        const A hr = ld(rec[b * 3 * H + 2 * H + j]) + (Rb ? ld(Rb[2 * H + j]) : (A)0);
+        const A hh = tanh(ld(gb[2 * H + j]) + (lbr ? ld(gb[H + j]) * hr : hr));
+        gb[2 * H + j] = st<T>(hh);
+        saved[k] = st<T>(hr);
+        const A z = ld(gb[j]);
+        h[k] = st<T>(((A)1 - z) * hh + z * ld(hprev[k]));
+    }
+}
+
+// ---- forward --------------------------------------------------------------------------------------------
+
+template <typename T>
+static om_status *rnn_forward(const om_kernel_ctx *ctx, const om_cuda_exec *x, const rnn_cfg *c) {
+    const om_dtype dt = ctx->in[0].dtype;
+    const int lstm = c->cell == CELL_LSTM, ns = lstm ? 3 : 2;   // index of the first saved output
+    const int64_t nT = c->T, B = c->B, In = c->In, H = c->H, D = c->D, GH = c->G * c->H;
+    const cudaStream_t s = stream_of(x);
+    const T *X = (const T *)ctx->in[0].data, *W = (const T *)ctx->in[1].data, *R = (const T *)ctx->in[2].data;
+    const T *Bias = present(ctx, 3) ? (const T *)ctx->in[3].data : NULL;
+    const T *h0 = present(ctx, 5) ? (const T *)ctx->in[5].data : NULL;
+    const T *c0 = lstm && present(ctx, 6) ? (const T *)ctx->in[6].data : NULL;
+    T *Y = wanted(ctx, 0) ? (T *)ctx->out[0].data : NULL, *Yh = wanted(ctx, 1) ? (T *)ctx->out[1].data : NULL;
+    T *Yc = lstm && wanted(ctx, 2) ? (T *)ctx->out[2].data : NULL;
+    T *Sg = wanted(ctx, ns) ? (T *)ctx->out[ns].data : NULL, *Ss = wanted(ctx, ns + 1) ? (T *)ctx->out[ns + 1].data : NULL;
+    // scratch: gates (T,B,GH) and states (T,B,H) when not saved, h (T,B,H) when Y is absent, zeros
+    // (B,H) for absent initial states, the recurrent products (B,GH)
+    const int64_t need = (Sg ? 0 : nT * B * GH) + (Ss ? 0 : nT * B * H) + (Y ? 0 : nT * B * H) + B * H + B * GH;
+    T *scratch = NULL;
+    OMC_TRY(omc_temp_alloc(x, sizeof(T) * (size_t)need, (void **)&scratch));
+    T *p = scratch;
+    T *gates_tmp = Sg ? NULL : p;
+    p += Sg ? 0 : nT * B * GH;
+    T *state_tmp = Ss ? NULL : p;
+    p += Ss ? 0 : nT * B * H;
+    T *h_tmp = Y ? NULL : p;
+    p += Y ? 0 : nT * B * H;
+    T *zeros = p, *rec = p + B * H;
+    om_status *st = omc_cuda(cudaMemsetAsync(zeros, 0, sizeof(T) * (size_t)(B * H), s), "cudaMemsetAsync");
+    for (int64_t d = 0; d < D && !st; d++) {
+        const int rev = d == 1 || c->reverse0;
+        const T *Wd = W + d * GH * In, *Rd = R + d * GH * H;
+        const T *Wb = Bias ? Bias + d * 2 * GH : NULL, *Rb = Bias ? Bias + d * 2 * GH + GH : NULL;
+        T *gates = Sg ? Sg + d * nT * B * GH : gates_tmp;
+        T *states = Ss ? Ss + d * nT * B * H : state_tmp;
+        // gates (T*B, GH) = X (T*B, I) @ Wd^T (GH, I) + the input-side biases
+        st = gemm_ld(ctx, x, dt, 0, 1, nT * B, GH, In, X, In, Wd, In, 0.0, gates, GH);
+        if (!st && Bias && nT * B > 0) {
+            gate_bias_kernel<T><<<grid_for(nT * B * GH), OMC_THREADS, 0, s>>>(gates, Wb, Rb, nT * B, GH,
+                                                                              lstm ? GH : 2 * H);
+            st = omc_launched(ctx);
+        }
+        const T *hprev = h0 ? h0 + d * B * H : zeros, *cprev = c0 ? c0 + d * B * H : zeros;
+        for (int64_t step = 0; step < nT && !st; step++) {
+            const int64_t t = rev ? nT - 1 - step : step;
+            T *g = gates + t * B * GH, *h = Y ? Y + (t * D + d) * B * H : h_tmp + t * B * H, *sv = states + t * B * H;
+            if (lstm) {
+                // g (B, 4H) += hprev (B, H) @ Rd^T (H, 4H)
+                st = gemm_ld(ctx, x, dt, 0, 1, B, GH, H, hprev, H, Rd, H, 1.0, g, GH);
+                if (st) break;
+                lstm_cell_kernel<T><<<grid_for(B * H), OMC_THREADS, 0, s>>>(g, sv, h, cprev, B, H);
+                cprev = sv;
+            } else {
+                // rec (B, 3H) = hprev @ Rd^T; without linear_before_reset only the z, r part now
+                st = gemm_ld(ctx, x, dt, 0, 1, B, c->lbr ? GH : 2 * H, H, hprev, H, Rd, H, 0.0, rec, GH);
+                if (st) break;
+                gru_zr_kernel<T><<<grid_for(B * 2 * H), OMC_THREADS, 0, s>>>(g, rec, B, H);
+                if (!c->lbr) {
+                    // rec_h (B, H) = (r * hprev) @ Rh^T, r * hprev staged where hr is saved next
+                    gru_reset_hidden_kernel<T><<<grid_for(B * H), OMC_THREADS, 0, s>>>(sv, g, hprev, B, H);
+                    st = gemm_ld(ctx, x, dt, 0, 1, B, H, H, sv, H, Rd + 2 * H * H, H, 0.0, rec + 2 * H, GH);
+                    if (st) break;
+                }
+                gru_out_kernel<T><<<grid_for(B * H), OMC_THREADS, 0, s>>>(g, sv, h, rec, Rb, hprev, B, H, c->lbr);
+            }
+            st = omc_launched(ctx);
+            hprev = h;
+        }
+        if (!st && Yh) st = copy_d2d(Yh + d * B * H, hprev, sizeof(T) * (size_t)(B * H), x);
+        if (!st && Yc) st = copy_d2d(Yc + d * B * H, cprev, sizeof(T) * (size_t)(B * H), x);
+    }
+    omc_temp_free(x, scratch);
+    return st;
+}
+
+static om_status *rnn_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x, int cell) {
+    rnn_cfg c;
+    OMC_TRY(rnn_config(ctx, cell, &c));
+    OMC_TRY(rnn_check_optional(ctx, x, &c));
+    OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, return rnn_forward<T>(ctx, x, &c));
+    return NULL;
+}
+static om_status *lstm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_LSTM); }
+static om_status *gru_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_GRU); }
+
+// ---- backward kernels -----------------------------------------------------------------------------------
+
+// One LSTM step backwards, per (b, j): dh = dh_next + dy_t; from the saved activations g (B, 4H) = (i, o,
+// f, c~) and the cells c, cprev: dg (B, 4H) = the pre-activation gradients; dc (B, H) carries the cell
+// gradient to the step before (dc f)
+template <typename T>
+__global__ void lstm_grad_cell_kernel(T *dg, T *dc, const T *g, const T *cs, const T *cprev, const T *dhn, const T *dyt,
+                                      int64_t B, int64_t H) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(k, B * H) {
+        const int64_t b = k / H, j = k - b * H;
+        const T *gb = g + b * 4 * H;
+        T *db = dg + b * 4 * H;
+        const A dh = ld(dhn[k]) + (dyt ? ld(dyt[k]) : (A)0);
+        const A gi = ld(gb[j]), go = ld(gb[H + j]), gf = ld(gb[2 * H + j]), gc = ld(gb[3 * H + j]);
+        const A tc = tanh(ld(cs[k]));
+        const A dcell = ld(dc[k]) + dh * go * ((A)1 - tc * tc);
+        db[j] = st<T>(dcell * gc * gi * ((A)1 - gi));
+        db[H + j] = st<T>(dh * tc * go * ((A)1 - go));
+        db[2 * H + j] = st<T>(dcell * ld(cprev[k]) * gf * ((A)1 - gf));
+        db[3 * H + j] = st<T>(dcell * gi * ((A)1 - gc * gc));
+        dc[k] = st<T>(dcell * gf);
+    }
+}
+
+// One GRU step backwards, per (b, j): g (B, 3H) = (z, r, h~) saved, hr the saved recurrent h term.
+// dg (B, 3H): input-side pre-activation gradients; dgr (B, 3H): recurrent-side ones (they differ in
+// the h block: lbr multiplies by r); dhn becomes dh z (the direct path to h_{t-1}).
+template <typename T>
+__global__ void gru_grad_cell_kernel(T *dg, T *dgr, T *dhn, const T *g, const T *hr, const T *hprev, const T *dyt,
+                                     int64_t B, int64_t H, int lbr) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(k, B * H) {
+        const int64_t b = k / H, j = k - b * H, row = b * 3 * H;
+        const A dh = ld(dhn[k]) + (dyt ? ld(dyt[k]) : (A)0);
+        const A gz = ld(g[row + j]), gr = ld(g[row + H + j]), gh = ld(g[row + 2 * H + j]);
+        const A ah = dh * ((A)1 - gz) * ((A)1 - gh * gh);   // d pre-activation of h~
+        const A az = dh * (ld(hprev[k]) - gh) * gz * ((A)1 - gz);
+        // lbr: pre_h = xw + r * hr; else pre_h = xw + hr with hr = (r hprev) Rh^T + Rbh (r's gradient follows)
+        const A ar = lbr ? ah * ld(hr[k]) * gr * ((A)1 - gr) : (A)0;
+        dg[row + j] = st<T>(az), dg[row + H + j] = st<T>(ar), dg[row + 2 * H + j] = st<T>(ah);
+        dgr[row + j] = st<T>(az), dgr[row + H + j] = st<T>(ar), dgr[row + 2 * H + j] = st<T>(lbr ? ah * gr : ah);
+        dhn[k] = st<T>(dh * gz);
+    }
+}
+
+// GRU without linear_before_reset: drh = d(r hprev) (B, H) gives r's gradient and a path to h_{t-1}
+template <typename T>
+__global__ void gru_grad_reset_kernel(T *dg, T *dgr, T *dhn, const T *drh, const T *g, const T *hprev, int64_t B,
+                                      int64_t H) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(k, B * H) {
+        const int64_t b = k / H, at = b * 3 * H + H + (k - b * H);
+        const A r = ld(g[at]), ar = ld(drh[k]) * ld(hprev[k]) * r * ((A)1 - r);
+        dg[at] = st<T>(ar);
+        dgr[at] = st<T>(ar);
+        dhn[k] = st<T>(ld(dhn[k]) + ld(drh[k]) * r);
+    }
+}
+
+// ---- backward --------------------------------------------------------------------------------------------
+
+// LSTMGrad / GRUGrad inputs: X, W, R, initial_h?, initial_c?, Y, gates, cells|hr, dY?, dY_h?, dY_c?
+static om_status *rnn_grad_check(const om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
+    OMC_TRY(rnn_config(ctx, cell, c));
+    const om_dtype dt = ctx->in[0].dtype;
+    const int64_t hd[3] = {c->D, c->B, c->H}, yd[4] = {c->T, c->D, c->B, c->H};
+    const int64_t gd[4] = {c->D, c->T, c->B, c->G * c->H}, sd[4] = {c->D, c->T, c->B, c->H};
+    static const char *names[11] = {"X", "W", "R", "initial_h", "initial_c", "Y", "gates", "saved", "dY", "dY_h", "dY_c"};
+    for (int i = 3; i < 11; i++) {
+        if (!present(ctx, i)) {
+            if (i >= 5 && i <= 7)
+                return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': input %d (%s) is required", omc_op_name(ctx),
+                               omc_node_name(ctx), i, names[i]);
+            continue;
+        }
+        if (ctx->in[i].dtype != dt) return omc_err_dtype(ctx, i, ctx->in[i].dtype);
+        const int64_t *want = i == 5 || i == 8 ? yd : i == 6 ? gd : i == 7 ? sd : hd;
+        OMC_TRY(expect_shape(ctx, i, names[i], i >= 5 && i <= 8 ? 4 : 3, want));
+    }
+    return NULL;
+}
+
+template <typename T>
+static om_status *rnn_backward(const om_kernel_ctx *ctx, const om_cuda_exec *x, const rnn_cfg *c) {
+    const om_dtype dt = ctx->in[0].dtype;
+    const int lstm = c->cell == CELL_LSTM, lbr = c->lbr;
+    const int64_t nT = c->T, B = c->B, In = c->In, H = c->H, D = c->D, GH = c->G * c->H, BH = B * H;
+    const cudaStream_t s = stream_of(x);
+    const size_t bh_bytes = sizeof(T) * (size_t)BH;
+    const T *X = (const T *)ctx->in[0].data, *W = (const T *)ctx->in[1].data, *R = (const T *)ctx->in[2].data;
+    const T *h0 = present(ctx, 3) ? (const T *)ctx->in[3].data : NULL;
+    const T *c0 = lstm && present(ctx, 4) ? (const T *)ctx->in[4].data : NULL;
+    const T *Y = (const T *)ctx->in[5].data, *Sg = (const T *)ctx->in[6].data, *Ss = (const T *)ctx->in[7].data;
+    const T *dY = present(ctx, 8) ? (const T *)ctx->in[8].data : NULL;
+    const T *dYh = present(ctx, 9) ? (const T *)ctx->in[9].data : NULL;
+    const T *dYc = lstm && present(ctx, 10) ? (const T *)ctx->in[10].data : NULL;
+    T *dX = wanted(ctx, 0) ? (T *)ctx->out[0].data : NULL, *dW = wanted(ctx, 1) ? (T *)ctx->out[1].data : NULL;
+    T *dR = wanted(ctx, 2) ? (T *)ctx->out[2].data : NULL, *dB = wanted(ctx, 3) ? (T *)ctx->out[3].data : NULL;
+    T *dh0 = wanted(ctx, 4) ? (T *)ctx->out[4].data : NULL, *dc0 = lstm && wanted(ctx, 5) ? (T *)ctx->out[5].data : NULL;
+    // scratch: dG (T,B,GH) input-side pre-activation gradients; dGR (T,B,GH) recurrent-side ones (GRU;
+    // LSTM's are the same); dh_next, dc_next, zeros and GRU's d(r hprev) (B,H) each
+    const int64_t need = (lstm ? 1 : 2) * nT * B * GH + 4 * BH;
+    T *scratch = NULL;
+    OMC_TRY(omc_temp_alloc(x, sizeof(T) * (size_t)need, (void **)&scratch));
+    T *dG = scratch, *dGR = lstm ? dG : scratch + nT * B * GH;
+    T *dhn = dGR + nT * B * GH, *dcn = dhn + BH, *zeros = dcn + BH, *drh = zeros + BH;
+    om_status *st = omc_cuda(cudaMemsetAsync(zeros, 0, bh_bytes, s), "cudaMemsetAsync");
+    if (!st && dR) st = omc_cuda(cudaMemsetAsync(dR, 0, sizeof(T) * (size_t)(D * GH * H), s), "cudaMemsetAsync");
+    for (int64_t d = 0; d < D && !st; d++) {
+        const int rev = d == 1 || c->reverse0;
+        const T *Wd = W + d * GH * In, *Rd = R + d * GH * H;
+        const T *gates = Sg + d * nT * B * GH, *states = Ss + d * nT * B * H;
+        T *dRd = dR ? dR + d * GH * H : NULL;
+        st = dYh ? copy_d2d(dhn, dYh + d * BH, bh_bytes, x) : omc_cuda(cudaMemsetAsync(dhn, 0, bh_bytes, s), "cudaMemsetAsync");
+        if (!st && lstm)
+            st = dYc ? copy_d2d(dcn, dYc + d * BH, bh_bytes, x) : omc_cuda(cudaMemsetAsync(dcn, 0, bh_bytes, s), "cudaMemsetAsync");
+        for (int64_t step = nT - 1; step >= 0 && !st; step--) {
+            const int64_t t = rev ? nT - 1 - step : step;
+            const int64_t tp = rev ? t + 1 : t - 1;   // the step before, in processing order
+            const T *hprev = step > 0 ? Y + (tp * D + d) * BH : h0 ? h0 + d * BH : zeros;
+            const T *g = gates + t * B * GH, *dyt = dY ? dY + (t * D + d) * BH : NULL;
+            T *dg = dG + t * B * GH, *dgr = dGR + t * B * GH;
+            if (lstm) {
+                const T *cprev = step > 0 ? states + tp * BH : c0 ? c0 + d * BH : zeros;
+                lstm_grad_cell_kernel<T><<<grid_for(BH), OMC_THREADS, 0, s>>>(dg, dcn, g, states + t * BH, cprev, dhn,
+                                                                              dyt, B, H);
+                // dh_next (B, H) = dg (B, 4H) @ Rd (4H, H)
+                st = gemm_ld(ctx, x, dt, 0, 0, B, H, GH, dg, GH, Rd, H, 0.0, dhn, H);
+            } else {
+                gru_grad_cell_kernel<T><<<grid_for(BH), OMC_THREADS, 0, s>>>(dg, dgr, dhn, g, states + t * BH, hprev,
+                                                                             dyt, B, H, lbr);
+                if (lbr) {
+                    // dh_next += dgr (B, 3H) @ Rd (3H, H)
+                    st = gemm_ld(ctx, x, dt, 0, 0, B, H, GH, dgr, GH, Rd, H, 1.0, dhn, H);
+                } else {
+                    // d(r hprev) (B, H) = dh~pre (B, H) @ Rh (H, H); then r's gradient and dh_next through r hprev
+                    st = gemm_ld(ctx, x, dt, 0, 0, B, H, H, dgr + 2 * H, GH, Rd + 2 * H * H, H, 0.0, drh, H);
+                    if (!st) {
+                        gru_grad_reset_kernel<T><<<grid_for(BH), OMC_THREADS, 0, s>>>(dg, dgr, dhn, drh, g, hprev, B, H);
+                        // dh_next += (dz, dr) (B, 2H) @ Rd[0:2H] (2H, H)
+                        st = gemm_ld(ctx, x, dt, 0, 0, B, H, 2 * H, dgr, GH, Rd, H, 1.0, dhn, H);
+                    }
+                }
+            }
+            if (!st && dRd && (step > 0 || h0)) {   // h_{t-1} = 0 adds nothing to dR
+                if (!lstm && !lbr) {
+                    // dR[0:2H] += (dz, dr)^T @ hprev; dRh += dh~pre^T @ (r hprev)
+                    st = gemm_ld(ctx, x, dt, 1, 0, 2 * H, H, B, dgr, GH, hprev, H, 1.0, dRd, H);
+                    if (!st) {
+                        gru_reset_hidden_kernel<T><<<grid_for(BH), OMC_THREADS, 0, s>>>(drh, g, hprev, B, H);
+                        st = gemm_ld(ctx, x, dt, 1, 0, H, H, B, dgr + 2 * H, GH, drh, H, 1.0, dRd + 2 * H * H, H);
+                    }
+                } else {
+                    // dRd (GH, H) += dgr^T (GH, B) @ hprev (B, H)
+                    st = gemm_ld(ctx, x, dt, 1, 0, GH, H, B, dgr, GH, hprev, H, 1.0, dRd, H);
+                }
+            }
+            if (!st) st = omc_launched(ctx);
+        }
+        if (!st && dh0) st = copy_d2d(dh0 + d * BH, dhn, bh_bytes, x);
+        if (!st && dc0) st = copy_d2d(dc0 + d * BH, dcn, bh_bytes, x);
+        // dX (T*B, I) (+)= dG (T*B, GH) @ Wd (GH, I); dW[d] (GH, I) = dG^T @ X (T*B, I)
+        if (!st && dX) st = gemm_ld(ctx, x, dt, 0, 0, nT * B, In, GH, dG, GH, Wd, In, d ? 1.0 : 0.0, dX, In);
+        if (!st && dW) st = gemm_ld(ctx, x, dt, 1, 0, GH, In, nT * B, dG, GH, X, In, 0.0, dW + d * GH * In, In);
+        if (!st && dB) {
+            st = omc_column_sum(ctx, x, dt, dB + d * 2 * GH, dG, nT * B, GH, 0);
+            if (!st) st = omc_column_sum(ctx, x, dt, dB + d * 2 * GH + GH, dGR, nT * B, GH, 0);
+        }
+    }
+    omc_temp_free(x, scratch);
+    return st;
+}
+
+static om_status *rnn_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x, int cell) {
+    rnn_cfg c;
+    OMC_TRY(rnn_grad_check(ctx, cell, &c));
+    OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, return rnn_backward<T>(ctx, x, &c));
+    return NULL;
+}
+static om_status *lstm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_LSTM); }
+static om_status *gru_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_GRU); }
+
+extern const omc_kernel_entry omc_kernels_rnn[] = {
+    {"LSTM", "", lstm_cuda},
+    {"GRU", "", gru_cuda},
+    {"LSTMGrad", "ortmod", lstm_grad_cuda},
+    {"GRUGrad", "ortmod", gru_grad_cuda},
+    OMC_TABLE_END,
+};
