@@ -1,11 +1,16 @@
-"""One team of threads for torch and the engine.
+"""Optionally, one team of threads for torch and the engine (ORTMOD_THREADS=torch).
 
-torch's CPU ops run on an OpenMP team; the engine's kernels would otherwise run on a pool
-of their own. On a machine with few cores two teams fight: each spins waiting for work
-while the other computes. So when torch's ATen runs on OpenMP, the engine runs its
-parallel work as regions of that same runtime (its GOMP_parallel entry point, which GNU,
-Intel and LLVM OpenMP all export), on torch's threads. ORTMOD_THREADS=own keeps the
-engine's own pool."""
+torch's CPU ops run on an OpenMP team; the engine's kernels run on a pool of their own
+(csrc/core/threadpool.c), which spins only briefly before it sleeps. With
+ORTMOD_THREADS=torch the engine instead runs its parallel work as regions of torch's
+OpenMP runtime (its GOMP_parallel entry point, which GNU, Intel and LLVM OpenMP all
+export), on torch's threads.
+
+Not the default: on a loaded 2-core machine GPT-2-style steps measured 2-5x slower that
+way (a region's closing barrier waits for a preempted team thread, and libgomp's threads
+spin far longer than our pool's between regions), while the engine's own pool with
+single-threaded BLAS held up.
+"""
 import ctypes
 import os
 
@@ -41,8 +46,8 @@ _decided = None
 
 
 def share_torch_threads(C):
-    """Point the engine's pool at torch's OpenMP runtime (once per process); returns True
-    when the engine runs on torch's threads."""
+    """With ORTMOD_THREADS=torch, point the engine's pool at torch's OpenMP runtime (once per
+    process); returns True when the engine runs on torch's threads."""
     global _decided
     if _decided is None:
         _decided = _share(C)
@@ -50,7 +55,7 @@ def share_torch_threads(C):
 
 
 def _share(C):
-    if os.environ.get("ORTMOD_THREADS", "").lower() == "own":
+    if os.environ.get("ORTMOD_THREADS", "own").lower() != "torch":
         C.use_openmp(None)
         return False
     path = _torch_openmp_library()

@@ -1,5 +1,6 @@
-"""The engine shares torch's OpenMP team (ortmod/_threads.py) and still computes the same
-results on its own pool, after a fork, and when nested inside torch's work."""
+"""The engine's pool: its own threads by default, torch's OpenMP team with
+ORTMOD_THREADS=torch (ortmod/_threads.py); the same results either way, after a fork, and
+from two Python threads at once."""
 import os
 import subprocess
 import sys
@@ -44,19 +45,60 @@ def torch_uses_openmp():
     return "parallel backend: OpenMP" in torch.__config__.parallel_info()
 
 
-@pytest.mark.skipif(not torch_uses_openmp(), reason="torch is not built with OpenMP here")
-def test_engine_runs_on_torch_openmp_team_by_default():
+def test_engine_uses_its_own_pool_by_default():
     ortmod.ORTModule(torch.nn.Linear(2, 2))   # loads the engine
-    assert _C.uses_openmp()
+    assert not _C.uses_openmp()
 
 
 def test_own_pool_and_torch_team_give_the_same_step():
-    shared = run_step({})
-    own = run_step({"ORTMOD_THREADS": "own"})
+    shared = run_step({"ORTMOD_THREADS": "torch"})
+    own = run_step({})
     assert own[0] is False
     assert shared[0] is torch_uses_openmp()
     # the same ranges either way: the reductions combine in the same order
     assert shared[1:] == own[1:]
+
+
+FORK = textwrap.dedent("""
+    import os, select, sys, torch
+    sys.path.insert(0, {root!r})
+    import ortmod
+    from ortmod import _C
+    torch.manual_seed(0)
+    model = ortmod.ORTModule(torch.nn.Linear(512, 512))
+    x = torch.randn(256, 512)
+    ref = model(x).sum().item()
+    assert _C.uses_openmp()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            y = model(x)
+            torch.set_num_threads(1)   # torch's own ops would hang in this child (libgomp after fork)
+            os.write(w, ("%s %r" % (_C.uses_openmp(), y.sum().item())).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], 120)
+    if not ready:
+        os.kill(pid, 9)
+        raise SystemExit("the forked child did not answer within 120 s")
+    uses, value = os.read(r, 200).decode().split()
+    os.waitpid(pid, 0)
+    assert uses == "False", uses
+    assert abs(float(value) - ref) <= 1e-5 * abs(ref) + 1e-4, (value, ref)
+    print("FORK OK")
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not torch_uses_openmp(), reason="needs fork and OpenMP torch")
+def test_forked_child_of_a_torch_team_process_runs_the_engine():
+    """GNU OpenMP cannot start a team in a child forked after the parent used one: with
+    ORTMOD_THREADS=torch the child must go back to the engine's own threads, not hang."""
+    env = dict(os.environ, ORTMOD_THREADS="torch")
+    out = subprocess.run([sys.executable, "-c", FORK.format(root=ROOT)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and "FORK OK" in out.stdout, out.stderr[-2000:]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
