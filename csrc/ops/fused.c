@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/broadcast.h"
 #include "ops/gemm.h"
 #include "ops/op.h"
 #include "ops/vecmath.h"
@@ -289,44 +290,60 @@ typedef struct bias_gelu_rows {
     int tanh_mode;
 } bias_gelu_rows;
 
-static void bias_gelu_f32_range(void *c, int64_t lo, int64_t hi) {
+/* Rows in chunks of columns; a bias of one value (bs 0) is spread into tmp first, so every
+ * loop has unit stride and vectorizes. */
+#define GELU_ROW_CHUNK 1024   /* columns per pass when the bias is one value */
+
+OM_VEC_CLONES static void bias_gelu_f32_range(void *c, int64_t lo, int64_t hi) {
     const bias_gelu_rows *a = c;
-    const int64_t cols = a->cols, bs = a->bs;
+    const int64_t cols = a->cols;
+    float tmp[GELU_ROW_CHUNK];
     for (int64_t i = lo; i < hi; i++) {
-        const float *restrict xr = a->x + i * cols;
-        float *restrict yr = a->y + i * cols;
-        if (a->tanh_mode)
-            for (int64_t j = 0; j < cols; j++) {
-                const float v = xr[j] + a->b[j * bs];
-                yr[j] = 0.5f * v * (1.0f + tanh_f32((float)GELU_K0 * (v + (float)GELU_K1 * v * v * v)));
-            }
-        else
-            for (int64_t j = 0; j < cols; j++) {
-                const float v = xr[j] + a->b[j * bs];
-                yr[j] = 0.5f * v * (1.0f + erf_f32(v * (float)INV_SQRT2));
-            }
+        for (int64_t j0 = 0; j0 < cols; j0 += GELU_ROW_CHUNK) {
+            const int64_t n = cols - j0 < GELU_ROW_CHUNK ? cols - j0 : GELU_ROW_CHUNK;
+            const float *restrict xr = a->x + i * cols + j0;
+            float *restrict yr = a->y + i * cols + j0;
+            const float *restrict br = a->bs ? a->b + j0 : tmp;
+            if (!a->bs) for (int64_t j = 0; j < n; j++) tmp[j] = a->b[0];
+            if (a->tanh_mode)
+                for (int64_t j = 0; j < n; j++) {
+                    const float v = xr[j] + br[j];
+                    yr[j] = 0.5f * v * (1.0f + tanh_f32((float)GELU_K0 * (v + (float)GELU_K1 * v * v * v)));
+                }
+            else
+                for (int64_t j = 0; j < n; j++) {
+                    const float v = xr[j] + br[j];
+                    yr[j] = 0.5f * v * (1.0f + erf_f32(v * (float)INV_SQRT2));
+                }
+        }
     }
 }
 
-static void bias_gelu_grad_f32_range(void *c, int64_t lo, int64_t hi) {
+OM_VEC_CLONES static void bias_gelu_grad_f32_range(void *c, int64_t lo, int64_t hi) {
     const bias_gelu_rows *a = c;
-    const int64_t cols = a->cols, bs = a->bs;
+    const int64_t cols = a->cols;
+    float tmp[GELU_ROW_CHUNK];
     for (int64_t i = lo; i < hi; i++) {
-        const float *restrict xr = a->x + i * cols, *restrict dyr = a->dy + i * cols;
-        float *restrict dxr = a->dx + i * cols;
-        if (a->tanh_mode)
-            for (int64_t j = 0; j < cols; j++) {
-                const float v = xr[j] + a->b[j * bs];
-                const float t = tanh_f32((float)GELU_K0 * (v + (float)GELU_K1 * v * v * v));
-                dxr[j] = dyr[j] * (0.5f * (1.0f + t) +
-                                   0.5f * v * (1.0f - t * t) * (float)GELU_K0 * (1.0f + 3.0f * (float)GELU_K1 * v * v));
-            }
-        else
-            for (int64_t j = 0; j < cols; j++) {
-                const float v = xr[j] + a->b[j * bs];
-                dxr[j] = dyr[j] * (0.5f * (1.0f + erf_f32(v * (float)INV_SQRT2)) +
-                                   v * (float)INV_SQRT2PI * exp_f32(-0.5f * v * v));
-            }
+        for (int64_t j0 = 0; j0 < cols; j0 += GELU_ROW_CHUNK) {
+            const int64_t n = cols - j0 < GELU_ROW_CHUNK ? cols - j0 : GELU_ROW_CHUNK;
+            const float *restrict xr = a->x + i * cols + j0, *restrict dyr = a->dy + i * cols + j0;
+            float *restrict dxr = a->dx + i * cols + j0;
+            const float *restrict br = a->bs ? a->b + j0 : tmp;
+            if (!a->bs) for (int64_t j = 0; j < n; j++) tmp[j] = a->b[0];
+            if (a->tanh_mode)
+                for (int64_t j = 0; j < n; j++) {
+                    const float v = xr[j] + br[j];
+                    const float t = tanh_f32((float)GELU_K0 * (v + (float)GELU_K1 * v * v * v));
+                    dxr[j] = dyr[j] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * (float)GELU_K0 *
+                                                               (1.0f + 3.0f * (float)GELU_K1 * v * v));
+                }
+            else
+                for (int64_t j = 0; j < n; j++) {
+                    const float v = xr[j] + br[j];
+                    dxr[j] = dyr[j] * (0.5f * (1.0f + erf_f32(v * (float)INV_SQRT2)) +
+                                       v * (float)INV_SQRT2PI * exp_f32(-0.5f * v * v));
+                }
+        }
     }
 }
 
