@@ -216,8 +216,13 @@ static int64_t sce_grain(int64_t C, int64_t S) {
             }                                                                                       \
             if (lpp) {                                                                              \
                 T *restrict lr = lpp + i * C * S + s0;                                              \
-                for (int64_t c = 0; c < C; c++)                                                     \
-                    for (int64_t j = 0; j < w; j++) lr[c * S + j] = xr[c * S + j] - lse[j];         \
+                if (S == 1) { /* one unit-stride loop: the nest below would run its inner loop once */ \
+                    const T l0 = lse[0];                                                            \
+                    for (int64_t c = 0; c < C; c++) lr[c] = xr[c] - l0;                             \
+                } else {                                                                            \
+                    for (int64_t c = 0; c < C; c++)                                                 \
+                        for (int64_t j = 0; j < w; j++) lr[c * S + j] = xr[c * S + j] - lse[j];     \
+                }                                                                                   \
             }                                                                                       \
             for (int64_t j = 0; j < w; j++) {                                                       \
                 const int64_t pos = i * S + s0 + j, l = label_at(lab, pos);                         \
