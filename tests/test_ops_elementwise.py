@@ -356,6 +356,30 @@ def test_sum_to_shape(sx, st):
              lambda X, shape: _sum_to(X, st), const_inputs=["shape"], domain="ortmod", grad=["X"])
 
 
+# Sizes that take om_sum_rows's paths (csrc/ops/rowsum.c) at any thread count: wide rows
+# shared out by columns, narrow rows with a partial row per range, a middle unit axis.
+ROW_SUMS = [((4096, 8), (8,)), ((3000, 3), (1, 3)), ((64, 4096), (4096,)), ((7, 1, 700), (1, 700)),
+            ((3, 50, 130), (50, 130))]
+
+
+@pytest.mark.parametrize("sx,st", ROW_SUMS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sum_to_shape_over_leading_axes_on_the_pool(sx, st, threads):
+    from ortmod import _C
+    old = _C.get_num_threads()
+    _C.set_num_threads(threads)
+    try:
+        for dt, tol in ((np.float32, 1e-4), (np.float64, 1e-12)):
+            X = RNG.standard_normal(sx).astype(dt)
+            mb = make_model("SumToShape", {"X": X, "shape": np.array(st, np.int64)}, const_inputs=["shape"],
+                            domain="ortmod")
+            (out,), _, _ = run(mb, [X])
+            want = _sum_to(X.astype(np.float64), st)
+            np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.sqrt(X.size / max(out.size, 1)))
+    finally:
+        _C.set_num_threads(old)
+
+
 def test_sum_to_shape_int64():
     X = RNG.integers(-5, 5, (3, 4)).astype(np.int64)
     check_op("SumToShape", {"X": X, "shape": np.array([4], np.int64)}, lambda X, shape: X.sum(0),

@@ -43,6 +43,7 @@
 
 #include "core/half.h"
 #include "ops/broadcast.h"
+#include "ops/rowsum.h"
 #include "ops/vecmath.h"
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -998,6 +999,16 @@ static om_status *infer_sum_to_shape(om_kernel_ctx *ctx) {
         }                                                                                     \
     } while (0)
 
+/* 1 when out is x summed over its leading axes only: out's dims, right-aligned, are x's
+ * trailing dims, preceded by ones (a bias gradient's pattern). */
+static int sums_leading_axes(const om_tensor *x, const om_tensor *out) {
+    int i = out->rank - 1, k = x->rank - 1;
+    for (; i >= 0 && k >= 0 && out->dims[i] == x->dims[k] && out->dims[i] != 1; i--, k--) {}
+    for (; i >= 0; i--)
+        if (out->dims[i] != 1) return 0;
+    return 1;
+}
+
 OM_VEC_CLONES static om_status *sum_to_shape_cpu(om_kernel_ctx *ctx) {
     // x is any shape; out is the target shape: rank <= x's, each dim 1 or x's (right-aligned)
     const om_tensor *x = &ctx->in[0];
@@ -1005,6 +1016,9 @@ OM_VEC_CLONES static om_status *sum_to_shape_cpu(om_kernel_ctx *ctx) {
         if (ctx->out[0].data != x->data) memmove(ctx->out[0].data, x->data, om_tensor_nbytes(x));
         return NULL;
     }
+    const int64_t N = om_tensor_numel(&ctx->out[0]);
+    if ((x->dtype == OM_F32 || x->dtype == OM_F64) && N > 0 && sums_leading_axes(x, &ctx->out[0]))
+        return om_sum_rows(x->dtype, om_tensor_numel(x) / N, N, x->data, ctx->out[0].data);   /* on the pool */
     om_bcast p;
     const om_tensor *ops[2] = {x, &ctx->out[0]};
     OM_TRY(om_bcast_init(&p, ctx->node, x, ops, 2));

@@ -31,6 +31,7 @@
 #include "ops/broadcast.h"
 #include "ops/gemm.h"
 #include "ops/op.h"
+#include "ops/rowsum.h"
 #include "ops/vecmath.h"
 #include "core/threadpool.h"
 
@@ -138,6 +139,26 @@ static om_status *mmb_infer(om_kernel_ctx *ctx) {
 }
 
 // x is (M, K) (leading dims flattened), W is (K, N) or (N, K) with transB, b is (N) or (1); y is (M, N)
+/* y rows [lo, hi) = the bias (a row of N, or one value when bstep is 0) */
+typedef struct bias_fill_job {
+    om_dtype dt;
+    const void *b;
+    void *y;
+    int64_t N, bstep;
+} bias_fill_job;
+
+static void bias_fill_rows(void *c, int64_t lo, int64_t hi) {
+    const bias_fill_job *f = c;
+    const size_t es = om_dtype_size(f->dt), row = (size_t)f->N * es;
+    char *y = f->y;
+    for (int64_t i = lo; i < hi; i++) {
+        char *yr = y + (size_t)i * row;
+        if (f->bstep) { memcpy(yr, f->b, row); continue; }
+        if (f->dt == OM_F32) for (int64_t j = 0; j < f->N; j++) ((float *)yr)[j] = *(const float *)f->b;
+        else for (int64_t j = 0; j < f->N; j++) ((double *)yr)[j] = *(const double *)f->b;
+    }
+}
+
 static om_status *mmb_cpu(om_kernel_ctx *ctx) {
     int64_t M = 0, N = 0, K = 0;
     OM_TRY(mmb_dims(ctx, &M, &N, &K));
@@ -146,15 +167,9 @@ static om_status *mmb_cpu(om_kernel_ctx *ctx) {
     const int64_t bstep = om_tensor_numel(b) == 1 ? 0 : 1;
     /* the bias is written into y first and the GEMM accumulates onto it (beta = 1): one
      * pass over the output, no separate broadcast-add kernel */
-    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
-        const T *restrict bp = b->data;
-        T *restrict y = ctx->out[0].data;
-        for (int64_t i = 0; i < M; i++) {
-            T *restrict yr = y + i * N;
-            if (bstep) for (int64_t j = 0; j < N; j++) yr[j] = bp[j];
-            else for (int64_t j = 0; j < N; j++) yr[j] = bp[0];
-        }
-    });
+    if (ctx->in[0].dtype != OM_F32 && ctx->in[0].dtype != OM_F64) return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    bias_fill_job f = {.dt = ctx->in[0].dtype, .b = b->data, .y = ctx->out[0].data, .N = N, .bstep = bstep};
+    om_pool_for(M, OM_GRAIN / (N ? N : 1) + 1, bias_fill_rows, &f);
     gemm(ctx->in[0].dtype, 0, tb, (int)M, (int)N, (int)K, ctx->in[0].data, (int)K, ctx->in[1].data, tb ? (int)K : (int)N,
          1.0, ctx->out[0].data);
     return NULL;
@@ -231,20 +246,12 @@ static om_status *mmbg_cpu(om_kernel_ctx *ctx) {
     }
     if (wanted(ctx, 2)) {
         int64_t nb = om_tensor_numel(&bs);
+        if (nb == N) return om_sum_rows(dt, M, N, dy, ctx->out[2].data);
         OM_DISPATCH_FLOAT(dt, n, {
             const T *restrict g = dy;
-            T *restrict db = ctx->out[2].data;
-            if (nb == N) {
-                for (int64_t j = 0; j < N; j++) db[j] = 0;
-                for (int64_t i = 0; i < M; i++) {
-                    const T *restrict gr = g + i * N;
-                    for (int64_t j = 0; j < N; j++) db[j] += gr[j];
-                }
-            } else {
-                T s = 0;
-                for (int64_t i = 0; i < M * N; i++) s += g[i];
-                db[0] = s;
-            }
+            T s = 0;   /* one bias value for every column */
+            for (int64_t i = 0; i < M * N; i++) s += g[i];
+            *(T *)ctx->out[2].data = s;
         });
     }
     return NULL;
