@@ -858,6 +858,49 @@ static om_status *dropout_params(om_kernel_ctx *ctx, int ri, int ti, double *rat
     return NULL;
 }
 
+typedef struct dropout_job {
+    om_dtype dt;
+    const void *x;      /* Dropout: x; DropoutGrad: dy */
+    void *y;            /* Dropout: y; DropoutGrad: dx */
+    uint8_t *mask;      /* Dropout: written when wanted; DropoutGrad: read */
+    uint64_t seed;
+    float ratio;
+    double scale;
+} dropout_job;
+
+#define DROPOUT_RANGE(name, T)                                                                \
+    static void name(void *c, int64_t lo, int64_t hi) {                                       \
+        const dropout_job *j = c;                                                             \
+        const T *restrict xp = j->x;                                                          \
+        T *restrict yp = j->y;                                                                \
+        const T s = (T)j->scale;                                                              \
+        for (int64_t i = lo; i < hi; i++) {                                                   \
+            const int keep = om_rand_uniform(j->seed, (uint64_t)i) >= j->ratio;               \
+            if (j->mask) j->mask[i] = (uint8_t)keep;                                          \
+            yp[i] = keep ? xp[i] * s : (T)0;                                                  \
+        }                                                                                     \
+    }                                                                                         \
+    OM_VEC_CLONES static void name##_grad(void *c, int64_t lo, int64_t hi) {                  \
+        const dropout_job *j = c;                                                             \
+        const T *restrict dyp = j->x;                                                         \
+        const uint8_t *restrict mp = j->mask;                                                 \
+        T *restrict dxp = j->y;                                                               \
+        const T s = (T)j->scale;                                                              \
+        for (int64_t i = lo; i < hi; i++) dxp[i] = mp[i] ? dyp[i] * s : (T)0;                \
+    }
+DROPOUT_RANGE(dropout_f32, float)
+DROPOUT_RANGE(dropout_f64, double)
+
+static void dropout_range(void *c, int64_t lo, int64_t hi) {
+    if (((const dropout_job *)c)->dt == OM_F32) dropout_f32(c, lo, hi);
+    else dropout_f64(c, lo, hi);
+}
+
+static void dropout_grad_range(void *c, int64_t lo, int64_t hi) {
+    if (((const dropout_job *)c)->dt == OM_F32) dropout_f32_grad(c, lo, hi);
+    else dropout_f64_grad(c, lo, hi);
+}
+
 static om_status *dropout_cpu(om_kernel_ctx *ctx) {
     // x is any shape, flattened to (N,); y like x; mask (N,) bool
     double ratio, scale;
@@ -872,20 +915,10 @@ static om_status *dropout_cpu(om_kernel_ctx *ctx) {
         return NULL;
     }
     /* mask[i] depends only on (seed, i): the same on any thread split. */
-    const uint64_t seed = ctx->seed;
-    const float r = (float)ratio;
-    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
-        const T *restrict xp = (const T *)ctx->in[0].data;
-        T *restrict yp = (T *)ctx->out[0].data;
-        const T s = (T)scale;
-        OM_CHUNKED(n, {
-            for (int64_t i = om_lo; i < om_hi; i++) {
-                const int keep = om_rand_uniform(seed, (uint64_t)i) >= r;
-                if (mask) mask[i] = (uint8_t)keep;
-                yp[i] = keep ? xp[i] * s : (T)0;
-            }
-        });
-    });
+    if (ctx->in[0].dtype != OM_F32 && ctx->in[0].dtype != OM_F64) return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    dropout_job j = {.dt = ctx->in[0].dtype, .x = ctx->in[0].data, .y = ctx->out[0].data, .mask = mask,
+                     .seed = ctx->seed, .ratio = (float)ratio, .scale = scale};
+    om_pool_for(n, OM_GRAIN, dropout_range, &j);
     return NULL;
 }
 
@@ -917,7 +950,7 @@ static om_status *infer_dropout_grad(om_kernel_ctx *ctx) {
     return NULL;
 }
 
-OM_VEC_CLONES static om_status *dropout_grad_cpu(om_kernel_ctx *ctx) {
+static om_status *dropout_grad_cpu(om_kernel_ctx *ctx) {
     // dy, mask are (N,); dx like dy
     double ratio, scale;
     int training;
@@ -928,13 +961,10 @@ OM_VEC_CLONES static om_status *dropout_grad_cpu(om_kernel_ctx *ctx) {
             memmove(ctx->out[0].data, ctx->in[0].data, om_tensor_nbytes(&ctx->in[0]));
         return NULL;
     }
-    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
-        const T *restrict dyp = (const T *)ctx->in[0].data;
-        const uint8_t *restrict mp = (const uint8_t *)ctx->in[1].data;
-        T *restrict dxp = (T *)ctx->out[0].data;
-        const T s = (T)scale;
-        OM_CHUNKED(n, { for (int64_t i = om_lo; i < om_hi; i++) dxp[i] = mp[i] ? dyp[i] * s : (T)0; });
-    });
+    if (ctx->in[0].dtype != OM_F32 && ctx->in[0].dtype != OM_F64) return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    dropout_job j = {.dt = ctx->in[0].dtype, .x = ctx->in[0].data, .y = ctx->out[0].data,
+                     .mask = (uint8_t *)ctx->in[1].data, .scale = scale};
+    om_pool_for(n, OM_GRAIN, dropout_grad_range, &j);
     return NULL;
 }
 

@@ -526,40 +526,70 @@ static int64_t res_offset(const om_tensor *x, const om_tensor *r, int64_t k) {
 }
 
 // x, y, mask are (rows, cols); residual like x (or broadcast to it); b is (cols) or (1)
+/* BiasDropout and its gradient, rows on the pool. The mask depends on (seed, element) only,
+ * so any split of the rows draws the same one. */
+typedef struct bias_dropout_job {
+    const om_kernel_ctx *ctx;
+    const void *x, *b, *r;      /* forward: x, bias?, residual?; backward: dy in x */
+    void *y;                    /* forward: y; backward: dx */
+    uint8_t *mask;
+    int64_t cols, bs;
+    int drop, rsame;
+    float ratio;
+    uint64_t seed;
+    double scale;
+} bias_dropout_job;
+
+#define BIAS_DROPOUT_RANGE(name, T)                                                           \
+    static void name(void *c, int64_t lo, int64_t hi) {                                       \
+        const bias_dropout_job *j = c;                                                        \
+        const T *restrict xp = j->x, *restrict bp = j->b, *restrict rp = j->r;                \
+        T *restrict yp = j->y;                                                                \
+        const T s = (T)j->scale;                                                              \
+        const int64_t cols = j->cols;                                                         \
+        for (int64_t i = lo; i < hi; i++)                                                     \
+            for (int64_t jj = 0; jj < cols; jj++) {                                           \
+                const int64_t k = i * cols + jj;                                              \
+                T v = xp[k] + (bp ? bp[jj * j->bs] : (T)0);                                   \
+                if (j->drop) {                                                                \
+                    const int keep = om_rand_uniform(j->seed, (uint64_t)k) >= j->ratio;       \
+                    if (j->mask) j->mask[k] = (uint8_t)keep;                                  \
+                    v = keep ? v * s : (T)0;                                                  \
+                } else if (j->mask) {                                                         \
+                    j->mask[k] = 1;                                                           \
+                }                                                                             \
+                yp[k] = rp ? v + rp[j->rsame ? k : res_offset(&j->ctx->in[0], &j->ctx->in[2], k)] : v; \
+            }                                                                                 \
+    }                                                                                         \
+    OM_VEC_CLONES static void name##_grad(void *c, int64_t lo, int64_t hi) {                  \
+        const bias_dropout_job *j = c;                                                        \
+        const T *restrict g = j->x;                                                           \
+        const uint8_t *restrict m = j->mask;                                                  \
+        T *restrict dx = j->y;                                                                \
+        const T s = (T)j->scale;                                                              \
+        const int64_t n0 = lo * j->cols, n1 = hi * j->cols;                                   \
+        if (m) for (int64_t k = n0; k < n1; k++) dx[k] = m[k] ? g[k] * s : (T)0;              \
+        else for (int64_t k = n0; k < n1; k++) dx[k] = g[k];                                  \
+    }
+BIAS_DROPOUT_RANGE(bias_dropout_f32, float)
+BIAS_DROPOUT_RANGE(bias_dropout_f64, double)
+
 static om_status *bias_dropout_cpu(om_kernel_ctx *ctx) {
     int64_t rows = 0, cols = 0;
     OM_TRY(bias_dropout_check(ctx, &rows, &cols));
     double ratio;
     int training;
     OM_TRY(dropout_params(ctx, 3, 4, &ratio, &training));
-    const int drop = training && ratio > 0.0;
-    const float r = (float)ratio;
-    const uint64_t seed = ctx->seed;
-    const int64_t bs = present(ctx, 1) && om_tensor_numel(&ctx->in[1]) != 1 ? 1 : 0;
-    uint8_t *restrict mask = wanted(ctx, 1) ? (uint8_t *)ctx->out[1].data : NULL;
     const om_tensor *x = &ctx->in[0];
-    const int rsame = !present(ctx, 2) || om_shape_equal(&ctx->in[2], x);
-    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
-        const T *restrict xp = ctx->in[0].data;
-        const T *restrict bp = present(ctx, 1) ? (const T *)ctx->in[1].data : NULL;
-        const T *restrict rp = present(ctx, 2) ? (const T *)ctx->in[2].data : NULL;
-        T *restrict yp = ctx->out[0].data;
-        const T s = ratio < 1.0 ? (T)(1.0 / (1.0 - ratio)) : (T)0;
-        for (int64_t i = 0; i < rows; i++)
-            for (int64_t j = 0; j < cols; j++) {
-                const int64_t k = i * cols + j;
-                T v = xp[k] + (bp ? bp[j * bs] : (T)0);
-                if (drop) {
-                    /* the same (seed, index) stream as Dropout: mask[k] depends on k only */
-                    const int keep = om_rand_uniform(seed, (uint64_t)k) >= r;
-                    if (mask) mask[k] = (uint8_t)keep;
-                    v = keep ? v * s : (T)0;
-                } else if (mask) {
-                    mask[k] = 1;
-                }
-                yp[k] = rp ? v + rp[rsame ? k : res_offset(x, &ctx->in[2], k)] : v;
-            }
-    });
+    if (x->dtype != OM_F32 && x->dtype != OM_F64) return om_err_dtype(ctx->node, 0, x->dtype);
+    bias_dropout_job j = {
+        .ctx = ctx, .x = x->data, .b = present(ctx, 1) ? ctx->in[1].data : NULL,
+        .r = present(ctx, 2) ? ctx->in[2].data : NULL, .y = ctx->out[0].data,
+        .mask = wanted(ctx, 1) ? (uint8_t *)ctx->out[1].data : NULL, .cols = cols,
+        .bs = present(ctx, 1) && om_tensor_numel(&ctx->in[1]) != 1 ? 1 : 0, .drop = training && ratio > 0.0,
+        .rsame = !present(ctx, 2) || om_shape_equal(&ctx->in[2], x), .ratio = (float)ratio, .seed = ctx->seed,
+        .scale = ratio < 1.0 ? 1.0 / (1.0 - ratio) : 0.0};
+    om_pool_for(rows, OM_GRAIN / (cols ? cols : 1) + 1, x->dtype == OM_F32 ? bias_dropout_f32 : bias_dropout_f64, &j);
     return NULL;
 }
 
@@ -613,18 +643,27 @@ static om_status *bias_dropout_grad_cpu(om_kernel_ctx *ctx) {
     const int use_mask = training && present(ctx, 1);
     const int want_dx = wanted(ctx, 0), want_db = wanted(ctx, 1);
     const int64_t bs = want_db && om_tensor_numel(&ctx->out[1]) != 1 ? 1 : 0;
+    const double scale = !training ? 1.0 : ratio < 1.0 ? 1.0 / (1.0 - ratio) : 0.0;
+    if (want_dx && (dy->dtype == OM_F32 || dy->dtype == OM_F64)) {
+        /* dx on the pool, then db as the row sums of dx */
+        bias_dropout_job j = {.ctx = ctx, .x = dy->data, .y = ctx->out[0].data,
+                              .mask = use_mask ? (uint8_t *)ctx->in[1].data : NULL, .cols = cols, .scale = scale};
+        om_pool_for(rows, OM_GRAIN / (cols ? cols : 1) + 1,
+                    dy->dtype == OM_F32 ? bias_dropout_f32_grad : bias_dropout_f64_grad, &j);
+        if (!want_db) return NULL;
+        if (bs) return om_sum_rows(dy->dtype, rows, cols, ctx->out[0].data, ctx->out[1].data);
+    }
     OM_DISPATCH_FLOAT(dy->dtype, ctx->node, {
         const T *restrict g = dy->data;
         const uint8_t *restrict m = use_mask ? (const uint8_t *)ctx->in[1].data : NULL;
         T *restrict dx = want_dx ? (T *)ctx->out[0].data : NULL;
         T *restrict db = want_db ? (T *)ctx->out[1].data : NULL;
-        const T s = !training ? (T)1 : ratio < 1.0 ? (T)(1.0 / (1.0 - ratio)) : (T)0;
+        const T s = (T)scale;
         if (db) for (int64_t j = 0; j < (bs ? cols : 1); j++) db[j] = 0;
         for (int64_t i = 0; i < rows; i++)
             for (int64_t j = 0; j < cols; j++) {
                 const int64_t k = i * cols + j;
-                const T v = m ? (m[k] ? g[k] * s : (T)0) : g[k];
-                if (dx) dx[k] = v;
+                const T v = dx ? dx[k] : m ? (m[k] ? g[k] * s : (T)0) : g[k];   /* dx: done above */
                 if (db) db[j * bs] += v;
             }
     });
