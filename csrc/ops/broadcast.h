@@ -93,8 +93,9 @@ static inline void om_bcast_next(const om_bcast *p, int64_t *idx, int64_t *off) 
  * spread a 1M-element tensor over 16 cores. */
 #define OM_CHUNK ((int64_t)32768)
 
-/* Runs BODY (the variadic tail) for i in [0, n) in chunks, in parallel when n is large.
- * BODY sees om_lo, om_hi and should loop `for (int64_t i = om_lo; i < om_hi; i++)`. */
+/* Runs BODY (the variadic tail) for i in [0, n) in chunks. BODY sees om_lo, om_hi and should
+ * loop `for (int64_t i = om_lo; i < om_hi; i++)`. Serial: the chunks run in parallel only
+ * in an OpenMP build, which the standard build is not; hot kernels use om_pool_for. */
 #define OM_CHUNKED(n, ...)                                                      \
     do {                                                                         \
         const int64_t om_n_ = (n);                                               \
