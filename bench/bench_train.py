@@ -3,15 +3,15 @@
 A step is forward + backward + AdamW step + zero_grad (torch.optim.AdamW in every mode, and
 ortmod.optim.FusedAdam in the extra mode "ortmod+fa"). Every (model, mode) pair runs in its
 own process (clean peak memory, no cross-talk between compilers); the thread count is the
-same for all of them (torch.set_num_threads, which the engine's pool and OpenBLAS follow).
+same for all of them (torch.set_num_threads, which the engine's pool follows).
 Reported per cell: median step time over --steps timed steps after --warmup steps, steps/s,
 min, first-call latency (first step, which includes export + compile), peak resident
 memory of the process. Ratios are ortmod/eager and ortmod/compile in steps/s (> 1: ortmod
 faster), from the same run.
 
 Also: per-step binding overhead (a tiny model whose kernels take ~1 µs) and a GEMM roofline
-(cblas_sgemm through the OpenBLAS the engine links, at the models' GEMM shapes, against a
-large square sgemm as the machine's practical peak).
+(the engine's own GEMM path, a one-node MatMul model at the models' GEMM shapes, against
+OpenBLAS's own multithreaded 2048^3 sgemm as the machine's practical peak).
 
     .venv/bin/python bench/bench_train.py [--models mlp,gpt2,resnet,bert] [--steps 20]
         [--warmup 3] [--threads N] [--modes eager,compile,ortmod] [--quick]
@@ -200,7 +200,7 @@ def binding_overhead(threads, iters=2000):
 
 
 # ---------------------------------------------------------------------------------------
-# GEMM roofline through the engine's BLAS
+# GEMM roofline: the engine's GEMM path against the BLAS's own peak
 # ---------------------------------------------------------------------------------------
 GEMM_SHAPES = {
     # (M, N, K) of forward, dX and dW products: tokens x in -> out
@@ -249,17 +249,49 @@ def gemm_roofline(threads):
             best = min(best, (time.perf_counter() - t0) / reps)
         return flop / best / 1e9
 
-    peak = gflops(2048, 2048, 2048, reps=3)
+    peak = gflops(2048, 2048, 2048, reps=3)   # OpenBLAS with its own threads: the machine's practical peak
     core = None
     if hasattr(lib, "openblas_get_corename"):
         lib.openblas_get_corename.restype = ctypes.c_char_p
         core = lib.openblas_get_corename().decode()
     rows = {"peak_gflops": peak, "blas": path, "blas_core": core, "threads": threads, "shapes": {}}
+    engine_gflops = engine_matmul_gflops(threads)
     for model, shapes in GEMM_SHAPES.items():
         for (M, N, K) in shapes:
-            g = gflops(M, N, K)
+            g = engine_gflops(M, N, K)
             rows["shapes"][f"{model} {M}x{N}x{K}"] = {"gflops": g, "of_peak": g / peak}
     return rows
+
+
+def engine_matmul_gflops(threads):
+    """GFLOP/s of a one-node MatMul model run by the engine: om_gemm, i.e. BLAS single-threaded
+    in blocks on the engine's pool, plus the engine's per-call work."""
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import TensorProto, helper
+    from ortmod import _C
+    _C.set_num_threads(threads)
+
+    def measure(M, N, K):
+        g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", "k"]),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, ["k", "n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", "n"])])
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+        eng = _C.Engine(model.SerializeToString(), [False, False])
+        a, b = torch.rand(M, K), torch.rand(K, N)
+        eng.forward([a, b], False)
+        flop = 2.0 * M * N * K
+        reps = max(3, int(2e9 / flop))
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                eng.forward([a, b], False)
+            best = min(best, (time.perf_counter() - t0) / reps)
+        return flop / best / 1e9
+    return measure
 
 
 # ---------------------------------------------------------------------------------------
@@ -404,7 +436,7 @@ def main():
     mach = machine()
     print(f"machine: {mach['cpu']} ({mach['isa']}), {mach['online_cpus']} online CPUs, "
           f"load average {mach['load_avg'][0]:.1f}")
-    print(f"threads: {a.threads} for torch, torch.compile, the ortmod pool and OpenBLAS; "
+    print(f"threads: {a.threads} for torch, torch.compile and the ortmod pool (BLAS single-threaded inside it); "
           f"{a.steps} timed steps after {a.warmup} warm-up; step = fwd + bwd + AdamW + zero_grad")
     print("step times: " + ("the modes take turns step by step in one process" if a.interleave else
                             f"one process per (model, mode), {a.rounds} rounds taken in turns; median over all steps")
@@ -490,8 +522,9 @@ def main():
         if "error" in gm:
             print(f"GEMM roofline: {gm['error']}")
         else:
-            print(f"\nGEMM roofline (cblas_sgemm, {gm['blas']}, kernels for {gm.get('blas_core')}, "
-                  f"{gm['threads']} threads): peak {gm['peak_gflops']:.1f} GFLOP/s (2048^3)")
+            print(f"\nGEMM roofline: the engine's MatMul (om_gemm: BLAS blocks on the pool, {gm['threads']} threads) "
+                  f"against {gm['blas']}'s own threaded sgemm, kernels for {gm.get('blas_core')}: "
+                  f"peak {gm['peak_gflops']:.1f} GFLOP/s (2048^3)")
             if gm.get("blas_core", "").lower() in ("haswell", "zen") and "avx512f" in mach["isa"]:
                 print("  note: this CPU has AVX-512 but OpenBLAS picked AVX2 kernels; OPENBLAS_CORETYPE=SKYLAKEX "
                       "(set before the library loads) raises the peak")
