@@ -246,18 +246,21 @@ __global__ void layer_norm_dx_kernel(T *dx, const T *dy, const T *x, const T *sc
     }
 }
 
-// stage 1 of dscale/dbias: partial column sums over a chunk of rows. grid (ceil(D/32), chunks), block (32, 8)
+// stage 1 of dscale/dbias: partial column sums over a chunk of rows, in T's math type (fp32 for
+// fp16/bf16/fp32, fp64 for fp64). grid (ceil(D/32), chunks), block (32, 8)
 template <typename T>
-__global__ void layer_norm_dparam_partial(float *pds, float *pdb, const T *dy, const T *x, const void *mean,
-                                          const void *inv, om_dtype sdt, int64_t N, int64_t D, int64_t rows_per) {
-    __shared__ float sh_s[8][33], sh_b[8][33];
+__global__ void layer_norm_dparam_partial(typename acc<T>::t *pds, typename acc<T>::t *pdb, const T *dy, const T *x,
+                                          const void *mean, const void *inv, om_dtype sdt, int64_t N, int64_t D,
+                                          int64_t rows_per) {
+    typedef typename acc<T>::t A;
+    __shared__ A sh_s[8][33], sh_b[8][33];
     int64_t d = (int64_t)blockIdx.x * 32 + threadIdx.x;
     int64_t r0 = (int64_t)blockIdx.y * rows_per, r1 = r0 + rows_per < N ? r0 + rows_per : N;
-    float s = 0, b = 0;
+    A s = 0, b = 0;
     if (d < D)
         for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
-            float g = (float)ld(dy[r * D + d]);
-            s += g * (float)(((double)ld(x[r * D + d]) - ld_stat(mean, r, sdt)) * ld_stat(inv, r, sdt));
+            A g = ld(dy[r * D + d]);
+            s += g * (A)(((double)ld(x[r * D + d]) - ld_stat(mean, r, sdt)) * ld_stat(inv, r, sdt));
             b += g;
         }
     sh_s[threadIdx.y][threadIdx.x] = s;
@@ -272,12 +275,13 @@ __global__ void layer_norm_dparam_partial(float *pds, float *pdb, const T *dy, c
 
 // stage 2: sum the chunks; dscale, dbias are (D) (either may be NULL)
 template <typename T>
-__global__ void layer_norm_dparam_final(T *ds, T *db, const float *pds, const float *pdb, int64_t chunks, int64_t D) {
+__global__ void layer_norm_dparam_final(T *ds, T *db, const typename acc<T>::t *pds, const typename acc<T>::t *pdb,
+                                        int64_t chunks, int64_t D) {
     GRID_STRIDE(d, D) {
-        float s = 0, b = 0;
+        typename acc<T>::t s = 0, b = 0;
         for (int64_t c = 0; c < chunks; c++) { s += pds[c * D + d]; b += pdb[c * D + d]; }
-        if (ds) ds[d] = st<T>((typename acc<T>::t)s);
-        if (db) db[d] = st<T>((typename acc<T>::t)b);
+        if (ds) ds[d] = st<T>(s);
+        if (db) db[d] = st<T>(b);
     }
 }
 
@@ -292,19 +296,21 @@ static om_status *layer_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_e
     int64_t chunks = (N + 255) / 256;
     if (chunks > 128) chunks = 128;
     int64_t rows_per = (N + chunks - 1) / chunks;
-    float *part = NULL;
-    if (ds || db) OMC_TRY(omc_temp_alloc(x, sizeof(float) * (size_t)(2 * chunks * D), (void **)&part));
+    void *part = NULL;   // the partial sums, in the math type
+    size_t acc_size = in->dtype == OM_F64 ? sizeof(double) : sizeof(float);
+    if (ds || db) OMC_TRY(omc_temp_alloc(x, acc_size * (size_t)(2 * chunks * D), &part));
     OMC_DISPATCH_FLOAT(in->dtype, ctx, 1, {
         if (wanted(ctx, 0))
             layer_norm_dx_kernel<T><<<row_blocks(N), row_threads(D), 0, stream_of(x)>>>(
                 (T *)ctx->out[0].data, (const T *)ctx->in[0].data, (const T *)in->data, (const T *)ctx->in[2].data,
                 ctx->in[3].data, ctx->in[4].data, dmean, dinv, sdt, N, D);
         if (part) {
+            A *pa = (A *)part;
             layer_norm_dparam_partial<T><<<dim3((unsigned)((D + 31) / 32), (unsigned)chunks), dim3(32, 8), 0, stream_of(x)>>>(
-                part, part + chunks * D, (const T *)ctx->in[0].data, (const T *)in->data, ctx->in[3].data,
+                pa, pa + chunks * D, (const T *)ctx->in[0].data, (const T *)in->data, ctx->in[3].data,
                 ctx->in[4].data, sdt, N, D, rows_per);
-            layer_norm_dparam_final<T><<<grid_for(D), OMC_THREADS, 0, stream_of(x)>>>((T *)ds, (T *)db, part,
-                                                                                      part + chunks * D, chunks, D);
+            layer_norm_dparam_final<T><<<grid_for(D), OMC_THREADS, 0, stream_of(x)>>>((T *)ds, (T *)db, pa,
+                                                                                      pa + chunks * D, chunks, D);
         }
     });
     om_status *st = omc_launched(ctx);

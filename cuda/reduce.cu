@@ -264,9 +264,10 @@ static om_status *reduce_prod_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
 
 // ---- ReduceGrad(dy, Shape(x), axes?): dx = broadcast(dy) (* 1/n for a mean) ---------------------
 
-// dx is (n); dy is dx's shape with the reduced dims removed: dy index = the kept digits of i
+// dx is (n); dy is dx's shape with the reduced dims removed: dy index = the kept digits of i.
+// scale (1/n of a mean) comes as a double: fp64 gradients need it unrounded.
 template <typename T>
-__global__ void reduce_grad_kernel(T *dx, const T *dy, walk w, int64_t n, float scale) {
+__global__ void reduce_grad_kernel(T *dx, const T *dy, walk w, int64_t n, double scale) {
     typedef typename acc<T>::t A;
     GRID_STRIDE(i, n) dx[i] = st<T>(ld(dy[walk_off(w, i)]) * (A)scale);
 }
@@ -295,7 +296,7 @@ static om_status *reduce_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
     for (int d = 0; d < dx->rank; d++)
         if (red[d]) n_red *= dx->dims[d];
     if (!n) return NULL;
-    float scale = attr_i(ctx, "mean", 0) ? (float)(1.0 / (double)n_red) : 1.0f;
+    double scale = attr_i(ctx, "mean", 0) ? 1.0 / (double)n_red : 1.0;
     walk w;
     grad_walk(dx->rank, dx->dims, red, &w);
     OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {

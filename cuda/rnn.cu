@@ -22,11 +22,12 @@ enum { CELL_LSTM = 0, CELL_GRU = 1 };
 // ---- cuBLAS with leading dimensions ----------------------------------------------------------------
 
 // Row-major C (M, N) = op(A) op(B) + beta C, lda/ldb/ldc in elements; only beta 0 and 1 occur.
-static om_status *gemm_ld(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int ta, int tb, int64_t M,
-                          int64_t N, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, double beta,
-                          void *C, int64_t ldc) {
+// c_f32: C is fp32 while A and B are dt (fp16/bf16 products summed over many calls, rounded once).
+static om_status *gemm_ld_to(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int ta, int tb, int64_t M,
+                             int64_t N, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, double beta,
+                             void *C, int64_t ldc, int c_f32) {
     if (M <= 0 || N <= 0) return NULL;
-    const size_t es = dtype_size(dt);
+    const size_t es = c_f32 ? sizeof(float) : dtype_size(dt);
     if (K <= 0) {   // an empty sum: C = beta C
         if (beta != 0.0) return NULL;
         return omc_cuda(cudaMemset2DAsync(C, (size_t)ldc * es, 0, (size_t)N * es, (size_t)M, stream_of(x)),
@@ -51,11 +52,17 @@ static om_status *gemm_ld(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dt
     // column-major: C^T (N, M) = op(B)^T op(A)^T
     cublasStatus_t s = cublasGemmEx((cublasHandle_t)x->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                     ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K, pa, B, t, (int)ldb, A, t,
-                                    (int)lda, pb, C, t, (int)ldc, ct, CUBLAS_GEMM_DEFAULT);
+                                    (int)lda, pb, C, c_f32 ? CUDA_R_32F : t, (int)ldc, ct, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)
         return OMC_ERR(OM_RUNTIME, "node '%s' (%s): cublasGemmEx failed (cuBLAS status %d)", omc_node_name(ctx),
                        omc_op_name(ctx), (int)s);
     return NULL;
+}
+
+static om_status *gemm_ld(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int ta, int tb, int64_t M,
+                          int64_t N, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, double beta,
+                          void *C, int64_t ldc) {
+    return gemm_ld_to(ctx, x, dt, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, 0);
 }
 
 // ---- attributes and geometry (as rnn.c) ---------------------------------------------------------------
@@ -410,13 +417,21 @@ static om_status *rnn_backward(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
     OMC_TRY(omc_temp_alloc(x, sizeof(T) * (size_t)need, (void **)&scratch));
     T *dG = scratch, *dGR = lstm ? dG : scratch + nT * B * GH;
     T *dhn = dGR + nT * B * GH, *dcn = dhn + BH, *zeros = dcn + BH, *drh = zeros + BH;
-    om_status *st = omc_cuda(cudaMemsetAsync(zeros, 0, bh_bytes, s), "cudaMemsetAsync");
-    if (!st && dR) st = omc_cuda(cudaMemsetAsync(dR, 0, sizeof(T) * (size_t)(D * GH * H), s), "cudaMemsetAsync");
+    // dR sums one GEMM per time step: fp16/bf16 sum them in fp32 and round once at the end (a half
+    // running sum would round at every step and lose the late, small terms)
+    typedef typename acc<T>::t Acc;
+    const int r32 = dR && sizeof(T) == 2;
+    const size_t r_es = r32 ? sizeof(float) : sizeof(T);
+    void *dR_sum = r32 ? NULL : dR;   // (only the fp32 sum is freed at the end)
+    om_status *st = NULL;
+    if (r32) st = omc_temp_alloc(x, sizeof(float) * (size_t)(D * GH * H), &dR_sum);
+    if (!st) st = omc_cuda(cudaMemsetAsync(zeros, 0, bh_bytes, s), "cudaMemsetAsync");
+    if (!st && dR) st = omc_cuda(cudaMemsetAsync(dR_sum, 0, r_es * (size_t)(D * GH * H), s), "cudaMemsetAsync");
     for (int64_t d = 0; d < D && !st; d++) {
         const int rev = d == 1 || c->reverse0;
         const T *Wd = W + d * GH * In, *Rd = R + d * GH * H;
         const T *gates = Sg + d * nT * B * GH, *states = Ss + d * nT * B * H;
-        T *dRd = dR ? dR + d * GH * H : NULL;
+        char *dRd = dR ? (char *)dR_sum + (size_t)(d * GH * H) * r_es : NULL;
         st = dYh ? copy_d2d(dhn, dYh + d * BH, bh_bytes, x) : omc_cuda(cudaMemsetAsync(dhn, 0, bh_bytes, s), "cudaMemsetAsync");
         if (!st && lstm)
             st = dYc ? copy_d2d(dcn, dYc + d * BH, bh_bytes, x) : omc_cuda(cudaMemsetAsync(dcn, 0, bh_bytes, s), "cudaMemsetAsync");
@@ -451,14 +466,15 @@ static om_status *rnn_backward(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
             if (!st && dRd && (step > 0 || h0)) {   // h_{t-1} = 0 adds nothing to dR
                 if (!lstm && !lbr) {
                     // dR[0:2H] += (dz, dr)^T @ hprev; dRh += dh~pre^T @ (r hprev)
-                    st = gemm_ld(ctx, x, dt, 1, 0, 2 * H, H, B, dgr, GH, hprev, H, 1.0, dRd, H);
+                    st = gemm_ld_to(ctx, x, dt, 1, 0, 2 * H, H, B, dgr, GH, hprev, H, 1.0, dRd, H, r32);
                     if (!st) {
                         gru_reset_hidden_kernel<T><<<grid_for(BH), OMC_THREADS, 0, s>>>(drh, g, hprev, B, H);
-                        st = gemm_ld(ctx, x, dt, 1, 0, H, H, B, dgr + 2 * H, GH, drh, H, 1.0, dRd + 2 * H * H, H);
+                        st = gemm_ld_to(ctx, x, dt, 1, 0, H, H, B, dgr + 2 * H, GH, drh, H, 1.0,
+                                        dRd + (size_t)(2 * H * H) * r_es, H, r32);
                     }
                 } else {
                     // dRd (GH, H) += dgr^T (GH, B) @ hprev (B, H)
-                    st = gemm_ld(ctx, x, dt, 1, 0, GH, H, B, dgr, GH, hprev, H, 1.0, dRd, H);
+                    st = gemm_ld_to(ctx, x, dt, 1, 0, GH, H, B, dgr, GH, hprev, H, 1.0, dRd, H, r32);
                 }
             }
             if (!st) st = omc_launched(ctx);
@@ -472,6 +488,13 @@ static om_status *rnn_backward(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
             st = omc_column_sum(ctx, x, dt, dB + d * 2 * GH, dG, nT * B, GH, 0);
             if (!st) st = omc_column_sum(ctx, x, dt, dB + d * 2 * GH + GH, dGR, nT * B, GH, 0);
         }
+    }
+    if (r32) {
+        if (!st) {
+            omc_round_kernel<T><<<grid_for(D * GH * H), OMC_THREADS, 0, s>>>(dR, (const Acc *)dR_sum, D * GH * H);
+            st = omc_launched(ctx);
+        }
+        omc_temp_free(x, dR_sum);
     }
     omc_temp_free(x, scratch);
     return st;

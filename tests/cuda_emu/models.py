@@ -1,0 +1,174 @@
+"""Whole-model training steps on the emulated CUDA provider against the CPU provider (used by
+harness.py's "models" group). A model is exported once (torch.onnx through ortmod's capture, as
+ORTModule does) and the same ONNX runs one training step on each provider from the same
+weights and batch: forward outputs (the loss, logits, BatchNorm's new running statistics) and
+the gradient of the loss for every parameter must agree. The engine computes both sides; torch
+only exports and builds the inputs.
+
+Tolerance: rtol 1e-4, and an absolute 1e-5 scaled by the tensor's largest magnitude (fp32
+sums in a different order differ by a few ulps of the large terms, also where they cancel).
+"""
+import numpy as np
+import torch
+
+from ortmod import _C, _capture
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def export(model, args=(), kwargs=None):
+    """(onnx bytes, graph-input arrays (bf16 ones as torch tensors), requires-grad flags,
+    graph-input names) of one call."""
+    model.train()
+    flat = _capture.flatten_inputs(args, kwargs or {})
+    ex = _capture.export(model, flat)
+    state = dict(model.named_parameters())
+    state.update(dict(model.named_buffers()))
+    arrays, flags, names = [], [], []
+    for name, gi in ex.graph_inputs.items():
+        t = flat.leaves[gi.leaf_index] if gi.kind == "input" else state[gi.state_name]
+        flags.append(bool(t.requires_grad and t.is_floating_point()))
+        t = t.detach().clone()
+        arrays.append(t if t.dtype == torch.bfloat16 else t.numpy())   # (numpy has no bf16)
+        names.append(name if gi.kind == "input" else gi.state_name)
+    return ex.onnx_bytes, arrays, flags, names
+
+
+def training_step(onnx_bytes, arrays, flags, device, to_device=None, from_device=None):
+    """(outputs, gradients) as numpy arrays after one forward and a backward from the scalar
+    outputs (the loss) with gradient 1, as loss.backward()."""
+    from oputil import _Cap
+    eng = _C.Engine(onnx_bytes, flags, seed=7)
+    if device == "cpu":
+        caps, stash = eng.forward(arrays, True)
+        read = lambda c: np.from_dlpack(_Cap(c)).copy()   # noqa: E731
+        put = lambda a: a                                  # noqa: E731
+    else:
+        caps, stash = eng.forward([to_device(a) for a in arrays], True, 0)
+        read = lambda c: from_device(c).numpy()           # noqa: E731
+        put = to_device
+    outs = [read(c) for c in caps]
+    dys = [put(np.ones_like(o)) if d and o.ndim == 0 and np.issubdtype(o.dtype, np.floating) else None
+           for o, d in zip(outs, eng.output_differentiable)]
+    assert any(d is not None for d in dys), "the model has no scalar output to differentiate"
+    grads = eng.backward(stash, dys) if device == "cpu" else eng.backward(stash, dys, 0)
+    return outs, [None if g is None else read(g) for g in grads]
+
+
+def compare(cpu, emu, grad_names):
+    """Raises AssertionError naming the first output or gradient that differs."""
+    (oc, gc), (oe, ge) = cpu, emu
+    assert len(oc) == len(oe) and len(gc) == len(ge), "different numbers of outputs or gradients"
+
+    def close(b, a, what):
+        scale = max(1.0, float(np.max(np.abs(a)))) if a.size else 1.0
+        np.testing.assert_allclose(b, a, rtol=RTOL, atol=ATOL * scale, err_msg=what)
+
+    for i, (a, b) in enumerate(zip(oc, oe)):
+        close(b, a, f"output {i}")
+    for name, a, b in zip(grad_names, gc, ge):
+        assert (a is None) == (b is None), f"gradient of {name}: present on one provider only"
+        if a is not None:
+            close(b, a, f"gradient of {name}")
+
+
+def run_and_compare(exported, harness, perturb=None):
+    onnx_bytes, arrays, flags, names = exported
+    cpu = training_step(onnx_bytes, arrays, flags, "cpu")
+    emu = training_step(onnx_bytes, arrays, flags, "emu", harness.to_device, harness.from_device)
+    if perturb:
+        perturb(cpu)
+    assert sum(g is not None for g in emu[1]) == sum(flags), "not every parameter got a gradient"
+    compare(cpu, emu, names)
+
+
+def tiny_resnet():
+    from test_models_cnn import TinyResNet, make_batches
+    torch.manual_seed(0)
+    return export(TinyResNet(), make_batches(1, b=4)[0])
+
+
+def tiny_gpt2():
+    import test_models_gpt2 as g
+    torch.manual_seed(0)
+    return export(g.make_gpt2(), (), g.make_batches(1)[0])
+
+
+def tiny_gpt2_without_mask():
+    """Without attention_mask, transformers derives the positions with a CumSum."""
+    import test_models_gpt2 as g
+    torch.manual_seed(0)
+    ids = g.make_batches(1)[0]["input_ids"]
+    return export(g.make_gpt2(), (), {"input_ids": ids, "labels": ids})
+
+
+def tiny_bert():
+    """Without token_type_ids, BERT's buffered token types are expanded through GatherElements."""
+    import test_models_bert as b
+    torch.manual_seed(0)
+    batch = {k: v for k, v in b.make_batches(1)[0].items() if k != "token_type_ids"}
+    return export(b.make_bert(), (), batch)
+
+
+def rnn_classifier(cell, bidirectional):
+    from test_models_rnn import RNNClassifier, make_batches
+    torch.manual_seed(0)
+    model = RNNClassifier(cell, num_layers=1 if bidirectional else 2, bidirectional=bidirectional)
+    return export(model, make_batches(1)[0])
+
+
+def tiny_gpt2_pair(dt):
+    """The tiny GPT-2 exported twice from the same weights: in dt (fp16/bf16) and, with those
+    weights rounded to dt, in fp32."""
+    import test_models_gpt2 as g
+    torch.manual_seed(0)
+    model = g.make_gpt2().to(dt)
+    batch = g.make_batches(1)[0]
+    half = export(model, (), batch)
+    full = export(model.float(), (), batch)
+    return half, full
+
+
+def half_step_close_to_fp32(dt, harness, min_cos=0.99, max_rel=5e-2):
+    """One training step in dt on the emulated GPU against the CPU in fp32 from the same rounded
+    weights (the CPU provider does not compute in half): the loss within 2e-2, and every
+    parameter's gradient at cosine > min_cos with relative error < max_rel (test_half_cuda's
+    bounds for its bf16 GPT-2 against eager bf16)."""
+    (hb, ha, hf, hn), (fb, fa, ff, fn) = tiny_gpt2_pair(dt)
+    assert hn == fn and hf == ff, "the two exports take different inputs"
+    ref = training_step(fb, fa, ff, "cpu")
+    got = training_step(hb, ha, hf, "emu", harness.to_device, lambda c: harness.from_device(c).float())
+    np.testing.assert_allclose(got[0][0], ref[0][0], rtol=2e-2, atol=2e-2, err_msg="loss")
+    compare_directions(ref[1], got[1], hn, min_cos, max_rel)
+
+
+def compare_directions(ref, got, names, min_cos=0.99, max_rel=5e-2):
+    """Raises AssertionError naming the first gradient off in direction or size."""
+    assert sum(a is not None for a in ref) > 0, "no gradients to compare"
+    for name, a, b in zip(names, ref, got):
+        assert (a is None) == (b is None), f"gradient of {name}: present on one provider only"
+        if a is None:
+            continue
+        a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+        na = np.linalg.norm(a)
+        if na == 0:
+            assert np.linalg.norm(b) == 0, f"gradient of {name}: zero on the CPU only"
+            continue
+        cos = float(a @ b / (na * np.linalg.norm(b)))
+        rel = float(np.linalg.norm(a - b) / na)
+        assert cos > min_cos and rel < max_rel, f"gradient of {name}: cosine {cos:.4f}, relative error {rel:.3g}"
+
+
+def small_mlp():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x, y):
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    return export(WithLoss(), (torch.randn(5, 8), torch.tensor([0, 2, 1, 1, 0])))

@@ -1,0 +1,124 @@
+"""The CUDA provider, run without a GPU: the real cuda/*.cu, compiled by g++ as C++ against the CPU
+emulator in tests/cuda_emu (kernel launches as fibers with real barriers and warp shuffles, guarded
+device memory, a reference cuBLAS/cuBLASLt; see emu.cpp for what it checks and what it cannot),
+loaded by the engine in place of ortmod/libortmod_cuda.so (ORTMOD_CUDA_LIBRARY) and fed kDLCUDA
+tensors in emulated device memory. Every result is compared with the CPU provider.
+
+Each group runs in its own child process (the library must be chosen before the engine loads a
+provider), all groups at once; a group's test fails on any mismatch, exception, emulator report or
+crash in its cases, and names them:
+
+- selftest: the emulator's 16-bit conversions against numpy/torch over every bit pattern; broken
+  kernels (write past the end, barrier after an early return, full shuffle mask in a partial warp,
+  use after free, copy past an allocation) are each reported and a correct one is not; a perturbed
+  reference fails the op, half and model comparisons.
+- ops-fp32: tests/gpu/test_ops_cuda.py's cases, imported from it (CASES, NEW_CASES, cross entropy,
+  dropout masks, MaxPool NaN), and its GatherElements out-of-range case. Not run:
+  test_conv_large_batch_takes_several_im2col_chunks (5x128^3 images are too slow to emulate; the
+  emulated build's 4 KiB im2col chunk makes the parity convolutions take several chunks instead)
+  and test_matmul_half_precision (the half group's MatMul cases cover it).
+- ops-fp64: its F64_CASES, and every CASES op in float64 too.
+- half: tests/gpu/test_half_cuda.py's op cases and single-op tests in bf16 and fp16 against the CPU
+  in fp32, NEW_CASES in bf16/fp16 as well (no GPU test runs those in half), a check that the ops
+  whose dtype rules refuse half still do, and LSTM/GRU's recurrent-weight gradient over 1024 steps
+  (summed in fp32, not in a half running sum). Not run: its two whole-model tests (they compare
+  with eager torch on a GPU).
+- models: one training step each of TinyResNet, a tiny GPT-2 (with and without attention_mask),
+  BERT and LSTM/GRU classifiers against the CPU (loss, logits, BatchNorm's running statistics and
+  every parameter's gradient), and of the GPT-2 in bf16 and in fp16 against the CPU in fp32 from
+  the same rounded weights (loss, and each gradient's direction and size).
+
+Skipped where there is no C++ compiler; a compile error in cuda/*.cu fails. The build (in
+build/cuda-emu, -O1, parallel) is incremental: ~15 s from scratch on 2 cores, then only what a
+changed .cu or header needs. The groups take ~15 s of wall time together on 2 cores.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EMU = os.path.join(HERE, "cuda_emu")
+
+
+def _load(name, path):   # by path: tests/cuda_emu stays off this process's sys.path
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+emu_build = _load("cuda_emu_build", os.path.join(EMU, "build.py"))
+
+GROUPS = ["selftest", "ops-fp32", "ops-fp64", "half", "models"]
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def library():
+    try:
+        return emu_build.build()
+    except emu_build.CompilerMissing as e:
+        skipped = f"cannot build the emulated CUDA provider: {e}"
+    except emu_build.BuildError as e:
+        failed = f"the CUDA provider does not compile for the emulator:\n{str(e)[-6000:]}"
+    if "skipped" in locals():
+        pytest.skip(skipped)
+    pytest.fail(failed, pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def children(library, tmp_path_factory):
+    """Starts every group's child process; each test waits for its own."""
+    out = tmp_path_factory.mktemp("cuda_emu")
+    env = dict(os.environ, ORTMOD_CUDA_LIBRARY=library, OMP_NUM_THREADS="1", ORTMOD_NUM_THREADS="1")
+    procs = {}
+    for group in GROUPS:
+        results, log = out / f"{group}.jsonl", out / f"{group}.stderr"
+        with open(log, "w") as err:
+            p = subprocess.Popen([sys.executable, os.path.join(EMU, "harness.py"), group, str(results)],
+                                 stdout=err, stderr=subprocess.STDOUT, env=env)
+        procs[group] = (p, results, log)
+    yield procs
+    for p, _, _ in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def _tail(path, n=4000):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except FileNotFoundError:
+        return ""
+
+
+def group_results(children, group):
+    """(results, problems): one dict per finished case, and what went wrong with the process."""
+    p, results_path, log = children[group]
+    try:
+        rc = p.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = "timeout"
+    lines = [json.loads(line) for line in _tail(results_path, 10 ** 8).splitlines() if line.strip()]
+    results = [r for r in lines if "ok" in r]
+    problems = []
+    if rc != 0 or not any(r.get("done") for r in lines):
+        running = [r["running"] for r in lines if "running" in r]
+        where = f" while running {running[-1]!r}" if running and len(running) > len(results) else ""
+        problems.append(f"the {group} process ended with {rc}{where}; its output:\n{_tail(log)}")
+    return results, problems
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_cuda_provider_emulated(children, group):
+    results, problems = group_results(children, group)
+    failed = [r for r in results if not r["ok"]]
+    report = [f"--- {r['id']}:\n{r['message'].strip()}" for r in failed[:12]] + problems
+    assert results and not failed and not problems, (
+        f"{group}: {len(failed)} of {len(results)} emulated cases failed\n" + "\n".join(report))
