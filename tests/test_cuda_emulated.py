@@ -27,6 +27,17 @@ crash in its cases, and names them:
   BERT and LSTM/GRU classifiers against the CPU (loss, logits, BatchNorm's running statistics and
   every parameter's gradient), and of the GPT-2 in bf16 and in fp16 against the CPU in fp32 from
   the same rounded weights (loss, and each gradient's direction and size).
+- streams: issue 8's "no CPU<->GPU synchronization inside a step, kernels on torch's current
+  stream". An MLP, TinyResNet and the tiny GPT-2 each take a warm-up training step on the
+  default stream (planning: constant uploads, cuBLAS handles), whose blocking calls the
+  provider's own om_cuda_sync_count (what tests/gpu/bench_gpt2.py reports) must match the
+  emulator's count of; then two steps on a stream from cudaStreamCreate, passed as torch's
+  current stream would be: forward, backward and freeing the outputs, gradients and stash must
+  make no call that blocks the host on a GPU (synchronizations, cudaMalloc/cudaFree, cudaMemcpy,
+  async copies to or from host memory, cuBLAS handle creation) and must enqueue every kernel,
+  copy, memset, GEMM and pool allocation/free on that stream, with the warm-up's results. The
+  selftest group shows a synchronization or a memset on the default stream inside a step fails
+  this check, and work on a stream nobody created is reported.
 
 Skipped where there is no C++ compiler; a compile error in cuda/*.cu fails. The build (in
 build/cuda-emu, -O1, parallel) is incremental: ~15 s from scratch on 2 cores, then only what a
@@ -53,7 +64,7 @@ def _load(name, path):   # by path: tests/cuda_emu stays off this process's sys.
 
 emu_build = _load("cuda_emu_build", os.path.join(EMU, "build.py"))
 
-GROUPS = ["selftest", "ops-fp32", "ops-fp64", "half", "models"]
+GROUPS = ["selftest", "ops-fp32", "ops-fp64", "half", "models", "streams"]
 TIMEOUT = 300
 
 

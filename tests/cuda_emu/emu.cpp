@@ -25,6 +25,11 @@
 //    supports, a cuBLASLt attribute must be set with its size. Errors the provider may handle
 //    by design (a status it falls back on) are still logged: emu_take_errors() hands the log
 //    to the test, which fails on any entry.
+//  - what a step costs the host: every call that would make the host wait for the device on a
+//    GPU (synchronizations, blocking copies, cudaMalloc/cudaFree, handle creation) is counted,
+//    and every kernel, async copy, memset, GEMM and pool allocation or free is recorded with the
+//    stream it was enqueued on; a stream that cudaStreamCreate did not hand out is an error.
+//    emu_take_counters() hands both to the test (the harness's "streams" group).
 //
 // What it cannot check: real concurrency (threads run one at a time between synchronization
 // points; blocks never overlap; streams are synchronous, so a missing stream dependency or
@@ -46,6 +51,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -96,6 +102,79 @@ EMU_API const char *emu_take_errors(void) {
     static std::string taken;
     taken.swap(g_log);
     g_log.clear();
+    return taken.c_str();
+}
+
+// ---- streams, and what the host waits for ------------------------------------------------------
+// Work runs at once here, so a stream cannot show a missing dependency; what can be seen is the
+// stream every operation was enqueued on and every call that blocks the host on a GPU.
+
+struct emu_stream {
+    int unused;   // a handle: only its address matters
+};
+static std::set<cudaStream_t> g_streams;   // created and not destroyed
+// CUDA's special handles: cudaStreamLegacy (the same as 0) and cudaStreamPerThread
+static const uintptr_t STREAM_LEGACY = 1, STREAM_PER_THREAD = 2;
+
+// Since the last emu_take_counters(): host-blocking calls by what they were, and per stream
+// (0: the legacy default stream) the operations enqueued on it by what they were.
+static std::map<std::string, uint64_t> g_syncs;
+static std::map<uintptr_t, std::map<std::string, uint64_t>> g_enqueued;
+
+static void note_sync(const std::string &what) {
+    std::lock_guard<std::recursive_mutex> lock(g_device);
+    g_syncs[what]++;
+}
+
+static bool stream_known(cudaStream_t s) {
+    uintptr_t v = (uintptr_t)s;
+    return v == 0 || v == STREAM_LEGACY || v == STREAM_PER_THREAD || g_streams.count(s);
+}
+
+static void note_enqueue(cudaStream_t s, const std::string &what) {
+    std::lock_guard<std::recursive_mutex> lock(g_device);
+    if (!stream_known(s))
+        emu_log("%s: enqueued on stream %p, which cudaStreamCreate did not create", what.c_str(), (void *)s);
+    g_enqueued[(uintptr_t)s == STREAM_LEGACY ? 0 : (uintptr_t)s][what]++;
+}
+
+static void json_string(std::string &out, const std::string &s) {
+    out += '"';
+    for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        if ((unsigned char)c < 0x20) c = ' ';
+        out += c;
+    }
+    out += '"';
+}
+
+static void json_counts(std::string &out, const std::map<std::string, uint64_t> &m) {
+    out += '{';
+    for (auto &kv : m) {
+        if (out.back() != '{') out += ", ";
+        json_string(out, kv.first);
+        out += ": " + std::to_string(kv.second);
+    }
+    out += '}';
+}
+
+// The counters since the previous call, as JSON, and resets them:
+//   {"syncs": {call: count}, "streams": {"<stream as a decimal integer>": {operation: count}}}
+EMU_API const char *emu_take_counters(void) {
+    std::lock_guard<std::recursive_mutex> lock(g_device);
+    static std::string taken;
+    taken = "{\"syncs\": ";
+    json_counts(taken, g_syncs);
+    taken += ", \"streams\": {";
+    for (auto &kv : g_enqueued) {
+        if (taken.back() != '{') taken += ", ";
+        json_string(taken, std::to_string(kv.first));
+        taken += ": ";
+        json_counts(taken, kv.second);
+    }
+    taken += "}}";
+    g_syncs.clear();
+    g_enqueued.clear();
     return taken.c_str();
 }
 
@@ -496,8 +575,10 @@ static bool valid_config(dim3 g, dim3 b, size_t shmem, char *why, size_t len) {
     return false;
 }
 
-void emu_launch_impl(const char *kernel, dim3 g, dim3 b, size_t shmem, cudaStream_t, void (*body)(void *), void *arg) {
+void emu_launch_impl(const char *kernel, dim3 g, dim3 b, size_t shmem, cudaStream_t stream, void (*body)(void *),
+                     void *arg) {
     device_scope scope;
+    note_enqueue(stream, std::string("kernel ") + kernel);
     char why[200];
     if (!valid_config(g, b, shmem, why, sizeof why)) {
         emu_fail(cudaErrorInvalidConfiguration, "kernel %s: invalid launch: grid (%u,%u,%u), block (%u,%u,%u): %s",
@@ -634,16 +715,56 @@ cudaError_t cudaSetDevice(int d) {
     return cudaSuccess;
 }
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 
-cudaError_t cudaMalloc(void **p, size_t n) {
+// Streams: created handles are remembered so that work enqueued on anything else is reported.
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    std::lock_guard<std::recursive_mutex> lock(g_device);
+    if (!s) return emu_fail(cudaErrorInvalidValue, "cudaStreamCreate: NULL");
+    *s = new emu_stream{0};
+    g_streams.insert(*s);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    std::lock_guard<std::recursive_mutex> lock(g_device);
+    if (!g_streams.erase(s))
+        return emu_fail(cudaErrorInvalidValue, "cudaStreamDestroy(%p): not a stream cudaStreamCreate made", (void *)s);
+    delete s;
+    return cudaSuccess;
+}
+static cudaError_t check_stream(cudaStream_t s, const char *api) {
+    std::lock_guard<std::recursive_mutex> lock(g_device);
+    if (stream_known(s)) return cudaSuccess;
+    return emu_fail(cudaErrorInvalidValue, "%s(%p): not a stream cudaStreamCreate made", api, (void *)s);
+}
+
+// Everything is complete when a call returns, so these only count: on a GPU each one makes the
+// host wait (a cudaStreamQuery poll is a wait spelled as a loop).
+cudaError_t cudaDeviceSynchronize(void) {
+    note_sync("cudaDeviceSynchronize");
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    note_sync("cudaStreamSynchronize");
+    return check_stream(s, "cudaStreamSynchronize");
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    note_sync("cudaStreamQuery");
+    return check_stream(s, "cudaStreamQuery");
+}
+
+static cudaError_t device_malloc(void **p, size_t n, const char *api) {
     device_scope scope;
     *p = n ? dev_alloc(n) : NULL;
-    return *p || !n ? cudaSuccess : emu_fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu): out of memory", n);
+    return *p || !n ? cudaSuccess : emu_fail(cudaErrorMemoryAllocation, "%s(%zu): out of memory", api, n);
+}
+// cudaMalloc and cudaFree synchronize the device on a GPU (the stream-ordered pool does not).
+cudaError_t cudaMalloc(void **p, size_t n) {
+    note_sync("cudaMalloc");
+    return device_malloc(p, n, "cudaMalloc");
 }
 cudaError_t cudaFree(void *p) {
     device_scope scope;
+    note_sync("cudaFree");
     return dev_free(p, "cudaFree");
 }
 
@@ -661,31 +782,57 @@ static cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKi
     return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
-    device_scope scope;
+// Which way a copy goes, from where its pointers are.
+static std::string direction(const void *dst, const void *src) {
+    bool d = is_device(dst), s = is_device(src);
+    return d && s ? "device to device" : d ? "host to device" : s ? "device to host" : "host to host";
+}
+
+// Records a copy on stream: every copy that touches host memory blocks the host. There is no
+// pinned host memory here (no cudaMallocHost), and with pageable memory an async copy to the
+// host waits for the stream, one from the host may wait to stage it.
+static void note_copy(const char *api, const void *dst, const void *src, cudaStream_t stream, bool blocking) {
+    std::string what = std::string(api) + " " + direction(dst, src);
+    note_enqueue(stream, what);
+    if (blocking || what.find("host") != std::string::npos) note_sync(what);
+}
+
+static cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *api) {
     if (!n) return cudaSuccess;
-    cudaError_t e = check_copy(dst, src, n, kind, "cudaMemcpyAsync");
+    cudaError_t e = check_copy(dst, src, n, kind, api);
     if (e) return e;
     memmove(dst, src, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
-    return cudaMemcpyAsync(dst, src, n, kind, 0);
-}
-cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
     device_scope scope;
+    note_copy("cudaMemcpyAsync", dst, src, stream, false);
+    return copy(dst, src, n, kind, "cudaMemcpyAsync");
+}
+// On the legacy default stream, and the host waits for it (also device to device: it returns
+// once the copy is enqueued there, but that stream waits for every other blocking stream).
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+    device_scope scope;
+    note_copy("cudaMemcpy", dst, src, 0, true);
+    return copy(dst, src, n, kind, "cudaMemcpy");
+}
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t stream) {
+    device_scope scope;
+    note_enqueue(stream, "cudaMemsetAsync");
     if (!n) return cudaSuccess;
     if (!check_range(dst, n, "cudaMemsetAsync")) return g_last = cudaErrorInvalidValue;
     memset(dst, v, n);
     return cudaSuccess;
 }
+// (on the legacy default stream: recorded as enqueued there)
 cudaError_t cudaMemset(void *dst, int v, size_t n) { return cudaMemsetAsync(dst, v, n, 0); }
 
 // The bytes a pitched 2-D region spans: height rows of width bytes, pitch apart.
 static size_t span_2d(size_t pitch, size_t width, size_t height) { return height ? pitch * (height - 1) + width : 0; }
 
-cudaError_t cudaMemset2DAsync(void *dst, size_t pitch, int v, size_t width, size_t height, cudaStream_t) {
+cudaError_t cudaMemset2DAsync(void *dst, size_t pitch, int v, size_t width, size_t height, cudaStream_t stream) {
     device_scope scope;
+    note_enqueue(stream, "cudaMemset2DAsync");
     if (!width || !height) return cudaSuccess;
     if (width > pitch && height > 1)
         return emu_fail(cudaErrorInvalidValue, "cudaMemset2DAsync: width %zu > pitch %zu", width, pitch);
@@ -694,8 +841,9 @@ cudaError_t cudaMemset2DAsync(void *dst, size_t pitch, int v, size_t width, size
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind kind, cudaStream_t) {
+                              cudaMemcpyKind kind, cudaStream_t stream) {
     device_scope scope;
+    note_copy("cudaMemcpy2DAsync", dst, src, stream, false);
     if (!width || !height) return cudaSuccess;
     if ((width > dpitch || width > spitch) && height > 1)
         return emu_fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync: width %zu exceeds a pitch (%zu, %zu)", width, dpitch,
@@ -727,12 +875,14 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, vo
 }
 // Pooled memory is fresh (0xff-filled, guarded) memory each time: what a pool hands back after
 // reuse is garbage on a GPU too.
-cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t pool, cudaStream_t) {
+cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t pool, cudaStream_t stream) {
+    note_enqueue(stream, "cudaMallocFromPoolAsync");
     if (!pool) return emu_fail(cudaErrorInvalidValue, "cudaMallocFromPoolAsync: no pool");
-    return cudaMalloc(p, n);
+    return device_malloc(p, n, "cudaMallocFromPoolAsync");
 }
-cudaError_t cudaFreeAsync(void *p, cudaStream_t) {
+cudaError_t cudaFreeAsync(void *p, cudaStream_t stream) {
     device_scope scope;
+    note_enqueue(stream, "cudaFreeAsync");
     return dev_free(p, "cudaFreeAsync");
 }
 
@@ -740,19 +890,26 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t) {
 
 struct emu_blas_handle {
     int magic;
+    cudaStream_t stream;   // cublasSetStream's: where its GEMMs are enqueued
 };
 static const int BLAS_MAGIC = 0x0b1a5;
 
+// Creating and destroying a handle allocates and frees device memory: the host waits.
 cublasStatus_t cublasCreate(cublasHandle_t *h) {
-    *h = new emu_blas_handle{BLAS_MAGIC};
+    note_sync("cublasCreate");
+    *h = new emu_blas_handle{BLAS_MAGIC, 0};
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasDestroy(cublasHandle_t h) {
+    note_sync("cublasDestroy");
     delete h;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t) {
-    return h && h->magic == BLAS_MAGIC ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+    if (!h || h->magic != BLAS_MAGIC) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (check_stream(s, "cublasSetStream")) return CUBLAS_STATUS_INVALID_VALUE;
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 static size_t type_size(cudaDataType t) {
@@ -881,6 +1038,7 @@ static cublasStatus_t gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublasOper
         emu_log("%s: not a cuBLAS handle", api);
         return CUBLAS_STATUS_NOT_INITIALIZED;
     }
+    note_enqueue(h->stream, api);
     int arows = ta == CUBLAS_OP_N ? m : k, brows = tb == CUBLAS_OP_N ? k : n;
     if (!op_ok(ta) || !op_ok(tb) || m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, arows) ||
         ldb < std::max(1, brows) || ldc < std::max(1, m) || sa < 0 || sb < 0 || sc < 0) {
@@ -944,6 +1102,7 @@ struct emu_lt_preference {
 };
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    note_sync("cublasLtCreate");   // (counted as cublasCreate: setup, never inside a step)
     *h = new emu_lt_handle{BLAS_MAGIC};
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1082,9 +1241,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
                               cublasLtMatrixLayout_t a, const void *B, cublasLtMatrixLayout_t b, const void *beta,
                               const void *C, cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dl,
-                              const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_size, cudaStream_t) {
+                              const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_size,
+                              cudaStream_t stream) {
     device_scope scope;
     const char *api = "cublasLtMatmul";
+    note_enqueue(stream, api);
     gemm_problem p;
     if (!h || h->magic != BLAS_MAGIC || !algo || algo->data[0] != 0xe5u) {
         emu_log("%s: bad handle or an algorithm the heuristic did not return", api);

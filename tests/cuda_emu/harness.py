@@ -14,7 +14,8 @@ handled the error.
 
 Groups: selftest (the emulator's own checks, and that a wrong result is detected), ops-fp32,
 ops-fp64, half (bf16/fp16 on CUDA against the CPU in fp32), models (whole training steps, fp32
-against the CPU, and GPT-2 in bf16/fp16 against the CPU in fp32).
+against the CPU, and GPT-2 in bf16/fp16 against the CPU in fp32), streams (training steps after
+a warm-up make no host-blocking call and enqueue everything on the stream they are given).
 """
 import ctypes
 import faulthandler
@@ -76,10 +77,49 @@ LIB.emu_launch_count.restype = ctypes.c_ulonglong
 LIB.emu_convert.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
 LIB.emu_selftest.argtypes = [ctypes.c_int]
 LIB.cudaFree.argtypes = [ctypes.c_void_p]
+LIB.cudaStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+LIB.emu_take_counters.restype = ctypes.c_char_p
+LIB.om_cuda_sync_count.restype = ctypes.c_uint64
 
 
 def take_emulator_errors():
     return LIB.emu_take_errors().decode()
+
+
+def take_counters():
+    """What the emulator counted since the previous call (and resets it): {"syncs": {call: n},
+    "streams": {stream as int: {operation: n}}} (emu.cpp's emu_take_counters)."""
+    c = json.loads(LIB.emu_take_counters().decode())
+    c["streams"] = {int(k): v for k, v in c["streams"].items()}
+    return c
+
+
+class BlockingCalls:
+    """Host-blocking calls over the stretches between construction/resume() and pause(), as the
+    emulator counts them (emulator: {call: n}) and as the provider counts its own (provider:
+    om_cuda_sync_count, what tests/gpu/bench_gpt2.py reports on a GPU). The harness's own
+    uploads and reads belong outside those stretches."""
+
+    def __init__(self):
+        self.emulator, self.provider = {}, 0
+        self.resume()
+
+    def resume(self):
+        take_counters()
+        self._start = LIB.om_cuda_sync_count()
+
+    def pause(self):
+        self.provider += LIB.om_cuda_sync_count() - self._start
+        for k, v in take_counters()["syncs"].items():
+            self.emulator[k] = self.emulator.get(k, 0) + v
+
+
+def create_stream():
+    """A stream handle (an int, as torch's Stream.cuda_stream) from the emulated cudaStreamCreate."""
+    s = ctypes.c_void_p()
+    if LIB.cudaStreamCreate(ctypes.byref(s)) != 0 or not s.value:
+        raise RuntimeError("emulated cudaStreamCreate failed")
+    return s.value
 
 
 _KEEP = []   # the engine keeps the DLManagedTensor of an input (stash) beyond the call
@@ -367,13 +407,21 @@ def cases_models():
     yield "GPT-2-fp16-vs-cpu-fp32", lambda: models.half_step_close_to_fp32(torch.float16, me)
 
 
+def cases_streams():
+    import models
+    me = sys.modules[__name__]
+    yield "MLP", lambda: models.steps_stay_on_stream(models.small_mlp(), me)
+    yield "TinyResNet", lambda: models.steps_stay_on_stream(models.tiny_resnet(), me)
+    yield "GPT-2", lambda: models.steps_stay_on_stream(models.tiny_gpt2(), me)
+
+
 def cases_selftest():
     import selfcheck
     return selfcheck.cases(sys.modules[__name__])
 
 
 GROUPS = {"selftest": cases_selftest, "ops-fp32": cases_ops_fp32, "ops-fp64": cases_ops_fp64, "half": cases_half,
-          "models": cases_models}
+          "models": cases_models, "streams": cases_streams}
 
 
 def run_case(fn):

@@ -172,3 +172,62 @@ def small_mlp():
             return torch.nn.functional.cross_entropy(self.net(x), y)
 
     return export(WithLoss(), (torch.randn(5, 8), torch.tensor([0, 2, 1, 1, 0])))
+
+
+def steps_stay_on_stream(exported, harness, steps=2, during_step=None):
+    """A warm-up training step on the legacy default stream (it plans, uploads the constants and
+    creates the cuBLAS handles), then `steps` more on a stream made with cudaStreamCreate, as
+    torch's current stream would be passed: inside each of those steps (forward, backward and
+    the release of the stash, outputs and gradients) the emulator must count no call that blocks
+    the host on a GPU, and every kernel, copy, memset, GEMM and pool allocation or free must be
+    enqueued on that stream. Each step's loss and gradients must match the warm-up's.
+    during_step(stream), if given, runs between forward and backward (selfcheck.py's broken steps)."""
+    onnx_bytes, arrays, flags, names = exported
+    stream = harness.create_stream()
+    eng = _C.Engine(onnx_bytes, flags, seed=7)
+    put = harness.to_device
+
+    def read(caps):
+        return [None if c is None else harness.from_device(c).numpy() for c in caps]
+
+    feeds = [put(a) for a in arrays]
+    blocking = harness.BlockingCalls()
+    caps, stash = eng.forward(feeds, True, 0)
+    blocking.pause()
+    warm_outs = read(caps)
+    dys = [np.ones_like(o) if d and o.ndim == 0 and np.issubdtype(o.dtype, np.floating) else None
+           for o, d in zip(warm_outs, eng.output_differentiable)]
+    assert any(d is not None for d in dys), "the model has no scalar output to differentiate"
+    dys_dev = [None if d is None else put(d) for d in dys]
+    blocking.resume()
+    grads = eng.backward(stash, dys_dev, 0)
+    blocking.pause()
+    warm_grads = read(grads)
+    # what tests/gpu/bench_gpt2.py reports on a GPU (the provider's own count) must be every
+    # blocking call the emulator saw the engine and provider make while planning
+    assert blocking.provider == sum(blocking.emulator.values()), (
+        f"om_cuda_sync_count counted {blocking.provider} blocking calls in the warm-up step, the emulator "
+        f"{blocking.emulator}")
+    del caps, stash, grads
+    for step in range(steps):
+        feeds, dys_dev = [put(a) for a in arrays], [None if d is None else put(d) for d in dys]
+        harness.take_counters()   # the uploads above are the test's, not the step's
+        caps, stash = eng.forward(feeds, True, stream)
+        if during_step:
+            during_step(stream)
+        grads = eng.backward(stash, dys_dev, stream)
+        del stash
+        counted = [harness.take_counters()]
+        outs, got = read(caps), read(grads)   # (blocking reads: the test's)
+        harness.take_counters()
+        del caps, grads   # their deleters return the memory to the pool on the stream
+        counted.append(harness.take_counters())
+        syncs = {k: v for c in counted for k, v in c["syncs"].items()}
+        assert not syncs, f"step {step + 1}: calls that block the host: {syncs}"
+        elsewhere = {s: ops for c in counted for s, ops in c["streams"].items() if s != stream}
+        assert not elsewhere, f"step {step + 1}: work not on the given stream {stream:#x}: {elsewhere}"
+        mine = counted[0]["streams"].get(stream, {})
+        assert any(k.startswith("kernel ") for k in mine), f"step {step + 1}: no kernel on the stream"
+        assert counted[1]["streams"].get(stream, {}).get("cudaFreeAsync"), (
+            f"step {step + 1}: releasing the outputs freed nothing on the stream")
+        compare((warm_outs, warm_grads), (outs, got), names)

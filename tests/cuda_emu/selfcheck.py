@@ -10,6 +10,9 @@ nothing, so this group shows that each layer can.
   thread's shared slot without the barrier must come out wrong (in-order execution would hide it).
 - The comparisons: a result or gradient perturbed slightly beyond tolerance must fail the
   op, half-precision and model comparisons.
+- The "streams" group's step check (models.steps_stay_on_stream): a stream synchronization or
+  work on the legacy default stream inside a step must fail it, and work enqueued on a stream
+  cudaStreamCreate never made must be reported.
 """
 import numpy as np
 import torch
@@ -207,6 +210,54 @@ def wrong_half_model_gradient_detected(h):
     _expect_assertion(lambda: models.compare_directions(ref, turned, names), "half model gradient direction")
 
 
+# ---- a step that blocks the host or leaves its stream fails ------------------------------------
+
+
+def _expect_assertion_saying(run, needle, what):
+    try:
+        run()
+    except AssertionError as e:
+        assert needle in str(e), f"{what}: failed for another reason: {e}"
+        return
+    raise AssertionError(f"{what}: went undetected")
+
+
+def step_sync_detected(h):
+    import ctypes
+    import models
+    mlp = models.small_mlp()
+    models.steps_stay_on_stream(mlp, h, steps=1)
+    h.LIB.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+    _expect_assertion_saying(
+        lambda: models.steps_stay_on_stream(mlp, h, steps=1, during_step=lambda s: h.LIB.cudaStreamSynchronize(s)),
+        "cudaStreamSynchronize", "a stream synchronization inside a step")
+
+
+def step_off_stream_detected(h):
+    import ctypes
+    import models
+    scratch = h.to_device(np.zeros(16, np.float32))
+    h.LIB.cudaMemset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    _expect_assertion_saying(
+        lambda: models.steps_stay_on_stream(models.small_mlp(), h, steps=1,
+                                            during_step=lambda s: h.LIB.cudaMemset(scratch.ptr, 0, 64)),
+        "not on the given stream", "a memset on the legacy default stream inside a step")
+
+
+def uncreated_stream_reported(h):
+    import models
+    from ortmod import _C
+    onnx_bytes, arrays, flags, _ = models.small_mlp()
+    eng = _C.Engine(onnx_bytes, flags, seed=7)
+    eng.forward([h.to_device(a) for a in arrays], True, 0)   # planned on the default stream
+    try:
+        eng.forward([h.to_device(a) for a in arrays], True, 0x5000)
+    except Exception:   # noqa: BLE001 - cuBLAS refuses the stream: the provider may fail the call
+        pass
+    log = h.take_emulator_errors()
+    assert "which cudaStreamCreate did not create" in log, f"work on a stream nobody created went unreported: {log!r}"
+
+
 def cases(h):
     yield "fp16-conversions", lambda: fp16_conversions(h)
     yield "bf16-conversions", lambda: bf16_conversions(h)
@@ -222,3 +273,6 @@ def cases(h):
     yield "detects-wrong-half-result", lambda: wrong_half_result_detected(h)
     yield "detects-wrong-model-gradient", lambda: wrong_model_gradient_detected(h)
     yield "detects-wrong-half-model-gradient", lambda: wrong_half_model_gradient_detected(h)
+    yield "detects-sync-inside-a-step", lambda: step_sync_detected(h)
+    yield "detects-work-off-the-stream", lambda: step_off_stream_detected(h)
+    yield "reports-an-uncreated-stream", lambda: uncreated_stream_reported(h)

@@ -1,6 +1,7 @@
 // cuda_runtime.h — the CUDA runtime API the provider uses, as the emulator implements it
 // (emu.cpp): device memory is host memory behind guard pages, every call completes before it
-// returns (streams and pools are accepted and ignored). Values of the enums are CUDA's.
+// returns (streams and pools are accepted; the stream of each operation and every call that
+// would block the host are recorded). Values of the enums are CUDA's.
 #pragma once
 #include "emu.h"
 #include "cuda_fp16.h"
@@ -52,6 +53,9 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaMalloc(void **p, size_t n);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
