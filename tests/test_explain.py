@@ -44,3 +44,35 @@ def test_info_level_logs_the_summary_once(caplog):
     summaries = [r for r in caplog.records if "compiled training graph" in r.getMessage()]
     assert len(summaries) == 1
     assert "forward ops:" in summaries[0].getMessage()
+
+
+def test_profiler_times_every_kernel_by_op_and_phase(monkeypatch):
+    """ORTMOD_PROFILE=1 (or Engine.set_profiling): the report's "profile" holds per-op CPU
+    kernel time for forward and backward, and explain prints it."""
+    from ortmod._explain import engine_reports, summarize
+    monkeypatch.setenv("ORTMOD_PROFILE", "1")
+    torch.manual_seed(0)
+    model = ORTModule(Net())
+    x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    for _ in range(3):
+        model(x, y).backward()
+    (r,) = engine_reports(model)
+    prof = r["profile"]
+    phases = {o["phase"] for o in prof["ops"]}
+    assert phases == {"forward", "backward"}
+    assert prof["forward_ms"] > 0 and prof["backward_ms"] > 0
+    assert abs(sum(o["ms"] for o in prof["ops"]) - prof["forward_ms"] - prof["backward_ms"]) < 1e-2
+    # every forward kernel of a plan ran once per call: calls are multiples of 3
+    assert all(o["calls"] % 3 == 0 for o in prof["ops"] if o["phase"] == "forward")
+    assert "profile (ORTMOD_PROFILE" in summarize(r)
+    # turning it on again resets the counters; off drops the section
+    (entry,) = model._ortmod_cache.values()
+    entry.engine.set_profiling(True)
+    model(x, y).backward()
+    (r,) = engine_reports(model)
+    before = {(o["op"], o["phase"]): o["calls"] for o in prof["ops"]}
+    after = {(o["op"], o["phase"]): o["calls"] for o in r["profile"]["ops"]}
+    assert after == {k: v // 3 for k, v in before.items()}
+    entry.engine.set_profiling(False)
+    (r,) = engine_reports(model)
+    assert "profile" not in r
