@@ -6,91 +6,39 @@
  *   om_op_conv_grad_x   ConvGradX  (domain ortmod)   (dY, W, Shape(X)) -> dX
  *   om_op_conv_grad_w   ConvGradW  (domain ortmod)   (dY, X?, Shape(W)) -> dW, dB?
  *
- * Every product is one BLAS GEMM per (image, group), in the im2col layout:
- *   col   (Cg*KS, OS)  = im2col(x[n, group])         KS = kernel size, OS = output size
- *   y     (Mg, OS)     = W_g (Mg, Cg*KS) @ col
- *   dcol  (Cg*KS, OS)  = W_g^T @ dy[n, group]         then dx = col2im(dcol)
- *   dW_g (Mg, Cg*KS) += dy[n, group] @ col^T          (beta = 1 accumulates over the batch)
- * A 1x1 kernel with stride 1 and no padding needs no im2col: x itself is the column matrix.
- * ConvGradX reads only W and the shape of X, so X is kept for backward only when W's gradient
- * is wanted. The backward ops carry the forward node's attributes (copied by the rule).
+ * Every product is a BLAS GEMM in the im2col layout over a *panel*: a run of output
+ * positions of the batch counted image after image (column q = n * OS + o), whole images
+ * when they are small (so that the product is wide enough to run at speed), equal parts of
+ * one image when it is large (so that the im2col matrix stays in cache). Per group:
+ *   col   (Cg*KS, P)  = im2col(x) over the panel's positions   KS = kernel size, OS = output size
+ *   y     (Mg, P)     = W_g (Mg, Cg*KS) @ col
+ *   dcol  (Cg*KS, P)  = W_g^T @ dy                              then dx += col2im(dcol)
+ *   dW_g (Mg, Cg*KS) += dy @ col^T                              (summed over the panels)
+ * A panel inside one image reads and writes x, y, dy and dx in place (leading dimension
+ * OS); one spanning images goes through a gathered copy. A 1x1 kernel with stride 1 and no
+ * padding needs no im2col: x itself is the column matrix.
+ *
+ * Threads: the batch is cut into ranges of whole images on the engine's pool; each range
+ * runs its panels with single-threaded BLAS and its own scratch, and for dW its own partial
+ * sum (range 0 writes dW itself, the others are added to it in range order: the result
+ * does not depend on which thread ran what). Whole images per range keep col2im's
+ * overlapping scatter-adds inside one thread. A batch of one runs on the calling thread
+ * with BLAS's own threads. ConvGradX reads only W and the shape of X, so X is kept for
+ * backward only when W's gradient is wanted. The backward ops carry the forward node's
+ * attributes (copied by the rule).
  */
 #include <cblas.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "ops/broadcast.h"
 #include "ops/spatial.h"
-
-#define CONV_DISPATCH(dt, node, ...)                                            \
-    switch (dt) {                                                               \
-    case OM_F32: { typedef float T; __VA_ARGS__; } break;                       \
-    case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
-    default: return om_err_dtype((node), 0, (dt));                              \
-    }
-
-/* Row-major C(M,N) = A(M,K) op B(K,N) (+ beta C); ta/tb transpose the stored matrices. */
-static void gemm_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
-                     float beta, float *C) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, 1.0f, A, ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
-}
-static void gemm_f64(int ta, int tb, int64_t M, int64_t N, int64_t K, const double *A, const double *B,
-                     double beta, double *C) {
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, 1.0, A, ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
-}
-#define GEMM_T(T) _Generic((T)0, float: gemm_f32, default: gemm_f64)
 
 static int window_trivial(const om_window *w) {
     for (int i = 0; i < OM_SP; i++)
         if (w->k[i] != 1 || w->s[i] != 1 || w->pb[i] || w->pe[i]) return 0;
     return 1;
 }
-
-/* im2col / col2im. ADD = 0: col[r][o] = x[tap(r, o)] (0 in the padding);
- * ADD = 1: x[tap(r, o)] += col[r][o] (col2im; x must be zeroed first).
- * x is (C, ID, IH, IW), col is (C*KD*KH*KW, OD*OH*OW). Rows of one channel touch only
- * that channel, so channels run in parallel (col2im too). */
-#define IM2COL(T, ADD, xp, colp, C_, w)                                                          \
-    do {                                                                                         \
-        const om_window *w_ = (w);                                                               \
-        const int64_t KD = w_->k[0], KH = w_->k[1], KW = w_->k[2];                               \
-        const int64_t ID = w_->in[0], IH = w_->in[1], IW = w_->in[2];                            \
-        const int64_t OD = w_->out[0], OH = w_->out[1], OW = w_->out[2];                         \
-        const int64_t OS = OD * OH * OW, KS = KD * KH * KW;                                      \
-        OM_PARALLEL_FOR((C_) * KS * OS > OM_CHUNK)                                               \
-        for (int64_t c = 0; c < (C_); c++) {                                                     \
-            for (int64_t kk = 0; kk < KS; kk++) {                                                \
-                const int64_t kd = kk / (KH * KW), kh = (kk / KW) % KH, kw = kk % KW;            \
-                T *colr = (colp) + (c * KS + kk) * OS;                                           \
-                T *xc = (T *)(xp) + c * ID * IH * IW;                                            \
-                const int64_t offw = kw * w_->d[2] - w_->pb[2], sw = w_->s[2];                   \
-                int64_t lo, hi;                                                                  \
-                om_window_valid(IW, sw, offw, OW, &lo, &hi);                                     \
-                for (int64_t od = 0; od < OD; od++) {                                            \
-                    const int64_t id = od * w_->s[0] - w_->pb[0] + kd * w_->d[0];                \
-                    for (int64_t oh = 0; oh < OH; oh++) {                                        \
-                        T *restrict dst = colr + (od * OH + oh) * OW;                            \
-                        const int64_t ih = oh * w_->s[1] - w_->pb[1] + kh * w_->d[1];            \
-                        if (id < 0 || id >= ID || ih < 0 || ih >= IH) {                          \
-                            if (!(ADD)) for (int64_t ow = 0; ow < OW; ow++) dst[ow] = 0;         \
-                            continue;                                                            \
-                        }                                                                        \
-                        T *restrict src = xc + (id * IH + ih) * IW;                              \
-                        if (ADD) {                                                               \
-                            if (sw == 1) for (int64_t ow = lo; ow < hi; ow++) src[ow + offw] += dst[ow]; \
-                            else for (int64_t ow = lo; ow < hi; ow++) src[ow * sw + offw] += dst[ow]; \
-                        } else {                                                                 \
-                            for (int64_t ow = 0; ow < lo; ow++) dst[ow] = 0;                     \
-                            if (sw == 1) for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow + offw]; \
-                            else for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow * sw + offw]; \
-                            for (int64_t ow = hi; ow < OW; ow++) dst[ow] = 0;                    \
-                        }                                                                        \
-                    }                                                                            \
-                }                                                                                \
-            }                                                                                    \
-        }                                                                                        \
-    } while (0)
 
 /* ---- geometry ----------------------------------------------------------------------- */
 
@@ -146,6 +94,346 @@ static om_status *check_dy(const om_node *n, const om_tensor *dy, const conv_geo
     return NULL;
 }
 
+/* ---- GEMM, BLAS threads, scratch ----------------------------------------------------- */
+
+/* Row-major C (M x N) = op(A) op(B) + beta C with leading dimensions in elements; ta / tb
+ * transpose the stored matrices. M, N, K >= 1. */
+static void gemm(om_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                 const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
+    const enum CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
+    if (dt == OM_F32)
+        cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, (float)beta, C,
+                    (int)ldc);
+    else
+        cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* OpenBLAS's thread count; weak so that another BLAS links too (then nothing is changed). */
+extern int openblas_get_num_threads(void) __attribute__((weak));
+extern void openblas_set_num_threads(int n) __attribute__((weak));
+
+/* While the pool's ranges call BLAS from several threads at once, each call must run on
+ * its own thread: a threaded OpenBLAS call wakes OpenBLAS's own team, and concurrent
+ * threaded calls queue on its level-3 lock while the pool's threads wait. Returns what
+ * to restore. (Process-wide: another thread's product meanwhile runs single-threaded,
+ * which costs it speed, never correctness.) */
+static int blas_serial_begin(void) {
+    if (!openblas_get_num_threads || !openblas_set_num_threads) return 0;
+    const int prev = openblas_get_num_threads();
+    if (prev > 1) openblas_set_num_threads(1);
+    return prev;
+}
+static void blas_serial_end(int prev) {
+    if (prev > 1) openblas_set_num_threads(prev);
+}
+
+/* Per-thread scratch kept between calls, so that a training step allocates no im2col
+ * buffer once the largest conv has run (the op interface has no workspace request).
+ * It grows to the largest request up to SCRATCH_KEEP; a larger one is allocated for the
+ * call only. Freed when the thread exits. */
+#define SCRATCH_KEEP ((size_t)64 << 20)
+#define SCRATCH_HEAD ((size_t)64)   /* the block's size, kept in front; keeps 64-byte alignment */
+
+static pthread_key_t scratch_key;
+static int scratch_key_ok;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_release(void *blk) { om_free(blk); }
+static void scratch_key_init(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_release) == 0; }
+
+/* Returns at least nbytes (64-byte aligned), NULL when out of memory; *own is what the
+ * caller must om_free afterwards (NULL for the kept buffer). */
+static void *scratch_get(size_t nbytes, void **own) {
+    *own = NULL;
+    pthread_once(&scratch_once, scratch_key_init);
+    if (scratch_key_ok && nbytes <= SCRATCH_KEEP) {
+        size_t *blk = pthread_getspecific(scratch_key);
+        if (blk && blk[0] >= nbytes) return (char *)blk + SCRATCH_HEAD;
+        size_t *grown = om_alloc(SCRATCH_HEAD + nbytes);
+        if (!grown) return NULL;
+        grown[0] = nbytes;
+        if (pthread_setspecific(scratch_key, grown) == 0) {
+            om_free(blk);
+            return (char *)grown + SCRATCH_HEAD;
+        }
+        om_free(grown);
+    }
+    return *own = om_alloc(nbytes ? nbytes : 1);
+}
+
+static size_t round_up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* ---- im2col / col2im ---------------------------------------------------------------- */
+
+/* One tap's row of output positions [ow0, ow1) against one input row src: dst[ow - ow0]
+ * = src[ow * sw + off] (0 outside the input: positions outside [lo, hi)), or with add,
+ * src[ow * sw + off] += dst[ow - ow0] (col2im). */
+#define DEFINE_TAP_ROW(T, sfx)                                                                              \
+    static void tap_row_##sfx(int add, T *restrict dst, T *restrict src, int64_t ow0, int64_t ow1, int64_t lo, \
+                              int64_t hi, int64_t sw, int64_t off) {                                        \
+        const int64_t a = lo > ow0 ? lo : ow0, b0 = hi < ow1 ? hi : ow1, b = b0 > a ? b0 : a;              \
+        dst -= ow0;                                                                                         \
+        if (add) {                                                                                          \
+            if (sw == 1) for (int64_t ow = a; ow < b; ow++) src[ow + off] += dst[ow];                       \
+            else for (int64_t ow = a; ow < b; ow++) src[ow * sw + off] += dst[ow];                          \
+            return;                                                                                         \
+        }                                                                                                   \
+        for (int64_t ow = ow0; ow < a; ow++) dst[ow] = 0;                                                   \
+        if (sw == 1) memcpy(dst + a, src + a + off, (size_t)(b - a) * sizeof(T));                           \
+        else for (int64_t ow = a; ow < b; ow++) dst[ow] = src[ow * sw + off];                               \
+        for (int64_t ow = b; ow < ow1; ow++) dst[ow] = 0;                                                   \
+    }
+DEFINE_TAP_ROW(float, f32)
+DEFINE_TAP_ROW(double, f64)
+
+/* im2col of output positions [o0, o0 + len) of one image into columns [at, at + len) of
+ * col (ld columns a row): col[c * KS + k][at + i] = x[c][tap k of position o0 + i], 0 in
+ * the padding. add: col2im instead, x[c][tap] += col[...] (x zeroed beforehand).
+ * xg: the image's first channel of the group; Cg channels. */
+static void im2col(const conv_geom *g, om_dtype dt, int add, char *xg, char *col, int64_t ld, int64_t at,
+                   int64_t o0, int64_t len) {
+    const om_window *w = &g->w;
+    const size_t es = dt == OM_F32 ? sizeof(float) : sizeof(double);
+    const int64_t KH = w->k[1], KW = w->k[2], ID = w->in[0], IH = w->in[1], IW = w->in[2];
+    const int64_t OH = w->out[1], OW = w->out[2], end = o0 + len;
+    for (int64_t c = 0; c < g->Cg; c++) {
+        char *xc = xg + (size_t)(c * g->IS) * es;
+        for (int64_t kk = 0; kk < g->KS; kk++) {
+            const int64_t kd = kk / (KH * KW), kh = (kk / KW) % KH, kw = kk % KW;
+            const int64_t sw = w->s[2], off = kw * w->d[2] - w->pb[2];
+            int64_t lo, hi;
+            om_window_valid(IW, sw, off, OW, &lo, &hi);
+            char *crow = col + (size_t)((c * g->KS + kk) * ld + at) * es;
+            for (int64_t o = o0; o < end;) {   /* one output row (fixed od, oh) at a time */
+                const int64_t r = o / OW, ow0 = o - r * OW, ow1 = OW < ow0 + end - o ? OW : ow0 + end - o;
+                const int64_t od = r / OH, oh = r - od * OH;
+                const int64_t id = od * w->s[0] - w->pb[0] + kd * w->d[0];
+                const int64_t ih = oh * w->s[1] - w->pb[1] + kh * w->d[1];
+                char *dst = crow + (size_t)(o - o0) * es;
+                if (id < 0 || id >= ID || ih < 0 || ih >= IH) {   /* the whole row is padding */
+                    if (!add) memset(dst, 0, (size_t)(ow1 - ow0) * es);
+                } else {
+                    char *src = xc + (size_t)((id * IH + ih) * IW) * es;
+                    if (dt == OM_F32) tap_row_f32(add, (float *)dst, (float *)src, ow0, ow1, lo, hi, sw, off);
+                    else tap_row_f64(add, (double *)dst, (double *)src, ow0, ow1, lo, hi, sw, off);
+                }
+                o += ow1 - ow0;
+            }
+        }
+    }
+}
+
+/* rows x len elements from src (ld src_ld) to dst (ld dst_ld) */
+static void copy_rows(char *dst, int64_t dst_ld, const char *src, int64_t src_ld, int64_t rows, int64_t len,
+                      size_t es) {
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + (size_t)(r * dst_ld) * es, src + (size_t)(r * src_ld) * es, (size_t)len * es);
+}
+
+/* ---- the pass over the batch ---------------------------------------------------------- */
+
+enum { PASS_Y, PASS_DX, PASS_DW };
+
+/* A panel's im2col matrix (CK x P) is kept near this size: it is written once and read
+ * by the product right after, so it should stay in the core's L2. */
+#define PANEL_BYTES ((int64_t)512 << 10)
+#define PANEL_MIN_COLS 32
+
+typedef struct conv_job {
+    int pass, trivial;
+    om_dtype dt;
+    size_t es;
+    conv_geom g;
+    int64_t CK;                 /* rows of col: Cg * KS */
+    int64_t step;               /* columns per panel: a part of one image, or whole images */
+    const char *x, *w, *b, *dy;
+    char *y, *dx, *dw;
+    char *scratch;              /* per range: col (CK x P), pan (Mg x P), dW partial (M x CK) */
+    size_t col_bytes, pan_bytes, range_bytes;
+} conv_job;
+
+/* The columns [q0, q1) of a panel (q = n * OS + o) split at image boundaries: BODY sees
+ * the image n_, its positions [o_, o_ + len_) and their first column at_ in the panel. */
+#define FOR_SEGMENTS(OS, q0, q1, ...)                                                      \
+    for (int64_t q_ = (q0); q_ < (q1);) {                                                  \
+        const int64_t n_ = q_ / (OS), o_ = q_ - n_ * (OS);                                 \
+        const int64_t len_ = (q1) - q_ < (OS) - o_ ? (q1) - q_ : (OS) - o_, at_ = q_ - (q0); \
+        (void)at_;                                                                         \
+        __VA_ARGS__;                                                                       \
+        q_ += len_;                                                                        \
+    }
+
+/* y[n, m, o] += b[m] over the panel's positions */
+static void add_bias(const conv_job *j, int64_t q0, int64_t q1) {
+    const conv_geom *g = &j->g;
+    FOR_SEGMENTS(g->OS, q0, q1, {
+        for (int64_t m = 0; m < g->M; m++) {
+            char *row = j->y + (size_t)((n_ * g->M + m) * g->OS + o_) * j->es;
+            if (j->dt == OM_F32) {
+                float *restrict r = (float *)row;
+                const float bv = ((const float *)j->b)[m];
+                for (int64_t i = 0; i < len_; i++) r[i] += bv;
+            } else {
+                double *restrict r = (double *)row;
+                const double bv = ((const double *)j->b)[m];
+                for (int64_t i = 0; i < len_; i++) r[i] += bv;
+            }
+        }
+    });
+}
+
+/* One panel, one group. col, pan: this range's scratch; part: its dW partial (first: the
+ * range's first panel, which overwrites it). */
+static void conv_panel(const conv_job *j, int64_t q0, int64_t q1, int64_t gi, char *col, char *pan, char *part,
+                       int first) {
+    const conv_geom *g = &j->g;
+    const size_t es = j->es;
+    const int64_t OS = g->OS, IS = g->IS, C = g->w.C, CK = j->CK, pw = q1 - q0;
+    const int64_t n0 = q0 / OS, o0 = q0 - n0 * OS;
+    const int single = o0 + pw <= OS;   /* inside one image: read and write the tensors in place */
+    const char *wg = j->w + (size_t)(gi * g->Mg * CK) * es;
+    /* x's columns (Y, dW): the image itself for a trivial window, else im2col into col */
+    const char *xcol = col;
+    int64_t ldx = pw;
+    if (j->pass != PASS_DX) {
+        if (j->trivial && single) {
+            xcol = j->x + (size_t)((n0 * C + gi * g->Cg) * IS + o0) * es;
+            ldx = IS;
+        } else {
+            FOR_SEGMENTS(OS, q0, q1, im2col(g, j->dt, 0, (char *)j->x + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col,
+                                            pw, at_, o_, len_));
+        }
+    }
+    /* dy's columns (dX, dW): in place, or gathered into pan */
+    const char *dyp = pan;
+    int64_t ldy = pw;
+    if (j->pass != PASS_Y) {
+        if (single) {
+            dyp = j->dy + (size_t)((n0 * g->M + gi * g->Mg) * OS + o0) * es;
+            ldy = OS;
+        } else {
+            FOR_SEGMENTS(OS, q0, q1, copy_rows(pan + (size_t)at_ * es, pw,
+                                               j->dy + (size_t)((n_ * g->M + gi * g->Mg) * OS + o_) * es, OS, g->Mg,
+                                               len_, es));
+        }
+    }
+    switch (j->pass) {
+    case PASS_Y:
+        if (single) {
+            gemm(j->dt, 0, 0, g->Mg, pw, CK, wg, CK, xcol, ldx, 0, j->y + (size_t)((n0 * g->M + gi * g->Mg) * OS + o0) * es,
+                 OS);
+        } else {
+            gemm(j->dt, 0, 0, g->Mg, pw, CK, wg, CK, xcol, ldx, 0, pan, pw);
+            FOR_SEGMENTS(OS, q0, q1, copy_rows(j->y + (size_t)((n_ * g->M + gi * g->Mg) * OS + o_) * es, OS,
+                                               pan + (size_t)at_ * es, pw, g->Mg, len_, es));
+        }
+        break;
+    case PASS_DW:   /* dW_g (Mg, CK) (+)= dy (Mg, pw) @ col^T */
+        gemm(j->dt, 0, 1, g->Mg, CK, pw, dyp, ldy, xcol, ldx, first ? 0 : 1, part + (size_t)(gi * g->Mg * CK) * es, CK);
+        break;
+    case PASS_DX:   /* dcol (CK, pw) = W_g^T @ dy, then col2im */
+        if (j->trivial && single) {
+            gemm(j->dt, 1, 0, CK, pw, g->Mg, wg, CK, dyp, ldy, 0,
+                 j->dx + (size_t)((n0 * C + gi * g->Cg) * IS + o0) * es, IS);
+            break;
+        }
+        gemm(j->dt, 1, 0, CK, pw, g->Mg, wg, CK, dyp, ldy, 0, col, pw);
+        if (j->trivial) {   /* col2im of a 1x1 window is a copy */
+            FOR_SEGMENTS(OS, q0, q1, copy_rows(j->dx + (size_t)((n_ * C + gi * g->Cg) * IS + o_) * es, IS,
+                                               col + (size_t)at_ * es, pw, g->Cg, len_, es));
+        } else {
+            FOR_SEGMENTS(OS, q0, q1, im2col(g, j->dt, 1, j->dx + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col, pw,
+                                            at_, o_, len_));
+        }
+        break;
+    }
+}
+
+/* Images [lo, hi), panel by panel. */
+static void conv_range(void *ctx, int64_t lo, int64_t hi) {
+    const conv_job *j = ctx;
+    const conv_geom *g = &j->g;
+    const int64_t OS = g->OS;
+    const int rid = om_pool_range_id();
+    char *col = j->scratch + (size_t)rid * j->range_bytes, *pan = col + j->col_bytes, *part = pan + j->pan_bytes;
+    if (j->pass == PASS_DW && rid == 0) part = j->dw;   /* range 0 sums straight into dW */
+    if (j->pass == PASS_DX && !j->trivial)   /* col2im adds into this range's images */
+        memset(j->dx + (size_t)(lo * g->w.C * g->IS) * j->es, 0, (size_t)((hi - lo) * g->w.C * g->IS) * j->es);
+    int first = 1;
+    for (int64_t q0 = lo * OS, end = hi * OS; q0 < end; first = 0) {
+        int64_t q1 = q0 + j->step < end ? q0 + j->step : end;
+        if (j->step < OS && q1 > (q0 / OS + 1) * OS) q1 = (q0 / OS + 1) * OS;   /* parts of an image stay in it */
+        for (int64_t gi = 0; gi < g->G; gi++) conv_panel(j, q0, q1, gi, col, pan, part, first);
+        if (j->pass == PASS_Y && j->b) add_bias(j, q0, q1);
+        q0 = q1;
+    }
+}
+
+/* dw[i] += part_r[i] for r = 1 .. R-1, in that order */
+typedef struct dw_sum {
+    om_dtype dt;
+    char *dw;
+    const char *parts;
+    size_t range_bytes;
+    int R;
+} dw_sum;
+
+static void dw_sum_range(void *ctx, int64_t lo, int64_t hi) {
+    const dw_sum *s = ctx;
+    for (int r = 1; r < s->R; r++) {
+        const char *p = s->parts + (size_t)r * s->range_bytes;
+        if (s->dt == OM_F32) {
+            float *restrict d = (float *)s->dw;
+            const float *restrict q = (const float *)p;
+            for (int64_t i = lo; i < hi; i++) d[i] += q[i];
+        } else {
+            double *restrict d = (double *)s->dw;
+            const double *restrict q = (const double *)p;
+            for (int64_t i = lo; i < hi; i++) d[i] += q[i];
+        }
+    }
+}
+
+/* Runs one pass over the batch: j filled but for the panel and scratch fields. */
+static om_status *conv_run(const om_node *n, conv_job *j) {
+    const conv_geom *g = &j->g;
+    const int64_t N = g->w.N, OS = g->OS;
+    j->es = j->dt == OM_F32 ? sizeof(float) : sizeof(double);
+    j->CK = g->Cg * g->KS;
+    j->trivial = window_trivial(&g->w);
+    /* columns per panel: whole images when they are small, else equal parts of one */
+    int64_t P = PANEL_BYTES / (j->CK * (int64_t)j->es);
+    if (P < PANEL_MIN_COLS) P = PANEL_MIN_COLS;
+    if (OS >= P) {
+        const int64_t parts = (OS + P - 1) / P;
+        j->step = (OS + parts - 1) / parts;
+    } else {
+        j->step = P / OS * OS;
+    }
+    j->col_bytes = round_up64((size_t)(j->CK * j->step) * j->es);
+    j->pan_bytes = round_up64((size_t)(g->Mg * j->step) * j->es);
+    j->range_bytes = j->col_bytes + j->pan_bytes + (j->pass == PASS_DW ? round_up64((size_t)(g->M * j->CK) * j->es) : 0);
+    /* two ranges per thread: a little slack when a thread is preempted, few dW partials */
+    int R = om_pool_ranges(N, 1);
+    const int cap = 2 * om_get_num_threads();
+    if (R > cap) R = cap;
+    if (R < 1) R = 1;
+    void *own;
+    j->scratch = scratch_get((size_t)R * j->range_bytes, &own);
+    if (!j->scratch)
+        return om_error(OM_OUT_OF_MEMORY, "%s node '%s': no memory for %zu bytes of im2col scratch", n->op->name,
+                        om_sp_name(n), (size_t)R * j->range_bytes);
+    const int blas = R > 1 ? blas_serial_begin() : 0;
+    om_pool_run(N, R, conv_range, j);
+    blas_serial_end(blas);
+    if (j->pass == PASS_DW && R > 1) {
+        dw_sum s = {.dt = j->dt, .dw = j->dw, .parts = j->scratch + j->col_bytes + j->pan_bytes,
+                    .range_bytes = j->range_bytes, .R = R};
+        om_pool_for(g->M * j->CK, OM_GRAIN, dw_sum_range, &s);
+    }
+    om_free(own);
+    return NULL;
+}
+
 /* ---- Conv --------------------------------------------------------------------------- */
 
 static om_status *conv_infer(om_kernel_ctx *ctx) {
@@ -170,35 +458,12 @@ static om_status *conv_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0], *w = &ctx->in[1];
     const int has_b = ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED;
-    conv_geom g;
-    OM_TRY(conv_geometry(n, x->rank, x->dims, w->rank, w->dims, &g));
-    const int trivial = window_trivial(&g.w);
-    const int64_t CK = g.Cg * g.KS;
-    CONV_DISPATCH(x->dtype, n, {
-        const T *xp = x->data, *wp = w->data, *bp = has_b ? ctx->in[2].data : NULL;
-        T *yp = ctx->out[0].data;
-        T *col = trivial ? NULL : om_alloc((size_t)(CK * g.OS) * sizeof(T));
-        if (!trivial && !col) return om_error(OM_OUT_OF_MEMORY, "Conv node '%s': no memory for im2col", om_sp_name(n));
-        for (int64_t b = 0; b < g.w.N; b++) {
-            for (int64_t gi = 0; gi < g.G; gi++) {
-                const T *xg = xp + (b * g.w.C + gi * g.Cg) * g.IS;
-                if (!trivial) IM2COL(T, 0, xg, col, g.Cg, &g.w);
-                T *yg = yp + (b * g.M + gi * g.Mg) * g.OS;
-                GEMM_T(T)(0, 0, g.Mg, g.OS, CK, wp + gi * g.Mg * CK, trivial ? xg : col, 0, yg);
-            }
-            if (bp) {
-                T *yb = yp + b * g.M * g.OS;
-                OM_PARALLEL_FOR(g.M * g.OS > OM_CHUNK)
-                for (int64_t m = 0; m < g.M; m++) {
-                    T *restrict yr = yb + m * g.OS;
-                    const T bv = bp[m];
-                    for (int64_t o = 0; o < g.OS; o++) yr[o] += bv;
-                }
-            }
-        }
-        om_free(col);
-    });
-    return NULL;
+    OM_TRY(float_in(n, x, 0, 0));
+    conv_job j = {.pass = PASS_Y, .dt = x->dtype, .x = x->data, .w = w->data, .b = has_b ? ctx->in[2].data : NULL,
+                  .y = ctx->out[0].data};
+    OM_TRY(conv_geometry(n, x->rank, x->dims, w->rank, w->dims, &j.g));
+    if (j.g.w.N * j.g.OS * j.g.M == 0) return NULL;   /* an empty output */
+    return conv_run(n, &j);
 }
 
 static om_status *conv_grad(om_grad_ctx *c) {
@@ -251,27 +516,14 @@ static om_status *conv_grad_x_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0], *w = &ctx->in[1];
     om_tensor *dx = &ctx->out[0];
-    conv_geom g;
-    OM_TRY(conv_geometry(n, dx->rank, dx->dims, w->rank, w->dims, &g));
-    const int trivial = window_trivial(&g.w);
-    const int64_t CK = g.Cg * g.KS;
-    CONV_DISPATCH(dy->dtype, n, {
-        const T *dyp = dy->data, *wp = w->data;
-        T *dxp = dx->data;
-        T *col = trivial ? NULL : om_alloc((size_t)(CK * g.OS) * sizeof(T));
-        if (!trivial && !col) return om_error(OM_OUT_OF_MEMORY, "ConvGradX node '%s': no memory", om_sp_name(n));
-        if (!trivial) memset(dxp, 0, (size_t)om_tensor_numel(dx) * sizeof(T));
-        for (int64_t b = 0; b < g.w.N; b++)
-            for (int64_t gi = 0; gi < g.G; gi++) {
-                T *dxg = dxp + (b * g.w.C + gi * g.Cg) * g.IS;
-                const T *dyg = dyp + (b * g.M + gi * g.Mg) * g.OS;
-                /* dcol (CK, OS) = W_g^T (CK, Mg) @ dy_g (Mg, OS); trivial: dcol is dx itself */
-                GEMM_T(T)(1, 0, CK, g.OS, g.Mg, wp + gi * g.Mg * CK, dyg, 0, trivial ? dxg : col);
-                if (!trivial) IM2COL(T, 1, dxg, col, g.Cg, &g.w);
-            }
-        om_free(col);
-    });
-    return NULL;
+    OM_TRY(float_in(n, dy, 0, 0));
+    conv_job j = {.pass = PASS_DX, .dt = dy->dtype, .w = w->data, .dy = dy->data, .dx = dx->data};
+    OM_TRY(conv_geometry(n, dx->rank, dx->dims, w->rank, w->dims, &j.g));
+    if (j.g.w.N * j.g.OS * j.g.M == 0) {   /* no output position reads x: its gradient is 0 */
+        memset(dx->data, 0, om_tensor_nbytes(dx));
+        return NULL;
+    }
+    return conv_run(n, &j);
 }
 
 /* ---- ConvGradW(dY, X?, Shape(W)) -> dW, dB? ------------------------------------------- */
@@ -302,50 +554,56 @@ static om_status *conv_grad_w_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+/* dB[m] = sum of dy[n, m, :] over n */
+typedef struct db_job {
+    om_dtype dt;
+    const void *dy;
+    void *db;
+    int64_t N, M, OS;
+} db_job;
+
+#define DEFINE_DB_RANGE(T, sfx)                                                                 \
+    OM_VEC_CLONES static void db_range_##sfx(void *ctx, int64_t lo, int64_t hi) {               \
+        const db_job *d = ctx;                                                                  \
+        for (int64_t m = lo; m < hi; m++) {                                                     \
+            double acc = 0;                                                                     \
+            for (int64_t b = 0; b < d->N; b++) {                                                \
+                const T *restrict r = (const T *)d->dy + (b * d->M + m) * d->OS;                \
+                T lane[8] = {0};   /* 8 independent sums: the loop vectorizes without reassociation */ \
+                int64_t i = 0;                                                                  \
+                for (; i + 8 <= d->OS; i += 8)                                                  \
+                    for (int k = 0; k < 8; k++) lane[k] += r[i + k];                            \
+                T s = 0;                                                                        \
+                for (; i < d->OS; i++) s += r[i];                                               \
+                for (int k = 0; k < 8; k++) s += lane[k];                                       \
+                acc += s;                                                                       \
+            }                                                                                   \
+            ((T *)d->db)[m] = (T)acc;                                                           \
+        }                                                                                       \
+    }
+DEFINE_DB_RANGE(float, f32)
+DEFINE_DB_RANGE(double, f64)
+
 // dy is (N, M, *O), x is (N, C, *S), dw is (M, C/G, *K), db is (M)
 static om_status *conv_grad_w_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0], *x = &ctx->in[1];
     om_tensor *dw = &ctx->out[0];
-    CONV_DISPATCH(dy->dtype, n, {
-        const T *dyp = dy->data;
-        if (x->dtype == OM_UNDEFINED) {
-            if (dw->data) memset(dw->data, 0, (size_t)om_tensor_numel(dw) * sizeof(T));
-        } else if (dw->data) {
-            conv_geom g;
-            OM_TRY(conv_geometry(n, x->rank, x->dims, dw->rank, dw->dims, &g));
-            const int trivial = window_trivial(&g.w);
-            const int64_t CK = g.Cg * g.KS;
-            const T *xp = x->data;
-            T *dwp = dw->data;
-            T *col = trivial ? NULL : om_alloc((size_t)(CK * g.OS) * sizeof(T));
-            if (!trivial && !col) return om_error(OM_OUT_OF_MEMORY, "ConvGradW node '%s': no memory", om_sp_name(n));
-            for (int64_t b = 0; b < g.w.N; b++)
-                for (int64_t gi = 0; gi < g.G; gi++) {
-                    const T *xg = xp + (b * g.w.C + gi * g.Cg) * g.IS;
-                    if (!trivial) IM2COL(T, 0, xg, col, g.Cg, &g.w);
-                    /* dW_g (Mg, CK) += dy_g (Mg, OS) @ col^T (OS, CK) */
-                    GEMM_T(T)(0, 1, g.Mg, CK, g.OS, dyp + (b * g.M + gi * g.Mg) * g.OS, trivial ? xg : col,
-                              b ? 1 : 0, dwp + gi * g.Mg * CK);
-                }
-            om_free(col);
-        }
-        if (ctx->n_out > 1 && ctx->out[1].data) {
-            const int64_t N = dy->dims[0], M = dy->dims[1], OS = N > 0 && M > 0 ? om_tensor_numel(dy) / (N * M) : 0;
-            T *dbp = ctx->out[1].data;
-            OM_PARALLEL_FOR(N * M * OS > OM_CHUNK)
-            for (int64_t m = 0; m < M; m++) {
-                double acc = 0;
-                for (int64_t b = 0; b < N; b++) {
-                    const T *restrict r = dyp + (b * M + m) * OS;
-                    T s = 0;
-                    for (int64_t o = 0; o < OS; o++) s += r[o];
-                    acc += s;
-                }
-                dbp[m] = (T)acc;
-            }
-        }
-    });
+    OM_TRY(float_in(n, dy, 0, 0));
+    if (dw->data && x->dtype == OM_UNDEFINED) {
+        memset(dw->data, 0, om_tensor_nbytes(dw));
+    } else if (dw->data) {
+        conv_job j = {.pass = PASS_DW, .dt = dy->dtype, .x = x->data, .dy = dy->data, .dw = dw->data};
+        OM_TRY(conv_geometry(n, x->rank, x->dims, dw->rank, dw->dims, &j.g));
+        if (j.g.w.N * j.g.OS * j.g.M == 0) memset(dw->data, 0, om_tensor_nbytes(dw));   /* an empty sum */
+        else OM_TRY(conv_run(n, &j));
+    }
+    if (ctx->n_out > 1 && ctx->out[1].data) {
+        const int64_t N = dy->dims[0], M = dy->dims[1], OS = N > 0 && M > 0 ? om_tensor_numel(dy) / (N * M) : 0;
+        db_job d = {.dt = dy->dtype, .dy = dy->data, .db = ctx->out[1].data, .N = N, .M = M, .OS = OS};
+        const int64_t per = N * OS > 0 ? N * OS : 1;
+        om_pool_for(M, OM_GRAIN / per + 1, dy->dtype == OM_F32 ? db_range_f32 : db_range_f64, &d);
+    }
     return NULL;
 }
 
