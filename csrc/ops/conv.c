@@ -19,19 +19,19 @@
  * padding needs no im2col: x itself is the column matrix.
  *
  * Threads: the batch is cut into ranges of whole images on the engine's pool; each range
- * runs its panels with single-threaded BLAS and its own scratch, and for dW its own partial
+ * runs its panels (om_gemm runs single-threaded inside a range) with its own scratch, and for dW its own partial
  * sum (range 0 writes dW itself, the others are added to it in range order: the result
  * does not depend on which thread ran what). Whole images per range keep col2im's
- * overlapping scatter-adds inside one thread. A batch of one runs on the calling thread
- * with BLAS's own threads. ConvGradX reads only W and the shape of X, so X is kept for
+ * overlapping scatter-adds inside one thread. A batch of one runs on the calling thread,
+ * where om_gemm shares each product out over the pool instead. ConvGradX reads only W and the shape of X, so X is kept for
  * backward only when W's gradient is wanted. The backward ops carry the forward node's
  * attributes (copied by the rule).
  */
-#include <cblas.h>
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "ops/broadcast.h"
+#include "ops/gemm.h"
 #include "ops/spatial.h"
 
 static int window_trivial(const om_window *w) {
@@ -94,37 +94,13 @@ static om_status *check_dy(const om_node *n, const om_tensor *dy, const conv_geo
     return NULL;
 }
 
-/* ---- GEMM, BLAS threads, scratch ----------------------------------------------------- */
+/* ---- products and scratch ------------------------------------------------------------ */
 
-/* Row-major C (M x N) = op(A) op(B) + beta C with leading dimensions in elements; ta / tb
- * transpose the stored matrices. M, N, K >= 1. */
+/* Row-major C (M x N) = op(A) op(B) + beta C (om_gemm: inside a range of the pool it runs
+ * on the calling thread; on the calling thread itself it shares a big product out). */
 static void gemm(om_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                  const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
-    const enum CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
-    if (dt == OM_F32)
-        cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, (float)beta, C,
-                    (int)ldc);
-    else
-        cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-}
-
-/* OpenBLAS's thread count; weak so that another BLAS links too (then nothing is changed). */
-extern int openblas_get_num_threads(void) __attribute__((weak));
-extern void openblas_set_num_threads(int n) __attribute__((weak));
-
-/* While the pool's ranges call BLAS from several threads at once, each call must run on
- * its own thread: a threaded OpenBLAS call wakes OpenBLAS's own team, and concurrent
- * threaded calls queue on its level-3 lock while the pool's threads wait. Returns what
- * to restore. (Process-wide: another thread's product meanwhile runs single-threaded,
- * which costs it speed, never correctness.) */
-static int blas_serial_begin(void) {
-    if (!openblas_get_num_threads || !openblas_set_num_threads) return 0;
-    const int prev = openblas_get_num_threads();
-    if (prev > 1) openblas_set_num_threads(1);
-    return prev;
-}
-static void blas_serial_end(int prev) {
-    if (prev > 1) openblas_set_num_threads(prev);
+    om_gemm(dt, ta, tb, M, N, K, 1.0, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* Per-thread scratch kept between calls, so that a training step allocates no im2col
@@ -422,9 +398,7 @@ static om_status *conv_run(const om_node *n, conv_job *j) {
     if (!j->scratch)
         return om_error(OM_OUT_OF_MEMORY, "%s node '%s': no memory for %zu bytes of im2col scratch", n->op->name,
                         om_sp_name(n), (size_t)R * j->range_bytes);
-    const int blas = R > 1 ? blas_serial_begin() : 0;
     om_pool_run(N, R, conv_range, j);
-    blas_serial_end(blas);
     if (j->pass == PASS_DW && R > 1) {
         dw_sum s = {.dt = j->dt, .dw = j->dw, .parts = j->scratch + j->col_bytes + j->pan_bytes,
                     .range_bytes = j->range_bytes, .R = R};
