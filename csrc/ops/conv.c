@@ -140,62 +140,127 @@ static size_t round_up64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 /* ---- im2col / col2im ---------------------------------------------------------------- */
 
-/* One tap's row of output positions [ow0, ow1) against one input row src: dst[ow - ow0]
- * = src[ow * sw + off] (0 outside the input: positions outside [lo, hi)), or with add,
- * src[ow * sw + off] += dst[ow - ow0] (col2im). */
-#define DEFINE_TAP_ROW(T, sfx)                                                                              \
-    static void tap_row_##sfx(int add, T *restrict dst, T *restrict src, int64_t ow0, int64_t ow1, int64_t lo, \
-                              int64_t hi, int64_t sw, int64_t off) {                                        \
-        const int64_t a = lo > ow0 ? lo : ow0, b0 = hi < ow1 ? hi : ow1, b = b0 > a ? b0 : a;              \
-        dst -= ow0;                                                                                         \
-        if (add) {                                                                                          \
-            if (sw == 1) for (int64_t ow = a; ow < b; ow++) src[ow + off] += dst[ow];                       \
-            else for (int64_t ow = a; ow < b; ow++) src[ow * sw + off] += dst[ow];                          \
-            return;                                                                                         \
-        }                                                                                                   \
-        for (int64_t ow = ow0; ow < a; ow++) dst[ow] = 0;                                                   \
-        if (sw == 1) memcpy(dst + a, src + a + off, (size_t)(b - a) * sizeof(T));                           \
-        else for (int64_t ow = a; ow < b; ow++) dst[ow] = src[ow * sw + off];                               \
-        for (int64_t ow = b; ow < ow1; ow++) dst[ow] = 0;                                                   \
+/* One kernel tap k = (kd, kh, kw): the input position of output (od, oh, ow) is
+ * (od * sD + dd, oh * sH + dh, ow * sW + off); along W it is inside the input for ow in
+ * [lo, hi). Tabled once per call: im2col runs once per (segment, channel, tap). */
+typedef struct conv_tap {
+    int64_t dd, dh, off, lo, hi;
+} conv_tap;
+
+static void conv_taps(const conv_geom *g, conv_tap *taps) {
+    const om_window *w = &g->w;
+    for (int64_t kk = 0; kk < g->KS; kk++) {
+        const int64_t kd = kk / (w->k[1] * w->k[2]), kh = (kk / w->k[2]) % w->k[1], kw = kk % w->k[2];
+        conv_tap *t = &taps[kk];
+        t->dd = kd * w->d[0] - w->pb[0];
+        t->dh = kh * w->d[1] - w->pb[1];
+        t->off = kw * w->d[2] - w->pb[2];
+        om_window_valid(w->in[2], w->s[2], t->off, w->out[2], &t->lo, &t->hi);
     }
-DEFINE_TAP_ROW(float, f32)
-DEFINE_TAP_ROW(double, f64)
+}
 
 /* im2col of output positions [o0, o0 + len) of one image into columns [at, at + len) of
  * col (ld columns a row): col[c * KS + k][at + i] = x[c][tap k of position o0 + i], 0 in
- * the padding. add: col2im instead, x[c][tap] += col[...] (x zeroed beforehand).
- * xg: the image's first channel of the group; Cg channels. */
-static void im2col(const conv_geom *g, om_dtype dt, int add, char *xg, char *col, int64_t ld, int64_t at,
-                   int64_t o0, int64_t len) {
-    const om_window *w = &g->w;
-    const size_t es = dt == OM_F32 ? sizeof(float) : sizeof(double);
-    const int64_t KH = w->k[1], KW = w->k[2], ID = w->in[0], IH = w->in[1], IW = w->in[2];
-    const int64_t OH = w->out[1], OW = w->out[2], end = o0 + len;
-    for (int64_t c = 0; c < g->Cg; c++) {
-        char *xc = xg + (size_t)(c * g->IS) * es;
-        for (int64_t kk = 0; kk < g->KS; kk++) {
-            const int64_t kd = kk / (KH * KW), kh = (kk / KW) % KH, kw = kk % KW;
-            const int64_t sw = w->s[2], off = kw * w->d[2] - w->pb[2];
-            int64_t lo, hi;
-            om_window_valid(IW, sw, off, OW, &lo, &hi);
-            char *crow = col + (size_t)((c * g->KS + kk) * ld + at) * es;
-            for (int64_t o = o0; o < end;) {   /* one output row (fixed od, oh) at a time */
-                const int64_t r = o / OW, ow0 = o - r * OW, ow1 = OW < ow0 + end - o ? OW : ow0 + end - o;
-                const int64_t od = r / OH, oh = r - od * OH;
-                const int64_t id = od * w->s[0] - w->pb[0] + kd * w->d[0];
-                const int64_t ih = oh * w->s[1] - w->pb[1] + kh * w->d[1];
-                char *dst = crow + (size_t)(o - o0) * es;
-                if (id < 0 || id >= ID || ih < 0 || ih >= IH) {   /* the whole row is padding */
-                    if (!add) memset(dst, 0, (size_t)(ow1 - ow0) * es);
-                } else {
-                    char *src = xc + (size_t)((id * IH + ih) * IW) * es;
-                    if (dt == OM_F32) tap_row_f32(add, (float *)dst, (float *)src, ow0, ow1, lo, hi, sw, off);
-                    else tap_row_f64(add, (double *)dst, (double *)src, ow0, ow1, lo, hi, sw, off);
-                }
-                o += ow1 - ow0;
-            }
-        }
+ * the padding. add: col2im instead, x[c][tap] += col[...] (x zeroed beforehand; col's
+ * entries for taps in the padding are overwritten with 0). xg: the image's first channel
+ * of the group; Cg channels.
+ *
+ * Per (channel, tap) row of col the output rows (od, oh) are walked in order. Per output
+ * row, the positions whose tap falls inside the input ([lo, hi), the same for every row)
+ * copy and the others are 0. When output rows are as wide as input rows and both strides
+ * along H and W are 1 (a 'same' convolution), the taps of consecutive output rows are
+ * consecutive input rows: a run of whole rows is then one contiguous copy (or add), and
+ * only the padding columns are fixed up row by row — rows of 4 to 32 values are too
+ * short for the per-row walk to run at memory speed. */
+#define DEFINE_IM2COL(T, sfx)                                                                        \
+    /* one output row's positions [ow0, ow1); dst[ow] and src[ow] (src NULL: all padding) */       \
+    static inline void tap_row_##sfx(int add, T *restrict dst, T *restrict src, int64_t ow0,        \
+                                     int64_t ow1, int64_t lo, int64_t hi, int64_t sw) {             \
+        const int64_t a = lo > ow0 ? lo : ow0, b0 = hi < ow1 ? hi : ow1, b = b0 > a ? b0 : a;       \
+        if (!src) {                                                                                  \
+            if (!add) for (int64_t ow = ow0; ow < ow1; ow++) dst[ow] = 0;                            \
+        } else if (add) {                                                                            \
+            if (sw == 1) for (int64_t ow = a; ow < b; ow++) src[ow] += dst[ow];                      \
+            else if (sw == 2) for (int64_t ow = a; ow < b; ow++) src[ow * 2] += dst[ow];             \
+            else for (int64_t ow = a; ow < b; ow++) src[ow * sw] += dst[ow];                         \
+        } else {                                                                                     \
+            for (int64_t ow = ow0; ow < a; ow++) dst[ow] = 0;                                        \
+            if (sw == 1) for (int64_t ow = a; ow < b; ow++) dst[ow] = src[ow];                       \
+            else if (sw == 2) for (int64_t ow = a; ow < b; ow++) dst[ow] = src[ow * 2];   /* vectorizes */ \
+            else for (int64_t ow = a; ow < b; ow++) dst[ow] = src[ow * sw];                          \
+            for (int64_t ow = b; ow < ow1; ow++) dst[ow] = 0;                                        \
+        }                                                                                            \
+    }                                                                                                \
+    OM_VEC_CLONES static void im2col_##sfx(const conv_geom *g, const conv_tap *taps, int add, T *xg,   \
+                                           T *col, int64_t ld, int64_t at, int64_t o0, int64_t len) { \
+        const om_window *w = &g->w;                                                                  \
+        const int64_t ID = w->in[0], IH = w->in[1], IW = w->in[2];                                   \
+        const int64_t OH = w->out[1], OW = w->out[2], sw = w->s[2], end = o0 + len;                 \
+        const int same_rows = sw == 1 && w->s[1] == 1 && OW == IW;                                   \
+        const int64_t r0 = o0 / OW, od0 = r0 / OH, oh0 = r0 - od0 * OH, ow00 = o0 - r0 * OW;        \
+        for (int64_t c = 0; c < g->Cg; c++) {                                                        \
+            T *xc = xg + c * g->IS;                                                                  \
+            for (int64_t kk = 0; kk < g->KS; kk++) {                                                 \
+                const int64_t dd = taps[kk].dd, dh = taps[kk].dh, off = taps[kk].off;                \
+                const int64_t lo = taps[kk].lo, hi = taps[kk].hi;                                    \
+                T *dst = col + (c * g->KS + kk) * ld + at - o0;   /* dst[o]: position o */          \
+                int64_t od = od0, oh = oh0, ow0 = ow00;                                              \
+                for (int64_t o = o0; o < end;) {                                                     \
+                    const int64_t id = od * w->s[0] + dd;                                            \
+                    const int id_in = id >= 0 && id < ID;                                            \
+                    T *plane = xc + id * IH * IW + off;   /* + ih * IW + ow: the tap of (ih, ow) */  \
+                    if (same_rows && ow0 == 0 && end - o >= OW) {   /* whole rows [oh, oh1) */       \
+                        const int64_t oh1 = OH < oh + (end - o) / OW ? OH : oh + (end - o) / OW;     \
+                        int64_t v0 = oh > -dh ? oh : -dh, v1 = oh1 < IH - dh ? oh1 : IH - dh;        \
+                        if (!id_in || v1 < v0) v1 = v0;   /* rows [v0, v1) read the input */        \
+                        if (!add) {                                                                  \
+                            for (int64_t q = o; q < o + (v0 - oh) * OW; q++) dst[q] = 0;             \
+                            for (int64_t q = o + (v1 - oh) * OW; q < o + (oh1 - oh) * OW; q++) dst[q] = 0; \
+                        }                                                                            \
+                        if (v0 < v1) {                                                               \
+                            T *restrict d = dst + o + (v0 - oh) * OW;   /* row v0, column 0 */       \
+                            T *restrict s = plane + (v0 + dh) * IW;                                  \
+                            const int64_t n = (v1 - v0 - 1) * OW + hi;                               \
+                            if (add) {                                                               \
+                                for (int64_t r = 0; r < v1 - v0; r++) {   /* padding taps add 0 */   \
+                                    for (int64_t ow = 0; ow < lo; ow++) d[r * OW + ow] = 0;          \
+                                    for (int64_t ow = hi; ow < OW; ow++) d[r * OW + ow] = 0;         \
+                                }                                                                    \
+                                for (int64_t q = lo; q < n; q++) s[q] += d[q];                       \
+                            } else {                                                                 \
+                                for (int64_t q = lo; q < n; q++) d[q] = s[q];                        \
+                                for (int64_t r = 0; r < v1 - v0; r++) {   /* the padding columns */  \
+                                    for (int64_t ow = 0; ow < lo; ow++) d[r * OW + ow] = 0;          \
+                                    for (int64_t ow = hi; ow < OW; ow++) d[r * OW + ow] = 0;         \
+                                }                                                                    \
+                            }                                                                        \
+                        }                                                                            \
+                        o += (oh1 - oh) * OW;                                                        \
+                        oh = oh1;                                                                    \
+                    } else {   /* one output row (or the part of it inside the segment) */           \
+                        const int64_t ow1 = OW < ow0 + end - o ? OW : ow0 + end - o;                 \
+                        const int64_t ih = oh * w->s[1] + dh;                                        \
+                        T *src = id_in && ih >= 0 && ih < IH ? plane + ih * IW : NULL;               \
+                        tap_row_##sfx(add, dst + o - ow0, src, ow0, ow1, lo, hi, sw);                \
+                        o += ow1 - ow0;                                                              \
+                        ow0 = 0;                                                                     \
+                        oh++;                                                                        \
+                    }                                                                                \
+                    if (oh == OH) {                                                                  \
+                        oh = 0;                                                                      \
+                        od++;                                                                        \
+                    }                                                                                \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
     }
+DEFINE_IM2COL(float, f32)
+DEFINE_IM2COL(double, f64)
+
+static void im2col(const conv_geom *g, const conv_tap *taps, om_dtype dt, int add, char *xg, char *col, int64_t ld,
+                   int64_t at, int64_t o0, int64_t len) {
+    if (dt == OM_F32) im2col_f32(g, taps, add, (float *)xg, (float *)col, ld, at, o0, len);
+    else im2col_f64(g, taps, add, (double *)xg, (double *)col, ld, at, o0, len);
 }
 
 /* rows x len elements from src (ld src_ld) to dst (ld dst_ld) */
@@ -223,6 +288,7 @@ typedef struct conv_job {
     int64_t step;               /* columns per panel: a part of one image, or whole images */
     const char *x, *w, *b, *dy;
     char *y, *dx, *dw;
+    const conv_tap *taps;       /* KS of them */
     char *scratch;              /* per range: col (CK x P), pan (Mg x P), dW partial (M x CK) */
     size_t col_bytes, pan_bytes, range_bytes;
 } conv_job;
@@ -275,7 +341,7 @@ static void conv_panel(const conv_job *j, int64_t q0, int64_t q1, int64_t gi, ch
             xcol = j->x + (size_t)((n0 * C + gi * g->Cg) * IS + o0) * es;
             ldx = IS;
         } else {
-            FOR_SEGMENTS(OS, q0, q1, im2col(g, j->dt, 0, (char *)j->x + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col,
+            FOR_SEGMENTS(OS, q0, q1, im2col(g, j->taps, j->dt, 0, (char *)j->x + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col,
                                             pw, at_, o_, len_));
         }
     }
@@ -317,7 +383,7 @@ static void conv_panel(const conv_job *j, int64_t q0, int64_t q1, int64_t gi, ch
             FOR_SEGMENTS(OS, q0, q1, copy_rows(j->dx + (size_t)((n_ * C + gi * g->Cg) * IS + o_) * es, IS,
                                                col + (size_t)at_ * es, pw, g->Cg, len_, es));
         } else {
-            FOR_SEGMENTS(OS, q0, q1, im2col(g, j->dt, 1, j->dx + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col, pw,
+            FOR_SEGMENTS(OS, q0, q1, im2col(g, j->taps, j->dt, 1, j->dx + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col, pw,
                                             at_, o_, len_));
         }
         break;
@@ -394,10 +460,14 @@ static om_status *conv_run(const om_node *n, conv_job *j) {
     if (R > cap) R = cap;
     if (R < 1) R = 1;
     void *own;
-    j->scratch = scratch_get((size_t)R * j->range_bytes, &own);
-    if (!j->scratch)
+    const size_t taps_bytes = round_up64((size_t)g->KS * sizeof(conv_tap)), need = taps_bytes + (size_t)R * j->range_bytes;
+    char *mem = scratch_get(need, &own);
+    if (!mem)
         return om_error(OM_OUT_OF_MEMORY, "%s node '%s': no memory for %zu bytes of im2col scratch", n->op->name,
-                        om_sp_name(n), (size_t)R * j->range_bytes);
+                        om_sp_name(n), need);
+    conv_taps(g, (conv_tap *)mem);
+    j->taps = (const conv_tap *)mem;
+    j->scratch = mem + taps_bytes;
     om_pool_run(N, R, conv_range, j);
     if (j->pass == PASS_DW && R > 1) {
         dw_sum s = {.dt = j->dt, .dw = j->dw, .parts = j->scratch + j->col_bytes + j->pan_bytes,
