@@ -157,27 +157,90 @@ static int64_t plane_grain(int64_t per_plane) { return per_plane > 0 ? OM_GRAIN 
         }                                                                                      \
     } while (0)
 
-#define MAX_POOL_WORKER(name, TT)                                                              \
-    static void name(void *c_, int64_t lo, int64_t hi) {                                       \
+/* One tap over n interior positions of a row, position i reading src[i * S]: the same
+ * rule as MAX_TAP, written without branches so that the loop vectorizes (random data
+ * mispredicts half of MAX_TAP's branches). at0: the plane offset of src[0]; pIS: the
+ * plane's offset in X (Indices are flat over X). */
+#define MAX_ROW_PASS(T, S, yr, ir, src, n, at0, pIS)                                           \
+    for (int64_t i = 0; i < (n); i++) {                                                        \
+        const T v = (src)[i * (S)], b = (yr)[i];                                               \
+        const int take = (v > b) | ((v != v) & (b == b));                                      \
+        (yr)[i] = take ? v : b;                                                                \
+        if (ir) (ir)[i] = take ? (pIS) + (at0) + i * (S) : (ir)[i];                            \
+    }
+
+#define DEFINE_MAX_ROW(T, sfx)                                                                 \
+    /* Positions [0, n) of an output row whose windows are interior: yr, ir (NULL: no  */     \
+    /* Indices) the row's outputs, base the plane offset of position 0's first tap. */        \
+    static inline void max_row_##sfx(const om_window *w, const pool_interior *it, const T *xc, \
+                                     T *restrict yr, int64_t *restrict ir, int64_t n, int64_t base, \
+                                     int64_t pIS) {                                            \
+        const int64_t s = w->s[2];                                                             \
+        for (int64_t i = 0; i < n; i++) yr[i] = xc[base + i * s];                              \
+        if (ir)                                                                                \
+            for (int64_t i = 0; i < n; i++) ir[i] = pIS + base + i * s;                        \
+        for (int64_t kd = 0; kd < w->k[0]; kd++)                                               \
+            for (int64_t kh = 0; kh < w->k[1]; kh++)                                           \
+                for (int64_t kw = kd || kh ? 0 : 1; kw < w->k[2]; kw++) {                      \
+                    const int64_t at0 = base + kd * it->dD + kh * it->dH + kw * it->dW;        \
+                    const T *restrict src = xc + at0;                                          \
+                    if (s == 1) {                                                              \
+                        if (ir) { MAX_ROW_PASS(T, 1, yr, ir, src, n, at0, pIS) }               \
+                        else { MAX_ROW_PASS(T, 1, yr, (int64_t *)NULL, src, n, at0, pIS) }     \
+                    } else if (s == 2) {                                                       \
+                        if (ir) { MAX_ROW_PASS(T, 2, yr, ir, src, n, at0, pIS) }               \
+                        else { MAX_ROW_PASS(T, 2, yr, (int64_t *)NULL, src, n, at0, pIS) }     \
+                    } else {                                                                   \
+                        MAX_ROW_PASS(T, s, yr, ir, src, n, at0, pIS)                           \
+                    }                                                                          \
+                }                                                                              \
+    }
+DEFINE_MAX_ROW(float, f32)
+DEFINE_MAX_ROW(double, f64)
+
+/* Walks one plane's output rows (od, oh): BODY sees o_row (the row's first position in
+ * the plane's output), and [ilo, ihi), the row's positions whose windows are interior
+ * (empty when the row's taps reach into the padding along D or H), with row_base the
+ * plane offset of position 0's first tap (meaningful when the range is not empty). */
+#define FOR_ROWS(w, it, ...)                                                                   \
+    for (int64_t od = 0, o_row = 0; od < (w)->out[0]; od++)                                    \
+        for (int64_t oh = 0; oh < (w)->out[1]; oh++, o_row += (w)->out[2]) {                   \
+            const int row_in_ = pool_row_interior((w), od, oh);                                \
+            const int64_t ilo = row_in_ ? (it)->w_lo : 0, ihi = row_in_ ? (it)->w_hi : 0;      \
+            const int64_t row_base = ((od * (w)->s[0] - (w)->pb[0]) * (w)->in[1] +             \
+                                      oh * (w)->s[1] - (w)->pb[1]) * (w)->in[2] - (w)->pb[2];  \
+            __VA_ARGS__;                                                                       \
+        }
+
+#define MAX_POOL_WORKER(name, TT, sfx)                                                         \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                         \
         typedef TT T;                                                                          \
         const pool_args *a = c_;                                                               \
         const om_window *w = &a->w;                                                            \
+        const int64_t OW = w->out[2];                                                          \
         for (int64_t p = lo; p < hi; p++) {                                                    \
             const T *xc = (const T *)a->src + p * a->IS;                                       \
             T *yc = (T *)a->dst + p * a->OS;                                                   \
             int64_t *ic = a->idx ? a->idx + p * a->OS : NULL;                                  \
-            FOR_POSITIONS(w, &a->it, {                                                         \
-                T best = -INFINITY;                                                            \
-                int64_t bi = -1;                                                               \
-                if (inside) { FOR_INTERIOR_TAPS(w, &a->it, base, MAX_TAP(T, xc, best, bi, at)); }  \
-                else { FOR_TAPS(w, od, oh, ow, MAX_TAP(T, xc, best, bi, at)); }                \
-                yc[o] = best;                                                                  \
-                if (ic) ic[o] = bi < 0 ? -1 : p * a->IS + bi;                                  \
+            FOR_ROWS(w, &a->it, {                                                              \
+                for (int64_t ow = 0; ow < OW; ow++) {                                          \
+                    if (ow == ilo && ilo < ihi) {   /* the interior run, one tap at a time */ \
+                        max_row_##sfx(w, &a->it, xc, yc + o_row + ilo, ic ? ic + o_row + ilo : NULL, \
+                                      ihi - ilo, row_base + ilo * w->s[2], p * a->IS);         \
+                        ow = ihi - 1;                                                          \
+                        continue;                                                              \
+                    }                                                                          \
+                    T best = -INFINITY;                                                        \
+                    int64_t bi = -1;                                                           \
+                    FOR_TAPS(w, od, oh, ow, MAX_TAP(T, xc, best, bi, at));                     \
+                    yc[o_row + ow] = best;                                                     \
+                    if (ic) ic[o_row + ow] = bi < 0 ? -1 : p * a->IS + bi;                     \
+                }                                                                              \
             });                                                                                \
         }                                                                                      \
     }
-MAX_POOL_WORKER(max_pool_f32, float)
-MAX_POOL_WORKER(max_pool_f64, double)
+MAX_POOL_WORKER(max_pool_f32, float, f32)
+MAX_POOL_WORKER(max_pool_f64, double, f64)
 
 // x is (N, C, *S), y and indices are (N, C, *O); planes (n, c) are independent
 static om_status *max_pool_cpu(om_kernel_ctx *ctx) {
