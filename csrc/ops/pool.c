@@ -81,9 +81,13 @@ static om_status *pool_infer(om_kernel_ctx *ctx) {
 /* Output positions whose whole window lies inside the input (no padding, no clipping):
  * rows (od, oh) with interior_rows, columns ow in [w_lo, w_hi). Their taps need no
  * bounds checks: tap (kd, kh, kw) sits at base + kd * dD + kh * dH + kw * dW. */
+#define POOL_TAPS_TABLED 64
+
 typedef struct pool_interior {
     int64_t w_lo, w_hi;
     int64_t dD, dH, dW;   /* plane offsets between neighbouring taps */
+    int ntaps;            /* taps in tap_off: all of the window's, or 0 when it has more */
+    int64_t tap_off[POOL_TAPS_TABLED];   /* tap t's offset from the window's first tap */
 } pool_interior;
 
 static int64_t interior_first(int64_t s, int64_t pb) { return pb > 0 ? (pb + s - 1) / s : 0; }
@@ -98,6 +102,12 @@ static void pool_interior_init(const om_window *w, pool_interior *it) {
     it->dD = w->d[0] * w->in[1] * w->in[2];
     it->dH = w->d[1] * w->in[2];
     it->dW = w->d[2];
+    const int64_t ks = om_window_k_size(w);
+    it->ntaps = ks <= POOL_TAPS_TABLED ? (int)ks : 0;
+    for (int t = 0; t < it->ntaps; t++) {
+        const int64_t kd = t / (w->k[1] * w->k[2]), kh = t / w->k[2] % w->k[1], kw = t % w->k[2];
+        it->tap_off[t] = kd * it->dD + kh * it->dH + kw * it->dW;
+    }
 }
 
 /* Is row (od, oh) of output positions clear of the padding along D and H? */
@@ -161,39 +171,79 @@ static int64_t plane_grain(int64_t per_plane) { return per_plane > 0 ? OM_GRAIN 
  * rule as MAX_TAP, written without branches so that the loop vectorizes (random data
  * mispredicts half of MAX_TAP's branches). at0: the plane offset of src[0]; pIS: the
  * plane's offset in X (Indices are flat over X). */
-#define MAX_ROW_PASS(T, S, yr, ir, src, n, at0, pIS)                                           \
+#define MAX_ROW_PASS(T, S, yr, src, n)                                                         \
     for (int64_t i = 0; i < (n); i++) {                                                        \
         const T v = (src)[i * (S)], b = (yr)[i];                                               \
         const int take = (v > b) | ((v != v) & (b == b));                                      \
         (yr)[i] = take ? v : b;                                                                \
-        if (ir) (ir)[i] = take ? (pIS) + (at0) + i * (S) : (ir)[i];                            \
+    }
+/* the same, keeping the winning offset (an int64 Indices entry) */
+#define MAX_ROW_PASS_AT(T, S, yr, ir, src, n, at0, pIS)                                        \
+    for (int64_t i = 0; i < (n); i++) {                                                        \
+        const T v = (src)[i * (S)], b = (yr)[i];                                               \
+        const int take = (v > b) | ((v != v) & (b == b));                                      \
+        (yr)[i] = take ? v : b;                                                                \
+        (ir)[i] = take ? (pIS) + (at0) + i * (S) : (ir)[i];                                    \
+    }
+
+/* The taps of n interior positions of a row, at stride S: the first tap initializes, the
+ * others are MAX_ROW_PASSes. */
+#define MAX_ROW_TAPS(T, S, w, it, xc, yr, ir, n, base, pIS)                                    \
+    do {                                                                                       \
+        if ((ir) && (it)->ntaps) {                                                             \
+            MAX_ROW_TAP_IDS(T, S, it, xc, yr, ir, n, base, pIS);                               \
+            break;                                                                             \
+        }                                                                                      \
+        for (int64_t i = 0; i < (n); i++) (yr)[i] = (xc)[(base) + i * (S)];                    \
+        if (ir)                                                                                \
+            for (int64_t i = 0; i < (n); i++) (ir)[i] = (pIS) + (base) + i * (S);              \
+        for (int64_t kd = 0; kd < (w)->k[0]; kd++)                                             \
+            for (int64_t kh = 0; kh < (w)->k[1]; kh++)                                         \
+                for (int64_t kw = kd || kh ? 0 : 1; kw < (w)->k[2]; kw++) {                    \
+                    const int64_t at0 = (base) + kd * (it)->dD + kh * (it)->dH + kw * (it)->dW; \
+                    const T *restrict src = (xc) + at0;                                        \
+                    if (ir) { MAX_ROW_PASS_AT(T, S, yr, ir, src, n, at0, pIS) }                \
+                    else { MAX_ROW_PASS(T, S, yr, src, n) }                                    \
+                }                                                                              \
+    } while (0)
+
+/* With Indices: the passes keep the winning tap's number, an int32 as wide as a float
+ * lane (an int64 offset per lane kept GCC from vectorizing them), and the offsets are
+ * written at the end, up to 256 positions at a time. */
+#define MAX_ROW_TAP_IDS(T, S, it, xc, yr, ir, n, base, pIS)                                    \
+    for (int64_t c0 = 0; c0 < (n); c0 += 256) {                                                \
+        int32_t tid[256];                                                                      \
+        const int64_t m = (n) - c0 < 256 ? (n) - c0 : 256;                                     \
+        T *restrict yc = (yr) + c0;                                                            \
+        const T *xb = (xc) + (base) + c0 * (S);                                                \
+        for (int64_t i = 0; i < m; i++) {                                                      \
+            yc[i] = xb[i * (S)];                                                               \
+            tid[i] = 0;                                                                        \
+        }                                                                                      \
+        for (int32_t t = 1; t < (it)->ntaps; t++) {                                            \
+            const T *restrict src = xb + (it)->tap_off[t];                                     \
+            for (int64_t i = 0; i < m; i++) {                                                  \
+                const T v = src[i * (S)], b = yc[i];                                           \
+                const int take = (v > b) | ((v != v) & (b == b));                              \
+                yc[i] = take ? v : b;                                                          \
+                tid[i] = take ? t : tid[i];                                                    \
+            }                                                                                  \
+        }                                                                                      \
+        for (int64_t i = 0; i < m; i++)                                                        \
+            (ir)[c0 + i] = (pIS) + (base) + (c0 + i) * (S) + (it)->tap_off[tid[i]];            \
     }
 
 #define DEFINE_MAX_ROW(T, sfx)                                                                 \
     /* Positions [0, n) of an output row whose windows are interior: yr, ir (NULL: no  */     \
     /* Indices) the row's outputs, base the plane offset of position 0's first tap. */        \
+    /* Strides 1 and 2 get loops of their own: a constant stride vectorizes. */               \
     static inline void max_row_##sfx(const om_window *w, const pool_interior *it, const T *xc, \
                                      T *restrict yr, int64_t *restrict ir, int64_t n, int64_t base, \
                                      int64_t pIS) {                                            \
         const int64_t s = w->s[2];                                                             \
-        for (int64_t i = 0; i < n; i++) yr[i] = xc[base + i * s];                              \
-        if (ir)                                                                                \
-            for (int64_t i = 0; i < n; i++) ir[i] = pIS + base + i * s;                        \
-        for (int64_t kd = 0; kd < w->k[0]; kd++)                                               \
-            for (int64_t kh = 0; kh < w->k[1]; kh++)                                           \
-                for (int64_t kw = kd || kh ? 0 : 1; kw < w->k[2]; kw++) {                      \
-                    const int64_t at0 = base + kd * it->dD + kh * it->dH + kw * it->dW;        \
-                    const T *restrict src = xc + at0;                                          \
-                    if (s == 1) {                                                              \
-                        if (ir) { MAX_ROW_PASS(T, 1, yr, ir, src, n, at0, pIS) }               \
-                        else { MAX_ROW_PASS(T, 1, yr, (int64_t *)NULL, src, n, at0, pIS) }     \
-                    } else if (s == 2) {                                                       \
-                        if (ir) { MAX_ROW_PASS(T, 2, yr, ir, src, n, at0, pIS) }               \
-                        else { MAX_ROW_PASS(T, 2, yr, (int64_t *)NULL, src, n, at0, pIS) }     \
-                    } else {                                                                   \
-                        MAX_ROW_PASS(T, s, yr, ir, src, n, at0, pIS)                           \
-                    }                                                                          \
-                }                                                                              \
+        if (s == 1) MAX_ROW_TAPS(T, 1, w, it, xc, yr, ir, n, base, pIS);                       \
+        else if (s == 2) MAX_ROW_TAPS(T, 2, w, it, xc, yr, ir, n, base, pIS);                  \
+        else MAX_ROW_TAPS(T, s, w, it, xc, yr, ir, n, base, pIS);                              \
     }
 DEFINE_MAX_ROW(float, f32)
 DEFINE_MAX_ROW(double, f64)
