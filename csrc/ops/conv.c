@@ -191,8 +191,8 @@ static void conv_taps(const conv_geom *g, conv_tap *taps) {
             for (int64_t ow = b; ow < ow1; ow++) dst[ow] = 0;                                        \
         }                                                                                            \
     }                                                                                                \
-    OM_VEC_CLONES static void im2col_##sfx(const conv_geom *g, const conv_tap *taps, int add, T *xg,   \
-                                           T *col, int64_t ld, int64_t at, int64_t o0, int64_t len) { \
+    OM_VEC_CLONES static void im2col_##sfx(const conv_geom *g, const conv_tap *taps, int add, int64_t set_kk, \
+                                           T *xg, T *col, int64_t ld, int64_t at, int64_t o0, int64_t len) { \
         const om_window *w = &g->w;                                                                  \
         const int64_t ID = w->in[0], IH = w->in[1], IW = w->in[2];                                   \
         const int64_t OH = w->out[1], OW = w->out[2], sw = w->s[2], end = o0 + len;                 \
@@ -200,7 +200,10 @@ static void conv_taps(const conv_geom *g, conv_tap *taps) {
         const int64_t r0 = o0 / OW, od0 = r0 / OH, oh0 = r0 - od0 * OH, ow00 = o0 - r0 * OW;        \
         for (int64_t c = 0; c < g->Cg; c++) {                                                        \
             T *xc = xg + c * g->IS;                                                                  \
+            if (set_kk >= 0)   /* the tap that lands on every position: x = col, no zeroing first */ \
+                memcpy(xc + o0, col + (c * g->KS + set_kk) * ld + at, (size_t)len * sizeof(T));      \
             for (int64_t kk = 0; kk < g->KS; kk++) {                                                 \
+                if (kk == set_kk) continue;                                                          \
                 const int64_t dd = taps[kk].dd, dh = taps[kk].dh, off = taps[kk].off;                \
                 const int64_t lo = taps[kk].lo, hi = taps[kk].hi;                                    \
                 T *dst = col + (c * g->KS + kk) * ld + at - o0;   /* dst[o]: position o */          \
@@ -257,10 +260,57 @@ static void conv_taps(const conv_geom *g, conv_tap *taps) {
 DEFINE_IM2COL(float, f32)
 DEFINE_IM2COL(double, f64)
 
-static void im2col(const conv_geom *g, const conv_tap *taps, om_dtype dt, int add, char *xg, char *col, int64_t ld,
-                   int64_t at, int64_t o0, int64_t len) {
-    if (dt == OM_F32) im2col_f32(g, taps, add, (float *)xg, (float *)col, ld, at, o0, len);
-    else im2col_f64(g, taps, add, (double *)xg, (double *)col, ld, at, o0, len);
+/* im2col through a table of tap offsets, tbl[k * OS + o] = the offset in the channel's
+ * plane of tap k of position o, or -1 in the padding: the same for every channel and
+ * image, so it is built once per call, and each (channel, tap) row is then one loop over
+ * the segment's positions however short the output rows are (small images, strides). */
+#define DEFINE_IM2COL_TABLE(T, sfx)                                                                  \
+    OM_VEC_CLONES static void im2col_table_##sfx(const conv_geom *g, const int32_t *tbl, int add,   \
+                                                 int64_t set_kk, T *xg, T *col, int64_t ld,          \
+                                                 int64_t at, int64_t o0, int64_t len) {              \
+        for (int64_t c = 0; c < g->Cg; c++) {                                                        \
+            T *restrict xc = xg + c * g->IS;                                                         \
+            if (set_kk >= 0)   /* the tap that lands on every position: x = col, no zeroing first */ \
+                memcpy(xc + o0, col + (c * g->KS + set_kk) * ld + at, (size_t)len * sizeof(T));      \
+            for (int64_t kk = 0; kk < g->KS; kk++) {                                                 \
+                if (kk == set_kk) continue;                                                          \
+                const int32_t *restrict t = tbl + kk * g->OS + o0;                                   \
+                T *restrict d = col + (c * g->KS + kk) * ld + at;                                    \
+                if (add) {   /* one tap's positions land on distinct inputs */                       \
+                    for (int64_t i = 0; i < len; i++)                                                \
+                        if (t[i] >= 0) xc[t[i]] += d[i];                                             \
+                } else {                                                                             \
+                    for (int64_t i = 0; i < len; i++) {                                              \
+                        const int32_t k = t[i];                                                      \
+                        const T v = xc[k >= 0 ? k : 0];                                              \
+                        d[i] = k >= 0 ? v : 0;                                                       \
+                    }                                                                                \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+    }
+DEFINE_IM2COL_TABLE(float, f32)
+DEFINE_IM2COL_TABLE(double, f64)
+
+/* Entries of the largest offset table kept (KS * OS int32s); larger ones walk rows. */
+#define IM2COL_TABLE_MAX ((int64_t)1 << 16)
+
+/* The table when it pays and fits, in tbl (KS * OS entries), else returns 0. Long rows
+ * of a 'same' convolution copy faster as blocks (im2col_walk); below 16 positions a row,
+ * or with strides, the table wins. */
+static int im2col_table_build(const conv_geom *g, const conv_tap *taps, int32_t *tbl) {
+    const om_window *w = &g->w;
+    const int same_rows = w->s[2] == 1 && w->s[1] == 1 && w->out[2] == w->in[2];
+    if ((same_rows && w->out[2] >= 16) || g->KS * g->OS > IM2COL_TABLE_MAX || g->IS > INT32_MAX) return 0;
+    for (int64_t kk = 0; kk < g->KS; kk++)
+        for (int64_t o = 0; o < g->OS; o++) {
+            const int64_t r = o / w->out[2], ow = o - r * w->out[2], od = r / w->out[1], oh = r - od * w->out[1];
+            const int64_t id = od * w->s[0] + taps[kk].dd, ih = oh * w->s[1] + taps[kk].dh;
+            const int64_t iw = ow * w->s[2] + taps[kk].off;
+            const int in = id >= 0 && id < w->in[0] && ih >= 0 && ih < w->in[1] && iw >= 0 && iw < w->in[2];
+            tbl[kk * g->OS + o] = in ? (int32_t)((id * w->in[1] + ih) * w->in[2] + iw) : -1;
+        }
+    return 1;
 }
 
 /* rows x len elements from src (ld src_ld) to dst (ld dst_ld) */
@@ -289,9 +339,25 @@ typedef struct conv_job {
     const char *x, *w, *b, *dy;
     char *y, *dx, *dw;
     const conv_tap *taps;       /* KS of them */
+    int64_t cover_kk;           /* dX: a tap whose col2im writes every position of x, or -1 */
+    const int32_t *tbl;         /* im2col's offset table (KS x OS), or NULL: walk the rows */
     char *scratch;              /* per range: col (CK x P), pan (Mg x P), dW partial (M x CK) */
     size_t col_bytes, pan_bytes, range_bytes;
 } conv_job;
+
+/* im2col (add: col2im) of positions [o0, o0 + len) of one image (xg: its group's first
+ * channel) into columns [at, at + len) of col. */
+static void im2col(const conv_job *j, int add, char *xg, char *col, int64_t ld, int64_t at, int64_t o0, int64_t len) {
+    const int64_t set_kk = add ? j->cover_kk : -1;
+    if (j->tbl && j->dt == OM_F32)
+        im2col_table_f32(&j->g, j->tbl, add, set_kk, (float *)xg, (float *)col, ld, at, o0, len);
+    else if (j->tbl)
+        im2col_table_f64(&j->g, j->tbl, add, set_kk, (double *)xg, (double *)col, ld, at, o0, len);
+    else if (j->dt == OM_F32)
+        im2col_f32(&j->g, j->taps, add, set_kk, (float *)xg, (float *)col, ld, at, o0, len);
+    else
+        im2col_f64(&j->g, j->taps, add, set_kk, (double *)xg, (double *)col, ld, at, o0, len);
+}
 
 /* The columns [q0, q1) of a panel (q = n * OS + o) split at image boundaries: BODY sees
  * the image n_, its positions [o_, o_ + len_) and their first column at_ in the panel. */
@@ -341,7 +407,7 @@ static void conv_panel(const conv_job *j, int64_t q0, int64_t q1, int64_t gi, ch
             xcol = j->x + (size_t)((n0 * C + gi * g->Cg) * IS + o0) * es;
             ldx = IS;
         } else {
-            FOR_SEGMENTS(OS, q0, q1, im2col(g, j->taps, j->dt, 0, (char *)j->x + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col,
+            FOR_SEGMENTS(OS, q0, q1, im2col(j, 0, (char *)j->x + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col,
                                             pw, at_, o_, len_));
         }
     }
@@ -383,7 +449,7 @@ static void conv_panel(const conv_job *j, int64_t q0, int64_t q1, int64_t gi, ch
             FOR_SEGMENTS(OS, q0, q1, copy_rows(j->dx + (size_t)((n_ * C + gi * g->Cg) * IS + o_) * es, IS,
                                                col + (size_t)at_ * es, pw, g->Cg, len_, es));
         } else {
-            FOR_SEGMENTS(OS, q0, q1, im2col(g, j->taps, j->dt, 1, j->dx + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col, pw,
+            FOR_SEGMENTS(OS, q0, q1, im2col(j, 1, j->dx + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col, pw,
                                             at_, o_, len_));
         }
         break;
@@ -398,7 +464,7 @@ static void conv_range(void *ctx, int64_t lo, int64_t hi) {
     const int rid = om_pool_range_id();
     char *col = j->scratch + (size_t)rid * j->range_bytes, *pan = col + j->col_bytes, *part = pan + j->pan_bytes;
     if (j->pass == PASS_DW && rid == 0) part = j->dw;   /* range 0 sums straight into dW */
-    if (j->pass == PASS_DX && !j->trivial)   /* col2im adds into this range's images */
+    if (j->pass == PASS_DX && !j->trivial && j->cover_kk < 0)   /* col2im adds into this range's images */
         memset(j->dx + (size_t)(lo * g->w.C * g->IS) * j->es, 0, (size_t)((hi - lo) * g->w.C * g->IS) * j->es);
     int first = 1;
     for (int64_t q0 = lo * OS, end = hi * OS; q0 < end; first = 0) {
@@ -435,6 +501,20 @@ static void dw_sum_range(void *ctx, int64_t lo, int64_t hi) {
     }
 }
 
+/* A tap of a stride-1 window whose output is as large as its input, at offset 0 in every
+ * dim (the centre of a 'same' convolution), maps output positions one to one onto input
+ * positions: col2im can start each channel with it as a copy instead of zeroing dX and
+ * adding. Only when panels hold whole images (the other taps then add into positions of
+ * the same panel). Returns the tap, or -1. */
+static int64_t covering_tap(const conv_geom *g, const conv_tap *taps) {
+    const om_window *w = &g->w;
+    for (int i = 0; i < OM_SP; i++)
+        if (w->s[i] != 1 || w->out[i] != w->in[i]) return -1;
+    for (int64_t kk = 0; kk < g->KS; kk++)
+        if (!taps[kk].dd && !taps[kk].dh && !taps[kk].off) return kk;
+    return -1;
+}
+
 /* Runs one pass over the batch: j filled but for the panel and scratch fields. */
 static om_status *conv_run(const om_node *n, conv_job *j) {
     const conv_geom *g = &j->g;
@@ -460,14 +540,19 @@ static om_status *conv_run(const om_node *n, conv_job *j) {
     if (R > cap) R = cap;
     if (R < 1) R = 1;
     void *own;
-    const size_t taps_bytes = round_up64((size_t)g->KS * sizeof(conv_tap)), need = taps_bytes + (size_t)R * j->range_bytes;
+    const size_t taps_bytes = round_up64((size_t)g->KS * sizeof(conv_tap));
+    const size_t tbl_bytes = g->KS * g->OS <= IM2COL_TABLE_MAX ? round_up64((size_t)(g->KS * g->OS) * sizeof(int32_t)) : 0;
+    const size_t need = taps_bytes + tbl_bytes + (size_t)R * j->range_bytes;
     char *mem = scratch_get(need, &own);
     if (!mem)
         return om_error(OM_OUT_OF_MEMORY, "%s node '%s': no memory for %zu bytes of im2col scratch", n->op->name,
                         om_sp_name(n), need);
     conv_taps(g, (conv_tap *)mem);
     j->taps = (const conv_tap *)mem;
-    j->scratch = mem + taps_bytes;
+    j->cover_kk = j->pass == PASS_DX && j->step >= OS ? covering_tap(g, j->taps) : -1;
+    j->tbl = tbl_bytes && im2col_table_build(g, j->taps, (int32_t *)(mem + taps_bytes)) ? (const int32_t *)(mem + taps_bytes)
+                                                                                       : NULL;
+    j->scratch = mem + taps_bytes + tbl_bytes;
     om_pool_run(N, R, conv_range, j);
     if (j->pass == PASS_DW && R > 1) {
         dw_sum s = {.dt = j->dt, .dw = j->dw, .parts = j->scratch + j->col_bytes + j->pan_bytes,
