@@ -473,10 +473,15 @@ static void conv_range(void *ctx, int64_t lo, int64_t hi) {
     if (j->pass == PASS_DW && rid == 0) part = j->dw;   /* range 0 sums straight into dW */
     if (j->pass == PASS_DX && !j->trivial && j->cover_kk < 0)   /* col2im adds into this range's images */
         memset(j->dx + (size_t)(lo * g->w.C * g->IS) * j->es, 0, (size_t)((hi - lo) * g->w.C * g->IS) * j->es);
+    int64_t step = j->step;
+    if (step >= OS) {   /* whole images: as many per panel as fit, spread evenly over the panels */
+        const int64_t per = step / OS, panels = (hi - lo + per - 1) / per;
+        step = (hi - lo + panels - 1) / panels * OS;
+    }
     int first = 1;
     for (int64_t q0 = lo * OS, end = hi * OS; q0 < end; first = 0) {
-        int64_t q1 = q0 + j->step < end ? q0 + j->step : end;
-        if (j->step < OS && q1 > (q0 / OS + 1) * OS) q1 = (q0 / OS + 1) * OS;   /* parts of an image stay in it */
+        int64_t q1 = q0 + step < end ? q0 + step : end;
+        if (step < OS && q1 > (q0 / OS + 1) * OS) q1 = (q0 / OS + 1) * OS;   /* parts of an image stay in it */
         for (int64_t gi = 0; gi < g->G; gi++) conv_panel(j, q0, q1, gi, col, pan, part, first);
         if (j->pass == PASS_Y && j->b) add_bias(j, q0, q1);
         q0 = q1;
