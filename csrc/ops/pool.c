@@ -116,33 +116,6 @@ static int pool_row_interior(const om_window *w, int64_t od, int64_t oh) {
     return id >= 0 && id + (w->k[0] - 1) * w->d[0] < w->in[0] && ih >= 0 && ih + (w->k[1] - 1) * w->d[1] < w->in[1];
 }
 
-/* Walks the output positions of one plane: BODY sees `o` (the position's offset in the
- * plane's output), od, oh, ow, `inside` (its window is interior) and, when inside,
- * `base` (the offset of its first tap in the plane). */
-#define FOR_POSITIONS(w, it, ...)                                                              \
-    for (int64_t od = 0, o = 0; od < (w)->out[0]; od++)                                        \
-        for (int64_t oh = 0; oh < (w)->out[1]; oh++) {                                         \
-            const int row_in = pool_row_interior((w), od, oh);                                 \
-            const int64_t row_base = ((od * (w)->s[0] - (w)->pb[0]) * (w)->in[1] +             \
-                                      oh * (w)->s[1] - (w)->pb[1]) * (w)->in[2] - (w)->pb[2];  \
-            for (int64_t ow = 0; ow < (w)->out[2]; ow++, o++) {                                \
-                const int inside = row_in && ow >= (it)->w_lo && ow < (it)->w_hi;              \
-                const int64_t base = row_base + ow * (w)->s[2];                                \
-                __VA_ARGS__;                                                                   \
-            }                                                                                  \
-        }
-
-/* The taps of an interior window, no checks; BODY sees `at`. */
-#define FOR_INTERIOR_TAPS(w, it, base, ...)                                                    \
-    for (int64_t kd_ = 0; kd_ < (w)->k[0]; kd_++)                                              \
-        for (int64_t kh_ = 0; kh_ < (w)->k[1]; kh_++) {                                        \
-            const int64_t r_ = (base) + kd_ * (it)->dD + kh_ * (it)->dH;                       \
-            for (int64_t kw_ = 0; kw_ < (w)->k[2]; kw_++) {                                    \
-                const int64_t at = r_ + kw_ * (it)->dW;                                        \
-                __VA_ARGS__;                                                                   \
-            }                                                                                  \
-        }
-
 typedef struct pool_args {
     om_window w;
     pool_interior it;
@@ -402,20 +375,52 @@ static inline int64_t avg_divisor(const om_window *w, int incl, int64_t od, int6
     return div;
 }
 
+/* The taps of a window, in order: BODY sees `toff`, the tap's offset from the first. */
+#define FOR_TAP_OFFSETS(w, it, ...)                                                            \
+    for (int64_t kd_ = 0; kd_ < (w)->k[0]; kd_++)                                              \
+        for (int64_t kh_ = 0; kh_ < (w)->k[1]; kh_++)                                          \
+            for (int64_t kw_ = 0; kw_ < (w)->k[2]; kw_++) {                                    \
+                const int64_t toff = kd_ * (it)->dD + kh_ * (it)->dH + kw_ * (it)->dW;         \
+                __VA_ARGS__;                                                                   \
+            }
+
+/* n interior positions of a row at stride S (their divisor is the window's size, taps
+ * inside the input or the padded input alike): sums in tap order, as the scalar path. */
+#define AVG_ROW_TAPS(T, S, w, it, x0, yr, n, ks)                                               \
+    do {                                                                                       \
+        for (int64_t i = 0; i < (n); i++) (yr)[i] = 0;                                         \
+        FOR_TAP_OFFSETS(w, it, {                                                               \
+            const T *restrict src_ = (x0) + toff;                                              \
+            for (int64_t i = 0; i < (n); i++) (yr)[i] += src_[i * (S)];                        \
+        });                                                                                    \
+        for (int64_t i = 0; i < (n); i++) (yr)[i] /= (T)(ks);                                  \
+    } while (0)
+
 #define AVG_POOL_WORKER(name, TT)                                                              \
-    static void name(void *c_, int64_t lo, int64_t hi) {                                       \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                         \
         typedef TT T;                                                                          \
         const pool_args *a = c_;                                                               \
         const om_window *w = &a->w;                                                            \
+        const int64_t OW = w->out[2], s = w->s[2], ks = om_window_k_size(w);                   \
         for (int64_t p = lo; p < hi; p++) {                                                    \
             const T *xc = (const T *)a->src + p * a->IS;                                       \
             T *yc = (T *)a->dst + p * a->OS;                                                   \
-            FOR_POSITIONS(w, &a->it, {                                                         \
-                T s = 0;                                                                       \
-                if (inside) { FOR_INTERIOR_TAPS(w, &a->it, base, s += xc[at]); }               \
-                else { FOR_TAPS(w, od, oh, ow, s += xc[at]); }                                 \
-                const int64_t div = avg_divisor(w, a->incl, od, oh, ow);                       \
-                yc[o] = div > 0 ? s / (T)div : 0;                                              \
+            FOR_ROWS(w, &a->it, {                                                              \
+                for (int64_t ow = 0; ow < OW; ow++) {                                          \
+                    if (ow == ilo && ilo < ihi) {   /* the interior run, one tap at a time */ \
+                        const T *x0 = xc + row_base + ilo * s;                                 \
+                        T *restrict yr = yc + o_row + ilo;                                     \
+                        if (s == 1) AVG_ROW_TAPS(T, 1, w, &a->it, x0, yr, ihi - ilo, ks);      \
+                        else if (s == 2) AVG_ROW_TAPS(T, 2, w, &a->it, x0, yr, ihi - ilo, ks); \
+                        else AVG_ROW_TAPS(T, s, w, &a->it, x0, yr, ihi - ilo, ks);             \
+                        ow = ihi - 1;                                                          \
+                        continue;                                                              \
+                    }                                                                          \
+                    T sum = 0;                                                                 \
+                    FOR_TAPS(w, od, oh, ow, sum += xc[at]);                                    \
+                    const int64_t div = avg_divisor(w, a->incl, od, oh, ow);                   \
+                    yc[o_row + ow] = div > 0 ? sum / (T)div : 0;                               \
+                }                                                                              \
             });                                                                                \
         }                                                                                      \
     }
@@ -470,21 +475,40 @@ static om_status *average_pool_grad_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+/* dx += dy / ks over each tap of n interior positions of a row at stride S (one tap's
+ * positions land on distinct inputs). */
+#define AVG_ROW_GRAD_TAPS(T, S, w, it, dx0, dyr, n, ks)                                        \
+    FOR_TAP_OFFSETS(w, it, {                                                                   \
+        T *restrict dst_ = (dx0) + toff;                                                       \
+        for (int64_t i = 0; i < (n); i++) dst_[i * (S)] += (dyr)[i] / (T)(ks);                 \
+    })
+
 #define AVG_POOL_GRAD_WORKER(name, TT)                                                         \
-    static void name(void *c_, int64_t lo, int64_t hi) {                                       \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                         \
         typedef TT T;                                                                          \
         const pool_args *a = c_;                                                               \
         const om_window *w = &a->w;                                                            \
+        const int64_t OW = w->out[2], s = w->s[2], ks = om_window_k_size(w);                   \
         for (int64_t p = lo; p < hi; p++) {                                                    \
             T *dxc = (T *)a->dst + p * a->IS;                                                  \
             const T *dyc = (const T *)a->src + p * a->OS;                                      \
             memset(dxc, 0, (size_t)a->IS * sizeof(T));                                         \
-            FOR_POSITIONS(w, &a->it, {                                                         \
-                const int64_t div = avg_divisor(w, a->incl, od, oh, ow);                       \
-                if (div <= 0) continue;                                                        \
-                const T g = dyc[o] / (T)div;                                                   \
-                if (inside) { FOR_INTERIOR_TAPS(w, &a->it, base, dxc[at] += g); }              \
-                else { FOR_TAPS(w, od, oh, ow, dxc[at] += g); }                                \
+            FOR_ROWS(w, &a->it, {                                                              \
+                for (int64_t ow = 0; ow < OW; ow++) {                                          \
+                    if (ow == ilo && ilo < ihi) {   /* the interior run, one tap at a time */ \
+                        T *dx0 = dxc + row_base + ilo * s;                                     \
+                        const T *dyr = dyc + o_row + ilo;                                      \
+                        if (s == 1) { AVG_ROW_GRAD_TAPS(T, 1, w, &a->it, dx0, dyr, ihi - ilo, ks); } \
+                        else if (s == 2) { AVG_ROW_GRAD_TAPS(T, 2, w, &a->it, dx0, dyr, ihi - ilo, ks); } \
+                        else { AVG_ROW_GRAD_TAPS(T, s, w, &a->it, dx0, dyr, ihi - ilo, ks); }  \
+                        ow = ihi - 1;                                                          \
+                        continue;                                                              \
+                    }                                                                          \
+                    const int64_t div = avg_divisor(w, a->incl, od, oh, ow);                   \
+                    if (div <= 0) continue;                                                    \
+                    const T g = dyc[o_row + ow] / (T)div;                                      \
+                    FOR_TAPS(w, od, oh, ow, dxc[at] += g);                                     \
+                }                                                                              \
             });                                                                                \
         }                                                                                      \
     }
