@@ -6,91 +6,45 @@
  *   om_op_conv_grad_x   ConvGradX  (domain ortmod)   (dY, W, Shape(X)) -> dX
  *   om_op_conv_grad_w   ConvGradW  (domain ortmod)   (dY, X?, Shape(W)) -> dW, dB?
  *
- * Every product is one BLAS GEMM per (image, group), in the im2col layout:
- *   col   (Cg*KS, OS)  = im2col(x[n, group])         KS = kernel size, OS = output size
- *   y     (Mg, OS)     = W_g (Mg, Cg*KS) @ col
- *   dcol  (Cg*KS, OS)  = W_g^T @ dy[n, group]         then dx = col2im(dcol)
- *   dW_g (Mg, Cg*KS) += dy[n, group] @ col^T          (beta = 1 accumulates over the batch)
- * A 1x1 kernel with stride 1 and no padding needs no im2col: x itself is the column matrix.
- * ConvGradX reads only W and the shape of X, so X is kept for backward only when W's gradient
- * is wanted. The backward ops carry the forward node's attributes (copied by the rule).
+ * Every product is a BLAS GEMM in the im2col layout over a *panel*: a run of output
+ * positions of the batch counted image after image (column q = n * OS + o), whole images
+ * when they are small (so that the product is wide enough to run at speed), equal parts of
+ * one image when it is large (so that the im2col matrix stays in cache). Per group:
+ *   col   (Cg*KS, P)  = im2col(x) over the panel's positions   KS = kernel size, OS = output size
+ *   y     (Mg, P)     = W_g (Mg, Cg*KS) @ col
+ *   dcol  (Cg*KS, P)  = W_g^T @ dy                              then dx += col2im(dcol)
+ *   dW_g (Mg, Cg*KS) += dy @ col^T                              (summed over the panels)
+ * A panel inside one image reads and writes x, y, dy and dx in place (leading dimension
+ * OS); one spanning images goes through a gathered copy. A 1x1 kernel with stride 1 and no
+ * padding needs no im2col: x itself is the column matrix. im2col itself either walks the
+ * output rows (long rows of a 'same' convolution copy as blocks) or reads a table of tap
+ * offsets built once per call (short rows, strides).
+ *
+ * Threads: the batch is cut into ranges of whole images on the engine's pool; each range
+ * runs its panels (om_gemm runs single-threaded inside a range) with its own scratch and,
+ * for dW, its own partial sum (range 0 writes dW itself, the others are added to it in
+ * range order: the result does not depend on which thread ran what). Whole images per
+ * range keep col2im's overlapping scatter-adds inside one thread. A batch of one runs on
+ * the calling thread, where om_gemm shares each product out over the pool instead.
+ * Scratch (im2col matrices, gathered panels, partial sums) is kept per calling thread
+ * between calls, so that a training step allocates none once it has run.
+ *
+ * ConvGradX reads only W and the shape of X, so X is kept for backward only when W's
+ * gradient is wanted. The backward ops carry the forward node's attributes (copied by
+ * the rule).
  */
-#include <cblas.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "ops/broadcast.h"
+#include "ops/gemm.h"
 #include "ops/spatial.h"
-
-#define CONV_DISPATCH(dt, node, ...)                                            \
-    switch (dt) {                                                               \
-    case OM_F32: { typedef float T; __VA_ARGS__; } break;                       \
-    case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
-    default: return om_err_dtype((node), 0, (dt));                              \
-    }
-
-/* Row-major C(M,N) = A(M,K) op B(K,N) (+ beta C); ta/tb transpose the stored matrices. */
-static void gemm_f32(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A, const float *B,
-                     float beta, float *C) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, 1.0f, A, ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
-}
-static void gemm_f64(int ta, int tb, int64_t M, int64_t N, int64_t K, const double *A, const double *B,
-                     double beta, double *C) {
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, 1.0, A, ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
-}
-#define GEMM_T(T) _Generic((T)0, float: gemm_f32, default: gemm_f64)
 
 static int window_trivial(const om_window *w) {
     for (int i = 0; i < OM_SP; i++)
         if (w->k[i] != 1 || w->s[i] != 1 || w->pb[i] || w->pe[i]) return 0;
     return 1;
 }
-
-/* im2col / col2im. ADD = 0: col[r][o] = x[tap(r, o)] (0 in the padding);
- * ADD = 1: x[tap(r, o)] += col[r][o] (col2im; x must be zeroed first).
- * x is (C, ID, IH, IW), col is (C*KD*KH*KW, OD*OH*OW). Rows of one channel touch only
- * that channel, so channels run in parallel (col2im too). */
-#define IM2COL(T, ADD, xp, colp, C_, w)                                                          \
-    do {                                                                                         \
-        const om_window *w_ = (w);                                                               \
-        const int64_t KD = w_->k[0], KH = w_->k[1], KW = w_->k[2];                               \
-        const int64_t ID = w_->in[0], IH = w_->in[1], IW = w_->in[2];                            \
-        const int64_t OD = w_->out[0], OH = w_->out[1], OW = w_->out[2];                         \
-        const int64_t OS = OD * OH * OW, KS = KD * KH * KW;                                      \
-        OM_PARALLEL_FOR((C_) * KS * OS > OM_CHUNK)                                               \
-        for (int64_t c = 0; c < (C_); c++) {                                                     \
-            for (int64_t kk = 0; kk < KS; kk++) {                                                \
-                const int64_t kd = kk / (KH * KW), kh = (kk / KW) % KH, kw = kk % KW;            \
-                T *colr = (colp) + (c * KS + kk) * OS;                                           \
-                T *xc = (T *)(xp) + c * ID * IH * IW;                                            \
-                const int64_t offw = kw * w_->d[2] - w_->pb[2], sw = w_->s[2];                   \
-                int64_t lo, hi;                                                                  \
-                om_window_valid(IW, sw, offw, OW, &lo, &hi);                                     \
-                for (int64_t od = 0; od < OD; od++) {                                            \
-                    const int64_t id = od * w_->s[0] - w_->pb[0] + kd * w_->d[0];                \
-                    for (int64_t oh = 0; oh < OH; oh++) {                                        \
-                        T *restrict dst = colr + (od * OH + oh) * OW;                            \
-                        const int64_t ih = oh * w_->s[1] - w_->pb[1] + kh * w_->d[1];            \
-                        if (id < 0 || id >= ID || ih < 0 || ih >= IH) {                          \
-                            if (!(ADD)) for (int64_t ow = 0; ow < OW; ow++) dst[ow] = 0;         \
-                            continue;                                                            \
-                        }                                                                        \
-                        T *restrict src = xc + (id * IH + ih) * IW;                              \
-                        if (ADD) {                                                               \
-                            if (sw == 1) for (int64_t ow = lo; ow < hi; ow++) src[ow + offw] += dst[ow]; \
-                            else for (int64_t ow = lo; ow < hi; ow++) src[ow * sw + offw] += dst[ow]; \
-                        } else {                                                                 \
-                            for (int64_t ow = 0; ow < lo; ow++) dst[ow] = 0;                     \
-                            if (sw == 1) for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow + offw]; \
-                            else for (int64_t ow = lo; ow < hi; ow++) dst[ow] = src[ow * sw + offw]; \
-                            for (int64_t ow = hi; ow < OW; ow++) dst[ow] = 0;                    \
-                        }                                                                        \
-                    }                                                                            \
-                }                                                                                \
-            }                                                                                    \
-        }                                                                                        \
-    } while (0)
 
 /* ---- geometry ----------------------------------------------------------------------- */
 
@@ -146,6 +100,481 @@ static om_status *check_dy(const om_node *n, const om_tensor *dy, const conv_geo
     return NULL;
 }
 
+/* ---- products and scratch ------------------------------------------------------------ */
+
+/* Row-major C (M x N) = op(A) op(B) + beta C (om_gemm: inside a range of the pool it runs
+ * on the calling thread; on the calling thread itself it shares a big product out). */
+static void gemm(om_dtype dt, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                 const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
+    om_gemm(dt, ta, tb, M, N, K, 1.0, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* Per-thread scratch kept between calls, so that a training step allocates no im2col
+ * buffer once the largest conv has run (the op interface has no workspace request).
+ * It grows to the largest request up to SCRATCH_KEEP; a larger one is allocated for the
+ * call only. Freed when the thread exits. */
+#define SCRATCH_KEEP ((size_t)64 << 20)
+#define SCRATCH_HEAD ((size_t)64)   /* the block's size, kept in front; keeps 64-byte alignment */
+
+static pthread_key_t scratch_key;
+static int scratch_key_ok;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_release(void *blk) { om_free(blk); }
+static void scratch_key_init(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_release) == 0; }
+
+/* Returns at least nbytes (64-byte aligned), NULL when out of memory; *own is what the
+ * caller must om_free afterwards (NULL for the kept buffer). */
+static void *scratch_get(size_t nbytes, void **own) {
+    *own = NULL;
+    pthread_once(&scratch_once, scratch_key_init);
+    if (scratch_key_ok && nbytes <= SCRATCH_KEEP) {
+        size_t *blk = pthread_getspecific(scratch_key);
+        if (blk && blk[0] >= nbytes) return (char *)blk + SCRATCH_HEAD;
+        size_t *grown = om_alloc(SCRATCH_HEAD + nbytes);
+        if (!grown) return NULL;
+        grown[0] = nbytes;
+        if (pthread_setspecific(scratch_key, grown) == 0) {
+            om_free(blk);
+            return (char *)grown + SCRATCH_HEAD;
+        }
+        om_free(grown);
+    }
+    return *own = om_alloc(nbytes ? nbytes : 1);
+}
+
+static size_t round_up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* ---- im2col / col2im ---------------------------------------------------------------- */
+
+/* One kernel tap k = (kd, kh, kw): the input position of output (od, oh, ow) is
+ * (od * sD + dd, oh * sH + dh, ow * sW + off); along W it is inside the input for ow in
+ * [lo, hi). Tabled once per call: im2col runs once per (segment, channel, tap). */
+typedef struct conv_tap {
+    int64_t dd, dh, off, lo, hi;
+} conv_tap;
+
+static void conv_taps(const conv_geom *g, conv_tap *taps) {
+    const om_window *w = &g->w;
+    for (int64_t kk = 0; kk < g->KS; kk++) {
+        const int64_t kd = kk / (w->k[1] * w->k[2]), kh = (kk / w->k[2]) % w->k[1], kw = kk % w->k[2];
+        conv_tap *t = &taps[kk];
+        t->dd = kd * w->d[0] - w->pb[0];
+        t->dh = kh * w->d[1] - w->pb[1];
+        t->off = kw * w->d[2] - w->pb[2];
+        om_window_valid(w->in[2], w->s[2], t->off, w->out[2], &t->lo, &t->hi);
+    }
+}
+
+/* im2col of output positions [o0, o0 + len) of one image into columns [at, at + len) of
+ * col (ld columns a row): col[c * KS + k][at + i] = x[c][tap k of position o0 + i], 0 in
+ * the padding. add: col2im instead, x[c][tap] += col[...], x zeroed beforehand — unless
+ * set_kk >= 0, a tap that lands on every position of x (covering_tap), which then copies
+ * first; col's entries for taps in the padding may be overwritten with 0. xg: the image's
+ * first channel of the group; Cg channels.
+ *
+ * This one walks, per (channel, tap) row of col, the output rows (od, oh) in order. Per
+ * output row, the positions whose tap falls inside the input ([lo, hi), the same for
+ * every row) copy and the others are 0. When output rows are as wide as input rows and
+ * both strides along H and W are 1 (a 'same' convolution), the taps of consecutive output
+ * rows are consecutive input rows: a run of whole rows is then one contiguous copy (or
+ * add), and only the padding columns are fixed up row by row. */
+#define DEFINE_IM2COL(T, sfx)                                                                        \
+    /* one output row's positions [ow0, ow1); dst[ow] and src[ow] (src NULL: all padding) */       \
+    static inline void tap_row_##sfx(int add, T *restrict dst, T *restrict src, int64_t ow0,        \
+                                     int64_t ow1, int64_t lo, int64_t hi, int64_t sw) {             \
+        const int64_t a = lo > ow0 ? lo : ow0, b0 = hi < ow1 ? hi : ow1, b = b0 > a ? b0 : a;       \
+        if (!src) {                                                                                  \
+            if (!add) for (int64_t ow = ow0; ow < ow1; ow++) dst[ow] = 0;                            \
+        } else if (add) {                                                                            \
+            if (sw == 1) for (int64_t ow = a; ow < b; ow++) src[ow] += dst[ow];                      \
+            else if (sw == 2) for (int64_t ow = a; ow < b; ow++) src[ow * 2] += dst[ow];             \
+            else for (int64_t ow = a; ow < b; ow++) src[ow * sw] += dst[ow];                         \
+        } else {                                                                                     \
+            for (int64_t ow = ow0; ow < a; ow++) dst[ow] = 0;                                        \
+            if (sw == 1) for (int64_t ow = a; ow < b; ow++) dst[ow] = src[ow];                       \
+            else if (sw == 2) for (int64_t ow = a; ow < b; ow++) dst[ow] = src[ow * 2];   /* vectorizes */ \
+            else for (int64_t ow = a; ow < b; ow++) dst[ow] = src[ow * sw];                          \
+            for (int64_t ow = b; ow < ow1; ow++) dst[ow] = 0;                                        \
+        }                                                                                            \
+    }                                                                                                \
+    OM_VEC_CLONES static void im2col_walk_##sfx(const conv_geom *g, const conv_tap *taps, int add,   \
+                                                int64_t set_kk, T *xg, T *col, int64_t ld, int64_t at, \
+                                                int64_t o0, int64_t len) {                             \
+        const om_window *w = &g->w;                                                                  \
+        const int64_t ID = w->in[0], IH = w->in[1], IW = w->in[2];                                   \
+        const int64_t OH = w->out[1], OW = w->out[2], sw = w->s[2], end = o0 + len;                 \
+        const int same_rows = sw == 1 && w->s[1] == 1 && OW == IW;                                   \
+        const int64_t r0 = o0 / OW, od0 = r0 / OH, oh0 = r0 - od0 * OH, ow00 = o0 - r0 * OW;        \
+        for (int64_t c = 0; c < g->Cg; c++) {                                                        \
+            T *xc = xg + c * g->IS;                                                                  \
+            if (set_kk >= 0)   /* the tap that lands on every position: x = col, no zeroing first */ \
+                memcpy(xc + o0, col + (c * g->KS + set_kk) * ld + at, (size_t)len * sizeof(T));      \
+            for (int64_t kk = 0; kk < g->KS; kk++) {                                                 \
+                if (kk == set_kk) continue;                                                          \
+                const int64_t dd = taps[kk].dd, dh = taps[kk].dh, off = taps[kk].off;                \
+                const int64_t lo = taps[kk].lo, hi = taps[kk].hi;                                    \
+                T *dst = col + (c * g->KS + kk) * ld + at - o0;   /* dst[o]: position o */          \
+                int64_t od = od0, oh = oh0, ow0 = ow00;                                              \
+                for (int64_t o = o0; o < end;) {                                                     \
+                    const int64_t id = od * w->s[0] + dd;                                            \
+                    const int id_in = id >= 0 && id < ID;                                            \
+                    T *plane = id_in ? xc + id * IH * IW + off : NULL;   /* + ih * IW + ow */        \
+                    if (same_rows && ow0 == 0 && end - o >= OW) {   /* whole rows [oh, oh1) */       \
+                        const int64_t oh1 = OH < oh + (end - o) / OW ? OH : oh + (end - o) / OW;     \
+                        int64_t v0 = oh > -dh ? oh : -dh, v1 = oh1 < IH - dh ? oh1 : IH - dh;        \
+                        if (!id_in || v1 < v0) v1 = v0;   /* rows [v0, v1) read the input */        \
+                        if (!add) {                                                                  \
+                            for (int64_t q = o; q < o + (v0 - oh) * OW; q++) dst[q] = 0;             \
+                            for (int64_t q = o + (v1 - oh) * OW; q < o + (oh1 - oh) * OW; q++) dst[q] = 0; \
+                        }                                                                            \
+                        if (v0 < v1) {                                                               \
+                            T *restrict d = dst + o + (v0 - oh) * OW;   /* row v0, column 0 */       \
+                            T *restrict s = plane + (v0 + dh) * IW;                                  \
+                            const int64_t n = (v1 - v0 - 1) * OW + hi;                               \
+                            if (add) {                                                               \
+                                for (int64_t r = 0; r < v1 - v0; r++) {   /* padding taps add 0 */   \
+                                    for (int64_t ow = 0; ow < lo; ow++) d[r * OW + ow] = 0;          \
+                                    for (int64_t ow = hi; ow < OW; ow++) d[r * OW + ow] = 0;         \
+                                }                                                                    \
+                                for (int64_t q = lo; q < n; q++) s[q] += d[q];                       \
+                            } else {                                                                 \
+                                for (int64_t q = lo; q < n; q++) d[q] = s[q];                        \
+                                for (int64_t r = 0; r < v1 - v0; r++) {   /* the padding columns */  \
+                                    for (int64_t ow = 0; ow < lo; ow++) d[r * OW + ow] = 0;          \
+                                    for (int64_t ow = hi; ow < OW; ow++) d[r * OW + ow] = 0;         \
+                                }                                                                    \
+                            }                                                                        \
+                        }                                                                            \
+                        o += (oh1 - oh) * OW;                                                        \
+                        oh = oh1;                                                                    \
+                    } else {   /* one output row (or the part of it inside the segment) */           \
+                        const int64_t ow1 = OW < ow0 + end - o ? OW : ow0 + end - o;                 \
+                        const int64_t ih = oh * w->s[1] + dh;                                        \
+                        T *src = id_in && ih >= 0 && ih < IH ? plane + ih * IW : NULL;               \
+                        tap_row_##sfx(add, dst + o - ow0, src, ow0, ow1, lo, hi, sw);                \
+                        o += ow1 - ow0;                                                              \
+                        ow0 = 0;                                                                     \
+                        oh++;                                                                        \
+                    }                                                                                \
+                    if (oh == OH) {                                                                  \
+                        oh = 0;                                                                      \
+                        od++;                                                                        \
+                    }                                                                                \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+    }
+DEFINE_IM2COL(float, f32)
+DEFINE_IM2COL(double, f64)
+
+/* im2col through a table of tap offsets, tbl[k * OS + o] = the offset in the channel's
+ * plane of tap k of position o, or -1 in the padding: the same for every channel and
+ * image, so it is built once per call, and each (channel, tap) row is then one loop over
+ * the segment's positions however short the output rows are (small images, strides). */
+#define DEFINE_IM2COL_TABLE(T, sfx)                                                                  \
+    OM_VEC_CLONES static void im2col_table_##sfx(const conv_geom *g, const int32_t *tbl, int add,   \
+                                                 int64_t set_kk, T *xg, T *col, int64_t ld,          \
+                                                 int64_t at, int64_t o0, int64_t len) {              \
+        for (int64_t c = 0; c < g->Cg; c++) {                                                        \
+            T *restrict xc = xg + c * g->IS;                                                         \
+            if (set_kk >= 0)   /* the tap that lands on every position: x = col, no zeroing first */ \
+                memcpy(xc + o0, col + (c * g->KS + set_kk) * ld + at, (size_t)len * sizeof(T));      \
+            for (int64_t kk = 0; kk < g->KS; kk++) {                                                 \
+                if (kk == set_kk) continue;                                                          \
+                const int32_t *restrict t = tbl + kk * g->OS + o0;                                   \
+                T *restrict d = col + (c * g->KS + kk) * ld + at;                                    \
+                if (add) {   /* one tap's positions land on distinct inputs */                       \
+                    for (int64_t i = 0; i < len; i++)                                                \
+                        if (t[i] >= 0) xc[t[i]] += d[i];                                             \
+                } else {                                                                             \
+                    for (int64_t i = 0; i < len; i++) {                                              \
+                        const int32_t k = t[i];                                                      \
+                        const T v = xc[k >= 0 ? k : 0];                                              \
+                        d[i] = k >= 0 ? v : 0;                                                       \
+                    }                                                                                \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+    }
+DEFINE_IM2COL_TABLE(float, f32)
+DEFINE_IM2COL_TABLE(double, f64)
+
+/* Entries of the largest offset table kept (KS * OS int32s); larger ones walk rows. */
+#define IM2COL_TABLE_MAX ((int64_t)1 << 16)
+
+/* The table when it pays and fits, in tbl (KS * OS entries), else returns 0. Long rows
+ * of a 'same' convolution copy faster as blocks (im2col_walk); below 16 positions a row,
+ * or with strides, the table wins (measured on a ResNet's 3x3 convs: 32, 16, 8, 4 wide). */
+static int im2col_table_build(const conv_geom *g, const conv_tap *taps, int32_t *tbl) {
+    const om_window *w = &g->w;
+    const int same_rows = w->s[2] == 1 && w->s[1] == 1 && w->out[2] == w->in[2];
+    if ((same_rows && w->out[2] >= 16) || g->KS * g->OS > IM2COL_TABLE_MAX || g->IS > INT32_MAX) return 0;
+    for (int64_t kk = 0; kk < g->KS; kk++)
+        for (int64_t o = 0; o < g->OS; o++) {
+            const int64_t r = o / w->out[2], ow = o - r * w->out[2], od = r / w->out[1], oh = r - od * w->out[1];
+            const int64_t id = od * w->s[0] + taps[kk].dd, ih = oh * w->s[1] + taps[kk].dh;
+            const int64_t iw = ow * w->s[2] + taps[kk].off;
+            const int in = id >= 0 && id < w->in[0] && ih >= 0 && ih < w->in[1] && iw >= 0 && iw < w->in[2];
+            tbl[kk * g->OS + o] = in ? (int32_t)((id * w->in[1] + ih) * w->in[2] + iw) : -1;
+        }
+    return 1;
+}
+
+/* rows x len elements from src (ld src_ld) to dst (ld dst_ld) */
+static void copy_rows(char *dst, int64_t dst_ld, const char *src, int64_t src_ld, int64_t rows, int64_t len,
+                      size_t es) {
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + (size_t)(r * dst_ld) * es, src + (size_t)(r * src_ld) * es, (size_t)len * es);
+}
+
+/* ---- the pass over the batch ---------------------------------------------------------- */
+
+enum { PASS_Y, PASS_DX, PASS_DW };
+
+/* A panel's im2col matrix (CK x P) is kept near this size: it is written once and read
+ * by the product right after, so it should stay in the core's L2. */
+#define PANEL_BYTES ((int64_t)512 << 10)
+#define PANEL_MIN_COLS 32
+
+typedef struct conv_job {
+    int pass, trivial;
+    om_dtype dt;
+    size_t es;
+    conv_geom g;
+    int64_t CK;                 /* rows of col: Cg * KS */
+    int64_t step;               /* columns per panel: a part of one image, or whole images */
+    const char *x, *w, *b, *dy;
+    char *y, *dx, *dw;
+    const conv_tap *taps;       /* KS of them */
+    int64_t cover_kk;           /* dX: a tap whose col2im writes every position of x, or -1 */
+    const int32_t *tbl;         /* im2col's offset table (KS x OS), or NULL: walk the rows */
+    char *scratch;              /* per range: col (CK x P), pan (Mg x P), dW partial (M x CK) */
+    size_t col_bytes, pan_bytes, range_bytes;
+} conv_job;
+
+/* im2col (add: col2im) of positions [o0, o0 + len) of one image (xg: its group's first
+ * channel) into columns [at, at + len) of col. */
+static void im2col(const conv_job *j, int add, char *xg, char *col, int64_t ld, int64_t at, int64_t o0, int64_t len) {
+    const int64_t set_kk = add ? j->cover_kk : -1;
+    if (j->tbl && j->dt == OM_F32)
+        im2col_table_f32(&j->g, j->tbl, add, set_kk, (float *)xg, (float *)col, ld, at, o0, len);
+    else if (j->tbl)
+        im2col_table_f64(&j->g, j->tbl, add, set_kk, (double *)xg, (double *)col, ld, at, o0, len);
+    else if (j->dt == OM_F32)
+        im2col_walk_f32(&j->g, j->taps, add, set_kk, (float *)xg, (float *)col, ld, at, o0, len);
+    else
+        im2col_walk_f64(&j->g, j->taps, add, set_kk, (double *)xg, (double *)col, ld, at, o0, len);
+}
+
+/* The columns [q0, q1) of a panel (q = n * OS + o) split at image boundaries: BODY sees
+ * the image n_, its positions [o_, o_ + len_) and their first column at_ in the panel. */
+#define FOR_SEGMENTS(OS, q0, q1, ...)                                                      \
+    for (int64_t q_ = (q0); q_ < (q1);) {                                                  \
+        const int64_t n_ = q_ / (OS), o_ = q_ - n_ * (OS);                                 \
+        const int64_t len_ = (q1) - q_ < (OS) - o_ ? (q1) - q_ : (OS) - o_, at_ = q_ - (q0); \
+        (void)at_;                                                                         \
+        __VA_ARGS__;                                                                       \
+        q_ += len_;                                                                        \
+    }
+
+/* y[n, m, o] += b[m] over the panel's positions */
+static void add_bias(const conv_job *j, int64_t q0, int64_t q1) {
+    const conv_geom *g = &j->g;
+    FOR_SEGMENTS(g->OS, q0, q1, {
+        for (int64_t m = 0; m < g->M; m++) {
+            char *row = j->y + (size_t)((n_ * g->M + m) * g->OS + o_) * j->es;
+            if (j->dt == OM_F32) {
+                float *restrict r = (float *)row;
+                const float bv = ((const float *)j->b)[m];
+                for (int64_t i = 0; i < len_; i++) r[i] += bv;
+            } else {
+                double *restrict r = (double *)row;
+                const double bv = ((const double *)j->b)[m];
+                for (int64_t i = 0; i < len_; i++) r[i] += bv;
+            }
+        }
+    });
+}
+
+/* One panel, one group. col, pan: this range's scratch; part: its dW partial (first: the
+ * range's first panel, which overwrites it). */
+static void conv_panel(const conv_job *j, int64_t q0, int64_t q1, int64_t gi, char *col, char *pan, char *part,
+                       int first) {
+    const conv_geom *g = &j->g;
+    const size_t es = j->es;
+    const int64_t OS = g->OS, IS = g->IS, C = g->w.C, CK = j->CK, pw = q1 - q0;
+    const int64_t n0 = q0 / OS, o0 = q0 - n0 * OS;
+    const int single = o0 + pw <= OS;   /* inside one image: read and write the tensors in place */
+    const char *wg = j->w + (size_t)(gi * g->Mg * CK) * es;
+    /* x's columns (Y, dW): the image itself for a trivial window, else im2col into col */
+    const char *xcol = col;
+    int64_t ldx = pw;
+    if (j->pass != PASS_DX) {
+        if (j->trivial && single) {
+            xcol = j->x + (size_t)((n0 * C + gi * g->Cg) * IS + o0) * es;
+            ldx = IS;
+        } else {
+            FOR_SEGMENTS(OS, q0, q1, im2col(j, 0, (char *)j->x + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col,
+                                            pw, at_, o_, len_));
+        }
+    }
+    /* dy's columns (dX, dW): in place, or gathered into pan */
+    const char *dyp = pan;
+    int64_t ldy = pw;
+    if (j->pass != PASS_Y) {
+        if (single) {
+            dyp = j->dy + (size_t)((n0 * g->M + gi * g->Mg) * OS + o0) * es;
+            ldy = OS;
+        } else {
+            FOR_SEGMENTS(OS, q0, q1, copy_rows(pan + (size_t)at_ * es, pw,
+                                               j->dy + (size_t)((n_ * g->M + gi * g->Mg) * OS + o_) * es, OS, g->Mg,
+                                               len_, es));
+        }
+    }
+    switch (j->pass) {
+    case PASS_Y:
+        if (single) {
+            gemm(j->dt, 0, 0, g->Mg, pw, CK, wg, CK, xcol, ldx, 0, j->y + (size_t)((n0 * g->M + gi * g->Mg) * OS + o0) * es,
+                 OS);
+        } else {
+            gemm(j->dt, 0, 0, g->Mg, pw, CK, wg, CK, xcol, ldx, 0, pan, pw);
+            FOR_SEGMENTS(OS, q0, q1, copy_rows(j->y + (size_t)((n_ * g->M + gi * g->Mg) * OS + o_) * es, OS,
+                                               pan + (size_t)at_ * es, pw, g->Mg, len_, es));
+        }
+        break;
+    case PASS_DW:   /* dW_g (Mg, CK) (+)= dy (Mg, pw) @ col^T */
+        gemm(j->dt, 0, 1, g->Mg, CK, pw, dyp, ldy, xcol, ldx, first ? 0 : 1, part + (size_t)(gi * g->Mg * CK) * es, CK);
+        break;
+    case PASS_DX:   /* dcol (CK, pw) = W_g^T @ dy, then col2im */
+        if (j->trivial && single) {
+            gemm(j->dt, 1, 0, CK, pw, g->Mg, wg, CK, dyp, ldy, 0,
+                 j->dx + (size_t)((n0 * C + gi * g->Cg) * IS + o0) * es, IS);
+            break;
+        }
+        gemm(j->dt, 1, 0, CK, pw, g->Mg, wg, CK, dyp, ldy, 0, col, pw);
+        if (j->trivial) {   /* col2im of a 1x1 window is a copy */
+            FOR_SEGMENTS(OS, q0, q1, copy_rows(j->dx + (size_t)((n_ * C + gi * g->Cg) * IS + o_) * es, IS,
+                                               col + (size_t)at_ * es, pw, g->Cg, len_, es));
+        } else {
+            FOR_SEGMENTS(OS, q0, q1, im2col(j, 1, j->dx + (size_t)((n_ * C + gi * g->Cg) * IS) * es, col, pw,
+                                            at_, o_, len_));
+        }
+        break;
+    }
+}
+
+/* Images [lo, hi), panel by panel. */
+static void conv_range(void *ctx, int64_t lo, int64_t hi) {
+    const conv_job *j = ctx;
+    const conv_geom *g = &j->g;
+    const int64_t OS = g->OS;
+    const int rid = om_pool_range_id();
+    char *col = j->scratch + (size_t)rid * j->range_bytes, *pan = col + j->col_bytes, *part = pan + j->pan_bytes;
+    if (j->pass == PASS_DW && rid == 0) part = j->dw;   /* range 0 sums straight into dW */
+    if (j->pass == PASS_DX && !j->trivial && j->cover_kk < 0)   /* col2im adds into this range's images */
+        memset(j->dx + (size_t)(lo * g->w.C * g->IS) * j->es, 0, (size_t)((hi - lo) * g->w.C * g->IS) * j->es);
+    int64_t step = j->step;
+    if (step >= OS) {   /* whole images: as many per panel as fit, spread evenly over the panels */
+        const int64_t per = step / OS, panels = (hi - lo + per - 1) / per;
+        step = (hi - lo + panels - 1) / panels * OS;
+    }
+    int first = 1;
+    for (int64_t q0 = lo * OS, end = hi * OS; q0 < end; first = 0) {
+        int64_t q1 = q0 + step < end ? q0 + step : end;
+        if (step < OS && q1 > (q0 / OS + 1) * OS) q1 = (q0 / OS + 1) * OS;   /* parts of an image stay in it */
+        for (int64_t gi = 0; gi < g->G; gi++) conv_panel(j, q0, q1, gi, col, pan, part, first);
+        if (j->pass == PASS_Y && j->b) add_bias(j, q0, q1);
+        q0 = q1;
+    }
+}
+
+/* dw[i] += part_r[i] for r = 1 .. R-1, in that order */
+typedef struct dw_sum {
+    om_dtype dt;
+    char *dw;
+    const char *parts;
+    size_t range_bytes;
+    int R;
+} dw_sum;
+
+static void dw_sum_range(void *ctx, int64_t lo, int64_t hi) {
+    const dw_sum *s = ctx;
+    for (int r = 1; r < s->R; r++) {
+        const char *p = s->parts + (size_t)r * s->range_bytes;
+        if (s->dt == OM_F32) {
+            float *restrict d = (float *)s->dw;
+            const float *restrict q = (const float *)p;
+            for (int64_t i = lo; i < hi; i++) d[i] += q[i];
+        } else {
+            double *restrict d = (double *)s->dw;
+            const double *restrict q = (const double *)p;
+            for (int64_t i = lo; i < hi; i++) d[i] += q[i];
+        }
+    }
+}
+
+/* A tap of a stride-1 window whose output is as large as its input, at offset 0 in every
+ * dim (the centre of a 'same' convolution), maps output positions one to one onto input
+ * positions: col2im can start each channel with it as a copy instead of zeroing dX and
+ * adding. Only when panels hold whole images (the other taps then add into positions of
+ * the same panel). Returns the tap, or -1. */
+static int64_t covering_tap(const conv_geom *g, const conv_tap *taps) {
+    const om_window *w = &g->w;
+    for (int i = 0; i < OM_SP; i++)
+        if (w->s[i] != 1 || w->out[i] != w->in[i]) return -1;
+    for (int64_t kk = 0; kk < g->KS; kk++)
+        if (!taps[kk].dd && !taps[kk].dh && !taps[kk].off) return kk;
+    return -1;
+}
+
+/* Runs one pass over the batch: j filled but for the panel and scratch fields. */
+static om_status *conv_run(const om_node *n, conv_job *j) {
+    const conv_geom *g = &j->g;
+    const int64_t N = g->w.N, OS = g->OS;
+    j->es = j->dt == OM_F32 ? sizeof(float) : sizeof(double);
+    j->CK = g->Cg * g->KS;
+    j->trivial = window_trivial(&g->w);
+    /* columns per panel: whole images when they are small, else equal parts of one */
+    int64_t P = PANEL_BYTES / (j->CK * (int64_t)j->es);
+    if (P < PANEL_MIN_COLS) P = PANEL_MIN_COLS;
+    if (OS >= P) {
+        const int64_t parts = (OS + P - 1) / P;
+        j->step = (OS + parts - 1) / parts;
+    } else {
+        j->step = P / OS * OS;
+    }
+    j->col_bytes = round_up64((size_t)(j->CK * j->step) * j->es);
+    j->pan_bytes = round_up64((size_t)(g->Mg * j->step) * j->es);
+    j->range_bytes = j->col_bytes + j->pan_bytes + (j->pass == PASS_DW ? round_up64((size_t)(g->M * j->CK) * j->es) : 0);
+    /* two ranges per thread: a little slack when a thread is preempted, few dW partials */
+    int R = om_pool_ranges(N, 1);
+    const int cap = 2 * om_get_num_threads();
+    if (R > cap) R = cap;
+    if (R < 1) R = 1;
+    void *own;
+    const size_t taps_bytes = round_up64((size_t)g->KS * sizeof(conv_tap));
+    const size_t tbl_bytes = g->KS * g->OS <= IM2COL_TABLE_MAX ? round_up64((size_t)(g->KS * g->OS) * sizeof(int32_t)) : 0;
+    const size_t need = taps_bytes + tbl_bytes + (size_t)R * j->range_bytes;
+    char *mem = scratch_get(need, &own);
+    if (!mem)
+        return om_error(OM_OUT_OF_MEMORY, "%s node '%s': no memory for %zu bytes of im2col scratch", n->op->name,
+                        om_sp_name(n), need);
+    conv_taps(g, (conv_tap *)mem);
+    j->taps = (const conv_tap *)mem;
+    j->cover_kk = j->pass == PASS_DX && j->step >= OS ? covering_tap(g, j->taps) : -1;
+    j->tbl = tbl_bytes && im2col_table_build(g, j->taps, (int32_t *)(mem + taps_bytes)) ? (const int32_t *)(mem + taps_bytes)
+                                                                                       : NULL;
+    j->scratch = mem + taps_bytes + tbl_bytes;
+    om_pool_run(N, R, conv_range, j);
+    if (j->pass == PASS_DW && R > 1) {
+        dw_sum s = {.dt = j->dt, .dw = j->dw, .parts = j->scratch + j->col_bytes + j->pan_bytes,
+                    .range_bytes = j->range_bytes, .R = R};
+        om_pool_for(g->M * j->CK, OM_GRAIN, dw_sum_range, &s);
+    }
+    om_free(own);
+    return NULL;
+}
+
 /* ---- Conv --------------------------------------------------------------------------- */
 
 static om_status *conv_infer(om_kernel_ctx *ctx) {
@@ -170,35 +599,12 @@ static om_status *conv_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0], *w = &ctx->in[1];
     const int has_b = ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED;
-    conv_geom g;
-    OM_TRY(conv_geometry(n, x->rank, x->dims, w->rank, w->dims, &g));
-    const int trivial = window_trivial(&g.w);
-    const int64_t CK = g.Cg * g.KS;
-    CONV_DISPATCH(x->dtype, n, {
-        const T *xp = x->data, *wp = w->data, *bp = has_b ? ctx->in[2].data : NULL;
-        T *yp = ctx->out[0].data;
-        T *col = trivial ? NULL : om_alloc((size_t)(CK * g.OS) * sizeof(T));
-        if (!trivial && !col) return om_error(OM_OUT_OF_MEMORY, "Conv node '%s': no memory for im2col", om_sp_name(n));
-        for (int64_t b = 0; b < g.w.N; b++) {
-            for (int64_t gi = 0; gi < g.G; gi++) {
-                const T *xg = xp + (b * g.w.C + gi * g.Cg) * g.IS;
-                if (!trivial) IM2COL(T, 0, xg, col, g.Cg, &g.w);
-                T *yg = yp + (b * g.M + gi * g.Mg) * g.OS;
-                GEMM_T(T)(0, 0, g.Mg, g.OS, CK, wp + gi * g.Mg * CK, trivial ? xg : col, 0, yg);
-            }
-            if (bp) {
-                T *yb = yp + b * g.M * g.OS;
-                OM_PARALLEL_FOR(g.M * g.OS > OM_CHUNK)
-                for (int64_t m = 0; m < g.M; m++) {
-                    T *restrict yr = yb + m * g.OS;
-                    const T bv = bp[m];
-                    for (int64_t o = 0; o < g.OS; o++) yr[o] += bv;
-                }
-            }
-        }
-        om_free(col);
-    });
-    return NULL;
+    OM_TRY(float_in(n, x, 0, 0));
+    conv_job j = {.pass = PASS_Y, .dt = x->dtype, .x = x->data, .w = w->data, .b = has_b ? ctx->in[2].data : NULL,
+                  .y = ctx->out[0].data};
+    OM_TRY(conv_geometry(n, x->rank, x->dims, w->rank, w->dims, &j.g));
+    if (j.g.w.N * j.g.OS * j.g.M == 0) return NULL;   /* an empty output */
+    return conv_run(n, &j);
 }
 
 static om_status *conv_grad(om_grad_ctx *c) {
@@ -251,27 +657,14 @@ static om_status *conv_grad_x_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0], *w = &ctx->in[1];
     om_tensor *dx = &ctx->out[0];
-    conv_geom g;
-    OM_TRY(conv_geometry(n, dx->rank, dx->dims, w->rank, w->dims, &g));
-    const int trivial = window_trivial(&g.w);
-    const int64_t CK = g.Cg * g.KS;
-    CONV_DISPATCH(dy->dtype, n, {
-        const T *dyp = dy->data, *wp = w->data;
-        T *dxp = dx->data;
-        T *col = trivial ? NULL : om_alloc((size_t)(CK * g.OS) * sizeof(T));
-        if (!trivial && !col) return om_error(OM_OUT_OF_MEMORY, "ConvGradX node '%s': no memory", om_sp_name(n));
-        if (!trivial) memset(dxp, 0, (size_t)om_tensor_numel(dx) * sizeof(T));
-        for (int64_t b = 0; b < g.w.N; b++)
-            for (int64_t gi = 0; gi < g.G; gi++) {
-                T *dxg = dxp + (b * g.w.C + gi * g.Cg) * g.IS;
-                const T *dyg = dyp + (b * g.M + gi * g.Mg) * g.OS;
-                /* dcol (CK, OS) = W_g^T (CK, Mg) @ dy_g (Mg, OS); trivial: dcol is dx itself */
-                GEMM_T(T)(1, 0, CK, g.OS, g.Mg, wp + gi * g.Mg * CK, dyg, 0, trivial ? dxg : col);
-                if (!trivial) IM2COL(T, 1, dxg, col, g.Cg, &g.w);
-            }
-        om_free(col);
-    });
-    return NULL;
+    OM_TRY(float_in(n, dy, 0, 0));
+    conv_job j = {.pass = PASS_DX, .dt = dy->dtype, .w = w->data, .dy = dy->data, .dx = dx->data};
+    OM_TRY(conv_geometry(n, dx->rank, dx->dims, w->rank, w->dims, &j.g));
+    if (j.g.w.N * j.g.OS * j.g.M == 0) {   /* no output position reads x: its gradient is 0 */
+        memset(dx->data, 0, om_tensor_nbytes(dx));
+        return NULL;
+    }
+    return conv_run(n, &j);
 }
 
 /* ---- ConvGradW(dY, X?, Shape(W)) -> dW, dB? ------------------------------------------- */
@@ -302,50 +695,56 @@ static om_status *conv_grad_w_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+/* dB[m] = sum of dy[n, m, :] over n */
+typedef struct db_job {
+    om_dtype dt;
+    const void *dy;
+    void *db;
+    int64_t N, M, OS;
+} db_job;
+
+#define DEFINE_DB_RANGE(T, sfx)                                                                 \
+    OM_VEC_CLONES static void db_range_##sfx(void *ctx, int64_t lo, int64_t hi) {               \
+        const db_job *d = ctx;                                                                  \
+        for (int64_t m = lo; m < hi; m++) {                                                     \
+            double acc = 0;                                                                     \
+            for (int64_t b = 0; b < d->N; b++) {                                                \
+                const T *restrict r = (const T *)d->dy + (b * d->M + m) * d->OS;                \
+                T lane[8] = {0};   /* 8 independent sums: the loop vectorizes without reassociation */ \
+                int64_t i = 0;                                                                  \
+                for (; i + 8 <= d->OS; i += 8)                                                  \
+                    for (int k = 0; k < 8; k++) lane[k] += r[i + k];                            \
+                T s = 0;                                                                        \
+                for (; i < d->OS; i++) s += r[i];                                               \
+                for (int k = 0; k < 8; k++) s += lane[k];                                       \
+                acc += s;                                                                       \
+            }                                                                                   \
+            ((T *)d->db)[m] = (T)acc;                                                           \
+        }                                                                                       \
+    }
+DEFINE_DB_RANGE(float, f32)
+DEFINE_DB_RANGE(double, f64)
+
 // dy is (N, M, *O), x is (N, C, *S), dw is (M, C/G, *K), db is (M)
 static om_status *conv_grad_w_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0], *x = &ctx->in[1];
     om_tensor *dw = &ctx->out[0];
-    CONV_DISPATCH(dy->dtype, n, {
-        const T *dyp = dy->data;
-        if (x->dtype == OM_UNDEFINED) {
-            if (dw->data) memset(dw->data, 0, (size_t)om_tensor_numel(dw) * sizeof(T));
-        } else if (dw->data) {
-            conv_geom g;
-            OM_TRY(conv_geometry(n, x->rank, x->dims, dw->rank, dw->dims, &g));
-            const int trivial = window_trivial(&g.w);
-            const int64_t CK = g.Cg * g.KS;
-            const T *xp = x->data;
-            T *dwp = dw->data;
-            T *col = trivial ? NULL : om_alloc((size_t)(CK * g.OS) * sizeof(T));
-            if (!trivial && !col) return om_error(OM_OUT_OF_MEMORY, "ConvGradW node '%s': no memory", om_sp_name(n));
-            for (int64_t b = 0; b < g.w.N; b++)
-                for (int64_t gi = 0; gi < g.G; gi++) {
-                    const T *xg = xp + (b * g.w.C + gi * g.Cg) * g.IS;
-                    if (!trivial) IM2COL(T, 0, xg, col, g.Cg, &g.w);
-                    /* dW_g (Mg, CK) += dy_g (Mg, OS) @ col^T (OS, CK) */
-                    GEMM_T(T)(0, 1, g.Mg, CK, g.OS, dyp + (b * g.M + gi * g.Mg) * g.OS, trivial ? xg : col,
-                              b ? 1 : 0, dwp + gi * g.Mg * CK);
-                }
-            om_free(col);
-        }
-        if (ctx->n_out > 1 && ctx->out[1].data) {
-            const int64_t N = dy->dims[0], M = dy->dims[1], OS = N > 0 && M > 0 ? om_tensor_numel(dy) / (N * M) : 0;
-            T *dbp = ctx->out[1].data;
-            OM_PARALLEL_FOR(N * M * OS > OM_CHUNK)
-            for (int64_t m = 0; m < M; m++) {
-                double acc = 0;
-                for (int64_t b = 0; b < N; b++) {
-                    const T *restrict r = dyp + (b * M + m) * OS;
-                    T s = 0;
-                    for (int64_t o = 0; o < OS; o++) s += r[o];
-                    acc += s;
-                }
-                dbp[m] = (T)acc;
-            }
-        }
-    });
+    OM_TRY(float_in(n, dy, 0, 0));
+    if (dw->data && x->dtype == OM_UNDEFINED) {
+        memset(dw->data, 0, om_tensor_nbytes(dw));
+    } else if (dw->data) {
+        conv_job j = {.pass = PASS_DW, .dt = dy->dtype, .x = x->data, .dy = dy->data, .dw = dw->data};
+        OM_TRY(conv_geometry(n, x->rank, x->dims, dw->rank, dw->dims, &j.g));
+        if (j.g.w.N * j.g.OS * j.g.M == 0) memset(dw->data, 0, om_tensor_nbytes(dw));   /* an empty sum */
+        else OM_TRY(conv_run(n, &j));
+    }
+    if (ctx->n_out > 1 && ctx->out[1].data) {
+        const int64_t N = dy->dims[0], M = dy->dims[1], OS = N > 0 && M > 0 ? om_tensor_numel(dy) / (N * M) : 0;
+        db_job d = {.dt = dy->dtype, .dy = dy->data, .db = ctx->out[1].data, .N = N, .M = M, .OS = OS};
+        const int64_t per = N * OS > 0 ? N * OS : 1;
+        om_pool_for(M, OM_GRAIN / per + 1, dy->dtype == OM_F32 ? db_range_f32 : db_range_f64, &d);
+    }
     return NULL;
 }
 

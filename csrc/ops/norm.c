@@ -22,16 +22,10 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops/broadcast.h"
 #include "ops/op.h"
-
-#define BN_DISPATCH(dt, node, ...)                                              \
-    switch (dt) {                                                               \
-    case OM_F32: { typedef float T; __VA_ARGS__; } break;                       \
-    case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
-    default: return om_err_dtype((node), 0, (dt));                              \
-    }
 
 static const char *nm(const om_node *n) { return n->name ? n->name : ""; }
 
@@ -65,67 +59,142 @@ static om_status *bn_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+/* ---- vector sums ---------------------------------------------------------------------
+ * GCC keeps a float sum in order (no -ffast-math), so `s += r[i]` runs one element at a
+ * time. These sum 64 bytes at a time in a GCC vector (16 floats or 8 doubles: independent
+ * partial sums), which the workers that inline them lower to each ISA they are built for
+ * (OM_VEC_CLONES: one zmm, two ymm or four xmm). A row's sum is in T, rows add up in
+ * double. Vectors never cross a call by value (their ABI depends on the ISA). */
+typedef float bn_vf32 __attribute__((vector_size(64)));
+typedef double bn_vf64 __attribute__((vector_size(64)));
+
+#define BN_ROW_SUMS(T, sfx)                                                                 \
+    enum { BN_W_##sfx = 64 / sizeof(T) };                                                   \
+    static inline T bn_hsum_##sfx(const bn_v##sfx *v) {                                     \
+        T s = 0;                                                                            \
+        for (int k = 0; k < BN_W_##sfx; k++) s += (*v)[k];                                  \
+        return s;                                                                           \
+    }                                                                                       \
+    /* sum r[i] */                                                                          \
+    static inline T bn_sum_##sfx(const T *restrict r, int64_t n) {                          \
+        bn_v##sfx acc = {0}, v;                                                             \
+        int64_t i = 0;                                                                      \
+        for (; i + BN_W_##sfx <= n; i += BN_W_##sfx) {                                      \
+            memcpy(&v, r + i, sizeof v);                                                    \
+            acc += v;                                                                       \
+        }                                                                                   \
+        T s = bn_hsum_##sfx(&acc);                                                          \
+        for (; i < n; i++) s += r[i];                                                       \
+        return s;                                                                           \
+    }                                                                                       \
+    /* sum (r[i] - m)^2 */                                                                  \
+    static inline T bn_sqdev_##sfx(const T *restrict r, int64_t n, T m) {                   \
+        bn_v##sfx acc = {0}, d;                                                             \
+        int64_t i = 0;                                                                      \
+        for (; i + BN_W_##sfx <= n; i += BN_W_##sfx) {                                      \
+            memcpy(&d, r + i, sizeof d);                                                    \
+            d -= m;                                                                         \
+            acc += d * d;                                                                   \
+        }                                                                                   \
+        T s = bn_hsum_##sfx(&acc);                                                          \
+        for (; i < n; i++) s += (r[i] - m) * (r[i] - m);                                    \
+        return s;                                                                           \
+    }                                                                                       \
+    /* *s1 = sum g[i], *s2 = sum g[i] (r[i] - m) */                                         \
+    static inline void bn_dsums_##sfx(const T *restrict g, const T *restrict r, int64_t n, T m, T *s1, T *s2) { \
+        bn_v##sfx a1 = {0}, a2 = {0}, gv, rv;                                               \
+        int64_t i = 0;                                                                      \
+        for (; i + BN_W_##sfx <= n; i += BN_W_##sfx) {                                      \
+            memcpy(&gv, g + i, sizeof gv);                                                  \
+            memcpy(&rv, r + i, sizeof rv);                                                  \
+            a1 += gv;                                                                       \
+            a2 += gv * (rv - m);                                                            \
+        }                                                                                   \
+        T a = bn_hsum_##sfx(&a1), b = bn_hsum_##sfx(&a2);                                   \
+        for (; i < n; i++) {                                                                \
+            a += g[i];                                                                      \
+            b += g[i] * (r[i] - m);                                                         \
+        }                                                                                   \
+        *s1 = a;                                                                            \
+        *s2 = b;                                                                            \
+    }
+BN_ROW_SUMS(float, f32)
+BN_ROW_SUMS(double, f64)
+
+/* ---- BatchNormalization ----------------------------------------------------------------- */
+
+typedef struct bn_args {
+    const void *x, *scale, *bias, *in_mean, *in_var;
+    void *y, *rmean, *rvar, *smean, *sinv;
+    int64_t N, C, S;
+    double eps, mom;
+    int train;
+} bn_args;
+
+/* Channels [lo, hi): statistics (training) then y = x * a + b, all passes over one
+ * channel back to back so that its N * S values are still in cache for the next. */
+#define BN_FWD_WORKER(name, TT, sfx)                                                        \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                      \
+        typedef TT T;                                                                       \
+        const bn_args *j = c_;                                                              \
+        const int64_t N = j->N, C = j->C, S = j->S, cnt = N * S;                            \
+        const T *xp = j->x, *scale = j->scale, *bias = j->bias;                             \
+        const T *in_mean = j->in_mean, *in_var = j->in_var;                                 \
+        T *yp = j->y, *rmean = j->rmean, *rvar = j->rvar, *smean = j->smean, *sinv = j->sinv; \
+        for (int64_t c = lo; c < hi; c++) {                                                 \
+            double mean, var;                                                               \
+            if (j->train) {                                                                 \
+                /* two passes: accurate variance for channels with a large mean */         \
+                double sum = 0, ss = 0;                                                     \
+                for (int64_t b = 0; b < N; b++) sum += bn_sum_##sfx(xp + (b * C + c) * S, S); \
+                mean = cnt ? sum / (double)cnt : 0;                                         \
+                for (int64_t b = 0; b < N; b++) ss += bn_sqdev_##sfx(xp + (b * C + c) * S, S, (T)mean); \
+                var = cnt ? ss / (double)cnt : 0;                                           \
+            } else {                                                                        \
+                mean = in_mean[c];                                                          \
+                var = in_var[c];                                                            \
+            }                                                                               \
+            const double inv = 1.0 / sqrt(var + j->eps);                                    \
+            const T a = (T)(inv * scale[c]), bb = (T)(bias[c] - mean * inv * scale[c]);     \
+            for (int64_t b = 0; b < N; b++) {                                               \
+                const T *restrict r = xp + (b * C + c) * S;                                 \
+                T *restrict y = yp + (b * C + c) * S;                                       \
+                for (int64_t i = 0; i < S; i++) y[i] = r[i] * a + bb;                       \
+            }                                                                               \
+            if (j->train) {                                                                 \
+                const double uvar = cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var; \
+                if (rmean) rmean[c] = (T)(in_mean[c] * j->mom + mean * (1 - j->mom));       \
+                if (rvar) rvar[c] = (T)(in_var[c] * j->mom + uvar * (1 - j->mom));          \
+            } else {                                                                        \
+                if (rmean) rmean[c] = in_mean[c];                                           \
+                if (rvar) rvar[c] = in_var[c];                                              \
+            }                                                                               \
+            if (smean) smean[c] = (T)mean;                                                  \
+            if (sinv) sinv[c] = (T)inv;                                                     \
+        }                                                                                   \
+    }
+BN_FWD_WORKER(bn_fwd_f32, float, f32)
+BN_FWD_WORKER(bn_fwd_f64, double, f64)
+
+/* Channels per range: about OM_GRAIN elements, at least one channel. */
+static int64_t bn_grain(int64_t per_channel) { return per_channel > 0 ? OM_GRAIN / per_channel + 1 : OM_GRAIN; }
+
 // x, y are (N, C, S); scale, bias, mean, var and the extra outputs are (C)
 static om_status *bn_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
-    int64_t N = 0, C = 0, S = 0;
-    OM_TRY(bn_geometry(n, x, &N, &C, &S));
-    const double eps = om_attr_float(n, "epsilon", 1e-5f);
-    const double mom = om_attr_float(n, "momentum", 0.9f);
-    const int train = om_attr_int(n, "training_mode", 0) != 0;
-    const int64_t cnt = N * S;
-    BN_DISPATCH(x->dtype, n, {
-        const T *xp = x->data, *scale = ctx->in[1].data, *bias = ctx->in[2].data;
-        const T *in_mean = ctx->in[3].data, *in_var = ctx->in[4].data;
-        T *yp = ctx->out[0].data;
-        T *rmean = ctx->n_out > 1 ? ctx->out[1].data : NULL, *rvar = ctx->n_out > 2 ? ctx->out[2].data : NULL;
-        T *smean = ctx->n_out > 3 ? ctx->out[3].data : NULL, *sinv = ctx->n_out > 4 ? ctx->out[4].data : NULL;
-        OM_PARALLEL_FOR(cnt * C > OM_CHUNK)
-        for (int64_t c = 0; c < C; c++) {
-            double mean, var;
-            if (train) {
-                /* two passes in double: accurate variance for channels with a large mean */
-                double sum = 0;
-                for (int64_t b = 0; b < N; b++) {
-                    const T *restrict r = xp + (b * C + c) * S;
-                    T s = 0;
-                    for (int64_t i = 0; i < S; i++) s += r[i];
-                    sum += s;
-                }
-                mean = cnt ? sum / (double)cnt : 0;
-                double ss = 0;
-                for (int64_t b = 0; b < N; b++) {
-                    const T *restrict r = xp + (b * C + c) * S;
-                    const T m = (T)mean;
-                    T s = 0;
-                    for (int64_t i = 0; i < S; i++) s += (r[i] - m) * (r[i] - m);
-                    ss += s;
-                }
-                var = cnt ? ss / (double)cnt : 0;
-            } else {
-                mean = in_mean[c];
-                var = in_var[c];
-            }
-            const double inv = 1.0 / sqrt(var + eps);
-            const T a = (T)(inv * scale[c]), bb = (T)(bias[c] - mean * inv * scale[c]);
-            for (int64_t b = 0; b < N; b++) {
-                const T *restrict r = xp + (b * C + c) * S;
-                T *restrict y = yp + (b * C + c) * S;
-                for (int64_t i = 0; i < S; i++) y[i] = r[i] * a + bb;
-            }
-            if (train) {
-                const double uvar = cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var;
-                if (rmean) rmean[c] = (T)(in_mean[c] * mom + mean * (1 - mom));
-                if (rvar) rvar[c] = (T)(in_var[c] * mom + uvar * (1 - mom));
-            } else {
-                if (rmean) rmean[c] = in_mean[c];
-                if (rvar) rvar[c] = in_var[c];
-            }
-            if (smean) smean[c] = (T)mean;
-            if (sinv) sinv[c] = (T)inv;
-        }
-    });
+    bn_args a = {.x = x->data, .scale = ctx->in[1].data, .bias = ctx->in[2].data, .in_mean = ctx->in[3].data,
+                 .in_var = ctx->in[4].data, .y = ctx->out[0].data,
+                 .rmean = ctx->n_out > 1 ? ctx->out[1].data : NULL, .rvar = ctx->n_out > 2 ? ctx->out[2].data : NULL,
+                 .smean = ctx->n_out > 3 ? ctx->out[3].data : NULL, .sinv = ctx->n_out > 4 ? ctx->out[4].data : NULL,
+                 .eps = om_attr_float(n, "epsilon", 1e-5f), .mom = om_attr_float(n, "momentum", 0.9f),
+                 .train = om_attr_int(n, "training_mode", 0) != 0};
+    OM_TRY(bn_geometry(n, x, &a.N, &a.C, &a.S));
+    switch (x->dtype) {
+    case OM_F32: om_pool_for(a.C, bn_grain(a.N * a.S), bn_fwd_f32, &a); break;
+    case OM_F64: om_pool_for(a.C, bn_grain(a.N * a.S), bn_fwd_f64, &a); break;
+    default: return om_err_dtype(n, 0, x->dtype);
+    }
     return NULL;
 }
 
@@ -169,6 +238,49 @@ static om_status *bn_grad_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+typedef struct bn_grad_args {
+    const void *dy, *x, *scale, *mean, *stat;
+    void *dx, *dscale, *dbias;
+    int64_t N, C, S;
+    double eps;
+    int train;
+} bn_grad_args;
+
+/* Channels [lo, hi): the two sums, then dx. */
+#define BN_GRAD_WORKER(name, TT, sfx)                                                       \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                      \
+        typedef TT T;                                                                       \
+        const bn_grad_args *j = c_;                                                         \
+        const int64_t N = j->N, C = j->C, S = j->S, cnt = N * S;                            \
+        const T *dyp = j->dy, *xp = j->x, *scale = j->scale, *meanp = j->mean, *statp = j->stat; \
+        T *dxp = j->dx, *dsp = j->dscale, *dbp = j->dbias;                                  \
+        for (int64_t c = lo; c < hi; c++) {                                                 \
+            const T m = meanp[c];                                                           \
+            const T inv = j->train ? statp[c] : (T)(1.0 / sqrt((double)statp[c] + j->eps)); \
+            double sdy = 0, sdyx = 0;                                                       \
+            for (int64_t b = 0; b < N; b++) {                                               \
+                T s1, s2;                                                                   \
+                bn_dsums_##sfx(dyp + (b * C + c) * S, xp + (b * C + c) * S, S, m, &s1, &s2); \
+                sdy += s1;                                                                  \
+                sdyx += s2;                                                                 \
+            }                                                                               \
+            sdyx *= inv;                                                                    \
+            if (dsp) dsp[c] = (T)sdyx;                                                      \
+            if (dbp) dbp[c] = (T)sdy;                                                       \
+            if (!dxp) continue;                                                             \
+            const T k = scale[c] * inv;                                                     \
+            const T a = j->train && cnt ? (T)(sdy / (double)cnt) : 0;                       \
+            const T bq = j->train && cnt ? (T)(sdyx / (double)cnt) * inv : 0;   /* times (x - mean) = xhat/inv */ \
+            for (int64_t b = 0; b < N; b++) {                                               \
+                const T *restrict g = dyp + (b * C + c) * S, *restrict r = xp + (b * C + c) * S; \
+                T *restrict dx = dxp + (b * C + c) * S;                                     \
+                for (int64_t i = 0; i < S; i++) dx[i] = k * (g[i] - a - (r[i] - m) * bq);   \
+            }                                                                               \
+        }                                                                                   \
+    }
+BN_GRAD_WORKER(bn_grad_f32, float, f32)
+BN_GRAD_WORKER(bn_grad_f64, double, f64)
+
 /* Per channel, xhat = (x - mean) * invstd, sums over (N, S):
  *   dB = sum(dy), dScale = sum(dy * xhat)
  *   training:  dx = scale * invstd * (dy - dB / cnt - xhat * dScale / cnt)
@@ -177,45 +289,17 @@ static om_status *bn_grad_infer(om_kernel_ctx *ctx) {
 static om_status *bn_grad_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[1];
-    int64_t N = 0, C = 0, S = 0;
-    OM_TRY(bn_geometry(n, x, &N, &C, &S));
-    const int train = om_attr_int(n, "training_mode", 0) != 0;
-    const double eps = om_attr_float(n, "epsilon", 1e-5f);
-    const int64_t cnt = N * S;
-    BN_DISPATCH(x->dtype, n, {
-        const T *dyp = ctx->in[0].data, *xp = x->data, *scale = ctx->in[2].data;
-        const T *meanp = ctx->in[3].data, *statp = ctx->in[4].data;
-        T *dxp = ctx->out[0].data;
-        T *dsp = ctx->n_out > 1 ? ctx->out[1].data : NULL, *dbp = ctx->n_out > 2 ? ctx->out[2].data : NULL;
-        OM_PARALLEL_FOR(cnt * C > OM_CHUNK)
-        for (int64_t c = 0; c < C; c++) {
-            const T m = meanp[c];
-            const T inv = train ? statp[c] : (T)(1.0 / sqrt((double)statp[c] + eps));
-            double sdy = 0, sdyx = 0;
-            for (int64_t b = 0; b < N; b++) {
-                const T *restrict g = dyp + (b * C + c) * S, *restrict r = xp + (b * C + c) * S;
-                T s1 = 0, s2 = 0;
-                for (int64_t i = 0; i < S; i++) {
-                    s1 += g[i];
-                    s2 += g[i] * (r[i] - m);
-                }
-                sdy += s1;
-                sdyx += s2;
-            }
-            sdyx *= inv;
-            if (dsp) dsp[c] = (T)sdyx;
-            if (dbp) dbp[c] = (T)sdy;
-            if (!dxp) continue;
-            const T k = scale[c] * inv;
-            const T a = train && cnt ? (T)(sdy / (double)cnt) : 0;
-            const T bq = train && cnt ? (T)(sdyx / (double)cnt) * inv : 0;   /* times (x - mean) = xhat/inv */
-            for (int64_t b = 0; b < N; b++) {
-                const T *restrict g = dyp + (b * C + c) * S, *restrict r = xp + (b * C + c) * S;
-                T *restrict dx = dxp + (b * C + c) * S;
-                for (int64_t i = 0; i < S; i++) dx[i] = k * (g[i] - a - (r[i] - m) * bq);
-            }
-        }
-    });
+    bn_grad_args a = {.dy = ctx->in[0].data, .x = x->data, .scale = ctx->in[2].data, .mean = ctx->in[3].data,
+                      .stat = ctx->in[4].data, .dx = ctx->out[0].data,
+                      .dscale = ctx->n_out > 1 ? ctx->out[1].data : NULL,
+                      .dbias = ctx->n_out > 2 ? ctx->out[2].data : NULL,
+                      .eps = om_attr_float(n, "epsilon", 1e-5f), .train = om_attr_int(n, "training_mode", 0) != 0};
+    OM_TRY(bn_geometry(n, x, &a.N, &a.C, &a.S));
+    switch (x->dtype) {
+    case OM_F32: om_pool_for(a.C, bn_grain(a.N * a.S), bn_grad_f32, &a); break;
+    case OM_F64: om_pool_for(a.C, bn_grain(a.N * a.S), bn_grad_f64, &a); break;
+    default: return om_err_dtype(n, 0, x->dtype);
+    }
     return NULL;
 }
 

@@ -18,17 +18,11 @@
  * neither X nor Y. NaN wins a max window, as in PyTorch.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "ops/broadcast.h"
 #include "ops/spatial.h"
-
-#define POOL_DISPATCH(dt, node, ...)                                            \
-    switch (dt) {                                                               \
-    case OM_F32: { typedef float T; __VA_ARGS__; } break;                       \
-    case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
-    default: return om_err_dtype((node), 0, (dt));                              \
-    }
 
 static om_dtype max_pool_dtype(const om_graph *g, const om_node *n, int j) {
     return j == 1 ? OM_I64 : g->values[n->in[0]].dtype;
@@ -84,37 +78,208 @@ static om_status *pool_infer(om_kernel_ctx *ctx) {
 
 /* ---- MaxPool ------------------------------------------------------------------------ */
 
+/* Output positions whose whole window lies inside the input (no padding, no clipping):
+ * rows (od, oh) with interior_rows, columns ow in [w_lo, w_hi). Their taps need no
+ * bounds checks: tap (kd, kh, kw) sits at base + kd * dD + kh * dH + kw * dW. */
+#define POOL_TAPS_TABLED 64
+
+typedef struct pool_interior {
+    int64_t w_lo, w_hi;
+    int64_t dD, dH, dW;   /* plane offsets between neighbouring taps */
+    int ntaps;            /* taps in tap_off: all of the window's, or 0 when it has more */
+    int64_t tap_off[POOL_TAPS_TABLED];   /* tap t's offset from the window's first tap */
+} pool_interior;
+
+static int64_t interior_first(int64_t s, int64_t pb) { return pb > 0 ? (pb + s - 1) / s : 0; }
+
+static void pool_interior_init(const om_window *w, pool_interior *it) {
+    /* ow * s - pb >= 0 and ow * s - pb + (k - 1) * d < in */
+    const int64_t last = w->in[2] + w->pb[2] - (w->k[2] - 1) * w->d[2];   /* ow * s < last */
+    it->w_lo = interior_first(w->s[2], w->pb[2]);
+    it->w_hi = last > 0 ? (last + w->s[2] - 1) / w->s[2] : 0;
+    if (it->w_hi > w->out[2]) it->w_hi = w->out[2];
+    if (it->w_lo > it->w_hi) it->w_lo = it->w_hi;
+    it->dD = w->d[0] * w->in[1] * w->in[2];
+    it->dH = w->d[1] * w->in[2];
+    it->dW = w->d[2];
+    const int64_t ks = om_window_k_size(w);
+    it->ntaps = ks <= POOL_TAPS_TABLED ? (int)ks : 0;
+    for (int t = 0; t < it->ntaps; t++) {
+        const int64_t kd = t / (w->k[1] * w->k[2]), kh = t / w->k[2] % w->k[1], kw = t % w->k[2];
+        it->tap_off[t] = kd * it->dD + kh * it->dH + kw * it->dW;
+    }
+}
+
+/* Is row (od, oh) of output positions clear of the padding along D and H? */
+static int pool_row_interior(const om_window *w, int64_t od, int64_t oh) {
+    const int64_t id = od * w->s[0] - w->pb[0], ih = oh * w->s[1] - w->pb[1];
+    return id >= 0 && id + (w->k[0] - 1) * w->d[0] < w->in[0] && ih >= 0 && ih + (w->k[1] - 1) * w->d[1] < w->in[1];
+}
+
+typedef struct pool_args {
+    om_window w;
+    pool_interior it;
+    int64_t IS, OS;
+    const void *src;   /* x (forward) or dy (backward) */
+    void *dst;         /* y or dx */
+    int64_t *idx;      /* MaxPool's Indices (NULL when not asked for) */
+    const int64_t *in_idx;
+    int incl;          /* AveragePool's count_include_pad */
+    atomic_int bad;    /* MaxPoolGrad: an index outside its plane */
+} pool_args;
+
+/* Planes per range: about OM_GRAIN outputs, at least one plane. */
+static int64_t plane_grain(int64_t per_plane) { return per_plane > 0 ? OM_GRAIN / per_plane + 1 : OM_GRAIN; }
+
+/* The first tap wins a tie; NaN wins the window (and then stays). */
+#define MAX_TAP(T, xc, best, bi, at)                                                           \
+    do {                                                                                       \
+        const T v_ = (xc)[at];                                                                 \
+        if (bi < 0 || v_ > best || v_ != v_) {                                                 \
+            if (!(best != best)) { best = v_; bi = (at); }                                     \
+        }                                                                                      \
+    } while (0)
+
+/* One tap over n interior positions of a row, position i reading src[i * S]: the same
+ * rule as MAX_TAP, written without branches so that the loop vectorizes (random data
+ * mispredicts half of MAX_TAP's branches). at0: the plane offset of src[0]; pIS: the
+ * plane's offset in X (Indices are flat over X). */
+#define MAX_ROW_PASS(T, S, yr, src, n)                                                         \
+    for (int64_t i = 0; i < (n); i++) {                                                        \
+        const T v = (src)[i * (S)], b = (yr)[i];                                               \
+        const int take = (v > b) | ((v != v) & (b == b));                                      \
+        (yr)[i] = take ? v : b;                                                                \
+    }
+/* the same, keeping the winning offset (an int64 Indices entry) */
+#define MAX_ROW_PASS_AT(T, S, yr, ir, src, n, at0, pIS)                                        \
+    for (int64_t i = 0; i < (n); i++) {                                                        \
+        const T v = (src)[i * (S)], b = (yr)[i];                                               \
+        const int take = (v > b) | ((v != v) & (b == b));                                      \
+        (yr)[i] = take ? v : b;                                                                \
+        (ir)[i] = take ? (pIS) + (at0) + i * (S) : (ir)[i];                                    \
+    }
+
+/* The taps of n interior positions of a row, at stride S: the first tap initializes, the
+ * others are MAX_ROW_PASSes. */
+#define MAX_ROW_TAPS(T, S, w, it, xc, yr, ir, n, base, pIS)                                    \
+    do {                                                                                       \
+        if ((ir) && (it)->ntaps) {                                                             \
+            MAX_ROW_TAP_IDS(T, S, it, xc, yr, ir, n, base, pIS);                               \
+            break;                                                                             \
+        }                                                                                      \
+        for (int64_t i = 0; i < (n); i++) (yr)[i] = (xc)[(base) + i * (S)];                    \
+        if (ir)                                                                                \
+            for (int64_t i = 0; i < (n); i++) (ir)[i] = (pIS) + (base) + i * (S);              \
+        for (int64_t kd = 0; kd < (w)->k[0]; kd++)                                             \
+            for (int64_t kh = 0; kh < (w)->k[1]; kh++)                                         \
+                for (int64_t kw = kd || kh ? 0 : 1; kw < (w)->k[2]; kw++) {                    \
+                    const int64_t at0 = (base) + kd * (it)->dD + kh * (it)->dH + kw * (it)->dW; \
+                    const T *restrict src = (xc) + at0;                                        \
+                    if (ir) { MAX_ROW_PASS_AT(T, S, yr, ir, src, n, at0, pIS) }                \
+                    else { MAX_ROW_PASS(T, S, yr, src, n) }                                    \
+                }                                                                              \
+    } while (0)
+
+/* With Indices: the passes keep the winning tap's number, an int32 as wide as a float
+ * lane (an int64 offset per lane kept GCC from vectorizing them), and the offsets are
+ * written at the end, up to 256 positions at a time. */
+#define MAX_ROW_TAP_IDS(T, S, it, xc, yr, ir, n, base, pIS)                                    \
+    for (int64_t c0 = 0; c0 < (n); c0 += 256) {                                                \
+        int32_t tid[256];                                                                      \
+        const int64_t m = (n) - c0 < 256 ? (n) - c0 : 256;                                     \
+        T *restrict yc = (yr) + c0;                                                            \
+        const T *xb = (xc) + (base) + c0 * (S);                                                \
+        for (int64_t i = 0; i < m; i++) {                                                      \
+            yc[i] = xb[i * (S)];                                                               \
+            tid[i] = 0;                                                                        \
+        }                                                                                      \
+        for (int32_t t = 1; t < (it)->ntaps; t++) {                                            \
+            const T *restrict src = xb + (it)->tap_off[t];                                     \
+            for (int64_t i = 0; i < m; i++) {                                                  \
+                const T v = src[i * (S)], b = yc[i];                                           \
+                const int take = (v > b) | ((v != v) & (b == b));                              \
+                yc[i] = take ? v : b;                                                          \
+                tid[i] = take ? t : tid[i];                                                    \
+            }                                                                                  \
+        }                                                                                      \
+        for (int64_t i = 0; i < m; i++)                                                        \
+            (ir)[c0 + i] = (pIS) + (base) + (c0 + i) * (S) + (it)->tap_off[tid[i]];            \
+    }
+
+#define DEFINE_MAX_ROW(T, sfx)                                                                 \
+    /* Positions [0, n) of an output row whose windows are interior: yr, ir (NULL: no  */     \
+    /* Indices) the row's outputs, base the plane offset of position 0's first tap. */        \
+    /* Strides 1 and 2 get loops of their own: a constant stride vectorizes. */               \
+    static inline void max_row_##sfx(const om_window *w, const pool_interior *it, const T *xc, \
+                                     T *restrict yr, int64_t *restrict ir, int64_t n, int64_t base, \
+                                     int64_t pIS) {                                            \
+        const int64_t s = w->s[2];                                                             \
+        if (s == 1) MAX_ROW_TAPS(T, 1, w, it, xc, yr, ir, n, base, pIS);                       \
+        else if (s == 2) MAX_ROW_TAPS(T, 2, w, it, xc, yr, ir, n, base, pIS);                  \
+        else MAX_ROW_TAPS(T, s, w, it, xc, yr, ir, n, base, pIS);                              \
+    }
+DEFINE_MAX_ROW(float, f32)
+DEFINE_MAX_ROW(double, f64)
+
+/* Walks one plane's output rows (od, oh): BODY sees o_row (the row's first position in
+ * the plane's output), and [ilo, ihi), the row's positions whose windows are interior
+ * (empty when the row's taps reach into the padding along D or H), with row_base the
+ * plane offset of position 0's first tap (meaningful when the range is not empty). */
+#define FOR_ROWS(w, it, ...)                                                                   \
+    for (int64_t od = 0, o_row = 0; od < (w)->out[0]; od++)                                    \
+        for (int64_t oh = 0; oh < (w)->out[1]; oh++, o_row += (w)->out[2]) {                   \
+            const int row_in_ = pool_row_interior((w), od, oh);                                \
+            const int64_t ilo = row_in_ ? (it)->w_lo : 0, ihi = row_in_ ? (it)->w_hi : 0;      \
+            const int64_t row_base = ((od * (w)->s[0] - (w)->pb[0]) * (w)->in[1] +             \
+                                      oh * (w)->s[1] - (w)->pb[1]) * (w)->in[2] - (w)->pb[2];  \
+            __VA_ARGS__;                                                                       \
+        }
+
+#define MAX_POOL_WORKER(name, TT, sfx)                                                         \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                         \
+        typedef TT T;                                                                          \
+        const pool_args *a = c_;                                                               \
+        const om_window *w = &a->w;                                                            \
+        const int64_t OW = w->out[2];                                                          \
+        for (int64_t p = lo; p < hi; p++) {                                                    \
+            const T *xc = (const T *)a->src + p * a->IS;                                       \
+            T *yc = (T *)a->dst + p * a->OS;                                                   \
+            int64_t *ic = a->idx ? a->idx + p * a->OS : NULL;                                  \
+            FOR_ROWS(w, &a->it, {                                                              \
+                for (int64_t ow = 0; ow < OW; ow++) {                                          \
+                    if (ow == ilo && ilo < ihi) {   /* the interior run, one tap at a time */ \
+                        max_row_##sfx(w, &a->it, xc, yc + o_row + ilo, ic ? ic + o_row + ilo : NULL, \
+                                      ihi - ilo, row_base + ilo * w->s[2], p * a->IS);         \
+                        ow = ihi - 1;                                                          \
+                        continue;                                                              \
+                    }                                                                          \
+                    T best = -INFINITY;                                                        \
+                    int64_t bi = -1;                                                           \
+                    FOR_TAPS(w, od, oh, ow, MAX_TAP(T, xc, best, bi, at));                     \
+                    yc[o_row + ow] = best;                                                     \
+                    if (ic) ic[o_row + ow] = bi < 0 ? -1 : p * a->IS + bi;                     \
+                }                                                                              \
+            });                                                                                \
+        }                                                                                      \
+    }
+MAX_POOL_WORKER(max_pool_f32, float, f32)
+MAX_POOL_WORKER(max_pool_f64, double, f64)
+
 // x is (N, C, *S), y and indices are (N, C, *O); planes (n, c) are independent
 static om_status *max_pool_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
-    om_window w;
-    OM_TRY(pool_window(n, x->rank, x->dims, &w));
-    const int64_t P = w.N * w.C, IS = om_window_in_size(&w), OS = om_window_out_size(&w);
-    int64_t *ip = ctx->n_out > 1 ? ctx->out[1].data : NULL;
-    POOL_DISPATCH(x->dtype, n, {
-        const T *xp = x->data;
-        T *yp = ctx->out[0].data;
-        OM_PARALLEL_FOR(P * OS > OM_CHUNK)
-        for (int64_t p = 0; p < P; p++) {
-            const T *xc = xp + p * IS;
-            int64_t o = p * OS;
-            for (int64_t od = 0; od < w.out[0]; od++)
-                for (int64_t oh = 0; oh < w.out[1]; oh++)
-                    for (int64_t ow = 0; ow < w.out[2]; ow++, o++) {
-                        T best = -INFINITY;
-                        int64_t bi = -1;
-                        FOR_TAPS(&w, od, oh, ow, {
-                            const T v = xc[at];
-                            if (bi < 0 || v > best || v != v) {
-                                if (!(best != best)) { best = v; bi = at; }
-                            }
-                        });
-                        yp[o] = best;
-                        if (ip) ip[o] = bi < 0 ? -1 : p * IS + bi;
-                    }
-        }
-    });
+    pool_args a = {.src = x->data, .dst = ctx->out[0].data, .idx = ctx->n_out > 1 ? ctx->out[1].data : NULL};
+    OM_TRY(pool_window(n, x->rank, x->dims, &a.w));
+    pool_interior_init(&a.w, &a.it);
+    a.IS = om_window_in_size(&a.w);
+    a.OS = om_window_out_size(&a.w);
+    const int64_t P = a.w.N * a.w.C;
+    switch (x->dtype) {
+    case OM_F32: om_pool_for(P, plane_grain(a.OS), max_pool_f32, &a); break;
+    case OM_F64: om_pool_for(P, plane_grain(a.OS), max_pool_f64, &a); break;
+    default: return om_err_dtype(n, 0, x->dtype);
+    }
     return NULL;
 }
 
@@ -151,30 +316,42 @@ static om_status *max_pool_grad_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+#define MAX_POOL_GRAD_WORKER(name, TT)                                                         \
+    static void name(void *c_, int64_t lo, int64_t hi) {                                       \
+        typedef TT T;                                                                          \
+        pool_args *a = c_;                                                                     \
+        const int64_t IS = a->IS, OS = a->OS;                                                  \
+        for (int64_t p = lo; p < hi; p++) {                                                    \
+            T *dxc = (T *)a->dst + p * IS;                                                     \
+            const T *dyc = (const T *)a->src + p * OS;                                         \
+            const int64_t *ic = a->in_idx + p * OS;                                            \
+            memset(dxc, 0, (size_t)IS * sizeof(T));                                            \
+            for (int64_t o = 0; o < OS; o++) {                                                 \
+                const int64_t at = ic[o] - p * IS;                                             \
+                if (at >= 0 && at < IS) dxc[at] += dyc[o];                                     \
+                else if (ic[o] != -1) atomic_store_explicit(&a->bad, 1, memory_order_relaxed); \
+            }                                                                                  \
+        }                                                                                      \
+    }
+MAX_POOL_GRAD_WORKER(max_pool_grad_f32, float)
+MAX_POOL_GRAD_WORKER(max_pool_grad_f64, double)
+
 // dy, indices are (N, C, *O), dx is (N, C, *S): dx[indices] += dy (indices stay in their plane)
 static om_status *max_pool_grad_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0];
     om_tensor *dx = &ctx->out[0];
     const int64_t P = dx->dims[0] * dx->dims[1];
-    const int64_t IS = P ? om_tensor_numel(dx) / P : 0, OS = P ? om_tensor_numel(dy) / P : 0;
-    const int64_t *ip = ctx->in[1].data;
-    int bad = 0;
-    POOL_DISPATCH(dy->dtype, n, {
-        const T *dyp = dy->data;
-        T *dxp = dx->data;
-        memset(dxp, 0, (size_t)om_tensor_numel(dx) * sizeof(T));
-        OM_PARALLEL_FOR(P * OS > OM_CHUNK)
-        for (int64_t p = 0; p < P; p++) {
-            T *dxc = dxp + p * IS;
-            for (int64_t o = p * OS; o < (p + 1) * OS; o++) {
-                const int64_t at = ip[o] - p * IS;
-                if (at >= 0 && at < IS) dxc[at] += dyp[o];
-                else if (ip[o] != -1) bad = 1;
-            }
-        }
-    });
-    if (bad)
+    pool_args a = {.src = dy->data, .dst = dx->data, .in_idx = ctx->in[1].data};
+    a.IS = P ? om_tensor_numel(dx) / P : 0;
+    a.OS = P ? om_tensor_numel(dy) / P : 0;
+    atomic_init(&a.bad, 0);
+    switch (dy->dtype) {
+    case OM_F32: om_pool_for(P, plane_grain(a.OS + a.IS), max_pool_grad_f32, &a); break;
+    case OM_F64: om_pool_for(P, plane_grain(a.OS + a.IS), max_pool_grad_f64, &a); break;
+    default: return om_err_dtype(n, 0, dy->dtype);
+    }
+    if (atomic_load(&a.bad))
         return om_error(OM_RUNTIME, "MaxPoolGrad node '%s': an index lies outside its (n, c) plane", om_sp_name(n));
     return NULL;
 }
@@ -198,31 +375,73 @@ static inline int64_t avg_divisor(const om_window *w, int incl, int64_t od, int6
     return div;
 }
 
+/* The taps of a window, in order: BODY sees `toff`, the tap's offset from the first. */
+#define FOR_TAP_OFFSETS(w, it, ...)                                                            \
+    for (int64_t kd_ = 0; kd_ < (w)->k[0]; kd_++)                                              \
+        for (int64_t kh_ = 0; kh_ < (w)->k[1]; kh_++)                                          \
+            for (int64_t kw_ = 0; kw_ < (w)->k[2]; kw_++) {                                    \
+                const int64_t toff = kd_ * (it)->dD + kh_ * (it)->dH + kw_ * (it)->dW;         \
+                __VA_ARGS__;                                                                   \
+            }
+
+/* n interior positions of a row at stride S (their divisor is the window's size, taps
+ * inside the input or the padded input alike): sums in tap order, as the scalar path. */
+#define AVG_ROW_TAPS(T, S, w, it, x0, yr, n, ks)                                               \
+    do {                                                                                       \
+        for (int64_t i = 0; i < (n); i++) (yr)[i] = 0;                                         \
+        FOR_TAP_OFFSETS(w, it, {                                                               \
+            const T *restrict src_ = (x0) + toff;                                              \
+            for (int64_t i = 0; i < (n); i++) (yr)[i] += src_[i * (S)];                        \
+        });                                                                                    \
+        for (int64_t i = 0; i < (n); i++) (yr)[i] /= (T)(ks);                                  \
+    } while (0)
+
+#define AVG_POOL_WORKER(name, TT)                                                              \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                         \
+        typedef TT T;                                                                          \
+        const pool_args *a = c_;                                                               \
+        const om_window *w = &a->w;                                                            \
+        const int64_t OW = w->out[2], s = w->s[2], ks = om_window_k_size(w);                   \
+        for (int64_t p = lo; p < hi; p++) {                                                    \
+            const T *xc = (const T *)a->src + p * a->IS;                                       \
+            T *yc = (T *)a->dst + p * a->OS;                                                   \
+            FOR_ROWS(w, &a->it, {                                                              \
+                for (int64_t ow = 0; ow < OW; ow++) {                                          \
+                    if (ow == ilo && ilo < ihi) {   /* the interior run, one tap at a time */ \
+                        const T *x0 = xc + row_base + ilo * s;                                 \
+                        T *restrict yr = yc + o_row + ilo;                                     \
+                        if (s == 1) AVG_ROW_TAPS(T, 1, w, &a->it, x0, yr, ihi - ilo, ks);      \
+                        else if (s == 2) AVG_ROW_TAPS(T, 2, w, &a->it, x0, yr, ihi - ilo, ks); \
+                        else AVG_ROW_TAPS(T, s, w, &a->it, x0, yr, ihi - ilo, ks);             \
+                        ow = ihi - 1;                                                          \
+                        continue;                                                              \
+                    }                                                                          \
+                    T sum = 0;                                                                 \
+                    FOR_TAPS(w, od, oh, ow, sum += xc[at]);                                    \
+                    const int64_t div = avg_divisor(w, a->incl, od, oh, ow);                   \
+                    yc[o_row + ow] = div > 0 ? sum / (T)div : 0;                               \
+                }                                                                              \
+            });                                                                                \
+        }                                                                                      \
+    }
+AVG_POOL_WORKER(average_pool_f32, float)
+AVG_POOL_WORKER(average_pool_f64, double)
+
 // x is (N, C, *S), y is (N, C, *O)
 static om_status *average_pool_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
-    om_window w;
-    OM_TRY(pool_window(n, x->rank, x->dims, &w));
-    const int incl = om_attr_int(n, "count_include_pad", 0) != 0;
-    const int64_t P = w.N * w.C, IS = om_window_in_size(&w), OS = om_window_out_size(&w);
-    POOL_DISPATCH(x->dtype, n, {
-        const T *xp = x->data;
-        T *yp = ctx->out[0].data;
-        OM_PARALLEL_FOR(P * OS > OM_CHUNK)
-        for (int64_t p = 0; p < P; p++) {
-            const T *xc = xp + p * IS;
-            int64_t o = p * OS;
-            for (int64_t od = 0; od < w.out[0]; od++)
-                for (int64_t oh = 0; oh < w.out[1]; oh++)
-                    for (int64_t ow = 0; ow < w.out[2]; ow++, o++) {
-                        T s = 0;
-                        FOR_TAPS(&w, od, oh, ow, { s += xc[at]; });
-                        const int64_t div = avg_divisor(&w, incl, od, oh, ow);
-                        yp[o] = div > 0 ? s / (T)div : 0;
-                    }
-        }
-    });
+    pool_args a = {.src = x->data, .dst = ctx->out[0].data, .incl = om_attr_int(n, "count_include_pad", 0) != 0};
+    OM_TRY(pool_window(n, x->rank, x->dims, &a.w));
+    pool_interior_init(&a.w, &a.it);
+    a.IS = om_window_in_size(&a.w);
+    a.OS = om_window_out_size(&a.w);
+    const int64_t P = a.w.N * a.w.C;
+    switch (x->dtype) {
+    case OM_F32: om_pool_for(P, plane_grain(a.OS), average_pool_f32, &a); break;
+    case OM_F64: om_pool_for(P, plane_grain(a.OS), average_pool_f64, &a); break;
+    default: return om_err_dtype(n, 0, x->dtype);
+    }
     return NULL;
 }
 
@@ -256,32 +475,61 @@ static om_status *average_pool_grad_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+/* dx += dy / ks over each tap of n interior positions of a row at stride S (one tap's
+ * positions land on distinct inputs). */
+#define AVG_ROW_GRAD_TAPS(T, S, w, it, dx0, dyr, n, ks)                                        \
+    FOR_TAP_OFFSETS(w, it, {                                                                   \
+        T *restrict dst_ = (dx0) + toff;                                                       \
+        for (int64_t i = 0; i < (n); i++) dst_[i * (S)] += (dyr)[i] / (T)(ks);                 \
+    })
+
+#define AVG_POOL_GRAD_WORKER(name, TT)                                                         \
+    OM_VEC_CLONES static void name(void *c_, int64_t lo, int64_t hi) {                         \
+        typedef TT T;                                                                          \
+        const pool_args *a = c_;                                                               \
+        const om_window *w = &a->w;                                                            \
+        const int64_t OW = w->out[2], s = w->s[2], ks = om_window_k_size(w);                   \
+        for (int64_t p = lo; p < hi; p++) {                                                    \
+            T *dxc = (T *)a->dst + p * a->IS;                                                  \
+            const T *dyc = (const T *)a->src + p * a->OS;                                      \
+            memset(dxc, 0, (size_t)a->IS * sizeof(T));                                         \
+            FOR_ROWS(w, &a->it, {                                                              \
+                for (int64_t ow = 0; ow < OW; ow++) {                                          \
+                    if (ow == ilo && ilo < ihi) {   /* the interior run, one tap at a time */ \
+                        T *dx0 = dxc + row_base + ilo * s;                                     \
+                        const T *dyr = dyc + o_row + ilo;                                      \
+                        if (s == 1) { AVG_ROW_GRAD_TAPS(T, 1, w, &a->it, dx0, dyr, ihi - ilo, ks); } \
+                        else if (s == 2) { AVG_ROW_GRAD_TAPS(T, 2, w, &a->it, dx0, dyr, ihi - ilo, ks); } \
+                        else { AVG_ROW_GRAD_TAPS(T, s, w, &a->it, dx0, dyr, ihi - ilo, ks); }  \
+                        ow = ihi - 1;                                                          \
+                        continue;                                                              \
+                    }                                                                          \
+                    const int64_t div = avg_divisor(w, a->incl, od, oh, ow);                   \
+                    if (div <= 0) continue;                                                    \
+                    const T g = dyc[o_row + ow] / (T)div;                                      \
+                    FOR_TAPS(w, od, oh, ow, dxc[at] += g);                                     \
+                }                                                                              \
+            });                                                                                \
+        }                                                                                      \
+    }
+AVG_POOL_GRAD_WORKER(average_pool_grad_f32, float)
+AVG_POOL_GRAD_WORKER(average_pool_grad_f64, double)
+
 // dy is (N, C, *O), dx is (N, C, *S)
 static om_status *average_pool_grad_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     om_tensor *dx = &ctx->out[0];
-    om_window w;
-    OM_TRY(pool_window(n, dx->rank, dx->dims, &w));
-    const int incl = om_attr_int(n, "count_include_pad", 0) != 0;
-    const int64_t P = w.N * w.C, IS = om_window_in_size(&w), OS = om_window_out_size(&w);
-    POOL_DISPATCH(dx->dtype, n, {
-        const T *dyp = ctx->in[0].data;
-        T *dxp = dx->data;
-        memset(dxp, 0, (size_t)om_tensor_numel(dx) * sizeof(T));
-        OM_PARALLEL_FOR(P * OS > OM_CHUNK)
-        for (int64_t p = 0; p < P; p++) {
-            T *dxc = dxp + p * IS;
-            int64_t o = p * OS;
-            for (int64_t od = 0; od < w.out[0]; od++)
-                for (int64_t oh = 0; oh < w.out[1]; oh++)
-                    for (int64_t ow = 0; ow < w.out[2]; ow++, o++) {
-                        const int64_t div = avg_divisor(&w, incl, od, oh, ow);
-                        if (div <= 0) continue;
-                        const T g = dyp[o] / (T)div;
-                        FOR_TAPS(&w, od, oh, ow, { dxc[at] += g; });
-                    }
-        }
-    });
+    pool_args a = {.src = ctx->in[0].data, .dst = dx->data, .incl = om_attr_int(n, "count_include_pad", 0) != 0};
+    OM_TRY(pool_window(n, dx->rank, dx->dims, &a.w));
+    pool_interior_init(&a.w, &a.it);
+    a.IS = om_window_in_size(&a.w);
+    a.OS = om_window_out_size(&a.w);
+    const int64_t P = a.w.N * a.w.C;
+    switch (dx->dtype) {
+    case OM_F32: om_pool_for(P, plane_grain(a.OS + a.IS), average_pool_grad_f32, &a); break;
+    case OM_F64: om_pool_for(P, plane_grain(a.OS + a.IS), average_pool_grad_f64, &a); break;
+    default: return om_err_dtype(n, 0, dx->dtype);
+    }
     return NULL;
 }
 
@@ -298,29 +546,50 @@ static om_status *global_pool_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+typedef struct global_args {
+    const void *x, *y, *dy;
+    void *out;
+    int64_t S;
+    int is_max;
+} global_args;
+
+/* Planes [lo, hi): the mean or the max (NaN wins) of each. The sum stays in order: it is
+ * a small share of any step, and the model suites compare a few training steps against
+ * eager, whose mean this order follows closely. */
+#define GLOBAL_POOL_WORKER(name, TT)                                                           \
+    static void name(void *c_, int64_t lo, int64_t hi) {                                       \
+        typedef TT T;                                                                          \
+        const global_args *a = c_;                                                             \
+        const int64_t S = a->S;                                                                \
+        T *yp = a->out;                                                                        \
+        for (int64_t p = lo; p < hi; p++) {                                                    \
+            const T *restrict r = (const T *)a->x + p * S;                                     \
+            if (a->is_max) {                                                                   \
+                T m = -INFINITY;                                                               \
+                for (int64_t i = 0; i < S; i++) m = (r[i] > m || r[i] != r[i]) && m == m ? r[i] : m; \
+                yp[p] = m;                                                                     \
+            } else {                                                                           \
+                T s = 0;                                                                       \
+                for (int64_t i = 0; i < S; i++) s += r[i];                                     \
+                yp[p] = S ? s / (T)S : 0;                                                      \
+            }                                                                                  \
+        }                                                                                      \
+    }
+GLOBAL_POOL_WORKER(global_pool_f32, float)
+GLOBAL_POOL_WORKER(global_pool_f64, double)
+
 // x is (N, C, S), y is (N, C)
 static om_status *global_pool_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
-    const int is_max = strcmp(n->op->name, "GlobalMaxPool") == 0;
-    const int64_t P = x->dims[0] * x->dims[1], S = P ? om_tensor_numel(x) / P : 0;
-    POOL_DISPATCH(x->dtype, n, {
-        const T *xp = x->data;
-        T *yp = ctx->out[0].data;
-        OM_PARALLEL_FOR(P * S > OM_CHUNK)
-        for (int64_t p = 0; p < P; p++) {
-            const T *restrict r = xp + p * S;
-            if (is_max) {
-                T m = -INFINITY;
-                for (int64_t i = 0; i < S; i++) m = (r[i] > m || r[i] != r[i]) && m == m ? r[i] : m;
-                yp[p] = m;
-            } else {
-                T s = 0;
-                for (int64_t i = 0; i < S; i++) s += r[i];
-                yp[p] = S ? s / (T)S : 0;
-            }
-        }
-    });
+    const int64_t P = x->dims[0] * x->dims[1];
+    global_args a = {.x = x->data, .out = ctx->out[0].data, .S = P ? om_tensor_numel(x) / P : 0,
+                     .is_max = strcmp(n->op->name, "GlobalMaxPool") == 0};
+    switch (x->dtype) {
+    case OM_F32: om_pool_for(P, plane_grain(a.S), global_pool_f32, &a); break;
+    case OM_F64: om_pool_for(P, plane_grain(a.S), global_pool_f64, &a); break;
+    default: return om_err_dtype(n, 0, x->dtype);
+    }
     return NULL;
 }
 
@@ -354,33 +623,45 @@ static om_status *global_pool_grad_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+#define GLOBAL_POOL_GRAD_WORKER(name, TT)                                                      \
+    static void name(void *c_, int64_t lo, int64_t hi) {                                       \
+        typedef TT T;                                                                          \
+        const global_args *a = c_;                                                             \
+        const int64_t S = a->S;                                                                \
+        const T *dyp = a->dy;                                                                  \
+        for (int64_t p = lo; p < hi; p++) {                                                    \
+            T *restrict d = (T *)a->out + p * S;                                               \
+            if (a->is_max) {                                                                   \
+                const T *r = (const T *)a->x + p * S;                                          \
+                const T m = ((const T *)a->y)[p];                                              \
+                int64_t at = -1;                                                               \
+                for (int64_t i = 0; i < S && at < 0; i++)                                      \
+                    if (r[i] == m || (m != m && r[i] != r[i])) at = i;                         \
+                for (int64_t i = 0; i < S; i++) d[i] = 0;                                      \
+                if (at >= 0) d[at] = dyp[p];                                                   \
+            } else {                                                                           \
+                const T g = S ? dyp[p] / (T)S : 0;                                             \
+                for (int64_t i = 0; i < S; i++) d[i] = g;                                      \
+            }                                                                                  \
+        }                                                                                      \
+    }
+GLOBAL_POOL_GRAD_WORKER(global_pool_grad_f32, float)
+GLOBAL_POOL_GRAD_WORKER(global_pool_grad_f64, double)
+
 // dy is (N, C), x and dx are (N, C, S)
 static om_status *global_pool_grad_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     om_tensor *dx = &ctx->out[0];
     const int is_max = ctx->in[1].dtype != OM_UNDEFINED;
-    const int64_t P = dx->dims[0] * dx->dims[1], S = P ? om_tensor_numel(dx) / P : 0;
-    POOL_DISPATCH(dx->dtype, n, {
-        const T *dyp = ctx->in[0].data;
-        const T *xp = is_max ? ctx->in[1].data : NULL, *yp = is_max ? ctx->in[2].data : NULL;
-        T *dxp = dx->data;
-        OM_PARALLEL_FOR(P * S > OM_CHUNK)
-        for (int64_t p = 0; p < P; p++) {
-            T *restrict d = dxp + p * S;
-            if (is_max) {
-                const T *r = xp + p * S;
-                const T m = yp[p];
-                int64_t at = -1;
-                for (int64_t i = 0; i < S && at < 0; i++)
-                    if (r[i] == m || (m != m && r[i] != r[i])) at = i;
-                for (int64_t i = 0; i < S; i++) d[i] = 0;
-                if (at >= 0) d[at] = dyp[p];
-            } else {
-                const T g = S ? dyp[p] / (T)S : 0;
-                for (int64_t i = 0; i < S; i++) d[i] = g;
-            }
-        }
-    });
+    const int64_t P = dx->dims[0] * dx->dims[1];
+    global_args a = {.dy = ctx->in[0].data, .x = is_max ? ctx->in[1].data : NULL,
+                     .y = is_max ? ctx->in[2].data : NULL, .out = dx->data, .S = P ? om_tensor_numel(dx) / P : 0,
+                     .is_max = is_max};
+    switch (dx->dtype) {
+    case OM_F32: om_pool_for(P, plane_grain(a.S), global_pool_grad_f32, &a); break;
+    case OM_F64: om_pool_for(P, plane_grain(a.S), global_pool_grad_f64, &a); break;
+    default: return om_err_dtype(n, 0, dx->dtype);
+    }
     return NULL;
 }
 

@@ -1,0 +1,112 @@
+"""Pools and BatchNormalization on shapes large enough that their planes / channels are
+shared out over the pool (ops/pool.c, ops/norm.c), at 1 and 2 threads: float64 outputs
+and gradients against torch's autograd with the same output gradient. The windows mix
+positions clear of the padding (taps walked without bounds checks) with clipped ones."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from oputil import make_model, run
+from ortmod import _C
+
+RNG = np.random.default_rng(99)
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    before = _C.get_num_threads()
+    _C.set_num_threads(request.param)
+    yield request.param
+    _C.set_num_threads(before)
+
+
+def engine(op, inputs, attrs, n_outputs=1, opset=20, grad=None):
+    feeds = list(inputs.values())
+    return run(make_model(op, inputs, attrs, n_outputs=n_outputs, opset=opset), feeds,
+               grad=grad if grad is not None else [True] * len(feeds), seed=3)
+
+
+def check_grads(names, grads, tensors):
+    for name, g in zip(names, grads):
+        np.testing.assert_allclose(g, tensors[name].grad.numpy(), rtol=1e-9, atol=1e-10,
+                                   err_msg=f"gradient of {name}")
+
+
+POOLS = [
+    ({"kernel_shape": [2, 2], "strides": [2, 2]}, dict(kernel_size=2, stride=2)),
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, dict(kernel_size=3, stride=2, padding=1)),
+    ({"kernel_shape": [3, 2], "strides": [1, 2], "pads": [1, 0, 1, 0], "dilations": [2, 1]},
+     dict(kernel_size=(3, 2), stride=(1, 2), padding=(1, 0), dilation=(2, 1))),
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, dict(kernel_size=3, stride=2, ceil_mode=True)),
+]
+
+
+@pytest.mark.parametrize("attrs,kw", POOLS)
+def test_maxpool_planes(attrs, kw, threads):
+    x = RNG.standard_normal((8, 24, 17, 18))
+    outs, grads, dys = engine("MaxPool", {"X": x}, attrs, n_outputs=2)
+    xt = torch.from_numpy(x.copy()).requires_grad_()
+    y, idx = F.max_pool2d(xt, return_indices=True, **kw)
+    plane = x.shape[2] * x.shape[3]
+    off = (np.arange(x.shape[0] * x.shape[1]) * plane).reshape(x.shape[0], x.shape[1], 1, 1)
+    np.testing.assert_array_equal(outs[0], y.detach().numpy())
+    np.testing.assert_array_equal(outs[1], idx.numpy() + off)
+    y.backward(torch.from_numpy(dys[0]))
+    check_grads(["X"], grads, {"X": xt})
+
+
+@pytest.mark.parametrize("incl", [0, 1])
+@pytest.mark.parametrize("attrs,kw", [p for p in POOLS if "dilations" not in p[0]])
+def test_avgpool_planes(attrs, kw, incl, threads):
+    x = RNG.standard_normal((8, 24, 17, 18))
+    outs, grads, dys = engine("AveragePool", {"X": x}, dict(attrs, count_include_pad=incl))
+    xt = torch.from_numpy(x.copy()).requires_grad_()
+    y = F.avg_pool2d(xt, count_include_pad=bool(incl), **kw)
+    np.testing.assert_allclose(outs[0], y.detach().numpy(), rtol=1e-12, atol=1e-12)
+    y.backward(torch.from_numpy(dys[0]))
+    check_grads(["X"], grads, {"X": xt})
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+def test_global_pool_planes(op, threads):
+    x = RNG.standard_normal((16, 40, 9, 11))
+    outs, grads, dys = engine(op, {"X": x}, {})
+    xt = torch.from_numpy(x.copy()).requires_grad_()
+    y = xt.mean((2, 3), keepdim=True) if op == "GlobalAveragePool" else xt.amax((2, 3), keepdim=True)
+    np.testing.assert_allclose(outs[0], y.detach().numpy(), rtol=1e-12, atol=1e-12)
+    y.backward(torch.from_numpy(dys[0]))
+    check_grads(["X"], grads, {"X": xt})
+
+
+@pytest.mark.parametrize("shape", [(32, 48, 13, 7), (64, 20, 37), (40, 70)])
+def test_batchnorm_training_channels(shape, threads):
+    C = shape[1]
+    inputs = {"X": RNG.standard_normal(shape) * 3 + 2, "scale": RNG.standard_normal(C), "B": RNG.standard_normal(C),
+              "mean": RNG.standard_normal(C), "var": np.abs(RNG.standard_normal(C)) + 0.5}
+    attrs = {"training_mode": 1, "momentum": 0.9, "epsilon": 1e-5}
+    outs, grads, dys = engine("BatchNormalization", inputs, attrs, n_outputs=3, opset=15,
+                              grad=[True, True, True, False, False])
+    t = {k: torch.from_numpy(v.copy()).requires_grad_(k in ("X", "scale", "B")) for k, v in inputs.items()}
+    rm, rv = t["mean"].clone(), t["var"].clone()
+    # the momentum attribute is a float32: 0.9f, not 0.9
+    y = F.batch_norm(t["X"], rm, rv, t["scale"], t["B"], training=True, momentum=1 - float(np.float32(0.9)), eps=1e-5)
+    np.testing.assert_allclose(outs[0], y.detach().numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(outs[1], rm.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(outs[2], rv.numpy(), rtol=1e-10, atol=1e-12)
+    y.backward(torch.from_numpy(dys[0]))
+    check_grads(["X", "scale", "B"], grads[:3], t)
+
+
+def test_batchnorm_inference_channels(threads):
+    C = 48
+    inputs = {"X": RNG.standard_normal((16, C, 11, 9)), "scale": RNG.standard_normal(C),
+              "B": RNG.standard_normal(C), "mean": RNG.standard_normal(C),
+              "var": np.abs(RNG.standard_normal(C)) + 0.5}
+    outs, grads, dys = engine("BatchNormalization", inputs, {"epsilon": 1e-5}, opset=15,
+                              grad=[True, True, True, False, False])
+    t = {k: torch.from_numpy(v.copy()).requires_grad_(k in ("X", "scale", "B")) for k, v in inputs.items()}
+    y = F.batch_norm(t["X"], t["mean"], t["var"], t["scale"], t["B"], training=False, eps=1e-5)
+    np.testing.assert_allclose(outs[0], y.detach().numpy(), rtol=1e-10, atol=1e-10)
+    y.backward(torch.from_numpy(dys[0]))
+    check_grads(["X", "scale", "B"], grads[:3], t)
