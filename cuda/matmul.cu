@@ -1,6 +1,6 @@
 // matmul.cu — every GEMM of the op table on cuBLAS: MatMul, FusedMatMul, MatMulGrad, Gemm,
-// MatMulBias, MatMulBiasGrad and MatMulBiasGelu. Row-major products are computed as their column-major
-// transposes (Y^T = op(B)^T op(A)^T), so no operand is ever copied or transposed.
+// MatMulBias, MatMulBiasGrad and MatMulBiasGelu. Row-major products are computed as their
+// column-major transposes (Y^T = op(B)^T op(A)^T), so no operand is ever copied or transposed.
 // fp16/bf16 accumulate in fp32 (CUBLAS_COMPUTE_32F); fp32 stays exact fp32 (no TF32, as
 // torch's default); fp64 computes in fp64. MatMulBias adds its bias in cuBLASLt's epilogue
 // (falling back to bias-then-GEMM with beta = 1 where Lt finds no algorithm), MatMulBiasGelu its

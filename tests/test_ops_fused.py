@@ -55,12 +55,14 @@ def test_matmul_bias_gelu(approximate, xshape, transB, bshape):
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
-def test_matmul_bias_gelu_with_preactivation_output(approximate):
-    """z = xW + b as a second output: its value, and its own gradient added to the GELU's."""
+@pytest.mark.parametrize("cols,bias", [(5, 5), (1100, 1100), (1100, 1)])
+def test_matmul_bias_gelu_with_preactivation_output(approximate, cols, bias):
+    """z = xW + b as a second output: its value, and its own gradient added to the GELU's
+    (1100 columns: the float32 rows run in two chunks; a one-value bias is spread per chunk)."""
     def ref(x, w, b):
         z = x @ w + b
         return gelu(z, approximate), z
-    check_op("MatMulBiasGelu", {"x": rnd(3, 4), "w": rnd(4, 5), "b": rnd(5)}, ref,
+    check_op("MatMulBiasGelu", {"x": rnd(3, 4), "w": rnd(4, cols), "b": rnd(bias)}, ref,
              attrs={"approximate": approximate}, grad=["x", "w", "b"], domain="ortmod", n_outputs=2)
 
 
