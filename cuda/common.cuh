@@ -267,10 +267,13 @@ template <typename A> __device__ A block_max(A v) {
 om_status *omc_temp_alloc(const om_cuda_exec *x, size_t n, void **out);
 void omc_temp_free(const om_cuda_exec *x, void *p);
 
-// ---- shared helpers (matmul.cu, reduce.cu) --------------------------------------------------------
+// ---- shared helpers (matmul.cu, reduce.cu, fused.cu) ----------------------------------------------
 om_status *omc_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M, int64_t N,
                     int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ, double beta, void *O,
                     int64_t sO, int64_t batch);
+// y = gelu(src) elementwise over n values (y may be src); tanh_mode picks the approximation (fused.cu)
+om_status *omc_gelu(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *y, const void *src, int64_t n,
+                    int tanh_mode);
 // db (N) = column sums of dy (M, N); to_scalar: db[0] = sum of everything
 om_status *omc_column_sum(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *db, const void *dy,
                           int64_t M, int64_t N, int to_scalar);

@@ -28,6 +28,26 @@ __global__ void bias_gelu_kernel(T *y, const T *x, const T *b, int64_t n, int64_
     }
 }
 
+// y = gelu(x) over n elements (y may be x): MatMulBiasGelu's GELU after its GEMM (matmul.cu)
+template <typename T> __global__ void gelu_kernel(T *y, const T *x, int64_t n, int tanh_mode) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(i, n) {
+        A v = ld(x[i]);
+        A r = tanh_mode ? (A)0.5 * v * ((A)1 + tanh((A)GELU_K0 * (v + (A)GELU_K1 * v * v * v)))
+                        : (A)0.5 * v * ((A)1 + erf(v * (A)INV_SQRT2));
+        y[i] = st<T>(r);
+    }
+}
+
+om_status *omc_gelu(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *y, const void *src, int64_t n,
+                    int tanh_mode) {
+    if (!n) return NULL;
+    OMC_DISPATCH_FLOAT(dt, ctx, 0, {
+        gelu_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)y, (const T *)src, n, tanh_mode);
+    });
+    return omc_launched(ctx);
+}
+
 static om_status *bias_gelu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
     int m = gelu_tanh_mode(ctx);

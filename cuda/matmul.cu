@@ -1,9 +1,10 @@
 // matmul.cu — every GEMM of the op table on cuBLAS: MatMul, FusedMatMul, MatMulGrad, Gemm,
-// MatMulBias and MatMulBiasGrad. Row-major products are computed as their column-major
-// transposes (Y^T = op(B)^T op(A)^T), so no operand is ever copied or transposed.
+// MatMulBias, MatMulBiasGrad and MatMulBiasGelu. Row-major products are computed as their
+// column-major transposes (Y^T = op(B)^T op(A)^T), so no operand is ever copied or transposed.
 // fp16/bf16 accumulate in fp32 (CUBLAS_COMPUTE_32F); fp32 stays exact fp32 (no TF32, as
 // torch's default); fp64 computes in fp64. MatMulBias adds its bias in cuBLASLt's epilogue
-// (falling back to bias-then-GEMM with beta = 1 where Lt finds no algorithm).
+// (falling back to bias-then-GEMM with beta = 1 where Lt finds no algorithm), MatMulBiasGelu its
+// bias and tanh GELU.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <pthread.h>
@@ -76,6 +77,8 @@ static om_status *gemm_rm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dt
 // ---- cuBLASLt with a bias epilogue -------------------------------------------------------------
 // y(M,N) = x(M,K) op(W) + bias(N), row-major. As column-major: y^T (N,M) = op(W)^T x^T, and
 // the epilogue's bias runs along the rows of y^T, i.e. per output column of y.
+// With CUBLASLT_EPILOGUE_GELU_BIAS y = gelu_tanh(x op(W) + bias); GELU_AUX_BIAS also writes the
+// pre-activation into aux (same layout as y: leading dimension N, which Lt wants divisible by 8).
 
 struct lt_key { int dt, tb; int64_t M, N, K; int epi; };
 struct lt_entry { lt_key k; int ok; cublasLtMatmulAlgo_t algo; };
@@ -84,9 +87,9 @@ static lt_entry lt_cache[LT_CACHE];
 static int lt_n;
 static pthread_mutex_t lt_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static om_status *lt_bias_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tb, int64_t M,
-                               int64_t N, int64_t K, const void *X, const void *W, const void *bias, void *Y,
-                               int *done) {
+static om_status *lt_epilogue_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tb, int64_t M,
+                                   int64_t N, int64_t K, const void *X, const void *W, const void *bias, void *Y,
+                                   cublasLtEpilogue_t epi, void *aux, int *done) {
     *done = 0;
     (void)ctx;   // failures here are not errors: the caller takes the plain GEMM path
     cudaDataType t;
@@ -94,13 +97,13 @@ static om_status *lt_bias_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
     if (blas_types(dt, &t, &ct) || dt == OM_F64) return NULL;   // fp64: the plain path
     if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || K == 0) return NULL;
     // Lt wants 16-byte aligned pointers for the fast kernels; otherwise take the plain path
-    if (((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y | (uintptr_t)bias) & 15) return NULL;
+    if (((uintptr_t)X | (uintptr_t)W | (uintptr_t)Y | (uintptr_t)bias | (uintptr_t)aux) & 15) return NULL;
+    if (aux && N % 8) return NULL;   // the aux leading dimension must be a multiple of 8
     cublasLtHandle_t lt = (cublasLtHandle_t)x->cublaslt;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     lt_key key = {(int)dt, tb, M, N, K, (int)epi};
     lt_entry *hit = NULL;
     if (cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return NULL;
@@ -110,6 +113,11 @@ static om_status *lt_bias_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     cudaDataType bias_t = t;
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof bias_t);
+    if (aux) {
+        int64_t aux_ld = N;
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+    }
     // A = W as column-major: W (K,N) row-major is (N,K) col-major; W (N,K) row-major with transB is (K,N)
     if (tb) cublasLtMatrixLayoutCreate(&la, t, (uint64_t)K, (uint64_t)N, K);
     else cublasLtMatrixLayoutCreate(&la, t, (uint64_t)N, (uint64_t)K, N);
@@ -335,7 +343,8 @@ static om_status *gemm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
         int64_t cm = c->rank == 2 ? c->dims[0] : 1, cn = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
         if (!ta && alpha == 1.0 && beta == 1.0 && cm == 1 && cn == N) {   // a bias row: the Lt epilogue
             int done = 0;
-            OMC_TRY(lt_bias_gemm(ctx, x, dt, tb, M, N, K, a->data, b->data, c->data, y, &done));
+            OMC_TRY(lt_epilogue_gemm(ctx, x, dt, tb, M, N, K, a->data, b->data, c->data, y, CUBLASLT_EPILOGUE_BIAS,
+                                     NULL, &done));
             if (done) return NULL;
         }
         OMC_TRY(fill_bias(ctx, x, dt, y, c->data, M, N, cm == 1 ? 0 : cn, cn == 1 ? 0 : 1, beta));
@@ -356,11 +365,47 @@ static om_status *matmul_bias_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
     int64_t nb = numel(b);
     if (nb == N && M > 0 && N > 0) {
         int done = 0;
-        OMC_TRY(lt_bias_gemm(ctx, x, dt, tb, M, N, K, X->data, W->data, b->data, ctx->out[0].data, &done));
+        OMC_TRY(lt_epilogue_gemm(ctx, x, dt, tb, M, N, K, X->data, W->data, b->data, ctx->out[0].data,
+                                 CUBLASLT_EPILOGUE_BIAS, NULL, &done));
         if (done) return NULL;
     }
     OMC_TRY(fill_bias(ctx, x, dt, ctx->out[0].data, b->data, M, N, 0, nb == 1 ? 0 : 1, 1.0));
     return gemm_rm(ctx, x, dt, 0, tb, M, N, K, 1.0, X->data, 0, W->data, 0, 1.0, ctx->out[0].data, 0, 1);
+}
+
+// MatMulBiasGelu: y = gelu(x op(W) + b), output 1 (when the backward wants it) z = x op(W) + b.
+// approximate="tanh" is one cuBLASLt call: CUBLASLT_EPILOGUE_GELU_AUX_BIAS (GELU_BIAS without z)
+// — cuBLASLt's GELU epilogue is the tanh approximation. approximate="none" (erf), and any shape
+// Lt declines, compute z with MatMulBias's path (Lt's BIAS epilogue) and then run the GELU as
+// one elementwise pass (fused.cu); without z that pass runs in place on y.
+static om_status *matmul_bias_gelu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *b = &ctx->in[2];
+    int tb = attr_i(ctx, "transB", 0) != 0;
+    const char *approx = attr_s(ctx, "approximate", "none");
+    int tanh_mode = !strcmp(approx, "tanh");
+    if (!tanh_mode && strcmp(approx, "none")) return omc_err_unsupported(ctx, "approximate must be \"none\" or \"tanh\"");
+    int64_t K = X->dims[X->rank - 1], N = tb ? W->dims[0] : W->dims[1], M = 1;
+    for (int d = 0; d + 1 < X->rank; d++) M *= X->dims[d];
+    om_dtype dt = X->dtype;
+    int64_t nb = numel(b);
+    void *y = ctx->out[0].data, *z = wanted(ctx, 1) ? ctx->out[1].data : NULL;
+    if (M == 0 || N == 0) return NULL;
+    if (tanh_mode && nb == N) {
+        int done = 0;
+        OMC_TRY(lt_epilogue_gemm(ctx, x, dt, tb, M, N, K, X->data, W->data, b->data, y,
+                                 z ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS, z, &done));
+        if (done) return NULL;
+    }
+    void *pre = z ? z : y;   // the pre-activation's buffer
+    int done = 0;
+    if (nb == N)
+        OMC_TRY(lt_epilogue_gemm(ctx, x, dt, tb, M, N, K, X->data, W->data, b->data, pre, CUBLASLT_EPILOGUE_BIAS, NULL,
+                                 &done));
+    if (!done) {
+        OMC_TRY(fill_bias(ctx, x, dt, pre, b->data, M, N, 0, nb == 1 ? 0 : 1, 1.0));
+        OMC_TRY(gemm_rm(ctx, x, dt, 0, tb, M, N, K, 1.0, X->data, 0, W->data, 0, 1.0, pre, 0, 1));
+    }
+    return omc_gelu(ctx, x, dt, y, pre, M * N, tanh_mode);
 }
 
 // db (N) = column sums of dy (M, N), or db[0] = the sum of everything: reduce.cu's reduction
@@ -418,5 +463,6 @@ extern const omc_kernel_entry omc_kernels_matmul[] = {
     {"Gemm", "", gemm_cuda},
     {"MatMulBias", "ortmod", matmul_bias_cuda},
     {"MatMulBiasGrad", "ortmod", matmul_bias_grad_cuda},
+    {"MatMulBiasGelu", "ortmod", matmul_bias_gelu_cuda},
     OMC_TABLE_END,
 };

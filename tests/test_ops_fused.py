@@ -42,6 +42,36 @@ def test_bias_gelu(approximate):
              attrs={"approximate": approximate}, grad=["x", "b"], domain="ortmod")
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("xshape,transB,bshape", [((5, 4), 0, (6,)), ((2, 3, 4), 1, (6,)), ((2, 3, 4), 0, (1,))])
+def test_matmul_bias_gelu(approximate, xshape, transB, bshape):
+    w = rnd(6, 4) if transB else rnd(4, 6)
+    attrs = {"approximate": approximate}
+    if transB:
+        attrs["transB"] = 1
+    check_op("MatMulBiasGelu", {"x": rnd(*xshape), "w": w, "b": rnd(*bshape)},
+             lambda x, w, b: gelu(x @ (w.T if transB else w) + b, approximate), attrs=attrs,
+             grad=["x", "w", "b"], domain="ortmod")
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("cols,bias", [(5, 5), (1100, 1100), (1100, 1)])
+def test_matmul_bias_gelu_with_preactivation_output(approximate, cols, bias):
+    """z = xW + b as a second output: its value, and its own gradient added to the GELU's
+    (1100 columns: the float32 rows run in two chunks; a one-value bias is spread per chunk)."""
+    def ref(x, w, b):
+        z = x @ w + b
+        return gelu(z, approximate), z
+    check_op("MatMulBiasGelu", {"x": rnd(3, 4), "w": rnd(4, cols), "b": rnd(bias)}, ref,
+             attrs={"approximate": approximate}, grad=["x", "w", "b"], domain="ortmod", n_outputs=2)
+
+
+def test_matmul_bias_gelu_rejects_an_unknown_approximation():
+    with pytest.raises(Exception, match="approximate"):
+        check_op("MatMulBiasGelu", {"x": rnd(3, 4), "w": rnd(4, 5), "b": rnd(5)}, None,
+                 attrs={"approximate": "fast"}, domain="ortmod")
+
+
 @pytest.mark.parametrize("bias,residual", [(True, True), (False, True), (True, False)])
 def test_bias_dropout_ratio0(bias, residual):
     inputs = {"x": rnd(3, 8), "b": rnd(8) if bias else None, "r": rnd(3, 8) if residual else None,

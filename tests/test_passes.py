@@ -207,11 +207,68 @@ def test_matmul_add_gelu_is_matmul_and_bias_gelu():
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"])]
     nodes += gelu_tanh_nodes("a", "y")
     m = model(nodes, [("x", [2, 3, 4]), ("w", [4, 8]), ("b", [8])], ["y"])
-    ops, _ = optimized_ops(m, [True, True, True])
-    assert ops == ["MatMul", "BiasGelu"], ops
-    check_pass("bias_gelu", m, [rnd(2, 3, 4), rnd(4, 8), rnd(8)], [True, True, True], "BiasGelu")
-    with _Disabled("bias_gelu"):
+    with _Disabled("matmul_bias_gelu"):
+        ops, _ = optimized_ops(m, [True, True, True])
+        assert ops == ["MatMul", "BiasGelu"], ops
+    with _Disabled("matmul_bias_gelu,bias_gelu"):
         assert optimized_ops(m, [True, True, True])[0] == ["MatMulBias", "Gelu"]
+    check_pass("bias_gelu", m, [rnd(2, 3, 4), rnd(4, 8), rnd(8)], [True, True, True], "BiasGelu", fires=False)
+
+
+# ---- matmul_bias_gelu ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("via", ["bias_gelu", "matmul_add_bias"])
+def test_matmul_bias_gelu(approximate, via):
+    """Either earlier fusion's result (MatMul + BiasGelu, or MatMulBias + Gelu) becomes one node."""
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "wt"], ["h"]),
+             helper.make_node("Add", ["h", "b"], ["a"]), helper.make_node("Gelu", ["a"], ["y"], approximate=approximate)]
+    m = model(nodes, [("x", [2, 3, 4]), ("w", [8, 4]), ("b", [8])], ["y"])
+    other = "matmul_add_bias" if via == "bias_gelu" else "bias_gelu"
+    feeds = [rnd(2, 3, 4), rnd(8, 4), rnd(8)]
+    with _Disabled(other):
+        ops, _ = optimized_ops(m, [True, True, True])
+    assert ops == ["MatMulBiasGelu"], ops
+    check_pass("matmul_bias_gelu", m, feeds, [True, True, True], "MatMulBiasGelu")
+    check_pass("matmul_bias_gelu", m, feeds, [False, True, False], "MatMulBiasGelu")
+    # inference: no pre-activation output, the GELU runs in place on the GEMM's result
+    assert optimized_ops(m, None)[0] == ["MatMulBiasGelu"]
+    y = run(m, feeds)[0][0]
+    with _Disabled("matmul_bias_gelu"):
+        y0 = run(m, feeds)[0][0]
+    np.testing.assert_allclose(y, y0, rtol=1e-5, atol=1e-6)
+
+
+def test_matmul_bias_gelu_preactivation_read_elsewhere_left_alone():
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+             helper.make_node("Gelu", ["a"], ["y"]), helper.make_node("Mul", ["a", "y"], ["o"])]
+    m = model(nodes, [("x", [5, 4]), ("w", [4, 6]), ("b", [6])], ["o"])
+    check_pass("matmul_bias_gelu", m, [rnd(5, 4), rnd(4, 6), rnd(6)], [True, True, True], "MatMulBiasGelu",
+               fires=False)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_matmul_bias_gelu_torch_linear_gelu(approximate):
+    """nn.Linear + nn.GELU + nn.Linear as torch exports it: the first Linear and the GELU fuse;
+    outputs and every gradient match the graph with the pass off."""
+    torch = pytest.importorskip("torch")
+    import io
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(approximate=approximate), torch.nn.Linear(16, 3))
+    x = torch.randn(2, 5, 6)
+    names = ["x"] + [n for n, _ in net.named_parameters()]
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (x,), f, dynamo=False, training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, export_params=False, keep_initializers_as_inputs=True,
+                          opset_version=20, input_names=names, dynamic_axes={"x": {0: "b", 1: "t"}})
+    m = f.getvalue()
+    feeds = [x.numpy()] + [p.detach().numpy() for _, p in net.named_parameters()]
+    flags = [True] * len(feeds)
+    ops, _ = optimized_ops(m, flags)
+    assert ops.count("MatMulBiasGelu") == 1 and "Gelu" not in ops and "BiasGelu" not in ops, ops
+    outs, grads = check_pass("matmul_bias_gelu", m, feeds, flags, "MatMulBiasGelu", rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[0], net(x).detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
 # ---- bias_dropout_residual ---------------------------------------------------------------

@@ -6,6 +6,9 @@
  *   om_op_matmul_bias_grad      MatMulBiasGrad      (dy, x?, W?, x_shape, W_shape, b_shape; transB) -> (dx?, dW?, db?)
  *   om_op_bias_gelu             BiasGelu            (x, b; approximate) -> gelu(x + b)
  *   om_op_bias_gelu_grad        BiasGeluGrad        (dy, x, b; approximate) -> (dx?, db?)
+ *   om_op_matmul_bias_gelu      MatMulBiasGelu      (x, W, b; transB, approximate) -> (y, z?)
+ *                                                   z = x op(W) + b, y = gelu(z); backward: GeluGrad(dy, z)
+ *                                                   then MatMulBiasGrad
  *   om_op_bias_dropout          BiasDropout         (x, b?, residual?, ratio?, training_mode?) -> (y, mask?)
  *                                                   y = dropout(x + b) + residual
  *   om_op_bias_dropout_grad     BiasDropoutGrad     (dy, mask, ratio?, training_mode?, b_shape?) -> (dx?, db?)
@@ -109,20 +112,20 @@ static om_status *mmb_dims(const om_kernel_ctx *ctx, int64_t *M, int64_t *N, int
     om_shape_str(x, sx, sizeof sx);
     om_shape_str(w, sw, sizeof sw);
     if (x->rank < 1 || w->rank != 2)
-        return om_error(OM_INVALID_ARGUMENT, "MatMulBias node '%s': x %s must have rank >= 1 and W %s rank 2", n->name,
-                        sx, sw);
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': x %s must have rank >= 1 and W %s rank 2", n->op->name,
+                        n->name, sx, sw);
     *K = x->dims[x->rank - 1];
     *N = tb ? w->dims[0] : w->dims[1];
     if ((tb ? w->dims[1] : w->dims[0]) != *K)
-        return om_error(OM_INVALID_ARGUMENT, "MatMulBias node '%s': shapes %s and %s%s do not multiply", n->name, sx, sw,
-                        tb ? "^T" : "");
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': shapes %s and %s%s do not multiply", n->op->name, n->name, sx,
+                        sw, tb ? "^T" : "");
     *M = *K ? om_tensor_numel(x) / *K : 0;
     if (*K == 0) {
         *M = 1;
         for (int d = 0; d + 1 < x->rank; d++) *M *= x->dims[d];
     }
     if (*M > INT32_MAX || *N > INT32_MAX || *K > INT32_MAX)
-        return om_error(OM_INVALID_ARGUMENT, "MatMulBias node '%s': dims exceed the BLAS int range", n->name);
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': dims exceed the BLAS int range", n->op->name, n->name);
     return check_bias(n, b, 2, *N);
 }
 
@@ -293,6 +296,7 @@ static om_status *bias_gelu_infer(om_kernel_ctx *ctx) {
 typedef struct bias_gelu_rows {
     const float *x, *b, *dy;
     float *y, *dx;
+    float *z;   /* BiasGelu forward: x + b kept here too when not NULL (may be x) */
     int64_t cols, bs;
     int tanh_mode;
 } bias_gelu_rows;
@@ -300,6 +304,15 @@ typedef struct bias_gelu_rows {
 /* Rows in chunks of columns; a bias of one value (bs 0) is spread into tmp first, so every
  * loop has unit stride and vectorizes. */
 #define GELU_ROW_CHUNK 1024   /* columns per pass when the bias is one value */
+
+/* y = gelu(v) over n values */
+static inline void gelu_f32_chunk(const float *restrict v, float *restrict y, int64_t n, int tanh_mode) {
+    if (tanh_mode)
+        for (int64_t j = 0; j < n; j++)
+            y[j] = 0.5f * v[j] * (1.0f + tanh_f32((float)GELU_K0 * (v[j] + (float)GELU_K1 * v[j] * v[j] * v[j])));
+    else
+        for (int64_t j = 0; j < n; j++) y[j] = 0.5f * v[j] * (1.0f + erf_f32(v[j] * (float)INV_SQRT2));
+}
 
 OM_VEC_CLONES static void bias_gelu_f32_range(void *c, int64_t lo, int64_t hi) {
     const bias_gelu_rows *a = c;
@@ -312,6 +325,12 @@ OM_VEC_CLONES static void bias_gelu_f32_range(void *c, int64_t lo, int64_t hi) {
             float *restrict yr = a->y + i * cols + j0;
             const float *restrict br = a->bs ? a->b + j0 : tmp;
             if (!a->bs) for (int64_t j = 0; j < n; j++) tmp[j] = a->b[0];
+            if (a->z) {   /* z = x + b (in place when z is x), then y = gelu(z) while the chunk is in cache */
+                float *zr = a->z + i * cols + j0;
+                for (int64_t j = 0; j < n; j++) zr[j] = a->x[i * cols + j0 + j] + br[j];
+                gelu_f32_chunk(zr, yr, n, a->tanh_mode);
+                continue;
+            }
             if (a->tanh_mode)
                 for (int64_t j = 0; j < n; j++) {
                     const float v = xr[j] + br[j];
@@ -354,30 +373,38 @@ OM_VEC_CLONES static void bias_gelu_grad_f32_range(void *c, int64_t lo, int64_t 
     }
 }
 
-// x is (rows, cols), b is (cols) or (1); y like x
-static om_status *bias_gelu_cpu(om_kernel_ctx *ctx) {
-    int64_t rows = 0, cols = 0;
-    OM_TRY(bias_rows(ctx, 0, 1, &rows, &cols));
-    const int tanh_mode = gelu_tanh_mode(ctx->node);
-    const int64_t bs = om_tensor_numel(&ctx->in[1]) == 1 ? 0 : 1;
-    if (ctx->in[0].dtype == OM_F32 && cols > 0) {
-        bias_gelu_rows a = {.x = ctx->in[0].data, .b = ctx->in[1].data, .y = ctx->out[0].data, .cols = cols,
-                            .bs = bs, .tanh_mode = tanh_mode};
+/* y = gelu(x + b) over (rows, cols); b has cols values (bs 1) or one (bs 0). y may be x.
+ * z, when not NULL, receives x + b (z may be x, not y). */
+static om_status *bias_gelu_run(const om_node *node, om_dtype dt, const void *x, const void *b, int64_t bs, void *z,
+                                void *y, int64_t rows, int64_t cols, int tanh_mode) {
+    if (dt == OM_F32 && cols > 0) {
+        bias_gelu_rows a = {.x = x, .b = b, .y = y, .z = z, .cols = cols, .bs = bs, .tanh_mode = tanh_mode};
         om_pool_for(rows, OM_GRAIN / cols + 1, bias_gelu_f32_range, &a);
         return NULL;
     }
-    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
-        const T *restrict xp = ctx->in[0].data;
-        const T *restrict bp = ctx->in[1].data;
-        T *restrict yp = ctx->out[0].data;
+    OM_DISPATCH_FLOAT(dt, node, {
+        const T *xp = x;
+        const T *bp = b;
+        T *yp = y;
+        T *zp = z;
         for (int64_t i = 0; i < rows; i++)
             for (int64_t j = 0; j < cols; j++) {
                 const T v = xp[i * cols + j] + bp[j * bs];
+                if (zp) zp[i * cols + j] = v;
                 yp[i * cols + j] = tanh_mode ? (T)0.5 * v * ((T)1 + tanh((T)GELU_K0 * (v + (T)GELU_K1 * v * v * v)))
                                              : (T)0.5 * v * ((T)1 + erf(v * (T)INV_SQRT2));
             }
     });
     return NULL;
+}
+
+// x is (rows, cols), b is (cols) or (1); y like x
+static om_status *bias_gelu_cpu(om_kernel_ctx *ctx) {
+    int64_t rows = 0, cols = 0;
+    OM_TRY(bias_rows(ctx, 0, 1, &rows, &cols));
+    const int64_t bs = om_tensor_numel(&ctx->in[1]) == 1 ? 0 : 1;
+    return bias_gelu_run(ctx->node, ctx->in[0].dtype, ctx->in[0].data, ctx->in[1].data, bs, NULL, ctx->out[0].data,
+                         rows, cols, gelu_tanh_mode(ctx->node));
 }
 
 static om_status *bias_gelu_grad(om_grad_ctx *c) {
@@ -455,6 +482,64 @@ static om_status *bias_gelu_grad_cpu(om_kernel_ctx *ctx) {
                 if (dbp) dbp[j * bs] += g;
             }
     });
+    return NULL;
+}
+
+/* ---- MatMulBiasGelu --------------------------------------------------------------- */
+
+/* y = gelu(x op(W) + b); output 1, when it exists, is the pre-activation z = x op(W) + b,
+ * which the gradient rule asks for (om_node_ensure_output) and GeluGrad reads. The GEMM
+ * writes z (or y when there is no z) and one pass over it adds the bias and applies the GELU
+ * (BiasGelu's vectorized rows): the same memory traffic as MatMul + BiasGelu, one node. */
+static om_status *mmbg_fwd_infer(om_kernel_ctx *ctx) {
+    if (gelu_tanh_mode(ctx->node) < 0) return om_err_unsupported(ctx->node, "approximate must be \"none\" or \"tanh\"");
+    OM_TRY(mmb_infer(ctx));
+    if (ctx->n_out > 1) om_set_shape(&ctx->out[1], &ctx->out[0], ctx->out[0].dtype);
+    return NULL;
+}
+
+// x is (M, K) (leading dims flattened), W is (K, N) or (N, K) with transB, b is (N) or (1); y, z are (M, N)
+static om_status *mmbg_fwd_cpu(om_kernel_ctx *ctx) {
+    int64_t M = 0, N = 0, K = 0;
+    OM_TRY(mmb_dims(ctx, &M, &N, &K));
+    const om_node *n = ctx->node;
+    const int tb = om_attr_int(n, "transB", 0) != 0, tanh_mode = gelu_tanh_mode(n);
+    const om_dtype dt = ctx->in[0].dtype;
+    if (dt != OM_F32 && dt != OM_F64) return om_err_dtype(n, 0, dt);
+    const void *x = ctx->in[0].data, *w = ctx->in[1].data, *b = ctx->in[2].data;
+    const int64_t bs = om_tensor_numel(&ctx->in[2]) == 1 ? 0 : 1;
+    void *y = ctx->out[0].data, *z = wanted(ctx, 1) ? ctx->out[1].data : NULL;
+    void *p = z ? z : y;   /* the product's buffer */
+    gemm(dt, 0, tb, (int)M, (int)N, (int)K, x, (int)K, w, tb ? (int)K : (int)N, 0.0, p);
+    return bias_gelu_run(n, dt, p, b, bs, z, y, M, N, tanh_mode);
+}
+
+/* dz = GeluGrad(dy, z), then MatMulBiasGrad(dz) gives dx, dW and db (the column sums of dz):
+ * the composition of existing backward ops, no new one. */
+static om_status *mmbg_fwd_grad(om_grad_ctx *c) {
+    const om_node *f = &c->g->nodes[c->node];
+    const int x = f->in[0], w = f->in[1], b = f->in[2], dy = c->dy[0];
+    const int tb = om_attr_int(f, "transB", 0) != 0, tanh_mode = gelu_tanh_mode(f) == 1;
+    /* z read by the graph too (a model output, say) brings its own gradient, added to dz */
+    const int dz_direct = f->n_out > 1 && f->out[1] >= 0 ? c->dy[1] : -1;
+    if (dy < 0 && dz_direct < 0) return NULL;
+    int dz = dz_direct;
+    if (dy >= 0) {
+        int z = om_node_ensure_output(c->g, c->node, 1, c->g->values[x].dtype);
+        if (z < 0) return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"));
+        int g = om_emit2(c, "GeluGrad", dy, z);
+        if (g < 0) return NULL;
+        if (tanh_mode) om_grad_fail(c, om_node_set_string(c->g, om_emit_last(c), "approximate", "tanh"));
+        dz = dz_direct < 0 ? g : om_emit2(c, "Add", g, dz_direct);
+        if (dz < 0) return NULL;
+    }
+    int xs = om_emit_shape(c, x), ws = om_emit_shape(c, w), bs = om_emit_shape(c, b);
+    if (xs < 0 || ws < 0 || bs < 0) return NULL;
+    int in[6] = {dz, c->need_dx[1] ? x : -1, c->need_dx[0] ? w : -1, xs, ws, bs};
+    int out[3], want[3] = {c->need_dx[0], c->need_dx[1], c->need_dx[2]};
+    if (emit_partial(c, "MatMulBiasGrad", in, 6, out, 3, want) < 0) return NULL;
+    if (tb) om_emit_attr_int(c, "transB", 1);
+    for (int i = 0; i < 3; i++) c->dx[i] = out[i];
     return NULL;
 }
 
@@ -802,6 +887,10 @@ const om_op_def om_op_bias_gelu = {
 const om_op_def om_op_bias_gelu_grad = {
     .name = "BiasGeluGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 2,
     .flags = OM_OP_INPLACE, .infer = bias_gelu_grad_infer, .cpu = bias_gelu_grad_cpu,
+};
+const om_op_def om_op_matmul_bias_gelu = {
+    .name = "MatMulBiasGelu", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 2,
+    .infer = mmbg_fwd_infer, .grad = mmbg_fwd_grad, .cpu = mmbg_fwd_cpu, .diff_inputs = 0x7,
 };
 const om_op_def om_op_bias_dropout = {
     .name = "BiasDropout", .domain = "ortmod", .min_in = 1, .max_in = 5, .min_out = 1, .max_out = 2,

@@ -100,6 +100,7 @@
     X(om_op_matmul_bias_grad) \
     X(om_op_bias_gelu) \
     X(om_op_bias_gelu_grad) \
+    X(om_op_matmul_bias_gelu) \
     X(om_op_bias_dropout) \
     X(om_op_bias_dropout_grad) \
     X(om_op_simplified_layer_norm) \

@@ -117,6 +117,19 @@ static inline int fm_noop_cast(const om_graph *g, const om_node *n) {
 /* 1 when the Dropout node n is exactly a no-op at run time: no training_mode input. */
 static inline int fm_dropout_is_identity(const om_node *n) { return n->n_in < 3 || n->in[2] < 0; }
 
+/* The weight of a MatMul(x, w) as a provably 2-D matrix: w itself (*transposed 0), or the
+ * input of a Transpose(perm 1,0) of one (*transposed 1, folded as transB). -1 otherwise. */
+static inline int fm_matrix_weight(om_graph *g, int w, int *transposed) {
+    *transposed = 0;
+    if (fm_rank(g, w) == 2) return w;
+    om_node *t = fm_producer(g, w);
+    const int64_t *perm;
+    int np = fm_is(t, "Transpose") ? om_attr_ints(t, "perm", &perm) : -2;
+    if (!t || fm_rank(g, t->in[0]) != 2 || !(np == -1 || (np == 2 && perm[0] == 1 && perm[1] == 0))) return -1;
+    *transposed = 1;
+    return t->in[0];
+}
+
 /* Rewrites node idx as op (of domain "" or "ortmod") and reports the fusion. */
 static inline om_status *fm_rewrite(om_pass_ctx *c, int idx, const char *op, const char *domain, const int *in, int n_in,
                                     const int *out, int n_out) {

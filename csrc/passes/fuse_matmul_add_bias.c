@@ -20,16 +20,8 @@ om_status *om_pass_matmul_add_bias(om_pass_ctx *c) {
             om_node *mm = fm_single(g, uses, add->in[side], "MatMul");
             int b = add->in[1 - side];
             if (!mm || !fm_is_vector(g, b)) continue;
-            int x = mm->in[0], w = mm->in[1], tb = 0;
-            if (fm_rank(g, w) != 2) {
-                om_node *t = fm_producer(g, w);
-                const int64_t *perm;
-                int np = fm_is(t, "Transpose") ? om_attr_ints(t, "perm", &perm) : -2;
-                if (!t || fm_rank(g, t->in[0]) != 2 || !(np == -1 || (np == 2 && perm[0] == 1 && perm[1] == 0)))
-                    continue;
-                w = t->in[0];
-                tb = 1;
-            }
+            int x = mm->in[0], tb = 0, w = fm_matrix_weight(g, mm->in[1], &tb);
+            if (w < 0) continue;
             if (g->values[x].dtype != g->values[b].dtype || g->values[w].dtype != g->values[b].dtype) continue;
             int in[3] = {x, w, b}, out[1] = {add->out[0]};
             mm->dead = 1;

@@ -11,13 +11,15 @@ static const om_pass passes[] = {
     {"cse", OM_PASS_FORWARD | OM_PASS_JOINT, om_pass_cse},
     /* fusions: gelu before bias_gelu (Add + written-out GELU -> BiasGelu); attention and
      * bias_gelu before matmul_add_bias (they claim their Adds first); matmul_add_bias
-     * before bias_dropout_residual (MatMul + Add -> Dropout -> Add: both fire) */
+     * before bias_dropout_residual (MatMul + Add -> Dropout -> Add: both fire);
+     * matmul_bias_gelu after both bias_gelu and matmul_add_bias (it takes either's result) */
     {"gelu", OM_PASS_FORWARD, om_pass_gelu},
     {"layer_norm", OM_PASS_FORWARD, om_pass_layer_norm},
     {"softmax_cross_entropy", OM_PASS_FORWARD, om_pass_softmax_cross_entropy},
     {"attention", OM_PASS_FORWARD, om_pass_attention},
     {"bias_gelu", OM_PASS_FORWARD, om_pass_bias_gelu},
     {"matmul_add_bias", OM_PASS_FORWARD, om_pass_matmul_add_bias},
+    {"matmul_bias_gelu", OM_PASS_FORWARD, om_pass_matmul_bias_gelu},
     {"bias_dropout_residual", OM_PASS_FORWARD, om_pass_bias_dropout_residual},
     {"transpose_matmul", OM_PASS_FORWARD, om_pass_transpose_matmul},
     {"eliminate_identity", OM_PASS_FORWARD, om_pass_eliminate_identity},

@@ -969,6 +969,9 @@ struct gemm_problem {
     long long batch;
     const void *bias;           // cuBLASLt's bias epilogue: m values added to every column
     cudaDataType bias_type;
+    bool gelu;                  // cuBLASLt's GELU epilogue (the tanh approximation), after the bias
+    void *aux;                  // GELU_AUX: the GELU's input, D's type and layout with leading dim aux_ld
+    long long aux_ld;
 };
 
 // The elements a column-major (rows, cols) matrix with leading dimension ld spans, over batch
@@ -997,10 +1000,20 @@ static bool gemm_memory_ok(const gemm_problem &p) {
         snprintf(what, sizeof what, "%s: bias (%lld values)", p.api, p.m);
         ok &= check_range(p.bias, (size_t)p.m * type_size(p.bias_type), what);
     }
+    if (p.aux) {
+        snprintf(what, sizeof what, "%s: epilogue aux (%lld x %lld, ld %lld)", p.api, p.m, p.n, p.aux_ld);
+        ok &= check_range(p.aux, matrix_span(p.m, p.n, p.aux_ld, 0, 1) * ec, what);
+    }
     return ok;
 }
 
-// D = alpha op(A) op(B) + beta C (+ bias per row), accumulated in double. beta 0: C is not read.
+// cuBLASLt's GELU epilogue, as documented: the tanh approximation
+static double gelu_tanh(double v) {
+    return 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+}
+
+// D = alpha op(A) op(B) + beta C (+ bias per row) (then GELU, its input kept in aux), accumulated
+// in double. beta 0: C is not read.
 static void gemm_compute(const gemm_problem &p) {
     std::vector<double> a((size_t)(p.m * p.k)), b((size_t)(p.k * p.n));
     for (long long bi = 0; bi < p.batch; bi++) {
@@ -1022,6 +1035,8 @@ static void gemm_compute(const gemm_problem &p) {
                 double v = p.alpha * s;
                 if (p.beta != 0) v += p.beta * load(C, p.c_type, i + j * p.ldc);
                 if (p.bias) v += load(p.bias, p.bias_type, i);
+                if (p.aux) store(p.aux, p.c_type, i + j * p.aux_ld, v);
+                if (p.gelu) v = gelu_tanh(v);
                 store(D, p.c_type, i + j * p.ldd, v);
             }
     }
@@ -1056,7 +1071,8 @@ static cublasStatus_t gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublasOper
     }
     if (!m || !n || !batch) return CUBLAS_STATUS_SUCCESS;
     gemm_problem p = {api, ta == CUBLAS_OP_T, tb == CUBLAS_OP_T, m, n, k, scalar(alpha, compute), scalar(beta, compute),
-                      A, B, C, C, at, ct, lda, ldb, ldc, ldc, sa, sb, sc, sc, batch, NULL, CUDA_R_32F};
+                      A, B, C, C, at, ct, lda, ldb, ldc, ldc, sa, sb, sc, sc, batch, NULL, CUDA_R_32F, false,
+                      NULL, 0};
     if (!gemm_memory_ok(p)) return CUBLAS_STATUS_INVALID_VALUE;
     gemm_compute(p);
     return CUBLAS_STATUS_SUCCESS;
@@ -1091,6 +1107,8 @@ struct emu_lt_matmul_desc {
     uint32_t epilogue;
     const void *bias;
     int32_t bias_type;   // -1: D's type
+    void *aux;           // EPILOGUE_AUX_POINTER / _LD (GELU_AUX epilogues)
+    int64_t aux_ld;
 };
 struct emu_lt_layout {
     cudaDataType type;
@@ -1114,7 +1132,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
         emu_log("cublasLtMatmulDescCreate: compute type %d with scale type %d", compute, scale);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    *d = new emu_lt_matmul_desc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, NULL, -1};
+    *d = new emu_lt_matmul_desc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, NULL, -1, NULL, 0};
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
@@ -1139,6 +1157,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return set_attr(&d->bias, sizeof d->bias, buf, size, "BIAS_POINTER");
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
         return set_attr(&d->bias_type, sizeof d->bias_type, buf, size, "BIAS_DATA_TYPE");
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        return set_attr(&d->aux, sizeof d->aux, buf, size, "EPILOGUE_AUX_POINTER");
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return set_attr(&d->aux_ld, sizeof d->aux_ld, buf, size, "EPILOGUE_AUX_LD");
     }
     emu_log("cublasLtMatmulDescSetAttribute: attribute %d is not emulated", (int)attr);
     return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -1196,8 +1217,15 @@ static bool lt_problem(const emu_lt_matmul_desc *d, const emu_lt_layout *a, cons
                 dl->type, d->compute);
         return false;
     }
-    if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && d->epilogue != CUBLASLT_EPILOGUE_BIAS) {
-        emu_log("%s: epilogue %u is not emulated", api, d->epilogue);
+    switch (d->epilogue) {
+    case CUBLASLT_EPILOGUE_DEFAULT: case CUBLASLT_EPILOGUE_BIAS: case CUBLASLT_EPILOGUE_GELU:
+    case CUBLASLT_EPILOGUE_GELU_BIAS: case CUBLASLT_EPILOGUE_GELU_AUX: case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: break;
+    default: emu_log("%s: epilogue %u is not emulated", api, d->epilogue); return false;
+    }
+    // cuBLASLt's rule for the GELU input matrix: a leading dim divisible by 8, no less than m
+    if ((d->epilogue & 128) && (d->aux_ld % 8 || d->aux_ld < (int64_t)m)) {
+        emu_log("%s: GELU aux leading dimension %lld (m %llu): must be divisible by 8 and >= m", api,
+                (long long)d->aux_ld, (unsigned long long)m);
         return false;
     }
     memset(p, 0, sizeof *p);
@@ -1256,8 +1284,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         emu_log("%s: alpha/beta are device pointers, but the pointer mode is host", api);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && !d->bias) {
+    if ((d->epilogue & CUBLASLT_EPILOGUE_BIAS) && !d->bias) {
         emu_log("%s: bias epilogue without a bias pointer", api);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if ((d->epilogue & 128) && !d->aux) {
+        emu_log("%s: GELU_AUX epilogue without an aux pointer", api);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     if (workspace_size && !check_range(workspace, workspace_size, "cublasLtMatmul workspace"))
@@ -1268,7 +1300,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     p.B = B;
     p.C = C;
     p.D = D;
-    p.bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS ? d->bias : NULL;
+    p.bias = (d->epilogue & CUBLASLT_EPILOGUE_BIAS) ? d->bias : NULL;
+    p.gelu = (d->epilogue & CUBLASLT_EPILOGUE_GELU) != 0;
+    p.aux = (d->epilogue & 128) ? d->aux : NULL;
+    p.aux_ld = d->aux_ld;
     if (!gemm_memory_ok(p)) return CUBLAS_STATUS_INVALID_VALUE;
     gemm_compute(p);
     return CUBLAS_STATUS_SUCCESS;

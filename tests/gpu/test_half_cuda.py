@@ -118,6 +118,9 @@ CASES = [
     ("FusedMatMul", {"a": f32(2, 16, 4), "b": f32(2, 6, 16)}, {"transA": 1, "transB": 1, "alpha": 0.5}, "ortmod",
      ("a", "b"), (), 2),
     ("MatMulBias", {"x": f32(2, 3, 16), "w": f32(16, 8), "b": f32(8)}, None, "ortmod", ("x", "w", "b"), (), 2),
+    ("MatMulBiasGelu", {"x": f32(2, 3, 16), "w": f32(16, 8), "b": f32(8)}, {"approximate": "tanh"}, "ortmod",
+     ("x", "w", "b"), (), 2),
+    ("MatMulBiasGelu", {"x": f32(2, 3, 16), "w": f32(16, 8), "b": f32(8)}, None, "ortmod", ("x", "w", "b"), (), 2),
     # elementwise and broadcast (SumToShape in the gradients)
     ("Add", {"a": f32(3, 4, 5), "b": f32(4, 1)}, None, "", ("a", "b"), (), 1),
     ("Mul", {"a": f32(3, 4, 5), "b": f32(5)}, None, "", ("a", "b"), (), 1),

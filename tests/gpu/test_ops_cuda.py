@@ -74,6 +74,16 @@ CASES = [
     ("FusedMatMul", {"a": f32(2, 5, 4), "b": f32(2, 6, 5)}, {"transA": 1, "transB": 1, "alpha": 0.3}, "ortmod", ("a", "b")),
     ("MatMulBias", {"x": f32(2, 3, 5), "w": f32(5, 7), "b": f32(7)}, None, "ortmod", ("x", "w", "b")),
     ("MatMulBias", {"x": f32(6, 5), "w": f32(7, 5), "b": f32(7)}, {"transB": 1}, "ortmod", ("x", "w", "b")),
+    # tanh: cuBLASLt's GELU_AUX_BIAS epilogue (N a multiple of 8), GELU_BIAS without a gradient;
+    # N = 7 or a one-value bias: Lt's bias epilogue or bias-then-GEMM, then the GELU kernel; erf likewise
+    ("MatMulBiasGelu", {"x": f32(2, 3, 5), "w": f32(5, 16), "b": f32(16)}, {"approximate": "tanh"}, "ortmod",
+     ("x", "w", "b")),
+    ("MatMulBiasGelu", {"x": f32(6, 5), "w": f32(8, 5), "b": f32(8)}, {"approximate": "tanh", "transB": 1}, "ortmod",
+     ()),
+    ("MatMulBiasGelu", {"x": f32(6, 5), "w": f32(7, 5), "b": f32(7)}, {"approximate": "tanh", "transB": 1}, "ortmod",
+     ("x", "w", "b")),
+    ("MatMulBiasGelu", {"x": f32(2, 3, 5), "w": f32(5, 8), "b": f32(8)}, None, "ortmod", ("x", "w", "b")),
+    ("MatMulBiasGelu", {"x": f32(4, 5), "w": f32(5, 8), "b": f32(1)}, None, "ortmod", ()),
     ("Add", {"a": f32(3, 4, 5), "b": f32(4, 1)}, None, "", ("a", "b")),
     ("Sub", {"a": f32(3, 1, 5), "b": f32(4, 5)}, None, "", ("a", "b")),
     ("Mul", {"a": f32(3, 4, 5), "b": f32(5)}, None, "", ("a", "b")),

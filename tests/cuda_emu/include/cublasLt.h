@@ -1,7 +1,8 @@
-// cublasLt.h — the cuBLASLt calls the provider makes (MatMulBias's bias epilogue), as the
+// cublasLt.h — the cuBLASLt calls the provider makes (MatMulBias's bias epilogue, MatMulBiasGelu's
+// bias + tanh-GELU epilogue with its pre-activation aux output), as the
 // emulator implements them (emu.cpp): descriptors and layouts keep what they are given (an
 // attribute set with the wrong size is an error), the heuristic offers one algorithm for any
-// consistent problem, and cublasLtMatmul is the reference GEMM plus the bias epilogue.
+// consistent problem, and cublasLtMatmul is the reference GEMM plus the epilogue.
 #pragma once
 #include "cublas_v2.h"
 
@@ -19,12 +20,21 @@ typedef struct {
     float wavesCount;
     int reserved[4];
 } cublasLtMatmulHeuristicResult_t;
-typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
+typedef enum {
+    CUBLASLT_EPILOGUE_DEFAULT = 1,
+    CUBLASLT_EPILOGUE_BIAS = 4,
+    CUBLASLT_EPILOGUE_GELU = 32,
+    CUBLASLT_EPILOGUE_GELU_AUX = 32 | 128,
+    CUBLASLT_EPILOGUE_GELU_BIAS = 32 | 4,
+    CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4,
+} cublasLtEpilogue_t;
 typedef enum {
     CUBLASLT_MATMUL_DESC_TRANSA = 3,
     CUBLASLT_MATMUL_DESC_TRANSB = 4,
     CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
     CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,
+    CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,
     CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
 } cublasLtMatmulDescAttributes_t;
 typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 } cublasLtMatmulPreferenceAttributes_t;

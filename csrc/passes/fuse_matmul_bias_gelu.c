@@ -1,0 +1,65 @@
+/* fuse_matmul_bias_gelu.c — one GEMM with the bias and the GELU in its epilogue (pass
+ * "matmul_bias_gelu"):
+ *
+ *   BiasGelu(MatMul(x, W), b)  -> MatMulBiasGelu(x, W, b)   (what bias_gelu leaves of MatMul + Add + Gelu)
+ *   Gelu(MatMulBias(x, W, b))  -> MatMulBiasGelu(x, W, b)   (what matmul_add_bias leaves when bias_gelu is off)
+ *
+ * Runs after bias_gelu and matmul_add_bias. W must be provably 2-D (or a Transpose(1,0) of a
+ * 2-D one, folded as transB) as for MatMulBias; the product must be read by the GELU alone.
+ * On CUDA the whole node is one cuBLASLt call (CUBLASLT_EPILOGUE_GELU_AUX_BIAS, tanh GELU);
+ * on CPU it saves the separate elementwise node's pass over memory when no gradient is taken
+ * and otherwise costs the same. The backward is GeluGrad(dy, z) + MatMulBiasGrad. */
+#include "passes/fuse_match.h"
+
+static int is_ortmod(const om_node *n, const char *op) {
+    return n && !n->dead && strcmp(n->op->name, op) == 0 && strcmp(n->op->domain, "ortmod") == 0;
+}
+
+/* The live ortmod-domain producer of v if v is read once. */
+static om_node *single_ortmod(om_graph *g, const int *uses, int v, const char *op) {
+    om_node *n = fm_producer(g, v);
+    return is_ortmod(n, op) && uses[v] == 1 ? n : NULL;
+}
+
+/* Inputs of the fused node for GELU node k, or 0 when the pattern does not apply. */
+static int match(om_graph *g, const int *uses, om_node *ge, int in[3], int *tb) {
+    if (is_ortmod(ge, "BiasGelu")) {
+        om_node *mm = fm_single(g, uses, ge->in[0], "MatMul");
+        if (!mm) return 0;
+        int w = fm_matrix_weight(g, mm->in[1], tb), x = mm->in[0], b = ge->in[1];
+        if (w < 0 || !fm_is_vector(g, b)) return 0;
+        if (g->values[x].dtype != g->values[b].dtype || g->values[w].dtype != g->values[b].dtype) return 0;
+        in[0] = x, in[1] = w, in[2] = b;
+        mm->dead = 1;
+        return 1;
+    }
+    if (fm_is(ge, "Gelu")) {
+        om_node *mb = single_ortmod(g, uses, ge->in[0], "MatMulBias");
+        if (!mb) return 0;
+        *tb = om_attr_int(mb, "transB", 0) != 0;
+        in[0] = mb->in[0], in[1] = mb->in[1], in[2] = mb->in[2];
+        mb->dead = 1;
+        return 1;
+    }
+    return 0;
+}
+
+om_status *om_pass_matmul_bias_gelu(om_pass_ctx *c) {
+    om_graph *g = c->g;
+    int *uses = om_graph_use_counts(g);
+    if (!uses) return om_error(OM_OUT_OF_MEMORY, "out of memory in matmul_bias_gelu");
+    om_status *st = NULL;
+    for (int k = 0; k < g->n_nodes && !st; k++) {
+        om_node *ge = &g->nodes[k];
+        char approx[16];
+        /* read before match() marks nodes dead: the rewrite clears the GELU node's attributes */
+        snprintf(approx, sizeof approx, "%s", ge->dead ? "" : om_attr_string(ge, "approximate", "none"));
+        int in[3], tb = 0, out[1] = {ge->out[0]};
+        if (!match(g, uses, ge, in, &tb)) continue;
+        if ((st = fm_rewrite(c, k, "MatMulBiasGelu", "ortmod", in, 3, out, 1))) break;
+        if (tb) st = om_node_set_int(g, k, "transB", 1);
+        if (!st && strcmp(approx, "none") != 0) st = om_node_set_string(g, k, "approximate", approx);
+    }
+    free(uses);
+    return st;
+}
