@@ -178,6 +178,17 @@ static void conv_taps(const conv_geom *g, conv_tap *taps) {
  * both strides along H and W are 1 (a 'same' convolution), the taps of consecutive output
  * rows are consecutive input rows: a run of whole rows is then one contiguous copy (or
  * add), and only the padding columns are fixed up row by row. */
+/* Zeroes columns [0, lo) and [hi, OW) of rows [0, rows) of d (row length OW): a column
+ * at a time down the rows, so that the usual one or two padding columns cost one short
+ * loop each rather than two loop setups per row. */
+#define PAD_COLUMNS_ZERO(d, rows, OW, lo, hi)                                                        \
+    do {                                                                                             \
+        for (int64_t c_ = 0; c_ < (lo); c_++)                                                        \
+            for (int64_t r_ = 0; r_ < (rows); r_++) (d)[r_ * (OW) + c_] = 0;                         \
+        for (int64_t c_ = (hi); c_ < (OW); c_++)                                                     \
+            for (int64_t r_ = 0; r_ < (rows); r_++) (d)[r_ * (OW) + c_] = 0;                         \
+    } while (0)
+
 #define DEFINE_IM2COL(T, sfx)                                                                        \
     /* one output row's positions [ow0, ow1); dst[ow] and src[ow] (src NULL: all padding) */       \
     static inline void tap_row_##sfx(int add, T *restrict dst, T *restrict src, int64_t ow0,        \
@@ -232,17 +243,11 @@ static void conv_taps(const conv_geom *g, conv_tap *taps) {
                             T *restrict s = plane + (v0 + dh) * IW;                                  \
                             const int64_t n = (v1 - v0 - 1) * OW + hi;                               \
                             if (add) {                                                               \
-                                for (int64_t r = 0; r < v1 - v0; r++) {   /* padding taps add 0 */   \
-                                    for (int64_t ow = 0; ow < lo; ow++) d[r * OW + ow] = 0;          \
-                                    for (int64_t ow = hi; ow < OW; ow++) d[r * OW + ow] = 0;         \
-                                }                                                                    \
+                                PAD_COLUMNS_ZERO(d, v1 - v0, OW, lo, hi);   /* padding taps add 0 */ \
                                 for (int64_t q = lo; q < n; q++) s[q] += d[q];                       \
                             } else {                                                                 \
                                 for (int64_t q = lo; q < n; q++) d[q] = s[q];                        \
-                                for (int64_t r = 0; r < v1 - v0; r++) {   /* the padding columns */  \
-                                    for (int64_t ow = 0; ow < lo; ow++) d[r * OW + ow] = 0;          \
-                                    for (int64_t ow = hi; ow < OW; ow++) d[r * OW + ow] = 0;         \
-                                }                                                                    \
+                                PAD_COLUMNS_ZERO(d, v1 - v0, OW, lo, hi);                            \
                             }                                                                        \
                         }                                                                            \
                         o += (oh1 - oh) * OW;                                                        \
