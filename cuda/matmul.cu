@@ -200,20 +200,6 @@ struct bgemm {
     const int64_t *p_str, *q_str, *o_str;
 };
 
-static int batch_is_contiguous(const mm_geom *g, const int64_t *str, int64_t mat) {
-    int64_t s = mat;
-    for (int i = g->nb - 1; i >= 0; i--) {
-        if (g->batch[i] == 1) continue;
-        if (str[i] != s) return 0;
-        s *= g->batch[i];
-    }
-    return 1;
-}
-static int batch_is_broadcast(const mm_geom *g, const int64_t *str) {
-    for (int i = 0; i < g->nb; i++)
-        if (g->batch[i] != 1 && str[i] != 0) return 0;
-    return 1;
-}
 
 // O[o] (+)= alpha op(P[p]) op(Q[q]) over the broadcast batch; O reduced where o_str is 0.
 static om_status *bgemm_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, const mm_geom *g,
@@ -226,9 +212,9 @@ static om_status *bgemm_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_
     for (int i = 0; i < g->nb; i++) on *= m->o_str[i] ? g->batch[i] : 1;
     if (g->nbatch == 0)
         return omc_cuda(cudaMemsetAsync(m->O, 0, (size_t)(on * osz) * es, stream_of(x)), "cudaMemsetAsync");
-    int o_full = batch_is_contiguous(g, m->o_str, osz), o_reduced = batch_is_broadcast(g, m->o_str);
-    int p_c = batch_is_contiguous(g, m->p_str, psz), q_c = batch_is_contiguous(g, m->q_str, qsz);
-    int p_b = batch_is_broadcast(g, m->p_str), q_b = batch_is_broadcast(g, m->q_str);
+    int o_full = om_mm_batch_is_contiguous(g, m->o_str, osz), o_reduced = om_mm_batch_is_broadcast(g, m->o_str);
+    int p_c = om_mm_batch_is_contiguous(g, m->p_str, psz), q_c = om_mm_batch_is_contiguous(g, m->q_str, qsz);
+    int p_b = om_mm_batch_is_broadcast(g, m->p_str), q_b = om_mm_batch_is_broadcast(g, m->q_str);
     // stacked rows against a shared Q: one tall GEMM
     if (!m->tp && o_full && p_c && q_b)
         return gemm_rm(ctx, x, dt, 0, m->tq, g->nbatch * m->Mo, m->No, m->Ko, alpha, m->P, 0, m->Q, 0, 0.0, m->O, 0, 1);

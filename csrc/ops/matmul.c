@@ -74,22 +74,6 @@ static void gemm1(om_dtype dt, int tp, int tq, int M, int N, int K, double alpha
     om_gemm(dt, tp, tq, M, N, K, alpha, P, tp ? M : K, Q, tq ? K : N, beta, O, N);
 }
 
-/* 1 when strides walk the full batch contiguously (matrix size mat); dims of size 1 ignored. */
-static int batch_is_contiguous(const mm_geom *g, const int64_t *str, int64_t mat) {
-    int64_t s = mat;
-    for (int i = g->nb - 1; i >= 0; i--) {
-        if (g->batch[i] == 1) continue;
-        if (str[i] != s) return 0;
-        s *= g->batch[i];
-    }
-    return 1;
-}
-
-static int batch_is_broadcast(const mm_geom *g, const int64_t *str) {
-    for (int i = 0; i < g->nb; i++)
-        if (g->batch[i] != 1 && str[i] != 0) return 0;
-    return 1;
-}
 
 /* Element offsets of batch index t (row-major over g->batch) in P, Q and O. */
 static void batch_offsets(const mm_geom *g, const bgemm *m, int64_t t, int64_t *po, int64_t *qo, int64_t *oo) {
@@ -137,16 +121,16 @@ static void bgemm_run(om_dtype dt, const mm_geom *g, const bgemm *m, double alph
         memset(m->O, 0, (size_t)(on * osz) * es);
         return;
     }
-    int o_full = batch_is_contiguous(g, m->o_str, osz);
-    int o_reduced = batch_is_broadcast(g, m->o_str);
+    int o_full = om_mm_batch_is_contiguous(g, m->o_str, osz);
+    int o_reduced = om_mm_batch_is_broadcast(g, m->o_str);
     /* (batch..., Mo, Ko) rows stacked against a shared Q: one tall GEMM */
-    if (!m->tp && o_full && g->nbatch * m->Mo <= INT32_MAX && batch_is_contiguous(g, m->p_str, psz) && batch_is_broadcast(g, m->q_str)) {
+    if (!m->tp && o_full && g->nbatch * m->Mo <= INT32_MAX && om_mm_batch_is_contiguous(g, m->p_str, psz) && om_mm_batch_is_broadcast(g, m->q_str)) {
         gemm1(dt, 0, m->tq, (int)(g->nbatch * m->Mo), m->No, m->Ko, alpha, m->P, m->Q, 0.0, m->O);
         return;
     }
     /* sum over the batch of P^T Q with both stacked: one GEMM with inner dim batch*Ko */
-    if (m->tp && !m->tq && o_reduced && g->nbatch * m->Ko <= INT32_MAX && batch_is_contiguous(g, m->p_str, psz) &&
-        batch_is_contiguous(g, m->q_str, qsz)) {
+    if (m->tp && !m->tq && o_reduced && g->nbatch * m->Ko <= INT32_MAX && om_mm_batch_is_contiguous(g, m->p_str, psz) &&
+        om_mm_batch_is_contiguous(g, m->q_str, qsz)) {
         gemm1(dt, 1, 0, m->Mo, m->No, (int)(g->nbatch * m->Ko), alpha, m->P, m->Q, 0.0, m->O);
         return;
     }

@@ -70,4 +70,21 @@ static inline int om_mm_geometry(int ra, const int64_t *a, int rb, const int64_t
     if (rb > 1) g->y_dims[g->y_rank++] = g->N;
     return OM_MM_OK;
 }
+/* 1 when strides str walk g's whole batch contiguously (matrix size mat); dims of size 1 ignored. */
+static inline int om_mm_batch_is_contiguous(const om_mm_geom *g, const int64_t *str, int64_t mat) {
+    int64_t s = mat;
+    for (int i = g->nb - 1; i >= 0; i--) {
+        if (g->batch[i] == 1) continue;
+        if (str[i] != s) return 0;
+        s *= g->batch[i];
+    }
+    return 1;
+}
+
+/* 1 when strides str do not move along g's batch: one matrix shared by every batch index. */
+static inline int om_mm_batch_is_broadcast(const om_mm_geom *g, const int64_t *str) {
+    for (int i = 0; i < g->nb; i++)
+        if (g->batch[i] != 1 && str[i] != 0) return 0;
+    return 1;
+}
 #endif
