@@ -178,11 +178,9 @@ static om_status *mmb_cpu(om_kernel_ctx *ctx) {
     return NULL;
 }
 
-static om_status *mmb_grad(om_grad_ctx *c) {
-    const om_node *f = &c->g->nodes[c->node];
-    int x = f->in[0], w = f->in[1], b = f->in[2], dy = c->dy[0];
-    int tb = om_attr_int(f, "transB", 0) != 0;
-    if (dy < 0) return NULL;
+/* dx, dW, db of y = x op(W) + b from dy (only those the node's need_dx asks for), as one
+ * MatMulBiasGrad: the backward of MatMulBias, and of MatMulBiasGelu once dy is through the GELU. */
+static om_status *emit_matmul_bias_grad(om_grad_ctx *c, int dy, int x, int w, int b, int tb) {
     int xs = om_emit_shape(c, x), ws = om_emit_shape(c, w), bs = om_emit_shape(c, b);
     if (xs < 0 || ws < 0 || bs < 0) return NULL;
     int in[6] = {dy, c->need_dx[1] ? x : -1, c->need_dx[0] ? w : -1, xs, ws, bs};
@@ -191,6 +189,14 @@ static om_status *mmb_grad(om_grad_ctx *c) {
     if (tb) om_emit_attr_int(c, "transB", 1);
     for (int i = 0; i < 3; i++) c->dx[i] = out[i];
     return NULL;
+}
+
+static om_status *mmb_grad(om_grad_ctx *c) {
+    const om_node *f = &c->g->nodes[c->node];
+    int x = f->in[0], w = f->in[1], b = f->in[2], dy = c->dy[0];
+    int tb = om_attr_int(f, "transB", 0) != 0;
+    if (dy < 0) return NULL;
+    return emit_matmul_bias_grad(c, dy, x, w, b, tb);
 }
 
 static om_status *mmbg_dims(om_kernel_ctx *ctx, om_tensor *xs, om_tensor *ws, om_tensor *bs, int64_t *M, int64_t *N,
@@ -533,14 +539,7 @@ static om_status *mmbg_fwd_grad(om_grad_ctx *c) {
         dz = dz_direct < 0 ? g : om_emit2(c, "Add", g, dz_direct);
         if (dz < 0) return NULL;
     }
-    int xs = om_emit_shape(c, x), ws = om_emit_shape(c, w), bs = om_emit_shape(c, b);
-    if (xs < 0 || ws < 0 || bs < 0) return NULL;
-    int in[6] = {dz, c->need_dx[1] ? x : -1, c->need_dx[0] ? w : -1, xs, ws, bs};
-    int out[3], want[3] = {c->need_dx[0], c->need_dx[1], c->need_dx[2]};
-    if (emit_partial(c, "MatMulBiasGrad", in, 6, out, 3, want) < 0) return NULL;
-    if (tb) om_emit_attr_int(c, "transB", 1);
-    for (int i = 0; i < 3; i++) c->dx[i] = out[i];
-    return NULL;
+    return emit_matmul_bias_grad(c, dz, x, w, b, tb);
 }
 
 /* ---- BiasDropout ------------------------------------------------------------------ */
