@@ -263,6 +263,31 @@ template <typename A> __device__ A block_max(A v) {
     return warp_max(v);
 }
 
+// ---- scatter-adds: many additions that may meet in one element (scatter.cu) --------------------
+// Kernels add into the target in the output's math type A with atomic_acc. fp32, fp64 and the
+// integers accumulate in the output itself; fp16/bf16 accumulate in an fp32 buffer that
+// omc_scatter_finish rounds into the output once: a half atomicAdd rounds at every addition (an
+// embedding row reached by many tokens drifts), and sm < 80 has no bf16 atomicAdd at all.
+__device__ __forceinline__ void atomic_acc(float *p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_acc(double *p, double v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_acc(int32_t *p, int32_t v) { atomicAdd((int *)p, (int)v); }
+__device__ __forceinline__ void atomic_acc(int64_t *p, int64_t v) {
+    atomicAdd((unsigned long long *)p, (unsigned long long)v);   // two's complement: the same bits
+}
+struct omc_scatter {
+    void *acc;    // where kernels add: out itself, or the fp32 buffer
+    void *out;
+    int64_t n;
+    om_dtype dt;
+};
+// Starts a scatter into out (n elements of dt) from zeros (init NULL) or from init (n elements of
+// dt; may be out itself).
+om_status *omc_scatter_start(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *out, int64_t n,
+                             const void *init, omc_scatter *s);
+// Rounds the fp32 buffer into out (fp16/bf16) and frees it. st is the status of the launches in
+// between: the buffer is freed either way and the first error is returned.
+om_status *omc_scatter_finish(const om_kernel_ctx *ctx, const om_cuda_exec *x, omc_scatter *s, om_status *st);
+
 // ---- temporary device memory (provider.cu): stream-ordered, from the provider's pool -------------
 om_status *omc_temp_alloc(const om_cuda_exec *x, size_t n, void **out);
 void omc_temp_free(const om_cuda_exec *x, void *p);
@@ -271,6 +296,9 @@ void omc_temp_free(const om_cuda_exec *x, void *p);
 om_status *omc_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M, int64_t N,
                     int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ, double beta, void *O,
                     int64_t sO, int64_t batch);
+om_status *omc_gemm_f32_out(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M,
+                            int64_t N, int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ,
+                            double beta, float *O, int64_t sO, int64_t batch);
 // y = gelu(src) elementwise over n values (y may be src); tanh_mode picks the approximation (fused.cu)
 om_status *omc_gelu(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *y, const void *src, int64_t n,
                     int tanh_mode);

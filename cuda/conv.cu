@@ -34,11 +34,6 @@
 #define CONV_SCRATCH_BYTES ((size_t)256 << 20)
 #endif
 
-__device__ __forceinline__ void atomic_acc(float *p, float v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_acc(double *p, double v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_acc(__half *p, float v) { atomicAdd(p, __float2half_rn(v)); }
-__device__ __forceinline__ void atomic_acc(__nv_bfloat16 *p, float v) { atomicAdd(p, __float2bfloat16_rn(v)); }
-
 static om_status *zero_fill(void *p, size_t n, const om_cuda_exec *x) {
     if (!n) return NULL;
     return omc_cuda(cudaMemsetAsync(p, 0, n, stream_of(x)), "cudaMemsetAsync");
@@ -130,16 +125,17 @@ static om_status *im2col(const om_kernel_ctx *ctx, const om_cuda_exec *x, size_t
     return omc_launched(ctx);
 }
 
-// dcol is (nb, C*KS, OS), dx is (nb, C, ID, IH, IW): dx[p, s] = sum of the dcol entries whose tap is s
+// dcol is (nb, C*KS, OS) in T's math type (fp32 for fp16/bf16: the GEMM's sums are rounded once,
+// here), dx is (nb, C, ID, IH, IW): dx[p, s] = sum of the dcol entries whose tap is s
 template <typename T>
-__global__ void col2im_kernel(T *dx, const T *dcol, om_window w, int64_t P) {
+__global__ void col2im_kernel(T *dx, const typename acc<T>::t *dcol, om_window w, int64_t P) {
     typedef typename acc<T>::t A;
     const int64_t OS = w.out[0] * w.out[1] * w.out[2], KS = w.k[0] * w.k[1] * w.k[2];
     const int64_t IS = w.in[0] * w.in[1] * w.in[2];
     GRID_STRIDE(i, P * IS) {
         const int64_t s = i % IS, p = i / IS;
         const int64_t iw = s % w.in[2], ih = (s / w.in[2]) % w.in[1], id = s / (w.in[2] * w.in[1]);
-        const T *cp = dcol + p * KS * OS;   // channel c of image n: rows (n*C + c)*KS ...
+        const A *cp = dcol + p * KS * OS;   // channel c of image n: rows (n*C + c)*KS ...
         A sum = 0;
         for (int64_t kd = 0; kd < w.k[0]; kd++) {
             const int64_t td = id + w.pb[0] - kd * w.d[0];
@@ -156,7 +152,7 @@ __global__ void col2im_kernel(T *dx, const T *dcol, om_window w, int64_t P) {
                     if (tw < 0 || tw % w.s[2]) continue;
                     const int64_t ow = tw / w.s[2];
                     if (ow >= w.out[2]) continue;
-                    sum += ld(cp[((kd * w.k[1] + kh) * w.k[2] + kw) * OS + (od * w.out[1] + oh) * w.out[2] + ow]);
+                    sum += cp[((kd * w.k[1] + kh) * w.k[2] + kw) * OS + (od * w.out[1] + oh) * w.out[2] + ow];
                 }
             }
         }
@@ -172,35 +168,37 @@ struct ig_operand {
     int64_t sn, sg;
 };
 
-// O[n, g] = op(P[n, g]) op(Q[n, g]) for n < nb, g < G: one strided-batched GEMM per group (batch over
-// images), or per image (batch over groups) when there are more groups than images.
+// O[n, g] = op(P[n, g]) op(Q[n, g]) + beta O[n, g] for n < nb, g < G: one strided-batched GEMM per
+// group (batch over images), or per image (batch over groups) when there are more groups than
+// images. o_f32: O is fp32 while P and Q are fp16/bf16.
 static om_status *gemm_images_groups(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq,
-                                     int64_t M, int64_t N, int64_t K, ig_operand P, ig_operand Q, ig_operand O,
-                                     int64_t nb, int64_t G) {
-    const size_t es = dtype_size(dt);
-#define IG_AT(op, i, s) ((const char *)(op).p + (size_t)((i) * (op).s) * es)
+                                     int64_t M, int64_t N, int64_t K, ig_operand P, ig_operand Q, double beta,
+                                     ig_operand O, int o_f32, int64_t nb, int64_t G) {
+    const size_t es = dtype_size(dt), eo = o_f32 ? sizeof(float) : es;
+#define IG_AT(op, i, s, e) ((const char *)(op).p + (size_t)((i) * (op).s) * (e))
+#define IG_GEMM(idx, s_batch, s_step, count)                                                                     \
+    (o_f32 ? omc_gemm_f32_out(ctx, x, dt, tp, tq, M, N, K, 1.0, IG_AT(P, idx, s_step, es), P.s_batch,             \
+                              IG_AT(Q, idx, s_step, es), Q.s_batch, beta, (float *)IG_AT(O, idx, s_step, eo),     \
+                              O.s_batch, count)                                                                  \
+           : omc_gemm(ctx, x, dt, tp, tq, M, N, K, 1.0, IG_AT(P, idx, s_step, es), P.s_batch,                     \
+                      IG_AT(Q, idx, s_step, es), Q.s_batch, beta, (void *)IG_AT(O, idx, s_step, eo), O.s_batch,   \
+                      count))
     if (nb >= G) {
-        for (int64_t g = 0; g < G; g++)
-            OMC_TRY(omc_gemm(ctx, x, dt, tp, tq, M, N, K, 1.0, IG_AT(P, g, sg), P.sn, IG_AT(Q, g, sg), Q.sn, 0.0,
-                             (void *)IG_AT(O, g, sg), O.sn, nb));
+        for (int64_t g = 0; g < G; g++) OMC_TRY(IG_GEMM(g, sn, sg, nb));
     } else {
-        for (int64_t n = 0; n < nb; n++)
-            OMC_TRY(omc_gemm(ctx, x, dt, tp, tq, M, N, K, 1.0, IG_AT(P, n, sn), P.sg, IG_AT(Q, n, sn), Q.sg, 0.0,
-                             (void *)IG_AT(O, n, sn), O.sg, G));
+        for (int64_t n = 0; n < nb; n++) OMC_TRY(IG_GEMM(n, sg, sn, G));
     }
+#undef IG_GEMM
 #undef IG_AT
     return NULL;
 }
 
 // ---- per-channel helpers ------------------------------------------------------------------------
 
-// y is (N, M, S): y += b[m]
-template <typename T>
-__global__ void channel_bias_kernel(T *y, const T *b, int64_t M, int64_t S, int64_t n) {
-    GRID_STRIDE(i, n) {
-        const int64_t m = (i / S) % M;
-        y[i] = st<T>(ld(y[i]) + ld(b[m]));
-    }
+// y is (N, M, S): y = b[m] (the GEMM then adds its product with beta 1: one rounding for both)
+template <typename U>
+__global__ void channel_fill_kernel(U *y, const U *b, int64_t M, int64_t S, int64_t n) {
+    GRID_STRIDE(i, n) y[i] = b[(i / S) % M];
 }
 
 // dy is (N, M, S): out[m] = sum over (n, s) of dy — one block per channel
@@ -244,6 +242,17 @@ static om_status *conv_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const int64_t N = g.w.N, C = g.w.C, CK = g.Cg * g.KS, col_img = C * g.KS * g.OS;
     const int trivial = window_trivial(&g.w);
     int64_t nb = trivial ? N : images_per_chunk(N, (size_t)col_img * es);
+    const int has_b = present(ctx, 2);
+    if (has_b) {
+        if (ctx->in[2].dtype != dt) return omc_err_dtype(ctx, 2, ctx->in[2].dtype);
+        const int64_t n = numel(Y);
+        OMC_DISPATCH_SIZE(es, ctx, {
+            channel_fill_kernel<U><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((U *)Y->data,
+                                                                                  (const U *)ctx->in[2].data, g.M,
+                                                                                  g.OS, n);
+        });
+        OMC_TRY(omc_launched(ctx));
+    }
     void *col = NULL;
     if (!trivial) OMC_TRY(omc_temp_alloc(x, (size_t)(nb * col_img) * es, &col));
     om_status *st = NULL;
@@ -255,16 +264,10 @@ static om_status *conv_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
         ig_operand P = {W->data, 0, g.Mg * CK};
         ig_operand Q = {trivial ? xs : col, col_img, CK * g.OS};
         ig_operand O = {(char *)Y->data + (size_t)(n0 * g.M * g.OS) * es, g.M * g.OS, g.Mg * g.OS};
-        if (!st) st = gemm_images_groups(ctx, x, dt, 0, 0, g.Mg, g.OS, CK, P, Q, O, cnt, g.G);
+        if (!st) st = gemm_images_groups(ctx, x, dt, 0, 0, g.Mg, g.OS, CK, P, Q, has_b ? 1.0 : 0.0, O, 0, cnt, g.G);
     }
     if (col) omc_temp_free(x, col);
-    if (st || !present(ctx, 2)) return st;
-    const int64_t n = numel(Y);
-    OMC_DISPATCH_FLOAT(dt, ctx, 2, {
-        channel_bias_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)Y->data, (const T *)ctx->in[2].data,
-                                                                              g.M, g.OS, n);
-    });
-    return omc_launched(ctx);
+    return st;
 }
 
 // ConvGradX(dY, W, Shape(X)): dy is (N, M, *O), w is (M, C/G, *K), dx is (N, C, *S)
@@ -279,9 +282,12 @@ static om_status *conv_grad_x_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
     const int64_t N = g.w.N, C = g.w.C, CK = g.Cg * g.KS, col_img = C * g.KS * g.OS;
     const int trivial = window_trivial(&g.w);
     if (!trivial && (g.OS == 0 || CK == 0)) return zero_fill(dX->data, nbytes(dX), x);   // no tap reaches x
-    int64_t nb = trivial ? N : images_per_chunk(N, (size_t)col_img * es);
+    // dcol in dY's math type: fp16/bf16 columns are fp32, rounded once by col2im
+    const int col32 = !trivial && om_dtype_is_half(dt);
+    const size_t ec = col32 ? sizeof(float) : es;
+    int64_t nb = trivial ? N : images_per_chunk(N, (size_t)col_img * ec);
     void *col = NULL;
-    if (!trivial) OMC_TRY(omc_temp_alloc(x, (size_t)(nb * col_img) * es, &col));
+    if (!trivial) OMC_TRY(omc_temp_alloc(x, (size_t)(nb * col_img) * ec, &col));
     om_status *st = NULL;
     for (int64_t n0 = 0; n0 < N && !st; n0 += nb) {
         const int64_t cnt = nb < N - n0 ? nb : N - n0;
@@ -290,11 +296,11 @@ static om_status *conv_grad_x_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
         ig_operand P = {W->data, 0, g.Mg * CK};
         ig_operand Q = {(const char *)dY->data + (size_t)(n0 * g.M * g.OS) * es, g.M * g.OS, g.Mg * g.OS};
         ig_operand O = {trivial ? (void *)dxs : col, col_img, CK * g.OS};
-        st = gemm_images_groups(ctx, x, dt, 1, 0, CK, g.OS, g.Mg, P, Q, O, cnt, g.G);
+        st = gemm_images_groups(ctx, x, dt, 1, 0, CK, g.OS, g.Mg, P, Q, 0.0, O, col32, cnt, g.G);
         if (!st && !trivial) {
             const int64_t P_ = cnt * C, n = P_ * g.IS;
             OMC_DISPATCH_FLOAT(dt, ctx, 0, {
-                col2im_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)dxs, (const T *)col, g.w, P_);
+                col2im_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)dxs, (const A *)col, g.w, P_);
             });
             st = omc_launched(ctx);
         }
@@ -330,9 +336,12 @@ static om_status *conv_grad_w_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
         } else if (numel(dW)) {
             // per image: col (C*KS) x OS and dy^T M x OS, both laid out with the images side by side
             const int64_t nb = images_per_chunk(N, (size_t)((C * g.KS + g.M) * g.OS) * es);
-            void *col = NULL, *dyT = NULL;
+            // fp16/bf16 over several chunks: the chunks' products are summed in fp32, rounded once
+            const int acc32 = om_dtype_is_half(dt) && nb < N;
+            void *col = NULL, *dyT = NULL, *dw32 = NULL;
             OMC_TRY(omc_temp_alloc(x, (size_t)(nb * C * g.KS * g.OS) * es, &col));
             om_status *st = omc_temp_alloc(x, (size_t)(nb * g.M * g.OS) * es, &dyT);
+            if (!st && acc32) st = omc_temp_alloc(x, sizeof(float) * (size_t)numel(dW), &dw32);
             for (int64_t n0 = 0; n0 < N && !st; n0 += nb) {
                 const int64_t cnt = nb < N - n0 ? nb : N - n0, wide = cnt * g.OS;
                 st = im2col(ctx, x, es, col, (const char *)X->data + (size_t)(n0 * C * g.IS) * es, &g.w, cnt, C, g.OS,
@@ -345,8 +354,22 @@ static om_status *conv_grad_w_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
                 });
                 if ((st = omc_launched(ctx))) break;
                 // dW_g (Mg, CK) (+)= dyT_g (Mg, cnt*OS) @ col_g^T (cnt*OS, CK), batched over the groups
-                st = omc_gemm(ctx, x, dt, 0, 1, g.Mg, CK, wide, 1.0, dyT, g.Mg * wide, col, CK * wide, n0 ? 1.0 : 0.0,
-                              dW->data, g.Mg * CK, g.G);
+                if (acc32)
+                    st = omc_gemm_f32_out(ctx, x, dt, 0, 1, g.Mg, CK, wide, 1.0, dyT, g.Mg * wide, col, CK * wide,
+                                          n0 ? 1.0 : 0.0, (float *)dw32, g.Mg * CK, g.G);
+                else
+                    st = omc_gemm(ctx, x, dt, 0, 1, g.Mg, CK, wide, 1.0, dyT, g.Mg * wide, col, CK * wide,
+                                  n0 ? 1.0 : 0.0, dW->data, g.Mg * CK, g.G);
+            }
+            if (dw32) {
+                if (!st) {
+                    OMC_DISPATCH_FLOAT(dt, ctx, 0, {
+                        omc_round_kernel<T><<<grid_for(numel(dW)), OMC_THREADS, 0, stream_of(x)>>>(
+                            (T *)dW->data, (const A *)dw32, numel(dW));
+                    });
+                    st = omc_launched(ctx);
+                }
+                omc_temp_free(x, dw32);
             }
             if (dyT) omc_temp_free(x, dyT);
             omc_temp_free(x, col);
@@ -418,11 +441,11 @@ static om_status *max_pool_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x)
     return omc_launched(ctx);
 }
 
-// dy, idx are (P, OS), dx is (P, IS) zeroed: dx[idx] += dy. An index outside its plane (only a
+// dy, idx are (P, OS), dx is (P, IS) from zero in dy's math type (omc_scatter): dx[idx] += dy. An index outside its plane (only a
 // corrupted Indices tensor has one) contributes nothing: the CPU reports it, the GPU cannot without
 // a synchronization.
 template <typename T>
-__global__ void max_pool_grad_kernel(T *dx, const T *dy, const int64_t *idx, int64_t P, int64_t IS, int64_t OS) {
+__global__ void max_pool_grad_kernel(typename acc<T>::t *dx, const T *dy, const int64_t *idx, int64_t P, int64_t IS, int64_t OS) {
     GRID_STRIDE(i, P * OS) {
         const int64_t p = i / OS, at = idx[i] - p * IS;
         if (at >= 0 && at < IS) atomic_acc(&dx[p * IS + at], ld(dy[i]));
@@ -436,13 +459,15 @@ static om_status *max_pool_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exe
     if (dX->rank < 2) return omc_err_unsupported(ctx, "dX of rank < 2");
     const int64_t P = dX->dims[0] * dX->dims[1];
     const int64_t IS = P ? numel(dX) / P : 0, OS = P ? numel(dY) / P : 0;
-    OMC_TRY(zero_fill(dX->data, nbytes(dX), x));
-    if (!P || !OS || !IS) return NULL;
+    if (!om_dtype_is_float(dY->dtype)) return omc_err_dtype(ctx, 0, dY->dtype);
+    omc_scatter sc;
+    OMC_TRY(omc_scatter_start(ctx, x, dY->dtype, dX->data, numel(dX), NULL, &sc));
+    if (!P || !OS || !IS) return omc_scatter_finish(ctx, x, &sc, NULL);
     OMC_DISPATCH_FLOAT(dY->dtype, ctx, 0, {
         max_pool_grad_kernel<T><<<grid_for(P * OS), OMC_THREADS, 0, stream_of(x)>>>(
-            (T *)dX->data, (const T *)dY->data, (const int64_t *)ctx->in[1].data, P, IS, OS);
+            (A *)sc.acc, (const T *)dY->data, (const int64_t *)ctx->in[1].data, P, IS, OS);
     });
-    return omc_launched(ctx);
+    return omc_scatter_finish(ctx, x, &sc, omc_launched(ctx));
 }
 
 // ---- AveragePool / AveragePoolGrad ------------------------------------------------------------------

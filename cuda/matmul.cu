@@ -442,6 +442,14 @@ om_status *omc_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt
     return gemm_rm(ctx, x, dt, tp, tq, M, N, K, alpha, P, sP, Q, sQ, beta, O, sO, batch);
 }
 
+// The same with O in fp32 while P and Q are fp16/bf16: a product summed over several calls
+// (beta 1) is rounded once, by the caller, at the end.
+om_status *omc_gemm_f32_out(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tp, int tq, int64_t M,
+                            int64_t N, int64_t K, double alpha, const void *P, int64_t sP, const void *Q, int64_t sQ,
+                            double beta, float *O, int64_t sO, int64_t batch) {
+    return gemm_rm_to(ctx, x, dt, tp, tq, M, N, K, alpha, P, sP, Q, sQ, beta, O, sO, batch, 1);
+}
+
 extern const omc_kernel_entry omc_kernels_matmul[] = {
     {"MatMul", "", matmul_cuda},
     {"FusedMatMul", "ortmod", matmul_cuda},

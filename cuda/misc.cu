@@ -15,19 +15,6 @@
 // (gathers) or nothing (scatters) on the GPU, where the CPU reports it.
 #include "common.cuh"
 
-__device__ __forceinline__ void atomic_acc(float *p, float v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_acc(double *p, double v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_acc(__half *p, float v) { atomicAdd(p, __float2half_rn(v)); }
-__device__ __forceinline__ void atomic_acc(__nv_bfloat16 *p, float v) { atomicAdd(p, __float2bfloat16_rn(v)); }
-__device__ __forceinline__ void atomic_acc(int32_t *p, int32_t v) { atomicAdd((int *)p, (int)v); }
-__device__ __forceinline__ void atomic_acc(int64_t *p, int64_t v) {
-    atomicAdd((unsigned long long *)p, (unsigned long long)v);   // two's complement: the same bits
-}
-
-static om_status *zero_fill(void *p, size_t n, const om_cuda_exec *x) {
-    if (!n) return NULL;
-    return omc_cuda(cudaMemsetAsync(p, 0, n, stream_of(x)), "cudaMemsetAsync");
-}
 
 static int64_t dims_prod(const int64_t *d, int from, int to) {
     int64_t p = 1;
@@ -173,9 +160,10 @@ __global__ void pad_grad_constant_kernel(U *dx, const U *dy, pad_geom g, int64_t
     }
 }
 
-// reflect / edge / wrap: dx zeroed, every dy element adds into the element it was copied from
+// reflect / edge / wrap: every dy element adds into the element it was copied from (dx from zero,
+// in dy's math type: omc_scatter)
 template <typename T>
-__global__ void pad_grad_scatter_kernel(T *dx, const T *dy, pad_geom g, int64_t n) {
+__global__ void pad_grad_scatter_kernel(typename acc<T>::t *dx, const T *dy, pad_geom g, int64_t n) {
     GRID_STRIDE(i, n) {
         const int64_t s = pad_source(g, i);
         if (s >= 0) atomic_acc(&dx[s], ld(dy[i]));
@@ -196,13 +184,15 @@ static om_status *pad_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x)
         });
         return omc_launched(ctx);
     }
-    OMC_TRY(zero_fill(dX->data, nbytes(dX), x));
-    if (!ny) return NULL;
+    if (!om_dtype_is_float(dX->dtype)) return omc_err_dtype(ctx, 0, dX->dtype);
+    omc_scatter sc;
+    OMC_TRY(omc_scatter_start(ctx, x, dX->dtype, dX->data, nx, NULL, &sc));
+    if (!ny) return omc_scatter_finish(ctx, x, &sc, NULL);
     OMC_DISPATCH_FLOAT(dX->dtype, ctx, 0, {
-        pad_grad_scatter_kernel<T><<<grid_for(ny), OMC_THREADS, 0, stream_of(x)>>>((T *)dX->data, (const T *)dY->data,
+        pad_grad_scatter_kernel<T><<<grid_for(ny), OMC_THREADS, 0, stream_of(x)>>>((A *)sc.acc, (const T *)dY->data,
                                                                                    g, ny);
     });
-    return omc_launched(ctx);
+    return omc_scatter_finish(ctx, x, &sc, omc_launched(ctx));
 }
 
 // ---- Einsum -------------------------------------------------------------------------------------
@@ -688,9 +678,11 @@ static om_status *gather_elements_cuda(const om_kernel_ctx *ctx, const om_cuda_e
     return omc_launched(ctx);
 }
 
-// dy and indices are (i0..), dx is Shape(data) zeroed: dx[p with p[axis] = indices[p]] += dy[p]
+// dy and indices are (i0..), dx is Shape(data) from zero in dy's math type (omc_scatter):
+// dx[p with p[axis] = indices[p]] += dy[p]
 template <typename T, typename I>
-__global__ void gather_elements_grad_kernel(T *dx, const T *dy, const I *idx, elem_walk w, int64_t K) {
+__global__ void gather_elements_grad_kernel(typename acc<T>::t *dx, const T *dy, const I *idx, elem_walk w,
+                                            int64_t K) {
     GRID_STRIDE(p, K) {
         const int64_t off = elem_off(w, p, (int64_t)idx[p]);
         if (off >= 0) atomic_acc(&dx[off], ld(dy[p]));
@@ -702,16 +694,19 @@ static om_status *gather_elements_grad_cuda(const om_kernel_ctx *ctx, const om_c
     const om_tensor *dY = &ctx->in[0], *ind = &ctx->in[2], *dX = &ctx->out[0];
     elem_walk w;
     OMC_TRY(elem_walk_init(ctx, dX, 2, &w));
-    OMC_TRY(zero_fill(dX->data, nbytes(dX), x));
+    if (!om_dtype_in(dY->dtype, OM_DT_ARITH)) return omc_err_dtype(ctx, 0, dY->dtype);
+    if (!om_dtype_in(ind->dtype, OM_DT_INDEX)) return omc_err_dtype(ctx, 2, ind->dtype);
+    omc_scatter sc;
+    OMC_TRY(omc_scatter_start(ctx, x, dY->dtype, dX->data, numel(dX), NULL, &sc));
     const int64_t K = numel(ind);
-    if (!K) return NULL;
+    if (!K) return omc_scatter_finish(ctx, x, &sc, NULL);
     OMC_DISPATCH_ARITH(dY->dtype, ctx, 0, {
         OMC_DISPATCH_INDEX(ind->dtype, ctx, 2, {
             gather_elements_grad_kernel<T, I><<<grid_for(K), OMC_THREADS, 0, stream_of(x)>>>(
-                (T *)dX->data, (const T *)dY->data, (const I *)ind->data, w, K);
+                (A *)sc.acc, (const T *)dY->data, (const I *)ind->data, w, K);
         });
     });
-    return omc_launched(ctx);
+    return omc_scatter_finish(ctx, x, &sc, omc_launched(ctx));
 }
 
 // reduction none, pass 1: each target remembers the last position p (row-major) that writes it
@@ -732,9 +727,9 @@ __global__ void scatter_write_kernel(U *y, const U *upd, const long long *winner
     }
 }
 
-// reduction add: y[target] += updates[p]
+// reduction add: y[target] += updates[p] (y starts as data, in its math type: omc_scatter)
 template <typename T, typename I>
-__global__ void scatter_add_kernel(T *y, const T *upd, const I *idx, elem_walk w, int64_t K) {
+__global__ void scatter_add_kernel(typename acc<T>::t *y, const T *upd, const I *idx, elem_walk w, int64_t K) {
     GRID_STRIDE(p, K) {
         const int64_t off = elem_off(w, p, (int64_t)idx[p]);
         if (off >= 0) atomic_acc(&y[off], ld(upd[p]));
@@ -760,13 +755,17 @@ static om_status *scatter_elements_cuda(const om_kernel_ctx *ctx, const om_cuda_
     const int64_t K = numel(ind);
     if (!K) return NULL;
     if (add) {
+        if (!om_dtype_in(X->dtype, OM_DT_ARITH)) return omc_err_dtype(ctx, 0, X->dtype);
+        if (!om_dtype_in(ind->dtype, OM_DT_INDEX)) return omc_err_dtype(ctx, 1, ind->dtype);
+        omc_scatter sc;
+        OMC_TRY(omc_scatter_start(ctx, x, X->dtype, Y->data, numel(X), Y->data, &sc));
         OMC_DISPATCH_ARITH(X->dtype, ctx, 0, {
             OMC_DISPATCH_INDEX(ind->dtype, ctx, 1, {
                 scatter_add_kernel<T, I><<<grid_for(K), OMC_THREADS, 0, stream_of(x)>>>(
-                    (T *)Y->data, (const T *)upd->data, (const I *)ind->data, w, K);
+                    (A *)sc.acc, (const T *)upd->data, (const I *)ind->data, w, K);
             });
         });
-        return omc_launched(ctx);
+        return omc_scatter_finish(ctx, x, &sc, omc_launched(ctx));
     }
     long long *winner = NULL;
     OMC_TRY(omc_temp_alloc(x, sizeof(long long) * (size_t)numel(X), (void **)&winner));

@@ -182,8 +182,7 @@ static om_status *gather_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     return omc_launched(ctx);
 }
 
-// dy is (outer, K, inner), acc is (outer, N, inner) zeroed, in dy's math type A (fp32 for
-// fp16/bf16: an embedding row that many tokens reach is summed in fp32, then rounded once):
+// dy is (outer, K, inner), acc is (outer, N, inner) from zero in dy's math type (omc_scatter):
 // acc[o, idx[k], :] += dy[o, k, :]
 template <typename T, typename I>
 __global__ void gather_grad_kernel(typename acc<T>::t *acc_, const T *dy, const I *idx, int64_t outer, int64_t N,
@@ -192,7 +191,7 @@ __global__ void gather_grad_kernel(typename acc<T>::t *acc_, const T *dy, const 
         int64_t j = i % inner, t = i / inner, k = t % K, o = t / K;
         int64_t r = (int64_t)idx[k];
         if (r < 0) r += N;
-        if (r >= 0 && r < N) atomicAdd(&acc_[(o * N + r) * inner + j], ld(dy[i]));
+        if (r >= 0 && r < N) atomic_acc(&acc_[(o * N + r) * inner + j], ld(dy[i]));
     }
 }
 
@@ -201,31 +200,22 @@ static om_status *gather_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
     int axis = norm_axis(attr_i(ctx, "axis", 0), dx->rank);
     if (axis < 0) return OMC_ERR(OM_INVALID_ARGUMENT, "GatherGrad node '%s': axis out of range", omc_node_name(ctx));
     if (ind->dtype != OM_I64 && ind->dtype != OM_I32) return omc_err_dtype(ctx, 2, ind->dtype);
-    int64_t outer = prod(dx->dims, 0, axis), N = dx->dims[axis], inner = prod(dx->dims, axis + 1, dx->rank), K = numel(ind);
-    int64_t n = outer * K * inner, n_dx = numel(dx);
     if (!om_dtype_is_float(dy->dtype)) return omc_err_dtype(ctx, 0, dy->dtype);
-    if (!n || !n_dx) return omc_cuda(cudaMemsetAsync(dx->data, 0, nbytes(dx), stream_of(x)), "cudaMemsetAsync");
-    // fp32/fp64 accumulate in dx itself; fp16/bf16 in an fp32 temporary rounded into dx at the end
-    const int half = om_dtype_is_half(dy->dtype);
-    void *acc_ = dx->data;
-    if (half) OMC_TRY(omc_temp_alloc(x, sizeof(float) * (size_t)n_dx, &acc_));
-    om_status *st = omc_cuda(cudaMemsetAsync(acc_, 0, half ? sizeof(float) * (size_t)n_dx : nbytes(dx), stream_of(x)),
-                             "cudaMemsetAsync");
-    if (!st) {
+    int64_t outer = prod(dx->dims, 0, axis), N = dx->dims[axis], inner = prod(dx->dims, axis + 1, dx->rank), K = numel(ind);
+    const int64_t n = outer * K * inner;
+    omc_scatter sc;
+    OMC_TRY(omc_scatter_start(ctx, x, dy->dtype, dx->data, numel(dx), NULL, &sc));
+    if (n && sc.n) {
         OMC_DISPATCH_FLOAT(dy->dtype, ctx, 0, {
             if (ind->dtype == OM_I64)
                 gather_grad_kernel<T, int64_t><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
-                    (A *)acc_, (const T *)dy->data, (const int64_t *)ind->data, outer, N, K, inner);
+                    (A *)sc.acc, (const T *)dy->data, (const int64_t *)ind->data, outer, N, K, inner);
             else
                 gather_grad_kernel<T, int32_t><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
-                    (A *)acc_, (const T *)dy->data, (const int32_t *)ind->data, outer, N, K, inner);
-            if (half)
-                omc_round_kernel<T><<<grid_for(n_dx), OMC_THREADS, 0, stream_of(x)>>>((T *)dx->data, (const A *)acc_, n_dx);
+                    (A *)sc.acc, (const T *)dy->data, (const int32_t *)ind->data, outer, N, K, inner);
         });
-        st = omc_launched(ctx);
     }
-    if (half) omc_temp_free(x, acc_);
-    return st;
+    return omc_scatter_finish(ctx, x, &sc, n && sc.n ? omc_launched(ctx) : NULL);
 }
 
 // ---- Concat / ConcatGrad / Split / SplitGrad: (outer, chunk) blocks, one 2-D copy each ----------

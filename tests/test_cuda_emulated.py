@@ -19,9 +19,9 @@ crash in its cases, and names them:
   and test_matmul_half_precision (the half group's MatMul cases cover it).
 - ops-fp64: its F64_CASES, and every CASES op in float64 too.
 - half: tests/gpu/test_half_cuda.py's op cases and single-op tests in bf16 and fp16 against the CPU
-  in fp32, NEW_CASES in bf16/fp16 as well (no GPU test runs those in half), a check that the ops
-  whose dtype rules refuse half still do, and LSTM/GRU's recurrent-weight gradient over 1024 steps
-  (summed in fp32, not in a half running sum). Not run: its two whole-model tests (they compare
+  in fp32, NEW_CASES in bf16/fp16 as well (no GPU test runs those in half; conv and pools
+  included, whose constant weights are stored in the half type too), and LSTM/GRU's
+  recurrent-weight gradient over 1024 steps (summed in fp32, not in a half running sum). Not run: its two whole-model tests (they compare
   with eager torch on a GPU).
 - models: one training step each of TinyResNet, a tiny GPT-2 (with and without attention_mask),
   BERT and LSTM/GRU classifiers against the CPU (loss, logits, BatchNorm's running statistics and

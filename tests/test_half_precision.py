@@ -164,6 +164,20 @@ def test_half_math_on_cpu_fails_at_plan_time(dt):
 
 
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_half_conv_and_pool_compile_and_refuse_the_cpu_at_plan_time(dt):
+    """Conv and the pools take fp16/bf16 in their shape rules (the CUDA provider runs them); a CPU
+    plan names the node instead of running an fp32 kernel on half data."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="the_conv", pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c"], ["y"], name="the_pool", kernel_shape=[2, 2], strides=[2, 2])]
+    eng = _C.Engine(graph_model(nodes, [("x", dt), ("w", dt)], ["y"]), None)
+    x, w = torch.randn(2, 3, 8, 8).to(dt), torch.randn(4, 3, 3, 3).to(dt)
+    with pytest.raises(_C.InvalidInputError) as e:
+        eng.forward([x, w], False)
+    msg = str(e.value)
+    assert "'the_conv'" in msg and HALF_MESSAGE in msg, msg
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
 def test_half_gradient_rules_emit_constants_in_the_value_dtype(dt):
     """Sqrt's gradient emits 0.5: in the model's dtype, so the backward graph stays half (the
     execution graph shows it); on the CPU the plan then stops at the first half kernel."""

@@ -74,9 +74,14 @@ static om_status *conv_geometry(const om_node *n, int xr, const int64_t *xd, int
     return NULL;
 }
 
+/* Every float type: fp16/bf16 run on the CUDA provider (the CPU plan refuses them, op.h). */
 static om_status *float_in(const om_node *n, const om_tensor *t, int i, om_dtype want) {
-    if ((t->dtype != OM_F32 && t->dtype != OM_F64) || (want && t->dtype != want)) return om_err_dtype(n, i, t->dtype);
+    if (!om_dtype_is_float(t->dtype) || (want && t->dtype != want)) return om_err_dtype(n, i, t->dtype);
     return NULL;
+}
+/* The CPU kernels compute in fp32/fp64 (a CPU plan never hands them fp16/bf16; this is the guard). */
+static om_status *cpu_float(const om_node *n, const om_tensor *t, int i) {
+    return t->dtype == OM_F32 || t->dtype == OM_F64 ? NULL : om_err_dtype(n, i, t->dtype);
 }
 
 /* A shape input known at plan time (Shape(X) folded) into dims; returns its rank. */
@@ -604,7 +609,7 @@ static om_status *conv_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0], *w = &ctx->in[1];
     const int has_b = ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED;
-    OM_TRY(float_in(n, x, 0, 0));
+    OM_TRY(cpu_float(n, x, 0));
     conv_job j = {.pass = PASS_Y, .dt = x->dtype, .x = x->data, .w = w->data, .b = has_b ? ctx->in[2].data : NULL,
                   .y = ctx->out[0].data};
     OM_TRY(conv_geometry(n, x->rank, x->dims, w->rank, w->dims, &j.g));
@@ -662,7 +667,7 @@ static om_status *conv_grad_x_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0], *w = &ctx->in[1];
     om_tensor *dx = &ctx->out[0];
-    OM_TRY(float_in(n, dy, 0, 0));
+    OM_TRY(cpu_float(n, dy, 0));
     conv_job j = {.pass = PASS_DX, .dt = dy->dtype, .w = w->data, .dy = dy->data, .dx = dx->data};
     OM_TRY(conv_geometry(n, dx->rank, dx->dims, w->rank, w->dims, &j.g));
     if (j.g.w.N * j.g.OS * j.g.M == 0) {   /* no output position reads x: its gradient is 0 */
@@ -735,7 +740,7 @@ static om_status *conv_grad_w_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0], *x = &ctx->in[1];
     om_tensor *dw = &ctx->out[0];
-    OM_TRY(float_in(n, dy, 0, 0));
+    OM_TRY(cpu_float(n, dy, 0));
     if (dw->data && x->dtype == OM_UNDEFINED) {
         memset(dw->data, 0, om_tensor_nbytes(dw));
     } else if (dw->data) {

@@ -28,8 +28,9 @@ static om_dtype max_pool_dtype(const om_graph *g, const om_node *n, int j) {
     return j == 1 ? OM_I64 : g->values[n->in[0]].dtype;
 }
 
+/* Every float type: fp16/bf16 run on the CUDA provider (the CPU plan refuses them, op.h). */
 static om_status *float_in(const om_node *n, const om_tensor *t, int i) {
-    if (t->dtype != OM_F32 && t->dtype != OM_F64) return om_err_dtype(n, i, t->dtype);
+    if (!om_dtype_is_float(t->dtype)) return om_err_dtype(n, i, t->dtype);
     return NULL;
 }
 

@@ -221,10 +221,15 @@ def typed_model(op, inputs, attrs, domain, float_type, const, n_outputs):
     model with its float graph inputs retyped."""
     import onnx
     from onnx import TensorProto
+    import test_half_cuda as H
     model = onnx.load_from_string(make_model(op, inputs, attrs, domain, 20, n_outputs, const))
     for vi in model.graph.input:
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
             vi.type.tensor_type.elem_type = float_type
+    for k, init in enumerate(model.graph.initializer):
+        if init.data_type == TensorProto.FLOAT:
+            model.graph.initializer[k].CopyFrom(H.float_initializer(onnx.numpy_helper.to_array(init), init.name,
+                                                                    float_type))
     return model.SerializeToString()
 
 
@@ -322,10 +327,6 @@ def cases_ops_fp64():
             c[0], c[1], c[2], c[3], c[4], n_outputs=c[5], const_inputs=c[6], rtol=1e-9, atol=1e-10)
 
 
-# Ops whose dtype rules (csrc/ops) take fp32/fp64 only: their CUDA kernels' half paths are unreachable.
-HALF_REFUSED = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
-
-
 def cases_half():
     """test_half_cuda's cases, and test_ops_cuda's NEW_CASES (conv.cu, misc.cu, rnn.cu's ops) in
     fp16/bf16 too, which no GPU test runs in half precision: each against the CPU in fp32 with
@@ -338,29 +339,16 @@ def cases_half():
         yield f"{tag}-softmax-cross-entropy", lambda dt=dt: H.test_softmax_cross_entropy_half_logits(dt)
         yield f"{tag}-fused-attention", lambda dt=dt: H.test_fused_attention_half(dt)
         yield f"{tag}-gather-grad-fp32-accumulation", lambda dt=dt: H.test_gather_gradient_accumulates_in_fp32(dt)
+        for c in H.SCATTER_SUMS:
+            yield f"{tag}-{c[0]}-fp32-accumulation", lambda c=c, dt=dt: H.test_scatter_adds_accumulate_in_fp32(c, dt)
         yield f"{tag}-cast-bit-for-bit", lambda dt=dt: cast_half_bit_for_bit(H, dt)
         for name, op, inputs, attrs, grad, n_out, const, _ in M.NEW_CASES:
-            if op in HALF_REFUSED or not any(isinstance(v, np.ndarray) and v.dtype.kind == "f" for v in inputs.values()):
+            if not any(isinstance(v, np.ndarray) and v.dtype.kind == "f" for v in inputs.values()):
                 continue
             scale = 4 if op in ("LSTM", "GRU") else 1
             yield f"{tag}-{name}", lambda c=(op, inputs, dt, attrs, "", grad, const, n_out): H.check(*c, scale=scale)
-        yield f"{tag}-refused-ops-fail-cleanly", lambda dt=dt: half_refused_cleanly(M, dt)
         for cell in ("LSTM", "GRU"):
             yield f"{tag}-{cell}-dR-over-1024-steps", lambda cell=cell, dt=dt: recurrent_gradient_rounds_once(cell, dt)
-
-
-def half_refused_cleanly(M, dt):
-    """The ops kept out of the half cases still refuse fp16/bf16 with an error (if one starts
-    taking them, it belongs in the parity cases above)."""
-    for name, op, inputs, attrs, grad, n_out, const, _ in M.NEW_CASES:
-        if op not in HALF_REFUSED:
-            continue
-        try:
-            emu_run_pair(op, inputs, dt, attrs, "", grad, const, n_out)
-        except _C.InvalidInputError as e:
-            assert "dtype" in str(e), f"{name}: refused for another reason: {e}"
-            continue
-        raise AssertionError(f"{name}: {op} now takes {dt}; add it to the half parity cases")
 
 
 def recurrent_gradient_rounds_once(cell, dt):

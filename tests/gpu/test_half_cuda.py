@@ -32,13 +32,26 @@ def pos(*shape):
     return (np.abs(R.standard_normal(shape)) + 0.5).astype(np.float32)
 
 
+def float_initializer(a, name, ftype):
+    """A float constant stored in ftype, the graph's float type (fp32, fp16 or bf16)."""
+    a = np.ascontiguousarray(a, np.float32)
+    if ftype == TensorProto.FLOAT16:
+        return numpy_helper.from_array(a.astype(np.float16), name)
+    if ftype == TensorProto.BFLOAT16:   # numpy has no bf16: torch rounds, the bits go raw
+        bits = torch.from_numpy(a).to(torch.bfloat16).view(torch.int16).numpy()
+        return helper.make_tensor(name, TensorProto.BFLOAT16, a.shape, bits.tobytes(), raw=True)
+    return numpy_helper.from_array(a, name)
+
+
 def typed_model(op, inputs, attrs, domain, ftype, const, n_outputs):
-    """One node; float inputs typed ftype, the names in const become (integer) initializers."""
+    """One node; float inputs typed ftype, the names in const become initializers (float ones in
+    ftype too)."""
     graph_inputs, inits, names = [], [], []
     for name, a in inputs.items():
         names.append(name)
         if name in const:
-            inits.append(numpy_helper.from_array(np.asarray(a), name))
+            a = np.asarray(a)
+            inits.append(float_initializer(a, name, ftype) if a.dtype.kind == "f" else numpy_helper.from_array(a, name))
         else:
             t = ftype if a.dtype.kind == "f" else INT_TYPES[a.dtype]
             graph_inputs.append(helper.make_tensor_value_info(name, t, None))
@@ -193,6 +206,37 @@ def test_gather_gradient_accumulates_in_fp32(dt):
     oc, og, gc, gg = run_pair("Gather", {"x": f32(3, 8), "i": idx}, dt, {"axis": 0}, "", ("x",))
     ref = gc[0]
     torch.testing.assert_close(gg[0], ref, rtol=2 ** -7 if dt == torch.bfloat16 else 2 ** -10, atol=1e-3)
+
+
+def spike(n, at):
+    x = f32(1, 1, n)
+    x[..., at] = 100.0   # the maximum of every window that holds it
+    return x
+
+
+# Each case sends ~1000 additions into some elements (outputs, or the gradient of input 0).
+SCATTER_SUMS = [
+    ("GatherElements", {"x": f32(3, 8), "i": R.integers(0, 3, (2000, 8)).astype(np.int64)}, {"axis": 0}, ("x",), ("i",)),
+    ("ScatterElements", {"x": f32(3, 8), "i": R.integers(0, 3, (2000, 8)).astype(np.int64), "u": f32(2000, 8)},
+     {"axis": 0, "reduction": "add"}, (), ("i",)),
+    ("MaxPool", {"x": spike(2000, 1000)}, {"kernel_shape": [999], "strides": [1]}, ("x",), ()),
+    ("Pad", {"x": f32(2, 2), "p": np.array([0, 1000, 0, 1000], np.int64)}, {"mode": "edge"}, ("x",), ("p",)),
+]
+
+
+@pytest.mark.parametrize("dt", HALF)
+@pytest.mark.parametrize("case", SCATTER_SUMS, ids=[c[0] for c in SCATTER_SUMS])
+def test_scatter_adds_accumulate_in_fp32(case, dt):
+    """Summed in fp32 and rounded once, a result many additions reach stays within one rounding
+    of the fp32 sum; added in fp16/bf16 (half atomics) it drifts far past that."""
+    op, inputs, attrs, grad, const = case
+    oc, og, gc, gg = run_pair(op, inputs, dt, attrs, "", grad, const)
+    tol = dict(rtol=2 ** -7 if dt == torch.bfloat16 else 2 ** -10, atol=1e-3)
+    for a, b in zip(oc, og):
+        torch.testing.assert_close(b, a, **tol)
+    for a, b in zip(gc or [], gg or []):
+        if a is not None:
+            torch.testing.assert_close(b, a, **tol)
 
 
 # ---- whole models -----------------------------------------------------------------------------------
