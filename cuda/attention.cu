@@ -4,13 +4,14 @@
 // CPU draws it, then O = P V. The backward recomputes P from lse:
 //   dV = Pd^T dO, dPd = dO V^T, dS = P (dPd keep/(1-ratio) - rowsum(dO O)), dQ = scale dS K,
 //   dK = scale dS^T Q.
-// Memory is O(batch L S) per call (temporary, from the pool); a flash-style kernel that never
-// materializes S is the next step for long sequences. Needs: scale factors and the dropout
+// Memory is O(batch L S) per call (temporary, from the pool). fp16/bf16 calls with head dims up to
+// 128 go to flash.cu instead, whose tensor-core kernels never materialize S. Needs: scale factors and the dropout
 // ratio known at plan time, Q/K/V each stacked or shared over the batch, no mask gradient.
 #include <cublas_v2.h>
 #include <math.h>
+#include <stdlib.h>
 
-#include "common.cuh"
+#include "attention.cuh"
 
 struct attn_geom {
     int64_t L, S, D, Dv, nbatch;
@@ -126,33 +127,6 @@ static om_status *bgemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, cudaDat
     return NULL;
 }
 
-struct soft_args {
-    int64_t L, S, nb;
-    int64_t batch[OM_MAX_RANK], m_str[OM_MAX_RANK];
-    int64_t m_row, m_col;
-    int causal, nan_to_zero, dropout;
-    float scale, ratio, dscale;
-};
-
-__device__ __forceinline__ int64_t mask_base(const soft_args &a, int64_t t) {
-    int64_t off = 0;
-    for (int d = a.nb - 1; d >= 0; d--) {
-        int64_t i = t % a.batch[d];
-        t /= a.batch[d];
-        off += i * a.m_str[d];
-    }
-    return off;
-}
-
-// the logit of score s at (t, i, j): scale s + mask (+ causal -inf)
-template <typename T>
-__device__ __forceinline__ float logit(const soft_args &a, float s, const T *mask, int64_t mb, int64_t i, int64_t j) {
-    float v = s * a.scale;
-    if (mask) v += (float)ld(mask[mb + i * a.m_row + j * a.m_col]);
-    if (a.causal && j > i) v = -INFINITY;
-    return v;
-}
-
 // S (nbatch, L, S) fp32 scores -> P (T, dropout applied) and lse (nbatch, L) fp32; one block per row
 template <typename T>
 __global__ void attn_softmax_kernel(T *P, float *lse, const float *Sc, const T *mask, soft_args a, const int64_t *seedp) {
@@ -196,6 +170,21 @@ static soft_args soft_of(const attn_geom &g) {
     return a;
 }
 
+// The flash kernels (flash.cu) take fp16/bf16 with head dims up to FLASH_MAX_D; the cuBLAS path
+// with materialized scores takes the rest, and every call when ORTMOD_CUDA_ATTENTION=materialized
+// (read per call, so that a benchmark or a test can compare the two in one process).
+static int use_flash(om_dtype dt, const attn_geom &g, flash_args *f) {
+    const char *env = getenv("ORTMOD_CUDA_ATTENTION");
+    if (env && !strcmp(env, "materialized")) return 0;
+    if ((dt != OM_F16 && dt != OM_BF16) || g.D > FLASH_MAX_D || g.Dv > FLASH_MAX_D || g.nbatch > 65535) return 0;
+    memset(f, 0, sizeof *f);
+    f->a = soft_of(g);
+    f->B = g.nbatch; f->D = g.D; f->Dv = g.Dv;
+    f->q_bs = g.q_bs; f->k_bs = g.k_bs; f->v_bs = g.v_bs;
+    f->kt = g.kt;
+    return 1;
+}
+
 static unsigned rows_grid(int64_t rows) { return (unsigned)(rows < 65535 * 16 ? (rows > 0 ? rows : 1) : 65535 * 16); }
 
 // Q (batch..., L, D), K (batch..., S, D) or K^T, V (batch..., S, Dv), mask -> (L, S); O (batch..., L, Dv), lse, seed
@@ -213,6 +202,24 @@ static om_status *attention_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x
         OMC_TRY(omc_launched(ctx));
     }
     if (!B || !L) return NULL;
+    flash_args f;
+    if (use_flash(dt, g, &f)) {
+        const int64_t *seedp = NULL;
+        int64_t *dseed = NULL;
+        if (g.dropout) {   // as below: the forward's seed on the device
+            if (wanted(ctx, 2)) seedp = (const int64_t *)ctx->out[2].data;
+            else {
+                OMC_TRY(omc_temp_alloc(x, 8, (void **)&dseed));
+                write_seed_kernel<<<1, 1, 0, stream_of(x)>>>(dseed, ctx->seed);
+                seedp = dseed;
+            }
+        }
+        om_status *st = flash_forward(ctx, x, dt, &f, ctx->in[0].data, ctx->in[1].data, ctx->in[2].data,
+                                      g.has_mask ? ctx->in[3].data : NULL, seedp, ctx->out[0].data,
+                                      wanted(ctx, 1) ? (float *)ctx->out[1].data : NULL);
+        if (dseed) omc_temp_free(x, dseed);
+        return st;
+    }
     size_t es = dtype_size(dt);
     float *Sc = NULL;
     void *P = NULL;
@@ -310,6 +317,22 @@ static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_ex
     const void *dO = ctx->in[0].data, *Q = ctx->in[1].data, *K = ctx->in[2].data, *V = ctx->in[3].data;
     const int64_t *seedp = g.dropout && present(ctx, 12) ? (const int64_t *)ctx->in[12].data : NULL;
     if (g.dropout && !seedp) return OMC_ERR(OM_INTERNAL, "FusedAttentionGrad node '%s': the dropout seed is missing", omc_node_name(ctx));
+    flash_args f;
+    if (use_flash(dt, g, &f)) {
+        float *Di = NULL;
+        OMC_TRY(omc_temp_alloc(x, sizeof(float) * (size_t)(B * L), (void **)&Di));
+        OMC_DISPATCH_FLOAT(dt, ctx, 1, {
+            attn_rowdot_kernel<T><<<rows_grid(B * L), 128, 0, stream_of(x)>>>(Di, (const T *)dO,
+                                                                               (const T *)ctx->in[4].data, B * L, Dv);
+        });
+        om_status *st = omc_launched(ctx);
+        if (!st)
+            st = flash_backward(ctx, x, dt, &f, dO, Q, K, V, g.has_mask ? ctx->in[6].data : NULL, seedp,
+                                (const float *)ctx->in[5].data, Di, wanted(ctx, 0) ? ctx->out[0].data : NULL,
+                                wanted(ctx, 1) ? ctx->out[1].data : NULL, wanted(ctx, 2) ? ctx->out[2].data : NULL);
+        omc_temp_free(x, Di);
+        return st;
+    }
     size_t es = dtype_size(dt), nls = (size_t)(B * L * S);
     float *Sc = NULL, *dPd = NULL, *Di = NULL;
     void *Pd = NULL;

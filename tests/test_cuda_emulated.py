@@ -10,8 +10,10 @@ crash in its cases, and names them:
 
 - selftest: the emulator's 16-bit conversions against numpy/torch over every bit pattern; broken
   kernels (write past the end, barrier after an early return, full shuffle mask in a partial warp,
-  use after free, copy past an allocation) are each reported and a correct one is not; a perturbed
-  reference fails the op, half and model comparisons.
+  use after free, copy past an allocation; a WMMA call by half a warp, misaligned or with a bad
+  ldm, or with lane-dependent fragments) are each reported and a correct one is not (a WMMA
+  product in every layout matches numpy); a perturbed reference fails the op, half and model
+  comparisons.
 - ops-fp32: tests/gpu/test_ops_cuda.py's cases, imported from it (CASES, NEW_CASES, cross entropy,
   dropout masks, MaxPool NaN), and its GatherElements out-of-range case. Not run:
   test_conv_large_batch_takes_several_im2col_chunks (5x128^3 images are too slow to emulate; the
@@ -20,7 +22,9 @@ crash in its cases, and names them:
 - ops-fp64: its F64_CASES, and every CASES op in float64 too.
 - half: tests/gpu/test_half_cuda.py's op cases and single-op tests in bf16 and fp16 against the CPU
   in fp32, NEW_CASES in bf16/fp16 as well (no GPU test runs those in half; conv and pools
-  included, whose constant weights are stored in the half type too), and LSTM/GRU's
+  included, whose constant weights are stored in the half type too), its flash-attention cases
+  (cuda/flash.cu's WMMA kernels, run on include/mma.h's emulation of the warp matrix functions)
+  and flash against the materialized cuBLAS path, its scatter-adds summed in fp32, and LSTM/GRU's
   recurrent-weight gradient over 1024 steps (summed in fp32, not in a half running sum). Not run: its two whole-model tests (they compare
   with eager torch on a GPU).
 - models: one training step each of TinyResNet, a tiny GPT-2 (with and without attention_mask),

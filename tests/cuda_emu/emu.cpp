@@ -19,6 +19,9 @@
 //    with the kernel's name, block, thread and the address relative to the allocation. Device
 //    memory is inaccessible to the host except inside the runtime calls and launches, so host
 //    code dereferencing a device pointer crashes with a diagnosis instead of "working".
+//  - warp matrix functions (include/mma.h, nvcuda::wmma): every lane of a full warp must make
+//    the same call with the same arguments and fragment values; pointers must be 32-byte
+//    aligned as GPU addresses (emu_gpu_address) and ldm a multiple of 16 bytes.
 //  - runtime/cuBLAS arguments: a copy or memset range must lie inside one allocation, copy
 //    kinds must match the pointers, every matrix a GEMM's dims, leading dimensions and batch
 //    strides describe must lie inside one allocation, type combinations must be ones cuBLAS
@@ -372,6 +375,7 @@ struct launch {
     void *arg;
     std::vector<fiber> fibers;
     warp_exchange warps[32];
+    std::vector<const void *> slots;   // emu_warp_slots(): 32 per warp
     unsigned bar_arrived;
     unsigned long bar_gen;
     unsigned cur;              // the running fiber
@@ -451,6 +455,41 @@ void __syncthreads() {
 }
 
 int emu_lane() { return (int)(t_launch->cur & 31); }
+
+void emu_kernel_error(const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (!t_launch || !t_launch->in_fiber) {   // a device function called by host code
+        fprintf(stderr, "emu: %s (outside a kernel)\n", buf);
+        abort();
+    }
+    fail_in_fiber("%s", buf);
+    __builtin_unreachable();
+}
+
+uintptr_t emu_gpu_address(const void *p) {
+    // the allocation whose mapping (guard pages included) holds p: the last one starting at or
+    // before p, or the next one (p in its lower guard page or before its 16-byte-aligned start)
+    auto it = g_live.upper_bound((uintptr_t)p);
+    const char *c = (const char *)p;
+    if (it != g_live.end() && c >= it->second.map) return (uintptr_t)(c - it->second.user);
+    if (it != g_live.begin()) {
+        const allocation &a = (--it)->second;
+        if (c < a.map + a.map_len) return (uintptr_t)(c - a.user);
+    }
+    if ((uintptr_t)p % 256)   // (rarely: a freed allocation's, so that its use shows as use after free)
+        for (auto &a : g_freed)
+            if (c >= a.map && c < a.map + a.map_len) return (uintptr_t)(c - a.user);
+    return (uintptr_t)p;
+}
+
+const void **emu_warp_slots() {
+    launch *L = t_launch;
+    return &L->slots[L->cur & ~31u];
+}
 
 // Publishes the caller's value, waits for every lane of mask; the last lane to arrive hands each
 // lane the value of the lane it asked for.
@@ -540,6 +579,7 @@ static bool run_block(launch *L, uint64_t *rng) {
     }
     L->bar_arrived = 0;
     memset(L->warps, 0, sizeof L->warps);
+    L->slots.assign((L->nt + 31) & ~31u, NULL);
     unsigned alive = L->nt;
     while (alive) {
         shuffle order(L->nt, rng);

@@ -339,6 +339,9 @@ def cases_half():
         yield f"{tag}-softmax-cross-entropy", lambda dt=dt: H.test_softmax_cross_entropy_half_logits(dt)
         yield f"{tag}-fused-attention", lambda dt=dt: H.test_fused_attention_half(dt)
         yield f"{tag}-gather-grad-fp32-accumulation", lambda dt=dt: H.test_gather_gradient_accumulates_in_fp32(dt)
+        for c in H.FLASH_CASES:
+            yield f"{tag}-flash-{c[0]}", lambda c=c, dt=dt: H.test_flash_attention_half(c, dt)
+        yield f"{tag}-flash-matches-materialized", lambda dt=dt: flash_matches_materialized(H, dt)
         for c in H.SCATTER_SUMS:
             yield f"{tag}-{c[0]}-fp32-accumulation", lambda c=c, dt=dt: H.test_scatter_adds_accumulate_in_fp32(c, dt)
         yield f"{tag}-cast-bit-for-bit", lambda dt=dt: cast_half_bit_for_bit(H, dt)
@@ -349,6 +352,20 @@ def cases_half():
             yield f"{tag}-{name}", lambda c=(op, inputs, dt, attrs, "", grad, const, n_out): H.check(*c, scale=scale)
         for cell in ("LSTM", "GRU"):
             yield f"{tag}-{cell}-dR-over-1024-steps", lambda cell=cell, dt=dt: recurrent_gradient_rounds_once(cell, dt)
+
+
+def flash_matches_materialized(H, dt):
+    """test_half_cuda.test_flash_attention_matches_the_materialized_path without pytest's monkeypatch."""
+    class Env:
+        def setenv(self, k, v):
+            os.environ[k] = v
+
+        def delenv(self, k):
+            os.environ.pop(k, None)
+    try:
+        H.test_flash_attention_matches_the_materialized_path(dt, Env())
+    finally:
+        os.environ.pop("ORTMOD_CUDA_ATTENTION", None)
 
 
 def recurrent_gradient_rounds_once(cell, dt):

@@ -8,6 +8,11 @@ nothing, so this group shows that each layer can.
   skips, a full shuffle mask in a partial warp, a read of freed memory, a copy past the end of
   an allocation; each must be reported, and a correct reduction must not be. A read of another
   thread's shared slot without the barrier must come out wrong (in-order execution would hide it).
+- wmma (include/mma.h): a one-warp tiled GEMM in fp16 and bf16, over every layout of A, B and
+  the accumulator, with and without an accumulator loaded from memory, through __shared__ and
+  device memory, matches numpy within float rounding; a misaligned pointer (device and
+  __shared__), an ldm that is not a multiple of 16 bytes, a call half the warp skips or meets at
+  a __syncwarp instead, a lane-dependent fragment and a partial warp are each reported.
 - The comparisons: a result or gradient perturbed slightly beyond tolerance must fail the
   op, half-precision and model comparisons.
 - The "streams" group's step check (models.steps_stay_on_stream): a stream synchronization or
@@ -118,6 +123,48 @@ def expect_reported(h, which, needle):
     else:
         assert rc != 0, f"broken kernel {which} launched without an error"
         assert needle in log, f"broken kernel {which}: expected a report containing {needle!r}, got {log!r}"
+
+# ---- wmma ------------------------------------------------------------------------------------------
+
+
+def _sixteen_bit(x, kind):
+    """(bits, values): x (float32) rounded to fp16 (kind 0) or bf16 (1), as uint16 and float64."""
+    if kind == 0:
+        h = x.astype(np.float16)
+        return np.ascontiguousarray(h.view(np.uint16)), h.astype(np.float64)
+    t = torch.from_numpy(x).to(torch.bfloat16)
+    return np.ascontiguousarray(t.view(torch.int16).numpy().view(np.uint16)), t.to(torch.float64).numpy()
+
+
+def wmma_matches_numpy(h):
+    """selftest.cu's wmma_gemm: D = 2 (A B + C) and A's row sums, for fp16 and bf16, every
+    layout of A, B and the accumulator, with C loaded or the accumulator filled with 0. Products
+    of 16-bit values are exact in float; the 49 float additions each round: the error bound."""
+    import ctypes
+    h.LIB.emu_selftest_wmma.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 5
+    rng = np.random.default_rng(4)
+    for kind, name in ((0, "fp16"), (1, "bf16")):
+        a_bits, a = _sixteen_bit(rng.standard_normal((32, 48)).astype(np.float32), kind)
+        b_bits, b = _sixteen_bit(rng.standard_normal((48, 32)).astype(np.float32), kind)
+        b_cm = np.ascontiguousarray(b_bits.T)   # column-major B
+        c = rng.standard_normal((32, 32)).astype(np.float32)
+        for layouts in range(8):
+            for with_c in (True, False):
+                what = f"{name} wmma GEMM, layouts {layouts}, {'C loaded' if with_c else 'C = 0'}"
+                d = np.full((32, 32), np.nan, np.float32)
+                rowsum = np.full((32, 16), np.nan, np.float32)
+                rc = h.LIB.emu_selftest_wmma(kind, layouts, a_bits.ctypes.data, b_cm.ctypes.data,
+                                             c.ctypes.data if with_c else None, d.ctypes.data, rowsum.ctypes.data)
+                log = h.take_emulator_errors()
+                assert rc == 0 and not log, f"{what}: rejected (rc {rc}): {log}"
+                c64 = c.astype(np.float64) if with_c else np.zeros((32, 32))
+                want = 2 * (a @ b + c64)
+                bound = 2 * (np.abs(a) @ np.abs(b) + np.abs(c64)) * 64 * 2.0 ** -24
+                err = np.abs(d - want)
+                assert (err <= bound).all(), f"{what}: off by {err.max()} (bound {bound[err.argmax() // 32, err.argmax() % 32]})"
+                want_rows = np.repeat(a.sum(1, keepdims=True), 16, 1)
+                bound_rows = np.repeat(np.abs(a).sum(1, keepdims=True), 16, 1) * 64 * 2.0 ** -24
+                assert (np.abs(rowsum - want_rows) <= bound_rows).all(), f"{what}: row sums off"
 
 # ---- a wrong result fails the comparison -------------------------------------------------------
 
@@ -269,6 +316,15 @@ def cases(h):
     yield "detects-use-after-free", lambda: expect_reported(h, 4, "use after free")
     yield "detects-copy-past-the-end", lambda: expect_reported(h, 5, "not inside one device allocation")
     yield "shows-missing-barrier", lambda: missing_barrier_shows(h)
+    yield "wmma-matches-numpy", lambda: wmma_matches_numpy(h)
+    yield "detects-wmma-misaligned-pointer", lambda: expect_reported(
+        h, 8, "is not 32-byte (256-bit) aligned: it is byte 16 of its device allocation")
+    yield "detects-wmma-bad-ldm", lambda: expect_reported(h, 9, "ldm 20 is not a multiple of 8")
+    yield "detects-wmma-in-half-a-warp", lambda: expect_reported(h, 10, "deadlock")
+    yield "detects-wmma-against-a-syncwarp", lambda: expect_reported(h, 11, "is not in this warp-collective call")
+    yield "detects-wmma-lane-dependent-fragment", lambda: expect_reported(h, 12, "hold different values in the fragment")
+    yield "detects-wmma-misaligned-shared", lambda: expect_reported(h, 13, "aligned (a __shared__ array needs __align__(32))")
+    yield "detects-wmma-partial-warp", lambda: expect_reported(h, 14, "in a warp of 16 lanes")
     yield "detects-wrong-op-result", lambda: wrong_op_result_detected(h)
     yield "detects-wrong-half-result", lambda: wrong_half_result_detected(h)
     yield "detects-wrong-model-gradient", lambda: wrong_model_gradient_detected(h)

@@ -45,9 +45,12 @@ def float_initializer(a, name, ftype):
 
 def typed_model(op, inputs, attrs, domain, ftype, const, n_outputs):
     """One node; float inputs typed ftype, the names in const become initializers (float ones in
-    ftype too)."""
+    ftype too); None is an absent optional input."""
     graph_inputs, inits, names = [], [], []
     for name, a in inputs.items():
+        if a is None:
+            names.append("")
+            continue
         names.append(name)
         if name in const:
             a = np.asarray(a)
@@ -70,10 +73,10 @@ def rounded(a, dt):
 
 def run_pair(op, inputs, dt, attrs=None, domain="", grad=(), const=(), n_outputs=1):
     """(CPU fp32 outputs, CUDA half outputs as fp32, CPU grads, CUDA grads) from the same rounded values."""
-    inputs = {n: np.ascontiguousarray(a) for n, a in inputs.items()}
-    feed_names = [n for n in inputs if n not in const]
+    inputs = {n: None if a is None else np.ascontiguousarray(a) for n, a in inputs.items()}
+    feed_names = [n for n, a in inputs.items() if a is not None and n not in const]
     flags = [n in grad for n in feed_names]
-    rin = {n: rounded(a, dt) for n, a in inputs.items()}
+    rin = {n: None if a is None else rounded(a, dt) for n, a in inputs.items()}
     # CPU, fp32
     ecpu = _C.Engine(typed_model(op, rin, attrs, domain, TensorProto.FLOAT, const, n_outputs),
                      flags if any(flags) else None, seed=3)
@@ -237,6 +240,66 @@ def test_scatter_adds_accumulate_in_fp32(case, dt):
     for a, b in zip(gc or [], gg or []):
         if a is not None:
             torch.testing.assert_close(b, a, **tol)
+
+
+def attention_inputs(b, L, S, D, Dv, mask=None, kt=False, shared_kv=False, dropout=None):
+    """FusedAttention's inputs (Q, K or K^T, V, mask?, f0-f2 absent, ratio?, training_mode?)."""
+    kv_b = (1, 1) if shared_kv else b
+    k = f32(*kv_b, D, S) if kt else f32(*kv_b, S, D)
+    inputs = {"q": f32(*b, L, D), "k": k, "v": f32(*kv_b, S, Dv), "m": mask, "f0": None, "f1": None, "f2": None}
+    if dropout is not None:
+        inputs.update(ratio=np.float32(dropout), tm=np.array(True))
+    return inputs
+
+
+def fully_masked_rows(L, S, rows):
+    m = np.where(R.random((L, S)) < 0.3, -np.inf, 0.0).astype(np.float32)
+    m[rows] = -np.inf
+    return m
+
+
+# (id, inputs, attrs, gradients wanted, constant inputs): the flash kernels' edges — rows and key
+# tiles cut short, head dims padded to 64 and to 128, causal, additive masks (broadcast and per
+# batch), K given transposed, K/V shared over the batch, dropout, fully masked rows.
+FLASH_CASES = [
+    ("causal-70", attention_inputs((2, 2), 70, 70, 64, 64), {"scale": 0.125, "causal": 1}, ("q", "k", "v"), ()),
+    ("mask-2d-wide-heads", attention_inputs((2,), 33, 45, 80, 72, mask=f32(33, 45)), {"scale": 0.1},
+     ("q", "k", "v"), ()),
+    ("mask-per-batch-causal", attention_inputs((2, 3), 40, 40, 32, 16, mask=f32(2, 1, 40, 40)),
+     {"scale": 0.2, "causal": 1}, ("q", "k", "v"), ()),
+    ("k-transposed", attention_inputs((3,), 17, 50, 24, 40, kt=True), {"scale": 0.2, "k_transposed": 1},
+     ("q", "k", "v"), ()),
+    ("shared-kv", attention_inputs((2, 2), 20, 36, 16, 16, shared_kv=True), {"scale": 0.25}, ("q",), ()),
+    ("dropout", attention_inputs((2, 2), 48, 40, 64, 64, dropout=0.3), {"scale": 0.125, "causal": 1},
+     ("q", "k", "v"), ("ratio", "tm")),
+    ("nan-to-zero", attention_inputs((2,), 24, 30, 64, 32, mask=fully_masked_rows(24, 30, [0, 5])),
+     {"scale": 0.125, "nan_to_zero": 1}, ("q", "k", "v"), ()),
+]
+
+
+@pytest.mark.parametrize("dt", HALF)
+@pytest.mark.parametrize("case", FLASH_CASES, ids=[c[0] for c in FLASH_CASES])
+def test_flash_attention_half(case, dt):
+    """fp16/bf16 FusedAttention runs on cuda/flash.cu's tensor-core kernels; against the CPU in fp32."""
+    _, inputs, attrs, grad, const = case
+    check("FusedAttention", inputs, dt, attrs, "ortmod", grad, const, n_outputs=1, scale=2)
+
+
+@pytest.mark.parametrize("dt", HALF)
+def test_flash_attention_matches_the_materialized_path(dt, monkeypatch):
+    """The same call through flash.cu and through attention.cu's cuBLAS path (forced with
+    ORTMOD_CUDA_ATTENTION=materialized): the two agree to the half format's rounding."""
+    inputs = attention_inputs((2, 2), 50, 50, 64, 64, dropout=0.2)
+    attrs = {"scale": 0.125, "causal": 1}
+    state = R.bit_generator.state   # run_pair draws the output gradient: the same one for both
+    monkeypatch.setenv("ORTMOD_CUDA_ATTENTION", "materialized")
+    _, om, _, gm = run_pair("FusedAttention", inputs, dt, attrs, "ortmod", ("q", "k", "v"), ("ratio", "tm"))
+    monkeypatch.delenv("ORTMOD_CUDA_ATTENTION")
+    R.bit_generator.state = state
+    _, of, _, gf = run_pair("FusedAttention", inputs, dt, attrs, "ortmod", ("q", "k", "v"), ("ratio", "tm"))
+    rtol, atol = TOL[dt]
+    for a, b in zip(om + gm, of + gf):
+        torch.testing.assert_close(b, a, rtol=2 * rtol, atol=2 * atol)
 
 
 # ---- whole models -----------------------------------------------------------------------------------

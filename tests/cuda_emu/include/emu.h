@@ -47,6 +47,9 @@ static const int warpSize = 32;
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
+// (GCC's attribute, not alignas: it may stand anywhere among the decl-specifiers, as CUDA's
+// `__shared__ __align__(32) T buf[n]` or `struct __align__(16) S` put it)
+#define __align__(n) __attribute__((aligned(n)))
 
 typedef struct emu_stream *cudaStream_t;
 
@@ -62,6 +65,20 @@ inline void emu_launch(const char *kernel, dim3 grid, dim3 block, size_t shmem, 
 // ---- synchronization within a block ------------------------------------------------------------
 void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
+
+// ---- for the shim headers' device functions (mma.h) ---------------------------------------------
+// Fails the running launch the way an invalid memory access does (cudaGetLastError reports it,
+// with the kernel, block and thread prepended); never returns. Only inside a kernel.
+[[noreturn]] void emu_kernel_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// The address p would have on a GPU, as far as its alignment goes (the low 8 bits): for device
+// memory its offset in its allocation (cudaMalloc aligns to 256 bytes, the emulator only to 16,
+// so that reads past the end hit the guard page), anything else (__shared__ statics, locals)
+// as it is.
+uintptr_t emu_gpu_address(const void *p);
+// The calling thread's warp's 32 slots, one per lane (index: lane), where a warp-collective
+// call can publish a pointer for the other lanes to read between two __syncwarp()s. NULL at
+// the start of every block; whoever sets a slot clears it again.
+const void **emu_warp_slots();
 
 // One exchange among the lanes of mask: publishes n bytes of v, waits for every lane of mask,
 // then copies lane src's bytes into out (a lane that is not in mask is an error).
