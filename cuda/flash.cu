@@ -42,6 +42,15 @@ template <typename T> __device__ __forceinline__ T zero_of() { return st<T>(0.0f
 // columns; tr: the matrix is given transposed, (d, n) row-major
 template <typename T, int R, int DM>
 __device__ __forceinline__ void stage_rows(T *dst, const T *src, int64_t r0, int64_t n, int64_t d, int tr) {
+    if (!tr && d == DM && ((uintptr_t)src & 15) == 0) {   // whole rows: 16-byte loads (8 elements)
+        const int CH = DM / 8;
+        for (int e = threadIdx.x; e < R * CH; e += blockDim.x) {
+            const int r = e / CH, ch = e - r * CH;
+            const int64_t gr = r0 + r;
+            *(uint4 *)(dst + r * DM + ch * 8) = gr < n ? *(const uint4 *)(src + gr * d + ch * 8) : make_uint4(0, 0, 0, 0);
+        }
+        return;
+    }
     for (int e = threadIdx.x; e < R * DM; e += blockDim.x) {
         const int r = e / DM, c = e - r * DM;
         const int64_t gr = r0 + r;

@@ -267,6 +267,7 @@ FLASH_CASES = [
      ("q", "k", "v"), ()),
     ("mask-per-batch-causal", attention_inputs((2, 3), 40, 40, 32, 16, mask=f32(2, 1, 40, 40)),
      {"scale": 0.2, "causal": 1}, ("q", "k", "v"), ()),
+    ("heads-128-causal", attention_inputs((2,), 20, 40, 128, 128), {"scale": 0.09, "causal": 1}, ("q", "k", "v"), ()),
     ("k-transposed", attention_inputs((3,), 17, 50, 24, 40, kt=True), {"scale": 0.2, "k_transposed": 1},
      ("q", "k", "v"), ()),
     ("shared-kv", attention_inputs((2, 2), 20, 36, 16, 16, shared_kv=True), {"scale": 0.25}, ("q",), ()),

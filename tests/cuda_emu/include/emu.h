@@ -33,6 +33,10 @@ struct dim3 {
 struct uint3 {
     unsigned x, y, z;
 };
+struct alignas(16) uint4 {   // CUDA's 16-byte vector (one 128-bit load or store)
+    unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 // Set by the scheduler before it switches to a thread (all fibers of a launch run on the
 // host thread that launched it).
 extern thread_local uint3 threadIdx, blockIdx;
