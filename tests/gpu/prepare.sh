@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # tests/gpu/prepare.sh — run HERE (the build machine) before a GPU run: collects what a bare GPU
 # machine (torch + CUDA driver, no package registries, maybe no compilers) needs into
-# build/gpu-carry/ (< 64 MiB): the built extension and the shared libraries it links that are
-# not part of a base system (protobuf-c, OpenBLAS + gfortran), the CUDA provider built for sm_90,
-# and the cuBLAS headers (to rebuild the provider there when nvcc exists).
+# build/gpu-carry/ (~13 MB, xz-compressed; the tree that travels is limited to 64 MiB): the
+# extension built for this venv's CPython and for 3.12 / 3.13 where found here (the GPU image's
+# python3 has been 3.12), the shared libraries it links that are not part of a base system
+# (protobuf-c, OpenBLAS + gfortran), the headers to build it there for any other CPython, the
+# CUDA provider built for sm_90, and the cuBLAS headers (to rebuild the provider there when nvcc
+# exists).
 # Then: run(command="bash tests/gpu/run.sh", carry=["build/gpu-carry", "csrc/graph/gen"]).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,7 +17,29 @@ rm -rf "$C"; mkdir -p "$C/lib" "$C/include"
 CUDA_ARCHS=${CUDA_ARCHS:-90} bash cuda/build.sh
 cp ortmod/_C*.so "$C/"
 [ -f ortmod/libortmod_cuda.so ] && cp ortmod/libortmod_cuda.so "$C/"
-for so in ortmod/_C*.so; do
+# the extension for the other CPythons found here (the GPU image's python3 has been 3.12), each
+# from a small venv with setuptools, built out of tree
+for v in 3.12 3.13; do
+    exe=""   # a real interpreter (pyenv's shims exist for versions it does not select)
+    for c in "$HOME"/.pyenv/versions/"$v".*/bin/"python$v" /usr/bin/"python$v" /usr/local/bin/"python$v"; do
+        [ -x "$c" ] && "$c" -c "" 2>/dev/null && { exe=$c; break; }
+    done
+    [ -n "$exe" ] || continue
+    venv=build/py$v-venv
+    if [ ! -x "$venv/bin/python" ]; then
+        "$exe" -m venv "$venv" && "$venv/bin/pip" install -q setuptools || { echo "no venv for python$v"; continue; }
+    fi
+    "$venv/bin/python" setup.py -q build_ext --build-lib "build/py$v-lib" --build-temp "build/py$v-tmp" >/dev/null \
+        && cp "build/py$v-lib"/ortmod/_C*.so "$C/" || echo "extension build for python$v failed"
+done
+# headers, so that run.sh can build the extension there for any other CPython (with the
+# libraries below; the machine's gcc and Python.h)
+mkdir -p "$C/include/protobuf-c" "$C/include/dlpack"
+cp /usr/include/protobuf-c/protobuf-c.h "$C/include/protobuf-c/"
+cp /usr/include/dlpack/dlpack.h "$C/include/dlpack/"
+cblas=$(readlink -f /usr/include/x86_64-linux-gnu/cblas.h)
+cp "$cblas" "$(dirname "$cblas")/openblas_config.h" "$C/include/"
+for so in "$C"/_C*.so; do
     ldd "$so" | awk '/=> \// {print $3}' | while read -r lib; do
         case "$(basename "$lib")" in
             libc.so*|libm.so*|libgcc_s.so*|libpthread.so*|libdl.so*|librt.so*|libstdc++.so*) ;;
@@ -23,4 +48,16 @@ for so in ortmod/_C*.so; do
     done
 done
 cp build/cuda-deps/include/*.h "$C/include/" 2>/dev/null || true
+# xz (~55 MB -> ~8 MB: the working tree that travels is limited to 64 MiB); run.sh unpacks with
+# Python's lzma, which every CPython has
+"$PY" - "$C" <<'PYXZ'
+import lzma, os, sys
+for d, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        if f.endswith((".so", ".so.0", ".so.1", ".so.5")) or ".so." in f:
+            p = os.path.join(d, f)
+            with open(p, "rb") as src, lzma.open(p + ".xz", "wb", preset=6) as dst:
+                dst.write(src.read())
+            os.remove(p)
+PYXZ
 du -sh "$C"

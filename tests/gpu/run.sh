@@ -3,8 +3,9 @@
 # registries) it makes the extension and the CUDA provider importable, runs tests/gpu and the
 # GPT-2 124M benchmark, and writes everything to $OUT (or ./gpu-results) within ~5 minutes.
 #
-#   extension: ortmod/_C*.so if it imports; else the prebuilt one carried in build/gpu-carry
-#              (tests/gpu/prepare.sh) with its libraries; else a build with setup.py
+#   extension: ortmod/_C*.so if it imports; else the prebuilt ones carried in build/gpu-carry
+#              (tests/gpu/prepare.sh: one per CPython found there) with their libraries; else a
+#              build with setup.py against the carried headers and libraries
 #   provider:  rebuilt with nvcc when the toolkit is there (cuBLAS headers: carried or from the
 #              nvidia wheels next to torch); else the carried prebuilt libortmod_cuda.so
 set -uo pipefail
@@ -24,6 +25,17 @@ done
 echo "python: $PY ($("$PY" -c 'import torch,sys; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'))"
 
 CARRY=build/gpu-carry
+# prepare.sh carries the shared objects xz-compressed
+"$PY" - "$CARRY" <<'PYXZ'
+import lzma, os, sys
+for d, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        if f.endswith(".xz"):
+            p = os.path.join(d, f)
+            with lzma.open(p) as src, open(p[:-3], "wb") as dst:
+                dst.write(src.read())
+            os.chmod(p[:-3], 0o755)
+PYXZ
 if [ -d "$CARRY/lib" ]; then export LD_LIBRARY_PATH="$PWD/$CARRY/lib:${LD_LIBRARY_PATH:-}"; fi
 # the nvidia wheels next to torch: cuBLAS (and its headers when the wheel has them)
 NV=$("$PY" - <<'PY' 2>/dev/null
@@ -38,9 +50,16 @@ PY
 [ -n "$NV" ] && export LD_LIBRARY_PATH="$NV/lib:${LD_LIBRARY_PATH:-}"
 
 if ! "$PY" -c "import ortmod._C" 2>/dev/null; then
+    # the carried builds (one per CPython prepare.sh found); else a build here against the
+    # carried headers and libraries (the unversioned names the linker wants made here)
     if ls "$CARRY"/_C*.so >/dev/null 2>&1; then cp "$CARRY"/_C*.so ortmod/; fi
     if ! "$PY" -c "import ortmod._C" 2>/dev/null; then
-        echo "building the extension"; "$PY" setup.py -q build_ext --inplace || { echo "extension build failed"; exit 1; }
+        for l in "$CARRY"/lib/libprotobuf-c.so.* "$CARRY"/lib/libopenblas.so.*; do
+            case "$l" in *.xz) continue ;; esac
+            [ -e "$l" ] && ln -sf "$(basename "$l")" "${l%%.so.*}.so"
+        done
+        echo "building the extension"
+        "$PY" setup.py -q build_ext --inplace -I "$CARRY/include" -L "$CARRY/lib" || { echo "extension build failed"; exit 1; }
     fi
 fi
 "$PY" -c "import ortmod._C" || { echo "ortmod._C does not import"; exit 1; }
