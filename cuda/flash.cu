@@ -118,6 +118,18 @@ __device__ __forceinline__ float keep_of(const soft_args &a, uint64_t seed, int6
     return a.dropout ? (rand_uniform(seed, (uint64_t)flat) >= a.ratio ? a.dscale : 0.0f) : 1.0f;
 }
 
+// The backward at score (b, i, j), s = q_i . k_j and dp = dO_i . v_j: *pd = P keep/(1-ratio) (what
+// multiplied V) and the return dS = P (dp keep/(1-ratio) - Di), P recomputed from lse (NaN: 0)
+template <typename T>
+__device__ __forceinline__ float score_grad(const soft_args &a, float s, float dp, float lse, float di, const T *mask,
+                                            int64_t mb, int64_t b, int64_t i, int64_t j, uint64_t seed, float *pd) {
+    float p = expf(logit(a, s, mask, mb, i, j) - lse);
+    if (p != p) p = 0.0f;
+    const float kp = keep_of(a, seed, (b * a.L + i) * a.S + j);
+    *pd = p * kp;
+    return p * (dp * kp - di);
+}
+
 // ---- forward ---------------------------------------------------------------------------------------
 
 // grid (ceil(L / ROWS), B); Q (B, L, D), K (B, S, D) or K^T, V (B, S, Dv) -> O (B, L, Dv), lse (B, L)
@@ -240,12 +252,10 @@ flash_dq_kernel(T *dQ, const T *dO, const T *Q, const T *K, const T *V, const T 
         float ds[16];
         for (int c = 0; c < 16; c++) {
             const int64_t j = k0 + c0 + c;
-            ds[c] = 0.0f;
-            if (i >= a.L || j >= a.S) continue;
-            float p = expf(logit(a, S_w[r * FL_BC + c0 + c], mask, mb, i, j) - li);
-            if (p != p) p = 0.0f;
-            const float kp = keep_of(a, seed, (b * a.L + i) * a.S + j);
-            ds[c] = p * (dP_w[r * FL_BC + c0 + c] * kp - di);
+            float pd;
+            ds[c] = i < a.L && j < a.S ? score_grad(a, S_w[r * FL_BC + c0 + c], dP_w[r * FL_BC + c0 + c], li, di,
+                                                    mask, mb, b, i, j, seed, &pd)
+                                       : 0.0f;
         }
         __syncwarp();
         for (int c = 0; c < 16; c++) dS_w[r * FL_BC + c0 + c] = st<T>(ds[c]);
@@ -310,12 +320,9 @@ flash_dkv_kernel(T *dK, T *dV, const T *dO, const T *Q, const T *K, const T *V, 
         for (int c = 0; c < 16; c++) {
             const int64_t i = q0 + c0 + c;
             pd[c] = ds[c] = 0.0f;
-            if (i >= a.L || j >= a.S) continue;
-            float p = expf(logit(a, S_w[r * FL_BC + c0 + c], mask, mb, i, j) - s_lse[c0 + c]);
-            if (p != p) p = 0.0f;
-            const float kp = keep_of(a, seed, (b * a.L + i) * a.S + j);
-            pd[c] = p * kp;
-            ds[c] = p * (dP_w[r * FL_BC + c0 + c] * kp - s_di[c0 + c]);
+            if (i < a.L && j < a.S)
+                ds[c] = score_grad(a, S_w[r * FL_BC + c0 + c], dP_w[r * FL_BC + c0 + c], s_lse[c0 + c], s_di[c0 + c],
+                                   mask, mb, b, i, j, seed, &pd[c]);
         }
         __syncwarp();
         for (int c = 0; c < 16; c++) {
