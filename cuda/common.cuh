@@ -302,6 +302,9 @@ om_status *omc_gemm_f32_out(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_
 // y = gelu(src) elementwise over n values (y may be src); tanh_mode picks the approximation (fused.cu)
 om_status *omc_gelu(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *y, const void *src, int64_t n,
                     int tanh_mode);
+// g = g * gelu'(src) elementwise over n values (fused.cu)
+om_status *omc_gelu_grad_in_place(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *g, const void *src,
+                                  int64_t n, int tanh_mode);
 // db (N) = column sums of dy (M, N); to_scalar: db[0] = sum of everything
 om_status *omc_column_sum(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *db, const void *dy,
                           int64_t M, int64_t N, int to_scalar);

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "common.cuh"
+#include "gelu.cuh"
 
 enum { RED_SUM = 0, RED_MEAN, RED_MAX, RED_MIN, RED_PROD };
 
@@ -183,10 +184,6 @@ enum {
     U_NEG, U_RELU, U_ABS, U_TANH, U_SIGMOID, U_GELU_ERF, U_GELU_TANH, U_ERF, U_SQRT, U_EXP, U_LOG, U_RECIP,
     U_LEAKY, U_SOFTPLUS, U_ELU, U_SELU, U_HARD_SIGMOID, U_HARD_SWISH, U_MISH, U_SOFTSIGN, U_NOT,
 };
-#define GELU_K0 0.7978845608028654
-#define GELU_K1 0.044715
-#define INV_SQRT2 0.7071067811865476
-#define INV_SQRT_2PI 0.3989422804014327
 
 struct act_params { float a, b, g; };
 
@@ -204,8 +201,8 @@ template <typename A> __device__ __forceinline__ A unary_op(int op, A v, act_par
     case U_ABS: return v < 0 ? -v : v;
     case U_TANH: return tanh(v);
     case U_SIGMOID: return sigmoid_(v);
-    case U_GELU_ERF: return (A)0.5 * v * ((A)1 + erf(v * (A)INV_SQRT2));
-    case U_GELU_TANH: return (A)0.5 * v * ((A)1 + tanh((A)GELU_K0 * (v + (A)GELU_K1 * v * v * v)));
+    case U_GELU_ERF: return gelu_of(v, 0);
+    case U_GELU_TANH: return gelu_of(v, 1);
     case U_ERF: return erf(v);
     case U_SQRT: return sqrt(v);
     case U_EXP: return exp(v);
@@ -332,13 +329,6 @@ static om_status *is_inf_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 
 enum { G_RELU, G_TANH, G_SIGMOID, G_ABS, G_GELU_ERF, G_GELU_TANH, G_ACT };
 
-template <typename A> __device__ __forceinline__ A gelu_erf_deriv(A v) {
-    return (A)0.5 * ((A)1 + erf(v * (A)INV_SQRT2)) + v * (A)INV_SQRT_2PI * exp((A)-0.5 * v * v);
-}
-template <typename A> __device__ __forceinline__ A gelu_tanh_deriv(A v) {
-    A t = tanh((A)GELU_K0 * (v + (A)GELU_K1 * v * v * v));
-    return (A)0.5 * ((A)1 + t) + (A)0.5 * v * ((A)1 - t * t) * (A)GELU_K0 * ((A)1 + (A)(3 * GELU_K1) * v * v);
-}
 template <typename A> __device__ __forceinline__ A act_deriv(int kind, A v, act_params p) {
     switch (kind) {
     case U_LEAKY: return v > 0 ? (A)1 : (A)p.a;

@@ -5,11 +5,8 @@
 #include <math.h>
 
 #include "common.cuh"
+#include "gelu.cuh"
 
-#define GELU_K0 0.7978845608028654
-#define GELU_K1 0.044715
-#define INV_SQRT2 0.7071067811865476
-#define INV_SQRT_2PI 0.3989422804014327
 
 static int gelu_tanh_mode(const om_kernel_ctx *ctx) {
     const char *a = attr_s(ctx, "approximate", "none");
@@ -19,23 +16,15 @@ static int gelu_tanh_mode(const om_kernel_ctx *ctx) {
 // x, y are (rows, cols), b is (cols) or (1): y = gelu(x + b)
 template <typename T>
 __global__ void bias_gelu_kernel(T *y, const T *x, const T *b, int64_t n, int64_t cols, int bstep, int tanh_mode) {
-    typedef typename acc<T>::t A;
     GRID_STRIDE(i, n) {
-        A v = ld(x[i]) + ld(b[bstep ? i % cols : 0]);
-        A r = tanh_mode ? (A)0.5 * v * ((A)1 + tanh((A)GELU_K0 * (v + (A)GELU_K1 * v * v * v)))
-                        : (A)0.5 * v * ((A)1 + erf(v * (A)INV_SQRT2));
-        y[i] = st<T>(r);
+        y[i] = st<T>(gelu_of(ld(x[i]) + ld(b[bstep ? i % cols : 0]), tanh_mode));
     }
 }
 
 // y = gelu(x) over n elements (y may be x): MatMulBiasGelu's GELU after its GEMM (matmul.cu)
 template <typename T> __global__ void gelu_kernel(T *y, const T *x, int64_t n, int tanh_mode) {
-    typedef typename acc<T>::t A;
     GRID_STRIDE(i, n) {
-        A v = ld(x[i]);
-        A r = tanh_mode ? (A)0.5 * v * ((A)1 + tanh((A)GELU_K0 * (v + (A)GELU_K1 * v * v * v)))
-                        : (A)0.5 * v * ((A)1 + erf(v * (A)INV_SQRT2));
-        y[i] = st<T>(r);
+        y[i] = st<T>(gelu_of(ld(x[i]), tanh_mode));
     }
 }
 
@@ -44,6 +33,21 @@ om_status *omc_gelu(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt
     if (!n) return NULL;
     OMC_DISPATCH_FLOAT(dt, ctx, 0, {
         gelu_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)y, (const T *)src, n, tanh_mode);
+    });
+    return omc_launched(ctx);
+}
+
+// g = g * gelu'(x) over n elements, in place: MatMulBiasGrad's dx when it carries the GELU's
+// gradient and cuBLASLt's DGELU epilogue did not take the GEMM (matmul.cu)
+template <typename T> __global__ void gelu_grad_in_place_kernel(T *g, const T *x, int64_t n, int tanh_mode) {
+    GRID_STRIDE(i, n) g[i] = st<T>(ld(g[i]) * gelu_deriv(ld(x[i]), tanh_mode));
+}
+
+om_status *omc_gelu_grad_in_place(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *g, const void *src,
+                                  int64_t n, int tanh_mode) {
+    if (!n) return NULL;
+    OMC_DISPATCH_FLOAT(dt, ctx, 0, {
+        gelu_grad_in_place_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)g, (const T *)src, n, tanh_mode);
     });
     return omc_launched(ctx);
 }
@@ -66,16 +70,8 @@ static om_status *bias_gelu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x
 template <typename T>
 __global__ void bias_gelu_grad_kernel(T *g_out, const T *dy, const T *x, const T *b, int64_t n, int64_t cols, int bstep,
                                       int tanh_mode) {
-    typedef typename acc<T>::t A;
     GRID_STRIDE(i, n) {
-        A v = ld(x[i]) + ld(b[bstep ? i % cols : 0]), d;
-        if (tanh_mode) {
-            A t = tanh((A)GELU_K0 * (v + (A)GELU_K1 * v * v * v));
-            d = (A)0.5 * ((A)1 + t) + (A)0.5 * v * ((A)1 - t * t) * (A)GELU_K0 * ((A)1 + (A)3 * (A)GELU_K1 * v * v);
-        } else {
-            d = (A)0.5 * ((A)1 + erf(v * (A)INV_SQRT2)) + v * (A)INV_SQRT_2PI * exp((A)-0.5 * v * v);
-        }
-        g_out[i] = st<T>(ld(dy[i]) * d);
+        g_out[i] = st<T>(ld(dy[i]) * gelu_deriv(ld(x[i]) + ld(b[bstep ? i % cols : 0]), tanh_mode));
     }
 }
 

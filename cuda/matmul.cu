@@ -424,7 +424,22 @@ static om_status *matmul_bias_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_
     const void *dy = ctx->in[0].data;
     if (wanted(ctx, 0)) {   // dx = dy op(W)^T
         if (!present(ctx, 2)) return OMC_ERR(OM_INTERNAL, "MatMulBiasGrad node '%s': dx wanted without W", omc_node_name(ctx));
-        OMC_TRY(gemm_rm(ctx, x, dt, 0, !tb, M, K, N, 1.0, dy, 0, ctx->in[2].data, 0, 0.0, ctx->out[0].data, 0, 1));
+        const void *gx = present(ctx, 6) ? ctx->in[6].data : NULL;   // gelu_x: dx becomes GeluGrad(dx, gelu_x)
+        const char *approx = attr_s(ctx, "approximate", "none");
+        const int tanh_mode = !strcmp(approx, "tanh");
+        if (gx && !tanh_mode && strcmp(approx, "none"))
+            return omc_err_unsupported(ctx, "approximate must be \"none\" or \"tanh\"");
+        if (gx && ctx->in[6].dtype != dt) return omc_err_dtype(ctx, 6, ctx->in[6].dtype);
+        int done = 0;
+        // the tanh GELU's gradient in cuBLASLt's epilogue (DGELU reads gelu_x as its aux input):
+        // dx = dy op(W)^T is y = x op(W') with x = dy (M, N) and W' = W read with !transB
+        if (gx && tanh_mode)
+            OMC_TRY(lt_epilogue_gemm(ctx, x, dt, !tb, M, K, N, dy, ctx->in[2].data, NULL, ctx->out[0].data,
+                                     CUBLASLT_EPILOGUE_DGELU, (void *)gx, &done));
+        if (!done) {
+            OMC_TRY(gemm_rm(ctx, x, dt, 0, !tb, M, K, N, 1.0, dy, 0, ctx->in[2].data, 0, 0.0, ctx->out[0].data, 0, 1));
+            if (gx) OMC_TRY(omc_gelu_grad_in_place(ctx, x, dt, ctx->out[0].data, gx, M * K, tanh_mode));
+        }
     }
     if (wanted(ctx, 1)) {   // dW: the batch reduction happens inside the GEMM's inner dim M
         if (!present(ctx, 1)) return OMC_ERR(OM_INTERNAL, "MatMulBiasGrad node '%s': dW wanted without x", omc_node_name(ctx));

@@ -239,6 +239,62 @@ def test_matmul_bias_gelu(approximate, via):
     np.testing.assert_allclose(y, y0, rtol=1e-5, atol=1e-6)
 
 
+# ---- matmul_grad_gelu (the joint graph) --------------------------------------------------------
+
+def executed_ops(m, grad_flags):
+    eng = _C.Engine(m, grad_flags)
+    g = onnx.load_from_string(eng.export_onnx("execution"))
+    joint = {p["pass"]: p["fired"] for p in json.loads(eng.report())["passes"] if p["stage"] == "joint"}
+    return [n.op_type for n in g.graph.node], joint.get("matmul_grad_gelu", 0)
+
+
+def mlp(approximate, transB, h_read_twice=False):
+    """x -> Linear -> GELU -> Linear (+ the GELU's output read again by a second product)."""
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"]), helper.make_node("Add", ["h1", "b1"], ["a"]),
+             helper.make_node("Gelu", ["a"], ["g"], approximate=approximate)]
+    w2 = "w2"
+    if transB:
+        nodes.append(helper.make_node("Transpose", ["w2"], ["w2t"], perm=[1, 0]))
+        w2 = "w2t"
+    nodes += [helper.make_node("MatMul", ["g", w2], ["h2"]), helper.make_node("Add", ["h2", "b2"], ["y"])]
+    outs = ["y"]
+    if h_read_twice:
+        nodes.append(helper.make_node("MatMul", ["g", w2], ["y2"]))
+        outs.append("y2")
+    w2_shape = [5, 8] if transB else [8, 5]
+    m = model(nodes, [("x", [2, 3, 4]), ("w1", [4, 8]), ("b1", [8]), ("w2", w2_shape), ("b2", [5])], outs)
+    feeds = [rnd(2, 3, 4), rnd(4, 8), rnd(8), rnd(*w2_shape), rnd(5)]
+    return m, feeds
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("transB", [0, 1])
+@pytest.mark.parametrize("flags", [[True] * 5, [True, True, True, False, False], [False, True, True, False, True]])
+def test_matmul_grad_gelu(approximate, transB, flags):
+    """The backward's GeluGrad rides on the down projection's dx: gone from the executed graph,
+    outputs and gradients as with the pass off."""
+    m, feeds = mlp(approximate, transB)
+    ops, fired = executed_ops(m, flags)
+    assert fired == 1 and "GeluGrad" not in ops, ops
+    with _Disabled("matmul_grad_gelu"):
+        ops0, fired0 = executed_ops(m, flags)
+        assert fired0 == 0 and "GeluGrad" in ops0, ops0
+        outs0, grads0, _ = run(m, feeds, grad=flags)
+    outs, grads, _ = run(m, feeds, grad=flags)
+    for a, b in zip(outs, outs0):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b, f in zip(grads, grads0, flags):
+        if f:
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_matmul_grad_gelu_leaves_a_summed_gradient_alone():
+    """The GELU's output read by two products: its gradient is a sum, no product's dx alone."""
+    m, feeds = mlp("tanh", 0, h_read_twice=True)
+    ops, fired = executed_ops(m, [True] * 5)
+    assert fired == 0 and "GeluGrad" in ops, ops
+
+
 def test_matmul_bias_gelu_preactivation_read_elsewhere_left_alone():
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
              helper.make_node("Gelu", ["a"], ["y"]), helper.make_node("Mul", ["a", "y"], ["o"])]
@@ -575,12 +631,14 @@ def test_gpt2_tiny_node_count_and_parity_each_pass_off():
     assert fired.get("attention") == 2 and fired.get("gelu") == 2, fired
     assert fired.get("bias_dropout_residual", 0) >= 4, fired
     assert r["optimized_nodes"] <= 0.7 * r["exported_nodes"], (r["exported_nodes"], r["optimized_nodes"])
+    joint = {p["pass"]: p["fired"] for p in r["passes"] if p["stage"] == "joint"}
+    assert joint.get("matmul_grad_gelu") == 2, joint   # each MLP's GeluGrad rides on its down projection
     (loss,), grads, _ = run(m, feeds, grad=flags)
     with torch.no_grad():
         ref = gm(input_ids=ids, attention_mask=am, labels=ids).loss.item()
     np.testing.assert_allclose(loss, ref, rtol=1e-4)
     for p in ["gelu", "attention", "bias_dropout_residual", "matmul_add_bias", "bias_gelu", "layer_norm",
-              "softmax_cross_entropy"]:
+              "softmax_cross_entropy", "matmul_grad_gelu"]:
         with _Disabled(p):
             (loss0,), grads0, _ = run(m, feeds, grad=flags)
         np.testing.assert_allclose(loss0, loss, rtol=1e-5)

@@ -43,6 +43,7 @@
 
 #include "core/half.h"
 #include "ops/broadcast.h"
+#include "ops/gelu.h"
 #include "ops/rowsum.h"
 #include "ops/vecmath.h"
 
@@ -530,11 +531,6 @@ UNARY_FLOAT_KERNEL2(exp_cpu, exp_f32(x), exp(x))
 UNARY_FLOAT_KERNEL(log_cpu, log(x))
 UNARY_FLOAT_KERNEL(reciprocal_cpu, (T)1 / x)
 
-#define GELU_K0 0.7978845608028654   /* sqrt(2/pi) */
-#define GELU_K1 0.044715
-#define INV_SQRT2 0.7071067811865476
-#define INV_SQRT_2PI 0.3989422804014327
-
 UNARY_FLOAT_KERNEL2(gelu_erf_cpu, 0.5f * x * (1.0f + erf_f32(x * (float)INV_SQRT2)),
                     0.5 * x * (1.0 + erf(x * INV_SQRT2)))
 UNARY_FLOAT_KERNEL2(gelu_tanh_cpu, 0.5f * x * (1.0f + tanh_f32((float)GELU_K0 * (x + (float)GELU_K1 * x * x * x))),
@@ -585,23 +581,7 @@ GRAD2_KERNEL(relu_grad_cpu, s > 0 ? g : (T)0)
 GRAD2_KERNEL(tanh_grad_cpu, g * ((T)1 - s * s))
 GRAD2_KERNEL(sigmoid_grad_cpu, g * s * ((T)1 - s))
 GRAD2_KERNEL(abs_grad_cpu, s > 0 ? g : (s < 0 ? -g : (T)0))
-/* gelu'(x) = Phi(x) + x phi(x) (exact);  for the tanh form, with u = k0 (x + k1 x^3),
- * t = tanh(u):  0.5 (1 + t) + 0.5 x (1 - t^2) k0 (1 + 3 k1 x^2). */
-static inline float gelu_erf_deriv_f32(float x) {
-    return 0.5f * (1.0f + erf_f32(x * (float)INV_SQRT2)) + x * (float)INV_SQRT_2PI * exp_f32(-0.5f * x * x);
-}
-static inline double gelu_erf_deriv_f64(double x) {
-    return 0.5 * (1.0 + erf(x * INV_SQRT2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x);
-}
-static inline float gelu_tanh_deriv_f32(float x) {
-    const float t = tanh_f32((float)GELU_K0 * (x + (float)GELU_K1 * x * x * x));
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * (float)GELU_K0 * (1.0f + (float)(3 * GELU_K1) * x * x);
-}
-static inline double gelu_tanh_deriv_f64(double x) {
-    const double t = tanh(GELU_K0 * (x + GELU_K1 * x * x * x));
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K0 * (1.0 + 3 * GELU_K1 * x * x);
-}
-
+/* gelu'(x): gelu.h */
 GRAD2_KERNEL2(gelu_erf_grad_cpu, g * gelu_erf_deriv_f32(s), g * gelu_erf_deriv_f64(s))
 GRAD2_KERNEL2(gelu_tanh_grad_cpu, g * gelu_tanh_deriv_f32(s), g * gelu_tanh_deriv_f64(s))
 

@@ -3,7 +3,10 @@
  *
  * Exports:
  *   om_op_matmul_bias           MatMulBias          (x, W, b; transB) -> x op(W) + b
- *   om_op_matmul_bias_grad      MatMulBiasGrad      (dy, x?, W?, x_shape, W_shape, b_shape; transB) -> (dx?, dW?, db?)
+ *   om_op_matmul_bias_grad      MatMulBiasGrad      (dy, x?, W?, x_shape, W_shape, b_shape, gelu_x?; transB,
+ *                                                   approximate) -> (dx?, dW?, db?)
+ *                                                   with gelu_x (x = gelu(gelu_x) in the forward, pass
+ *                                                   matmul_grad_gelu), dx is GeluGrad(dy op(W)^T, gelu_x)
  *   om_op_bias_gelu             BiasGelu            (x, b; approximate) -> gelu(x + b)
  *   om_op_bias_gelu_grad        BiasGeluGrad        (dy, x, b; approximate) -> (dx?, db?)
  *   om_op_matmul_bias_gelu      MatMulBiasGelu      (x, W, b; transB, approximate) -> (y, z?)
@@ -32,6 +35,7 @@
 #include <string.h>
 
 #include "ops/broadcast.h"
+#include "ops/gelu.h"
 #include "ops/gemm.h"
 #include "ops/op.h"
 #include "ops/rowsum.h"
@@ -199,6 +203,9 @@ static om_status *mmb_grad(om_grad_ctx *c) {
     return emit_matmul_bias_grad(c, dy, x, w, b, tb);
 }
 
+static int gelu_tanh_mode(const om_node *n);
+static void gelu_grad_in_place(om_dtype dt, void *g, const void *x, int64_t n, int tanh_mode);
+
 static om_status *mmbg_dims(om_kernel_ctx *ctx, om_tensor *xs, om_tensor *ws, om_tensor *bs, int64_t *M, int64_t *N,
                             int64_t *K) {
     const om_node *n = ctx->node;
@@ -219,8 +226,16 @@ static om_status *mmbg_dims(om_kernel_ctx *ctx, om_tensor *xs, om_tensor *ws, om
                         (long long)om_tensor_numel(&ctx->in[0]), (long long)(*M * *N));
     if (present(ctx, 1)) OM_TRY(om_check_float(n, &ctx->in[1], 1, dt));
     if (present(ctx, 2)) OM_TRY(om_check_float(n, &ctx->in[2], 2, dt));
+    if (present(ctx, 6)) {
+        OM_TRY(om_check_float(n, &ctx->in[6], 6, dt));
+        if (om_tensor_numel(&ctx->in[6]) != *M * *K)
+            return om_error(OM_INVALID_ARGUMENT, "MatMulBiasGrad node '%s': gelu_x has %lld elements, expected %lld",
+                            n->name, (long long)om_tensor_numel(&ctx->in[6]), (long long)(*M * *K));
+        if (gelu_tanh_mode(n) < 0) return om_err_unsupported(n, "approximate must be \"none\" or \"tanh\"");
+    }
     return NULL;
 }
+
 
 static om_status *mmbg_infer(om_kernel_ctx *ctx) {
     om_tensor xs, ws, bs;
@@ -246,6 +261,7 @@ static om_status *mmbg_cpu(om_kernel_ctx *ctx) {
         /* dx = dy op(W)^T: W (K,N) read transposed, or W (N,K) read as is */
         gemm(dt, 0, !tb, (int)M, (int)K, (int)N, dy, (int)N, ctx->in[2].data, tb ? (int)K : (int)N, 0.0,
              ctx->out[0].data);
+        if (present(ctx, 6)) gelu_grad_in_place(dt, ctx->out[0].data, ctx->in[6].data, M * K, gelu_tanh_mode(n));
     }
     if (wanted(ctx, 1)) {
         if (!present(ctx, 1)) return om_error(OM_INTERNAL, "MatMulBiasGrad node '%s': dW wanted without x", n->name);
@@ -268,14 +284,37 @@ static om_status *mmbg_cpu(om_kernel_ctx *ctx) {
 
 /* ---- BiasGelu --------------------------------------------------------------------- */
 
-#define GELU_K0 0.7978845608028654   /* sqrt(2 / pi) */
-#define GELU_K1 0.044715
-#define INV_SQRT2 0.7071067811865476
-#define INV_SQRT2PI 0.3989422804014327
 
 static int gelu_tanh_mode(const om_node *n) {
     const char *a = om_attr_string(n, "approximate", "none");
     return strcmp(a, "tanh") == 0 ? 1 : strcmp(a, "none") == 0 ? 0 : -1;
+}
+
+/* g *= gelu'(x) over n values, on the pool: MatMulBiasGrad's dx when it carries the GELU's gradient */
+typedef struct gelu_grad_job {
+    om_dtype dt;
+    void *g;
+    const void *x;
+    int tanh_mode;
+} gelu_grad_job;
+
+OM_VEC_CLONES static void gelu_grad_range(void *c, int64_t lo, int64_t hi) {
+    const gelu_grad_job *j = c;
+    if (j->dt == OM_F32) {
+        float *restrict g = (float *)j->g + lo;
+        const float *restrict x = (const float *)j->x + lo;
+        if (j->tanh_mode) for (int64_t i = 0; i < hi - lo; i++) g[i] *= gelu_tanh_deriv_f32(x[i]);
+        else for (int64_t i = 0; i < hi - lo; i++) g[i] *= gelu_erf_deriv_f32(x[i]);
+    } else {
+        double *g = (double *)j->g;
+        const double *x = j->x;
+        for (int64_t i = lo; i < hi; i++) g[i] *= j->tanh_mode ? gelu_tanh_deriv_f64(x[i]) : gelu_erf_deriv_f64(x[i]);
+    }
+}
+
+static void gelu_grad_in_place(om_dtype dt, void *g, const void *x, int64_t n, int tanh_mode) {
+    gelu_grad_job j = {.dt = dt, .g = g, .x = x, .tanh_mode = tanh_mode};
+    om_pool_for(n, OM_GRAIN, gelu_grad_range, &j);
 }
 
 static om_status *bias_rows(const om_kernel_ctx *ctx, int xi, int bi, int64_t *rows, int64_t *cols) {
@@ -373,7 +412,7 @@ OM_VEC_CLONES static void bias_gelu_grad_f32_range(void *c, int64_t lo, int64_t 
                 for (int64_t j = 0; j < n; j++) {
                     const float v = xr[j] + br[j];
                     dxr[j] = dyr[j] * (0.5f * (1.0f + erf_f32(v * (float)INV_SQRT2)) +
-                                       v * (float)INV_SQRT2PI * exp_f32(-0.5f * v * v));
+                                       v * (float)INV_SQRT_2PI * exp_f32(-0.5f * v * v));
                 }
         }
     }
@@ -481,7 +520,7 @@ static om_status *bias_gelu_grad_cpu(om_kernel_ctx *ctx) {
                     d = (T)0.5 * ((T)1 + t) +
                         (T)0.5 * v * ((T)1 - t * t) * (T)GELU_K0 * ((T)1 + (T)3 * (T)GELU_K1 * v * v);
                 } else {
-                    d = (T)0.5 * ((T)1 + erf(v * (T)INV_SQRT2)) + v * (T)INV_SQRT2PI * exp((T)-0.5 * v * v);
+                    d = (T)0.5 * ((T)1 + erf(v * (T)INV_SQRT2)) + v * (T)INV_SQRT_2PI * exp((T)-0.5 * v * v);
                 }
                 const T g = dyp[i * cols + j] * d;
                 if (dxp) dxp[i * cols + j] = g;
@@ -876,7 +915,7 @@ const om_op_def om_op_matmul_bias = {
     .infer = mmb_infer, .grad = mmb_grad, .cpu = mmb_cpu, .diff_inputs = 0x7,
 };
 const om_op_def om_op_matmul_bias_grad = {
-    .name = "MatMulBiasGrad", .domain = "ortmod", .min_in = 6, .max_in = 6, .min_out = 1, .max_out = 3,
+    .name = "MatMulBiasGrad", .domain = "ortmod", .min_in = 6, .max_in = 7, .min_out = 1, .max_out = 3,
     .infer = mmbg_infer, .cpu = mmbg_cpu,
 };
 const om_op_def om_op_bias_gelu = {

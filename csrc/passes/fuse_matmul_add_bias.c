@@ -5,7 +5,12 @@
  * with no materialized transpose) and b a rank-1 parameter or constant: then x of any
  * rank >= 1 gives exactly MatMul's output shape. The bias is written into the output and
  * the GEMM accumulates onto it; the gradient is one MatMulBiasGrad node (two GEMMs with the
- * transposes folded into BLAS flags, and the column sums of dY). */
+ * transposes folded into BLAS flags, and the column sums of dY).
+ *
+ * Gemm(A, B, C) with alpha = beta = 1, no transA and a rank-1 C is the same product:
+ * MatMulBias(A, B, C; transB). HF's Conv1D (GPT-2's every linear layer) exports as such a Gemm
+ * between two Reshapes; as MatMulBias it takes part in the GELU fusions (matmul_bias_gelu,
+ * matmul_grad_gelu) and its gradient is one MatMulBiasGrad instead of three Gemms and a sum. */
 #include "passes/fuse_match.h"
 
 om_status *om_pass_matmul_add_bias(om_pass_ctx *c) {
@@ -15,6 +20,16 @@ om_status *om_pass_matmul_add_bias(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *add = &g->nodes[k];
+        if (fm_is(add, "Gemm") && add->n_in == 3 && add->in[2] >= 0 && fm_is_vector(g, add->in[2]) &&
+            om_attr_float(add, "alpha", 1.0f) == 1.0f && om_attr_float(add, "beta", 1.0f) == 1.0f &&
+            om_attr_int(add, "transA", 0) == 0 && g->values[add->in[0]].dtype == g->values[add->in[2]].dtype &&
+            g->values[add->in[1]].dtype == g->values[add->in[2]].dtype) {
+            const int tb = om_attr_int(add, "transB", 0) != 0;
+            int in[3] = {add->in[0], add->in[1], add->in[2]}, out[1] = {add->out[0]};
+            if ((st = fm_rewrite(c, k, "MatMulBias", "ortmod", in, 3, out, 1))) break;   /* clears attrs */
+            if (tb) st = om_node_set_int(g, k, "transB", 1);
+            continue;
+        }
         if (!fm_is(add, "Add") || add->n_in != 2) continue;
         for (int side = 0; side < 2; side++) {
             om_node *mm = fm_single(g, uses, add->in[side], "MatMul");

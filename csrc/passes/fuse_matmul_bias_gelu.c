@@ -3,6 +3,9 @@
  *
  *   BiasGelu(MatMul(x, W), b)  -> MatMulBiasGelu(x, W, b)   (what bias_gelu leaves of MatMul + Add + Gelu)
  *   Gelu(MatMulBias(x, W, b))  -> MatMulBiasGelu(x, W, b)   (what matmul_add_bias leaves when bias_gelu is off)
+ *   Gelu(Reshape(..Reshape(MatMulBias(x, W, b))))  -> Reshape(..Reshape(MatMulBiasGelu(x, W, b)))
+ *       (HF's Conv1D, GPT-2's: a 2-D Gemm between views; the GELU is elementwise, so it runs on
+ *       the GEMM's output before the views, and the Gelu's readers read the last view)
  *
  * Runs after bias_gelu and matmul_add_bias. W must be provably 2-D (or a Transpose(1,0) of a
  * 2-D one, folded as transB) as for MatMulBias; the product must be read by the GELU alone.
@@ -44,6 +47,29 @@ static int match(om_graph *g, const int *uses, om_node *ge, int in[3], int *tb) 
     return 0;
 }
 
+/* Gelu(Reshape*(MatMulBias)), every link read once: the MatMulBias becomes the MatMulBiasGelu (its
+ * output value now holds the GELU's result, which the views pass on unchanged), the Gelu's
+ * readers read the last view. Returns 1 when it rewrote. */
+static int through_views(om_pass_ctx *c, const int *uses, om_node *ge, om_status **st) {
+    om_graph *g = c->g;
+    if (!fm_is(ge, "Gelu")) return 0;
+    int v = ge->in[0], views = 0;
+    for (om_node *r; (r = fm_single(g, uses, v, "Reshape")) != NULL; views++) v = r->in[0];
+    om_node *mb = views ? single_ortmod(g, uses, v, "MatMulBias") : NULL;
+    if (!mb) return 0;
+    char approx[16];
+    snprintf(approx, sizeof approx, "%s", om_attr_string(ge, "approximate", "none"));
+    const int mi = fm_index(g, mb), tb = om_attr_int(mb, "transB", 0) != 0;
+    int in[3] = {mb->in[0], mb->in[1], mb->in[2]}, out[1] = {mb->out[0]};
+    const int y = ge->out[0], last = ge->in[0];
+    if ((*st = fm_rewrite(c, mi, "MatMulBiasGelu", "ortmod", in, 3, out, 1))) return 1;   /* clears attrs */
+    if (tb && (*st = om_node_set_int(g, mi, "transB", 1))) return 1;
+    if (strcmp(approx, "none") != 0 && (*st = om_node_set_string(g, mi, "approximate", approx))) return 1;
+    ge->dead = 1;
+    om_graph_replace_uses(g, y, last);
+    return 1;
+}
+
 om_status *om_pass_matmul_bias_gelu(om_pass_ctx *c) {
     om_graph *g = c->g;
     int *uses = om_graph_use_counts(g);
@@ -51,6 +77,7 @@ om_status *om_pass_matmul_bias_gelu(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *ge = &g->nodes[k];
+        if (through_views(c, uses, ge, &st)) continue;
         char approx[16];
         /* read before match() marks nodes dead: the rewrite clears the GELU node's attributes */
         snprintf(approx, sizeof approx, "%s", ge->dead ? "" : om_attr_string(ge, "approximate", "none"));

@@ -23,6 +23,8 @@ static const om_pass passes[] = {
     {"bias_dropout_residual", OM_PASS_FORWARD, om_pass_bias_dropout_residual},
     {"transpose_matmul", OM_PASS_FORWARD, om_pass_transpose_matmul},
     {"eliminate_identity", OM_PASS_FORWARD, om_pass_eliminate_identity},
+    /* backward fusions (the joint graph) */
+    {"matmul_grad_gelu", OM_PASS_JOINT, om_pass_matmul_grad_gelu},
     {"dce", OM_PASS_FORWARD | OM_PASS_JOINT, om_pass_dce},
 };
 

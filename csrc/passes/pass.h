@@ -54,5 +54,6 @@ om_status *om_pass_attention(om_pass_ctx *c);
 om_status *om_pass_bias_gelu(om_pass_ctx *c);
 om_status *om_pass_matmul_add_bias(om_pass_ctx *c);
 om_status *om_pass_matmul_bias_gelu(om_pass_ctx *c);
+om_status *om_pass_matmul_grad_gelu(om_pass_ctx *c);
 om_status *om_pass_bias_dropout_residual(om_pass_ctx *c);
 #endif

@@ -1010,6 +1010,7 @@ struct gemm_problem {
     const void *bias;           // cuBLASLt's bias epilogue: m values added to every column
     cudaDataType bias_type;
     bool gelu;                  // cuBLASLt's GELU epilogue (the tanh approximation), after the bias
+    bool dgelu;                 // DGELU: D = (the product) * gelu_tanh'(aux), aux read
     void *aux;                  // GELU_AUX: the GELU's input, D's type and layout with leading dim aux_ld
     long long aux_ld;
 };
@@ -1052,7 +1053,13 @@ static double gelu_tanh(double v) {
     return 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
 }
 
-// D = alpha op(A) op(B) + beta C (+ bias per row) (then GELU, its input kept in aux), accumulated
+static double gelu_tanh_deriv(double v) {
+    const double t = tanh(0.7978845608028654 * (v + 0.044715 * v * v * v));
+    return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3 * 0.044715 * v * v);
+}
+
+// D = alpha op(A) op(B) + beta C (+ bias per row) (then GELU, its input kept in aux; or times
+// GELU's derivative at aux, DGELU), accumulated
 // in double. beta 0: C is not read.
 static void gemm_compute(const gemm_problem &p) {
     std::vector<double> a((size_t)(p.m * p.k)), b((size_t)(p.k * p.n));
@@ -1075,7 +1082,8 @@ static void gemm_compute(const gemm_problem &p) {
                 double v = p.alpha * s;
                 if (p.beta != 0) v += p.beta * load(C, p.c_type, i + j * p.ldc);
                 if (p.bias) v += load(p.bias, p.bias_type, i);
-                if (p.aux) store(p.aux, p.c_type, i + j * p.aux_ld, v);
+                if (p.dgelu) v *= gelu_tanh_deriv(load(p.aux, p.c_type, i + j * p.aux_ld));
+                else if (p.aux) store(p.aux, p.c_type, i + j * p.aux_ld, v);
                 if (p.gelu) v = gelu_tanh(v);
                 store(D, p.c_type, i + j * p.ldd, v);
             }
@@ -1259,7 +1267,8 @@ static bool lt_problem(const emu_lt_matmul_desc *d, const emu_lt_layout *a, cons
     }
     switch (d->epilogue) {
     case CUBLASLT_EPILOGUE_DEFAULT: case CUBLASLT_EPILOGUE_BIAS: case CUBLASLT_EPILOGUE_GELU:
-    case CUBLASLT_EPILOGUE_GELU_BIAS: case CUBLASLT_EPILOGUE_GELU_AUX: case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: break;
+    case CUBLASLT_EPILOGUE_GELU_BIAS: case CUBLASLT_EPILOGUE_GELU_AUX: case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+    case CUBLASLT_EPILOGUE_DGELU: break;
     default: emu_log("%s: epilogue %u is not emulated", api, d->epilogue); return false;
     }
     // cuBLASLt's rule for the GELU input matrix: a leading dim divisible by 8, no less than m
@@ -1342,6 +1351,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     p.D = D;
     p.bias = (d->epilogue & CUBLASLT_EPILOGUE_BIAS) ? d->bias : NULL;
     p.gelu = (d->epilogue & CUBLASLT_EPILOGUE_GELU) != 0;
+    p.dgelu = d->epilogue == CUBLASLT_EPILOGUE_DGELU;
     p.aux = (d->epilogue & 128) ? d->aux : NULL;
     p.aux_ld = d->aux_ld;
     if (!gemm_memory_ok(p)) return CUBLAS_STATUS_INVALID_VALUE;

@@ -27,6 +27,7 @@ typedef enum {
     CUBLASLT_EPILOGUE_GELU_AUX = 32 | 128,
     CUBLASLT_EPILOGUE_GELU_BIAS = 32 | 4,
     CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4,
+    CUBLASLT_EPILOGUE_DGELU = 64 | 128,   // times GELU's derivative at aux (an input here)
 } cublasLtEpilogue_t;
 typedef enum {
     CUBLASLT_MATMUL_DESC_TRANSA = 3,
