@@ -32,6 +32,11 @@ static inline int fm_is(const om_node *n, const char *op) {
     return n && !n->dead && strcmp(n->op->name, op) == 0 && n->op->domain[0] == 0;
 }
 
+/* Like fm_is, for the ops of domain "ortmod" (the fused ops, the backward ops). */
+static inline int fm_is_ortmod(const om_node *n, const char *op) {
+    return n && !n->dead && strcmp(n->op->name, op) == 0 && strcmp(n->op->domain, "ortmod") == 0;
+}
+
 /* The live producer of v if it is an op-typed node whose output v is read only once. */
 static inline om_node *fm_single(om_graph *g, const int *uses, int v, const char *op) {
     om_node *n = fm_producer(g, v);

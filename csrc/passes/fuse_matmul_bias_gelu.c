@@ -14,19 +14,15 @@
  * and otherwise costs the same. The backward is GeluGrad(dy, z) + MatMulBiasGrad. */
 #include "passes/fuse_match.h"
 
-static int is_ortmod(const om_node *n, const char *op) {
-    return n && !n->dead && strcmp(n->op->name, op) == 0 && strcmp(n->op->domain, "ortmod") == 0;
-}
-
 /* The live ortmod-domain producer of v if v is read once. */
 static om_node *single_ortmod(om_graph *g, const int *uses, int v, const char *op) {
     om_node *n = fm_producer(g, v);
-    return is_ortmod(n, op) && uses[v] == 1 ? n : NULL;
+    return fm_is_ortmod(n, op) && uses[v] == 1 ? n : NULL;
 }
 
 /* Inputs of the fused node for GELU node k, or 0 when the pattern does not apply. */
 static int match(om_graph *g, const int *uses, om_node *ge, int in[3], int *tb) {
-    if (is_ortmod(ge, "BiasGelu")) {
+    if (fm_is_ortmod(ge, "BiasGelu")) {
         om_node *mm = fm_single(g, uses, ge->in[0], "MatMul");
         if (!mm) return 0;
         int w = fm_matrix_weight(g, mm->in[1], tb), x = mm->in[0], b = ge->in[1];

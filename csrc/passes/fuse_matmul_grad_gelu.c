@@ -13,10 +13,6 @@
  * write of dz. The GeluGrad's readers read the MatMulBiasGrad's dx value instead. */
 #include "passes/fuse_match.h"
 
-static int is_ortmod(const om_node *n, const char *op) {
-    return n && !n->dead && strcmp(n->op->name, op) == 0 && strcmp(n->op->domain, "ortmod") == 0;
-}
-
 om_status *om_pass_matmul_grad_gelu(om_pass_ctx *c) {
     om_graph *g = c->g;
     int *uses = om_graph_use_counts(g);
@@ -24,12 +20,12 @@ om_status *om_pass_matmul_grad_gelu(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *gg = &g->nodes[k];
-        if (!is_ortmod(gg, "GeluGrad") || gg->n_in < 2 || gg->out[0] < 0) continue;
+        if (!fm_is_ortmod(gg, "GeluGrad") || gg->n_in < 2 || gg->out[0] < 0) continue;
         const int z = gg->in[1], last = gg->in[0];
         int dh = last;
         for (om_node *r; (r = fm_single(g, uses, dh, "Reshape")) != NULL;) dh = r->in[0];
         om_node *mg = fm_producer(g, dh);
-        if (!is_ortmod(mg, "MatMulBiasGrad") || mg->out[0] != dh || uses[dh] != 1) continue;
+        if (!fm_is_ortmod(mg, "MatMulBiasGrad") || mg->out[0] != dh || uses[dh] != 1) continue;
         if (mg->n_in > 6 && mg->in[6] >= 0) continue;   /* carries a GELU already */
         if (g->values[z].dtype != g->values[dh].dtype) continue;
         int is_input_grad = 0;   /* (a gradient the caller reads: never, for a product's dx) */
