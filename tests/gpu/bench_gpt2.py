@@ -4,7 +4,8 @@
 
 A step is forward + backward + fused AdamW + zero_grad on the same model and data. When time is
 left, ortmod runs again with ORTMOD_CUDA_ATTENTION=materialized (attention.cu's cuBLAS path instead
-of flash.cu's kernels). Reports
+of flash.cu's kernels). For eager and ortmod, two more steps run under torch.profiler and their
+kernels by GPU time go to kernels_eager.txt / kernels_ortmod.txt: what to tune next. Reports
 ms/step, tokens/s, the ratios (ortmod / eager, ortmod / compile: > 1 means ortmod is faster)
 and the CPU<->GPU synchronizations seen inside a timed step: torch's (sync debug mode, which sees
 torch's own only) and the engine's (om_cuda_sync_count of libortmod_cuda.so: every cudaMalloc,
@@ -49,7 +50,22 @@ def engine_syncs():
         return None
 
 
-def bench(name, model, ids, warmup, steps, deadline, log):
+def kernel_table(step, out_path, rows=40):
+    """Two steps under torch.profiler (CUPTI sees every kernel of the process, the engine's
+    included): the kernels by total GPU time, written to out_path. What to tune next comes from
+    here."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90)
+    with open(out_path, "w") as f:
+        f.write(table + "\n")
+
+
+def bench(name, model, ids, warmup, steps, deadline, log, profile_to=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def step():
@@ -91,6 +107,12 @@ def bench(name, model, ids, warmup, steps, deadline, log):
     end.record()
     torch.cuda.synchronize()
     ms = start.elapsed_time(end) / n
+    if profile_to and time.time() + 4 * ms / 1e3 + 10 < deadline:
+        try:
+            kernel_table(step, profile_to)
+            log(f"{name}: kernel table in {os.path.basename(profile_to)}")
+        except Exception as e:   # the timing stands without it
+            log(f"{name}: no kernel table ({type(e).__name__}: {str(e)[:200]})")
     return {"ms_per_step": ms, "steps": n, "warmup_s": first, "torch_syncs_in_step": torch_syncs,
             "engine_syncs_in_step": eng_syncs, "final_loss": float(loss.item())}
 
@@ -133,7 +155,8 @@ def main():
             continue
         try:
             model = wrap(make_model(dtype, a.seq))
-            r = bench(name, model, ids, a.warmup, a.steps, deadline, log)
+            prof = os.path.join(a.out, f"kernels_{name}.txt") if name in ("eager", "ortmod") else None
+            r = bench(name, model, ids, a.warmup, a.steps, deadline, log, prof)
             if name == "ortmod":
                 r["export_count"] = getattr(model, "_ortmod_export_count", None)
             results[name] = r
