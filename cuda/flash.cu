@@ -21,7 +21,8 @@
 //
 // Tiles: head dims are padded with zeros to DM = 64 or 128; 4 warps for DM 64, 2 for DM 128, so
 // that each kernel's static shared memory stays under 48 KiB. Padded rows and key columns read
-// zeros and get -inf logits. Each lane owns half a row (16 entries) of its warp's 16-row slice.
+// zeros and get -inf logits. Each lane owns half a row (16 entries) of its warp's 16-row slice,
+// and walks it starting at a column rotated by its row (no shared-memory bank conflicts).
 #include <mma.h>
 
 #include "attention.cuh"
@@ -31,6 +32,9 @@ using namespace nvcuda;
 #define FL_BC 32   // keys per tile (forward, dQ); query rows per tile (dKV)
 
 template <int DM> struct flash_tile {
+    // staged rows are DM + 8 elements apart: at DM's 128 or 256 bytes every row of a 16x16
+    // fragment load would start in the same shared-memory bank
+    static const int LD = DM + 8;
     static const int WARPS = DM == 128 ? 2 : 4;
     static const int THREADS = 32 * WARPS;
     static const int ROWS = 16 * WARPS;   // query rows (forward, dQ) or keys (dKV) per block
@@ -38,23 +42,25 @@ template <int DM> struct flash_tile {
 
 template <typename T> __device__ __forceinline__ T zero_of() { return st<T>(0.0f); }
 
-// rows [r0, r0 + R) of an (n, d) row-major matrix into dst (R, DM), zeros past n rows or d
-// columns; tr: the matrix is given transposed, (d, n) row-major
+// rows [r0, r0 + R) of an (n, d) row-major matrix into dst (R, DM) at row stride DM + 8, zeros
+// past n rows or d columns; tr: the matrix is given transposed, (d, n) row-major
 template <typename T, int R, int DM>
 __device__ __forceinline__ void stage_rows(T *dst, const T *src, int64_t r0, int64_t n, int64_t d, int tr) {
+    const int LD = flash_tile<DM>::LD;
     if (!tr && d == DM && ((uintptr_t)src & 15) == 0) {   // whole rows: 16-byte loads (8 elements)
         const int CH = DM / 8;
         for (int e = threadIdx.x; e < R * CH; e += blockDim.x) {
             const int r = e / CH, ch = e - r * CH;
             const int64_t gr = r0 + r;
-            *(uint4 *)(dst + r * DM + ch * 8) = gr < n ? *(const uint4 *)(src + gr * d + ch * 8) : make_uint4(0, 0, 0, 0);
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            *(uint4 *)(dst + r * LD + ch * 8) = gr < n ? *(const uint4 *)(src + gr * d + ch * 8) : zero;
         }
         return;
     }
     for (int e = threadIdx.x; e < R * DM; e += blockDim.x) {
         const int r = e / DM, c = e - r * DM;
         const int64_t gr = r0 + r;
-        dst[e] = gr < n && c < d ? src[tr ? c * n + gr : gr * d + c] : zero_of<T>();
+        dst[r * LD + c] = gr < n && c < d ? src[tr ? c * n + gr : gr * d + c] : zero_of<T>();
     }
 }
 
@@ -139,9 +145,9 @@ flash_fwd_kernel(T *O, float *lse, const T *Q, const T *K, const T *V, const T *
                  const int64_t *seedp) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     typedef flash_tile<DM> tile;
-    __shared__ __align__(32) T sQ[tile::ROWS * DM];
-    __shared__ __align__(32) T sK[FL_BC * DM];
-    __shared__ __align__(32) T sV[FL_BC * DM];
+    __shared__ __align__(32) T sQ[tile::ROWS * tile::LD];
+    __shared__ __align__(32) T sK[FL_BC * tile::LD];
+    __shared__ __align__(32) T sV[FL_BC * tile::LD];
     __shared__ __align__(32) float sS[tile::WARPS][16 * FL_BC];
     const soft_args &a = f.a;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * 16;
@@ -160,11 +166,12 @@ flash_fwd_kernel(T *O, float *lse, const T *Q, const T *K, const T *V, const T *
         __syncthreads();
         stage_rows<T, FL_BC, DM>(sK, Kb, k0, a.S, f.D, f.kt);
         __syncthreads();
-        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sQ + 16 * w * DM, DM, sK, DM);
+        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sQ + 16 * w * tile::LD, tile::LD, sK, tile::LD);
         __syncwarp();
         for (int c = 0; c < 16; c++) {
-            const int64_t j = k0 + c0 + c;
-            const float v = i < a.L && j < a.S ? logit(a, S_w[r * FL_BC + c0 + c], mask, mb, i, j) : -INFINITY;
+            const int cc = (c + r) & 15;   // rotated: the 16 rows of a half warp hit 16 banks
+            const int64_t j = k0 + c0 + cc;
+            const float v = i < a.L && j < a.S ? logit(a, S_w[r * FL_BC + c0 + cc], mask, mb, i, j) : -INFINITY;
             if (v == -INFINITY) continue;
             if (v > m) { l = l * expf(m - v) + 1.0f; m = v; }
             else l += expf(v - m);
@@ -188,22 +195,23 @@ flash_fwd_kernel(T *O, float *lse, const T *Q, const T *K, const T *V, const T *
         stage_rows<T, FL_BC, DM>(sK, Kb, k0, a.S, f.D, f.kt);
         stage_rows<T, FL_BC, DM>(sV, Vb, k0, a.S, f.Dv, 0);
         __syncthreads();
-        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sQ + 16 * w * DM, DM, sK, DM);
+        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sQ + 16 * w * tile::LD, tile::LD, sK, tile::LD);
         __syncwarp();
         float p[16];
         for (int c = 0; c < 16; c++) {
-            const int64_t j = k0 + c0 + c;
+            const int cc = (c + r) & 15;   // rotated: the 16 rows of a half warp hit 16 banks
+            const int64_t j = k0 + c0 + cc;
             float v = -INFINITY;
-            if (i < a.L && j < a.S) v = logit(a, S_w[r * FL_BC + c0 + c], mask, mb, i, j);
+            if (i < a.L && j < a.S) v = logit(a, S_w[r * FL_BC + c0 + cc], mask, mb, i, j);
             float e = i < a.L ? expf(v - m) : 0.0f;
             if (e != e && a.nan_to_zero) e = 0.0f;
             if (a.dropout && i < a.L && j < a.S) e *= keep_of(a, seed, (b * a.L + i) * a.S + j);
             p[c] = e;
         }
         __syncwarp();
-        for (int c = 0; c < 16; c++) P_w[r * FL_BC + c0 + c] = st<T>(p[c]);
+        for (int c = 0; c < 16; c++) P_w[r * FL_BC + c0 + ((c + r) & 15)] = st<T>(p[c]);
         __syncwarp();
-        mma_ab_acc<T, FL_BC / 16, DM / 16>(o, P_w, FL_BC, sV, DM);
+        mma_ab_acc<T, FL_BC / 16, DM / 16>(o, P_w, FL_BC, sV, tile::LD);
     }
     __syncwarp();
     write_rows<T, DM / 16>(O + b * a.L * f.Dv, o, S_w, 1.0f, q0 + 16 * w, a.L, f.Dv, 0);
@@ -221,10 +229,10 @@ flash_dq_kernel(T *dQ, const T *dO, const T *Q, const T *K, const T *V, const T 
                 const float *Di, flash_args f, const int64_t *seedp) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     typedef flash_tile<DM> tile;
-    __shared__ __align__(32) T sQ[tile::ROWS * DM];
-    __shared__ __align__(32) T sdO[tile::ROWS * DM];
-    __shared__ __align__(32) T sK[FL_BC * DM];
-    __shared__ __align__(32) T sV[FL_BC * DM];
+    __shared__ __align__(32) T sQ[tile::ROWS * tile::LD];
+    __shared__ __align__(32) T sdO[tile::ROWS * tile::LD];
+    __shared__ __align__(32) T sK[FL_BC * tile::LD];
+    __shared__ __align__(32) T sV[FL_BC * tile::LD];
     __shared__ __align__(32) float sS[tile::WARPS][16 * FL_BC];
     __shared__ __align__(32) float sdP[tile::WARPS][16 * FL_BC];
     const soft_args &a = f.a;
@@ -246,21 +254,22 @@ flash_dq_kernel(T *dQ, const T *dO, const T *Q, const T *K, const T *V, const T 
         stage_rows<T, FL_BC, DM>(sK, Kb, k0, a.S, f.D, f.kt);
         stage_rows<T, FL_BC, DM>(sV, Vb, k0, a.S, f.Dv, 0);
         __syncthreads();
-        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sQ + 16 * w * DM, DM, sK, DM);
-        mma_abt<T, DM / 16, FL_BC / 16>(dP_w, FL_BC, sdO + 16 * w * DM, DM, sV, DM);
+        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sQ + 16 * w * tile::LD, tile::LD, sK, tile::LD);
+        mma_abt<T, DM / 16, FL_BC / 16>(dP_w, FL_BC, sdO + 16 * w * tile::LD, tile::LD, sV, tile::LD);
         __syncwarp();
         float ds[16];
         for (int c = 0; c < 16; c++) {
-            const int64_t j = k0 + c0 + c;
+            const int cc = (c + r) & 15;   // rotated: the 16 rows of a half warp hit 16 banks
+            const int64_t j = k0 + c0 + cc;
             float pd;
-            ds[c] = i < a.L && j < a.S ? score_grad(a, S_w[r * FL_BC + c0 + c], dP_w[r * FL_BC + c0 + c], li, di,
+            ds[c] = i < a.L && j < a.S ? score_grad(a, S_w[r * FL_BC + c0 + cc], dP_w[r * FL_BC + c0 + cc], li, di,
                                                     mask, mb, b, i, j, seed, &pd)
                                        : 0.0f;
         }
         __syncwarp();
-        for (int c = 0; c < 16; c++) dS_w[r * FL_BC + c0 + c] = st<T>(ds[c]);
+        for (int c = 0; c < 16; c++) dS_w[r * FL_BC + c0 + ((c + r) & 15)] = st<T>(ds[c]);
         __syncwarp();
-        mma_ab_acc<T, FL_BC / 16, DM / 16>(dq, dS_w, FL_BC, sK, DM);
+        mma_ab_acc<T, FL_BC / 16, DM / 16>(dq, dS_w, FL_BC, sK, tile::LD);
     }
     __syncwarp();
     write_rows<T, DM / 16>(dQ + b * a.L * f.D, dq, dP_w, a.scale, q0 + 16 * w, a.L, f.D, 0);
@@ -279,10 +288,10 @@ flash_dkv_kernel(T *dK, T *dV, const T *dO, const T *Q, const T *K, const T *V, 
                  const float *Di, flash_args f, const int64_t *seedp) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
     typedef flash_tile<DM> tile;
-    __shared__ __align__(32) T sK[tile::ROWS * DM];
-    __shared__ __align__(32) T sV[tile::ROWS * DM];
-    __shared__ __align__(32) T sQ[FL_BC * DM];
-    __shared__ __align__(32) T sdO[FL_BC * DM];
+    __shared__ __align__(32) T sK[tile::ROWS * tile::LD];
+    __shared__ __align__(32) T sV[tile::ROWS * tile::LD];
+    __shared__ __align__(32) T sQ[FL_BC * tile::LD];
+    __shared__ __align__(32) T sdO[FL_BC * tile::LD];
     __shared__ __align__(32) float sS[tile::WARPS][16 * FL_BC];
     __shared__ __align__(32) float sdP[tile::WARPS][16 * FL_BC];
     __shared__ float s_lse[FL_BC], s_di[FL_BC];
@@ -313,25 +322,27 @@ flash_dkv_kernel(T *dK, T *dV, const T *dO, const T *Q, const T *K, const T *V, 
             s_di[e] = i < a.L ? Di[b * a.L + i] : 0.0f;
         }
         __syncthreads();
-        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sK + 16 * w * DM, DM, sQ, DM);
-        mma_abt<T, DM / 16, FL_BC / 16>(dP_w, FL_BC, sV + 16 * w * DM, DM, sdO, DM);
+        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sK + 16 * w * tile::LD, tile::LD, sQ, tile::LD);
+        mma_abt<T, DM / 16, FL_BC / 16>(dP_w, FL_BC, sV + 16 * w * tile::LD, tile::LD, sdO, tile::LD);
         __syncwarp();
         float pd[16], ds[16];
         for (int c = 0; c < 16; c++) {
-            const int64_t i = q0 + c0 + c;
+            const int cc = (c + r) & 15;   // rotated: the 16 rows of a half warp hit 16 banks
+            const int64_t i = q0 + c0 + cc;
             pd[c] = ds[c] = 0.0f;
             if (i < a.L && j < a.S)
-                ds[c] = score_grad(a, S_w[r * FL_BC + c0 + c], dP_w[r * FL_BC + c0 + c], s_lse[c0 + c], s_di[c0 + c],
-                                   mask, mb, b, i, j, seed, &pd[c]);
+                ds[c] = score_grad(a, S_w[r * FL_BC + c0 + cc], dP_w[r * FL_BC + c0 + cc], s_lse[c0 + cc],
+                                   s_di[c0 + cc], mask, mb, b, i, j, seed, &pd[c]);
         }
         __syncwarp();
         for (int c = 0; c < 16; c++) {
-            Pd_w[r * FL_BC + c0 + c] = st<T>(pd[c]);
-            dS_w[r * FL_BC + c0 + c] = st<T>(ds[c]);
+            const int cc = (c + r) & 15;   // rotated: the 16 rows of a half warp hit 16 banks
+            Pd_w[r * FL_BC + c0 + cc] = st<T>(pd[c]);
+            dS_w[r * FL_BC + c0 + cc] = st<T>(ds[c]);
         }
         __syncwarp();
-        mma_ab_acc<T, FL_BC / 16, DM / 16>(dv, Pd_w, FL_BC, sdO, DM);
-        mma_ab_acc<T, FL_BC / 16, DM / 16>(dk, dS_w, FL_BC, sQ, DM);
+        mma_ab_acc<T, FL_BC / 16, DM / 16>(dv, Pd_w, FL_BC, sdO, tile::LD);
+        mma_ab_acc<T, FL_BC / 16, DM / 16>(dk, dS_w, FL_BC, sQ, tile::LD);
     }
     __syncwarp();
     if (dV) write_rows<T, DM / 16>(dV + b * a.S * f.Dv, dv, dP_w, 1.0f, k0 + 16 * w, a.S, f.Dv, 0);
@@ -359,7 +370,8 @@ static unsigned blocks_for(int64_t n, int rows) { return (unsigned)((n + rows - 
 
 static om_status *flash_check(const om_kernel_ctx *ctx, om_dtype dt, const flash_args *f) {
     if (dt != OM_F16 && dt != OM_BF16) return omc_err_dtype(ctx, 0, dt);
-    if (f->D > FLASH_MAX_D || f->Dv > FLASH_MAX_D) return omc_err_unsupported(ctx, "flash attention with a head dim over 128");
+    if (f->D > FLASH_MAX_D || f->Dv > FLASH_MAX_D)
+        return omc_err_unsupported(ctx, "flash attention with a head dim over 128");
     if (f->B > 65535) return omc_err_unsupported(ctx, "flash attention over more than 65535 batch entries");
     return NULL;
 }
