@@ -288,6 +288,18 @@ om_status *omc_scatter_start(const om_kernel_ctx *ctx, const om_cuda_exec *x, om
 // between: the buffer is freed either way and the first error is returned.
 om_status *omc_scatter_finish(const om_kernel_ctx *ctx, const om_cuda_exec *x, omc_scatter *s, om_status *st);
 
+// ---- the provider's own (provider.cu) ----------------------------------------------------------
+// x for (device, stream), as the engine gets it; device becomes current
+om_status *omc_exec_for(int device, void *stream, om_cuda_exec *x);
+// counts a call that blocks the host (om_cuda_sync_count)
+void omc_count_blocking_call(void);
+// the optimizer passes (optim.cu): provider.h's adam_step, grads_copy_scaled, grads_check_and_norm
+om_status *omc_adam_step(int device, void *stream, const om_adam_consts *c, int n, om_tensor *params,
+                         const om_tensor *grads, om_tensor *exp_avg, om_tensor *exp_avg_sq);
+om_status *omc_grads_copy_scaled(int device, void *stream, int n, const om_tensor *src, om_tensor *dst, float factor);
+om_status *omc_grads_check_and_norm(int device, void *stream, int n, const om_tensor *grads, int *found_inf,
+                                    double *sq_sum);
+
 // ---- temporary device memory (provider.cu): stream-ordered, from the provider's pool -------------
 om_status *omc_temp_alloc(const om_cuda_exec *x, size_t n, void **out);
 void omc_temp_free(const om_cuda_exec *x, void *p);

@@ -181,6 +181,27 @@ static om_status *p_exec_for(int dev, void *stream, om_cuda_exec *x) {
     return NULL;
 }
 
+om_status *omc_exec_for(int dev, void *stream, om_cuda_exec *x) { return p_exec_for(dev, stream, x); }
+void omc_count_blocking_call(void) { count_blocking_call(); }
+
+// ---- the optimizer passes (optim.cu), with the caller's current device restored after --------
+
+static om_status *p_adam_step(int dev, void *stream, const om_adam_consts *c, int n, om_tensor *params,
+                              const om_tensor *grads, om_tensor *exp_avg, om_tensor *exp_avg_sq) {
+    device_guard gd(dev);
+    return omc_adam_step(dev, stream, c, n, params, grads, exp_avg, exp_avg_sq);
+}
+static om_status *p_grads_copy_scaled(int dev, void *stream, int n, const om_tensor *src, om_tensor *dst,
+                                      float factor) {
+    device_guard gd(dev);
+    return omc_grads_copy_scaled(dev, stream, n, src, dst, factor);
+}
+static om_status *p_grads_check_and_norm(int dev, void *stream, int n, const om_tensor *grads, int *found_inf,
+                                         double *sq_sum) {
+    device_guard gd(dev);
+    return omc_grads_check_and_norm(dev, stream, n, grads, found_inf, sq_sum);
+}
+
 // ---- temporary device memory for kernels (common.cuh): the run's pool, ordered on its stream ----
 
 om_status *omc_temp_alloc(const om_cuda_exec *x, size_t n, void **out) { return p_alloc(x->device, n, x->stream, out); }
@@ -272,7 +293,8 @@ static const char *const *p_kernel_names(void) {
 
 static const om_cuda_provider provider = {
     OM_CUDA_ABI, p_init, p_alloc, p_free, p_alloc_static, p_free_static, p_memcpy_async, p_memset_async,
-    p_memcpy_sync, p_exec_for, p_find_kernel, p_kernel_names,
+    p_memcpy_sync, p_exec_for, p_find_kernel, p_kernel_names, p_adam_step, p_grads_copy_scaled,
+    p_grads_check_and_norm,
 };
 
 extern "C" __attribute__((visibility("default"))) const om_cuda_provider *om_cuda_provider_get(void) {

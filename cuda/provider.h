@@ -29,7 +29,7 @@
 extern "C" {
 #endif
 
-#define OM_CUDA_ABI 1
+#define OM_CUDA_ABI 2
 
 typedef struct om_cuda_host {
     int abi;
@@ -54,6 +54,17 @@ typedef om_status *(*om_cuda_kernel_fn)(const om_kernel_ctx *ctx, const om_cuda_
 
 typedef enum om_cuda_copy { OM_COPY_H2D = 0, OM_COPY_D2H = 1, OM_COPY_D2D = 2 } om_cuda_copy;
 
+/* One Adam/AdamW step's constants, formed once per call by the engine (csrc/optim/adam.c),
+ * so that both providers run the same fp32 update:
+ *   mode 0: g += wd p; m = b1 m + w1 g; v = b2 v + w2 g^2; p -= step_size m / (sqrt v + eps)
+ *   mode 1: as 0 without the g term; then p -= decay p
+ *   mode 2: p *= decay; m += w1 (g - m); v = v b2 + w2 g^2; p += step_size m / (sqrt v / bc2_sqrt + eps)
+ * with g = grad * inv_scale. */
+typedef struct om_adam_consts {
+    int mode;
+    float inv_scale, b1, w1, b2, w2, eps, wd, step_size, bc2_sqrt, decay;
+} om_adam_consts;
+
 typedef struct om_cuda_provider {
     int abi;
     /* Once per process; host is copied. Fails when no device or driver is usable. */
@@ -74,6 +85,17 @@ typedef struct om_cuda_provider {
     om_cuda_kernel_fn (*find_kernel)(const char *name, const char *domain);
     /* Names of every op that has a kernel, NULL-terminated (for tests and docs). */
     const char *const *(*kernel_names)(void);
+    /* The optimizer passes of csrc/optim over n tensors of one device (ortmod.optim's
+     * FusedAdam and FP16_Optimizer on CUDA parameters), enqueued on stream: an Adam step
+     * (params f32/f16/bf16, grads any of those, moments f32), dst = src * factor (dst may be
+     * src), and the gradients' inf/NaN check with their sum of squares (fp64), which reads its
+     * two results back: the one call here that waits for the device. */
+    om_status *(*adam_step)(int device, void *stream, const om_adam_consts *c, int n, om_tensor *params,
+                            const om_tensor *grads, om_tensor *exp_avg, om_tensor *exp_avg_sq);
+    om_status *(*grads_copy_scaled)(int device, void *stream, int n, const om_tensor *src, om_tensor *dst,
+                                    float factor);
+    om_status *(*grads_check_and_norm)(int device, void *stream, int n, const om_tensor *grads, int *found_inf,
+                                       double *sq_sum);
 } om_cuda_provider;
 
 typedef const om_cuda_provider *(*om_cuda_provider_get_fn)(void);

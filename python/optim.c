@@ -13,6 +13,7 @@
 #include "dlpack_in.h"
 
 #include <limits.h>
+#include <stdint.h>
 
 #include "ortmod_optim.h"
 
@@ -45,8 +46,8 @@ static int read_tensor(PyObject *obj, const char *what, Py_ssize_t i, tensor_lis
     DLTensor *d = &mt->dl_tensor;
     om_tensor *t = &l->t[i];
     memset(t, 0, sizeof *t);
-    if (d->device.device_type != kDLCPU) {
-        PyErr_Format(PyExc_ValueError, "%s[%zd] is on device type %d; the optimizer kernels of this build run on the CPU",
+    if (d->device.device_type != kDLCPU && d->device.device_type != kDLCUDA) {
+        PyErr_Format(PyExc_ValueError, "%s[%zd] is on device type %d; the optimizer runs on the CPU and on CUDA",
                      what, i, (int)d->device.device_type);
         return -1;
     }
@@ -60,10 +61,11 @@ static int read_tensor(PyObject *obj, const char *what, Py_ssize_t i, tensor_lis
         return -1;
     }
     t->rank = d->ndim;
-    int64_t expect = 1;
+    int64_t expect = 1, numel = 1;
+    for (int k = 0; k < d->ndim; k++) numel *= d->shape[k];
     for (int k = d->ndim - 1; k >= 0; k--) {
         t->dims[k] = d->shape[k];
-        if (d->strides && d->shape[k] != 1 && d->strides[k] != expect) {
+        if (d->strides && numel && d->shape[k] != 1 && d->strides[k] != expect) {   /* an empty tensor is dense */
             PyErr_Format(PyExc_ValueError, "%s[%zd] is not contiguous; the optimizer updates tensors in place and "
                          "needs them dense", what, i);
             return -1;
@@ -71,7 +73,8 @@ static int read_tensor(PyObject *obj, const char *what, Py_ssize_t i, tensor_lis
         expect *= d->shape[k];
     }
     t->data = (char *)d->data + d->byte_offset;
-    t->device = OM_CPU;
+    t->device = d->device.device_type == kDLCUDA ? OM_CUDA : OM_CPU;
+    t->device_id = d->device.device_id;
     return 0;
 }
 
@@ -133,23 +136,25 @@ static PyObject *raise_status(PyObject *module, om_status *st) {
 
 PyDoc_STRVAR(adam_step_doc,
 "adam_step(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay,\n"
-"          bias_correction, mode, step, grad_scale=1.0)\n\n"
+"          bias_correction, mode, step, grad_scale=1.0, stream=0)\n\n"
 "One Adam/AdamW update of every tensor of a parameter group, in place (one engine call,\n"
 "GIL released). params: float32/float16/bfloat16; grads: any of those; exp_avgs and\n"
 "exp_avg_sqs: float32. mode: 0 L2 regularization, 1 AdamW (transformers), 2 AdamW (torch).\n"
-"step: the group's step, already incremented. Gradients are divided by grad_scale.");
+"step: the group's step, already incremented. Gradients are divided by grad_scale. CUDA tensors\n"
+"(all of one device): the update is enqueued on stream (torch.cuda.current_stream().cuda_stream).");
 
 static PyObject *py_adam_step(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"params", "grads", "exp_avgs", "exp_avg_sqs", "lr", "beta1", "beta2", "eps",
-                             "weight_decay", "bias_correction", "mode", "step", "grad_scale", NULL};
+                             "weight_decay", "bias_correction", "mode", "step", "grad_scale", "stream", NULL};
     PyObject *po, *go, *mo, *vo;
     om_adam_hparams_d h = {0};
     int bias_correction = 1, mode = 1;
     long long step = 0;
+    unsigned long long stream = 0;
     h.grad_scale = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOdddddpiL|d:adam_step", kwlist, &po, &go, &mo, &vo, &h.lr,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOdddddpiL|dK:adam_step", kwlist, &po, &go, &mo, &vo, &h.lr,
                                      &h.beta1, &h.beta2, &h.eps, &h.weight_decay, &bias_correction, &mode, &step,
-                                     &h.grad_scale))
+                                     &h.grad_scale, &stream))
         return NULL;
     h.bias_correction = bias_correction;
     h.mode = (om_adam_mode)mode;
@@ -162,7 +167,7 @@ static PyObject *py_adam_step(PyObject *module, PyObject *args, PyObject *kwargs
     if (read_list(vo, "exp_avg_sqs", p.n, &v) < 0) goto out;
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
-    st = om_adam_step_d(&h, (int)p.n, p.t, g.t, m.t, v.t);
+    st = om_adam_step_d_on(&h, (int)p.n, p.t, g.t, m.t, v.t, (void *)(uintptr_t)stream);
     Py_END_ALLOW_THREADS
     if (st) { raise_status(module, st); goto out; }
     ret = Py_NewRef(Py_None);
@@ -175,40 +180,44 @@ out:
 }
 
 PyDoc_STRVAR(grads_check_and_norm_doc,
-"grads_check_and_norm(grads, scale=1.0) -> (found_inf, sq_norm)\n\n"
+"grads_check_and_norm(grads, scale=1.0, stream=0) -> (found_inf, sq_norm)\n\n"
 "One pass over the gradients: found_inf is True if any element is inf or NaN; sq_norm is\n"
-"the squared global L2 norm of grads/scale (fp64 accumulation; inf when found_inf).");
+"the squared global L2 norm of grads/scale (fp64 accumulation; inf when found_inf). CUDA\n"
+"gradients: enqueued on stream, whose work up to here the call then waits for.");
 
 static PyObject *py_grads_check_and_norm(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"grads", "scale", NULL};
+    static char *kwlist[] = {"grads", "scale", "stream", NULL};
     PyObject *go;
     float scale = 1.0f;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|f:grads_check_and_norm", kwlist, &go, &scale)) return NULL;
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|fK:grads_check_and_norm", kwlist, &go, &scale, &stream))
+        return NULL;
     tensor_list g = {0};
     if (read_list(go, "grads", -1, &g) < 0) return NULL;
     int found_inf = 0;
     double sq = 0.0;
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
-    st = om_grads_check_and_norm((int)g.n, g.t, scale, &found_inf, &sq);
+    st = om_grads_check_and_norm_on((int)g.n, g.t, scale, &found_inf, &sq, (void *)(uintptr_t)stream);
     Py_END_ALLOW_THREADS
     tensor_list_free(&g);
     if (st) return raise_status(module, st);
     return Py_BuildValue("(Od)", found_inf ? Py_True : Py_False, sq);
 }
 
-PyDoc_STRVAR(grads_scale_doc, "grads_scale(grads, factor)\n\ngrads *= factor, in place, in one pass (GIL released).");
+PyDoc_STRVAR(grads_scale_doc, "grads_scale(grads, factor, stream=0)\n\ngrads *= factor, in place, in one pass (GIL released).");
 
 static PyObject *py_grads_scale(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"grads", "factor", NULL};
+    static char *kwlist[] = {"grads", "factor", "stream", NULL};
     PyObject *go;
     float factor;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Of:grads_scale", kwlist, &go, &factor)) return NULL;
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Of|K:grads_scale", kwlist, &go, &factor, &stream)) return NULL;
     tensor_list g = {0};
     if (read_list(go, "grads", -1, &g) < 0) return NULL;
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
-    st = om_grads_scale((int)g.n, g.t, factor);
+    st = om_grads_scale_on((int)g.n, g.t, factor, (void *)(uintptr_t)stream);
     Py_END_ALLOW_THREADS
     tensor_list_free(&g);
     if (st) return raise_status(module, st);
@@ -216,19 +225,21 @@ static PyObject *py_grads_scale(PyObject *module, PyObject *args, PyObject *kwar
 }
 
 PyDoc_STRVAR(grads_copy_scaled_doc,
-"grads_copy_scaled(src, dst, factor)\n\ndst[i] = src[i] * factor (dtypes may differ: fp16 -> fp32 master gradients), one pass.");
+"grads_copy_scaled(src, dst, factor, stream=0)\n\ndst[i] = src[i] * factor (dtypes may differ: fp16 -> fp32 master gradients), one pass.");
 
 static PyObject *py_grads_copy_scaled(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"src", "dst", "factor", NULL};
+    static char *kwlist[] = {"src", "dst", "factor", "stream", NULL};
     PyObject *so, *dobj;
     float factor;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOf:grads_copy_scaled", kwlist, &so, &dobj, &factor)) return NULL;
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOf|K:grads_copy_scaled", kwlist, &so, &dobj, &factor, &stream))
+        return NULL;
     tensor_list s = {0}, d = {0};
     if (read_list(so, "src", -1, &s) < 0) return NULL;
     if (read_list(dobj, "dst", s.n, &d) < 0) { tensor_list_free(&s); return NULL; }
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
-    st = om_grads_copy_scaled((int)s.n, s.t, d.t, factor);
+    st = om_grads_copy_scaled_on((int)s.n, s.t, d.t, factor, (void *)(uintptr_t)stream);
     Py_END_ALLOW_THREADS
     tensor_list_free(&s);
     tensor_list_free(&d);

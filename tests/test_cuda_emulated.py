@@ -43,6 +43,12 @@ crash in its cases, and names them:
   selftest group shows a synchronization or a memset on the default stream inside a step fails
   this check, and work on a stream nobody created is reported.
 
+- optim: the optimizer passes on CUDA tensors (cuda/optim.cu: the Adam step in its three modes
+  and four dtype mixes, scaling, the inf/NaN check and norm), through ortmod._C as ortmod.optim
+  calls them, against the same calls on CPU tensors: 30 tensors (two launches), chunk edges, an
+  empty tensor; all work on the caller's stream, the norm's read-back the only blocking calls
+  (two, counted by the provider too); a call mixing CPU and CUDA tensors is refused.
+
 Skipped where there is no C++ compiler; a compile error in cuda/*.cu fails. The build (in
 build/cuda-emu, -O1, parallel) is incremental: ~15 s from scratch on 2 cores, then only what a
 changed .cu or header needs. The groups take ~15 s of wall time together on 2 cores.
@@ -68,7 +74,7 @@ def _load(name, path):   # by path: tests/cuda_emu stays off this process's sys.
 
 emu_build = _load("cuda_emu_build", os.path.join(EMU, "build.py"))
 
-GROUPS = ["selftest", "ops-fp32", "ops-fp64", "half", "models", "streams"]
+GROUPS = ["selftest", "ops-fp32", "ops-fp64", "half", "models", "streams", "optim"]
 TIMEOUT = 300
 
 

@@ -62,6 +62,17 @@ om_status *om_grads_scale(int n, om_tensor *grads, float factor);
  * gradient unscaled (and clipped) into its fp32 master gradient in one pass. */
 om_status *om_grads_copy_scaled(int n, const om_tensor *src, om_tensor *dst, float factor);
 
+/* CUDA tensors: every function above takes tensors of one device, CPU or CUDA (all of a call's
+ * tensors on the same one). The _on forms enqueue CUDA work on stream (a cudaStream_t, e.g.
+ * torch's current stream; NULL = the legacy default stream), which the forms above use.
+ * om_grads_check_and_norm waits for its two results on the host: the one call that does. */
+om_status *om_adam_step_d_on(const om_adam_hparams_d *h, int n, om_tensor *params, const om_tensor *grads,
+                             om_tensor *exp_avg, om_tensor *exp_avg_sq, void *stream);
+om_status *om_grads_check_and_norm_on(int n, const om_tensor *grads, float scale, int *found_inf, double *sq_norm,
+                                      void *stream);
+om_status *om_grads_scale_on(int n, om_tensor *grads, float factor, void *stream);
+om_status *om_grads_copy_scaled_on(int n, const om_tensor *src, om_tensor *dst, float factor, void *stream);
+
 /* Threads the optimizer kernels split large calls over (pthreads; small calls stay on the
  * calling thread). Default: $ORTMOD_NUM_THREADS, else the CPUs this process may run on.
  * set(0) restores the default. */

@@ -38,16 +38,11 @@ om_adam_hparams om_adam_default_hparams(void) {
 }
 
 /* Per-call constants, computed once in double and rounded to float (as torch does with
- * its Python-float scalars). */
-typedef struct adam_consts {
-    float inv_scale;     /* 1 / grad_scale */
-    float b1, w1;        /* beta1, 1 - beta1 */
-    float b2, w2;        /* beta2, 1 - beta2 */
-    float eps, wd;
-    float step_size;     /* modes 0/1: lr * sqrt(bc2) / bc1;  mode 2: -lr / bc1 */
-    float bc2_sqrt;      /* mode 2 */
-    float decay;         /* mode 2: 1 - lr * wd (before);  mode 1: lr * wd (after) */
-} adam_consts;
+ * its Python-float scalars); the CUDA provider gets the same (cuda/provider.h):
+ *   inv_scale = 1 / grad_scale; b1, w1 = beta1, 1 - beta1; b2, w2 likewise; eps, wd;
+ *   step_size: modes 0/1 lr * sqrt(bc2) / bc1, mode 2 -lr / bc1; bc2_sqrt (mode 2);
+ *   decay: mode 2 1 - lr * wd (before), mode 1 lr * wd (after). */
+typedef om_adam_consts adam_consts;
 
 /* The update over fp32 arrays, n elements. mode is a literal at each call site, so each
  * instantiation has a branch-free body.
@@ -213,10 +208,28 @@ static void adam_range(void *ctx, int part, int64_t begin, int64_t end) {
     om_visit_pieces(j->offsets, j->n, begin, end, part, ctx, adam_piece);
 }
 
+om_status *om_optim_device(const char *what, int n, const om_tensor *const *lists, int n_lists,
+                           const om_cuda_provider **cuda, int *device) {
+    *cuda = NULL;
+    *device = 0;
+    const om_tensor *first = NULL;
+    for (int l = 0; l < n_lists; l++)
+        for (int k = 0; lists[l] && k < n; k++) {
+            const om_tensor *t = &lists[l][k];
+            if (!first) { first = t; continue; }
+            if (t->device != first->device || (t->device == OM_CUDA && t->device_id != first->device_id))
+                return om_error(OM_INVALID_ARGUMENT, "%s: tensor %d is on %s:%d, the call's first on %s:%d; one call's "
+                                "tensors share a device", what, k, t->device == OM_CUDA ? "cuda" : "cpu", t->device_id,
+                                first->device == OM_CUDA ? "cuda" : "cpu", first->device_id);
+        }
+    if (!first || first->device == OM_CPU) return NULL;
+    *device = first->device_id;
+    return om_cuda_get(cuda);
+}
+
 om_status *om_optim_check_tensor(const om_tensor *t, const char *what, int i, int f32_only) {
-    if (t->device != OM_CPU)
-        return om_error(OM_INVALID_ARGUMENT, "%s %d is on a CUDA device; the optimizer kernels of this build run on the CPU",
-                        what, i);
+    if (t->device != OM_CPU && t->device != OM_CUDA)
+        return om_error(OM_INVALID_ARGUMENT, "%s %d is on a device the optimizer does not take", what, i);
     if (t->rank < 0 || t->rank > OM_MAX_RANK)
         return om_error(OM_INVALID_ARGUMENT, "%s %d has rank %d (at most %d)", what, i, t->rank, OM_MAX_RANK);
     for (int d = 0; d < t->rank; d++)
@@ -257,6 +270,11 @@ static om_status *check_hparams(const om_adam_hparams_d *h) {
 
 om_status *om_adam_step_d(const om_adam_hparams_d *h, int n, om_tensor *params, const om_tensor *grads,
                         om_tensor *exp_avg, om_tensor *exp_avg_sq) {
+    return om_adam_step_d_on(h, n, params, grads, exp_avg, exp_avg_sq, NULL);
+}
+
+om_status *om_adam_step_d_on(const om_adam_hparams_d *h, int n, om_tensor *params, const om_tensor *grads,
+                             om_tensor *exp_avg, om_tensor *exp_avg_sq, void *stream) {
     if (!h) return om_error(OM_INVALID_ARGUMENT, "adam: hparams is NULL");
     if (n < 0) return om_error(OM_INVALID_ARGUMENT, "adam: negative tensor count %d", n);
     if (n == 0) return NULL;
@@ -281,7 +299,12 @@ om_status *om_adam_step_d(const om_adam_hparams_d *h, int n, om_tensor *params, 
                             (long long)om_tensor_numel(&exp_avg_sq[k]));
     }
 
+    const om_tensor *lists[4] = {params, grads, exp_avg, exp_avg_sq};
+    const om_cuda_provider *cuda;
+    int device;
+    OM_TRY(om_optim_device("adam", n, lists, 4, &cuda, &device));
     adam_job j = {.mode = (int)h->mode, .params = params, .grads = grads, .m = exp_avg, .v = exp_avg_sq, .n = n};
+    j.c.mode = (int)h->mode;
     double lr = h->lr, b1 = h->beta1, b2 = h->beta2, wd = h->weight_decay;
     double bc1 = 1.0, bc2 = 1.0;
     if (h->bias_correction) {
@@ -303,6 +326,7 @@ om_status *om_adam_step_d(const om_adam_hparams_d *h, int n, om_tensor *params, 
         j.c.step_size = (float)(lr * sqrt(bc2) / bc1);
         j.c.decay = (float)(lr * wd);
     }
+    if (cuda) return cuda->adam_step(device, stream, &j.c, n, params, grads, exp_avg, exp_avg_sq);
     int64_t *off = NULL;
     OM_TRY(om_optim_offsets(n, params, &off));
     j.offsets = off;

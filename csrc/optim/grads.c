@@ -73,6 +73,11 @@ static void norm_range(void *ctx, int part, int64_t begin, int64_t end) {
 }
 
 om_status *om_grads_check_and_norm(int n, const om_tensor *grads, float scale, int *found_inf, double *sq_norm) {
+    return om_grads_check_and_norm_on(n, grads, scale, found_inf, sq_norm, NULL);
+}
+
+om_status *om_grads_check_and_norm_on(int n, const om_tensor *grads, float scale, int *found_inf, double *sq_norm,
+                                      void *stream) {
     if (n < 0) return om_error(OM_INVALID_ARGUMENT, "grads_check_and_norm: negative tensor count %d", n);
     if (!found_inf || !sq_norm) return om_error(OM_INVALID_ARGUMENT, "grads_check_and_norm: NULL output");
     if (!(scale > 0.0f) || isinf(scale))
@@ -82,6 +87,16 @@ om_status *om_grads_check_and_norm(int n, const om_tensor *grads, float scale, i
     if (n == 0) return NULL;
     if (!grads) return om_error(OM_INVALID_ARGUMENT, "grads_check_and_norm: grads is NULL");
     for (int k = 0; k < n; k++) OM_TRY(om_optim_check_tensor(&grads[k], "grads_check_and_norm: grad", k, 0));
+    const om_cuda_provider *cuda;
+    int device;
+    OM_TRY(om_optim_device("grads_check_and_norm", n, &grads, 1, &cuda, &device));
+    if (cuda) {
+        double s = 0.0;
+        OM_TRY(cuda->grads_check_and_norm(device, stream, n, grads, found_inf, &s));
+        const double inv = 1.0 / (double)scale;
+        *sq_norm = *found_inf ? INFINITY : s * inv * inv;
+        return NULL;
+    }
     norm_job *j = calloc(1, sizeof *j);
     if (!j) return om_error(OM_OUT_OF_MEMORY, "out of memory (grads_check_and_norm)");
     int64_t *off = NULL;
@@ -153,7 +168,8 @@ static void scale_range(void *ctx, int part, int64_t begin, int64_t end) {
     om_visit_pieces(j->offsets, j->n, begin, end, part, ctx, scale_piece);
 }
 
-static om_status *scale_run(const char *what, int n, const om_tensor *src, om_tensor *dst, float factor) {
+static om_status *scale_run(const char *what, int n, const om_tensor *src, om_tensor *dst, float factor,
+                            void *stream) {
     if (n < 0) return om_error(OM_INVALID_ARGUMENT, "%s: negative tensor count %d", what, n);
     if (n == 0) return NULL;
     if (!src || !dst) return om_error(OM_INVALID_ARGUMENT, "%s: tensors are NULL", what);
@@ -166,6 +182,11 @@ static om_status *scale_run(const char *what, int n, const om_tensor *src, om_te
                                 k, (long long)om_tensor_numel(&src[k]), (long long)om_tensor_numel(&dst[k]));
         }
     }
+    const om_tensor *lists[2] = {src, dst};
+    const om_cuda_provider *cuda;
+    int device;
+    OM_TRY(om_optim_device(what, n, lists, 2, &cuda, &device));
+    if (cuda) return cuda->grads_copy_scaled(device, stream, n, src, dst, factor);
     scale_job j = {.src = src, .dst = dst, .n = n, .factor = factor};
     int64_t *off = NULL;
     OM_TRY(om_optim_offsets(n, src, &off));
@@ -175,14 +196,20 @@ static om_status *scale_run(const char *what, int n, const om_tensor *src, om_te
     return NULL;
 }
 
-om_status *om_grads_scale(int n, om_tensor *grads, float factor) {
+om_status *om_grads_scale_on(int n, om_tensor *grads, float factor, void *stream) {
     if (factor == 1.0f) {   /* still validate, so that callers see the same errors */
         for (int k = 0; k < n && grads; k++) OM_TRY(om_optim_check_tensor(&grads[k], "grads_scale: grad", k, 0));
         return NULL;
     }
-    return scale_run("grads_scale: grad", n, grads, grads, factor);
+    return scale_run("grads_scale: grad", n, grads, grads, factor, stream);
+}
+
+om_status *om_grads_scale(int n, om_tensor *grads, float factor) { return om_grads_scale_on(n, grads, factor, NULL); }
+
+om_status *om_grads_copy_scaled_on(int n, const om_tensor *src, om_tensor *dst, float factor, void *stream) {
+    return scale_run("grads_copy_scaled: tensor", n, src, dst, factor, stream);
 }
 
 om_status *om_grads_copy_scaled(int n, const om_tensor *src, om_tensor *dst, float factor) {
-    return scale_run("grads_copy_scaled: tensor", n, src, dst, factor);
+    return om_grads_copy_scaled_on(n, src, dst, factor, NULL);
 }

@@ -60,9 +60,16 @@ void om_visit_pieces(const int64_t *offsets, int n, int64_t begin, int64_t end, 
 typedef void (*om_range_fn)(void *ctx, int part, int64_t begin, int64_t end);
 int om_parallel_for(int64_t total, int64_t grain, void *ctx, om_range_fn fn);
 
-/* Checks what every optimizer kernel needs of a tensor: CPU, rank 0..OM_MAX_RANK, f32/f16/bf16
+/* Checks what every optimizer kernel needs of a tensor: rank 0..OM_MAX_RANK, f32/f16/bf16
  * (f32 only when f32_only), data present when it has elements. what/i name it in errors. */
 om_status *om_optim_check_tensor(const om_tensor *t, const char *what, int i, int f32_only);
+
+/* The device of a call's tensors (lists of n tensors each; NULL lists skipped): all on the CPU
+ * (*cuda = NULL), or all on one CUDA device (*cuda = the loaded provider, *device its index).
+ * Tensors on different devices are an error naming the first that differs. */
+#include "exec/device.h"
+om_status *om_optim_device(const char *what, int n, const om_tensor *const *lists, int n_lists,
+                           const om_cuda_provider **cuda, int *device);
 
 /* offsets[0..n] of n tensors (see om_visit_pieces); caller frees. */
 om_status *om_optim_offsets(int n, const om_tensor *ts, int64_t **offsets);

@@ -29,7 +29,7 @@ from torch.utils.dlpack import to_dlpack
 from .. import _C, _threads
 
 _threads.share_torch_threads(_C)
-from .fused_adam import FusedAdam
+from .fused_adam import FusedAdam, stream_of
 
 __all__ = ["FP16_Optimizer"]
 
@@ -47,14 +47,25 @@ def _kind(optimizer):
 
 
 def _c_able(t):
-    """Tensors the C passes take: dense CPU float32/float16/bfloat16."""
-    return t.device.type == "cpu" and t.dtype in _FLOAT and t.is_contiguous()
+    """Tensors the C passes take: dense CPU or CUDA float32/float16/bfloat16."""
+    return t.device.type in ("cpu", "cuda") and t.dtype in _FLOAT and t.is_contiguous()
+
+
+def _by_device(items, key=lambda x: x):
+    """items grouped by the device of key(item): one C call per device."""
+    groups = {}
+    for it in items:
+        groups.setdefault(key(it).device, []).append(it)
+    return groups.items()
 
 
 def _check_and_norm(grads, scale):
-    """(found_inf, squared L2 norm of grads / scale) in one pass; torch for tensors C cannot take."""
-    c = [g for g in grads if _c_able(g)]
-    found_inf, sq = _C.grads_check_and_norm(list(map(to_dlpack, c)), float(scale)) if c else (False, 0.0)
+    """(found_inf, squared L2 norm of grads / scale) in one pass per device; torch for tensors C
+    cannot take. On CUDA the call waits for its result (the step's one synchronization)."""
+    found_inf, sq = False, 0.0
+    for device, c in _by_device(g for g in grads if _c_able(g)):
+        f, s = _C.grads_check_and_norm(list(map(to_dlpack, c)), float(scale), stream_of(device))
+        found_inf, sq = found_inf or f, sq + s
     for g in grads:
         if not _c_able(g):
             s = float(torch.sum((g.detach().double() / scale) ** 2))
@@ -215,15 +226,15 @@ class FP16_Optimizer:
                 master.grad = torch.empty_like(master, memory_format=torch.contiguous_format)
             src.append(g)
             dst.append(master.grad)
-        c_src = [(s, d) for s, d in zip(src, dst) if _c_able(s)]
-        if c_src:
-            _C.grads_copy_scaled([to_dlpack(s) for s, _ in c_src], [to_dlpack(d) for _, d in c_src], float(factor))
+        c_pair = lambda s, d: _c_able(s) and _c_able(d) and s.device == d.device   # noqa: E731
+        for device, pairs in _by_device([(s, d) for s, d in zip(src, dst) if c_pair(s, d)], key=lambda sd: sd[0]):
+            _C.grads_copy_scaled([to_dlpack(s) for s, _ in pairs], [to_dlpack(d) for _, d in pairs], float(factor),
+                                 stream_of(device))
         for s, d in zip(src, dst):
-            if not _c_able(s):
+            if not c_pair(s, d):
                 torch.mul(s, factor, out=d)
-        c_in = [g for g in inplace if _c_able(g)]
-        if c_in:
-            _C.grads_scale(list(map(to_dlpack, c_in)), float(factor))
+        for device, c_in in _by_device(g for g in inplace if _c_able(g)):
+            _C.grads_scale(list(map(to_dlpack, c_in)), float(factor), stream_of(device))
         for g in inplace:
             if not _c_able(g):
                 g.mul_(factor)

@@ -15,8 +15,9 @@ bc1 = 1 - beta1^t, bc2 = 1 - beta2^t (1 when bias_correction is off), t the grou
 Every tensor of a group is updated by one engine call (multi-tensor, threaded and
 vectorized C, GIL released), reading and writing torch's storage in place through
 DLPack. Parameters may be float32, float16 or bfloat16 (math in fp32, moments kept in
-fp32); ORT's needs a GPU and refuses bf16, this one does neither. CUDA tensors are not
-supported by this build (the CUDA execution provider is separate work).
+fp32); ORT's needs a GPU and refuses bf16, this one does neither. CUDA parameters take the
+CUDA provider's multi-tensor kernel (one call per group and device, enqueued on the device's
+current stream: no synchronization).
 """
 import enum
 import math
@@ -42,6 +43,11 @@ class AdamWMode(enum.IntEnum):
 
 def _dense(t):
     return t if t.is_contiguous() else t.contiguous()
+
+
+def stream_of(device):
+    """The int torch's current stream on device is (0 for the CPU): where CUDA work is enqueued."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
 class FusedAdam(torch.optim.Optimizer):
@@ -98,7 +104,7 @@ class FusedAdam(torch.optim.Optimizer):
             raise ValueError(f"FusedAdam.step: grad_scale must be finite and > 0, got {grad_scale}")
         for gi, group in enumerate(self.param_groups):
             group_grads = grads[gi] if grads is not None else None
-            params, gs, ms, vs, writeback = [], [], [], [], []
+            by_device, writeback = {}, []   # device -> (params, grads, exp_avgs, exp_avg_sqs)
             for i, p in enumerate(group["params"]):
                 g = p.grad if group_grads is None else group_grads[i]
                 if g is None:
@@ -106,9 +112,9 @@ class FusedAdam(torch.optim.Optimizer):
                 if g.is_sparse:
                     raise RuntimeError("FusedAdam does not support sparse gradients; use torch.optim.SparseAdam "
                                        "for embeddings with sparse=True")
-                if p.device.type != "cpu" or g.device.type != "cpu":
-                    raise NotImplementedError(
-                        f"FusedAdam: parameter on {p.device}: this build's optimizer kernels run on the CPU")
+                if p.device.type not in ("cpu", "cuda") or g.device != p.device:
+                    raise ValueError(f"FusedAdam: a parameter on {p.device} with its gradient on {g.device}: both "
+                                     "must be on one CPU or CUDA device")
                 if p.dtype not in _PARAM_DTYPES or g.dtype not in _PARAM_DTYPES:
                     raise TypeError(f"FusedAdam: parameters and gradients must be float32, float16 or bfloat16, "
                                     f"got {p.dtype} with a {g.dtype} gradient")
@@ -119,19 +125,18 @@ class FusedAdam(torch.optim.Optimizer):
                 if not p.is_contiguous():        # updated in a dense copy, written back below
                     target = p.contiguous()
                     writeback.append((p, target))
-                params.append(target)
-                gs.append(_dense(g))
-                ms.append(state["exp_avg"])
-                vs.append(state["exp_avg_sq"])
+                lists = by_device.setdefault(p.device, ([], [], [], []))
+                for lst, t in zip(lists, (target, _dense(g), state["exp_avg"], state["exp_avg_sq"])):
+                    lst.append(t)
             # one step counter per group, incremented before the update (as ORT's)
             group["step"] = group.get("step", 0) + 1
-            if not params:
-                continue
             beta1, beta2 = group["betas"]
-            _C.adam_step(list(map(to_dlpack, params)), list(map(to_dlpack, gs)), list(map(to_dlpack, ms)),
-                         list(map(to_dlpack, vs)), float(group["lr"]), float(beta1), float(beta2),
-                         float(group["eps"]), float(group["weight_decay"]), bool(group["bias_correction"]),
-                         int(group.get("adam_w_mode", self.adam_w_mode)), int(group["step"]), float(grad_scale))
+            for device, (params, gs, ms, vs) in by_device.items():
+                _C.adam_step(list(map(to_dlpack, params)), list(map(to_dlpack, gs)), list(map(to_dlpack, ms)),
+                             list(map(to_dlpack, vs)), float(group["lr"]), float(beta1), float(beta2),
+                             float(group["eps"]), float(group["weight_decay"]), bool(group["bias_correction"]),
+                             int(group.get("adam_w_mode", self.adam_w_mode)), int(group["step"]), float(grad_scale),
+                             stream_of(device))
             for p, dense in writeback:
                 p.copy_(dense)
         return loss

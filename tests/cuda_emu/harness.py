@@ -425,8 +425,13 @@ def cases_selftest():
     return selfcheck.cases(sys.modules[__name__])
 
 
+def cases_optim():
+    import optim
+    yield from optim.cases()
+
+
 GROUPS = {"selftest": cases_selftest, "ops-fp32": cases_ops_fp32, "ops-fp64": cases_ops_fp64, "half": cases_half,
-          "models": cases_models, "streams": cases_streams}
+          "models": cases_models, "streams": cases_streams, "optim": cases_optim}
 
 
 def run_case(fn):

@@ -3,7 +3,8 @@
     python tests/gpu/bench_gpt2.py --out results/ [--dtype bf16] [--batch 8] [--seq 1024] [--budget 240]
 
 A step is forward + backward + fused AdamW + zero_grad on the same model and data. When time is
-left, ortmod runs again with ORTMOD_CUDA_ATTENTION=materialized (attention.cu's cuBLAS path instead
+left, ortmod runs with ortmod.optim.FusedAdam instead of torch's fused AdamW (ortmod+fa), and
+again with ORTMOD_CUDA_ATTENTION=materialized (attention.cu's cuBLAS path instead
 of flash.cu's kernels). For eager and ortmod, two more steps run under torch.profiler and their
 kernels by GPU time go to kernels_eager.txt / kernels_ortmod.txt: what to tune next. Reports
 ms/step, tokens/s, the ratios (ortmod / eager, ortmod / compile: > 1 means ortmod is faster)
@@ -66,7 +67,11 @@ def kernel_table(step, out_path, rows=40):
 
 
 def bench(name, model, ids, warmup, steps, deadline, log, profile_to=None):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    if name.endswith("+fa"):   # ortmod.optim.FusedAdam (AdamW, torch's update rule) on the CUDA provider
+        from ortmod.optim import AdamWMode, FusedAdam
+        opt = FusedAdam(model.parameters(), lr=1e-4, eps=1e-8, weight_decay=0.01, adam_w_mode=AdamWMode.ADAMW_TORCH)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def step():
         loss = model(input_ids=ids, labels=ids).loss
@@ -144,7 +149,7 @@ def main():
 
     # last, when time is left: ortmod with attention.cu's cuBLAS path (scores materialized in fp32)
     # instead of flash.cu's kernels, to measure what the flash kernels are worth
-    variants = [("eager", lambda m: m), ("ortmod", ORTModule), ("compile", torch.compile),
+    variants = [("eager", lambda m: m), ("ortmod", ORTModule), ("compile", torch.compile), ("ortmod+fa", ORTModule),
                 ("ortmod-materialized", ORTModule)]
     for name, wrap in variants:
         if name == "ortmod-materialized":
@@ -178,6 +183,9 @@ def main():
     if ms("ortmod") and ms("compile"):
         results["ortmod_vs_compile"] = ms("compile") / ms("ortmod")
         log(f"ortmod vs torch.compile: {results['ortmod_vs_compile']:.2f}x (goal >= 1.0x)")
+    if ms("ortmod+fa") and ms("eager"):
+        results["ortmod_fa_vs_eager"] = ms("eager") / ms("ortmod+fa")
+        log(f"ortmod + FusedAdam vs eager (torch's fused AdamW): {results['ortmod_fa_vs_eager']:.2f}x")
     if ms("ortmod") and ms("ortmod-materialized"):
         results["flash_vs_materialized"] = ms("ortmod-materialized") / ms("ortmod")
         log(f"ortmod's flash attention vs its materialized scores: {results['flash_vs_materialized']:.2f}x")
