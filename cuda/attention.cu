@@ -310,10 +310,17 @@ static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_ex
     if (blas_type(dt, &t) || dt == OM_F64) return omc_err_dtype(ctx, 1, dt);
     if (ctx->in[5].dtype != OM_F32) return omc_err_dtype(ctx, 5, ctx->in[5].dtype);
     int64_t B = g.nbatch, L = g.L, S = g.S, D = g.D, Dv = g.Dv;
-    if ((wanted(ctx, 1) && g.k_bs == 0 && B > 1) || (wanted(ctx, 2) && g.v_bs == 0 && B > 1) ||
-        (wanted(ctx, 0) && g.q_bs == 0 && B > 1))
+    if (!B || !L) {   // no query: K and V got no gradient (zeros, as on the CPU)
+        for (int j = 1; j <= 2; j++)
+            if (wanted(ctx, j))
+                OMC_TRY(omc_cuda(cudaMemsetAsync(ctx->out[j].data, 0, nbytes(&ctx->out[j]), stream_of(x)),
+                                 "cudaMemsetAsync"));
+        return NULL;
+    }
+    // a batch stride of 0 is a shared operand, unless the operand is empty (its stride is 0 too)
+    if ((wanted(ctx, 1) && g.k_bs == 0 && B > 1 && S * D) || (wanted(ctx, 2) && g.v_bs == 0 && B > 1 && S * Dv) ||
+        (wanted(ctx, 0) && g.q_bs == 0 && B > 1 && L * D))
         return omc_err_unsupported(ctx, "gradients of Q, K or V shared over the batch");
-    if (!B || !L) return NULL;
     const void *dO = ctx->in[0].data, *Q = ctx->in[1].data, *K = ctx->in[2].data, *V = ctx->in[3].data;
     const int64_t *seedp = g.dropout && present(ctx, 12) ? (const int64_t *)ctx->in[12].data : NULL;
     if (g.dropout && !seedp) return OMC_ERR(OM_INTERNAL, "FusedAttentionGrad node '%s': the dropout seed is missing", omc_node_name(ctx));

@@ -289,8 +289,6 @@ om_status *omc_scatter_start(const om_kernel_ctx *ctx, const om_cuda_exec *x, om
 om_status *omc_scatter_finish(const om_kernel_ctx *ctx, const om_cuda_exec *x, omc_scatter *s, om_status *st);
 
 // ---- the provider's own (provider.cu) ----------------------------------------------------------
-// x for (device, stream), as the engine gets it; device becomes current
-om_status *omc_exec_for(int device, void *stream, om_cuda_exec *x);
 // counts a call that blocks the host (om_cuda_sync_count)
 void omc_count_blocking_call(void);
 // the optimizer passes (optim.cu): provider.h's adam_step, grads_copy_scaled, grads_check_and_norm

@@ -58,7 +58,8 @@ __device__ __forceinline__ void stage_rows(T *dst, const T *src, int64_t r0, int
         return;
     }
     for (int e = threadIdx.x; e < R * DM; e += blockDim.x) {
-        const int r = e / DM, c = e - r * DM;
+        // neighbouring threads read neighbouring elements: along a row, or down a column of src^T
+        const int r = tr ? e % R : e / DM, c = tr ? e / R : e - r * DM;
         const int64_t gr = r0 + r;
         dst[r * LD + c] = gr < n && c < d ? src[tr ? c * n + gr : gr * d + c] : zero_of<T>();
     }
@@ -112,9 +113,9 @@ __device__ __forceinline__ void write_rows(T *dst, const frag_acc *acc, float *s
         wmma::store_matrix_sync(stage, acc[j], 16, wmma::mem_row_major);
         __syncwarp();
         for (int e = lane; e < 256; e += 32) {
-            const int r = e >> 4, c = e & 15;
+            const int r = tr ? e & 15 : e >> 4, c = tr ? e >> 4 : e & 15;   // coalesced either way
             const int64_t gr = r0 + r, gc = j * 16 + c;
-            if (gr < n && gc < d) dst[tr ? gc * n + gr : gr * d + gc] = st<T>(stage[e] * scale);
+            if (gr < n && gc < d) dst[tr ? gc * n + gr : gr * d + gc] = st<T>(stage[r * 16 + c] * scale);
         }
         __syncwarp();
     }
@@ -205,7 +206,10 @@ flash_fwd_kernel(T *O, float *lse, const T *Q, const T *K, const T *V, const T *
             if (i < a.L && j < a.S) v = logit(a, S_w[r * FL_BC + c0 + cc], mask, mb, i, j);
             float e = i < a.L ? expf(v - m) : 0.0f;
             if (e != e && a.nan_to_zero) e = 0.0f;
-            if (a.dropout && i < a.L && j < a.S) e *= keep_of(a, seed, (b * a.L + i) * a.S + j);
+            if (a.dropout && i < a.L && j < a.S) {   // a dropped entry is 0, a NaN one too (attention.cu)
+                const float k = keep_of(a, seed, (b * a.L + i) * a.S + j);
+                e = k != 0.0f ? e * k : 0.0f;
+            }
             p[c] = e;
         }
         __syncwarp();

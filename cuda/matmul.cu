@@ -104,7 +104,9 @@ static om_status *lt_epilogue_gemm(const om_kernel_ctx *ctx, const om_cuda_exec 
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
-    lt_key key = {(int)dt, tb, M, N, K, (int)epi};
+    lt_key key;
+    memset(&key, 0, sizeof key);   // compared with memcmp: the padding must be zero too
+    key.dt = (int)dt, key.tb = tb, key.M = M, key.N = N, key.K = K, key.epi = (int)epi;
     lt_entry *hit = NULL;
     if (cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return NULL;
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);

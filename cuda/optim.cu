@@ -142,10 +142,20 @@ static om_kernel_ctx pass_ctx(const char *what) {
     return ctx;
 }
 
+// What the passes need of an exec: the device (current: provider.cu's wrappers set it) and the
+// stream for launches and temporary memory. No cuBLAS: the device's handle stays bound to the
+// engine's stream.
+static om_cuda_exec exec_of(int device, void *stream) {
+    om_cuda_exec x;
+    memset(&x, 0, sizeof x);
+    x.device = device;
+    x.stream = stream;
+    return x;
+}
+
 om_status *omc_adam_step(int device, void *stream, const om_adam_consts *c, int n, om_tensor *params,
                          const om_tensor *grads, om_tensor *exp_avg, om_tensor *exp_avg_sq) {
-    om_cuda_exec x;
-    OMC_TRY(omc_exec_for(device, stream, &x));
+    const om_cuda_exec x = exec_of(device, stream);
     const om_kernel_ctx ctx = pass_ctx("adam_step");
     const om_adam_consts cc = *c;
     return for_batches(&ctx, n, params, grads, exp_avg, exp_avg_sq, [&](const opt_batch &B, int blocks) {
@@ -154,8 +164,7 @@ om_status *omc_adam_step(int device, void *stream, const om_adam_consts *c, int 
 }
 
 om_status *omc_grads_copy_scaled(int device, void *stream, int n, const om_tensor *src, om_tensor *dst, float factor) {
-    om_cuda_exec x;
-    OMC_TRY(omc_exec_for(device, stream, &x));
+    const om_cuda_exec x = exec_of(device, stream);
     const om_kernel_ctx ctx = pass_ctx("grads_copy_scaled");
     return for_batches(&ctx, n, dst, src, NULL, NULL, [&](const opt_batch &B, int blocks) {
         copy_scaled_kernel<<<blocks, 256, 0, stream_of(&x)>>>(B, factor);
@@ -164,8 +173,7 @@ om_status *omc_grads_copy_scaled(int device, void *stream, int n, const om_tenso
 
 om_status *omc_grads_check_and_norm(int device, void *stream, int n, const om_tensor *grads, int *found_inf,
                                     double *sq_sum) {
-    om_cuda_exec x;
-    OMC_TRY(omc_exec_for(device, stream, &x));
+    const om_cuda_exec x = exec_of(device, stream);
     const om_kernel_ctx ctx = pass_ctx("grads_check_and_norm");
     double *sum = NULL;
     OMC_TRY(omc_temp_alloc(&x, sizeof(double), (void **)&sum));

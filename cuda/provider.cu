@@ -181,23 +181,28 @@ static om_status *p_exec_for(int dev, void *stream, om_cuda_exec *x) {
     return NULL;
 }
 
-om_status *omc_exec_for(int dev, void *stream, om_cuda_exec *x) { return p_exec_for(dev, stream, x); }
 void omc_count_blocking_call(void) { count_blocking_call(); }
 
 // ---- the optimizer passes (optim.cu), with the caller's current device restored after --------
 
 static om_status *p_adam_step(int dev, void *stream, const om_adam_consts *c, int n, om_tensor *params,
                               const om_tensor *grads, om_tensor *exp_avg, om_tensor *exp_avg_sq) {
+    device_state *d;
+    OMC_TRY(device_ready(dev, &d));   // (the pool for temporaries; the passes use no cuBLAS)
     device_guard gd(dev);
     return omc_adam_step(dev, stream, c, n, params, grads, exp_avg, exp_avg_sq);
 }
 static om_status *p_grads_copy_scaled(int dev, void *stream, int n, const om_tensor *src, om_tensor *dst,
                                       float factor) {
+    device_state *d;
+    OMC_TRY(device_ready(dev, &d));
     device_guard gd(dev);
     return omc_grads_copy_scaled(dev, stream, n, src, dst, factor);
 }
 static om_status *p_grads_check_and_norm(int dev, void *stream, int n, const om_tensor *grads, int *found_inf,
                                          double *sq_sum) {
+    device_state *d;
+    OMC_TRY(device_ready(dev, &d));
     device_guard gd(dev);
     return omc_grads_check_and_norm(dev, stream, n, grads, found_inf, sq_sum);
 }

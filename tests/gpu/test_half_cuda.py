@@ -273,6 +273,7 @@ FLASH_CASES = [
     ("shared-kv", attention_inputs((2, 2), 20, 36, 16, 16, shared_kv=True), {"scale": 0.25}, ("q",), ()),
     ("dropout", attention_inputs((2, 2), 48, 40, 64, 64, dropout=0.3), {"scale": 0.125, "causal": 1},
      ("q", "k", "v"), ("ratio", "tm")),
+    ("no-queries", attention_inputs((2,), 0, 9, 16, 16), {"scale": 0.25}, ("q", "k", "v"), ()),
     ("nan-to-zero", attention_inputs((2,), 24, 30, 64, 32, mask=fully_masked_rows(24, 30, [0, 5])),
      {"scale": 0.125, "nan_to_zero": 1}, ("q", "k", "v"), ()),
 ]
