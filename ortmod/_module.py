@@ -140,6 +140,12 @@ def _watch(ortmodule):
             pass
 
 
+def _autocast_key():
+    """The autocast state the export traces (its Casts become the graph's): one graph per state,
+    so a call outside autocast never runs a graph traced inside it, nor the other way round."""
+    return tuple((dev, torch.get_autocast_dtype(dev)) for dev in ("cpu", "cuda") if torch.is_autocast_enabled(dev))
+
+
 # --------------------------------------------------------------------------- cache entries
 
 class _ExportRecord:
@@ -319,7 +325,7 @@ class ORTModule(torch.nn.Module):
         flat = _capture.flatten_inputs(args, kwargs)
         inputs_key, input_grads = _capture.input_keys(flat)
         want_grad = module.training and torch.is_grad_enabled()
-        export_key = (inputs_key, module.training, torch.is_grad_enabled(), state.signature_id)
+        export_key = (inputs_key, module.training, torch.is_grad_enabled(), state.signature_id, _autocast_key())
         key = (export_key, input_grads, state.grads) if want_grad else (export_key,)
         entry = d["_ortmod_cache"].get(key)
         first_call = entry is None

@@ -373,3 +373,23 @@ def test_mixed_devices_are_refused_naming_both_tensors():
 
     with pytest.raises(_capture.UnsupportedDeviceError, match=r"buffer 'scale' is on meta but .* is on cpu"):
         _capture.check_one_device(M(), _capture.flatten_inputs((torch.randn(3, 4),), {}))
+
+
+# ---- autocast ------------------------------------------------------------------------------------
+
+def test_autocast_state_is_part_of_the_export_key():
+    """A graph traced under autocast records its Casts (bf16 math); one traced outside it is fp32.
+    Each state gets its own export: the fp32 graph is never reused under autocast (on the CPU the
+    bf16 one is then refused at plan time, naming the node), nor the other way round."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    model = ORTModule(m)
+    x = torch.randn(3, 8)
+    y = model(x)
+    assert y.dtype == torch.float32 and model._ortmod_export_count == 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(_C.InvalidInputError, match=HALF_MESSAGE):
+            model(x)
+    assert model._ortmod_export_count == 2
+    torch.testing.assert_close(model(x), y, rtol=0, atol=0)   # outside autocast again: the fp32 graph, cached
+    assert model._ortmod_export_count == 2

@@ -373,3 +373,24 @@ def test_model_half_trains_with_fp16_optimizer_like_eager():
     np.testing.assert_allclose(l_ort, l_ref, rtol=2e-2, atol=2e-2)
     for p in ort.parameters():
         assert p.dtype == torch.float16 and p.is_cuda
+
+
+def test_autocast_bf16_mlp_matches_eager_autocast():
+    """torch.autocast on CUDA: the export records autocast's Casts, the engine runs the bf16 GEMMs
+    and GELU, and the fp32 parameters get fp32 gradients, as eager autocast gives them."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 32)).cuda()
+    ort = ORTModule(copy_module(ref))
+    x = torch.randn(16, 64, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y_ref, y = ref(x), ort(x)
+    assert y.dtype == y_ref.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
+    y_ref.float().square().mean().backward()
+    y.float().square().mean().backward()
+    assert_grads_close(ref, ort)
+
+
+def copy_module(m):
+    import copy
+    return copy.deepcopy(m)
