@@ -1,7 +1,7 @@
 // misc.cu — the rest of misc.c and scan.c: Pad / PadGrad, Einsum, CumSum, GatherElements /
 // GatherElementsGrad and ScatterElements.
 //
-// Pad is one thread per output element (the source index per dim, as misc.c's pad_src); its
+// Pad is one thread per output element (the source index per dim: pad_geom.h's om_pad_src); its
 // backward gathers in constant mode (each input element has one source) and scatter-adds with
 // atomics in reflect/edge/wrap mode. Einsum runs the CPU's plan: operands gathered into
 // (batch, I, K) and (batch, K, J), one strided-batched cuBLAS GEMM, the product gathered into the
@@ -24,12 +24,14 @@ static int64_t dims_prod(const int64_t *d, int from, int to) {
 
 // ---- Pad / PadGrad ---------------------------------------------------------------------------------
 
-enum { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP };
-
-struct pad_geom {
-    int rank, mode;
-    int64_t in[OM_MAX_RANK], out[OM_MAX_RANK], pb[OM_MAX_RANK];
-};
+// pad_geom, om_pad_geometry and om_pad_src come from ops/pad_geom.h, shared with misc.c; it reports
+// errors and reads the mode through the engine's names, mapped here onto the host table (as
+// conv.cu does for spatial.h)
+#define om_error(...) g_host.error(__VA_ARGS__)
+#define om_attr_string(n, name, d) g_host.attr_string((n), (name), (d))
+#include "ops/pad_geom.h"
+#undef om_error
+#undef om_attr_string
 
 // pads (2 * n_axes values) = input pads_i, axes = input 3 (optional; Pad and PadGrad both keep it
 // there), both known at plan time; x dims (r, xd). Checks as misc.c.
@@ -56,51 +58,7 @@ static om_status *pad_geometry(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
     } else {
         for (int i = 0; i < r; i++) axes[i] = i;
     }
-    if (np != 2 * na)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': pads has %d values, expected %d", omc_op_name(ctx),
-                       omc_node_name(ctx), np, 2 * na);
-    const char *mode = attr_s(ctx, "mode", "constant");
-    g->mode = !strcmp(mode, "constant") ? PAD_CONSTANT : !strcmp(mode, "reflect") ? PAD_REFLECT
-            : !strcmp(mode, "edge") ? PAD_EDGE : !strcmp(mode, "wrap") ? PAD_WRAP : -1;
-    if (g->mode < 0)
-        return OMC_ERR(OM_UNSUPPORTED_OP, "%s node '%s': mode '%s'", omc_op_name(ctx), omc_node_name(ctx), mode);
-    g->rank = r;
-    for (int i = 0; i < r; i++) {
-        g->in[i] = g->out[i] = xd[i];
-        g->pb[i] = 0;
-    }
-    for (int i = 0; i < na; i++) {
-        const int a = (int)axes[i];
-        g->pb[a] = pads[i];
-        g->out[a] = xd[a] + pads[i] + pads[na + i];
-        if (g->out[a] < 0)
-            return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': negative output size", omc_op_name(ctx), omc_node_name(ctx));
-        if (g->mode != PAD_CONSTANT && xd[a] == 0 && g->out[a] > 0)
-            return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': cannot %s-pad an empty dim", omc_op_name(ctx),
-                           omc_node_name(ctx), mode);
-        if (g->mode == PAD_REFLECT && (pads[i] >= xd[a] || pads[na + i] >= xd[a]) && (pads[i] > 0 || pads[na + i] > 0))
-            return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': reflect padding must be smaller than the dim",
-                           omc_op_name(ctx), omc_node_name(ctx));
-    }
-    return NULL;
-}
-
-// Source index along one dim for output index o, or -1 (constant padding) — misc.c's pad_src.
-__device__ __forceinline__ int64_t pad_src(int mode, int64_t o, int64_t pb, int64_t S) {
-    int64_t i = o - pb;
-    if (i >= 0 && i < S) return i;
-    switch (mode) {
-    case PAD_EDGE: return i < 0 ? 0 : S - 1;
-    case PAD_REFLECT: {
-        if (S == 1) return 0;
-        const int64_t per = 2 * (S - 1);
-        i %= per;
-        if (i < 0) i += per;
-        return i < S ? i : per - i;
-    }
-    case PAD_WRAP: i %= S; return i < 0 ? i + S : i;
-    default: return -1;
-    }
+    return om_pad_geometry(ctx->node, r, xd, pads, np, axes, na, g);
 }
 
 // The input offset feeding output element i, or -1 when it lies in constant padding.
@@ -110,7 +68,7 @@ __device__ __forceinline__ int64_t pad_source(const pad_geom &g, int64_t i) {
     for (int d = g.rank - 1; d >= 0; d--) {
         const int64_t q = i / g.out[d], o = i - q * g.out[d];
         i = q;
-        const int64_t s = pad_src(g.mode, o, g.pb[d], g.in[d]);
+        const int64_t s = om_pad_src(g.mode, o, g.pb[d], g.in[d]);
         if (s < 0) inside = 0;
         off += s * xs;
         xs *= g.in[d];

@@ -38,6 +38,7 @@
 #include <stdlib.h>
 
 #include "ops/broadcast.h"
+#include "ops/pad_geom.h"
 #include "ops/gemm.h"
 #include "ops/op.h"
 
@@ -501,12 +502,7 @@ static om_status *trilu_grad(om_grad_ctx *c) {
 
 /* ---- Pad -------------------------------------------------------------------------------- */
 
-enum { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP };
-
-typedef struct pad_geom {
-    int rank, mode;
-    int64_t in[OM_MAX_RANK], out[OM_MAX_RANK], pb[OM_MAX_RANK];
-} pad_geom;
+/* pad_geom, om_pad_geometry and om_pad_src: ops/pad_geom.h (shared with cuda/misc.cu) */
 
 /* pads_t: (2 * n_axes) int64; axes_t: optional. x dims (r, xd). */
 static om_status *pad_geometry(const om_node *n, int r, const int64_t *xd, const om_tensor *pads_t,
@@ -524,50 +520,7 @@ static om_status *pad_geometry(const om_node *n, int r, const int64_t *xd, const
     } else {
         for (int i = 0; i < r; i++) axes[i] = i;
     }
-    if (np != 2 * na)
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': pads has %d values, expected %d", n->op->name, nm(n),
-                        np, 2 * na);
-    const char *mode = om_attr_string(n, "mode", "constant");
-    g->mode = strcmp(mode, "constant") == 0 ? PAD_CONSTANT : strcmp(mode, "reflect") == 0 ? PAD_REFLECT
-            : strcmp(mode, "edge") == 0 ? PAD_EDGE : strcmp(mode, "wrap") == 0 ? PAD_WRAP : -1;
-    if (g->mode < 0) return om_error(OM_UNSUPPORTED_OP, "%s node '%s': mode '%s'", n->op->name, nm(n), mode);
-    g->rank = r;
-    for (int i = 0; i < r; i++) {
-        g->in[i] = xd[i];
-        g->out[i] = xd[i];
-        g->pb[i] = 0;
-    }
-    for (int i = 0; i < na; i++) {
-        const int a = (int)axes[i];
-        g->pb[a] = pads[i];
-        g->out[a] = xd[a] + pads[i] + pads[na + i];
-        if (g->out[a] < 0)
-            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': negative output size", n->op->name, nm(n));
-        if (g->mode != PAD_CONSTANT && xd[a] == 0 && g->out[a] > 0)
-            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': cannot %s-pad an empty dim", n->op->name, nm(n), mode);
-        if (g->mode == PAD_REFLECT && (pads[i] >= xd[a] || pads[na + i] >= xd[a]) && (pads[i] > 0 || pads[na + i] > 0))
-            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': reflect padding must be smaller than the dim",
-                            n->op->name, nm(n));
-    }
-    return NULL;
-}
-
-/* Source index along one dim for output index o, or -1 (constant padding). */
-static inline int64_t pad_src(int mode, int64_t o, int64_t pb, int64_t S) {
-    int64_t i = o - pb;
-    if (i >= 0 && i < S) return i;
-    switch (mode) {
-    case PAD_EDGE: return i < 0 ? 0 : S - 1;
-    case PAD_REFLECT: {
-        if (S == 1) return 0;
-        const int64_t per = 2 * (S - 1);
-        i %= per;
-        if (i < 0) i += per;
-        return i < S ? i : per - i;
-    }
-    case PAD_WRAP: i %= S; return i < 0 ? i + S : i;
-    default: return -1;
-    }
+    return om_pad_geometry(n, r, xd, pads, np, axes, na, g);
 }
 
 static om_status *pad_infer(om_kernel_ctx *ctx) {
@@ -597,7 +550,7 @@ static om_status *pad_infer(om_kernel_ctx *ctx) {
 static int64_t pad_src_row(const pad_geom *g, const int64_t *idx) {
     int64_t off = 0;
     for (int d = 0; d < g->rank - 1; d++) {
-        const int64_t s = pad_src(g->mode, idx[d], g->pb[d], g->in[d]);
+        const int64_t s = om_pad_src(g->mode, idx[d], g->pb[d], g->in[d]);
         if (s < 0) return -1;
         off = off * g->in[d] + s;
     }
@@ -628,7 +581,7 @@ static om_status *pad_cpu(om_kernel_ctx *ctx) {
             } else {
                 const T *restrict xr = xp + src;
                 for (int64_t o = 0; o < OW; o++) {
-                    const int64_t s = pad_src(g.mode, o, pb, W);
+                    const int64_t s = om_pad_src(g.mode, o, pb, W);
                     y[o] = s < 0 ? cv : xr[s];
                 }
             }
@@ -690,7 +643,7 @@ static om_status *pad_grad_cpu(om_kernel_ctx *ctx) {
                 const T *restrict gy = dyp + row * OW;
                 T *restrict d = dxp + src;
                 for (int64_t o = 0; o < OW; o++) {
-                    const int64_t s = pad_src(g.mode, o, pb, W);
+                    const int64_t s = om_pad_src(g.mode, o, pb, W);
                     if (s >= 0) d[s] += gy[o];
                 }
             }
