@@ -159,145 +159,17 @@ static om_status *pad_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x)
 //   batch labels (in A, B and the output) -> the GEMM batch; I (A and output) -> rows;
 //   J (B and output) -> columns; K (everything else) -> summed.
 
-#define EIN_MAXL 64
+// ein_eq, ein_parse, ein_has and ein_strides come from ops/einsum_geom.h, shared with misc.c (errors
+// through the host table, as for pad_geom.h above)
+#define om_error(...) g_host.error(__VA_ARGS__)
+#define om_err_unsupported(n, what)                                                                 \
+    g_host.error(OM_UNSUPPORTED_OP, "node '%s' (%s): unsupported on CUDA: %s", ein_node_name(n),     \
+                 (n)->op ? (n)->op->name : "?", (what))
+#include "ops/einsum_geom.h"
+#undef om_error
+#undef om_err_unsupported
+
 #define EIN_MAXD (2 * OM_MAX_RANK)   // labels one operand's gather walks: at most every dim of both
-
-struct ein_term {
-    int n;
-    int lab[OM_MAX_RANK];
-};
-struct ein_eq {
-    int nin;
-    ein_term in[2], out;
-    int64_t size[EIN_MAXL];
-    int nell;
-};
-
-static int ein_letter(char ch) {
-    if (ch >= 'a' && ch <= 'z') return ch - 'a';
-    if (ch >= 'A' && ch <= 'Z') return 26 + ch - 'A';
-    return -1;
-}
-
-// Parses one term s[0:len]: its letters, whether (and where among the letters) it has an ellipsis.
-static int ein_term_parse(const char *s, int len, int *letters, int *has_ell, int *pos_ell) {
-    int nl = 0;
-    *has_ell = 0;
-    *pos_ell = -1;
-    for (int i = 0; i < len; i++) {
-        if (s[i] == ' ') continue;
-        if (s[i] == '.') {
-            if (i + 2 >= len || *has_ell || s[i + 1] != '.' || s[i + 2] != '.') return -1;
-            *has_ell = 1;
-            *pos_ell = nl;
-            i += 2;
-            continue;
-        }
-        const int l = ein_letter(s[i]);
-        if (l < 0 || nl >= OM_MAX_RANK) return -1;
-        letters[nl++] = l;
-    }
-    return nl;
-}
-
-static int ein_has(const ein_term *t, int l) {
-    for (int d = 0; d < t->n; d++)
-        if (t->lab[d] == l) return d;
-    return -1;
-}
-
-// The equation against the operands (as misc.c's ein_parse: the same checks, the same errors).
-static om_status *ein_parse(const om_kernel_ctx *ctx, const char *eq, int nin, const om_tensor *const *xs, ein_eq *e) {
-    const char *nm = omc_node_name(ctx);
-    memset(e, 0, sizeof *e);
-    if (nin < 1 || nin > 2) return omc_err_unsupported(ctx, "Einsum with more than 2 operands");
-    e->nin = nin;
-    const char *arrow = strstr(eq, "->");
-    const int lhs_len = arrow ? (int)(arrow - eq) : (int)strlen(eq);
-    int count[EIN_MAXL] = {0};
-    for (int i = 0; i < EIN_MAXL; i++) e->size[i] = -1;
-    int start = 0, t = 0;
-    int lets[2][OM_MAX_RANK], nls[2], has[2], pos[2];
-    for (int i = 0; i <= lhs_len; i++) {
-        if (i < lhs_len && eq[i] != ',') continue;
-        if (t >= nin) return OMC_ERR(OM_INVALID_ARGUMENT, "Einsum node '%s': more terms than inputs in '%s'", nm, eq);
-        nls[t] = ein_term_parse(eq + start, i - start, lets[t], &has[t], &pos[t]);
-        if (nls[t] < 0) return OMC_ERR(OM_INVALID_ARGUMENT, "Einsum node '%s': cannot parse '%s'", nm, eq);
-        const int er = xs[t]->rank - nls[t];
-        if ((has[t] && er < 0) || (!has[t] && er != 0))
-            return OMC_ERR(OM_INVALID_ARGUMENT, "Einsum node '%s': term %d of '%s' does not match rank %d", nm, t, eq,
-                           xs[t]->rank);
-        if (has[t] && er > e->nell) e->nell = er;
-        t++;
-        start = i + 1;
-    }
-    if (t != nin) return OMC_ERR(OM_INVALID_ARGUMENT, "Einsum node '%s': '%s' has %d terms for %d inputs", nm, eq, t, nin);
-    if (52 + e->nell > EIN_MAXL) return omc_err_unsupported(ctx, "Einsum ellipsis rank");
-    for (t = 0; t < nin; t++) {
-        ein_term *tm = &e->in[t];
-        const int er = xs[t]->rank - nls[t];
-        tm->n = 0;
-        for (int k = 0; k <= nls[t]; k++) {
-            if (has[t] && k == pos[t])
-                for (int j = 0; j < er; j++) tm->lab[tm->n++] = 52 + (e->nell - er) + j;
-            if (k < nls[t]) tm->lab[tm->n++] = lets[t][k];
-        }
-        for (int d = 0; d < tm->n; d++) {
-            const int l = tm->lab[d];
-            for (int d2 = 0; d2 < d; d2++)
-                if (tm->lab[d2] == l) return omc_err_unsupported(ctx, "Einsum with a repeated label in one operand (diagonal)");
-            const int64_t s = xs[t]->dims[d];
-            if (e->size[l] < 0 || e->size[l] == 1) e->size[l] = s;
-            else if (s != 1 && s != e->size[l])
-                return OMC_ERR(OM_INVALID_ARGUMENT, "Einsum node '%s': label size mismatch (%lld vs %lld) in '%s'", nm,
-                               (long long)s, (long long)e->size[l], eq);
-            if (l < 52) count[l]++;
-        }
-    }
-    e->out.n = 0;
-    if (arrow) {
-        int ol[OM_MAX_RANK], oh, op;
-        const int no = ein_term_parse(arrow + 2, (int)strlen(arrow + 2), ol, &oh, &op);
-        if (no < 0) return OMC_ERR(OM_INVALID_ARGUMENT, "Einsum node '%s': cannot parse the output of '%s'", nm, eq);
-        for (int k = 0; k <= no; k++) {
-            if (oh && k == op)
-                for (int j = 0; j < e->nell; j++) {
-                    if (e->out.n >= OM_MAX_RANK) return omc_err_unsupported(ctx, "Einsum output rank");
-                    e->out.lab[e->out.n++] = 52 + j;
-                }
-            if (k < no) {
-                if (e->size[ol[k]] < 0)
-                    return OMC_ERR(OM_INVALID_ARGUMENT, "Einsum node '%s': output label not in any input", nm);
-                for (int d2 = 0; d2 < e->out.n; d2++)
-                    if (e->out.lab[d2] == ol[k])
-                        return OMC_ERR(OM_INVALID_ARGUMENT, "Einsum node '%s': repeated output label", nm);
-                if (e->out.n >= OM_MAX_RANK) return omc_err_unsupported(ctx, "Einsum output rank");
-                e->out.lab[e->out.n++] = ol[k];
-            }
-        }
-    } else {   // implicit output: the ellipsis, then the letters used once, alphabetically
-        for (int j = 0; j < e->nell; j++) e->out.lab[e->out.n++] = 52 + j;
-        for (int l = 0; l < 52; l++)
-            if (count[l] == 1) {
-                if (e->out.n >= OM_MAX_RANK) return omc_err_unsupported(ctx, "Einsum output rank");
-                e->out.lab[e->out.n++] = l;
-            }
-    }
-    return NULL;
-}
-
-// Strides of operand t (with dims) for labels labs[0..nl): 0 where t lacks the label or holds it with size 1.
-static void ein_strides(const ein_term *t, const int64_t *dims, const int *labs, int nl, int64_t *str) {
-    int64_t s[OM_MAX_RANK], a = 1;
-    for (int d = t->n - 1; d >= 0; d--) {
-        s[d] = dims[d] == 1 ? 0 : a;
-        a *= dims[d];
-    }
-    for (int i = 0; i < nl; i++) {
-        const int d = ein_has(t, labs[i]);
-        str[i] = d < 0 ? 0 : s[d];
-    }
-}
 
 // A walk over dims[0..n) that reads src at sum idx[d] * str[d]: the destination is dense.
 struct ein_walk {
@@ -378,7 +250,7 @@ static om_status *einsum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     if (nin > 1 && xs[1]->dtype != xs[0]->dtype) return omc_err_dtype(ctx, 1, xs[1]->dtype);
     const char *eq = attr_s(ctx, "equation", "");
     ein_eq e;
-    OMC_TRY(ein_parse(ctx, eq, nin, xs, &e));
+    OMC_TRY(ein_parse(ctx->node, eq, nin, xs, &e));
     const om_tensor *Y = &ctx->out[0];
     const om_dtype dt = xs[0]->dtype;
     if (dt != OM_F32 && dt != OM_F64 && dt != OM_F16 && dt != OM_BF16) return omc_err_dtype(ctx, 0, dt);

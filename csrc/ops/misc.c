@@ -38,6 +38,7 @@
 #include <stdlib.h>
 
 #include "ops/broadcast.h"
+#include "ops/einsum_geom.h"
 #include "ops/pad_geom.h"
 #include "ops/gemm.h"
 #include "ops/op.h"
@@ -664,132 +665,7 @@ static om_status *pad_grad_cpu(om_kernel_ctx *ctx) {
  * A is gathered (permute + broadcast) into (batch, I, K), B into (batch, K, J), and the
  * (batch, I, J) product is scattered into the output's label order. */
 
-#define EIN_MAXL 64
-#define EIN_MAXT 3
-
-typedef struct ein_term {
-    int n;                  /* rank */
-    int lab[OM_MAX_RANK];
-} ein_term;
-
-typedef struct ein_eq {
-    int nin;
-    ein_term in[EIN_MAXT - 1], out;
-    int64_t size[EIN_MAXL];
-    int nell;               /* ellipsis rank (broadcast) */
-} ein_eq;
-
-static int ein_letter(char ch) {
-    if (ch >= 'a' && ch <= 'z') return ch - 'a';
-    if (ch >= 'A' && ch <= 'Z') return 26 + ch - 'A';
-    return -1;
-}
-
-/* Parses one term of s[0:len]; ell_rank: the operand's rank minus its letters (-1: output). */
-static int ein_term_parse(const char *s, int len, int *letters, int *has_ell, int *pos_ell) {
-    int nl = 0;
-    *has_ell = 0;
-    *pos_ell = -1;
-    for (int i = 0; i < len; i++) {
-        if (s[i] == ' ') continue;
-        if (s[i] == '.') {
-            if (i + 2 >= len) return -1;
-            if (*has_ell || s[i + 1] != '.' || s[i + 2] != '.') return -1;
-            *has_ell = 1;
-            *pos_ell = nl;
-            i += 2;
-            continue;
-        }
-        int l = ein_letter(s[i]);
-        if (l < 0 || nl >= OM_MAX_RANK) return -1;
-        letters[nl++] = l;
-    }
-    return nl;
-}
-
-/* Parses eq against operands xs (nin of them); fills sizes. */
-static om_status *ein_parse(const om_node *n, const char *eq, int nin, const om_tensor *const *xs, ein_eq *e) {
-    memset(e, 0, sizeof *e);
-    if (nin < 1 || nin > 2) return om_err_unsupported(n, "Einsum with more than 2 operands");
-    e->nin = nin;
-    const char *arrow = strstr(eq, "->");
-    const int lhs_len = arrow ? (int)(arrow - eq) : (int)strlen(eq);
-    int count[EIN_MAXL] = {0};
-    for (int i = 0; i < EIN_MAXL; i++) e->size[i] = -1;
-    int start = 0, t = 0, ell_any = 0;
-    int lets[EIN_MAXT][OM_MAX_RANK], nls[EIN_MAXT], has[EIN_MAXT], pos[EIN_MAXT];
-    for (int i = 0; i <= lhs_len; i++) {
-        if (i < lhs_len && eq[i] != ',') continue;
-        if (t >= nin) return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': more terms than inputs in '%s'", nm(n), eq);
-        nls[t] = ein_term_parse(eq + start, i - start, lets[t], &has[t], &pos[t]);
-        if (nls[t] < 0) return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': cannot parse '%s'", nm(n), eq);
-        const int er = xs[t]->rank - nls[t];
-        if ((has[t] && er < 0) || (!has[t] && er != 0))
-            return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': term %d of '%s' does not match rank %d", nm(n),
-                            t, eq, xs[t]->rank);
-        if (has[t] && er > e->nell) e->nell = er;
-        ell_any |= has[t];
-        t++;
-        start = i + 1;
-    }
-    if (t != nin) return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': '%s' has %d terms for %d inputs", nm(n), eq, t, nin);
-    if (52 + e->nell > EIN_MAXL) return om_err_unsupported(n, "Einsum ellipsis rank");
-    for (t = 0; t < nin; t++) {
-        ein_term *tm = &e->in[t];
-        const int er = xs[t]->rank - nls[t];
-        tm->n = 0;
-        for (int k = 0; k <= nls[t]; k++) {
-            if (has[t] && k == pos[t])
-                for (int j = 0; j < er; j++) tm->lab[tm->n++] = 52 + (e->nell - er) + j;
-            if (k < nls[t]) tm->lab[tm->n++] = lets[t][k];
-        }
-        for (int d = 0; d < tm->n; d++) {
-            const int l = tm->lab[d];
-            for (int d2 = 0; d2 < d; d2++)
-                if (tm->lab[d2] == l) return om_err_unsupported(n, "Einsum with a repeated label in one operand (diagonal)");
-            const int64_t s = xs[t]->dims[d];
-            if (e->size[l] < 0 || e->size[l] == 1) e->size[l] = s;
-            else if (s != 1 && s != e->size[l])
-                return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': label size mismatch (%lld vs %lld) in '%s'",
-                                nm(n), (long long)s, (long long)e->size[l], eq);
-            if (l < 52) count[l]++;
-        }
-    }
-    /* output */
-    e->out.n = 0;
-    if (arrow) {
-        int ol[OM_MAX_RANK], oh, op;
-        int no = ein_term_parse(arrow + 2, (int)strlen(arrow + 2), ol, &oh, &op);
-        if (no < 0) return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': cannot parse the output of '%s'", nm(n), eq);
-        for (int k = 0; k <= no; k++) {
-            if (oh && k == op)
-                for (int j = 0; j < e->nell; j++) e->out.lab[e->out.n++] = 52 + j;
-            if (k < no) {
-                if (e->size[ol[k]] < 0)
-                    return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': output label not in any input", nm(n));
-                for (int d2 = 0; d2 < e->out.n; d2++)
-                    if (e->out.lab[d2] == ol[k]) return om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': repeated output label", nm(n));
-                e->out.lab[e->out.n++] = ol[k];
-            }
-        }
-        if (!oh && e->nell > 0 && ell_any) {
-            /* ellipsis dims dropped from the output are summed: fine, they are K labels */
-        }
-    } else {
-        /* implicit output: the ellipsis, then letters used once, alphabetically */
-        for (int j = 0; j < e->nell; j++) e->out.lab[e->out.n++] = 52 + j;
-        for (int l = 0; l < 52; l++)
-            if (count[l] == 1) e->out.lab[e->out.n++] = l;
-    }
-    if (e->out.n > OM_MAX_RANK) return om_err_unsupported(n, "Einsum output rank");
-    return NULL;
-}
-
-static int ein_has(const ein_term *t, int l) {
-    for (int d = 0; d < t->n; d++)
-        if (t->lab[d] == l) return d;
-    return -1;
-}
+/* ein_eq, ein_parse, ein_has, ein_strides: ops/einsum_geom.h (shared with cuda/misc.cu) */
 
 static om_status *einsum_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
@@ -826,19 +702,6 @@ static om_status *einsum_infer(om_kernel_ctx *ctx) {
             }                                                                                  \
         }                                                                                      \
     } while (0)
-
-/* Strides of tensor term t (with dims) for labels labs[0..nl): 0 where absent or size 1. */
-static void ein_strides(const ein_term *t, const int64_t *dims, const int *labs, int nl, int64_t *str) {
-    int64_t s[OM_MAX_RANK], acc = 1;
-    for (int d = t->n - 1; d >= 0; d--) {
-        s[d] = dims[d] == 1 ? 0 : acc;
-        acc *= dims[d];
-    }
-    for (int i = 0; i < nl; i++) {
-        int d = ein_has(t, labs[i]);
-        str[i] = d < 0 ? 0 : s[d];
-    }
-}
 
 static void gemm_f32(int64_t M, int64_t N, int64_t K, const float *A, const float *B, float *C) {
     om_gemm(OM_F32, false, false, M, N, K, 1.0, A, K, B, N, 0.0, C, N);
