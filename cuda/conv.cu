@@ -125,6 +125,32 @@ static om_status *im2col(const om_kernel_ctx *ctx, const om_cuda_exec *x, size_t
     return omc_launched(ctx);
 }
 
+// Calls f(k, od, oh, ow) for every window that holds input position (id, ih, iw): k is the tap
+// ((kd * KH + kh) * KW + kw), (od, oh, ow) the window's output position. The gather col2im and
+// AveragePoolGrad run instead of scattering with atomics.
+template <typename F>
+__device__ __forceinline__ void for_windows_of(const om_window &w, int64_t id, int64_t ih, int64_t iw, F f) {
+    for (int64_t kd = 0; kd < w.k[0]; kd++) {
+        const int64_t td = id + w.pb[0] - kd * w.d[0];
+        if (td < 0 || td % w.s[0]) continue;
+        const int64_t od = td / w.s[0];
+        if (od >= w.out[0]) continue;
+        for (int64_t kh = 0; kh < w.k[1]; kh++) {
+            const int64_t th = ih + w.pb[1] - kh * w.d[1];
+            if (th < 0 || th % w.s[1]) continue;
+            const int64_t oh = th / w.s[1];
+            if (oh >= w.out[1]) continue;
+            for (int64_t kw = 0; kw < w.k[2]; kw++) {
+                const int64_t tw = iw + w.pb[2] - kw * w.d[2];
+                if (tw < 0 || tw % w.s[2]) continue;
+                const int64_t ow = tw / w.s[2];
+                if (ow >= w.out[2]) continue;
+                f((kd * w.k[1] + kh) * w.k[2] + kw, od, oh, ow);
+            }
+        }
+    }
+}
+
 // dcol is (nb, C*KS, OS) in T's math type (fp32 for fp16/bf16: the GEMM's sums are rounded once,
 // here), dx is (nb, C, ID, IH, IW): dx[p, s] = sum of the dcol entries whose tap is s
 template <typename T>
@@ -137,25 +163,9 @@ __global__ void col2im_kernel(T *dx, const typename acc<T>::t *dcol, om_window w
         const int64_t iw = s % w.in[2], ih = (s / w.in[2]) % w.in[1], id = s / (w.in[2] * w.in[1]);
         const A *cp = dcol + p * KS * OS;   // channel c of image n: rows (n*C + c)*KS ...
         A sum = 0;
-        for (int64_t kd = 0; kd < w.k[0]; kd++) {
-            const int64_t td = id + w.pb[0] - kd * w.d[0];
-            if (td < 0 || td % w.s[0]) continue;
-            const int64_t od = td / w.s[0];
-            if (od >= w.out[0]) continue;
-            for (int64_t kh = 0; kh < w.k[1]; kh++) {
-                const int64_t th = ih + w.pb[1] - kh * w.d[1];
-                if (th < 0 || th % w.s[1]) continue;
-                const int64_t oh = th / w.s[1];
-                if (oh >= w.out[1]) continue;
-                for (int64_t kw = 0; kw < w.k[2]; kw++) {
-                    const int64_t tw = iw + w.pb[2] - kw * w.d[2];
-                    if (tw < 0 || tw % w.s[2]) continue;
-                    const int64_t ow = tw / w.s[2];
-                    if (ow >= w.out[2]) continue;
-                    sum += cp[((kd * w.k[1] + kh) * w.k[2] + kw) * OS + (od * w.out[1] + oh) * w.out[2] + ow];
-                }
-            }
-        }
+        for_windows_of(w, id, ih, iw, [&](int64_t k, int64_t od, int64_t oh, int64_t ow) {
+            sum += cp[k * OS + (od * w.out[1] + oh) * w.out[2] + ow];
+        });
         dx[i] = st<T>(sum);
     }
 }
@@ -541,26 +551,10 @@ __global__ void average_pool_grad_kernel(T *dx, const T *dy, om_window w, int in
         const int64_t iw = s % w.in[2], ih = (s / w.in[2]) % w.in[1], id = s / (w.in[2] * w.in[1]);
         const T *g = dy + p * OS;
         A sum = 0;
-        for (int64_t kd = 0; kd < w.k[0]; kd++) {
-            const int64_t td = id + w.pb[0] - kd * w.d[0];
-            if (td < 0 || td % w.s[0]) continue;
-            const int64_t od = td / w.s[0];
-            if (od >= w.out[0]) continue;
-            for (int64_t kh = 0; kh < w.k[1]; kh++) {
-                const int64_t th = ih + w.pb[1] - kh * w.d[1];
-                if (th < 0 || th % w.s[1]) continue;
-                const int64_t oh = th / w.s[1];
-                if (oh >= w.out[1]) continue;
-                for (int64_t kw = 0; kw < w.k[2]; kw++) {
-                    const int64_t tw = iw + w.pb[2] - kw * w.d[2];
-                    if (tw < 0 || tw % w.s[2]) continue;
-                    const int64_t ow = tw / w.s[2];
-                    if (ow >= w.out[2]) continue;
-                    const int64_t div = avg_divisor(w, incl, od, oh, ow);
-                    if (div > 0) sum += ld(g[(od * w.out[1] + oh) * w.out[2] + ow]) / (A)div;
-                }
-            }
-        }
+        for_windows_of(w, id, ih, iw, [&](int64_t, int64_t od, int64_t oh, int64_t ow) {
+            const int64_t div = avg_divisor(w, incl, od, oh, ow);
+            if (div > 0) sum += ld(g[(od * w.out[1] + oh) * w.out[2] + ow]) / (A)div;
+        });
         dx[i] = st<T>(sum);
     }
 }
