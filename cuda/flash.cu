@@ -30,6 +30,10 @@
 using namespace nvcuda;
 
 #define FL_BC 32   // keys per tile (forward, dQ); query rows per tile (dKV)
+// Row stride of each warp's 16-row score tiles: the fp32 products S and dP (floats) and the T tiles
+// P, dS written over S (elements). 8 past FL_BC: fragment stores then meet 2 rows per bank
+// (8 at 32), fragment loads of P none (4), the lanes' rotated reads none.
+#define FL_SLD (FL_BC + 8)
 
 template <int DM> struct flash_tile {
     // staged rows are DM + 8 elements apart: at DM's 128 or 256 bytes every row of a 16x16
@@ -149,7 +153,7 @@ flash_fwd_kernel(T *O, float *lse, const T *Q, const T *K, const T *V, const T *
     __shared__ __align__(32) T sQ[tile::ROWS * tile::LD];
     __shared__ __align__(32) T sK[FL_BC * tile::LD];
     __shared__ __align__(32) T sV[FL_BC * tile::LD];
-    __shared__ __align__(32) float sS[tile::WARPS][16 * FL_BC];
+    __shared__ __align__(32) float sS[tile::WARPS][16 * FL_SLD];
     const soft_args &a = f.a;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * 16;
     const int64_t b = blockIdx.y, q0 = (int64_t)blockIdx.x * tile::ROWS, i = q0 + 16 * w + r;
@@ -167,12 +171,12 @@ flash_fwd_kernel(T *O, float *lse, const T *Q, const T *K, const T *V, const T *
         __syncthreads();
         stage_rows<T, FL_BC, DM>(sK, Kb, k0, a.S, f.D, f.kt);
         __syncthreads();
-        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sQ + 16 * w * tile::LD, tile::LD, sK, tile::LD);
+        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_SLD, sQ + 16 * w * tile::LD, tile::LD, sK, tile::LD);
         __syncwarp();
         for (int c = 0; c < 16; c++) {
             const int cc = (c + r) & 15;   // rotated: the 16 rows of a half warp hit 16 banks
             const int64_t j = k0 + c0 + cc;
-            const float v = i < a.L && j < a.S ? logit(a, S_w[r * FL_BC + c0 + cc], mask, mb, i, j) : -INFINITY;
+            const float v = i < a.L && j < a.S ? logit(a, S_w[r * FL_SLD + c0 + cc], mask, mb, i, j) : -INFINITY;
             if (v == -INFINITY) continue;
             if (v > m) { l = l * expf(m - v) + 1.0f; m = v; }
             else l += expf(v - m);
@@ -196,14 +200,14 @@ flash_fwd_kernel(T *O, float *lse, const T *Q, const T *K, const T *V, const T *
         stage_rows<T, FL_BC, DM>(sK, Kb, k0, a.S, f.D, f.kt);
         stage_rows<T, FL_BC, DM>(sV, Vb, k0, a.S, f.Dv, 0);
         __syncthreads();
-        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sQ + 16 * w * tile::LD, tile::LD, sK, tile::LD);
+        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_SLD, sQ + 16 * w * tile::LD, tile::LD, sK, tile::LD);
         __syncwarp();
         float p[16];
         for (int c = 0; c < 16; c++) {
             const int cc = (c + r) & 15;   // rotated: the 16 rows of a half warp hit 16 banks
             const int64_t j = k0 + c0 + cc;
             float v = -INFINITY;
-            if (i < a.L && j < a.S) v = logit(a, S_w[r * FL_BC + c0 + cc], mask, mb, i, j);
+            if (i < a.L && j < a.S) v = logit(a, S_w[r * FL_SLD + c0 + cc], mask, mb, i, j);
             float e = i < a.L ? expf(v - m) : 0.0f;
             if (e != e && a.nan_to_zero) e = 0.0f;
             if (a.dropout && i < a.L && j < a.S) {   // a dropped entry is 0, a NaN one too (attention.cu)
@@ -213,9 +217,9 @@ flash_fwd_kernel(T *O, float *lse, const T *Q, const T *K, const T *V, const T *
             p[c] = e;
         }
         __syncwarp();
-        for (int c = 0; c < 16; c++) P_w[r * FL_BC + c0 + ((c + r) & 15)] = st<T>(p[c]);
+        for (int c = 0; c < 16; c++) P_w[r * FL_SLD + c0 + ((c + r) & 15)] = st<T>(p[c]);
         __syncwarp();
-        mma_ab_acc<T, FL_BC / 16, DM / 16>(o, P_w, FL_BC, sV, tile::LD);
+        mma_ab_acc<T, FL_BC / 16, DM / 16>(o, P_w, FL_SLD, sV, tile::LD);
     }
     __syncwarp();
     write_rows<T, DM / 16>(O + b * a.L * f.Dv, o, S_w, 1.0f, q0 + 16 * w, a.L, f.Dv, 0);
@@ -237,8 +241,8 @@ flash_dq_kernel(T *dQ, const T *dO, const T *Q, const T *K, const T *V, const T 
     __shared__ __align__(32) T sdO[tile::ROWS * tile::LD];
     __shared__ __align__(32) T sK[FL_BC * tile::LD];
     __shared__ __align__(32) T sV[FL_BC * tile::LD];
-    __shared__ __align__(32) float sS[tile::WARPS][16 * FL_BC];
-    __shared__ __align__(32) float sdP[tile::WARPS][16 * FL_BC];
+    __shared__ __align__(32) float sS[tile::WARPS][16 * FL_SLD];
+    __shared__ __align__(32) float sdP[tile::WARPS][16 * FL_SLD];
     const soft_args &a = f.a;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * 16;
     const int64_t b = blockIdx.y, q0 = (int64_t)blockIdx.x * tile::ROWS, i = q0 + 16 * w + r;
@@ -258,22 +262,22 @@ flash_dq_kernel(T *dQ, const T *dO, const T *Q, const T *K, const T *V, const T 
         stage_rows<T, FL_BC, DM>(sK, Kb, k0, a.S, f.D, f.kt);
         stage_rows<T, FL_BC, DM>(sV, Vb, k0, a.S, f.Dv, 0);
         __syncthreads();
-        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sQ + 16 * w * tile::LD, tile::LD, sK, tile::LD);
-        mma_abt<T, DM / 16, FL_BC / 16>(dP_w, FL_BC, sdO + 16 * w * tile::LD, tile::LD, sV, tile::LD);
+        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_SLD, sQ + 16 * w * tile::LD, tile::LD, sK, tile::LD);
+        mma_abt<T, DM / 16, FL_BC / 16>(dP_w, FL_SLD, sdO + 16 * w * tile::LD, tile::LD, sV, tile::LD);
         __syncwarp();
         float ds[16];
         for (int c = 0; c < 16; c++) {
             const int cc = (c + r) & 15;   // rotated: the 16 rows of a half warp hit 16 banks
             const int64_t j = k0 + c0 + cc;
             float pd;
-            ds[c] = i < a.L && j < a.S ? score_grad(a, S_w[r * FL_BC + c0 + cc], dP_w[r * FL_BC + c0 + cc], li, di,
+            ds[c] = i < a.L && j < a.S ? score_grad(a, S_w[r * FL_SLD + c0 + cc], dP_w[r * FL_SLD + c0 + cc], li, di,
                                                     mask, mb, b, i, j, seed, &pd)
                                        : 0.0f;
         }
         __syncwarp();
-        for (int c = 0; c < 16; c++) dS_w[r * FL_BC + c0 + ((c + r) & 15)] = st<T>(ds[c]);
+        for (int c = 0; c < 16; c++) dS_w[r * FL_SLD + c0 + ((c + r) & 15)] = st<T>(ds[c]);
         __syncwarp();
-        mma_ab_acc<T, FL_BC / 16, DM / 16>(dq, dS_w, FL_BC, sK, tile::LD);
+        mma_ab_acc<T, FL_BC / 16, DM / 16>(dq, dS_w, FL_SLD, sK, tile::LD);
     }
     __syncwarp();
     write_rows<T, DM / 16>(dQ + b * a.L * f.D, dq, dP_w, a.scale, q0 + 16 * w, a.L, f.D, 0);
@@ -296,8 +300,8 @@ flash_dkv_kernel(T *dK, T *dV, const T *dO, const T *Q, const T *K, const T *V, 
     __shared__ __align__(32) T sV[tile::ROWS * tile::LD];
     __shared__ __align__(32) T sQ[FL_BC * tile::LD];
     __shared__ __align__(32) T sdO[FL_BC * tile::LD];
-    __shared__ __align__(32) float sS[tile::WARPS][16 * FL_BC];
-    __shared__ __align__(32) float sdP[tile::WARPS][16 * FL_BC];
+    __shared__ __align__(32) float sS[tile::WARPS][16 * FL_SLD];
+    __shared__ __align__(32) float sdP[tile::WARPS][16 * FL_SLD];
     __shared__ float s_lse[FL_BC], s_di[FL_BC];
     const soft_args &a = f.a;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * 16;
@@ -308,7 +312,7 @@ flash_dkv_kernel(T *dK, T *dV, const T *dO, const T *Q, const T *K, const T *V, 
     // causal: query tiles wholly above the block's first key see none of its keys
     const int64_t q_begin = a.causal ? (k0 / FL_BC) * FL_BC : 0;
     float *S_w = sS[w], *dP_w = sdP[w];
-    T *Pd_w = (T *)S_w, *dS_w = (T *)S_w + 16 * FL_BC;   // both fit where the fp32 scores were
+    T *Pd_w = (T *)S_w, *dS_w = (T *)S_w + 16 * FL_SLD;   // both fit where the fp32 scores were
     stage_rows<T, tile::ROWS, DM>(sK, K + b * f.k_bs, k0, a.S, f.D, f.kt);
     stage_rows<T, tile::ROWS, DM>(sV, V + b * f.v_bs, k0, a.S, f.Dv, 0);
     frag_acc dk[DM / 16], dv[DM / 16];
@@ -326,8 +330,8 @@ flash_dkv_kernel(T *dK, T *dV, const T *dO, const T *Q, const T *K, const T *V, 
             s_di[e] = i < a.L ? Di[b * a.L + i] : 0.0f;
         }
         __syncthreads();
-        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_BC, sK + 16 * w * tile::LD, tile::LD, sQ, tile::LD);
-        mma_abt<T, DM / 16, FL_BC / 16>(dP_w, FL_BC, sV + 16 * w * tile::LD, tile::LD, sdO, tile::LD);
+        mma_abt<T, DM / 16, FL_BC / 16>(S_w, FL_SLD, sK + 16 * w * tile::LD, tile::LD, sQ, tile::LD);
+        mma_abt<T, DM / 16, FL_BC / 16>(dP_w, FL_SLD, sV + 16 * w * tile::LD, tile::LD, sdO, tile::LD);
         __syncwarp();
         float pd[16], ds[16];
         for (int c = 0; c < 16; c++) {
@@ -335,18 +339,18 @@ flash_dkv_kernel(T *dK, T *dV, const T *dO, const T *Q, const T *K, const T *V, 
             const int64_t i = q0 + c0 + cc;
             pd[c] = ds[c] = 0.0f;
             if (i < a.L && j < a.S)
-                ds[c] = score_grad(a, S_w[r * FL_BC + c0 + cc], dP_w[r * FL_BC + c0 + cc], s_lse[c0 + cc],
+                ds[c] = score_grad(a, S_w[r * FL_SLD + c0 + cc], dP_w[r * FL_SLD + c0 + cc], s_lse[c0 + cc],
                                    s_di[c0 + cc], mask, mb, b, i, j, seed, &pd[c]);
         }
         __syncwarp();
         for (int c = 0; c < 16; c++) {
             const int cc = (c + r) & 15;   // rotated: the 16 rows of a half warp hit 16 banks
-            Pd_w[r * FL_BC + c0 + cc] = st<T>(pd[c]);
-            dS_w[r * FL_BC + c0 + cc] = st<T>(ds[c]);
+            Pd_w[r * FL_SLD + c0 + cc] = st<T>(pd[c]);
+            dS_w[r * FL_SLD + c0 + cc] = st<T>(ds[c]);
         }
         __syncwarp();
-        mma_ab_acc<T, FL_BC / 16, DM / 16>(dv, Pd_w, FL_BC, sdO, tile::LD);
-        mma_ab_acc<T, FL_BC / 16, DM / 16>(dk, dS_w, FL_BC, sQ, tile::LD);
+        mma_ab_acc<T, FL_BC / 16, DM / 16>(dv, Pd_w, FL_SLD, sdO, tile::LD);
+        mma_ab_acc<T, FL_BC / 16, DM / 16>(dk, dS_w, FL_SLD, sQ, tile::LD);
     }
     __syncwarp();
     if (dV) write_rows<T, DM / 16>(dV + b * a.S * f.Dv, dv, dP_w, 1.0f, k0 + 16 * w, a.S, f.Dv, 0);
