@@ -132,6 +132,17 @@ typedef struct pool_args {
 /* Planes per range: about OM_GRAIN outputs, at least one plane. */
 static int64_t plane_grain(int64_t per_plane) { return per_plane > 0 ? OM_GRAIN / per_plane + 1 : OM_GRAIN; }
 
+/* a's window over the input dims (rank, dims), its interior and plane sizes; returns the planes
+ * (N * C) in *P. */
+static om_status *pool_setup(const om_node *n, int rank, const int64_t *dims, pool_args *a, int64_t *P) {
+    OM_TRY(pool_window(n, rank, dims, &a->w));
+    pool_interior_init(&a->w, &a->it);
+    a->IS = om_window_in_size(&a->w);
+    a->OS = om_window_out_size(&a->w);
+    *P = a->w.N * a->w.C;
+    return NULL;
+}
+
 /* The first tap wins a tie; NaN wins the window (and then stays). */
 #define MAX_TAP(T, xc, best, bi, at)                                                           \
     do {                                                                                       \
@@ -271,11 +282,8 @@ static om_status *max_pool_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
     pool_args a = {.src = x->data, .dst = ctx->out[0].data, .idx = ctx->n_out > 1 ? ctx->out[1].data : NULL};
-    OM_TRY(pool_window(n, x->rank, x->dims, &a.w));
-    pool_interior_init(&a.w, &a.it);
-    a.IS = om_window_in_size(&a.w);
-    a.OS = om_window_out_size(&a.w);
-    const int64_t P = a.w.N * a.w.C;
+    int64_t P;
+    OM_TRY(pool_setup(n, x->rank, x->dims, &a, &P));
     switch (x->dtype) {
     case OM_F32: om_pool_for(P, plane_grain(a.OS), max_pool_f32, &a); break;
     case OM_F64: om_pool_for(P, plane_grain(a.OS), max_pool_f64, &a); break;
@@ -433,11 +441,8 @@ static om_status *average_pool_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
     pool_args a = {.src = x->data, .dst = ctx->out[0].data, .incl = om_attr_int(n, "count_include_pad", 0) != 0};
-    OM_TRY(pool_window(n, x->rank, x->dims, &a.w));
-    pool_interior_init(&a.w, &a.it);
-    a.IS = om_window_in_size(&a.w);
-    a.OS = om_window_out_size(&a.w);
-    const int64_t P = a.w.N * a.w.C;
+    int64_t P;
+    OM_TRY(pool_setup(n, x->rank, x->dims, &a, &P));
     switch (x->dtype) {
     case OM_F32: om_pool_for(P, plane_grain(a.OS), average_pool_f32, &a); break;
     case OM_F64: om_pool_for(P, plane_grain(a.OS), average_pool_f64, &a); break;
@@ -521,11 +526,8 @@ static om_status *average_pool_grad_cpu(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     om_tensor *dx = &ctx->out[0];
     pool_args a = {.src = ctx->in[0].data, .dst = dx->data, .incl = om_attr_int(n, "count_include_pad", 0) != 0};
-    OM_TRY(pool_window(n, dx->rank, dx->dims, &a.w));
-    pool_interior_init(&a.w, &a.it);
-    a.IS = om_window_in_size(&a.w);
-    a.OS = om_window_out_size(&a.w);
-    const int64_t P = a.w.N * a.w.C;
+    int64_t P;
+    OM_TRY(pool_setup(n, dx->rank, dx->dims, &a, &P));
     switch (dx->dtype) {
     case OM_F32: om_pool_for(P, plane_grain(a.OS + a.IS), average_pool_grad_f32, &a); break;
     case OM_F64: om_pool_for(P, plane_grain(a.OS + a.IS), average_pool_grad_f64, &a); break;
