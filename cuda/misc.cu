@@ -255,53 +255,14 @@ static om_status *einsum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_dtype dt = xs[0]->dtype;
     if (dt != OM_F32 && dt != OM_F64 && dt != OM_F16 && dt != OM_BF16) return omc_err_dtype(ctx, 0, dt);
     const size_t es = dtype_size(dt);
-    int used[EIN_MAXL] = {0};
-    for (int t = 0; t < e.nin; t++)
-        for (int d = 0; d < e.in[t].n; d++) used[e.in[t].lab[d]] = 1;
-    int bl[EIN_MAXL], il[EIN_MAXL], jl[EIN_MAXL], kl[EIN_MAXL], nb = 0, ni = 0, nj = 0, nk = 0;
-    const ein_term *A = &e.in[0], *B = e.nin > 1 ? &e.in[1] : NULL;
-    for (int d = 0; d < e.out.n; d++) {   // output-label order keeps the final gather cheap
-        const int l = e.out.lab[d];
-        const int inA = ein_has(A, l) >= 0, inB = B && ein_has(B, l) >= 0;
-        if (inA && inB) bl[nb++] = l;
-        else if (inA) il[ni++] = l;
-        else jl[nj++] = l;
-    }
-    for (int l = 0; l < EIN_MAXL; l++)
-        if (used[l] && ein_has(&e.out, l) < 0) kl[nk++] = l;
-    if (nb + ni + nk > EIN_MAXD || nb + nk + nj > EIN_MAXD) return omc_err_unsupported(ctx, "Einsum with that many labels");
-    int64_t NB = 1, NI = 1, NJ = 1, NK = 1;
-    for (int i = 0; i < nb; i++) NB *= e.size[bl[i]];
-    for (int i = 0; i < ni; i++) NI *= e.size[il[i]];
-    for (int i = 0; i < nj; i++) NJ *= e.size[jl[i]];
-    for (int i = 0; i < nk; i++) NK *= e.size[kl[i]];
-    // gather orders: A as (b, i, k), B as (b, k, j), the product as (b, i, j)
-    int la[EIN_MAXD], lb[EIN_MAXD], lc[EIN_MAXD], na = 0, nbb = 0, nc = 0;
-    int64_t da[EIN_MAXD], db[EIN_MAXD], dc[EIN_MAXD], sa[EIN_MAXD], sb[EIN_MAXD];
-    for (int i = 0; i < nb; i++) la[na++] = bl[i], lb[nbb++] = bl[i], lc[nc++] = bl[i];
-    for (int i = 0; i < ni; i++) la[na++] = il[i], lc[nc++] = il[i];
-    for (int i = 0; i < nk; i++) la[na++] = kl[i], lb[nbb++] = kl[i];
-    for (int i = 0; i < nj; i++) lb[nbb++] = jl[i], lc[nc++] = jl[i];
-    for (int i = 0; i < na; i++) da[i] = e.size[la[i]];
-    for (int i = 0; i < nbb; i++) db[i] = e.size[lb[i]];
-    for (int i = 0; i < nc; i++) dc[i] = e.size[lc[i]];
-    ein_strides(A, xs[0]->dims, la, na, sa);
-    if (B) ein_strides(B, xs[1]->dims, lb, nbb, sb);
-    // the output read from the (b, i, j) product: strides of each output dim in it
-    int64_t dout[OM_MAX_RANK], so[OM_MAX_RANK];
-    {
-        int64_t a = 1, pst[EIN_MAXD];
-        for (int i = nc - 1; i >= 0; i--) { pst[i] = a; a *= dc[i]; }
-        for (int d = 0; d < e.out.n; d++) {
-            int k = 0;
-            while (lc[k] != e.out.lab[d]) k++;
-            so[d] = dc[k] == 1 ? 0 : pst[k];
-            dout[d] = e.size[e.out.lab[d]];
-        }
-    }
+    ein_plan P;
+    ein_plan_make(&e, xs, &P);
+    if (P.na > EIN_MAXD || P.nbb > EIN_MAXD) return omc_err_unsupported(ctx, "Einsum with that many labels");
+    const ein_term *B = e.nin > 1 ? &e.in[1] : NULL;
+    const int64_t NB = P.NB, NI = P.NI, NJ = P.NJ, NK = P.NK;
     if (!numel(Y)) return NULL;
-    const int a_ready = ein_walk_dense(na, da, sa), b_ready = B && ein_walk_dense(nbb, db, sb);
-    const int y_direct = ein_walk_dense(e.out.n, dout, so);   // the product already has the output's layout
+    const int a_ready = ein_walk_dense(P.na, P.da, P.sa), b_ready = B && ein_walk_dense(P.nbb, P.db, P.sb);
+    const int y_direct = ein_walk_dense(e.out.n, P.dout, P.so);   // the product already has the output's layout
     void *ga = NULL, *gb = NULL, *pc = NULL;
     om_status *st = NULL;
     if (!a_ready) st = omc_temp_alloc(x, (size_t)(NB * NI * NK) * es, &ga);
@@ -309,8 +270,8 @@ static om_status *einsum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     if (!st && !y_direct) st = omc_temp_alloc(x, (size_t)(NB * NI * NJ) * es, &pc);
     const void *pa = a_ready ? xs[0]->data : ga, *pb = B ? (b_ready ? xs[1]->data : gb) : NULL;
     void *prod = y_direct ? Y->data : pc;
-    if (!st && !a_ready) st = ein_gather(ctx, x, es, ga, xs[0]->data, na, da, sa);
-    if (!st && B && !b_ready) st = ein_gather(ctx, x, es, gb, xs[1]->data, nbb, db, sb);
+    if (!st && !a_ready) st = ein_gather(ctx, x, es, ga, xs[0]->data, P.na, P.da, P.sa);
+    if (!st && B && !b_ready) st = ein_gather(ctx, x, es, gb, xs[1]->data, P.nbb, P.db, P.sb);
     if (!st && B) {
         st = omc_gemm(ctx, x, dt, 0, 0, NI, NJ, NK, 1.0, pa, NI * NK, pb, NK * NJ, 0.0, prod, NI * NJ, NB);
     } else if (!st) {   // one operand: sum over K
@@ -320,7 +281,7 @@ static om_status *einsum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
         });
         st = omc_launched(ctx);
     }
-    if (!st && !y_direct) st = ein_gather(ctx, x, es, Y->data, pc, e.out.n, dout, so);
+    if (!st && !y_direct) st = ein_gather(ctx, x, es, Y->data, pc, e.out.n, P.dout, P.so);
     if (ga) omc_temp_free(x, ga);
     if (gb) omc_temp_free(x, gb);
     if (pc) omc_temp_free(x, pc);

@@ -153,4 +153,58 @@ static inline void ein_strides(const ein_term *t, const int64_t *dims, const int
     }
 }
 
+/* The equation as one batched GEMM: labels in A, B and the output are the batch (b); in A and the
+ * output, rows (i); in B and the output, columns (j); every other label is summed (k) — one
+ * operand's alone is read with stride 0 from the other. A is gathered as (b, i, k), B as
+ * (b, k, j), the product is (b, i, j); the output reads it with strides so over dims dout. Batch,
+ * row and column labels keep the output's order, so that the final gather is cheap. */
+typedef struct ein_plan {
+    int64_t NB, NI, NJ, NK;
+    int na, nbb, nc;                                   /* labels of A's, B's and the product's gather */
+    int la[EIN_MAXL], lb[EIN_MAXL], lc[EIN_MAXL];
+    int64_t da[EIN_MAXL], db[EIN_MAXL], dc[EIN_MAXL];  /* their sizes */
+    int64_t sa[EIN_MAXL], sb[EIN_MAXL];                /* the operands' strides for them */
+    int64_t dout[OM_MAX_RANK], so[OM_MAX_RANK];        /* the output's dims, its strides in the product */
+} ein_plan;
+
+static inline void ein_plan_make(const ein_eq *e, const om_tensor *const *xs, ein_plan *p) {
+    int used[EIN_MAXL] = {0};
+    for (int t = 0; t < e->nin; t++)
+        for (int d = 0; d < e->in[t].n; d++) used[e->in[t].lab[d]] = 1;
+    int bl[EIN_MAXL], il[EIN_MAXL], jl[EIN_MAXL], kl[EIN_MAXL], nb = 0, ni = 0, nj = 0, nk = 0;
+    const ein_term *A = &e->in[0], *B = e->nin > 1 ? &e->in[1] : NULL;
+    for (int d = 0; d < e->out.n; d++) {
+        const int l = e->out.lab[d];
+        const int inA = ein_has(A, l) >= 0, inB = B && ein_has(B, l) >= 0;
+        if (inA && inB) bl[nb++] = l;
+        else if (inA) il[ni++] = l;
+        else jl[nj++] = l;
+    }
+    for (int l = 0; l < EIN_MAXL; l++)
+        if (used[l] && ein_has(&e->out, l) < 0) kl[nk++] = l;
+    p->NB = p->NI = p->NJ = p->NK = 1;
+    for (int i = 0; i < nb; i++) p->NB *= e->size[bl[i]];
+    for (int i = 0; i < ni; i++) p->NI *= e->size[il[i]];
+    for (int i = 0; i < nj; i++) p->NJ *= e->size[jl[i]];
+    for (int i = 0; i < nk; i++) p->NK *= e->size[kl[i]];
+    p->na = p->nbb = p->nc = 0;
+    for (int i = 0; i < nb; i++) p->la[p->na++] = bl[i], p->lb[p->nbb++] = bl[i], p->lc[p->nc++] = bl[i];
+    for (int i = 0; i < ni; i++) p->la[p->na++] = il[i], p->lc[p->nc++] = il[i];
+    for (int i = 0; i < nk; i++) p->la[p->na++] = kl[i], p->lb[p->nbb++] = kl[i];
+    for (int i = 0; i < nj; i++) p->lb[p->nbb++] = jl[i], p->lc[p->nc++] = jl[i];
+    for (int i = 0; i < p->na; i++) p->da[i] = e->size[p->la[i]];
+    for (int i = 0; i < p->nbb; i++) p->db[i] = e->size[p->lb[i]];
+    for (int i = 0; i < p->nc; i++) p->dc[i] = e->size[p->lc[i]];
+    ein_strides(A, xs[0]->dims, p->la, p->na, p->sa);
+    if (B) ein_strides(B, xs[1]->dims, p->lb, p->nbb, p->sb);
+    int64_t acc = 1, pst[EIN_MAXL];
+    for (int i = p->nc - 1; i >= 0; i--) { pst[i] = acc; acc *= p->dc[i]; }
+    for (int d = 0; d < e->out.n; d++) {
+        int k = 0;
+        while (p->lc[k] != e->out.lab[d]) k++;
+        p->so[d] = p->dc[k] == 1 ? 0 : pst[k];
+        p->dout[d] = e->size[e->out.lab[d]];
+    }
+}
+
 #endif

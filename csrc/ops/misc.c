@@ -718,51 +718,10 @@ static om_status *einsum_cpu(om_kernel_ctx *ctx) {
     ein_eq e;
     OM_TRY(ein_parse(n, om_attr_string(n, "equation", ""), ctx->n_in, xs, &e));
     const om_tensor *y = &ctx->out[0];
-    /* all labels used anywhere */
-    int used[EIN_MAXL] = {0};
-    for (int t = 0; t < e.nin; t++)
-        for (int d = 0; d < e.in[t].n; d++) used[e.in[t].lab[d]] = 1;
-    int bl[EIN_MAXL], il[EIN_MAXL], jl[EIN_MAXL], kl[EIN_MAXL], nb = 0, ni = 0, nj = 0, nk = 0;
-    const ein_term *A = &e.in[0], *B = e.nin > 1 ? &e.in[1] : NULL;
-    for (int d = 0; d < e.out.n; d++) {   /* output-label order keeps the final scatter cheap */
-        const int l = e.out.lab[d];
-        const int inA = ein_has(A, l) >= 0, inB = B && ein_has(B, l) >= 0;
-        if (inA && inB) bl[nb++] = l;
-        else if (inA) il[ni++] = l;
-        else jl[nj++] = l;
-    }
-    for (int l = 0; l < EIN_MAXL; l++)
-        if (used[l] && ein_has(&e.out, l) < 0) kl[nk++] = l;
-    int64_t NB = 1, NI = 1, NJ = 1, NK = 1;
-    for (int i = 0; i < nb; i++) NB *= e.size[bl[i]];
-    for (int i = 0; i < ni; i++) NI *= e.size[il[i]];
-    for (int i = 0; i < nj; i++) NJ *= e.size[jl[i]];
-    for (int i = 0; i < nk; i++) NK *= e.size[kl[i]];
-    /* gather orders: A as (b, i, k), B as (b, k, j), product as (b, i, j) */
-    int la[EIN_MAXL] = {0}, lb[EIN_MAXL] = {0}, lc[EIN_MAXL] = {0}, na = 0, nbb = 0, nc = 0;
-    int64_t da[EIN_MAXL], db[EIN_MAXL], sa[EIN_MAXL], sb[EIN_MAXL], dc[EIN_MAXL];
-    for (int i = 0; i < nb; i++) la[na++] = bl[i], lb[nbb++] = bl[i], lc[nc++] = bl[i];
-    for (int i = 0; i < ni; i++) la[na++] = il[i], lc[nc++] = il[i];
-    for (int i = 0; i < nk; i++) la[na++] = kl[i], lb[nbb++] = kl[i];
-    for (int i = 0; i < nj; i++) lb[nbb++] = jl[i], lc[nc++] = jl[i];
-    for (int i = 0; i < na; i++) da[i] = e.size[la[i]];
-    for (int i = 0; i < nbb; i++) db[i] = e.size[lb[i]];
-    for (int i = 0; i < nc; i++) dc[i] = e.size[lc[i]];
-    ein_strides(A, xs[0]->dims, la, na, sa);
-    if (B) ein_strides(B, xs[1]->dims, lb, nbb, sb);
-    /* output strides for the (b, i, j) order: the scatter is a gather from the product */
-    int64_t so[EIN_MAXL];
-    {
-        int64_t acc = 1, pst[EIN_MAXL];
-        for (int i = nc - 1; i >= 0; i--) { pst[i] = acc; acc *= dc[i]; }
-        for (int d = 0; d < e.out.n; d++) {
-            int k = 0;
-            while (lc[k] != e.out.lab[d]) k++;
-            so[d] = dc[k] == 1 ? 0 : pst[k];
-        }
-    }
-    int64_t dout[OM_MAX_RANK];
-    for (int d = 0; d < e.out.n; d++) dout[d] = e.size[e.out.lab[d]];
+    ein_plan P;
+    ein_plan_make(&e, xs, &P);
+    const ein_term *B = e.nin > 1 ? &e.in[1] : NULL;
+    const int64_t NB = P.NB, NI = P.NI, NJ = P.NJ, NK = P.NK;
     const int64_t ysize = om_tensor_numel(y);
     MISC_FLOAT(xs[0]->dtype, n, 0, {
         const T *ap = xs[0]->data;
@@ -774,10 +733,10 @@ static om_status *einsum_cpu(om_kernel_ctx *ctx) {
             om_free(ga); om_free(gb); om_free(pc);
             return om_error(OM_OUT_OF_MEMORY, "Einsum node '%s': out of memory", nm(n));
         }
-        EIN_GATHER(T, ga, ap, na, da, sa);
+        EIN_GATHER(T, ga, ap, P.na, P.da, P.sa);
         if (B) {
             const T *bp = xs[1]->data;
-            EIN_GATHER(T, gb, bp, nbb, db, sb);
+            EIN_GATHER(T, gb, bp, P.nbb, P.db, P.sb);
             for (int64_t b = 0; b < NB; b++)
                 if (NI && NJ) {
                     if (NK) EIN_GEMM(T)(NI, NJ, NK, ga + b * NI * NK, gb + b * NK * NJ, pc + b * NI * NJ);
@@ -792,7 +751,7 @@ static om_status *einsum_cpu(om_kernel_ctx *ctx) {
                 pc[r] = acc;
             }
         }
-        if (ysize > 0) EIN_GATHER(T, yp, pc, e.out.n, dout, so);
+        if (ysize > 0) EIN_GATHER(T, yp, pc, e.out.n, P.dout, P.so);
         om_free(ga); om_free(gb); om_free(pc);
     });
     return NULL;
