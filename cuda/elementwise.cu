@@ -618,7 +618,7 @@ extern const omc_kernel_entry omc_kernels_elementwise[] = {
     {"LeakyRelu", "", activation_cuda}, {"Softplus", "", activation_cuda}, {"Elu", "", activation_cuda},
     {"Selu", "", activation_cuda}, {"HardSigmoid", "", activation_cuda}, {"HardSwish", "", activation_cuda},
     {"Mish", "", activation_cuda}, {"Softsign", "", activation_cuda},
-    {"Identity", "", identity_cuda}, {"Cast", "", cast_cuda},
+    {"Identity", "", identity_cuda}, {"StopGradient", "ortmod", identity_cuda}, {"Cast", "", cast_cuda},
     {"Clip", "", clip_cuda}, {"ClipGrad", "ortmod", clip_grad_cuda},
     {"Dropout", "", dropout_cuda}, {"DropoutGrad", "ortmod", dropout_grad_cuda},
     {"SumToShape", "ortmod", sum_to_shape_cuda},

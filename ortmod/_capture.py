@@ -294,8 +294,11 @@ class _FlatWrapper(torch.nn.Module):
         self.out_spec = None
         self.out_leaves = None          # output leaves: constants, None at tensor slots
         self.out_tensor_positions = None
+        self.guards = None              # a _semantics.TraceGuards while ortmod exports
 
     def forward(self, *tensors):
+        if self.guards is not None:
+            self.guards.reset()
         leaves = list(self._leaves)
         for i, t in zip(self._tensor_indices, tensors):
             leaves[i] = t
@@ -306,7 +309,11 @@ class _FlatWrapper(torch.nn.Module):
         self.out_tensor_positions = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
         for i in self.out_tensor_positions:
             self.out_leaves[i] = None      # do not keep traced tensors alive
-        return tuple(v for v in out_leaves if isinstance(v, torch.Tensor))
+        outs = tuple(v for v in out_leaves if isinstance(v, torch.Tensor))
+        if self.guards is not None and torch.jit.is_tracing():
+            # values Python took out of tensors: extra graph outputs, checked after every call
+            outs += self.guards.tensors()
+        return outs
 
 
 @dataclasses.dataclass
@@ -333,6 +340,13 @@ class Exported:
     # per graph output: the names of the graph inputs it depends on (for gradients that
     # no output in the loss reaches: None, as eager autograd gives, not zeros)
     output_deps: list = dataclasses.field(default_factory=list)
+    # values the trace froze (ortmod._semantics.Guard): engine outputs after the user's,
+    # compared with what Python saw after every call
+    guards: list = dataclasses.field(default_factory=list)
+    # tracer warnings no guard covers: the graph holds only for the traced input shapes
+    shape_specialized: bool = False
+    hazards: list = dataclasses.field(default_factory=list)   # 'file:line ...' for messages
+    traced_shapes: tuple = ()       # the call's tensor shapes at export, when shape_specialized
 
 
 @contextlib.contextmanager
@@ -521,10 +535,18 @@ def _export_symbolics():
         torch.onnx.unregister_custom_op_symbolic("aten::scaled_dot_product_attention", 14)
 
 
-def export(module, flat):
-    """Export ``module`` called as ``flat`` describes; return ONNX bytes and the input/output mapping."""
+def _parameter_versions(module):
+    return [(n, p, p._version) for n, p in module.named_parameters(remove_duplicate=True)]
+
+
+def export(module, flat, strict_trace=False):
+    """Export ``module`` called as ``flat`` describes; return ONNX bytes and the input/output mapping.
+
+    ``strict_trace``: a value the trace froze (see ortmod._semantics) is an error instead of a
+    guarded graph and a warning."""
     import onnx
     from torch.onnx import TrainingMode
+    from . import _semantics
 
     wrapper = _FlatWrapper(module, flat)
     tensor_indices = flat.tensor_indices()
@@ -536,8 +558,14 @@ def export(module, flat):
     with _preserved_state(module, cuda_devices(module, flat)) as saved_buffers:
         # One eager run first, to learn the output structure and ranks (all output
         # dimensions are declared dynamic, and dynamic_axes needs the ranks).
+        versions = _parameter_versions(module)
         with torch.no_grad():
             outs = wrapper(*tensors)
+        for name, p, version in versions:
+            if p._version != version:
+                raise UnsupportedModelError(
+                    f"forward mutates parameter '{name}' in place; a traced graph cannot reproduce that "
+                    "(e.g. nn.Embedding(max_norm=...) renormalises its weight on every call)")
         if not outs:
             raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
         for i, v in enumerate(wrapper.out_leaves):
@@ -566,13 +594,15 @@ def export(module, flat):
             dynamic_axes[name] = {d: f"{name}_dim{d}" for d in range(t.dim())}
 
         f = io.BytesIO()
+        recorder = wrapper.guards = _semantics.TraceGuards()
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", FutureWarning)
                 warnings.simplefilter("ignore", UserWarning)
-                warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                with _export_symbolics():
+                warnings.simplefilter("always", torch.jit.TracerWarning)
+                with _export_symbolics(), _semantics.semantic_export(ONNX_OPSET, torch.is_grad_enabled()), \
+                        _semantics.recording_guards(recorder):
                     torch.onnx.export(
                         wrapper, tensors, f,
                         dynamo=False,
@@ -585,12 +615,31 @@ def export(module, flat):
                         output_names=output_names,
                         dynamic_axes=dynamic_axes,
                     )
+        except UnsupportedModelError:
+            raise
         except Exception as e:
+            cause = e
+            while cause is not None and not isinstance(cause, UnsupportedModelError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is not None:
+                raise cause from e
             first = str(e).strip().split("\n", 1)[0]
             first = first[:500] + (" ..." if len(first) > 500 else "")
             raise ExportError(f"torch.onnx.export failed for {type(module).__name__}: "
                               f"{type(e).__name__}: {first} (full error in __cause__)") from e
+        finally:
+            wrapper.guards = None
     onnx_bytes = f.getvalue()
+    guards = [_semantics.Guard(len(outs) + k, value, kind, where, internal)
+              for k, (_, kind, value, where, internal) in enumerate(recorder.records)]
+    recorder.reset()
+    unguarded = _semantics.unguarded_tracer_warnings(caught, {g.where for g in guards})
+    hazards = list(dict.fromkeys([g.describe() for g in guards if not g.internal] + unguarded))
+    if hazards and strict_trace:
+        raise UnsupportedModelError(
+            f"the trace of {type(module).__name__} froze values that Python computed from tensors: "
+            + "; ".join(hazards) + " (strict_trace is on: compute them with tensor ops, or turn strict_trace "
+            "off to let ortmod guard them)")
 
     # Map every graph input to its source. Parameters and buffers are named by their
     # state_dict names under the wrapper; a tied tensor appears once, under one name.
@@ -600,6 +649,9 @@ def export(module, flat):
     for name, _ in wrapper.named_buffers(remove_duplicate=False):
         state_names[name] = name[len(_FlatWrapper.PREFIX):]
     model = onnx.load_from_string(onnx_bytes)
+    if len(model.graph.output) != len(outs) + len(guards):
+        raise RuntimeError(f"ortmod: the exported graph has {len(model.graph.output)} outputs, expected "
+                           f"{len(outs)} from the module and {len(guards)} guards")
     initializers = {init.name for init in model.graph.initializer}
     graph_inputs = {}
     for gi in model.graph.input:
@@ -625,7 +677,9 @@ def export(module, flat):
             if getattr(owner, "num_batches_tracked", None) is not None:
                 counters.append(counter)
     return Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
-                    wrapper.out_tensor_positions, updates, counters, output_deps)
+                    wrapper.out_tensor_positions, updates, counters, output_deps,
+                    guards=guards, shape_specialized=bool(unguarded), hazards=hazards,
+                    traced_shapes=tuple(tuple(t.shape) for t in tensors) if unguarded else ())
 
 
 def _output_dependencies(model):
@@ -644,6 +698,11 @@ def _output_dependencies(model):
         return out
 
     for node in model.graph.node:
+        if node.op_type == "StopGradient" and node.domain == "ortmod":
+            for o in node.output:           # no gradient reaches any input through it
+                if o:
+                    deps[o] = empty
+            continue
         src = set()
         for i in node.input:
             if i:

@@ -85,11 +85,11 @@ class EngineFunction(torch.autograd.Function):
             return (None,) * (1 + call.n_inputs)
         grads = call.engine.backward(
             ctx.stash, [None if g is None else _engine_view(_dense(g)) for g in grad_outputs], _stream(grad_outputs))
-        present = tuple(g is not None for g in grad_outputs)
-        if call.output_deps is not None and not all(present):
-            # Outputs left out of the loss: an input that none of the others depends on
-            # gets no gradient (None), as in eager autograd, rather than the engine's zeros.
-            reached = call.reached(present)
+        if call.output_deps is not None:
+            # An input that no output in the loss depends on (left out of the loss, or reached
+            # only through a stop-gradient) gets no gradient (None), as in eager autograd,
+            # rather than the engine's zeros: an optimizer treats the two differently.
+            reached = call.reached(tuple(g is not None for g in grad_outputs))
             return (None,) + tuple(_wrap(g) if i in reached else None for i, g in enumerate(grads))
         return (None,) + tuple(_wrap(g) for g in grads)
 

@@ -25,7 +25,7 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _threads
+from . import _capture, _semantics, _threads
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
 
@@ -40,12 +40,16 @@ class DebugOptions:
     save_onnx:   write the exported, optimized and execution graphs as ONNX files:
                  ``<save_path>/<onnx_prefix>_torch_exported_<training|inference>.onnx``,
                  ``..._optimized_<mode>.onnx`` and ``..._execution_model_<mode>.onnx``.
+    strict_trace: a Python value the trace froze (``.item()``, ``if tensor:``, a number from a
+                 shape) is an error (UnsupportedModelError) instead of a warning and a guarded
+                 graph (also ORTMOD_STRICT_TRACE=1).
     """
 
     log_level: LogLevel = LogLevel.WARNING
     save_onnx: bool = False
     onnx_prefix: str = ""
     save_path: str = ""
+    strict_trace: bool = False
 
     def __post_init__(self):
         self.log_level = LogLevel(int(self.log_level))
@@ -161,7 +165,7 @@ class _Entry:
 
     __slots__ = ("engine", "call", "names", "needs_grad", "output_spec", "output_leaves",
                  "output_positions", "single", "state_updates", "counters", "input_slots", "state_names",
-                 "template", "template_generation")
+                 "template", "template_generation", "guards", "traced_shapes")
 
     def __init__(self, engine, exported, needs_grad):
         self.engine = engine
@@ -170,6 +174,8 @@ class _Entry:
         diff = list(engine.output_differentiable)
         for index, _ in exported.state_updates:       # running stats: never differentiated
             diff[index] = False
+        for guard in exported.guards:                  # frozen-value checks: never differentiated
+            diff[guard.output_index] = False
         position = {name: i for i, name in enumerate(self.names)}
         deps = [frozenset(position[n] for n in d if n in position) for d in exported.output_deps]
         self.call = CompiledCall(engine, diff, len(self.names),
@@ -189,6 +195,8 @@ class _Entry:
         self.state_names = [(pos, gi.state_name) for pos, gi in enumerate(gis) if gi.kind == "state"]
         self.template = None
         self.template_generation = -1
+        self.guards = exported.guards
+        self.traced_shapes = exported.traced_shapes if exported.shape_specialized else None
 
     def inputs(self, leaves, state):
         if self.template_generation != state.generation:
@@ -314,7 +322,7 @@ class ORTModule(torch.nn.Module):
             self._ortmod_fall_back(category, e)
         return self._original_module(*args, **kwargs)
 
-    def _ortmod_run(self, args, kwargs):
+    def _ortmod_run(self, args, kwargs, retried=False):
         module = self._modules["_original_module"]
         d = self.__dict__
         if d["_ortmod_dirty"]:
@@ -331,6 +339,11 @@ class ORTModule(torch.nn.Module):
         first_call = entry is None
         if first_call:
             entry = self._ortmod_build(flat, state, export_key, key, want_grad)
+        if entry.traced_shapes is not None and \
+                tuple(tuple(flat.leaves[i].shape) for i in flat.tensor_indices()) != entry.traced_shapes:
+            # a hazard no guard covers made the graph valid only for the shapes it was traced with
+            self._ortmod_forget(export_key)
+            return self._ortmod_run(args, kwargs, retried)
         tensors = entry.inputs(flat.leaves, state)
         threads = torch.get_num_threads()
         if threads != d.get("_ortmod_threads"):   # torch, BLAS and the engine use one count
@@ -345,9 +358,41 @@ class ORTModule(torch.nn.Module):
             from ._explain import summarize
             logger.info("compiled %s graph:\n%s", "training" if entry.needs_grad else "inference",
                         summarize(json.loads(entry.engine.report())))
+        if entry.guards:
+            broken = next((g for g in entry.guards if not g.holds(outputs[g.output_index])), None)
+            if broken is not None:
+                return self._ortmod_guard_failed(broken, outputs, export_key, args, kwargs, retried)
         if entry.state_updates:
             _update_state(entry, outputs, state)
         return entry.rebuild(outputs)
+
+    def _ortmod_forget(self, export_key):
+        """Drop an export and the engines built from it (the next call exports again)."""
+        d = self.__dict__
+        d["_ortmod_exports"].pop(export_key, None)
+        for cache in (d["_ortmod_cache"], d["_ortmod_retired"]):
+            for k in [k for k in cache if k[0] == export_key]:
+                del cache[k]
+
+    def _ortmod_guard_failed(self, guard, outputs, export_key, args, kwargs, retried):
+        """A value the trace froze differs in this call: the graph is stale for it. The call's
+        outputs are dropped (state updates included) and the module is exported again."""
+        now = outputs[guard.output_index].tolist()
+        if retried:
+            raise _capture.UnsupportedModelError(
+                f"the value frozen at {guard.where} ({guard.kind}) differs between the trace and the engine on "
+                f"the same call ({guard.value!r} traced, {now!r} computed): ortmod cannot capture it (is it "
+                "random, or computed from state the forward changes?); compute it with tensor ops")
+        d = self.__dict__
+        seen = d.setdefault("_ortmod_guard_warned", set())
+        if guard.where not in seen:
+            seen.add(guard.where)
+            warnings.warn(f"ortmod: the value frozen at {guard.where} ({guard.kind}) was {guard.value!r} when "
+                          f"{type(self._original_module).__name__} was exported and is {now!r} in this call: "
+                          "exporting again (every change of it costs an export; compute it with tensor ops to "
+                          "avoid that)", _semantics.TraceHazardWarning, stacklevel=4)
+        self._ortmod_forget(export_key)
+        return self._ortmod_run(args, kwargs, retried=True)
 
     def _ortmod_scan_state(self, module):
         d = self.__dict__
@@ -408,7 +453,18 @@ class ORTModule(torch.nn.Module):
                     ", ".join(f"{_capture.dtype_name(flat.leaves[i].dtype)}[rank {flat.leaves[i].dim()}]"
                               for i in flat.tensor_indices()) or "no tensor inputs",
                     "enabled" if torch.is_grad_enabled() else "disabled", self._ortmod_export_count + 1)
-        exported = _capture.export(module, flat)
+        strict = self._debug_options.strict_trace or _semantics.strict_trace_from_env()
+        exported = _capture.export(module, flat, strict_trace=strict)
+        warned = self.__dict__.setdefault("_ortmod_hazards_warned", set())
+        new = [h for h in exported.hazards if h.split(" (", 1)[0] not in warned]
+        if new:
+            warned.update(h.split(" (", 1)[0] for h in new)
+            warnings.warn(
+                f"ortmod: the trace of {type(module).__name__} froze values that Python computed from tensors: "
+                + "; ".join(new) + ". ortmod checks them after every call and exports again when one changes"
+                + ("; the graph holds only for the traced input shapes" if exported.shape_specialized else "")
+                + " (DebugOptions(strict_trace=True) or ORTMOD_STRICT_TRACE=1 makes this an error)",
+                _semantics.TraceHazardWarning, stacklevel=5)
         self._ortmod_export_count += 1
         if self._debug_options.save_onnx:
             self._save(f"torch_exported_{mode}", exported.onnx_bytes)
@@ -431,7 +487,7 @@ class ORTModule(torch.nn.Module):
         if list(engine.input_names) != names:
             raise RuntimeError(f"ortmod: engine inputs {list(engine.input_names)} differ from the "
                                f"exported graph's inputs {names}")
-        n_outputs = len(exported.output_tensor_positions) + len(exported.state_updates)
+        n_outputs = len(exported.output_tensor_positions) + len(exported.guards) + len(exported.state_updates)
         if len(engine.output_names) != n_outputs:
             raise RuntimeError(f"ortmod: engine has {len(engine.output_names)} outputs, the exported "
                                f"graph {n_outputs}")

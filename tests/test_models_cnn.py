@@ -131,8 +131,11 @@ def test_batchnorm_running_stats_become_graph_outputs():
     assert names == sorted(f"{p}.{s}" for p in bns for s in ("running_mean", "running_var"))
     assert sorted(exported.counters) == sorted(f"{p}.num_batches_tracked" for p in bns)
     n_user = len(exported.output_tensor_positions)
-    assert n_user == 1 and len(graph.output) == 1 + 2 * len(bns)
-    assert sorted(i for i, _ in exported.state_updates) == list(range(1, 1 + 2 * len(bns)))
+    # between them: the guards of values the trace froze (each BN's batch-size check)
+    n_guards = len(exported.guards)
+    assert all(g.internal for g in exported.guards) and not exported.hazards
+    assert n_user == 1 and len(graph.output) == 1 + n_guards + 2 * len(bns)
+    assert sorted(i for i, _ in exported.state_updates) == list(range(1 + n_guards, 1 + n_guards + 2 * len(bns)))
     # eval mode: inference BN, nothing to update
     model.eval()
     exported = _capture.export(model, _capture.flatten_inputs((x, y), {}))

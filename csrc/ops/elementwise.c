@@ -22,6 +22,7 @@
  *   om_op_reciprocal      Reciprocal
  *   om_op_abs             Abs
  *   om_op_identity        Identity                         (OM_OP_ALIAS)
+ *   om_op_stop_gradient   StopGradient (ortmod)            (OM_OP_ALIAS; blocks the gradient)
  *   om_op_cast            Cast                             to = ONNX dtype (f32 f64 f16 bf16 ints bool)
  *   om_op_dropout         Dropout                          (data, ratio?, training_mode?) -> (out, mask?)
  *   om_op_sum_to_shape    SumToShape    (domain ortmod)    x summed over broadcast axes to a shape
@@ -694,6 +695,12 @@ static om_status *identity_grad(om_grad_ctx *c) {
     return NULL;
 }
 
+/* ---- StopGradient -----------------------------------------------------------------------------
+ * The capture's mark for a value that does not require grad in PyTorch although it is computed
+ * from one that does: x.detach(), a torch.no_grad() block, anything computed only from those.
+ * Forward it is Identity (the planner aliases it); autodiff sees diff_inputs == 0 and no rule,
+ * so no gradient flows into its input — exactly what eager autograd does. */
+
 /* ---- Cast ------------------------------------------------------------------------------------ */
 
 /* fp16/bf16 <-> fp32 with round to nearest even: core/half.h. */
@@ -1097,6 +1104,9 @@ UN(om_op_reciprocal, "Reciprocal", infer_unary_float, reciprocal_grad, reciproca
 const om_op_def om_op_identity = {.name = "Identity", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1,
                                   .max_out = 1, .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = infer_identity,
                                   .grad = identity_grad, .cpu = identity_cpu, .diff_inputs = 0x1u};
+const om_op_def om_op_stop_gradient = {.name = "StopGradient", .domain = "ortmod", .min_in = 1, .max_in = 1,
+                                      .min_out = 1, .max_out = 1, .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE,
+                                      .infer = infer_identity, .cpu = identity_cpu, .diff_inputs = 0};
 const om_op_def om_op_cast = {.name = "Cast", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1,
                               .max_out = 1, .flags = OM_OP_ANY_DTYPE, .dtype = dtype_cast, .infer = infer_cast,
                               .grad = cast_grad, .cpu = cast_cpu, .diff_inputs = 0x1u};

@@ -26,6 +26,7 @@
     X(om_op_reciprocal) \
     X(om_op_abs) \
     X(om_op_identity) \
+    X(om_op_stop_gradient) \
     X(om_op_cast) \
     X(om_op_dropout) \
     X(om_op_sum_to_shape) \

@@ -1,0 +1,379 @@
+"""What capture does so that the exported graph means what the module's forward means in training.
+
+Three mechanisms, each general rather than one fix per pattern:
+
+* **Stop-gradient is in the graph.** ``x.detach()`` is traced as ``aten::detach``; where an op
+  runs under ``torch.no_grad()`` on a tensor that requires grad, ``StopGradientMode`` detaches
+  its outputs in the trace. ``aten::detach`` exports as ``ortmod::StopGradient`` (identity
+  forward, no gradient rule), so autodiff stops exactly where eager autograd does.
+* **No argument is dropped.** torch's symbolics ignore some arguments (``padding_idx``,
+  ``divisor_override``, Softplus's ``threshold``) or approximate them (``kl_div`` for
+  non-positive targets). ortmod's own symbolics, registered only while ortmod exports, keep
+  them as faithful decompositions, or refuse by name what the engine cannot reproduce
+  (``max_norm``'s in-place renormalisation, ``scale_grad_by_freq``).
+* **What the trace froze is guarded.** Python values computed from tensors while tracing
+  (``.item()``, ``if t:``, ``float(x.size(-1))``, ``len(x)``) become constants in the graph.
+  ``TraceGuards`` records each such tensor, makes it an extra graph output and keeps the value
+  Python saw; after every call the engine's value is compared with it, and a difference means
+  a re-export, never a stale graph. Tracer warnings no guard covers make the graph valid only
+  for the traced shapes (it re-exports when they change). Either way the user gets one warning
+  naming the file and line; ``strict_trace`` makes it an error.
+"""
+import contextlib
+import math
+import os
+import sys
+import threading
+import warnings
+
+import torch
+
+# ---------------------------------------------------------------------------------------------
+# stop-gradient
+
+def _tensors(tree):
+    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+class StopGradientMode(torch.overrides.TorchFunctionMode):
+    """While torch traces the forward: where an op runs with grad disabled (a ``torch.no_grad()``
+    block, ``inference_mode``) on a tensor that requires grad, its float outputs are passed
+    through ``detach()``, so the trace holds an ``aten::detach`` at exactly the place where eager
+    autograd stops the gradient. ``x.detach()`` itself is traced as it is.
+
+    It looks at the real tensors rather than at the trace's ``requires_grad`` annotations: those
+    are recorded below autograd for some ops (``aten::_convolution`` says ``requires_grad=0``
+    whatever its weight), so they cannot say where a gradient stops."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if torch.is_grad_enabled() or not torch.jit.is_tracing():
+            return out
+        inputs = _tensors((args, kwargs))
+        if not any(t.requires_grad for t in inputs):
+            return out
+        name = getattr(func, "__name__", "")
+        if name.endswith("_") and not name.endswith("__") and any(t.requires_grad for t in _tensors(args[:1])):
+            from ._capture import UnsupportedModelError
+            raise UnsupportedModelError(
+                f"forward calls the in-place {name} with gradients disabled on a tensor that requires grad "
+                f"(at {user_frame(2)}): eager autograd ignores that change, a traced graph cannot; do it out of "
+                "place, or outside torch.no_grad()")
+        return torch.utils._pytree.tree_map(
+            lambda t: t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+
+
+def _detach_symbolic(g, input):
+    # Always a node (torch's symbolic drops it): on a value that needs no gradient anyway it
+    # is a free alias in the engine.
+    out = g.op("ortmod::StopGradient", input)
+    out.setType(input.type())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# symbolics that keep arguments torch's drop
+
+_SCALAR_DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16,
+                  "BFloat16": torch.bfloat16}
+
+
+def _dtype_of(value, default=torch.float32):
+    t = value.type()
+    if isinstance(t, torch._C.TensorType):
+        return _SCALAR_DTYPES.get(t.scalarType(), default)
+    return default
+
+
+def _const(g, v, dtype):
+    return g.op("Constant", value_t=torch.tensor(v, dtype=dtype))
+
+
+def _refuse(what, why):
+    from ._capture import UnsupportedModelError
+    raise UnsupportedModelError(f"{what}: {why}")
+
+
+def _embedding_symbolic(g, weight, indices, padding_idx, scale_grad_by_freq, sparse):
+    """Gather, and for padding_idx: the rows looked up at pad positions get no gradient, which
+    leaves the padding row's gradient zero exactly as eager's embedding_backward does."""
+    from torch.onnx import symbolic_helper as sh
+    padding_idx = sh._maybe_get_const(padding_idx, "i")
+    scale = sh._maybe_get_const(scale_grad_by_freq, "b")
+    if not isinstance(padding_idx, int):
+        _refuse("embedding", "padding_idx must be a constant")
+    if scale:
+        _refuse("embedding(scale_grad_by_freq=True)",
+                "scaling each row's gradient by its frequency in the batch is not implemented by ortmod")
+    out = g.op("Gather", weight, indices, axis_i=0)
+    if padding_idx >= 0:
+        is_pad = g.op("Equal", indices, _const(g, padding_idx, torch.int64))
+        is_pad = g.op("Unsqueeze", is_pad, _const(g, [-1], torch.int64))
+        stopped = g.op("ortmod::StopGradient", out)
+        out = g.op("Where", is_pad, stopped, out)
+    return out
+
+
+def _embedding_renorm_symbolic(g, weight, indices, max_norm, norm_type):
+    _refuse("embedding(max_norm=...)",
+            "F.embedding / nn.Embedding with max_norm renormalises rows of the weight in place on every "
+            "call; ortmod does not reproduce that mutation (remove max_norm, or renormalise in the training "
+            "loop under torch.no_grad())")
+
+
+def _softplus_symbolic(g, x, beta, threshold):
+    """softplus(x) = x where beta*x > threshold, else log(1 + exp(beta*x)) / beta (torch's rule;
+    torch's symbolic drops the threshold branch)."""
+    from torch.onnx import symbolic_helper as sh
+    beta = sh._maybe_get_const(beta, "f")
+    threshold = sh._maybe_get_const(threshold, "f")
+    if not isinstance(beta, float) or not isinstance(threshold, float):
+        _refuse("softplus", "beta and threshold must be constants")
+    dt = _dtype_of(x)
+    bx = x if beta == 1.0 else g.op("Mul", x, _const(g, beta, dt))
+    soft = g.op("Softplus", bx)
+    if beta != 1.0:
+        soft = g.op("Div", soft, _const(g, beta, dt))
+    return g.op("Where", g.op("Greater", bx, _const(g, threshold, dt)), x, soft)
+
+
+def _kl_div_symbolic(g, input, target, reduction, log_target):
+    """eager: log_target ? exp(t) * (t - input) : xlogy(t, t) - t * input. torch's symbolic masks
+    t <= 0 to 0, which zeroes the gradient -t there (and hides eager's NaN for t < 0)."""
+    from torch.onnx import symbolic_helper as sh
+    reduction = sh._maybe_get_const(reduction, "i")
+    log_target = sh._maybe_get_const(log_target, "b")
+    dt = _dtype_of(input)
+    if log_target:
+        out = g.op("Mul", g.op("Exp", target), g.op("Sub", target, input))
+    else:
+        zero = _const(g, 0.0, dt)
+        xlogy = g.op("Where", g.op("Equal", target, zero), zero, g.op("Mul", target, g.op("Log", target)))
+        out = g.op("Sub", xlogy, g.op("Mul", target, input))
+    if reduction == 0:
+        return out
+    if reduction == 1:
+        return g.op("ReduceMean", out, keepdims_i=0)
+    if reduction == 2:
+        return g.op("ReduceSum", out, keepdims_i=0)
+    _refuse("kl_div", f"reduction {reduction!r} is not one of none, mean, sum")
+
+
+def _avg_pool_symbolic(rank, original):
+    def symbolic(g, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None):
+        from torch.onnx import symbolic_helper as sh
+        if divisor_override is None or sh._is_none(divisor_override):
+            return original(g, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                            divisor_override)
+        divisor = sh._maybe_get_const(divisor_override, "i")
+        ceil = sh._maybe_get_const(ceil_mode, "b")
+        if not isinstance(divisor, int) or ceil:
+            _refuse(f"avg_pool{rank}d(divisor_override=...)",
+                    "ortmod keeps divisor_override only as a constant and without ceil_mode")
+        kernel = sh._maybe_get_const(kernel_size, "is")
+        kernel = [kernel] * rank if isinstance(kernel, int) else list(kernel)
+        if len(kernel) == 1:
+            kernel = kernel * rank
+        # the window sum counting padding, then divided by the override: AveragePool with
+        # count_include_pad divides by the window size, so scale by window / divisor
+        pooled = original(g, input, kernel_size, stride, padding, ceil_mode, 1, None)
+        return g.op("Mul", pooled, _const(g, float(math.prod(kernel)) / divisor, _dtype_of(input)))
+    return symbolic
+
+
+# ---------------------------------------------------------------------------------------------
+# the export context: our symbolics and the stop-gradient pass, only while ortmod exports
+
+def _exporter_modules():
+    from torch.onnx._internal.torchscript_exporter import registration
+    return registration
+
+
+_ORIGINAL_AVG_POOL = {}
+
+
+def _original_symbolic(registration, name, opset):
+    group = registration.registry.get_function_group(name)
+    return None if group is None else group.get(opset)
+
+
+_export_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def semantic_export(opset, stop_gradients=True):
+    """Register ortmod's argument-keeping symbolics and (when the graph will be differentiated)
+    the stop-gradient mode for one torch.onnx.export call; undo both afterwards."""
+    registration = _exporter_modules()
+    symbolics = {
+        "aten::detach": _detach_symbolic,
+        "aten::embedding": _embedding_symbolic,
+        "aten::embedding_renorm": _embedding_renorm_symbolic,
+        "aten::embedding_renorm_": _embedding_renorm_symbolic,
+        "aten::softplus": _softplus_symbolic,
+        "aten::kl_div": _kl_div_symbolic,
+    }
+    for rank in (1, 2, 3):
+        name = f"aten::avg_pool{rank}d"
+        if name not in _ORIGINAL_AVG_POOL:
+            _ORIGINAL_AVG_POOL[name] = _original_symbolic(registration, name, opset)
+        if _ORIGINAL_AVG_POOL[name] is not None:
+            symbolics[name] = _avg_pool_symbolic(rank, _ORIGINAL_AVG_POOL[name])
+    with _export_lock:
+        for name, fn in symbolics.items():
+            torch.onnx.register_custom_op_symbolic(name, fn, opset)
+        try:
+            with StopGradientMode() if stop_gradients else contextlib.nullcontext():
+                yield
+        finally:
+            for name in symbolics:
+                torch.onnx.unregister_custom_op_symbolic(name, opset)
+
+
+# ---------------------------------------------------------------------------------------------
+# trace guards
+
+_GUARD_RTOL, _GUARD_ATOL = 1e-4, 1e-6
+_OWN_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(contextlib.__file__))
+
+
+def user_frame(depth=2):
+    """'file:line' of the innermost caller outside torch, ortmod and the standard library."""
+    f = sys._getframe(depth)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_OWN_DIRS) and not name.startswith("<"):
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back
+    return "<unknown>"
+
+
+class Guard:
+    """One value the trace froze: which extra graph output recomputes it and what Python saw.
+    ``internal``: torch's own code took it (BatchNorm's batch-size check, ...): guarded like the
+    others, but not the user's to hear about unless it changes."""
+    __slots__ = ("output_index", "value", "kind", "where", "internal")
+
+    def __init__(self, output_index, value, kind, where, internal=False):
+        self.output_index, self.value, self.kind, self.where = output_index, value, kind, where
+        self.internal = internal
+
+    def describe(self):
+        return f"{self.where} ({self.kind} = {self.value!r})"
+
+    def holds(self, tensor):
+        got = tensor.tolist()
+        return _same(got, self.value)
+
+
+def _same(a, b):
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        if not isinstance(a, (list, tuple)):
+            a = [a]
+        if not isinstance(b, (list, tuple)):
+            b = [b]
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        a, b = float(a), float(b)
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return abs(a - b) <= _GUARD_ATOL + _GUARD_RTOL * max(abs(a), abs(b))
+    return a == b
+
+
+_recording = threading.local()
+
+
+def _current_recorder():
+    return getattr(_recording, "recorder", None)
+
+
+class TraceGuards:
+    """Records, while torch traces the module, every tensor Python converts to a value."""
+
+    def __init__(self):
+        self.records = []      # (traced tensor, kind, value, where, internal)
+
+    def record(self, tensor, kind, value):
+        caller = sys._getframe(2).f_code.co_filename      # 0 record, 1 the patched method
+        self.records.append((tensor, kind, value, user_frame(3), caller.startswith(_OWN_DIRS)))
+
+    def reset(self):
+        self.records = []
+
+    def tensors(self):
+        # a guard output is a tensor of its own: a view of a user output would alias it
+        return tuple(t.detach().clone() if t.dim() else t.detach().reshape(()) for t, *_ in self.records)
+
+
+def _patched(name, kind, convert=None):
+    original = getattr(torch.Tensor, name)
+
+    def method(self, *args, **kwargs):
+        value = original(self, *args, **kwargs)
+        rec = _current_recorder()
+        if rec is not None and torch.jit.is_tracing():
+            guarded = convert(self) if convert else self
+            if isinstance(guarded, torch.Tensor):
+                rec.record(guarded, kind, value)
+        return value
+
+    method.__name__ = name
+    method.__wrapped__ = original
+    return name, original, method
+
+
+@contextlib.contextmanager
+def recording_guards(recorder):
+    """While active (in this thread, while tracing), conversions of tensors to Python values are
+    recorded on ``recorder``. Methods are patched on torch.Tensor for the duration only."""
+    patches = [
+        _patched("item", ".item()"),
+        _patched("tolist", ".tolist()"),
+        _patched("__bool__", "bool(tensor)"),
+        _patched("__float__", "float(tensor)"),
+        _patched("__int__", "int(tensor)"),
+        _patched("__index__", "tensor as an index"),
+        _patched("__len__", "len(tensor)", convert=lambda t: t.shape[0] if t.dim() else None),
+    ]
+    _recording.recorder = recorder
+    for name, _, method in patches:
+        setattr(torch.Tensor, name, method)
+    try:
+        yield recorder
+    finally:
+        for name, original, _ in patches:
+            setattr(torch.Tensor, name, original)
+        _recording.recorder = None
+
+
+# tracer warnings a guard makes harmless (the conversions above), and one that is harmless by itself
+_GUARDED_MESSAGES = ("Converting a tensor to a Python", "Using len to get tensor shape")
+_HARMLESS_MESSAGES = ("torch.tensor results are registered as constants",)
+
+
+def unguarded_tracer_warnings(caught, guarded_places):
+    """'file:line: message' of the TracerWarnings no guard covers."""
+    out = []
+    for w in caught:
+        if not issubclass(w.category, torch.jit.TracerWarning):
+            continue
+        msg = str(w.message).split("\n", 1)[0]
+        place = f"{w.filename}:{w.lineno}"
+        if msg.startswith(_GUARDED_MESSAGES) and (place in guarded_places or w.filename == __file__):
+            continue                     # raised inside a patched conversion: that call is guarded
+        if msg.startswith(_HARMLESS_MESSAGES):
+            continue
+        note = f"{place}: {msg[:160]}"
+        if note not in out:
+            out.append(note)
+    return out
+
+
+class TraceHazardWarning(UserWarning):
+    """The trace froze Python values computed from tensors (see ortmod._semantics)."""
+
+
+def strict_trace_from_env():
+    return os.environ.get("ORTMOD_STRICT_TRACE", "0").strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,238 @@
+"""Capture keeps PyTorch's training semantics, or refuses by name (ortmod/_semantics.py).
+
+Each case runs one module eagerly and through ORTModule from identical weights, on inputs that
+require grad, and compares the output, every input and parameter gradient (relative to its own
+size) and whether a gradient exists at all. The patterns are the ones real training code uses:
+stop-gradients, arguments torch's exporter drops, values Python takes out of tensors.
+"""
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ortmod
+from ortmod import DebugOptions, ORTModule
+
+RTOL, ATOL = 1e-4, 1e-6
+
+
+def rel_close(what, got, want, rtol=RTOL):
+    """Closeness relative to the tensor's own size: a gradient of 1e-3 everywhere is compared at 1e-7."""
+    got, want = got.detach().double(), want.detach().double()
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    finite = want[torch.isfinite(want)]
+    scale = finite.abs().max().item() if finite.numel() else 0.0
+    torch.testing.assert_close(got, want, rtol=rtol, atol=ATOL + rtol * scale, equal_nan=True,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def run_both(module, *inputs, grad_inputs=True, calls=1, make_inputs=None):
+    """Eager and ORTModule on copies of ``module``; compares outputs and gradients per call."""
+    eager = copy.deepcopy(module)
+    ort = ORTModule(copy.deepcopy(module))
+    for call in range(calls):
+        xs = make_inputs(call) if make_inputs else inputs
+        xe = [x.detach().clone().requires_grad_(grad_inputs and x.is_floating_point()) for x in xs]
+        xo = [x.detach().clone().requires_grad_(grad_inputs and x.is_floating_point()) for x in xs]
+        ye, yo = eager(*xe), ort(*xo)
+        rel_close(f"call {call} output", yo, ye)
+        w = torch.randn_like(ye.detach()) if ye.dim() else torch.tensor(1.0, dtype=ye.dtype)
+        (ye * w).sum().backward()
+        (yo * w).sum().backward()
+        for i, (a, b) in enumerate(zip(xo, xe)):
+            assert (a.grad is None) == (b.grad is None), f"call {call} input {i}: gradient presence differs"
+            if b.grad is not None:
+                rel_close(f"call {call} grad of input {i}", a.grad, b.grad)
+        for (n, pe), (_, po) in zip(eager.named_parameters(), ort.named_parameters()):
+            assert (po.grad is None) == (pe.grad is None), f"call {call} {n}: gradient presence differs"
+            if pe.grad is not None:
+                rel_close(f"call {call} grad of {n}", po.grad, pe.grad)
+                pe.grad = po.grad = None
+    return ort
+
+
+# ---- stop-gradient ------------------------------------------------------------------------------
+
+class Detached(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h) * h.detach() + h
+
+
+class NoGradBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        with torch.no_grad():
+            scale = h.abs().mean(dim=-1, keepdim=True) + 1.0
+            target = self.b(h)
+        return (h / scale - target) ** 2
+
+
+class OnlyDetachedPath(nn.Module):
+    """b is reached only through a detach: eager gives it no gradient at all (None)."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x).detach()
+
+
+class ConvBatchNorm(nn.Module):
+    """Conv outputs are traced with requires_grad=0 annotations: a stop-gradient must not read them.
+    (No bias before the BatchNorm: its gradient is zero up to rounding noise.)"""
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+@pytest.mark.parametrize("module,shape", [(Detached(), (4, 6)), (NoGradBlock(), (4, 6)),
+                                          (OnlyDetachedPath(), (4, 6)), (ConvBatchNorm(), (2, 3, 7, 7))],
+                         ids=["detach", "no_grad", "only-detached-path", "conv-batchnorm"])
+def test_stop_gradient(module, shape):
+    run_both(module, torch.randn(*shape))
+
+
+class InplaceUnderNoGrad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        with torch.no_grad():
+            h.mul_(0.5)
+        return h
+
+
+def test_inplace_under_no_grad_is_refused():
+    with pytest.raises(ortmod.UnsupportedModelError, match="in-place .*no_grad"):
+        ORTModule(InplaceUnderNoGrad())(torch.randn(2, 4))
+
+
+# ---- arguments the stock exporter drops ---------------------------------------------------------
+
+class EmbeddingBag(nn.Module):
+    def __init__(self, functional=False):
+        super().__init__()
+        self.functional = functional
+        self.emb = nn.Embedding(10, 5, padding_idx=0)
+        self.lin = nn.Linear(5, 3)
+
+    def forward(self, ids):
+        e = F.embedding(ids, self.emb.weight, padding_idx=3) if self.functional else self.emb(ids)
+        return self.lin(e)
+
+
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+def test_embedding_padding_idx_gets_no_gradient(functional):
+    ids = torch.tensor([[0, 3, 5, 0], [2, 3, 3, 9]])
+    ort = run_both(EmbeddingBag(functional), ids, grad_inputs=False)
+    assert ort is not None
+
+
+def test_embedding_max_norm_is_refused():
+    m = nn.Embedding(10, 4, max_norm=1.0)
+    with pytest.raises(ortmod.UnsupportedModelError, match="max_norm"):
+        ORTModule(m)(torch.tensor([1, 2, 3]))
+
+
+@pytest.mark.parametrize("module,shape", [
+    (nn.AvgPool2d(3, stride=2, padding=1, divisor_override=5), (2, 3, 9, 9)),
+    (nn.AvgPool3d(2, divisor_override=3), (1, 2, 4, 6, 4)),
+    (nn.Softplus(beta=2.0, threshold=1.5), (4, 7)),
+    (nn.Softplus(), (4, 7)),
+], ids=["avgpool2d-divisor", "avgpool3d-divisor", "softplus-threshold", "softplus-default"])
+def test_arguments_are_kept(module, shape):
+    x = torch.randn(*shape) * 3
+    run_both(module, x)
+
+
+def test_kl_div_nonpositive_targets():
+    class KL(nn.Module):
+        def forward(self, x, t):
+            return F.kl_div(F.log_softmax(x, -1), t, reduction="batchmean")
+    x = torch.randn(4, 5)
+    t = torch.softmax(torch.randn(4, 5), -1)
+    t[0, 1] = 0.0
+    t[2, 3] = 0.0
+    run_both(KL(), x, t)
+
+
+# ---- values the trace froze ----------------------------------------------------------------------
+
+class ItemScale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        return h * h.mean().item()
+
+
+class PythonBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:
+            return h * 2
+        return -h
+
+
+class SqrtOfLength(nn.Module):
+    def forward(self, q, k):
+        return (q @ k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+
+
+def test_item_is_guarded_and_reexported():
+    torch.manual_seed(1)
+    xs = [torch.randn(3, 4), torch.randn(3, 4) + 2.0, torch.randn(3, 4) - 2.0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ort = run_both(ItemScale(), calls=3, make_inputs=lambda i: (xs[i],))
+    hazards = [w for w in caught if issubclass(w.category, ortmod._semantics.TraceHazardWarning)]
+    assert hazards and "test_semantics.py" in str(hazards[0].message), [str(w.message) for w in caught]
+    assert ort._ortmod_export_count >= 2      # every new value of .item() is a new export
+
+
+def test_python_branch_is_guarded():
+    torch.manual_seed(2)
+    m = PythonBranch()
+    # inputs on both sides of the branch
+    xs = [torch.full((2, 4), 5.0), torch.full((2, 4), -5.0), torch.full((2, 4), 5.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_both(m, calls=3, make_inputs=lambda i: (xs[i] * torch.sign(m.a.weight.sum()),))
+
+
+def test_number_from_shape_follows_the_length():
+    shapes = [(2, 5, 8), (2, 5, 16), (2, 7, 4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_both(SqrtOfLength(), calls=3,
+                 make_inputs=lambda i: (torch.randn(*shapes[i]), torch.randn(*shapes[i])))
+
+
+def test_strict_trace_refuses():
+    ort = ORTModule(ItemScale(), debug_options=DebugOptions(strict_trace=True))
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"test_semantics\.py:\d+"):
+        ort(torch.randn(3, 4))
