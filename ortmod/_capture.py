@@ -347,6 +347,8 @@ class Exported:
     shape_specialized: bool = False
     hazards: list = dataclasses.field(default_factory=list)   # 'file:line ...' for messages
     traced_shapes: tuple = ()       # the call's tensor shapes at export, when shape_specialized
+    # per ortmod::PythonOp function_id: the user's autograd.Function call (ortmod._pyop.FunctionSpec)
+    functions: list = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -539,14 +541,16 @@ def _parameter_versions(module):
     return [(n, p, p._version) for n, p in module.named_parameters(remove_duplicate=True)]
 
 
-def export(module, flat, strict_trace=False):
+def export(module, flat, strict_trace=False, inline_functions=False):
     """Export ``module`` called as ``flat`` describes; return ONNX bytes and the input/output mapping.
 
     ``strict_trace``: a value the trace froze (see ortmod._semantics) is an error instead of a
-    guarded graph and a warning."""
+    guarded graph and a warning. ``inline_functions``: a custom autograd.Function's forward is
+    inlined and differentiated by the engine, instead of running the user's forward and backward
+    (ortmod._pyop)."""
     import onnx
     from torch.onnx import TrainingMode
-    from . import _semantics
+    from . import _pyop, _semantics
 
     wrapper = _FlatWrapper(module, flat)
     tensor_indices = flat.tensor_indices()
@@ -595,6 +599,7 @@ def export(module, flat, strict_trace=False):
 
         f = io.BytesIO()
         recorder = wrapper.guards = _semantics.TraceGuards()
+        functions = _pyop.FunctionRecorder(inline_all=inline_functions)
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -602,7 +607,7 @@ def export(module, flat, strict_trace=False):
                 warnings.simplefilter("ignore", UserWarning)
                 warnings.simplefilter("always", torch.jit.TracerWarning)
                 with _export_symbolics(), _semantics.semantic_export(ONNX_OPSET, torch.is_grad_enabled()), \
-                        _semantics.recording_guards(recorder):
+                        _semantics.recording_guards(recorder), _pyop.capturing_functions(functions, ONNX_OPSET):
                     torch.onnx.export(
                         wrapper, tensors, f,
                         dynamo=False,
@@ -614,6 +619,7 @@ def export(module, flat, strict_trace=False):
                         input_names=input_names,
                         output_names=output_names,
                         dynamic_axes=dynamic_axes,
+                        autograd_inlining=inline_functions,
                     )
         except UnsupportedModelError:
             raise
@@ -679,7 +685,8 @@ def export(module, flat, strict_trace=False):
     return Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
                     wrapper.out_tensor_positions, updates, counters, output_deps,
                     guards=guards, shape_specialized=bool(unguarded), hazards=hazards,
-                    traced_shapes=tuple(tuple(t.shape) for t in tensors) if unguarded else ())
+                    traced_shapes=tuple(tuple(t.shape) for t in tensors) if unguarded else (),
+                    functions=list(functions.specs))
 
 
 def _output_dependencies(model):

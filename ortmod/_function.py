@@ -4,9 +4,13 @@ torch only *holds* tensors here: inputs go to the engine through DLPack (read in
 place), outputs and gradients come back as DLPack capsules wrapped by
 ``torch.from_dlpack``. No torch op computes any part of the model.
 """
+import contextlib
+
 import torch
 from torch.autograd.function import once_differentiable
 from torch.utils.dlpack import to_dlpack
+
+from . import _pyop
 
 
 def _engine_view(t):
@@ -37,10 +41,12 @@ def _wrap(capsule):
 class CompiledCall:
     """What the Function needs from a cache entry (passed as its first, non-tensor argument)."""
 
-    __slots__ = ("engine", "output_differentiable", "n_inputs", "output_deps", "_reached")
+    __slots__ = ("engine", "output_differentiable", "n_inputs", "output_deps", "_reached", "functions")
 
-    def __init__(self, engine, output_differentiable, n_inputs, output_deps=None):
+    def __init__(self, engine, output_differentiable, n_inputs, output_deps=None, functions=None):
         self.engine = engine
+        # the FunctionRunner of the graph's PythonOp nodes (a user's autograd.Function), or None
+        self.functions = functions
         self.output_differentiable = tuple(output_differentiable)
         self.n_inputs = n_inputs
         # per output: the input positions it depends on (None: unknown, keep every gradient)
@@ -66,7 +72,9 @@ class EngineFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call, *tensors):
-        capsules, stash = call.engine.forward([_engine_view(t) for t in tensors], True, _stream(tensors))
+        with _functions_of(call) as records:
+            capsules, stash = call.engine.forward([_engine_view(t) for t in tensors], True, _stream(tensors))
+        ctx.records = records            # the user Functions' own autograd records, for backward
         outputs = tuple(torch.from_dlpack(c) for c in capsules)
         ctx.set_materialize_grads(False)
         ctx.call = call
@@ -83,8 +91,9 @@ class EngineFunction(torch.autograd.Function):
         call = ctx.call
         if ctx.stash is None:
             return (None,) * (1 + call.n_inputs)
-        grads = call.engine.backward(
-            ctx.stash, [None if g is None else _engine_view(_dense(g)) for g in grad_outputs], _stream(grad_outputs))
+        with _functions_of(call, ctx.records):
+            grads = call.engine.backward(
+                ctx.stash, [None if g is None else _engine_view(_dense(g)) for g in grad_outputs], _stream(grad_outputs))
         if call.output_deps is not None:
             # An input that no output in the loss depends on (left out of the loss, or reached
             # only through a stop-gradient) gets no gradient (None), as in eager autograd,
@@ -94,12 +103,30 @@ class EngineFunction(torch.autograd.Function):
         return (None,) + tuple(_wrap(g) for g in grads)
 
 
+@contextlib.contextmanager
+def _functions_of(call, records=None, training=True):
+    """Around one engine call of a graph with PythonOp nodes: the scope that holds their records,
+    and the user's own exception (not the engine's report of it) when one of them raised."""
+    if call.functions is None:
+        yield None
+        return
+    try:
+        with _pyop.call_scope(records, training) as scope:
+            yield scope
+    except Exception as e:
+        raised = call.functions.take_error()
+        if raised is None:
+            raise
+        raise raised from e
+
+
 def run_training(call, tensors):
     """Forward with autograd history; returns the engine outputs as torch tensors."""
     return EngineFunction.apply(call, *tensors)
 
 
-def run_inference(engine, tensors):
+def run_inference(call, tensors):
     """Forward-only (eval or no_grad): plain tensors, no autograd history, no stash."""
-    capsules, _ = engine.forward([_engine_view(t) for t in tensors], False, _stream(tensors))
+    with _functions_of(call, training=False):
+        capsules, _ = call.engine.forward([_engine_view(t) for t in tensors], False, _stream(tensors))
     return tuple(torch.from_dlpack(c) for c in capsules)

@@ -25,7 +25,7 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _semantics, _threads
+from . import _capture, _pyop, _semantics, _threads
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
 
@@ -43,6 +43,10 @@ class DebugOptions:
     strict_trace: a Python value the trace froze (``.item()``, ``if tensor:``, a number from a
                  shape) is an error (UnsupportedModelError) instead of a warning and a guarded
                  graph (also ORTMOD_STRICT_TRACE=1).
+    inline_autograd_functions: a custom torch.autograd.Function's forward is exported inline and
+                 the engine differentiates it (its own backward is not used). Off by default: the
+                 user's forward and backward run in PyTorch, called from the engine's graph
+                 (also ORTMOD_INLINE_AUTOGRAD_FUNCTIONS=1).
     """
 
     log_level: LogLevel = LogLevel.WARNING
@@ -50,6 +54,7 @@ class DebugOptions:
     onnx_prefix: str = ""
     save_path: str = ""
     strict_trace: bool = False
+    inline_autograd_functions: bool = False
 
     def __post_init__(self):
         self.log_level = LogLevel(int(self.log_level))
@@ -167,7 +172,7 @@ class _Entry:
                  "output_positions", "single", "state_updates", "counters", "input_slots", "state_names",
                  "template", "template_generation", "guards", "traced_shapes")
 
-    def __init__(self, engine, exported, needs_grad):
+    def __init__(self, engine, exported, needs_grad, functions=None):
         self.engine = engine
         self.needs_grad = needs_grad
         self.names = list(exported.graph_inputs)
@@ -179,7 +184,7 @@ class _Entry:
         position = {name: i for i, name in enumerate(self.names)}
         deps = [frozenset(position[n] for n in d if n in position) for d in exported.output_deps]
         self.call = CompiledCall(engine, diff, len(self.names),
-                                 deps if len(deps) == len(diff) else None)
+                                 deps if len(deps) == len(diff) else None, functions)
         self.relink(exported)
 
     def relink(self, exported):
@@ -197,6 +202,8 @@ class _Entry:
         self.template_generation = -1
         self.guards = exported.guards
         self.traced_shapes = exported.traced_shapes if exported.shape_specialized else None
+        if self.call.functions is not None:      # same bytes, so the function ids line up
+            self.call.functions.specs = exported.functions
 
     def inputs(self, leaves, state):
         if self.template_generation != state.generation:
@@ -352,7 +359,7 @@ class ORTModule(torch.nn.Module):
         if entry.needs_grad:
             outputs = run_training(entry.call, tensors)
         else:
-            outputs = run_inference(entry.engine, tensors)
+            outputs = run_inference(entry.call, tensors)
         if first_call and logger.isEnabledFor(logging.INFO):
             # the plan exists now: say what the passes and the planner made of the model
             from ._explain import summarize
@@ -454,7 +461,8 @@ class ORTModule(torch.nn.Module):
                               for i in flat.tensor_indices()) or "no tensor inputs",
                     "enabled" if torch.is_grad_enabled() else "disabled", self._ortmod_export_count + 1)
         strict = self._debug_options.strict_trace or _semantics.strict_trace_from_env()
-        exported = _capture.export(module, flat, strict_trace=strict)
+        inline = self._debug_options.inline_autograd_functions or _pyop.inline_from_env()
+        exported = _capture.export(module, flat, strict_trace=strict, inline_functions=inline)
         warned = self.__dict__.setdefault("_ortmod_hazards_warned", set())
         new = [h for h in exported.hazards if h.split(" (", 1)[0] not in warned]
         if new:
@@ -480,9 +488,10 @@ class ORTModule(torch.nn.Module):
             gi = exported.graph_inputs[name]
             t = flat.leaves[gi.leaf_index] if gi.kind == "input" else state.by_name[gi.state_name]
             grad_inputs.append(bool(want_grad and t.requires_grad and t.is_floating_point()))
+        runner = _pyop.FunctionRunner(exported.functions) if exported.functions else None
         engine = self._C.Engine(exported.onnx_bytes, grad_inputs, log_level=int(opts.log_level),
                                 seed=torch.initial_seed() & 0x7FFFFFFFFFFFFFFF,
-                                log=engine_log_callback)
+                                log=engine_log_callback, callback=runner)
         self._ortmod_engine_count += 1
         if list(engine.input_names) != names:
             raise RuntimeError(f"ortmod: engine inputs {list(engine.input_names)} differ from the "
@@ -501,7 +510,7 @@ class ORTModule(torch.nn.Module):
                 self._save(f"{label}_{mode}", data)
         logger.info("compiled %s: %d graph inputs (%d with grad), %d outputs", mode, len(names),
                     sum(grad_inputs), len(engine.output_names))
-        return _Entry(engine, exported, any(grad_inputs))
+        return _Entry(engine, exported, any(grad_inputs), runner)
 
     def _save(self, stem, data):
         opts = self._debug_options

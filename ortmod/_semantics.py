@@ -28,6 +28,8 @@ import warnings
 
 import torch
 
+from . import _pyop
+
 # ---------------------------------------------------------------------------------------------
 # stop-gradient
 
@@ -48,7 +50,7 @@ class StopGradientMode(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if torch.is_grad_enabled() or not torch.jit.is_tracing():
+        if torch.is_grad_enabled() or not torch.jit.is_tracing() or _pyop._inside_function():
             return out
         inputs = _tensors((args, kwargs))
         if not any(t.requires_grad for t in inputs):
@@ -249,10 +251,17 @@ def user_frame(depth=2):
     return "<unknown>"
 
 
+def _is_library(filename):
+    """torch's, ortmod's or an installed package's code (transformers' mask checks, ...), not the
+    user's own: what it froze is guarded just the same, but the user hears of it only when it
+    changes."""
+    return filename.startswith(_OWN_DIRS) or "site-packages" in filename or "dist-packages" in filename
+
+
 class Guard:
     """One value the trace froze: which extra graph output recomputes it and what Python saw.
-    ``internal``: torch's own code took it (BatchNorm's batch-size check, ...): guarded like the
-    others, but not the user's to hear about unless it changes."""
+    ``internal``: library code took it (torch's BatchNorm batch-size check, transformers' mask
+    checks): guarded like the others, but not the user's to hear about unless it changes."""
     __slots__ = ("output_index", "value", "kind", "where", "internal")
 
     def __init__(self, output_index, value, kind, where, internal=False):
@@ -297,7 +306,7 @@ class TraceGuards:
 
     def record(self, tensor, kind, value):
         caller = sys._getframe(2).f_code.co_filename      # 0 record, 1 the patched method
-        self.records.append((tensor, kind, value, user_frame(3), caller.startswith(_OWN_DIRS)))
+        self.records.append((tensor, kind, value, user_frame(3), _is_library(caller)))
 
     def reset(self):
         self.records = []
@@ -313,7 +322,7 @@ def _patched(name, kind, convert=None):
     def method(self, *args, **kwargs):
         value = original(self, *args, **kwargs)
         rec = _current_recorder()
-        if rec is not None and torch.jit.is_tracing():
+        if rec is not None and torch.jit.is_tracing() and not _pyop._inside_function():
             guarded = convert(self) if convert else self
             if isinstance(guarded, torch.Tensor):
                 rec.record(guarded, kind, value)

@@ -202,12 +202,33 @@ static PyObject *capsule_from_tensor(om_tensor *t, void *stream) {
     return cap;
 }
 
+/* A capsule that views engine memory for the length of one callback: its deleter frees only
+ * the DLPack struct, never the data. */
+static void view_deleter(DLManagedTensor *mt) { free(mt->manager_ctx); }
+
+static PyObject *view_capsule(const om_tensor *t) {
+    out_ctx *c = calloc(1, sizeof *c);
+    if (!c) return PyErr_NoMemory();
+    for (int i = 0; i < t->rank; i++) c->shape[i] = t->dims[i];
+    c->mt.dl_tensor.data = t->data;
+    c->mt.dl_tensor.device = t->device == OM_CUDA ? (DLDevice){kDLCUDA, t->device_id} : (DLDevice){kDLCPU, 0};
+    c->mt.dl_tensor.ndim = t->rank;
+    c->mt.dl_tensor.dtype = om_to_dl_dtype(t->dtype);
+    c->mt.dl_tensor.shape = c->shape;
+    c->mt.manager_ctx = c;
+    c->mt.deleter = view_deleter;
+    PyObject *cap = PyCapsule_New(&c->mt, "dltensor", capsule_destructor);
+    if (!cap) free(c);
+    return cap;
+}
+
 /* ---- Engine --------------------------------------------------------------------- */
 
 typedef struct EngineObject {
     PyObject_HEAD
     om_engine *eng;
     PyObject *log;              /* callable(level, message) or NULL */
+    PyObject *callback;         /* callable(phase, function_id, inputs, outputs) for PythonOp nodes, or NULL */
     PyObject *input_names, *output_names, *output_differentiable;
 } EngineObject;
 
@@ -228,14 +249,101 @@ static void engine_log(void *user, om_log_level level, const char *msg) {
     PyGILState_Release(g);
 }
 
+/* om_callback_fn: runs self->callback with the GIL held (taken only here, inside the node).
+ *   INFER:    callback(0, id, [(dtype, shape) or None per input], [dtype per output]) -> [shape per output]
+ *   FORWARD:  callback(1, id, [capsule per input], [capsule per output]) fills the outputs
+ *   BACKWARD: callback(2, id, [capsule or None per output gradient], [capsule or None per input gradient])
+ * Capsules view engine memory only for the call. A Python exception becomes an error status
+ * with its text; the callable keeps the exception itself for the caller to re-raise. */
+static PyObject *tensor_list(const om_tensor *t, int n, int shapes_only) {
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list && i < n; i++) {
+        PyObject *item;
+        if (t[i].dtype == OM_UNDEFINED || (!shapes_only && !t[i].data && om_tensor_numel(&t[i]) != 0)) {
+            item = Py_NewRef(Py_None);
+        } else if (shapes_only) {
+            PyObject *shape = PyTuple_New(t[i].rank);
+            for (int d = 0; shape && d < t[i].rank; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t[i].dims[d]));
+            item = shape ? Py_BuildValue("(iN)", (int)t[i].dtype, shape) : NULL;
+        } else {
+            item = view_capsule(&t[i]);
+        }
+        if (!item) { Py_CLEAR(list); break; }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
+static om_status *status_from_exception(void) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);        /* (PyErr_GetRaisedException is 3.12+) */
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *text = value ? PyObject_Str(value) : NULL;
+    const char *msg = text ? PyUnicode_AsUTF8(text) : NULL;
+    if (!msg) PyErr_Clear();
+    om_status *st = om_error(OM_RUNTIME, "%s: %s", value ? Py_TYPE(value)->tp_name : "error", msg ? msg : "?");
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return st;
+}
+
+static om_status *engine_callback(void *user, om_callback_phase phase, int64_t id, const om_tensor *in, int n_in,
+                                  om_tensor *out, int n_out) {
+    EngineObject *self = user;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    om_status *st = NULL;
+    PyObject *ins = NULL, *outs = NULL, *r = NULL;
+    if (!self->callback) { st = om_error(OM_INTERNAL, "no callback for PythonOp"); goto done; }
+    ins = tensor_list(in, n_in, phase == OM_CALLBACK_INFER);
+    if (phase == OM_CALLBACK_INFER) {
+        outs = PyList_New(n_out);
+        for (int j = 0; outs && j < n_out; j++) PyList_SET_ITEM(outs, j, PyLong_FromLong((long)out[j].dtype));
+    } else {
+        outs = tensor_list(out, n_out, 0);
+    }
+    if (!ins || !outs) { st = status_from_exception(); goto done; }
+    r = PyObject_CallFunction(self->callback, "iLOO", (int)phase, (long long)id, ins, outs);
+    if (!r) { st = status_from_exception(); goto done; }
+    if (phase != OM_CALLBACK_INFER) goto done;
+    PyObject *seq = PySequence_Fast(r, "a PythonOp shape callback returns a sequence of shapes");
+    if (!seq) { st = status_from_exception(); goto done; }
+    if (PySequence_Fast_GET_SIZE(seq) != n_out) {
+        st = om_error(OM_RUNTIME, "the PythonOp shape callback gave %zd shapes for %d outputs",
+                      PySequence_Fast_GET_SIZE(seq), n_out);
+    }
+    for (int j = 0; !st && j < n_out; j++) {
+        PyObject *shape = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, j), "a shape is a sequence of ints");
+        if (!shape) { st = status_from_exception(); break; }
+        Py_ssize_t rank = PySequence_Fast_GET_SIZE(shape);
+        if (rank > OM_MAX_RANK) st = om_error(OM_RUNTIME, "PythonOp output %d has rank %zd (at most %d)", j, rank, OM_MAX_RANK);
+        for (Py_ssize_t d = 0; !st && d < rank; d++) {
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(shape, d));
+            if (v == -1 && PyErr_Occurred()) st = status_from_exception();
+            else out[j].dims[d] = v;
+        }
+        out[j].rank = (int)rank;
+        Py_DECREF(shape);
+    }
+    Py_DECREF(seq);
+done:
+    Py_XDECREF(r);
+    Py_XDECREF(ins);
+    Py_XDECREF(outs);
+    PyGILState_Release(gil);
+    return st;
+}
+
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"onnx_bytes", "grad_inputs", "log_level", "seed", "log", "memory_opt_level", NULL};
+    static char *kw[] = {"onnx_bytes", "grad_inputs", "log_level", "seed", "log", "memory_opt_level", "callback", NULL};
     Py_buffer buf;
-    PyObject *grad_inputs = Py_None, *log = Py_None;
+    PyObject *grad_inputs = Py_None, *log = Py_None, *callback = Py_None;
     int log_level = OM_LOG_WARNING;
     unsigned long long seed = 0;
     int memory_opt_level = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|OiKOi", kw, &buf, &grad_inputs, &log_level, &seed, &log, &memory_opt_level))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|OiKOiO", kw, &buf, &grad_inputs, &log_level, &seed, &log,
+                                     &memory_opt_level, &callback))
         return -1;
     module_state *ms = state_of_type(Py_TYPE(self));
     bool *flags = NULL;
@@ -255,6 +363,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
         Py_DECREF(seq);
     }
     if (log != Py_None) Py_XSETREF(self->log, Py_NewRef(log));
+    if (callback != Py_None) Py_XSETREF(self->callback, Py_NewRef(callback));
     om_engine_options opt = om_engine_default_options();
     opt.grad_inputs = flags;
     opt.n_grad_inputs = (int)n_flags;
@@ -263,6 +372,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
     opt.log_user = self;
     opt.seed = seed;
     opt.memory_opt_level = memory_opt_level;
+    opt.callback = self->callback ? engine_callback : NULL;
+    opt.callback_user = self;
     om_engine *eng = NULL;
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
@@ -292,11 +403,13 @@ out:
 static int Engine_traverse(EngineObject *self, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->log);
+    Py_VISIT(self->callback);
     return 0;
 }
 
 static int Engine_clear(EngineObject *self) {
     Py_CLEAR(self->log);
+    Py_CLEAR(self->callback);
     return 0;
 }
 

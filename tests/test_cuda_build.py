@@ -70,7 +70,9 @@ def test_every_op_of_the_table_has_a_cuda_kernel(built):
     table = [name for name, domain, _ in _C.op_table()]
     # always folded at plan time (output shape depends on input data): they never run as kernels
     folded = {"Constant", "ConstantOfShape", "Range"}
-    uncovered = sorted(set(table) - set(names) - folded)
+    # computed by the client (a user's autograd.Function in PyTorch), from the host, in every plan
+    client = {"PythonOp", "PythonOpGrad"}
+    uncovered = sorted(set(table) - set(names) - folded - client)
     print(f"\nCUDA kernels: {len(set(table) & set(names))} of {len(table)} ops; without one: {uncovered}")
     assert not uncovered, f"ops without a CUDA kernel: {uncovered}"
 

@@ -37,6 +37,10 @@ om_status *om_error(om_code code, const char *fmt, ...) {
     return st;
 }
 
+om_status *om_status_new(om_code code, const char *message) {
+    return om_error(code, "%s", message ? message : "");
+}
+
 om_status *om_error_context(om_status *st, const char *fmt, ...) {
     if (!st || st == &oom_status) return st;
     va_list ap;

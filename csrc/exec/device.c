@@ -107,8 +107,9 @@ om_status *om_device_plan_prepare(const om_graph *g, om_plan *p, int n_nodes) {
         int n = pass ? p->n_bwd_prog : p->n_fwd_prog;
         for (int s = 0; s < n; s++) {
             const om_node *nd = &g->nodes[prog[s]];
-            om_cuda_kernel_fn k = cu->find_kernel(nd->op->name, nd->op->domain);
-            if (!k) {
+            /* the client runs a callback op, from the host, on device pointers */
+            om_cuda_kernel_fn k = nd->op->flags & OM_OP_CALLBACK ? NULL : cu->find_kernel(nd->op->name, nd->op->domain);
+            if (!k && !(nd->op->flags & OM_OP_CALLBACK)) {
                 free(read);
                 return om_error(OM_UNSUPPORTED_OP, "op %s%s%s (node '%s') has no CUDA kernel yet; run the model on "
                                 "the CPU, or add the kernel in cuda/", nd->op->domain[0] ? nd->op->domain : "",

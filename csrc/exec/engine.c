@@ -80,6 +80,8 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
     om_status *st = om_graph_import_onnx(onnx_bytes, nbytes, &e->g);
     if (st) goto fail;
     om_graph *g = e->g;
+    g->callback = opt->callback;
+    g->callback_user = opt->callback_user;
     if (opt->grad_inputs && opt->n_grad_inputs != g->n_inputs) {
         st = om_error(OM_INVALID_ARGUMENT, "grad_inputs has %d flags but the model has %d inputs", opt->n_grad_inputs,
                       g->n_inputs);
@@ -322,11 +324,12 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
             out[j].data = resolve(f, n->out[j]);
         }
         om_kernel_ctx ctx = {.g = g, .node = n, .n_in = n->n_in, .n_out = n->n_out, .in = in, .out = out,
-                             .seed = om_rand_u64(e->seed ^ call, (uint64_t)prog[s]), .training = training};
+                             .seed = om_rand_u64(e->seed ^ call, (uint64_t)prog[s]), .training = training,
+                             .device = f->plan->device, .device_id = f->plan->device_id};
         om_status *st;
         struct timespec t0;
         if (e->prof && !f->cu) clock_gettime(CLOCK_MONOTONIC, &t0);
-        if (f->cu) {
+        if (f->cu && !(n->op->flags & OM_OP_CALLBACK)) {
             for (int i = 0; i < n->n_in; i++)   /* host copies of what was known at plan time */
                 in_host[i] = n->in[i] >= 0 && f->plan->storage[n->in[i]] == OM_ST_CONST ? f->plan->vt[n->in[i]].data : NULL;
             st = f->plan->cuda_kernel[prog[s]](&ctx, &x);

@@ -59,6 +59,10 @@ typedef struct om_graph {
     int n_fwd_nodes;
     int *grad_of_output;   /* per graph output: the value id fed with dL/d(output), or -1 */
     int *grad_of_input;    /* per graph input: the value id holding dL/d(input), or -1 */
+    /* what runs PythonOp nodes (the engine's om_engine_options.callback); NULL in a client
+     * that has none (the native runner): such nodes are refused at plan time */
+    om_callback_fn callback;
+    void *callback_user;
 } om_graph;
 
 om_graph *om_graph_new(void);

@@ -99,6 +99,25 @@ typedef enum om_log_level {
 
 typedef void (*om_log_fn)(void *user, om_log_level level, const char *message);
 
+/* Ops the client computes (ortmod.PythonOp: a torch.autograd.Function under ORTModule, run in
+ * PyTorch with the user's own forward and backward). The engine calls back, on the calling
+ * thread, for one node's
+ *   OM_CALLBACK_INFER    (plan time) in: the inputs' shapes (data may be NULL); out: dtypes
+ *                        preset from the node, the callback sets rank and dims;
+ *   OM_CALLBACK_FORWARD  in: the inputs; out: allocated, the callback fills them;
+ *   OM_CALLBACK_BACKWARD in: the output gradients (dtype OM_UNDEFINED where none flows);
+ *                        out: one per forward input, data NULL where no gradient is wanted.
+ * function_id is the node's attribute: the client's own name for what to run. Tensors are on
+ * the plan's device (CUDA: device pointers, in order on the stream the call was given). The
+ * callback returns NULL or an error it made with om_status_new. */
+typedef enum om_callback_phase {
+    OM_CALLBACK_INFER = 0, OM_CALLBACK_FORWARD = 1, OM_CALLBACK_BACKWARD = 2,
+} om_callback_phase;
+typedef om_status *(*om_callback_fn)(void *user, om_callback_phase phase, int64_t function_id,
+                                     const om_tensor *in, int n_in, om_tensor *out, int n_out);
+/* A new error status (for callbacks); the message is copied. */
+om_status *om_status_new(om_code code, const char *message);
+
 typedef struct om_engine_options {
     const bool *grad_inputs;    /* per graph input: compute its gradient (NULL: none → inference only) */
     int n_grad_inputs;
@@ -108,6 +127,8 @@ typedef struct om_engine_options {
     uint64_t seed;              /* for random ops (Dropout) */
     int memory_opt_level;       /* 0 stash all, 1 recompute cheap activations, 2 recompute layers;
                                    -1 (the default): ORTMODULE_MEMORY_OPT_LEVEL or 0 */
+    om_callback_fn callback;    /* runs PythonOp nodes; NULL: a model holding one is refused */
+    void *callback_user;
 } om_engine_options;
 
 om_engine_options om_engine_default_options(void);

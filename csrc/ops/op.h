@@ -26,6 +26,8 @@ typedef struct om_kernel_ctx {
     om_tensor *out;        /* out[j].data NULL (kernel must skip it) for an absent output */
     uint64_t seed;         /* per node and per run: random ops use om_rand_*(seed, i) */
     int training;          /* the forward runs in training mode */
+    om_device_type device; /* where in/out live (CPU, or CUDA for OM_OP_CALLBACK ops in a CUDA plan) */
+    int device_id;
 } om_kernel_ctx;
 
 typedef struct om_grad_ctx {
@@ -47,6 +49,9 @@ enum {
                                   The other CPU kernels compute in fp32/fp64 only: a CPU plan that would
                                   run one of them on fp16/bf16 is refused at plan time (half precision
                                   runs on the CUDA provider) */
+    OM_OP_CALLBACK = 1 << 5,   /* the client computes it (ops/callback.c): its cpu kernel runs on the host in
+                                  every plan, with pointers on the plan's device (ctx->device); never folded,
+                                  merged or recomputed (it is also OM_OP_RANDOM) */
 };
 
 typedef struct om_op_def {

@@ -147,6 +147,9 @@
     X(om_op_gru) \
     X(om_op_lstm_grad) \
     X(om_op_gru_grad) \
+    /* callback.c */ \
+    X(om_op_python_op) \
+    X(om_op_python_op_grad) \
     /* end */
 
 #define OM_DECLARE(sym) extern const om_op_def sym;
