@@ -7,22 +7,22 @@ On the first call the module is exported to ONNX and compiled (graph optimizatio
 backward-graph generation, memory planning); later calls run on the engine.
 """
 from ._logging import LogLevel
-from ._capture import ExportError, UnsupportedModelError
+from ._capture import ExportError, UnsupportedDataError, UnsupportedDeviceError, UnsupportedModelError
 from ._module import DebugOptions, ORTModule
 from ._explain import explain
 
 try:
-    from ._C import EngineError, UnsupportedOpError
+    from ._C import EngineError, InvalidInputError, UnsupportedOpError
 except ImportError as _e:  # pragma: no cover - only without a built extension
     _C_IMPORT_ERROR = _e
 
     def __getattr__(name):
-        if name in ("EngineError", "UnsupportedOpError"):
+        if name in ("EngineError", "InvalidInputError", "UnsupportedOpError"):
             raise ImportError(
                 f"ortmod.{name} comes from the C extension ortmod._C, which is not built or failed "
                 f"to load ({_C_IMPORT_ERROR}). Build it with `make setup` "
                 "(or `python setup.py build_ext --inplace`).") from _C_IMPORT_ERROR
         raise AttributeError(f"module 'ortmod' has no attribute {name!r}")
 
-__all__ = ["ORTModule", "DebugOptions", "LogLevel", "EngineError", "UnsupportedOpError", "ExportError",
-           "UnsupportedModelError", "explain"]
+__all__ = ["ORTModule", "DebugOptions", "LogLevel", "EngineError", "InvalidInputError", "UnsupportedOpError",
+           "ExportError", "UnsupportedModelError", "UnsupportedDataError", "UnsupportedDeviceError", "explain"]

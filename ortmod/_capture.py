@@ -8,6 +8,7 @@ not in the key: every dimension is dynamic in the exported graph, so a new batch
 reuses the graph and only makes the engine re-plan.
 """
 import contextlib
+import copy
 import dataclasses
 import enum
 import inspect
@@ -227,6 +228,13 @@ def input_keys(flat):
             per_leaf.append(("T", v.dtype, v.dim(), v.device))
             grads.append(v.requires_grad)
         else:
+            if not isinstance(v, _CONSTANT_OUTPUT_TYPES) and _holds_tensor(v):
+                # its tensors would be baked into the graph, and an object changed in place
+                # between calls (a cache) would keep its key: refuse rather than go stale
+                raise UnsupportedDataError(
+                    f"an argument is a {type(v).__name__} holding tensors in its attributes; ortmod takes "
+                    "tensors as arguments directly, or inside lists, tuples, dicts and dataclasses (a "
+                    "transformers cache as an input, as in generation, is not supported)")
             per_leaf.append(("C",) + _constant_key(v))
     return (flat.structure, tuple(per_leaf)), tuple(grads)
 
@@ -304,7 +312,7 @@ class _FlatWrapper(torch.nn.Module):
             leaves[i] = t
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
         out = self.module(*args, **kwargs)
-        out_leaves, self.out_spec = pytree.tree_flatten(out)
+        out_leaves, self.out_spec = pytree.tree_flatten(expand_objects(out))
         self.out_leaves = list(out_leaves)
         self.out_tensor_positions = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
         for i in self.out_tensor_positions:
@@ -314,6 +322,68 @@ class _FlatWrapper(torch.nn.Module):
             # values Python took out of tensors: extra graph outputs, checked after every call
             outs += self.guards.tensors()
         return outs
+
+
+# ---------------------------------------------------------------------------
+# outputs that are plain Python objects holding tensors (transformers' DynamicCache, ...)
+
+
+class _ObjectNode:
+    """Stands, in a flattened output, for an object that is no pytree node but holds tensors in
+    its attributes: its tensor-holding attributes are its children, the rest stay on a template
+    (a shallow copy without them). Unflattening builds a new object of the same class from the
+    template and the new children, so the user gets what the module returns, with the engine's
+    tensors in it."""
+
+    __slots__ = ("template", "keys", "values")
+
+    def __init__(self, obj, children):
+        self.keys = list(children)
+        self.values = [children[k] for k in self.keys]
+        self.template = copy.copy(obj)
+        for k in self.keys:                 # the template keeps no traced tensor alive
+            self.template.__dict__[k] = None
+
+
+def _object_flatten(node):
+    return node.values, (node.template, tuple(node.keys))
+
+
+def _object_unflatten(values, context):
+    template, keys = context
+    obj = copy.copy(template)
+    for k, v in zip(keys, values):
+        obj.__dict__[k] = v
+    return obj
+
+
+pytree.register_pytree_node(_ObjectNode, _object_flatten, _object_unflatten,
+                            serialized_type_name="ortmod._capture._ObjectNode")
+
+
+def _holds_tensor(v, depth=0):
+    if isinstance(v, torch.Tensor):
+        return True
+    if depth > 6 or isinstance(v, _CONSTANT_OUTPUT_TYPES):
+        return False
+    leaves = pytree.tree_leaves(v)
+    if leaves != [v]:
+        return any(_holds_tensor(x, depth + 1) for x in leaves)
+    d = getattr(v, "__dict__", None)
+    return isinstance(d, dict) and any(_holds_tensor(x, depth + 1) for x in d.values())
+
+
+def expand_objects(tree, depth=0):
+    """``tree`` with every leaf that is a plain object holding tensors replaced by an
+    _ObjectNode, recursively (a DynamicCache's list of layers, each with keys and values)."""
+    def expand(leaf):
+        if isinstance(leaf, (torch.Tensor,) + _CONSTANT_OUTPUT_TYPES) or depth > 6:
+            return leaf
+        d = getattr(leaf, "__dict__", None)
+        if not isinstance(d, dict) or isinstance(leaf, (type, torch.nn.Module)) or not _holds_tensor(leaf):
+            return leaf
+        return _ObjectNode(leaf, {k: expand_objects(v, depth + 1) for k, v in d.items() if _holds_tensor(v)})
+    return pytree.tree_map(expand, tree)
 
 
 @dataclasses.dataclass
@@ -456,6 +526,22 @@ _FLOAT_TYPES = {"Float": (1, torch.float32), "Double": (11, torch.float64), "Hal
                 "BFloat16": (16, torch.bfloat16)}
 
 
+def _repeat_heads(g, query, kv, rank, const):
+    """kv (..., Hkv, S, E) -> (..., Hq, S, E), each head repeated Hq / Hkv times in a row
+    (repeat_interleave on dim -3, as F.scaled_dot_product_attention(enable_gqa=True) does)."""
+    i64 = torch.int64
+    shape_q, shape_k = g.op("Shape", query), g.op("Shape", kv)
+
+    def dims(shape, lo, hi):
+        return g.op("Slice", shape, const([lo], i64), const([hi], i64))
+    lead, hkv, tail = dims(shape_k, 0, rank - 3), dims(shape_k, rank - 3, rank - 2), dims(shape_k, rank - 2, rank)
+    hq = dims(shape_q, rank - 3, rank - 2)
+    rep = g.op("Div", hq, hkv)
+    wide = g.op("Expand", g.op("Unsqueeze", kv, const([rank - 2], i64)),
+                g.op("Concat", lead, hkv, rep, tail, axis_i=0))
+    return g.op("Reshape", wide, g.op("Concat", lead, hq, tail, axis_i=0))
+
+
 def _sdpa_symbolic(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                    enable_gqa=False):
     """F.scaled_dot_product_attention as torch's own opset-14 symbolic emits it (the node chain
@@ -469,14 +555,20 @@ def _sdpa_symbolic(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     enable_gqa = sh._maybe_get_const(enable_gqa, "b")
     scale = None if sh._is_none(scale) else sh._maybe_get_const(scale, "f")
     qtype = query.type().scalarType() if query.type() is not None else None
-    if qtype not in _FLOAT_TYPES or enable_gqa or not isinstance(dropout_p, float) or not isinstance(is_causal, bool) \
-            or (scale is not None and not isinstance(scale, float)):
+    if qtype not in _FLOAT_TYPES or not isinstance(enable_gqa, bool) or not isinstance(dropout_p, float) \
+            or not isinstance(is_causal, bool) or (scale is not None and not isinstance(scale, float)):
         return sh._unimplemented("aten::scaled_dot_product_attention",
-                                 "a float query, constant dropout_p / is_causal / scale, and no enable_gqa")
+                                 "a float query, constant dropout_p / is_causal / scale / enable_gqa")
     onnx_type, dtype = _FLOAT_TYPES[qtype]
 
     def const(v, dt=dtype):
         return g.op("Constant", value_t=torch.tensor(v, dtype=dt))
+
+    if enable_gqa:   # grouped-query attention: each key/value head serves Hq / Hkv query heads
+        rank = sh._get_tensor_rank(key)
+        if rank is None or rank < 3:
+            return sh._unimplemented("aten::scaled_dot_product_attention", "enable_gqa with a key of known rank >= 3")
+        key, value = (_repeat_heads(g, query, t, rank, const) for t in (key, value))
 
     if scale is None:   # 1/sqrt(E) from the query's last dim, in fp32, then in the query's dtype
         shape = g.op("Shape", query)
@@ -511,7 +603,9 @@ def _sdpa_symbolic(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     if guard_nan:
         weights = g.op("Where", g.op("IsNaN", weights), zero, weights)
     if dropout_p != 0:
-        weights = g.op("Dropout", weights, const(dropout_p, torch.float32))
+        # training_mode given: ONNX's default (false) would drop nothing; F.sdpa applies dropout_p
+        # whenever it is nonzero, whatever the module's mode
+        weights = g.op("Dropout", weights, const(dropout_p, torch.float32), const(True, torch.bool))
     return g.op("MatMul", weights, value)
 
 
@@ -576,10 +670,9 @@ def export(module, flat, strict_trace=False, inline_functions=False):
             if i not in wrapper.out_tensor_positions and not isinstance(v, _CONSTANT_OUTPUT_TYPES):
                 path = pytree.keystr(pytree.tree_flatten_with_path(
                     pytree.tree_unflatten(list(range(len(wrapper.out_leaves))), wrapper.out_spec))[0][i][0])
-                hint = " (for transformers models pass use_cache=False)" if "Cache" in type(v).__name__ else ""
                 raise UnsupportedDataError(
                     f"output{path} is a {type(v).__name__}, which ortmod cannot rebuild from the "
-                    f"engine's outputs{hint}")
+                    "engine's outputs")
         # A buffer that forward mutates in place (other than BatchNorm's statistics, which
         # are handled below) would be frozen by tracing: refuse instead of going stale.
         buffer_names = {id(b): n for n, b in module.named_buffers(remove_duplicate=False)}

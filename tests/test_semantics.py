@@ -236,3 +236,21 @@ def test_strict_trace_refuses():
     ort = ORTModule(ItemScale(), debug_options=DebugOptions(strict_trace=True))
     with pytest.raises(ortmod.UnsupportedModelError, match=r"test_semantics\.py:\d+"):
         ort(torch.randn(3, 4))
+
+
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, causal):
+        super().__init__()
+        self.causal = causal
+        self.q, self.kv = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, 4, 2).transpose(1, 2)            # 4 query heads
+        k = self.kv(x).view(B, T, 2, 2).transpose(1, 2)           # 2 key/value heads
+        return F.scaled_dot_product_attention(q, k, k * 2, is_causal=self.causal, enable_gqa=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_enable_gqa(causal):
+    run_both(GroupedQueryAttention(causal), torch.randn(2, 5, 8))
