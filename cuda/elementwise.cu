@@ -15,7 +15,10 @@ enum { RED_SUM = 0, RED_MEAN, RED_MAX, RED_MIN, RED_PROD };
 
 // ---- binary arithmetic --------------------------------------------------------------------------
 
-enum { B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_POW };
+enum { B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_POW, B_FMOD, B_MOD };
+
+// Mod: B_FMOD truncates (C's fmod), B_MOD takes the divisor's sign (Python's %), as ops/elementwise.c
+template <typename A> __device__ __forceinline__ A mod_floor(A r, A y) { return r != 0 && ((r < 0) != (y < 0)) ? r + y : r; }
 
 template <typename A> __device__ __forceinline__ A bin_op(int op, A x, A y) {
     switch (op) {
@@ -25,6 +28,8 @@ template <typename A> __device__ __forceinline__ A bin_op(int op, A x, A y) {
     case B_DIV: return x / y;
     case B_MAX: return (x != x || x > y) ? x : y;
     case B_MIN: return (x != x || x < y) ? x : y;
+    case B_FMOD: return (A)fmod((double)x, (double)y);
+    case B_MOD: return mod_floor((A)fmod((double)x, (double)y), y);
     default: return (A)pow((double)x, (double)y);
     }
 }
@@ -36,6 +41,8 @@ template <> __device__ __forceinline__ float bin_op<float>(int op, float x, floa
     case B_DIV: return x / y;
     case B_MAX: return (x != x || x > y) ? x : y;
     case B_MIN: return (x != x || x < y) ? x : y;
+    case B_FMOD: return fmodf(x, y);
+    case B_MOD: return mod_floor(fmodf(x, y), y);
     default: return y == 2.0f ? x * x : powf(x, y);
     }
 }
@@ -47,6 +54,8 @@ template <> __device__ __forceinline__ int64_t bin_op<int64_t>(int op, int64_t x
     case B_DIV: return y == 0 ? 0 : y == -1 ? (int64_t)(0 - (uint64_t)x) : x / y;
     case B_MAX: return x > y ? x : y;
     case B_MIN: return x < y ? x : y;
+    case B_FMOD: return y == 0 || y == -1 ? 0 : x % y;
+    case B_MOD: return y == 0 || y == -1 ? 0 : mod_floor<int64_t>(x % y, y);
     default: return (int64_t)pow((double)x, (double)y);
     }
 }
@@ -114,6 +123,9 @@ BINARY(div_cuda, B_DIV)
 BINARY(max_cuda, B_MAX)
 BINARY(min_cuda, B_MIN)
 BINARY(pow_cuda, B_POW)
+static om_status *mod_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    return binary_run(ctx, x, attr_i(ctx, "fmod", 0) ? B_FMOD : B_MOD);
+}
 
 // ---- comparisons and logic: -> bool -----------------------------------------------------------------
 
@@ -183,6 +195,7 @@ COMPARE(xor_cuda, L_XOR)
 enum {
     U_NEG, U_RELU, U_ABS, U_TANH, U_SIGMOID, U_GELU_ERF, U_GELU_TANH, U_ERF, U_SQRT, U_EXP, U_LOG, U_RECIP,
     U_LEAKY, U_SOFTPLUS, U_ELU, U_SELU, U_HARD_SIGMOID, U_HARD_SWISH, U_MISH, U_SOFTSIGN, U_NOT,
+    U_SIN, U_COS, U_SIGN,
 };
 
 struct act_params { float a, b, g; };
@@ -216,15 +229,19 @@ template <typename A> __device__ __forceinline__ A unary_op(int op, A v, act_par
     case U_HARD_SWISH: return v <= -3 ? (A)0 : v >= 3 ? v : v * (v + 3) / 6;
     case U_MISH: return v * tanh(softplus_(v));
     case U_SOFTSIGN: return v / ((A)1 + (v < 0 ? -v : v));
+    case U_SIN: return sin(v);
+    case U_COS: return cos(v);
+    case U_SIGN: return v != v ? v : (A)((v > 0) - (v < 0));
     default: return v;
     }
 }
 // integer types: only the ops that serve shape arithmetic
 template <> __device__ __forceinline__ int64_t unary_op<int64_t>(int op, int64_t v, act_params p) {
-    return op == U_NEG ? -v : op == U_RELU ? (v > 0 ? v : 0) : op == U_ABS ? (v < 0 ? -v : v) : v;
+    return op == U_NEG ? -v : op == U_RELU ? (v > 0 ? v : 0) : op == U_ABS ? (v < 0 ? -v : v)
+         : op == U_SIGN ? (int64_t)((v > 0) - (v < 0)) : v;
 }
 template <> __device__ __forceinline__ int32_t unary_op<int32_t>(int op, int32_t v, act_params p) {
-    return op == U_NEG ? -v : op == U_RELU ? (v > 0 ? v : 0) : op == U_ABS ? (v < 0 ? -v : v) : v;
+    return (int32_t)unary_op<int64_t>(op, v, p);
 }
 
 // x, y are (n)
@@ -236,7 +253,7 @@ __global__ void unary_kernel(T *y, const T *x, int64_t n, int op, act_params p) 
 static om_status *unary_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int op, act_params p = act_params{0, 0, 0}) {
     int64_t n = numel(&ctx->in[0]);
     if (!n) return NULL;
-    if (op == U_NEG || op == U_RELU || op == U_ABS) {
+    if (op == U_NEG || op == U_RELU || op == U_ABS || op == U_SIGN) {
         OMC_DISPATCH_ARITH(ctx->in[0].dtype, ctx, 0, {
             unary_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)ctx->out[0].data, (const T *)ctx->in[0].data,
                                                                            n, op, p);
@@ -258,6 +275,9 @@ UNARY(abs_cuda, U_ABS)
 UNARY(tanh_cuda, U_TANH)
 UNARY(sigmoid_cuda, U_SIGMOID)
 UNARY(erf_cuda, U_ERF)
+UNARY(sin_cuda, U_SIN)
+UNARY(cos_cuda, U_COS)
+UNARY(sign_cuda, U_SIGN)
 UNARY(sqrt_cuda, U_SQRT)
 UNARY(exp_cuda, U_EXP)
 UNARY(log_cuda, U_LOG)
@@ -615,6 +635,7 @@ extern const omc_kernel_entry omc_kernels_elementwise[] = {
     {"Neg", "", neg_cuda}, {"Relu", "", relu_cuda}, {"Abs", "", abs_cuda}, {"Tanh", "", tanh_cuda},
     {"Sigmoid", "", sigmoid_cuda}, {"Gelu", "", gelu_cuda}, {"Erf", "", erf_cuda}, {"Sqrt", "", sqrt_cuda},
     {"Exp", "", exp_cuda}, {"Log", "", log_cuda}, {"Reciprocal", "", reciprocal_cuda},
+    {"Sin", "", sin_cuda}, {"Cos", "", cos_cuda}, {"Sign", "", sign_cuda}, {"Mod", "", mod_cuda},
     {"LeakyRelu", "", activation_cuda}, {"Softplus", "", activation_cuda}, {"Elu", "", activation_cuda},
     {"Selu", "", activation_cuda}, {"HardSigmoid", "", activation_cuda}, {"HardSwish", "", activation_cuda},
     {"Mish", "", activation_cuda}, {"Softsign", "", activation_cuda},

@@ -64,6 +64,20 @@ MODEL_FAMILIES = [
     ("GRU classifier (`nn.GRU`, batch_first)", "`model(tokens, labels)`", "tests/test_models_rnn.py",
      ["Concat", "Constant", "ConstantOfShape", "Dropout", "GRU", "Gather", "Gemm", "Shape", "Slice",
       "SoftmaxCrossEntropyLoss", "Squeeze", "Transpose", "Unsqueeze"]),
+    ("Llama, Mistral, Qwen2, Gemma (rotary embeddings, RMSNorm, grouped-query attention, SiLU MLP)",
+     "`input_ids`, `attention_mask`, `labels`", "tests/test_models_rotary.py",
+     ["Add", "And", "Cast", "Concat", "Constant", "ConstantOfShape", "Cos", "Div", "Equal",
+      "Expand", "Flatten", "Gather", "Greater", "IsNaN", "LessOrEqual", "MatMul", "Mul", "Neg",
+      "Pad", "Pow", "Range", "ReduceMean", "Reshape", "Shape", "Sigmoid", "Sin", "Slice",
+      "Softmax", "SoftmaxCrossEntropyLoss", "Sqrt", "StopGradient", "Sub", "Transpose",
+      "Unsqueeze", "Where"]),
+    ("Phi, GPT-NeoX, Falcon (rotary embeddings, LayerNorm, GELU)", "`input_ids`, `attention_mask`, `labels`",
+     "tests/test_models_rotary.py",
+     ["Add", "And", "Cast", "Concat", "Constant", "ConstantOfShape", "Cos", "Div", "Dropout",
+      "Equal", "Expand", "Flatten", "Gather", "Gelu", "Greater", "IsNaN", "LayerNormalization",
+      "LessOrEqual", "MatMul", "Mul", "Neg", "Pad", "Pow", "Range", "Reshape", "Shape", "Sin",
+      "Slice", "Softmax", "SoftmaxCrossEntropyLoss", "Sqrt", "StopGradient", "Sub", "Tanh",
+      "Transpose", "Unsqueeze", "Where"]),
 ]
 
 
@@ -131,7 +145,7 @@ def render_ops(ops):
 
 
 def render_families(ops):
-    have = {name for name, domain, _ in ops if domain == ""}
+    have = {name for name, domain, _ in ops if domain in ("", "ortmod")}   # ortmod: what capture emits (StopGradient)
     lines = [
         "Each family is trained in its test for 10 optimizer steps through ORTModule and "
         "through eager PyTorch from identical weights (per-step losses and final parameters "

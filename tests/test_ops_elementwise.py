@@ -152,6 +152,9 @@ UNARY = [
     ("Reciprocal", np.reciprocal, lambda: away_from_zero(randn(3, 4), 0.5)),
     ("Abs", np.abs, lambda: away_from_zero(randn(3, 4))),
     ("Identity", lambda X: X, lambda: randn(2, 3, 4)),
+    ("Sin", np.sin, lambda: randn(3, 4) * 3),
+    ("Cos", np.cos, lambda: randn(3, 4) * 3),
+    ("Sign", np.sign, lambda: away_from_zero(randn(3, 4))),
 ]
 
 
@@ -170,8 +173,47 @@ def test_sigmoid_extremes():
     check_op("Sigmoid", {"X": X}, _t(torch.sigmoid), atol=0)
 
 
+def test_sign_of_zero_and_nan_and_its_zero_gradient():
+    X = np.array([-2.0, 0.0, 3.0, np.nan], np.float32)
+    check_op("Sign", {"X": X}, lambda X: np.sign(X))
+    # torch's sign has gradient 0 everywhere: a tensor of zeros, not "no gradient"
+    from oputil import make_model
+    model = make_model("Sign", {"X": X[:3].astype(np.float64)}, None, "", 20, 1, ())
+    _, grads, _ = run(model, [X[:3].astype(np.float64)], grad=[True])
+    assert grads[0] is not None and np.all(grads[0] == 0)
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
-@pytest.mark.parametrize("name,ref", [("Neg", np.negative), ("Abs", np.abs), ("Relu", lambda X: np.maximum(X, 0))])
+def test_mod_int(fmod, dtype):
+    A = RNG.integers(-20, 20, (3, 4)).astype(dtype)
+    B = (RNG.integers(1, 7, (4,)) * np.array([1, -1, 1, -1])).astype(dtype)
+    ref = np.fmod if fmod else np.mod     # C's sign of the dividend / Python's sign of the divisor
+    outs = check_op("Mod", {"A": A, "B": B}, lambda A, B: ref(A, B), attrs={"fmod": fmod})
+    assert outs[0].dtype == dtype
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_mod_float_and_its_gradient(fmod):
+    A = randn(3, 4) * 5
+    B = away_from_zero(randn(4), 0.7)
+    ref = np.fmod if fmod else np.mod
+    check_op("Mod", {"A": A, "B": B}, lambda A, B: ref(A, B), attrs={"fmod": fmod}, grad=["A"], const_inputs=["B"])
+
+
+def test_mod_divisor_gradient_is_refused():
+    with pytest.raises(Exception, match="divisor"):
+        check_op("Mod", {"A": randn(3), "B": away_from_zero(randn(3), 0.7)}, attrs={"fmod": 1}, grad=["A", "B"])
+
+
+def test_mod_by_zero_is_an_error():
+    with pytest.raises(Exception, match="division by zero"):
+        check_op("Mod", {"A": np.array([3, 4], np.int64), "B": np.array([2, 0], np.int64)})
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("name,ref", [("Neg", np.negative), ("Abs", np.abs), ("Relu", lambda X: np.maximum(X, 0)),
+                                      ("Sign", np.sign)])
 def test_unary_int(name, ref, dtype):
     X = RNG.integers(-9, 9, (3, 4)).astype(dtype)
     check_op(name, {"X": X}, lambda X: ref(X))

@@ -20,6 +20,10 @@
  *   om_op_exp             Exp
  *   om_op_log             Log
  *   om_op_reciprocal      Reciprocal
+ *   om_op_sin, om_op_cos  Sin, Cos                         (rotary position embeddings)
+ *   om_op_sign            Sign                             gradient 0, as torch's
+ *   om_op_mod             Mod                              fmod = 0: sign of the divisor (Python's %),
+ *                                                          1: sign of the dividend (C's fmod)
  *   om_op_abs             Abs
  *   om_op_identity        Identity                         (OM_OP_ALIAS)
  *   om_op_stop_gradient   StopGradient (ortmod)            (OM_OP_ALIAS; blocks the gradient)
@@ -197,6 +201,7 @@ BINARY_ARITH_KERNEL(min_cpu, (x != x || x < y) ? x : y)
 /* Float division is plain IEEE; integer division by zero would trap, so the divisor is
  * scanned first (it is usually a small shape tensor) and reported as an error. */
 static om_status *div_int_check(om_kernel_ctx *ctx) {
+    /* (also Mod's: it reports itself by the node's op name) */
     const om_tensor *b = &ctx->in[1];
     int64_t n = om_tensor_numel(b), zeros = 0;
     if (b->dtype == OM_I64) {
@@ -207,7 +212,7 @@ static om_status *div_int_check(om_kernel_ctx *ctx) {
         for (int64_t i = 0; i < n; i++) zeros += p[i] == 0;
     }
     if (zeros)
-        return om_error(OM_RUNTIME, "node '%s' (Div): integer division by zero", ctx->node->name);
+        return om_error(OM_RUNTIME, "node '%s' (%s): integer division by zero", ctx->node->name, ctx->node->op->name);
     return NULL;
 }
 
@@ -221,6 +226,42 @@ static om_status *div_cpu(om_kernel_ctx *ctx) {
         return div_int_cpu(ctx);
     }
     return div_float_cpu(ctx);
+}
+
+/* Mod. fmod = 1 truncates (C's fmod, %); fmod = 0 takes the divisor's sign (Python's %,
+ * torch.remainder; ONNX asks fmod = 1 for floats, torch's exporter also emits 0 there). */
+#define MOD_FLOOR(r, y) ((r) != 0 && (((r) < 0) != ((y) < 0)) ? (r) + (y) : (r))
+static inline float mod_floor_f32(float x, float y) { float r = fmodf(x, y); return MOD_FLOOR(r, y); }
+static inline double mod_floor_f64(double x, double y) { double r = fmod(x, y); return MOD_FLOOR(r, y); }
+/* (x % -1 is 0, and INT_MIN % -1 traps on x86) */
+static inline int64_t mod_trunc_int(int64_t x, int64_t y) { return y == -1 ? 0 : x % y; }
+static inline int64_t mod_floor_int(int64_t x, int64_t y) { int64_t r = mod_trunc_int(x, y); return MOD_FLOOR(r, y); }
+
+OM_BINARY_WORKER(mod_fmod_f32, float, float, float, fmodf(x, y))
+OM_BINARY_WORKER(mod_fmod_f64, double, double, double, fmod(x, y))
+OM_BINARY_WORKER(mod_fmod_i32, int32_t, int32_t, int32_t, mod_trunc_int(x, y))
+OM_BINARY_WORKER(mod_fmod_i64, int64_t, int64_t, int64_t, mod_trunc_int(x, y))
+OM_BINARY_WORKER(mod_floor_f32_w, float, float, float, mod_floor_f32(x, y))
+OM_BINARY_WORKER(mod_floor_f64_w, double, double, double, mod_floor_f64(x, y))
+OM_BINARY_WORKER(mod_floor_i32, int32_t, int32_t, int32_t, mod_floor_int(x, y))
+OM_BINARY_WORKER(mod_floor_i64, int64_t, int64_t, int64_t, mod_floor_int(x, y))
+
+static om_status *mod_cpu(om_kernel_ctx *ctx) {
+    // a, b broadcast to out (ONNX multidirectional), one dtype
+    om_bcast p;
+    OM_TRY(binary_plan(ctx, &p));
+    if (ctx->in[1].dtype == OM_I64 || ctx->in[1].dtype == OM_I32) OM_TRY(div_int_check(ctx));
+    int trunc = om_attr_int(ctx->node, "fmod", 0) != 0;
+    void *o = ctx->out[0].data;
+    const void *a = ctx->in[0].data, *b = ctx->in[1].data;
+    switch (ctx->in[0].dtype) {
+    case OM_F32: om_binary_run(&p, trunc ? mod_fmod_f32 : mod_floor_f32_w, o, a, b); break;
+    case OM_F64: om_binary_run(&p, trunc ? mod_fmod_f64 : mod_floor_f64_w, o, a, b); break;
+    case OM_I32: om_binary_run(&p, trunc ? mod_fmod_i32 : mod_floor_i32, o, a, b); break;
+    case OM_I64: om_binary_run(&p, trunc ? mod_fmod_i64 : mod_floor_i64, o, a, b); break;
+    default: return om_err_dtype(ctx->node, 0, ctx->in[0].dtype);
+    }
+    return NULL;
 }
 
 /* Pow: a common exponent is a scalar constant (x**2, x**0.5); those skip libm pow. */
@@ -528,6 +569,10 @@ UNARY_FLOAT_KERNEL2(tanh_cpu, tanh_f32(x), tanh(x))
 UNARY_FLOAT_KERNEL2(sigmoid_cpu, sigmoid_f32(x), sigmoid_f64(x))
 UNARY_FLOAT_KERNEL2(erf_cpu, erf_f32(x), erf(x))
 UNARY_FLOAT_KERNEL(sqrt_cpu, sqrt(x))
+UNARY_FLOAT_KERNEL(sin_cpu, sin(x))
+UNARY_FLOAT_KERNEL(cos_cpu, cos(x))
+/* NaN stays NaN (torch.sign) */
+UNARY_ARITH_KERNEL(sign_cpu, x != x ? x : (T)((x > 0) - (x < 0)))
 UNARY_FLOAT_KERNEL2(exp_cpu, exp_f32(x), exp(x))
 UNARY_FLOAT_KERNEL(log_cpu, log(x))
 UNARY_FLOAT_KERNEL(reciprocal_cpu, (T)1 / x)
@@ -672,6 +717,56 @@ static om_status *reciprocal_grad(om_grad_ctx *c) {
     int t = om_emit2(c, "Mul", c->dy[0], y2);
     EMIT_OK(t);
     EMIT_OK(c->dx[0] = om_emit1(c, "Neg", t));
+    return NULL;
+}
+
+/* sin' = cos, cos' = -sin */
+static om_status *sin_grad(om_grad_ctx *c) {
+    int in[1], out[1];
+    node_io(c, in, 1, out, 1);
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    int d = om_emit1(c, "Cos", in[0]);
+    EMIT_OK(d);
+    EMIT_OK(c->dx[0] = om_emit2(c, "Mul", c->dy[0], d));
+    return NULL;
+}
+
+static om_status *cos_grad(om_grad_ctx *c) {
+    int in[1], out[1];
+    node_io(c, in, 1, out, 1);
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    int d = om_emit1(c, "Sin", in[0]);
+    EMIT_OK(d);
+    int t = om_emit2(c, "Mul", c->dy[0], d);
+    EMIT_OK(t);
+    EMIT_OK(c->dx[0] = om_emit1(c, "Neg", t));
+    return NULL;
+}
+
+/* sign' = 0 everywhere: zeros of x's shape (a gradient, as torch gives one, not "none";
+ * Where of two zeros rather than 0 * dy, which an inf in dy would turn into NaN) */
+static om_status *sign_grad(om_grad_ctx *c) {
+    int in[1], out[1];
+    node_io(c, in, 1, out, 1);
+    if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
+    int mask = om_emit2(c, "Equal", in[0], in[0]);
+    EMIT_OK(mask);
+    int zero = om_emit_scalar(c, vdt(c->g, c->dy[0]), 0.0);
+    EMIT_OK(zero);
+    int in3[3] = {mask, zero, zero};
+    EMIT_OK(c->dx[0] = om_emit(c, "Where", in3, 3));
+    return NULL;
+}
+
+/* d(a mod b)/da = 1; the divisor's gradient (-floor or -trunc of a/b) is refused by name */
+static om_status *mod_grad(om_grad_ctx *c) {
+    int in[2], out[1];
+    node_io(c, in, 2, out, 1);
+    if (c->dy[0] < 0) return NULL;
+    if (c->need_dx[1])
+        return om_error(OM_NO_GRADIENT, "Mod node '%s': the gradient for the divisor is not implemented",
+                        c->g->nodes[c->node].name);
+    if (c->need_dx[0]) EMIT_OK(c->dx[0] = om_emit_sum_to(c, c->dy[0], in[0]));
     return NULL;
 }
 
@@ -1082,6 +1177,7 @@ BIN(om_op_div, "Div", infer_binary_arith, div_grad, div_cpu)
 BIN(om_op_pow, "Pow", infer_pow, pow_grad, pow_cpu)
 BIN(om_op_max, "Max", infer_binary_arith, maxmin_grad, max_cpu)
 BIN(om_op_min, "Min", infer_binary_arith, maxmin_grad, min_cpu)
+BIN(om_op_mod, "Mod", infer_binary_arith, mod_grad, mod_cpu)
 
 const om_op_def om_op_equal = {.name = "Equal", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1,
                                .max_out = 1, .dtype = dtype_bool, .infer = infer_equal, .cpu = equal_cpu};
@@ -1100,6 +1196,9 @@ UN(om_op_sqrt, "Sqrt", infer_unary_float, sqrt_grad, sqrt_cpu)
 UN(om_op_exp, "Exp", infer_unary_float, exp_grad, exp_cpu)
 UN(om_op_log, "Log", infer_unary_float, log_grad, log_cpu)
 UN(om_op_reciprocal, "Reciprocal", infer_unary_float, reciprocal_grad, reciprocal_cpu)
+UN(om_op_sin, "Sin", infer_unary_float, sin_grad, sin_cpu)
+UN(om_op_cos, "Cos", infer_unary_float, cos_grad, cos_cpu)
+UN(om_op_sign, "Sign", infer_unary_arith, sign_grad, sign_cpu)
 
 const om_op_def om_op_identity = {.name = "Identity", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1,
                                   .max_out = 1, .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = infer_identity,

@@ -25,6 +25,10 @@
     X(om_op_log) \
     X(om_op_reciprocal) \
     X(om_op_abs) \
+    X(om_op_sin) \
+    X(om_op_cos) \
+    X(om_op_sign) \
+    X(om_op_mod) \
     X(om_op_identity) \
     X(om_op_stop_gradient) \
     X(om_op_cast) \
