@@ -58,6 +58,9 @@ class DebugOptions:
 
     def __post_init__(self):
         self.log_level = LogLevel(int(self.log_level))
+        self.strict_trace = bool(self.strict_trace) or flag_from_env("ORTMOD_STRICT_TRACE")
+        self.inline_autograd_functions = (bool(self.inline_autograd_functions)
+                                          or flag_from_env("ORTMOD_INLINE_AUTOGRAD_FUNCTIONS"))
 
 
 # --------------------------------------------------------------------------- environment
@@ -88,6 +91,11 @@ def fallback_policy_from_env():
     if "FALLBACK_DISABLE" in names:
         return frozenset()
     return frozenset(names)
+
+
+def flag_from_env(name):
+    """An on/off environment variable (1/true/yes/on)."""
+    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def log_level_from_env(default):
@@ -460,8 +468,8 @@ class ORTModule(torch.nn.Module):
                     ", ".join(f"{_capture.dtype_name(flat.leaves[i].dtype)}[rank {flat.leaves[i].dim()}]"
                               for i in flat.tensor_indices()) or "no tensor inputs",
                     "enabled" if torch.is_grad_enabled() else "disabled", self._ortmod_export_count + 1)
-        strict = self._debug_options.strict_trace or _semantics.strict_trace_from_env()
-        inline = self._debug_options.inline_autograd_functions or _pyop.inline_from_env()
+        strict = self._debug_options.strict_trace
+        inline = self._debug_options.inline_autograd_functions
         exported = _capture.export(module, flat, strict_trace=strict, inline_functions=inline)
         warned = self.__dict__.setdefault("_ortmod_hazards_warned", set())
         new = [h for h in exported.hazards if h.split(" (", 1)[0] not in warned]

@@ -20,7 +20,6 @@ backward belongs to is kept per engine call (``call_scope``): each engine forwar
 PythonOp once, and two forwards before their backwards keep two records.
 """
 import contextlib
-import os
 import threading
 
 import torch
@@ -174,9 +173,6 @@ def capturing_functions(recorder, opset):
         fn.apply = original_apply
         _local.recorder = None
 
-
-def inline_from_env():
-    return os.environ.get("ORTMOD_INLINE_AUTOGRAD_FUNCTIONS", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -383,6 +383,3 @@ def unguarded_tracer_warnings(caught, guarded_places):
 class TraceHazardWarning(UserWarning):
     """The trace froze Python values computed from tensors (see ortmod._semantics)."""
 
-
-def strict_trace_from_env():
-    return os.environ.get("ORTMOD_STRICT_TRACE", "0").strip().lower() in ("1", "true", "yes", "on")
