@@ -34,9 +34,16 @@ _local = threading.local()
 
 
 def _inside_function():
-    """True while a Function's own forward runs during an ortmod export (the stop-gradient mode
-    and the trace guards leave what happens there alone: it runs in PyTorch at run time)."""
+    """True while a Function's own forward runs during an ortmod export. It runs with grad
+    disabled, yet what it computes is differentiated (by its backward, or by the engine when
+    inlined): the stop-gradient mode leaves it alone."""
     return getattr(_local, "depth", 0) > 0
+
+
+def _inside_kept_function():
+    """True inside the forward of a Function that runs in PyTorch at run time: nothing in it is
+    frozen into the graph, so the trace guards leave it alone (an inlined one is guarded)."""
+    return getattr(_local, "kept_depth", 0) > 0
 
 
 class FunctionSpec:
@@ -112,11 +119,14 @@ def _note_apply(original):
         if kwargs:
             raise UnsupportedModelError(f"{cls.__qualname__}.apply is called with keyword arguments; "
                                         "ortmod captures a Function's positional arguments only")
+        kept = recorder.keeps(cls)
         _local.depth = getattr(_local, "depth", 0) + 1
+        _local.kept_depth = getattr(_local, "kept_depth", 0) + kept
         try:
             out = original.__func__(cls, *args)
         finally:
             _local.depth -= 1
+            _local.kept_depth -= kept
         recorder.note(cls, args, out)
         return out
     return classmethod(apply)

@@ -322,7 +322,7 @@ def _patched(name, kind, convert=None):
     def method(self, *args, **kwargs):
         value = original(self, *args, **kwargs)
         rec = _current_recorder()
-        if rec is not None and torch.jit.is_tracing() and not _pyop._inside_function():
+        if rec is not None and torch.jit.is_tracing() and not _pyop._inside_kept_function():
             guarded = convert(self) if convert else self
             if isinstance(guarded, torch.Tensor):
                 rec.record(guarded, kind, value)
