@@ -347,7 +347,9 @@ class ORTModule(torch.nn.Module):
             state = self._ortmod_scan_state(module)
         flat = _capture.flatten_inputs(args, kwargs)
         inputs_key, input_grads = _capture.input_keys(flat)
-        want_grad = module.training and torch.is_grad_enabled()
+        # eval mode with grad enabled is still differentiated (saliency maps, adversarial inputs,
+        # a validation loop without no_grad): eager autograd records it, so does ortmod
+        want_grad = torch.is_grad_enabled()
         export_key = (inputs_key, module.training, torch.is_grad_enabled(), state.signature_id, _autocast_key())
         key = (export_key, input_grads, state.grads) if want_grad else (export_key,)
         entry = d["_ortmod_cache"].get(key)

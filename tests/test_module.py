@@ -70,21 +70,26 @@ def test_eval_builds_its_own_entry_once():
     assert not inner.training
     out = model(x)
     assert model._ortmod_export_count == 2
-    assert not out.requires_grad and out.grad_fn is None
+    # eval with grad enabled is differentiated, as eager (saliency, adversarial inputs)
+    assert out.requires_grad
     close(out, inner(x))
-    out2 = model(torch.randn(9, 16))
+    xr, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    model(xr).sum().backward()
+    inner(xe).sum().backward()
+    close(xr.grad, xe.grad)
+    with torch.no_grad():
+        out2 = model(torch.randn(9, 16))
     assert not out2.requires_grad and out2.shape == (9, 5)
-    assert model._ortmod_export_count == 2
-    # toggling back and forth reuses both entries
+    assert model._ortmod_export_count == 3
+    # toggling back and forth reuses the entries
     for _ in range(3):
         model.train()
         assert inner.training and model.training
         assert model(x).requires_grad
         model.eval()
         assert not inner.training and not model.training
-        assert not model(x).requires_grad
-    assert model._ortmod_export_count == 2
-    assert len(model._ortmod_cache) == 2
+        assert model(x).requires_grad
+    assert model._ortmod_export_count == 3
 
 
 def test_no_grad_builds_its_own_entry_once():

@@ -260,3 +260,15 @@ def test_strict_trace_from_the_environment(monkeypatch):
     monkeypatch.setenv("ORTMOD_STRICT_TRACE", "1")
     with pytest.raises(ortmod.UnsupportedModelError, match="strict_trace"):
         ORTModule(ItemScale())(torch.randn(3, 4))
+
+
+def test_eval_mode_with_grad_enabled_is_differentiated():
+    """model.eval() without no_grad (saliency maps, adversarial inputs, validation loops):
+    eager records autograd through the eval-mode forward (running stats, no dropout)."""
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Dropout(0.5), nn.Flatten(),
+                      nn.Linear(4 * 5 * 5, 3))
+    m.train()
+    m(torch.randn(4, 3, 7, 7))          # some running statistics
+    m.eval()
+    run_both(m, torch.randn(2, 3, 7, 7), calls=2)
