@@ -162,6 +162,30 @@ def _kl_div_symbolic(g, input, target, reduction, log_target):
     _refuse("kl_div", f"reduction {reduction!r} is not one of none, mean, sum")
 
 
+def _index_add_symbolic(g, self, dim, index, source, alpha=None):
+    """self.index_add(dim, index, source, alpha): ScatterElements with reduction add, so repeated
+    indices add up as in eager (torch's opset-9 symbolic scatters without a reduction: a repeated
+    row overwrites), and alpha is kept."""
+    from torch.onnx import symbolic_helper as sh
+    dim = sh._maybe_get_const(dim, "i")
+    rank = sh._get_tensor_rank(self)
+    if not isinstance(dim, int) or rank is None or sh._get_tensor_rank(source) != rank:
+        _refuse("index_add", "needs a constant dim and self and source of one known rank")
+    dim = dim % rank if rank else 0
+    if alpha is not None and not sh._is_none(alpha):
+        a = sh._maybe_get_const(alpha, "f")
+        if not isinstance(a, (int, float)):
+            _refuse("index_add", "alpha must be a constant")
+        if a != 1:
+            source = g.op("Mul", source, _const(g, float(a), _dtype_of(source)))
+    # index (K,) -> shaped (1, .., K, .., 1) at dim, then expanded to source's shape
+    shape = [1] * rank
+    shape[dim] = -1
+    idx = g.op("Reshape", index, _const(g, shape, torch.int64))
+    idx = g.op("Expand", idx, g.op("Shape", source))
+    return g.op("ScatterElements", self, idx, source, axis_i=dim, reduction_s="add")
+
+
 def _avg_pool_symbolic(rank, original):
     def symbolic(g, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None):
         from torch.onnx import symbolic_helper as sh
@@ -215,6 +239,7 @@ def semantic_export(opset, stop_gradients=True):
         "aten::embedding_renorm_": _embedding_renorm_symbolic,
         "aten::softplus": _softplus_symbolic,
         "aten::kl_div": _kl_div_symbolic,
+        "aten::index_add": _index_add_symbolic,
     }
     for rank in (1, 2, 3):
         name = f"aten::avg_pool{rank}d"

@@ -272,3 +272,19 @@ def test_eval_mode_with_grad_enabled_is_differentiated():
     m(torch.randn(4, 3, 7, 7))          # some running statistics
     m.eval()
     run_both(m, torch.randn(2, 3, 7, 7), calls=2)
+
+
+class IndexAdd(nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+        self.l = nn.Linear(3, 3)
+
+    def forward(self, x, src):
+        index = torch.tensor([0, 2, 0, 4, 2, 2])          # repeated rows add up
+        return x.index_add(0, index, self.l(src), alpha=self.alpha)
+
+
+@pytest.mark.parametrize("alpha", [1, 0.5])
+def test_index_add_with_repeated_indices(alpha):
+    run_both(IndexAdd(alpha), torch.randn(5, 3), torch.randn(6, 3))
