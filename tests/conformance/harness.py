@@ -327,22 +327,37 @@ def _run_sides(case, rec):
     except OrtmodFailed as e:
         rec.update(status=CLEAN_ERROR, error={"type": type(e.exc).__name__, "msg": _first_line(e.exc),
                                               "where": e.where})
+        # what the steps before the failing one returned reached the user with no exception
+        failed = _step_of(e.where)
+        diffs, refereed = _compare(eager, ort, ref, case.dtype, lambda key: _step_of(key) < failed)
+        if diffs:
+            rec.update(status=MISMATCH, n_diffs=len(diffs), diffs=diffs[:6], refereed=refereed)
         return rec
+    diffs, refereed = _compare(eager, ort, ref, case.dtype)
+    rec.update(status=MISMATCH if diffs else PASS, n_diffs=len(diffs), diffs=diffs[:6], refereed=refereed)
+    return rec
+
+
+def _step_of(name):
+    return int(name.split()[0][len("step"):])          # "step1 grad weight" -> 1
+
+
+def _compare(eager, ort, ref, dtype, keep=lambda key: True):
+    """(diffs, number of values the float64 referee accepted) over the recorded names ``keep`` selects."""
     diffs, refereed = [], 0
     keys = list(eager.record) + [k for k in ort.record if k not in eager.record]
-    for key in keys:
+    for key in filter(keep, keys):
         want, got = eager.record.get(key, "<absent>"), ort.record.get(key, "<absent>")
-        d = value_diff(got, want, case.dtype)
+        d = value_diff(got, want, dtype)
         if d is None:
             continue
         if ref is not None and isinstance(got, torch.Tensor) and \
-                referee_accepts(d, got, want, ref.record.get(key), case.dtype):
+                referee_accepts(d, got, want, ref.record.get(key), dtype):
             refereed += 1
             continue
         d["what"] = key
         diffs.append(d)
-    rec.update(status=MISMATCH if diffs else PASS, n_diffs=len(diffs), diffs=diffs[:6], refereed=refereed)
-    return rec
+    return diffs, refereed
 
 
 def describe_diff(d):

@@ -133,7 +133,8 @@ def _crash_text(path):
         return " | ".join(lines[-4:])[-600:]
     frames = [re.sub(r'"[^"]*/site-packages/', '"', ln.strip().replace(ROOT + os.sep, ""))
               for ln in lines[fatal + 1:] if ln.strip().startswith("File ")][:3]
-    return " | ".join(lines[max(0, fatal - 2):fatal + 1] + frames)[-800:]
+    said = [ln for ln in lines[max(0, fatal - 3):fatal] if not ln[:1].isspace()][-2:]   # not the IR dump
+    return " | ".join(said + [lines[fatal]] + frames)[-800:]
 
 
 def _kill(proc):
@@ -249,6 +250,7 @@ def error_key(rec):
     """Group CLEAN-ERRORs by type and first line, with numbers and quoted names blurred."""
     e = rec["error"]
     msg = re.split(r"\s*\[Caused by|\s*\(full error", e["msg"])[0]     # the exporter's IR dump
+    msg = re.sub(r"export failed for \w+:", "export failed for <module>:", msg)
     msg = re.sub(r"'[^']*'", lambda m: m.group(0) if len(m.group(0)) < 40 else "'…'", msg)
     msg = re.sub(r"\b(Float|Double)\b", "<dtype>", msg)
     msg = re.sub(r"\b\d+\b", "N", msg)
