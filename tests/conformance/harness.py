@@ -221,11 +221,11 @@ class Side:
             return
         terms = []
         for i, w in weights.items():
-            leaf = self.leaves[i]
-            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+            leaf = self.leaves[i] if i < len(self.leaves) else None     # (a structure mismatch is recorded)
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad and leaf.shape == w.shape:
                 terms.append((leaf * w.to(leaf.dtype)).sum())
         if terms:
-            self._guard(f"step{step} backward", lambda: torch.stack(terms).sum().backward())
+            self._guard(f"step{step} backward", lambda: sum(terms).backward())
         paths, _ = pytree.tree_flatten_with_path(self.inputs)
         for path, t in paths:
             if isinstance(t, torch.Tensor) and t.requires_grad:

@@ -25,6 +25,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PASS, MISMATCH, CLEAN_ERROR, CRASH, SKIP = "PASS", "MISMATCH", "CLEAN-ERROR", "CRASH", "SKIP"
 STATUSES = (PASS, MISMATCH, CLEAN_ERROR, CRASH, SKIP)
+HARNESS_ERROR = "HARNESS-ERROR"     # a bug in tests/conformance itself: says nothing about ortmod
 SOURCES = {"db:": "module_db", "pat:": "patterns"}
 
 
@@ -79,7 +80,13 @@ def worker(plan_path, out_path):
             if case_id in done:
                 continue
             emit({"start": case_id})
-            emit(run_one(case_id))
+            try:
+                rec = run_one(case_id)
+            except Exception as e:      # ortmod's own exceptions are caught inside run_case
+                import traceback
+                rec = {"id": case_id, "status": HARNESS_ERROR, "note": f"{type(e).__name__}: {e}"[:300],
+                       "where": traceback.format_exc().strip().splitlines()[-3][:200]}
+            emit(rec)
         emit({"finished": True})
 
 
@@ -243,7 +250,10 @@ def _where(case_id):
 
 def counts(records):
     c = collections.Counter(r["status"] for r in records)
-    return {s: c.get(s, 0) for s in STATUSES}
+    out = {s: c.get(s, 0) for s in STATUSES}
+    if c.get(HARNESS_ERROR):
+        out[HARNESS_ERROR] = c[HARNESS_ERROR]
+    return out
 
 
 def error_key(rec):
@@ -261,8 +271,8 @@ def scoreboard(title, records, repro, top=20, out=print):
     c = counts(records)
     modules = {r["id"].split("|")[0] for r in records}
     out(f"\n=== {title}: {len(records)} cases, {len(modules)} modules ===")
-    out("  " + "  ".join(f"{s} {c[s]}" for s in STATUSES))
-    bad = [r for r in records if r["status"] in (MISMATCH, CRASH)]
+    out("  " + "  ".join(f"{s} {n}" for s, n in c.items()))
+    bad = [r for r in records if r["status"] in (MISMATCH, CRASH, HARNESS_ERROR)]
     if bad:
         out(f"\n{MISMATCH} / {CRASH} cases:")
     for r in bad:
@@ -271,8 +281,10 @@ def scoreboard(title, records, repro, top=20, out=print):
             from .harness import describe_diff
             more = f" (+{r['n_diffs'] - 1} more differing values)" if r["n_diffs"] > 1 else ""
             what = describe_diff(r["diffs"][0]) + more
-        else:
+        elif r["status"] == CRASH:
             what = f"{r['note']}; alone: {r.get('alone', '?')}; stderr: {r.get('stderr', '')}"
+        else:
+            what = f"{r['note']} ({r.get('where', '')})"
         out(f"  {r['status']:<8} {_where(r['id'])}{desc}: {what}")
         out(f"           repro: {repro} --case '{r['id']}'")
     errors = [r for r in records if r["status"] == CLEAN_ERROR]
