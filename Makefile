@@ -1,11 +1,11 @@
 # make setup: Debian packages, .venv, the extension build (idempotent; seconds when done).
-# make test / make demo run setup first.
+# make test / make demo / make conformance run setup first.
 PY      := .venv/bin/python
 STAMP   := .venv/.ortmod-deps
 APT_PKGS := protobuf-c-compiler libprotobuf-c-dev libopenblas-dev libdlpack-dev
-PY_PKGS  := torch==2.13.0 onnx onnxscript onnxruntime numpy pytest setuptools transformers
+PY_PKGS  := torch==2.13.0 onnx onnxscript onnxruntime numpy pytest setuptools transformers expecttest
 
-.PHONY: setup apt venv build test demo bench clean
+.PHONY: setup apt venv build test conformance demo bench clean
 
 -include runner.mk
 -include cuda/cuda.mk
@@ -35,6 +35,13 @@ build: venv
 
 test: setup
 	timeout 1500 $(PY) -m pytest tests -q
+
+# torch's own module test database and training-code patterns, eager vs ORTModule, with the
+# scoreboards (tests/conformance/; ~10-30 min). Records go to build/conformance-*.json.
+conformance: setup
+	@mkdir -p build
+	$(PY) -m tests.conformance.module_db --all -q --json build/conformance-module_db.json
+	$(PY) -m tests.conformance.patterns --all -q --json build/conformance-patterns.json
 
 demo: setup
 	$(PY) demo/train_mlp.py
