@@ -30,11 +30,6 @@ KNOWN_MISMATCH = {
     "db:nn.TransformerDecoderLayer|float64|train|33": _ATTENTION_PASS,
     "pat:cross_attention_unbatched|float32|train|0": _ATTENTION_PASS,
     "pat:cross_attention_unbatched|float64|train|0": _ATTENTION_PASS,
-    **{f"pat:index_add_duplicates|{dt}|train|0": "index_add with repeated indices: torch's symbolic exports "
-       "ScatterElements without reduction, so duplicate rows overwrite instead of adding" for dt in ("float32", "float64")},
-    **{f"pat:eval_with_grad|{dt}|eval+grad|0": "a module in eval mode runs a forward-only graph even with grad "
-       "enabled: outputs do not require grad, parameters get no gradient, input gradients silently miss the "
-       "module's part" for dt in ("float32", "float64")},
 }
 KNOWN_CRASH = {
     f"db:nn.CircularPad2d|{dt}|train|0": "unbatched (C, H, W) input: torch.onnx.export (TorchScript, "

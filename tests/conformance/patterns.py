@@ -43,6 +43,7 @@ FAST = [
     "expand_contiguous", "permute_reshape", "negative_index_slice", "python_loop_unrolled", "dropout_zero",
     "stack_cat", "unbatched_inputs", "odd_sizes_conv_pool", "pad_modes", "cumsum", "clamp", "manual_layernorm",
     "einsum_matmul_broadcast", "reused_module", "buffer_in_forward", "dict_and_tuple_outputs",
+    "index_add_duplicates", "eval_with_grad",
 ]
 
 
