@@ -1259,6 +1259,7 @@ static om_status *split_grad_cpu(om_kernel_ctx *ctx) {
 const om_op_def om_op_shape = {
     .name = "Shape", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .flags = OM_OP_SHAPE_ONLY | OM_OP_ANY_DTYPE, .dtype = dtype_i64, .infer = shape_infer, .cpu = shape_cpu, .diff_inputs = 0,
+    .attrs = "end:int start:int",
 };
 const om_op_def om_op_size = {
     .name = "Size", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
@@ -1267,46 +1268,57 @@ const om_op_def om_op_size = {
 const om_op_def om_op_constant = {
     .name = "Constant", .domain = "", .min_in = 0, .max_in = 0, .min_out = 1, .max_out = 1,
     .dtype = constant_dtype, .flags = OM_OP_ANY_DTYPE, .infer = constant_infer, .cpu = constant_cpu, .diff_inputs = 0,
+    .attrs = "value:tensor value_float:float value_floats:floats value_int:int value_ints:ints",
 };
 const om_op_def om_op_constant_of_shape = {
     .name = "ConstantOfShape", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .dtype = constant_of_shape_dtype, .flags = OM_OP_ANY_DTYPE, .infer = constant_of_shape_infer, .cpu = constant_of_shape_cpu, .diff_inputs = 0,
+    .attrs = "value:tensor",
 };
 const om_op_def om_op_reshape = {
     .name = "Reshape", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = reshape_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .attrs = "allowzero:int",
 };
 const om_op_def om_op_flatten = {
     .name = "Flatten", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = flatten_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .attrs = "axis:int",
 };
 const om_op_def om_op_squeeze = {
     .name = "Squeeze", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = squeeze_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints",
 };
 const om_op_def om_op_unsqueeze = {
     .name = "Unsqueeze", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = unsqueeze_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints",
 };
 const om_op_def om_op_transpose = {
     .name = "Transpose", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ANY_DTYPE, .infer = transpose_infer, .grad = transpose_grad, .cpu = transpose_cpu, .diff_inputs = 1,
+    .attrs = "perm:ints",
 };
 const om_op_def om_op_gather = {
     .name = "Gather", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ANY_DTYPE, .infer = gather_infer, .grad = gather_grad, .cpu = gather_cpu, .diff_inputs = 1,
+    .attrs = "axis:int",
 };
 const om_op_def om_op_gather_grad = {
     .name = "GatherGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = gather_grad_infer, .cpu = gather_grad_cpu, .diff_inputs = 0,
+    .attrs = "axis:int",
 };
 const om_op_def om_op_concat = {
     .name = "Concat", .domain = "", .min_in = 1, .max_in = OM_MANY, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ANY_DTYPE, .infer = concat_infer, .grad = concat_grad, .cpu = concat_cpu, .diff_inputs = ~0u,
+    .attrs = "axis:int",
 };
 const om_op_def om_op_concat_grad = {
     .name = "ConcatGrad", .domain = "ortmod", .min_in = 2, .max_in = OM_MANY, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ANY_DTYPE, .infer = concat_grad_infer, .cpu = concat_grad_cpu, .diff_inputs = 0,
+    .attrs = "axis:int index:int",
 };
 const om_op_def om_op_slice = {
     .name = "Slice", .domain = "", .min_in = 3, .max_in = 5, .min_out = 1, .max_out = 1,
@@ -1323,12 +1335,15 @@ const om_op_def om_op_expand = {
 const om_op_def om_op_range = {
     .name = "Range", .domain = "", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = range_infer, .cpu = range_cpu, .diff_inputs = 0,
+    .attrs = "stash_type:int=1",
 };
 const om_op_def om_op_split = {
     .name = "Split", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = OM_MANY,
     .flags = OM_OP_ANY_DTYPE, .infer = split_infer, .grad = split_grad, .cpu = split_cpu, .diff_inputs = 1,
+    .attrs = "axis:int num_outputs:int split:ints",
 };
 const om_op_def om_op_split_grad = {
     .name = "SplitGrad", .domain = "ortmod", .min_in = 3, .max_in = OM_MANY, .min_out = 1, .max_out = 1,
     .dtype = split_grad_dtype, .flags = OM_OP_ANY_DTYPE, .infer = split_grad_infer, .cpu = split_grad_cpu, .diff_inputs = 0,
+    .attrs = "axis:int split:ints",
 };
