@@ -233,6 +233,10 @@ static om_status *constant_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_attr *a;
     om_tensor *y = &ctx->out[0];
+    /* ONNX allows exactly one: with two, which one is meant is not for ortmod to pick */
+    if (n->n_attr > 1)
+        return node_error(n, OM_INVALID_ARGUMENT, "a Constant holds one of value, value_float(s), value_int(s), "
+                          "not %d of them", n->n_attr);
     if ((a = om_attr_find(n, "value")) && a->type == OM_ATTR_TENSOR) {
         set_out(y, a->t.dtype, a->t.rank, a->t.dims);
     } else if ((a = om_attr_find(n, "value_float")) || (a = om_attr_find(n, "value_int"))) {
@@ -737,6 +741,8 @@ static om_status *concat_infer(om_kernel_ctx *ctx) {
     const om_tensor *x0 = &ctx->in[0];
     int axis;
     if (x0->rank == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "inputs must have rank >= 1");
+    /* ONNX requires axis: a Concat without it is not read as axis 0 */
+    if (!om_attr_find(ctx->node, "axis")) return node_error(ctx->node, OM_INVALID_ARGUMENT, "the axis attribute is missing");
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x0->rank, &axis));
     int64_t d[OM_MAX_RANK];
     for (int i = 0; i < x0->rank; i++) d[i] = x0->dims[i];
@@ -1146,6 +1152,13 @@ static om_status *split_infer(om_kernel_ctx *ctx) {
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, &axis));
     if (x->rank == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "input must have rank >= 1");
     const int n = ctx->n_out;
+    /* num_outputs (opset 18) means the equal chunks split_sizes makes for the node's outputs */
+    const om_attr *no = om_attr_find(ctx->node, "num_outputs");
+    if (no && no->i != n)
+        return node_error(ctx->node, OM_INVALID_ARGUMENT, "num_outputs is %lld but the node has %d outputs",
+                          (long long)no->i, n);
+    if (no && (present(ctx, 1) || om_attr_find(ctx->node, "split")))
+        return node_error(ctx->node, OM_INVALID_ARGUMENT, "num_outputs and split are both given");
     int64_t buf[SPLIT_STACK], *sizes = buf;
     if (n > SPLIT_STACK) OM_NEW(sizes, n);
     om_status *st = split_sizes(ctx, 1, x->dims[axis], n, sizes);
