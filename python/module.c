@@ -695,6 +695,21 @@ static PyObject *op_table(PyObject *m, PyObject *unused) {
     return list;
 }
 
+/* op_attributes() -> list of (name, domain, attrs): per op of the table, the attributes it
+ * implements as its om_op_def.attrs list (ops/op.h), "" for none; for tests and docs. */
+static PyObject *op_attributes(PyObject *m, PyObject *unused) {
+    int n = om_op_count();
+    PyObject *list = PyList_New(n);
+    if (!list) return NULL;
+    for (int i = 0; i < n; i++) {
+        const om_op_def *op = om_op_at(i);
+        PyObject *t = Py_BuildValue("(sss)", op->name, op->domain, op->attrs ? op->attrs : "");
+        if (!t) { Py_DECREF(list); return NULL; }
+        PyList_SET_ITEM(list, i, t);
+    }
+    return list;
+}
+
 /* set_num_threads(n): the engine's pool uses n threads (ORTModule passes
  * torch.get_num_threads(), so that torch and the engine agree). */
 static PyObject *set_num_threads(PyObject *m, PyObject *arg) {
@@ -736,6 +751,9 @@ static PyMethodDef module_methods[] = {
     {"uses_openmp", uses_openmp, METH_NOARGS, "uses_openmp() -> bool: the engine's parallel work runs on OpenMP."},
     {"get_num_threads", get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"op_table", op_table, METH_NOARGS, "op_table() -> [(name, domain, has_gradient_rule)]: the engine's op table."},
+    {"op_attributes", op_attributes, METH_NOARGS,
+     "op_attributes() -> [(name, domain, attrs)]: per op, the attributes it implements (\"name:type[=v1|v2]\", "
+     "space-separated; see csrc/ops/op.h)."},
     {NULL, NULL, 0, NULL},
 };
 

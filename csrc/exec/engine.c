@@ -65,6 +65,21 @@ om_engine_options om_engine_default_options(void) {
     return o;
 }
 
+/* The importer checked every imported node against its op's attrs list (ops/op.h); the
+ * nodes the passes and gradient rules made or rewrote must pass the same check: an attribute
+ * set on a node whose op ignores it would be a silently dropped meaning, an ortmod bug. */
+static om_status *check_compiled_attrs(const om_graph *g) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        om_status *st = om_node_check_attrs(&g->nodes[i]);
+        if (!st) continue;
+        om_status *bug = om_error(OM_INTERNAL, "%s: set by ortmod's own passes or gradient rules (a bug in ortmod)",
+                                  om_status_message(st));
+        om_status_free(st);
+        return bug;
+    }
+    return NULL;
+}
+
 om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engine_options *opt,
                             om_engine **out) {
     *out = NULL;
@@ -121,6 +136,7 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
     } else {
         g->n_fwd_nodes = g->n_nodes;
     }
+    if ((st = check_compiled_attrs(g))) goto fail;
     const char *prof = getenv("ORTMOD_PROFILE");
     if (prof && *prof && strcmp(prof, "0") != 0) om_engine_set_profiling(e, true);
     *out = e;

@@ -1,10 +1,13 @@
 /* onnx_import.c — ONNX ModelProto bytes → om_graph, through protobuf-c.
  *
  * Every problem with the bytes becomes an OM_INVALID_MODEL error that says what and
- * where; ops the table lacks become OM_UNSUPPORTED_OP naming op type and node.
+ * where; ops the table lacks become OM_UNSUPPORTED_OP naming op type and node, and so do
+ * attributes (or attribute values) the node's op does not implement: each node is checked
+ * against its op's attrs list (ops/op.h) before any rule or pass reads an attribute.
  */
 #include "graph/ir.h"
 #include "graph/onnx_tensor.h"
+#include "ops/op.h"
 #include "onnx.pb-c.h"
 
 #include <stdlib.h>
@@ -78,7 +81,7 @@ size_mismatch:
                     have, (long long)numel);
 }
 
-static om_status *import_attr(const Onnx__AttributeProto *ap, const char *node, om_attr *a) {
+static om_status *import_attr(const Onnx__AttributeProto *ap, const char *node, const char *op, om_attr *a) {
     memset(a, 0, sizeof(*a));
     a->name = om_strdup(ap->name ? ap->name : "");
     if (!a->name) return om_error(OM_OUT_OF_MEMORY, "out of memory");
@@ -111,8 +114,9 @@ static om_status *import_attr(const Onnx__AttributeProto *ap, const char *node, 
         memcpy(a->floats, ap->floats, sizeof(float) * ap->n_floats);
         break;
     default:
-        return om_error(OM_UNSUPPORTED_OP, "node '%s': attribute '%s' has a type (%d) ortmod does not support",
-                        node, a->name, (int)ap->type);
+        /* strings, graphs, sparse tensors: no op of the table reads one (LSTM's activations) */
+        return om_error(OM_UNSUPPORTED_OP, "node '%s' (%s): attribute '%s' is not implemented by ortmod (it has "
+                        "ONNX attribute type %d, which no ortmod op reads)", node, op, a->name, (int)ap->type);
     }
     return NULL;
 }
@@ -194,8 +198,9 @@ static om_status *import_graph(const Onnx__ModelProto *mp, om_graph *g) {
         if (!n->attr) return om_error(OM_OUT_OF_MEMORY, "out of memory");
         for (size_t a = 0; a < np->n_attribute; a++) {
             n->n_attr++;
-            OM_TRY(import_attr(np->attribute[a], name, &n->attr[a]));
+            OM_TRY(import_attr(np->attribute[a], name, np->op_type, &n->attr[a]));
         }
+        OM_TRY(om_node_check_attrs(n));
     }
 
     g->outputs = malloc(sizeof(int) * (gp->n_output + 1));

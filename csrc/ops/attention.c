@@ -543,8 +543,10 @@ const om_op_def om_op_fused_attention = {
     .name = "FusedAttention", .domain = "ortmod", .min_in = 3, .max_in = 10, .min_out = 1, .max_out = 3,
     .flags = OM_OP_RANDOM, .dtype = attn_dtype, .infer = attn_infer, .grad = attn_grad, .cpu = attn_cpu,
     .diff_inputs = 0xF,
+    .attrs = "causal:int inv:int k_transposed:int nan_to_zero:int scale:float",
 };
 const om_op_def om_op_fused_attention_grad = {
     .name = "FusedAttentionGrad", .domain = "ortmod", .min_in = 6, .max_in = 13, .min_out = 1, .max_out = 4,
     .infer = attn_grad_infer, .cpu = attn_grad_cpu,
+    .attrs = "causal:int inv:int k_transposed:int nan_to_zero:int scale:float",
 };

@@ -176,8 +176,10 @@ static om_status *python_op_grad_run(om_kernel_ctx *ctx) {
 const om_op_def om_op_python_op = {
     .name = "PythonOp", .domain = "ortmod", .min_in = 0, .max_in = PY_MAX_IO, .min_out = 1, .max_out = PY_MAX_IO,
     .flags = CALLBACK_FLAGS, .dtype = python_op_dtype, .infer = python_op_infer, .grad = python_op_grad,
-    .cpu = python_op_run, .diff_inputs = ~0u};
+    .cpu = python_op_run, .diff_inputs = ~0u,
+    .attrs = "function_id:int output_dtypes:ints"};
 const om_op_def om_op_python_op_grad = {
     .name = "PythonOpGrad", .domain = "ortmod", .min_in = 0, .max_in = PY_MAX_IO, .min_out = 1, .max_out = PY_MAX_IO,
     .flags = CALLBACK_FLAGS, .dtype = python_op_grad_dtype, .infer = python_op_grad_infer,
-    .cpu = python_op_grad_run};
+    .cpu = python_op_grad_run,
+    .attrs = "function_id:int input_dtypes:ints"};

@@ -761,14 +761,17 @@ static om_status *conv_grad_w_cpu(om_kernel_ctx *ctx) {
 const om_op_def om_op_conv = {
     .name = "Conv", .domain = "", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = conv_infer, .grad = conv_grad, .cpu = conv_cpu, .diff_inputs = 0x7,
+    .attrs = OM_WINDOW_ATTRS " group:int",
 };
 
 const om_op_def om_op_conv_grad_x = {
     .name = "ConvGradX", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = conv_grad_x_infer, .cpu = conv_grad_x_cpu,
+    .attrs = OM_WINDOW_ATTRS " group:int",
 };
 
 const om_op_def om_op_conv_grad_w = {
     .name = "ConvGradW", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 2,
     .infer = conv_grad_w_infer, .cpu = conv_grad_w_cpu,
+    .attrs = OM_WINDOW_ATTRS " group:int",
 };

@@ -1157,18 +1157,19 @@ static om_status *sum_to_shape_grad(om_grad_ctx *c) {
 
 /* ---- the table entries ------------------------------------------------------------------------ */
 
-/* Elementwise kernels read element i before writing element i: they may run in place. */
-#define BIN(sym, nm, infer_fn, grad_fn, cpu_fn)                                               \
+/* Elementwise kernels read element i before writing element i: they may run in place.
+ * The kernel argument may be followed by more fields: `cpu_fn, .attrs = "..."` (op.h). */
+#define BIN(sym, nm, infer_fn, grad_fn, ...)                                                  \
     const om_op_def sym = {.name = nm, .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1, \
-                           .flags = OM_OP_INPLACE, .infer = infer_fn, .grad = grad_fn, .cpu = cpu_fn,       \
-                           .diff_inputs = 0x3u};
-#define UN(sym, nm, infer_fn, grad_fn, cpu_fn)                                                \
+                           .flags = OM_OP_INPLACE, .infer = infer_fn, .grad = grad_fn,                      \
+                           .diff_inputs = 0x3u, .cpu = __VA_ARGS__};
+#define UN(sym, nm, infer_fn, grad_fn, ...)                                                   \
     const om_op_def sym = {.name = nm, .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1, \
-                           .flags = OM_OP_INPLACE, .infer = infer_fn, .grad = grad_fn, .cpu = cpu_fn,       \
-                           .diff_inputs = 0x1u};
-#define GRAD_OP(sym, nm, infer_fn, cpu_fn)                                                    \
+                           .flags = OM_OP_INPLACE, .infer = infer_fn, .grad = grad_fn,                      \
+                           .diff_inputs = 0x1u, .cpu = __VA_ARGS__};
+#define GRAD_OP(sym, nm, infer_fn, ...)                                                       \
     const om_op_def sym = {.name = nm, .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1, \
-                           .flags = OM_OP_INPLACE, .infer = infer_fn, .cpu = cpu_fn};
+                           .flags = OM_OP_INPLACE, .infer = infer_fn, .cpu = __VA_ARGS__};
 
 BIN(om_op_add, "Add", infer_binary_arith, add_grad, add_cpu)
 BIN(om_op_sub, "Sub", infer_binary_arith, sub_grad, sub_cpu)
@@ -1177,7 +1178,7 @@ BIN(om_op_div, "Div", infer_binary_arith, div_grad, div_cpu)
 BIN(om_op_pow, "Pow", infer_pow, pow_grad, pow_cpu)
 BIN(om_op_max, "Max", infer_binary_arith, maxmin_grad, max_cpu)
 BIN(om_op_min, "Min", infer_binary_arith, maxmin_grad, min_cpu)
-BIN(om_op_mod, "Mod", infer_binary_arith, mod_grad, mod_cpu)
+BIN(om_op_mod, "Mod", infer_binary_arith, mod_grad, mod_cpu, .attrs = "fmod:int")
 
 const om_op_def om_op_equal = {.name = "Equal", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1,
                                .max_out = 1, .dtype = dtype_bool, .infer = infer_equal, .cpu = equal_cpu};
@@ -1190,7 +1191,7 @@ UN(om_op_relu, "Relu", infer_unary_arith, relu_grad, relu_cpu)
 UN(om_op_abs, "Abs", infer_unary_arith, abs_grad, abs_cpu)
 UN(om_op_tanh, "Tanh", infer_unary_float, tanh_grad, tanh_cpu)
 UN(om_op_sigmoid, "Sigmoid", infer_unary_float, sigmoid_grad, sigmoid_cpu)
-UN(om_op_gelu, "Gelu", infer_gelu, gelu_grad, gelu_cpu)
+UN(om_op_gelu, "Gelu", infer_gelu, gelu_grad, gelu_cpu, .attrs = "approximate:string=none|tanh")
 UN(om_op_erf, "Erf", infer_unary_float, erf_grad, erf_cpu)
 UN(om_op_sqrt, "Sqrt", infer_unary_float, sqrt_grad, sqrt_cpu)
 UN(om_op_exp, "Exp", infer_unary_float, exp_grad, exp_cpu)
@@ -1206,9 +1207,14 @@ const om_op_def om_op_identity = {.name = "Identity", .domain = "", .min_in = 1,
 const om_op_def om_op_stop_gradient = {.name = "StopGradient", .domain = "ortmod", .min_in = 1, .max_in = 1,
                                       .min_out = 1, .max_out = 1, .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE,
                                       .infer = infer_identity, .cpu = identity_cpu, .diff_inputs = 0};
+/* saturate and round_mode act only on float8 targets, which Cast refuses (DT_CAST): every
+ * Cast ortmod runs means the same whatever their values */
 const om_op_def om_op_cast = {.name = "Cast", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1,
                               .max_out = 1, .flags = OM_OP_ANY_DTYPE, .dtype = dtype_cast, .infer = infer_cast,
-                              .grad = cast_grad, .cpu = cast_cpu, .diff_inputs = 0x1u};
+                              .grad = cast_grad, .cpu = cast_cpu, .diff_inputs = 0x1u,
+                              .attrs = "to:int saturate:int round_mode:string"};
+/* no attributes: a seed attribute is refused, since the masks come from the engine's own
+ * random streams (om_engine_options.seed), not from a seed the model fixes */
 const om_op_def om_op_dropout = {.name = "Dropout", .domain = "", .min_in = 1, .max_in = 3, .min_out = 1,
                                  .max_out = 2, .flags = OM_OP_RANDOM, .dtype = dtype_dropout,
                                  .infer = infer_dropout, .grad = dropout_grad, .cpu = dropout_cpu,
@@ -1221,7 +1227,7 @@ GRAD_OP(om_op_relu_grad, "ReluGrad", infer_grad2, relu_grad_cpu)
 GRAD_OP(om_op_tanh_grad, "TanhGrad", infer_grad2, tanh_grad_cpu)
 GRAD_OP(om_op_sigmoid_grad, "SigmoidGrad", infer_grad2, sigmoid_grad_cpu)
 GRAD_OP(om_op_abs_grad, "AbsGrad", infer_grad2, abs_grad_cpu)
-GRAD_OP(om_op_gelu_grad, "GeluGrad", infer_gelu_grad, gelu_grad_cpu)
+GRAD_OP(om_op_gelu_grad, "GeluGrad", infer_gelu_grad, gelu_grad_cpu, .attrs = "approximate:string=none|tanh")
 
 const om_op_def om_op_dropout_grad = {.name = "DropoutGrad", .domain = "ortmod", .min_in = 2, .max_in = 4,
                                       .min_out = 1, .max_out = 1, .infer = infer_dropout_grad,

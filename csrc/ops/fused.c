@@ -913,22 +913,27 @@ static om_status *sln_grad_cpu(om_kernel_ctx *ctx) {
 const om_op_def om_op_matmul_bias = {
     .name = "MatMulBias", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = mmb_infer, .grad = mmb_grad, .cpu = mmb_cpu, .diff_inputs = 0x7,
+    .attrs = "transB:int",
 };
 const om_op_def om_op_matmul_bias_grad = {
     .name = "MatMulBiasGrad", .domain = "ortmod", .min_in = 6, .max_in = 7, .min_out = 1, .max_out = 3,
     .infer = mmbg_infer, .cpu = mmbg_cpu,
+    .attrs = "approximate:string=none|tanh transB:int",
 };
 const om_op_def om_op_bias_gelu = {
     .name = "BiasGelu", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .flags = OM_OP_INPLACE, .infer = bias_gelu_infer, .grad = bias_gelu_grad, .cpu = bias_gelu_cpu, .diff_inputs = 0x3,
+    .attrs = "approximate:string=none|tanh",
 };
 const om_op_def om_op_bias_gelu_grad = {
     .name = "BiasGeluGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 2,
     .flags = OM_OP_INPLACE, .infer = bias_gelu_grad_infer, .cpu = bias_gelu_grad_cpu,
+    .attrs = "approximate:string=none|tanh",
 };
 const om_op_def om_op_matmul_bias_gelu = {
     .name = "MatMulBiasGelu", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 2,
     .infer = mmbg_fwd_infer, .grad = mmbg_fwd_grad, .cpu = mmbg_fwd_cpu, .diff_inputs = 0x7,
+    .attrs = "approximate:string=none|tanh transB:int",
 };
 const om_op_def om_op_bias_dropout = {
     .name = "BiasDropout", .domain = "ortmod", .min_in = 1, .max_in = 5, .min_out = 1, .max_out = 2,
@@ -942,8 +947,10 @@ const om_op_def om_op_bias_dropout_grad = {
 const om_op_def om_op_simplified_layer_norm = {
     .name = "SimplifiedLayerNormalization", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 2,
     .dtype = sln_dtype, .infer = sln_infer, .grad = sln_grad, .cpu = sln_cpu, .diff_inputs = 0x3,
+    .attrs = "axis:int epsilon:float stash_type:int=1",
 };
 const om_op_def om_op_simplified_layer_norm_grad = {
     .name = "SimplifiedLayerNormalizationGrad", .domain = "ortmod", .min_in = 4, .max_in = 4, .min_out = 1,
     .max_out = 2, .infer = sln_grad_infer, .cpu = sln_grad_cpu,
+    .attrs = "axis:int",
 };

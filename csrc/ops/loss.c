@@ -535,19 +535,23 @@ static om_status *nll_grad_cpu(om_kernel_ctx *ctx) {
 const om_op_def om_op_softmax_cross_entropy_loss = {
     .name = "SoftmaxCrossEntropyLoss", .domain = "", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 2,
     .infer = sce_infer, .grad = sce_grad, .cpu = sce_cpu, .diff_inputs = 0x1,
+    .attrs = "ignore_index:int reduction:string=mean|sum|none",
 };
 
 const om_op_def om_op_softmax_cross_entropy_loss_grad = {
     .name = "SoftmaxCrossEntropyLossGrad", .domain = "ortmod", .min_in = 3, .max_in = 4, .min_out = 1, .max_out = 1,
     .infer = sce_grad_infer, .grad = NULL, .cpu = sce_grad_cpu, .diff_inputs = 0,
+    .attrs = "ignore_index:int reduction:string=mean|sum|none",
 };
 
 const om_op_def om_op_nll_loss = {
     .name = "NegativeLogLikelihoodLoss", .domain = "", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = nll_infer, .grad = nll_grad, .cpu = nll_cpu, .diff_inputs = 0x1,
+    .attrs = "ignore_index:int reduction:string=mean|sum|none",
 };
 
 const om_op_def om_op_nll_loss_grad = {
     .name = "NegativeLogLikelihoodLossGrad", .domain = "ortmod", .min_in = 3, .max_in = 4, .min_out = 1, .max_out = 1,
     .infer = nll_grad_infer, .grad = NULL, .cpu = nll_grad_cpu, .diff_inputs = 0,
+    .attrs = "ignore_index:int reduction:string=mean|sum|none",
 };

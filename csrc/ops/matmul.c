@@ -418,14 +418,17 @@ const om_op_def om_op_matmul = {
 const om_op_def om_op_fused_matmul = {
     .name = "FusedMatMul", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .infer = matmul_infer, .grad = matmul_grad, .cpu = matmul_cpu, .diff_inputs = 0x3,
+    .attrs = "alpha:float transA:int transB:int transBatchA:int=0 transBatchB:int=0",
 };
 
 const om_op_def om_op_matmul_grad = {
     .name = "MatMulGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = mmgrad_infer, .grad = NULL, .cpu = mmgrad_cpu, .diff_inputs = 0,
+    .attrs = "alpha:float input:int transA:int transB:int",
 };
 
 const om_op_def om_op_gemm = {
     .name = "Gemm", .domain = "", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = gemm_infer, .grad = gemm_grad, .cpu = gemm_cpu, .diff_inputs = 0x7,
+    .attrs = "alpha:float beta:float transA:int transB:int",
 };

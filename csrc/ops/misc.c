@@ -860,26 +860,31 @@ LOGIC_DEF(om_op_not, "Not", 1, not_cpu)
 const om_op_def om_op_is_nan = {.name = "IsNaN", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
                                 .dtype = dtype_bool, .infer = infer_float_to_bool, .cpu = is_nan_cpu};
 const om_op_def om_op_is_inf = {.name = "IsInf", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
-                                .dtype = dtype_bool, .infer = infer_float_to_bool, .cpu = is_inf_cpu};
+                                .dtype = dtype_bool, .infer = infer_float_to_bool, .cpu = is_inf_cpu,
+                                .attrs = "detect_negative:int detect_positive:int"};
 
 const om_op_def om_op_clip = {.name = "Clip", .domain = "", .min_in = 1, .max_in = 3, .min_out = 1, .max_out = 1,
                               .infer = clip_infer, .grad = clip_grad, .cpu = clip_cpu, .diff_inputs = 0x1};
 const om_op_def om_op_clip_grad = {.name = "ClipGrad", .domain = "ortmod", .min_in = 2, .max_in = 4, .min_out = 1,
                                    .max_out = 1, .infer = clip_infer, .cpu = clip_grad_cpu};
 
-#define ACT_DEF(sym, NAME)                                                                                   \
-    const om_op_def sym = {.name = NAME, .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1, \
-                           .infer = act_infer, .grad = act_grad, .cpu = act_cpu, .diff_inputs = 0x1};
-ACT_DEF(om_op_leaky_relu, "LeakyRelu")
+/* ACT_DEF(sym, NAME) or ACT_DEF(sym, NAME, .attrs = "..."): the name may be followed by more fields */
+#define ACT_DEF(sym, ...)                                                                                    \
+    const om_op_def sym = {.domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,               \
+                           .infer = act_infer, .grad = act_grad, .cpu = act_cpu, .diff_inputs = 0x1,         \
+                           .name = __VA_ARGS__};
+ACT_DEF(om_op_leaky_relu, "LeakyRelu", .attrs = "alpha:float")
 ACT_DEF(om_op_softplus, "Softplus")
-ACT_DEF(om_op_elu, "Elu")
-ACT_DEF(om_op_selu, "Selu")
-ACT_DEF(om_op_hard_sigmoid, "HardSigmoid")
+ACT_DEF(om_op_elu, "Elu", .attrs = "alpha:float")
+ACT_DEF(om_op_selu, "Selu", .attrs = "alpha:float gamma:float")
+ACT_DEF(om_op_hard_sigmoid, "HardSigmoid", .attrs = "alpha:float beta:float")
 ACT_DEF(om_op_hard_swish, "HardSwish")
 ACT_DEF(om_op_mish, "Mish")
 ACT_DEF(om_op_softsign, "Softsign")
 const om_op_def om_op_activation_grad = {.name = "ActivationGrad", .domain = "ortmod", .min_in = 2, .max_in = 2,
-                                         .min_out = 1, .max_out = 1, .infer = act_infer, .cpu = act_grad_cpu};
+                                         .min_out = 1, .max_out = 1, .infer = act_infer, .cpu = act_grad_cpu,
+                                         .attrs = "activation:string=LeakyRelu|Softplus|Elu|Selu|HardSigmoid|HardSwish|"
+                                                  "Mish|Softsign alpha:float beta:float gamma:float"};
 
 const om_op_def om_op_tile = {.name = "Tile", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
                               .flags = OM_OP_ANY_DTYPE, .infer = tile_infer, .grad = tile_grad, .cpu = tile_cpu,
@@ -889,12 +894,16 @@ const om_op_def om_op_tile_grad = {.name = "TileGrad", .domain = "ortmod", .min_
 
 const om_op_def om_op_trilu = {.name = "Trilu", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
                                .flags = OM_OP_ANY_DTYPE, .infer = trilu_infer, .grad = trilu_grad, .cpu = trilu_cpu,
-                               .diff_inputs = 0x1};
+                               .diff_inputs = 0x1,
+                               .attrs = "upper:int"};
 
 const om_op_def om_op_pad = {.name = "Pad", .domain = "", .min_in = 2, .max_in = 4, .min_out = 1, .max_out = 1,
-                             .infer = pad_infer, .grad = pad_grad, .cpu = pad_cpu, .diff_inputs = 0x1};
+                             .infer = pad_infer, .grad = pad_grad, .cpu = pad_cpu, .diff_inputs = 0x1,
+                             .attrs = "mode:string=constant|reflect|edge|wrap"};
 const om_op_def om_op_pad_grad = {.name = "PadGrad", .domain = "ortmod", .min_in = 3, .max_in = 4, .min_out = 1,
-                                  .max_out = 1, .infer = pad_grad_infer, .cpu = pad_grad_cpu};
+                                  .max_out = 1, .infer = pad_grad_infer, .cpu = pad_grad_cpu,
+                                  .attrs = "mode:string=constant|reflect|edge|wrap"};
 
 const om_op_def om_op_einsum = {.name = "Einsum", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
-                                .infer = einsum_infer, .grad = einsum_grad, .cpu = einsum_cpu, .diff_inputs = 0x3};
+                                .infer = einsum_infer, .grad = einsum_grad, .cpu = einsum_cpu, .diff_inputs = 0x3,
+                                .attrs = "equation:string"};

@@ -595,29 +595,35 @@ static om_status *ln_grad_cpu(om_kernel_ctx *ctx) {
 const om_op_def om_op_softmax = {
     .name = "Softmax", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .infer = softmax_infer, .grad = softmax_grad, .cpu = softmax_cpu, .diff_inputs = 0x1,
+    .attrs = "axis:int",
 };
 
 const om_op_def om_op_log_softmax = {
     .name = "LogSoftmax", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .infer = softmax_infer, .grad = log_softmax_grad, .cpu = log_softmax_cpu, .diff_inputs = 0x1,
+    .attrs = "axis:int",
 };
 
 const om_op_def om_op_softmax_grad = {
     .name = "SoftmaxGrad", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .infer = softmax_infer, .grad = NULL, .cpu = softmax_grad_cpu, .diff_inputs = 0,
+    .attrs = "axis:int coerce2d:int",
 };
 
 const om_op_def om_op_log_softmax_grad = {
     .name = "LogSoftmaxGrad", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .infer = softmax_infer, .grad = NULL, .cpu = log_softmax_grad_cpu, .diff_inputs = 0,
+    .attrs = "axis:int coerce2d:int",
 };
 
 const om_op_def om_op_layer_norm = {
     .name = "LayerNormalization", .domain = "", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 3,
     .dtype = ln_dtype, .infer = ln_infer, .grad = ln_grad, .cpu = ln_cpu, .diff_inputs = 0x7,
+    .attrs = "axis:int epsilon:float stash_type:int=1",
 };
 
 const om_op_def om_op_layer_norm_grad = {
     .name = "LayerNormalizationGrad", .domain = "ortmod", .min_in = 5, .max_in = 7, .min_out = 1, .max_out = 3,
     .infer = ln_grad_infer, .grad = NULL, .cpu = ln_grad_cpu, .diff_inputs = 0,
+    .attrs = "axis:int",
 };

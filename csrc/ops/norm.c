@@ -306,9 +306,11 @@ static om_status *bn_grad_cpu(om_kernel_ctx *ctx) {
 const om_op_def om_op_batch_norm = {
     .name = "BatchNormalization", .domain = "", .min_in = 5, .max_in = 5, .min_out = 1, .max_out = 5,
     .infer = bn_infer, .grad = bn_grad, .cpu = bn_cpu, .diff_inputs = 0x7,
+    .attrs = "epsilon:float momentum:float training_mode:int",
 };
 
 const om_op_def om_op_batch_norm_grad = {
     .name = "BatchNormalizationGrad", .domain = "ortmod", .min_in = 5, .max_in = 5, .min_out = 1, .max_out = 3,
     .infer = bn_grad_infer, .cpu = bn_grad_cpu,
+    .attrs = "epsilon:float training_mode:int",
 };

@@ -68,11 +68,29 @@ typedef struct om_op_def {
     /* which inputs can carry a gradient: bit i set = input i differentiable.
      * 0 with grad==NULL: the op blocks gradients (Shape, Equal, ...). */
     unsigned diff_inputs;
+    /* The attributes the op implements; a node carrying any other is refused by name when
+     * the model is imported, before any pass (om_node_check_attrs): an attribute is never
+     * ignored. A space-separated list of entries:
+     *     name:type             the op implements every value (or refuses by name, at plan
+     *                           time, a value it cannot run: Conv's group against W)
+     *     name:type=v1|v2|...   the op implements only these values; any other is refused
+     * type is the attribute's ONNX type, which the node's attribute must have exactly: int,
+     * float, string, ints, floats or tensor; `=` lists take int, float and string values.
+     * An attribute the op implements only at its ONNX default is listed with that default
+     * ("stash_type:int=1"): exporters write defaults explicitly, and the default is then
+     * accepted while every other value is refused, from this one table. NULL: no attribute.
+     * Internal ops list what the passes and gradient rules set on them; the compiled graph
+     * is checked against the same lists (exec/engine.c). */
+    const char *attrs;
 } om_op_def;
 
 const om_op_def *om_op_find(const char *name, const char *domain);
 int om_op_count(void);
 const om_op_def *om_op_at(int i);
+/* Checks node n's attributes against its op's attrs list: an attribute the op does not
+ * implement, a value it does not implement, a wrong type or a repeated name is an error
+ * naming node, op and attribute (OM_UNSUPPORTED_OP; OM_INVALID_MODEL for the last two). */
+om_status *om_node_check_attrs(const om_node *n);
 
 /* ---- helpers for gradient rules (autodiff/emit.c) ----------------------------------
  * Each emits one node after the current last node and returns its first output's value

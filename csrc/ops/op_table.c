@@ -1,7 +1,11 @@
 /* op_table.c — the one table of ops. Every other part of the engine finds ops here, by
  * name and domain. One line per op, grouped by the family file that defines it: adding an
- * op is its definition in the family file plus one line here. */
+ * op is its definition in the family file plus one line here. Also here: the check of a
+ * node's attributes against what its op implements (om_op_def.attrs). */
 #include "ops/op.h"
+
+#include <stdio.h>
+#include <stdlib.h>
 
 #define OM_OPS(X) \
     /* elementwise.c */ \
@@ -175,3 +179,106 @@ const om_op_def *om_op_find(const char *name, const char *domain) {
 
 int om_op_count(void) { return (int)(sizeof op_table / sizeof op_table[0]); }
 const om_op_def *om_op_at(int i) { return i >= 0 && i < om_op_count() ? op_table[i] : NULL; }
+
+/* ---- attributes: what an op implements (om_op_def.attrs) ---------------------------- */
+
+/* One entry of an attrs list, as spans into it: "name:type" or "name:type=v1|v2". */
+typedef struct attr_entry {
+    const char *name, *type, *vals;   /* vals NULL: every value */
+    size_t name_len, type_len, vals_len;
+} attr_entry;
+
+/* Finds name's entry in list; 0 when the op does not list it. */
+static int attr_entry_find(const char *list, const char *name, attr_entry *e) {
+    const size_t want = strlen(name);
+    for (const char *p = list; p && *p;) {
+        while (*p == ' ') p++;
+        const char *end = p + strcspn(p, " ");
+        const char *colon = memchr(p, ':', (size_t)(end - p));
+        if (colon) {
+            const char *eq = memchr(colon, '=', (size_t)(end - colon));
+            e->name = p;
+            e->name_len = (size_t)(colon - p);
+            e->type = colon + 1;
+            e->type_len = (size_t)((eq ? eq : end) - e->type);
+            e->vals = eq ? eq + 1 : NULL;
+            e->vals_len = eq ? (size_t)(end - eq - 1) : 0;
+            if (e->name_len == want && memcmp(p, name, want) == 0) return 1;
+        }
+        p = end;
+    }
+    return 0;
+}
+
+static const char *attr_type_name(om_attr_type t) {
+    switch (t) {
+    case OM_ATTR_FLOAT: return "float";
+    case OM_ATTR_INT: return "int";
+    case OM_ATTR_STRING: return "string";
+    case OM_ATTR_TENSOR: return "tensor";
+    case OM_ATTR_FLOATS: return "floats";
+    case OM_ATTR_INTS: return "ints";
+    }
+    return "?";
+}
+
+/* 1 when a's value is one of e's '|'-separated values (int, float or string entries). */
+static int attr_value_listed(const om_attr *a, const attr_entry *e) {
+    const char *p = e->vals, *stop = e->vals + e->vals_len;
+    while (p <= stop) {
+        const char *bar = memchr(p, '|', (size_t)(stop - p));
+        const char *end = bar ? bar : stop;
+        char v[64];
+        size_t n = (size_t)(end - p);
+        if (n < sizeof v) {
+            memcpy(v, p, n);
+            v[n] = 0;
+            char *rest = NULL;
+            switch (a->type) {
+            case OM_ATTR_INT: {
+                long long x = strtoll(v, &rest, 10);
+                if (n && !*rest && x == a->i) return 1;
+            } break;
+            case OM_ATTR_FLOAT: {
+                float x = (float)strtod(v, &rest);
+                if (n && !*rest && x == a->f) return 1;
+            } break;
+            case OM_ATTR_STRING:
+                if (a->s && strcmp(v, a->s) == 0) return 1;
+                break;
+            default: break;
+            }
+        }
+        p = end + 1;
+    }
+    return 0;
+}
+
+om_status *om_node_check_attrs(const om_node *n) {
+    const char *node = n->name ? n->name : "?", *op = n->op ? n->op->name : "?";
+    for (int i = 0; i < n->n_attr; i++) {
+        const om_attr *a = &n->attr[i];
+        for (int j = 0; j < i; j++)
+            if (strcmp(n->attr[j].name, a->name) == 0)
+                return om_error(OM_INVALID_MODEL, "node '%s' (%s): attribute '%s' is given twice", node, op, a->name);
+        attr_entry e;
+        if (!n->op || !attr_entry_find(n->op->attrs, a->name, &e))
+            return om_error(OM_UNSUPPORTED_OP, "node '%s' (%s): attribute '%s' is not implemented by ortmod", node,
+                            op, a->name);
+        const char *tn = attr_type_name(a->type);
+        if (strlen(tn) != e.type_len || memcmp(tn, e.type, e.type_len) != 0)
+            return om_error(OM_INVALID_MODEL, "node '%s' (%s): attribute '%s' is of type %s, but %s's %s is "
+                            "of type %.*s", node, op, a->name, tn, op, a->name, (int)e.type_len, e.type);
+        if (!e.vals || attr_value_listed(a, &e)) continue;
+        char v[96];
+        switch (a->type) {
+        case OM_ATTR_INT: snprintf(v, sizeof v, "%lld", (long long)a->i); break;
+        case OM_ATTR_FLOAT: snprintf(v, sizeof v, "%g", (double)a->f); break;
+        case OM_ATTR_STRING: snprintf(v, sizeof v, "'%s'", a->s ? a->s : ""); break;
+        default: snprintf(v, sizeof v, "this value"); break;
+        }
+        return om_error(OM_UNSUPPORTED_OP, "node '%s' (%s): attribute '%s' = %s is not implemented by ortmod "
+                        "(it implements %.*s)", node, op, a->name, v, (int)e.vals_len, e.vals);
+    }
+    return NULL;
+}

@@ -671,6 +671,7 @@ static om_status *global_pool_grad_cpu(om_kernel_ctx *ctx) {
 const om_op_def om_op_max_pool = {
     .name = "MaxPool", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 2,
     .dtype = max_pool_dtype, .infer = pool_infer, .grad = max_pool_grad, .cpu = max_pool_cpu, .diff_inputs = 0x1,
+    .attrs = OM_WINDOW_ATTRS " ceil_mode:int storage_order:int=0",
 };
 
 const om_op_def om_op_max_pool_grad = {
@@ -681,11 +682,13 @@ const om_op_def om_op_max_pool_grad = {
 const om_op_def om_op_average_pool = {
     .name = "AveragePool", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .infer = pool_infer, .grad = average_pool_grad, .cpu = average_pool_cpu, .diff_inputs = 0x1,
+    .attrs = OM_WINDOW_ATTRS " ceil_mode:int count_include_pad:int",
 };
 
 const om_op_def om_op_average_pool_grad = {
     .name = "AveragePoolGrad", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .infer = average_pool_grad_infer, .cpu = average_pool_grad_cpu,
+    .attrs = OM_WINDOW_ATTRS " ceil_mode:int count_include_pad:int",
 };
 
 const om_op_def om_op_global_average_pool = {

@@ -420,28 +420,35 @@ static om_status *reduce_min_max_grad_cpu(om_kernel_ctx *ctx) {
 const om_op_def om_op_reduce_sum = {
     .name = "ReduceSum", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
     .infer = reduce_infer, .grad = reduce_sum_grad, .cpu = reduce_sum_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
 };
 const om_op_def om_op_reduce_mean = {
     .name = "ReduceMean", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
     .infer = reduce_infer, .grad = reduce_mean_grad, .cpu = reduce_mean_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
 };
 const om_op_def om_op_reduce_max = {
     .name = "ReduceMax", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
     .infer = reduce_infer, .grad = reduce_min_max_grad, .cpu = reduce_max_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
 };
 const om_op_def om_op_reduce_min = {
     .name = "ReduceMin", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
     .infer = reduce_infer, .grad = reduce_min_max_grad, .cpu = reduce_min_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
 };
 const om_op_def om_op_reduce_prod = {
     .name = "ReduceProd", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
     .infer = reduce_infer, .grad = NULL, .cpu = reduce_prod_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
 };
 const om_op_def om_op_reduce_grad = {
     .name = "ReduceGrad", .domain = "ortmod", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = reduce_grad_infer, .cpu = reduce_grad_cpu, .diff_inputs = 0,
+    .attrs = "axes:ints keepdims:int mean:int noop_with_empty_axes:int",
 };
 const om_op_def om_op_reduce_min_max_grad = {
     .name = "ReduceMinMaxGrad", .domain = "ortmod", .min_in = 4, .max_in = 5, .min_out = 1, .max_out = 1,
     .infer = reduce_min_max_grad_infer, .cpu = reduce_min_max_grad_cpu, .diff_inputs = 0,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
 };

@@ -538,16 +538,20 @@ static om_status *gru_grad_cpu(om_kernel_ctx *ctx) { return rnn_grad_cpu(ctx, CE
 const om_op_def om_op_lstm = {
     .name = "LSTM", .domain = "", .min_in = 3, .max_in = 8, .min_out = 0, .max_out = 5,
     .infer = lstm_infer, .grad = lstm_grad, .cpu = lstm_cpu, .diff_inputs = 0x6F,
+    .attrs = "direction:string=forward|reverse|bidirectional hidden_size:int input_forget:int=0 layout:int=0",
 };
 const om_op_def om_op_gru = {
     .name = "GRU", .domain = "", .min_in = 3, .max_in = 6, .min_out = 0, .max_out = 4,
     .infer = gru_infer, .grad = gru_grad, .cpu = gru_cpu, .diff_inputs = 0x2F,
+    .attrs = "direction:string=forward|reverse|bidirectional hidden_size:int layout:int=0 linear_before_reset:int",
 };
 const om_op_def om_op_lstm_grad = {
     .name = "LSTMGrad", .domain = "ortmod", .min_in = 8, .max_in = 11, .min_out = 1, .max_out = 6,
     .infer = lstm_grad_infer, .cpu = lstm_grad_cpu,
+    .attrs = "direction:string=forward|reverse|bidirectional hidden_size:int",
 };
 const om_op_def om_op_gru_grad = {
     .name = "GRUGrad", .domain = "ortmod", .min_in = 8, .max_in = 11, .min_out = 1, .max_out = 5,
     .infer = gru_grad_infer, .cpu = gru_grad_cpu,
+    .attrs = "direction:string=forward|reverse|bidirectional hidden_size:int linear_before_reset:int",
 };

@@ -383,17 +383,21 @@ static om_status *scatter_elements_grad(om_grad_ctx *c) {
 const om_op_def om_op_cumsum = {
     .name = "CumSum", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .dtype = cumsum_dtype, .infer = cumsum_infer, .grad = cumsum_grad, .cpu = cumsum_cpu, .diff_inputs = 1,
+    .attrs = "exclusive:int reverse:int",
 };
 const om_op_def om_op_gather_elements = {
     .name = "GatherElements", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ANY_DTYPE, .infer = gather_elements_infer, .grad = gather_elements_grad, .cpu = gather_elements_cpu,
     .diff_inputs = 1,
+    .attrs = "axis:int",
 };
 const om_op_def om_op_gather_elements_grad = {
     .name = "GatherElementsGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = gather_elements_grad_infer, .cpu = gather_elements_grad_cpu,
+    .attrs = "axis:int",
 };
 const om_op_def om_op_scatter_elements = {
     .name = "ScatterElements", .domain = "", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = scatter_elements_infer, .grad = scatter_elements_grad, .cpu = scatter_elements_cpu, .diff_inputs = 0x5,
+    .attrs = "axis:int reduction:string=none|add",
 };

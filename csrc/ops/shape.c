@@ -233,6 +233,10 @@ static om_status *constant_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_attr *a;
     om_tensor *y = &ctx->out[0];
+    /* ONNX allows exactly one: with two, which one is meant is not for ortmod to pick */
+    if (n->n_attr > 1)
+        return node_error(n, OM_INVALID_ARGUMENT, "a Constant holds one of value, value_float(s), value_int(s), "
+                          "not %d of them", n->n_attr);
     if ((a = om_attr_find(n, "value")) && a->type == OM_ATTR_TENSOR) {
         set_out(y, a->t.dtype, a->t.rank, a->t.dims);
     } else if ((a = om_attr_find(n, "value_float")) || (a = om_attr_find(n, "value_int"))) {
@@ -737,6 +741,8 @@ static om_status *concat_infer(om_kernel_ctx *ctx) {
     const om_tensor *x0 = &ctx->in[0];
     int axis;
     if (x0->rank == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "inputs must have rank >= 1");
+    /* ONNX requires axis: a Concat without it is not read as axis 0 */
+    if (!om_attr_find(ctx->node, "axis")) return node_error(ctx->node, OM_INVALID_ARGUMENT, "the axis attribute is missing");
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x0->rank, &axis));
     int64_t d[OM_MAX_RANK];
     for (int i = 0; i < x0->rank; i++) d[i] = x0->dims[i];
@@ -1146,6 +1152,13 @@ static om_status *split_infer(om_kernel_ctx *ctx) {
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, &axis));
     if (x->rank == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "input must have rank >= 1");
     const int n = ctx->n_out;
+    /* num_outputs (opset 18) means the equal chunks split_sizes makes for the node's outputs */
+    const om_attr *no = om_attr_find(ctx->node, "num_outputs");
+    if (no && no->i != n)
+        return node_error(ctx->node, OM_INVALID_ARGUMENT, "num_outputs is %lld but the node has %d outputs",
+                          (long long)no->i, n);
+    if (no && (present(ctx, 1) || om_attr_find(ctx->node, "split")))
+        return node_error(ctx->node, OM_INVALID_ARGUMENT, "num_outputs and split are both given");
     int64_t buf[SPLIT_STACK], *sizes = buf;
     if (n > SPLIT_STACK) OM_NEW(sizes, n);
     om_status *st = split_sizes(ctx, 1, x->dims[axis], n, sizes);
@@ -1259,6 +1272,7 @@ static om_status *split_grad_cpu(om_kernel_ctx *ctx) {
 const om_op_def om_op_shape = {
     .name = "Shape", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .flags = OM_OP_SHAPE_ONLY | OM_OP_ANY_DTYPE, .dtype = dtype_i64, .infer = shape_infer, .cpu = shape_cpu, .diff_inputs = 0,
+    .attrs = "end:int start:int",
 };
 const om_op_def om_op_size = {
     .name = "Size", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
@@ -1267,46 +1281,57 @@ const om_op_def om_op_size = {
 const om_op_def om_op_constant = {
     .name = "Constant", .domain = "", .min_in = 0, .max_in = 0, .min_out = 1, .max_out = 1,
     .dtype = constant_dtype, .flags = OM_OP_ANY_DTYPE, .infer = constant_infer, .cpu = constant_cpu, .diff_inputs = 0,
+    .attrs = "value:tensor value_float:float value_floats:floats value_int:int value_ints:ints",
 };
 const om_op_def om_op_constant_of_shape = {
     .name = "ConstantOfShape", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .dtype = constant_of_shape_dtype, .flags = OM_OP_ANY_DTYPE, .infer = constant_of_shape_infer, .cpu = constant_of_shape_cpu, .diff_inputs = 0,
+    .attrs = "value:tensor",
 };
 const om_op_def om_op_reshape = {
     .name = "Reshape", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = reshape_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .attrs = "allowzero:int",
 };
 const om_op_def om_op_flatten = {
     .name = "Flatten", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = flatten_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .attrs = "axis:int",
 };
 const om_op_def om_op_squeeze = {
     .name = "Squeeze", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = squeeze_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints",
 };
 const om_op_def om_op_unsqueeze = {
     .name = "Unsqueeze", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = unsqueeze_infer, .grad = reshape_back_grad, .cpu = alias_copy_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints",
 };
 const om_op_def om_op_transpose = {
     .name = "Transpose", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ANY_DTYPE, .infer = transpose_infer, .grad = transpose_grad, .cpu = transpose_cpu, .diff_inputs = 1,
+    .attrs = "perm:ints",
 };
 const om_op_def om_op_gather = {
     .name = "Gather", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ANY_DTYPE, .infer = gather_infer, .grad = gather_grad, .cpu = gather_cpu, .diff_inputs = 1,
+    .attrs = "axis:int",
 };
 const om_op_def om_op_gather_grad = {
     .name = "GatherGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = gather_grad_infer, .cpu = gather_grad_cpu, .diff_inputs = 0,
+    .attrs = "axis:int",
 };
 const om_op_def om_op_concat = {
     .name = "Concat", .domain = "", .min_in = 1, .max_in = OM_MANY, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ANY_DTYPE, .infer = concat_infer, .grad = concat_grad, .cpu = concat_cpu, .diff_inputs = ~0u,
+    .attrs = "axis:int",
 };
 const om_op_def om_op_concat_grad = {
     .name = "ConcatGrad", .domain = "ortmod", .min_in = 2, .max_in = OM_MANY, .min_out = 1, .max_out = 1,
     .flags = OM_OP_ANY_DTYPE, .infer = concat_grad_infer, .cpu = concat_grad_cpu, .diff_inputs = 0,
+    .attrs = "axis:int index:int",
 };
 const om_op_def om_op_slice = {
     .name = "Slice", .domain = "", .min_in = 3, .max_in = 5, .min_out = 1, .max_out = 1,
@@ -1323,12 +1348,15 @@ const om_op_def om_op_expand = {
 const om_op_def om_op_range = {
     .name = "Range", .domain = "", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = range_infer, .cpu = range_cpu, .diff_inputs = 0,
+    .attrs = "stash_type:int=1",
 };
 const om_op_def om_op_split = {
     .name = "Split", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = OM_MANY,
     .flags = OM_OP_ANY_DTYPE, .infer = split_infer, .grad = split_grad, .cpu = split_cpu, .diff_inputs = 1,
+    .attrs = "axis:int num_outputs:int split:ints",
 };
 const om_op_def om_op_split_grad = {
     .name = "SplitGrad", .domain = "ortmod", .min_in = 3, .max_in = OM_MANY, .min_out = 1, .max_out = 1,
     .dtype = split_grad_dtype, .flags = OM_OP_ANY_DTYPE, .infer = split_grad_infer, .cpu = split_grad_cpu, .diff_inputs = 0,
+    .attrs = "axis:int split:ints",
 };

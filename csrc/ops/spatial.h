@@ -27,6 +27,10 @@ typedef struct om_window {
 
 static inline const char *om_sp_name(const om_node *n) { return n && n->name ? n->name : ""; }
 
+/* The attributes om_window_init reads, for the attrs lists (op.h) of the windowed ops. */
+#define OM_WINDOW_ATTRS \
+    "auto_pad:string=NOTSET|SAME_UPPER|SAME_LOWER|VALID dilations:ints kernel_shape:ints pads:ints strides:ints"
+
 /* Resolves the window of node n for input dims xd (rank xr = 2 + nsp). kshape: the kernel's
  * spatial dims (Conv: from W; pools: from the kernel_shape attribute); NULL reads the
  * attribute. ceil: ceil_mode (pools). */
