@@ -1,0 +1,113 @@
+"""Regressions: models whose ORTModule step was silently wrong or crashed, each against eager
+PyTorch on identical weights (outputs, input gradients, parameter gradients, each relative to
+its own size). A case that once crashed the process runs in a subprocess, so that a crash
+fails its test instead of ending the run."""
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+from ortmod import ORTModule
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rel(got, want):
+    """max |got - want| relative to want's size (an absolute floor for all-zero tensors)."""
+    return ((got.double() - want.double()).abs().max() / (want.double().abs().max() + 1e-12)).item()
+
+
+def step_both(module, inputs, grad_seed=0):
+    """One forward + backward in eager and through ORTModule from the same weights and inputs.
+    Returns (eager module, wrapped module's original, eager out, ort out, eager input grads,
+    ort input grads)."""
+    eager = copy.deepcopy(module)
+    ort = ORTModule(module)
+    xe = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    xo = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    out_e, out_o = eager(*xe), ort(*xo)
+    g = torch.Generator().manual_seed(grad_seed)
+    dy = torch.randn(out_e.shape, generator=g, dtype=out_e.dtype)
+    out_e.backward(dy)
+    out_o.backward(dy)
+    return eager, module, out_e, out_o, [t.grad for t in xe], [t.grad for t in xo]
+
+
+def assert_step_matches(module, inputs, tol=1e-5):
+    eager, wrapped, out_e, out_o, ge, go = step_both(module, inputs)
+    assert out_o.dtype == out_e.dtype and out_o.shape == out_e.shape
+    assert rel(out_o, out_e) < tol, f"output differs by {rel(out_o, out_e):.2e}"
+    for i, (a, b) in enumerate(zip(go, ge)):
+        if b is None:
+            continue
+        assert a is not None, f"input {i} got no gradient"
+        assert rel(a, b) < tol, f"gradient of input {i} differs by {rel(a, b):.2e}"
+    for (name, p), q in zip(wrapped.named_parameters(), eager.parameters()):
+        assert rel(p.grad, q.grad) < tol, f"gradient of {name} differs by {rel(p.grad, q.grad):.2e}"
+
+
+# ---- results that are views: unbatched attention --------------------------------------------
+# A graph output or an input's gradient that is a view (Reshape, Unsqueeze's gradient, ...) was
+# planned as an alias of the viewed buffer, whose bytes the planner frees after their last
+# reader; the result is read later, when the program has ended, so a later node's value could
+# be there. nn.TransformerDecoderLayer on unbatched inputs returned, as memory's gradient, the
+# query's gradient in its first T rows (memory enters MultiheadAttention as memory.unsqueeze(1)).
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_transformer_decoder_layer_unbatched(batch_first):
+    torch.manual_seed(0)
+    layer = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=batch_first)
+    assert_step_matches(layer, [torch.randn(5, 8), torch.randn(7, 8)])
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_transformer_encoder_layer_unbatched(batch_first):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=batch_first)
+    assert_step_matches(layer, [torch.randn(5, 8)])
+
+
+class GradientIsAView(nn.Module):
+    """m's gradient is the Unsqueeze's gradient (a Reshape) of b's input gradient; the next
+    gradient the backward computes, the one flowing into x * 2, is as big and took its bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 4)
+        self.b = nn.Linear(64, 4)
+
+    def forward(self, x, m):
+        q = self.a(x * 2)
+        k = self.b(m.unsqueeze(0))
+        return q * k.squeeze(0)
+
+
+def test_input_gradient_that_is_a_view():
+    torch.manual_seed(0)
+    assert_step_matches(GradientIsAView(), [torch.randn(6, 64), torch.randn(6, 64)])
+
+
+class OutputIsAView(nn.Module):
+    """The first output is a Reshape of x * 3, whose bytes the later forward nodes reused."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 64)
+
+    def forward(self, x):
+        first = (x * 3).reshape(-1)
+        return first, torch.tanh(self.a(torch.exp(x) + 1))
+
+
+def test_output_that_is_a_view():
+    torch.manual_seed(0)
+    model = OutputIsAView()
+    eager = copy.deepcopy(model)
+    x = torch.randn(6, 64)
+    got, want = ORTModule(model)(x), eager(x)
+    for i, (o, e) in enumerate(zip(got, want)):
+        assert rel(o, e) < 1e-5, f"output {i} differs by {rel(o, e):.2e}"
