@@ -184,6 +184,54 @@ def _avg_pool_symbolic(rank, original):
     return symbolic
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _pad_symbolic(g, input, pad, mode, value):
+    """F.pad: torch's symbolic for everything but ``circular``. Its circular rule slices axes
+    2, 3, ... whatever the input's rank, as if every input were batched (N, C, ...): an
+    unbatched input (C, H, W) under CircularPad2d asks for axis 3 of a rank-3 tensor, and
+    torch's per-node ONNX shape inference then corrupts the heap (the process aborts in
+    free()). The padded dims are the last len(pad) / 2, so the axes count from the end here.
+    Negative pads crop first and wrap what is left, as eager's circular pad does."""
+    from torch.onnx import symbolic_helper as sh
+    from torch.onnx._internal.torchscript_exporter import symbolic_opset11
+    if sh._parse_arg(mode, "s") != "circular":
+        return symbolic_opset11.pad(g, input, pad, mode, value)
+    padding = sh._maybe_get_const(pad, "is")
+    if sh._is_value(padding) and sh._is_packed_list(padding):
+        try:
+            padding = [sh._get_const(v, "i", "padding") for v in sh._unpack_list(padding)]
+        except RuntimeError:   # torch's SymbolicValueError: a padding computed at run time
+            padding = None
+    if not isinstance(padding, (list, tuple)) or len(padding) % 2:
+        _refuse("F.pad(mode='circular')", "the padding must be constant, one (left, right) pair per padded dim")
+    rank = sh._get_tensor_rank(input)
+    ndim = len(padding) // 2
+    if rank is None or rank < ndim:
+        _refuse("F.pad(mode='circular')", f"the input's rank must be known and at least {ndim}")
+
+    def slice_(x, axis, start, end):
+        i64 = torch.int64
+        return g.op("Slice", x, _const(g, [start], i64), _const(g, [end], i64), _const(g, [axis], i64))
+
+    out = input
+    for k in range(ndim):   # pad's last pair pads the first padded dim (as torch's list reads)
+        left, right = padding[-(2 * k + 2)], padding[-(2 * k + 1)]
+        axis = rank - ndim + k
+        if left < 0 or right < 0:
+            out = slice_(out, axis, max(0, -left), right if right < 0 else _INT64_MAX)
+        pieces = []
+        if left > 0:
+            pieces.append(slice_(out, axis, -left, _INT64_MAX))
+        pieces.append(out)
+        if right > 0:
+            pieces.append(slice_(out, axis, 0, right))
+        if len(pieces) > 1:
+            out = g.op("Concat", *pieces, axis_i=axis)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # the export context: our symbolics and the stop-gradient pass, only while ortmod exports
 
@@ -215,6 +263,7 @@ def semantic_export(opset, stop_gradients=True):
         "aten::embedding_renorm_": _embedding_renorm_symbolic,
         "aten::softplus": _softplus_symbolic,
         "aten::kl_div": _kl_div_symbolic,
+        "aten::pad": _pad_symbolic,
     }
     for rank in (1, 2, 3):
         name = f"aten::avg_pool{rank}d"
