@@ -1,6 +1,6 @@
 """What capture does so that the exported graph means what the module's forward means in training.
 
-Three mechanisms, each general rather than one fix per pattern:
+Four mechanisms, each general rather than one fix per pattern:
 
 * **Stop-gradient is in the graph.** ``x.detach()`` is traced as ``aten::detach``; where an op
   runs under ``torch.no_grad()`` on a tensor that requires grad, ``StopGradientMode`` detaches
@@ -18,6 +18,9 @@ Three mechanisms, each general rather than one fix per pattern:
   a re-export, never a stale graph. Tracer warnings no guard covers make the graph valid only
   for the traced shapes (it re-exports when they change). Either way the user gets one warning
   naming the file and line; ``strict_trace`` makes it an error.
+* **The trace's dtypes are kept.** torch's ONNX type promotion takes 0-d float64 tensors for
+  Python numbers of the default dtype; where a converted node's dtype differs from the one the
+  trace recorded for its aten node, the recorded one is put back (``_keeping_traced_dtypes``).
 """
 import contextlib
 import math
@@ -233,6 +236,45 @@ def _pad_symbolic(g, input, pad, mode, value):
 
 
 # ---------------------------------------------------------------------------------------------
+# float64 0-d values keep their dtype
+
+# ONNX ops whose input dtypes torch's exporter makes agree by implicit promotion.
+_PROMOTING_OPS = frozenset({"onnx::Add", "onnx::Sub", "onnx::Mul", "onnx::Div", "onnx::Pow", "onnx::Mod",
+                            "onnx::Gemm", "onnx::Where"})
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _keeping_traced_dtypes(run_symbolic):
+    """Wraps the exporter's per-node conversion (C++ calls it for every aten node).
+
+    torch's ONNX type promotion takes every 0-d float64 tensor for a wrapped Python number of
+    the default dtype: ``loss + 1.0``, ``loss_a + loss_b`` on a float64 model come out as
+    Cast-to-float32 and a float32 Add, so a float64 model's scalar loss was returned (and
+    differentiated) in float32. The trace knows the dtype eager computed (the aten node's
+    output); where the converted node is one of the promoting ops and says another float
+    dtype, the traced one is put back. The promotion pass reads a node's output dtype first,
+    so it then casts the node's inputs to it (a Python constant becomes a float64 constant)."""
+    def run(graph, block, node, inputs, env, values_in_env, new_nodes, *rest, **kw):
+        outputs = run_symbolic(graph, block, node, inputs, env, values_in_env, new_nodes, *rest, **kw)
+        try:
+            results = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+            for old, new in zip(node.outputs(), results):
+                if new is None or new.node().kind() not in _PROMOTING_OPS:
+                    continue
+                told, tnew = old.type(), new.type()
+                if not isinstance(told, torch._C.TensorType) or not isinstance(tnew, torch._C.TensorType):
+                    continue
+                want, got = told.dtype(), tnew.dtype()
+                if want in _FLOAT_DTYPES and got in _FLOAT_DTYPES and want != got:
+                    new.setType(tnew.with_dtype(want))
+        except (RuntimeError, TypeError, AttributeError):
+            pass   # a type that carries no dtype: nothing to restore
+        return outputs
+    run.__wrapped__ = run_symbolic
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
 # the export context: our symbolics and the stop-gradient pass, only while ortmod exports
 
 def _exporter_modules():
@@ -271,13 +313,17 @@ def semantic_export(opset, stop_gradients=True):
             _ORIGINAL_AVG_POOL[name] = _original_symbolic(registration, name, opset)
         if _ORIGINAL_AVG_POOL[name] is not None:
             symbolics[name] = _avg_pool_symbolic(rank, _ORIGINAL_AVG_POOL[name])
+    from torch.onnx._internal.torchscript_exporter import utils as exporter
     with _export_lock:
         for name, fn in symbolics.items():
             torch.onnx.register_custom_op_symbolic(name, fn, opset)
+        run_symbolic = exporter._run_symbolic_function
+        exporter._run_symbolic_function = _keeping_traced_dtypes(run_symbolic)
         try:
             with StopGradientMode() if stop_gradients else contextlib.nullcontext():
                 yield
         finally:
+            exporter._run_symbolic_function = run_symbolic
             for name in symbolics:
                 torch.onnx.unregister_custom_op_symbolic(name, opset)
 

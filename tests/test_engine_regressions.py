@@ -112,6 +112,40 @@ def test_padding_modules_unbatched_and_batched():
     assert not failed and len(lines) == sum(len(s) for _, s in PADS), "\n".join(failed or lines)
 
 
+# ---- float64 models stay float64 -----------------------------------------------------------
+# torch's ONNX type promotion takes a 0-d float64 tensor for a wrapped Python number of the
+# default dtype: `loss + 1.0` and `loss_a + loss_b` were cast to float32 (a float64 model's
+# scalar loss came back float32, computed in float32).
+
+class ScalarLosses(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 3)
+
+    def forward(self, x):
+        h = self.lin(x)
+        a = (h * h).mean()
+        b = h.abs().sum()
+        return a + 1.0, a + b, 0.5 * a - b / 3.0, h.sum(0)
+
+
+def test_float64_scalar_outputs_stay_float64():
+    torch.manual_seed(0)
+    model = ScalarLosses().double()
+    eager = copy.deepcopy(model)
+    ort = ORTModule(model)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    got, want = ort(x), eager(x)
+    for i, (o, e) in enumerate(zip(got, want)):
+        assert o.dtype == torch.float64, f"output {i} is {o.dtype}"
+        assert rel(o, e) < 1e-13, f"output {i} differs by {rel(o, e):.2e}"
+    sum(o.sum() for o in got).backward()
+    sum(e.sum() for e in want).backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert p.grad.dtype == torch.float64
+        assert rel(p.grad, q.grad) < 1e-12, f"gradient of {name} differs by {rel(p.grad, q.grad):.2e}"
+
+
 # ---- results that are views: unbatched attention --------------------------------------------
 # A graph output or an input's gradient that is a view (Reshape, Unsqueeze's gradient, ...) was
 # planned as an alias of the viewed buffer, whose bytes the planner frees after their last
