@@ -115,7 +115,9 @@ def test_padding_modules_unbatched_and_batched():
 # ---- float64 models stay float64 -----------------------------------------------------------
 # torch's ONNX type promotion takes a 0-d float64 tensor for a wrapped Python number of the
 # default dtype: `loss + 1.0` and `loss_a + loss_b` were cast to float32 (a float64 model's
-# scalar loss came back float32, computed in float32).
+# scalar loss came back float32, computed in float32). BatchNorm's momentum and epsilon are
+# float32 attributes; widened as they are (0.899999976) the running statistics of a float64
+# model carried float32's rounding (2.4e-7 relative).
 
 class ScalarLosses(nn.Module):
     def __init__(self):
@@ -144,6 +146,24 @@ def test_float64_scalar_outputs_stay_float64():
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         assert p.grad.dtype == torch.float64
         assert rel(p.grad, q.grad) < 1e-12, f"gradient of {name} differs by {rel(p.grad, q.grad):.2e}"
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.01, 0.3])
+def test_float64_batchnorm_running_statistics(momentum):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=momentum, eps=1e-3), nn.Flatten(),
+                          nn.Linear(4 * 4 * 4, 5), nn.BatchNorm1d(5, momentum=momentum))
+    model = model.double().train()
+    eager = copy.deepcopy(model)
+    ort = ORTModule(model)
+    for _ in range(3):
+        x = torch.randn(6, 3, 6, 6, dtype=torch.float64) * 3 + 2
+        got, want = ort(x), eager(x)
+        assert got.dtype == torch.float64 and rel(got, want) < 1e-12
+    for (name, b), c in zip(model.named_buffers(), eager.buffers()):
+        if b.is_floating_point():
+            assert b.dtype == torch.float64
+            assert rel(b, c) < 1e-13, f"{name} differs by {rel(b, c):.2e}"
 
 
 # ---- results that are views: unbatched attention --------------------------------------------
