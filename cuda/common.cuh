@@ -53,6 +53,11 @@ static inline om_status *omc_cuda(cudaError_t e, const char *what) {
 
 static inline int64_t attr_i(const om_kernel_ctx *ctx, const char *name, int64_t d) { return g_host.attr_int(ctx->node, name, d); }
 static inline float attr_f(const om_kernel_ctx *ctx, const char *name, float d) { return g_host.attr_float(ctx->node, name, d); }
+// A float attribute as the number written into it (0.9, not 0.899999976), as om_attr_real
+// (a default with a short decimal, like 1e-5, comes back as itself).
+static inline double attr_real(const om_kernel_ctx *ctx, const char *name, double d) {
+    return om_float_decimal(attr_f(ctx, name, (float)d));
+}
 static inline const char *attr_s(const om_kernel_ctx *ctx, const char *name, const char *d) { return g_host.attr_string(ctx->node, name, d); }
 static inline int attr_is(const om_kernel_ctx *ctx, const char *name, const int64_t **v) { return g_host.attr_ints(ctx->node, name, v); }
 

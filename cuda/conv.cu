@@ -748,7 +748,7 @@ static om_status *batch_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *
     OMC_TRY(bn_geometry(ctx, X, &N, &C, &S));
     for (int i = 1; i < 5; i++) OMC_TRY(bn_check_vec(ctx, i, X->dtype, C));
     if (!C) return NULL;
-    const double eps = attr_f(ctx, "epsilon", 1e-5f), mom = attr_f(ctx, "momentum", 0.9f);
+    const double eps = attr_real(ctx, "epsilon", 1e-5), mom = attr_real(ctx, "momentum", 0.9);
     const int train = attr_i(ctx, "training_mode", 0) != 0;
     const int64_t n = numel(X);
     om_status *st = NULL;
@@ -819,7 +819,7 @@ static om_status *batch_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_e
     for (int i = 2; i < 5; i++) OMC_TRY(bn_check_vec(ctx, i, X->dtype, C));
     if (!C) return NULL;
     const int train = attr_i(ctx, "training_mode", 0) != 0;
-    const double eps = attr_f(ctx, "epsilon", 1e-5f);
+    const double eps = attr_real(ctx, "epsilon", 1e-5);
     const int64_t n = numel(X);
     om_status *st = NULL;
     OMC_DISPATCH_FLOAT(X->dtype, ctx, 0, {

@@ -1,6 +1,6 @@
 """What capture does so that the exported graph means what the module's forward means in training.
 
-Three mechanisms, each general rather than one fix per pattern:
+Four mechanisms, each general rather than one fix per pattern:
 
 * **Stop-gradient is in the graph.** ``x.detach()`` is traced as ``aten::detach``; where an op
   runs under ``torch.no_grad()`` on a tensor that requires grad, ``StopGradientMode`` detaches
@@ -18,6 +18,9 @@ Three mechanisms, each general rather than one fix per pattern:
   a re-export, never a stale graph. Tracer warnings no guard covers make the graph valid only
   for the traced shapes (it re-exports when they change). Either way the user gets one warning
   naming the file and line; ``strict_trace`` makes it an error.
+* **The trace's dtypes are kept.** torch's ONNX type promotion takes 0-d float64 tensors for
+  Python numbers of the default dtype; where a converted node's dtype differs from the one the
+  trace recorded for its aten node, the recorded one is put back (``_keeping_traced_dtypes``).
 """
 import contextlib
 import math
@@ -208,6 +211,93 @@ def _avg_pool_symbolic(rank, original):
     return symbolic
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _pad_symbolic(g, input, pad, mode, value):
+    """F.pad: torch's symbolic for everything but ``circular``. Its circular rule slices axes
+    2, 3, ... whatever the input's rank, as if every input were batched (N, C, ...): an
+    unbatched input (C, H, W) under CircularPad2d asks for axis 3 of a rank-3 tensor, and
+    torch's per-node ONNX shape inference then corrupts the heap (the process aborts in
+    free()). The padded dims are the last len(pad) / 2, so the axes count from the end here.
+    Negative pads crop first and wrap what is left, as eager's circular pad does."""
+    from torch.onnx import symbolic_helper as sh
+    from torch.onnx._internal.torchscript_exporter import symbolic_opset11
+    if sh._parse_arg(mode, "s") != "circular":
+        return symbolic_opset11.pad(g, input, pad, mode, value)
+    padding = sh._maybe_get_const(pad, "is")
+    if sh._is_value(padding) and sh._is_packed_list(padding):
+        try:
+            padding = [sh._get_const(v, "i", "padding") for v in sh._unpack_list(padding)]
+        except RuntimeError:   # torch's SymbolicValueError: a padding computed at run time
+            padding = None
+    if not isinstance(padding, (list, tuple)) or len(padding) % 2:
+        _refuse("F.pad(mode='circular')", "the padding must be constant, one (left, right) pair per padded dim")
+    rank = sh._get_tensor_rank(input)
+    ndim = len(padding) // 2
+    if rank is None or rank < ndim:
+        _refuse("F.pad(mode='circular')", f"the input's rank must be known and at least {ndim}")
+
+    def slice_(x, axis, start, end):
+        i64 = torch.int64
+        return g.op("Slice", x, _const(g, [start], i64), _const(g, [end], i64), _const(g, [axis], i64))
+
+    out = input
+    for k in range(ndim):   # pad's last pair pads the first padded dim (as torch's list reads)
+        left, right = padding[-(2 * k + 2)], padding[-(2 * k + 1)]
+        axis = rank - ndim + k
+        if left < 0 or right < 0:
+            out = slice_(out, axis, max(0, -left), right if right < 0 else _INT64_MAX)
+        pieces = []
+        if left > 0:
+            pieces.append(slice_(out, axis, -left, _INT64_MAX))
+        pieces.append(out)
+        if right > 0:
+            pieces.append(slice_(out, axis, 0, right))
+        if len(pieces) > 1:
+            out = g.op("Concat", *pieces, axis_i=axis)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# float64 0-d values keep their dtype
+
+# ONNX ops whose input dtypes torch's exporter makes agree by implicit promotion.
+_PROMOTING_OPS = frozenset({"onnx::Add", "onnx::Sub", "onnx::Mul", "onnx::Div", "onnx::Pow", "onnx::Mod",
+                            "onnx::Gemm", "onnx::Where"})
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _keeping_traced_dtypes(run_symbolic):
+    """Wraps the exporter's per-node conversion (C++ calls it for every aten node).
+
+    torch's ONNX type promotion takes every 0-d float64 tensor for a wrapped Python number of
+    the default dtype: ``loss + 1.0``, ``loss_a + loss_b`` on a float64 model come out as
+    Cast-to-float32 and a float32 Add, so a float64 model's scalar loss was returned (and
+    differentiated) in float32. The trace knows the dtype eager computed (the aten node's
+    output); where the converted node is one of the promoting ops and says another float
+    dtype, the traced one is put back. The promotion pass reads a node's output dtype first,
+    so it then casts the node's inputs to it (a Python constant becomes a float64 constant)."""
+    def run(graph, block, node, inputs, env, values_in_env, new_nodes, *rest, **kw):
+        outputs = run_symbolic(graph, block, node, inputs, env, values_in_env, new_nodes, *rest, **kw)
+        try:
+            results = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+            for old, new in zip(node.outputs(), results):
+                if new is None or new.node().kind() not in _PROMOTING_OPS:
+                    continue
+                told, tnew = old.type(), new.type()
+                if not isinstance(told, torch._C.TensorType) or not isinstance(tnew, torch._C.TensorType):
+                    continue
+                want, got = told.dtype(), tnew.dtype()
+                if want in _FLOAT_DTYPES and got in _FLOAT_DTYPES and want != got:
+                    new.setType(tnew.with_dtype(want))
+        except (RuntimeError, TypeError, AttributeError):
+            pass   # a type that carries no dtype: nothing to restore
+        return outputs
+    run.__wrapped__ = run_symbolic
+    return run
+
+
 # ---------------------------------------------------------------------------------------------
 # the export context: our symbolics and the stop-gradient pass, only while ortmod exports
 
@@ -240,6 +330,7 @@ def semantic_export(opset, stop_gradients=True):
         "aten::softplus": _softplus_symbolic,
         "aten::kl_div": _kl_div_symbolic,
         "aten::index_add": _index_add_symbolic,
+        "aten::pad": _pad_symbolic,
     }
     for rank in (1, 2, 3):
         name = f"aten::avg_pool{rank}d"
@@ -247,13 +338,17 @@ def semantic_export(opset, stop_gradients=True):
             _ORIGINAL_AVG_POOL[name] = _original_symbolic(registration, name, opset)
         if _ORIGINAL_AVG_POOL[name] is not None:
             symbolics[name] = _avg_pool_symbolic(rank, _ORIGINAL_AVG_POOL[name])
+    from torch.onnx._internal.torchscript_exporter import utils as exporter
     with _export_lock:
         for name, fn in symbolics.items():
             torch.onnx.register_custom_op_symbolic(name, fn, opset)
+        run_symbolic = exporter._run_symbolic_function
+        exporter._run_symbolic_function = _keeping_traced_dtypes(run_symbolic)
         try:
             with StopGradientMode() if stop_gradients else contextlib.nullcontext():
                 yield
         finally:
+            exporter._run_symbolic_function = run_symbolic
             for name in symbolics:
                 torch.onnx.unregister_custom_op_symbolic(name, opset)
 

@@ -89,8 +89,8 @@ def test_batchnorm_training_channels(shape, threads):
                               grad=[True, True, True, False, False])
     t = {k: torch.from_numpy(v.copy()).requires_grad_(k in ("X", "scale", "B")) for k, v in inputs.items()}
     rm, rv = t["mean"].clone(), t["var"].clone()
-    # the momentum attribute is a float32: 0.9f, not 0.9
-    y = F.batch_norm(t["X"], rm, rv, t["scale"], t["B"], training=True, momentum=1 - float(np.float32(0.9)), eps=1e-5)
+    # the momentum attribute is a float32, read as the 0.9 that was written (not 0.899999976)
+    y = F.batch_norm(t["X"], rm, rv, t["scale"], t["B"], training=True, momentum=0.1, eps=1e-5)
     np.testing.assert_allclose(outs[0], y.detach().numpy(), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(outs[1], rm.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(outs[2], rv.numpy(), rtol=1e-10, atol=1e-12)

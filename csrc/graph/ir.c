@@ -123,6 +123,14 @@ float om_attr_float(const om_node *n, const char *name, float dflt) {
     return dflt;
 }
 
+double om_attr_real(const om_node *n, const char *name, double dflt) {
+    const om_attr *a = om_attr_find(n, name);
+    if (!a) return dflt;
+    if (a->type == OM_ATTR_FLOAT) return om_float_decimal(a->f);
+    if (a->type == OM_ATTR_INT) return (double)a->i;
+    return dflt;
+}
+
 const char *om_attr_string(const om_node *n, const char *name, const char *dflt) {
     const om_attr *a = om_attr_find(n, name);
     return a && a->type == OM_ATTR_STRING && a->s ? a->s : dflt;

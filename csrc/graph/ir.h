@@ -10,6 +10,10 @@
 
 #include "core/core.h"
 
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
 struct om_op_def;
 
 typedef enum om_attr_type {
@@ -80,6 +84,24 @@ int om_graph_find_value(const om_graph *g, const char *name);   /* -1 if none */
 const om_attr *om_attr_find(const om_node *n, const char *name);
 int64_t     om_attr_int(const om_node *n, const char *name, int64_t dflt);
 float       om_attr_float(const om_node *n, const char *name, float dflt);
+/* A float attribute as the number that was written into it, for math in double: ONNX keeps
+ * float attributes in float32, and exporters round Python's doubles into them (BatchNorm's
+ * momentum 0.9, epsilon 1e-5). Widened as they are, 0.9f is 0.899999976, and a float64
+ * model's running statistics would carry float32's rounding (2.4e-7 relative). */
+double      om_attr_real(const om_node *n, const char *name, double dflt);
+/* The shortest decimal that rounds to f (0.9f -> 0.9): what an exporter's double most likely
+ * was, exact for every value written with up to 7 significant digits. Header-only: the CUDA
+ * provider widens its attributes the same way. */
+static inline double om_float_decimal(float f) {
+    if (!isfinite(f)) return (double)f;
+    char buf[32];
+    for (int digits = 1; digits < 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
+        double d = strtod(buf, NULL);
+        if ((float)d == f) return d;
+    }
+    return (double)f;   /* 9 digits always round-trip: the float itself is the best guess */
+}
 const char *om_attr_string(const om_node *n, const char *name, const char *dflt);
 /* Returns the count (-1 when absent); *vals points into the attr. */
 int         om_attr_ints(const om_node *n, const char *name, const int64_t **vals);

@@ -16,7 +16,9 @@
  * Outputs 3 and 4 are ortmod's: the batch mean and 1/sqrt(var + eps) saved for the
  * backward (added by the gradient rule via om_node_ensure_output; opset < 14 graphs named
  * outputs 3/4 saved_mean/saved_var, which nothing in an exported training graph reads).
- * running_mean / running_var carry no gradient.
+ * running_mean / running_var carry no gradient. epsilon and momentum are read as the numbers
+ * the exporter wrote (om_attr_real: 0.9, not float32's 0.899999976), so that float64 models
+ * keep float64 statistics.
  *
  * X is viewed as (N, C, S) with S the product of the spatial dims; statistics are per C.
  */
@@ -187,7 +189,7 @@ static om_status *bn_cpu(om_kernel_ctx *ctx) {
                  .in_var = ctx->in[4].data, .y = ctx->out[0].data,
                  .rmean = ctx->n_out > 1 ? ctx->out[1].data : NULL, .rvar = ctx->n_out > 2 ? ctx->out[2].data : NULL,
                  .smean = ctx->n_out > 3 ? ctx->out[3].data : NULL, .sinv = ctx->n_out > 4 ? ctx->out[4].data : NULL,
-                 .eps = om_attr_float(n, "epsilon", 1e-5f), .mom = om_attr_float(n, "momentum", 0.9f),
+                 .eps = om_attr_real(n, "epsilon", 1e-5), .mom = om_attr_real(n, "momentum", 0.9),
                  .train = om_attr_int(n, "training_mode", 0) != 0};
     OM_TRY(bn_geometry(n, x, &a.N, &a.C, &a.S));
     switch (x->dtype) {
@@ -293,7 +295,7 @@ static om_status *bn_grad_cpu(om_kernel_ctx *ctx) {
                       .stat = ctx->in[4].data, .dx = ctx->out[0].data,
                       .dscale = ctx->n_out > 1 ? ctx->out[1].data : NULL,
                       .dbias = ctx->n_out > 2 ? ctx->out[2].data : NULL,
-                      .eps = om_attr_float(n, "epsilon", 1e-5f), .train = om_attr_int(n, "training_mode", 0) != 0};
+                      .eps = om_attr_real(n, "epsilon", 1e-5), .train = om_attr_int(n, "training_mode", 0) != 0};
     OM_TRY(bn_geometry(n, x, &a.N, &a.C, &a.S));
     switch (x->dtype) {
     case OM_F32: om_pool_for(a.C, bn_grain(a.N * a.S), bn_grad_f32, &a); break;

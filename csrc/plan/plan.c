@@ -233,17 +233,31 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     for (int i = 0; i < p->n_fwd_prog; i++) step_of[p->fwd_prog[i]] = i;
     for (int i = 0; i < p->n_bwd_prog; i++) step_of[p->bwd_prog[i]] = p->n_fwd_prog + i;
 
-    /* Aliases: Reshape-like outputs share their input's memory when sizes agree. */
+    /* Aliases: Reshape-like outputs share their input's memory when sizes agree. Not a
+     * result handed to the caller (a graph output, an input's gradient): it is read after
+     * its program ends, but lifetimes below end at the last node that reads a buffer, so
+     * the bytes of an aliased result could already hold a later node's value (the gradient
+     * of an unbatched MultiheadAttention's key/value input, the Unsqueeze's gradient of a
+     * Reshape'd Add, came back holding the query's gradient). hand_out would copy an alias
+     * anyway; the view's own kernel copies into the result's buffer instead. */
+    char *result = calloc((size_t)nv + 1, 1);
+    if (!result) goto oom;
+    for (int i = 0; i < g->n_outputs; i++) result[g->outputs[i]] = 1;
+    if (has_backward && g->grad_of_input)
+        for (int i = 0; i < g->n_inputs; i++)
+            if (g->grad_of_input[i] >= 0) result[g->grad_of_input[i]] = 1;
     for (int k = 0; k < nn; k++) {
         const om_node *n = &g->nodes[k];
         if (!live[k] || !(n->op->flags & OM_OP_ALIAS) || n->n_in < 1 || n->in[0] < 0 || n->out[0] < 0) continue;
         int a = n->in[0], b = n->out[0];
+        if (result[b]) continue;
         if (aligned_bytes(&p->vt[a]) != aligned_bytes(&p->vt[b]) ||
             om_tensor_nbytes(&p->vt[a]) != om_tensor_nbytes(&p->vt[b]))
             continue;
         p->storage[b] = OM_ST_ALIAS;
         p->alias_of[b] = root_of(p, a);   /* point at the buffer's owner: one hop at run time */
     }
+    free(result);
 
     /* Lifetimes per root buffer, in program steps (forward steps, then backward steps). */
     for (int v = 0; v < nv; v++) def[v] = last[v] = -1;
