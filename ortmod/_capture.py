@@ -570,11 +570,13 @@ def _sdpa_symbolic(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
             return sh._unimplemented("aten::scaled_dot_product_attention", "enable_gqa with a key of known rank >= 3")
         key, value = (_repeat_heads(g, query, t, rank, const) for t in (key, value))
 
-    if scale is None:   # 1/sqrt(E) from the query's last dim, in fp32, then in the query's dtype
+    if scale is None:   # 1/sqrt(E) from the query's last dim: in fp64 for fp64 queries (torch's is a
+        # double), in fp32 otherwise, then in the query's dtype
         shape = g.op("Shape", query)
         last = g.op("Slice", shape, const([-1], torch.int64), const([2 ** 62], torch.int64))
-        e = g.op("Cast", last, to_i=1)
-        s = g.op("Cast", g.op("Div", const([1.0], torch.float32), g.op("Sqrt", e)), to_i=onnx_type)
+        wide, wide_type = (torch.float64, 11) if dtype == torch.float64 else (torch.float32, 1)
+        e = g.op("Cast", last, to_i=wide_type)
+        s = g.op("Cast", g.op("Div", const([1.0], wide), g.op("Sqrt", e)), to_i=onnx_type)
     else:
         s = const(scale)
     rank = sh._get_tensor_rank(key)

@@ -21,8 +21,6 @@ _BN_MOMENTUM = ("float64 BatchNorm running_mean/var off by ~2.4e-7 relative: ONN
                 "float32 (1 - 0.9f = 0.10000002), eager uses 0.1 in double")
 _ATTENTION_PASS = ("wrong key/value gradient of unbatched nn.MultiheadAttention (embed_dim 4) when the query "
                    "comes out of a Mul; forward is right; ORTMOD_DISABLE_PASSES=attention fixes it")
-_SDPA_SCALE_F32 = ("float64 attention gradients off by ~1e-7 relative: ortmod's _sdpa_symbolic "
-                   "computes 1/sqrt(head_dim) in float32, then casts it to float64")
 _EMPTY_BATCH = "empty (0, N) input: ortmod gives no gradient (None) where eager gives empty/zero ones"
 KNOWN_MISMATCH = {
     **{f"db:nn.BatchNorm{d}d|float64|train|{i}": _BN_MOMENTUM for d, i in [(1, 0), (1, 1), (2, 0), (3, 0)]},
@@ -36,10 +34,6 @@ KNOWN_MISMATCH = {
        for dt in ("float32", "float64") for i in range(3, 66, 2)},
     "pat:cross_attention_unbatched|float32|train|0": _ATTENTION_PASS,
     "pat:cross_attention_unbatched|float64|train|0": _ATTENTION_PASS,
-    **{f"db:{m}|float64|train|{i}": _SDPA_SCALE_F32 for m, i in [
-        ("nn.TransformerEncoder", 26), ("nn.TransformerEncoder", 31), ("nn.TransformerEncoderLayer", 15),
-        ("nn.TransformerEncoderLayer", 26), ("nn.Transformer", 8), ("nn.Transformer", 14), ("nn.Transformer", 26),
-        ("nn.Transformer", 56)]},
     "db:nn.LayerNorm|float32|train|5": _EMPTY_BATCH,
     "db:nn.LayerNorm|float64|train|5": _EMPTY_BATCH,
 }
