@@ -80,6 +80,14 @@ static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, cha
             if (v < 0) continue;
             if (out[j].rank < 0 || out[j].rank > OM_MAX_RANK)
                 return om_error(OM_INTERNAL, "%s node '%s': shape rule gave rank %d", n->op->name, n->name, out[j].rank);
+            /* dims a model computes (Expand, Reshape, ConstantOfShape of its own numbers) can
+             * claim any size: one that overflows would allocate a wrapped, small buffer */
+            if (om_shape_size(out[j].dims, out[j].rank, om_dtype_size(out[j].dtype), NULL, NULL) != 0) {
+                char shape[160];
+                om_shape_str(&out[j], shape, sizeof shape);
+                return om_error(OM_INVALID_ARGUMENT, "%s node '%s': output %d would be %s, larger than a tensor can be",
+                                n->op->name, n->name, j, shape);
+            }
             p->vt[v] = out[j];
             p->vt[v].data = NULL;
         }
