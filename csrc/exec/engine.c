@@ -601,12 +601,17 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
                                      void *stream, int stream_given) {
     const om_graph *g = e->g;
     if (!s || s->eng != e) return om_error(OM_INVALID_ARGUMENT, "the stash does not belong to this engine");
-    if (s->used)
-        return om_error(OM_INVALID_ARGUMENT,
-                        "backward through this forward ran already (use retain_graph-free training loops, or run the forward again)");
     for (int i = 0; i < g->n_inputs; i++) memset(&input_grads[i], 0, sizeof(om_tensor));
     om_plan *p = s->plan;
     pthread_mutex_lock(&e->lock);
+    /* checked under the lock: two threads backwarding one stash must not both pass (the
+     * backward writes its own values into the stash's buffer and consumes stashed ones) */
+    if (s->used) {
+        pthread_mutex_unlock(&e->lock);
+        return om_error(OM_INVALID_ARGUMENT,
+                        "backward through this forward ran already (a forward takes one backward: run the forward "
+                        "again)");
+    }
     frame f = {0};
     char *given = NULL;
     void **zeros = calloc((size_t)g->n_outputs + 1, sizeof(void *));
@@ -664,10 +669,12 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
         om_bwd_variant *vv = NULL;
         if ((st = bwd_variant(g, p, present, &vv))) goto done;
         var = vv;
-        st = run_variant(e, &f, var);
-    } else {
-        st = run_program(e, &f, p->bwd_prog, p->n_bwd_prog, 0, 1);
     }
+    /* the kernels overwrite stashed values in place (a value's last reader may reuse its
+     * memory): from here on the stash is spent, whether or not the backward succeeds. An
+     * error above (a gradient of the wrong shape) leaves it usable for a corrected call. */
+    s->used = 1;
+    st = var ? run_variant(e, &f, var) : run_program(e, &f, p->bwd_prog, p->n_bwd_prog, 0, 1);
     if (st) goto done;
     for (int i = 0; i < g->n_inputs; i++) {
         int v = g->grad_of_input[i];
@@ -677,7 +684,6 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
             goto done;
         }
     }
-    s->used = 1;
 done:
     if (f.data) {
         /* OUT values of the forward side are not ours here */
