@@ -412,14 +412,22 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     } else {
         stash_buf = frame_alloc(&f, p->stash_size);
     }
-    if (!given || !stash_buf) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
+    if (!given || !stash_buf) {
+        st = om_error(OM_OUT_OF_MEMORY, "out of memory for the forward's buffers (%zu bytes for these input shapes)",
+                      p->stash_size);
+        goto done;
+    }
     for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= 0 && g->values[v].producer < g->n_fwd_nodes) {
             f.data[v] = frame_alloc(&f, om_tensor_nbytes(&p->vt[v]));
-            if (!f.data[v]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory for outputs"); goto done; }
+            if (!f.data[v]) {
+                st = om_error(OM_OUT_OF_MEMORY, "out of memory for output '%s' (%zu bytes)", g->values[v].name,
+                              om_tensor_nbytes(&p->vt[v]));
+                goto done;
+            }
         }
     }
     if ((st = run_program(e, &f, p->fwd_prog, p->n_fwd_prog, call, training))) goto done;
