@@ -350,7 +350,7 @@ static om_status *slice_params_get(const om_kernel_ctx *ctx, const om_cuda_exec 
         int64_t step = has_steps ? sp_[i] : 1, d = dims[a], s = st[i], e = en[i];
         if (step == 0) return omc_err_unsupported(ctx, "step 0");
         sp->count[a] = om_slice_axis(s, e, step, d, &sp->start[a]);
-        sp->step[a] = step;
+        sp->step[a] = sp->count[a] > 1 ? step : 1;   /* as on the CPU: a step of INT64_MAX * stride overflows */
     }
     return NULL;
 }

@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlpack/dlpack.h>
+#include <stdatomic.h>
 
 #include "dlpack_in.h"
 
@@ -236,6 +237,10 @@ typedef struct StashObject {
     PyObject_HEAD
     PyObject *engine;           /* keeps the engine (and its plans) alive */
     om_stash *stash;
+    /* 1 while a backward runs on stash: that backward frees it when done, with the GIL
+     * released in between, so a second backward (another thread) must not start on it. Taken
+     * with a compare-and-swap, so that it holds without a GIL too (free-threaded builds). */
+    atomic_int busy;
 } StashObject;
 
 static void engine_log(void *user, om_log_level level, const char *msg) {
@@ -491,6 +496,7 @@ static PyObject *Engine_forward(EngineObject *self, PyObject *args) {
         if (!so) goto out;
         so->engine = Py_NewRef(self);
         so->stash = stash;
+        atomic_init(&so->busy, 0);
         stash = NULL;
         PyObject_GC_Track(so);
         stash_obj = (PyObject *)so;
@@ -525,12 +531,24 @@ static PyObject *Engine_backward(EngineObject *self, PyObject *args) {
         return NULL;
     }
     StashObject *so = (StashObject *)stash_obj;
+    int idle = 0;
+    if (!atomic_compare_exchange_strong(&so->busy, &idle, 1)) {
+        PyErr_SetString(ms->InvalidInputError,
+                        "this forward's stash is already being used by a backward (in another thread): a forward "
+                        "takes one backward");
+        return NULL;
+    }
+    /* from here on every exit clears busy */
     if (!so->stash) {
-        PyErr_SetString(ms->InvalidInputError, "this forward's stash was already used by a backward");
+        atomic_store(&so->busy, 0);
+        PyErr_SetString(ms->InvalidInputError,
+                        "this forward's stash was already used by a backward: the engine frees what backward needs "
+                        "once it ran, so a second backward through the same forward (retain_graph=True, or a loss "
+                        "backwarded twice) needs the forward to run again");
         return NULL;
     }
     PyObject *seq = PySequence_Fast(seq_in, "grad_outputs must be a sequence");
-    if (!seq) return NULL;
+    if (!seq) { atomic_store(&so->busy, 0); return NULL; }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     int n_out = om_engine_num_outputs(self->eng), n_in = om_engine_num_inputs(self->eng);
     om_tensor *gouts = calloc((size_t)n_out + 1, sizeof(om_tensor));
@@ -568,6 +586,7 @@ out:
     free(gouts);
     free(holds);
     free(grads);
+    atomic_store(&so->busy, 0);   /* after so->stash is freed and NULL: a next call sees "already used" */
     return list;
 }
 

@@ -133,12 +133,30 @@ size_t om_tensor_nbytes(const om_tensor *t) {
     return (size_t)om_tensor_numel(t) * om_dtype_size(t->dtype);
 }
 
+int om_shape_size(const int64_t *dims, int rank, size_t esize, int64_t *numel, size_t *nbytes) {
+    /* bound is the product with every 0 taken as 1: kernels multiply any subset of the dims
+     * (rows = dims[0..axis), inner = dims[axis+1..]), and [0, 2^40, 2^40] has no elements but
+     * an inner size of 2^80 */
+    int64_t n = 1, bound = (int64_t)(esize ? esize : 1);
+    if (rank < 0 || rank > OM_MAX_RANK) return -1;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 0) return -1;
+        if (dims[i] > 1 && (__builtin_mul_overflow(bound, dims[i], &bound) || bound > OM_MAX_TENSOR_BYTES)) return -1;
+        n *= dims[i];   /* n <= bound now: no overflow */
+    }
+    if (bound > OM_MAX_TENSOR_BYTES) return -1;
+    if (numel) *numel = n;
+    if (nbytes) *nbytes = (size_t)n * esize;
+    return 0;
+}
+
 /* 64-byte alignment: a cache line, and enough for any vector ISA the kernels use. */
 /* Counted so that a test can prove the steady state allocates nothing it should not. */
 static atomic_size_t alloc_calls, alloc_bytes;
 
 void *om_alloc(size_t nbytes) {
     void *p = NULL;
+    if (nbytes > SIZE_MAX - 64) return NULL;   /* the rounding below would wrap to a tiny block */
     if (posix_memalign(&p, 64, nbytes ? (nbytes + 63) & ~(size_t)63 : 64) != 0) return NULL;
     atomic_fetch_add_explicit(&alloc_calls, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&alloc_bytes, nbytes, memory_order_relaxed);

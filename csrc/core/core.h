@@ -30,6 +30,14 @@ char *om_strdup(const char *s);                 /* NULL-safe; caller frees */
 int om_grow(void **arr, int *cap, int n, size_t elem);
 
 /* Shapes */
+/* The largest tensor the engine takes, in bytes: every element index and byte offset a
+ * kernel computes from dims then fits an int64_t (and a size_t), with room for a stride. */
+#define OM_MAX_TENSOR_BYTES ((int64_t)1 << 60)
+/* Element count and byte size of dims[0..rank) for elements of esize bytes, checked: every
+ * dim >= 0, and the product of the dims (zeros taken as ones, so that every partial product
+ * a kernel forms fits too) times esize is at most OM_MAX_TENSOR_BYTES. Returns 0, or -1
+ * (numel and nbytes untouched) for a shape no buffer can hold. Either may be NULL. */
+int om_shape_size(const int64_t *dims, int rank, size_t esize, int64_t *numel, size_t *nbytes);
 int  om_shape_equal(const om_tensor *a, const om_tensor *b);
 void om_shape_str(const om_tensor *t, char *buf, size_t n);   /* "[2, 3] float32" */
 

@@ -428,14 +428,22 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     } else {
         stash_buf = frame_alloc(&f, p->stash_size);
     }
-    if (!given || !stash_buf) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
+    if (!given || !stash_buf) {
+        st = om_error(OM_OUT_OF_MEMORY, "out of memory for the forward's buffers (%zu bytes for these input shapes)",
+                      p->stash_size);
+        goto done;
+    }
     for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= 0 && g->values[v].producer < g->n_fwd_nodes) {
             f.data[v] = frame_alloc(&f, om_tensor_nbytes(&p->vt[v]));
-            if (!f.data[v]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory for outputs"); goto done; }
+            if (!f.data[v]) {
+                st = om_error(OM_OUT_OF_MEMORY, "out of memory for output '%s' (%zu bytes)", g->values[v].name,
+                              om_tensor_nbytes(&p->vt[v]));
+                goto done;
+            }
         }
     }
     if ((st = run_program(e, &f, p->fwd_prog, p->n_fwd_prog, call, training))) goto done;
@@ -617,12 +625,17 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
                                      void *stream, int stream_given) {
     const om_graph *g = e->g;
     if (!s || s->eng != e) return om_error(OM_INVALID_ARGUMENT, "the stash does not belong to this engine");
-    if (s->used)
-        return om_error(OM_INVALID_ARGUMENT,
-                        "backward through this forward ran already (use retain_graph-free training loops, or run the forward again)");
     for (int i = 0; i < g->n_inputs; i++) memset(&input_grads[i], 0, sizeof(om_tensor));
     om_plan *p = s->plan;
     pthread_mutex_lock(&e->lock);
+    /* checked under the lock: two threads backwarding one stash must not both pass (the
+     * backward writes its own values into the stash's buffer and consumes stashed ones) */
+    if (s->used) {
+        pthread_mutex_unlock(&e->lock);
+        return om_error(OM_INVALID_ARGUMENT,
+                        "backward through this forward ran already (a forward takes one backward: run the forward "
+                        "again)");
+    }
     frame f = {0};
     char *given = NULL;
     void **zeros = calloc((size_t)g->n_outputs + 1, sizeof(void *));
@@ -680,10 +693,12 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
         om_bwd_variant *vv = NULL;
         if ((st = bwd_variant(g, p, present, &vv))) goto done;
         var = vv;
-        st = run_variant(e, &f, var);
-    } else {
-        st = run_program(e, &f, p->bwd_prog, p->n_bwd_prog, 0, 1);
     }
+    /* the kernels overwrite stashed values in place (a value's last reader may reuse its
+     * memory): from here on the stash is spent, whether or not the backward succeeds. An
+     * error above (a gradient of the wrong shape) leaves it usable for a corrected call. */
+    s->used = 1;
+    st = var ? run_variant(e, &f, var) : run_program(e, &f, p->bwd_prog, p->n_bwd_prog, 0, 1);
     if (st) goto done;
     for (int i = 0; i < g->n_inputs; i++) {
         int v = g->grad_of_input[i];
@@ -693,7 +708,6 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
             goto done;
         }
     }
-    s->used = 1;
 done:
     if (f.data) {
         /* OUT values of the forward side are not ours here */

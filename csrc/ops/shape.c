@@ -881,7 +881,9 @@ static om_status *slice_params_get(const om_kernel_ctx *ctx, int first, int rank
         if (step == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "step 0 on axis %d", a);
         int64_t s = int_at(&ctx->in[first], i), e = int_at(&ctx->in[first + 1], i);
         sp->count[a] = om_slice_axis(s, e, step, d, &sp->start[a]);
-        sp->step[a] = step;
+        /* a step that takes at most one element is never taken: as 1, no stride is ever
+         * step * (bytes per index), which overflows for a step of INT64_MAX */
+        sp->step[a] = sp->count[a] > 1 ? step : 1;
     }
     return NULL;
 }

@@ -8,19 +8,22 @@
 #include <stdint.h>
 
 /* Axis of size d, slice s:e:step (step != 0). Returns how many elements are taken and sets
- * *first to the index of the first one (0 when none are taken). */
+ * *first to the index of the first one (0 when none are taken). Every value may be anything
+ * an int64 holds (a model's INT64_MIN/INT64_MAX mean "from the end"/"to the end"): the count
+ * is computed from the clamped distance, which fits, never as e - s + step. */
 static inline int64_t om_slice_axis(int64_t s, int64_t e, int64_t step, int64_t d, int64_t *first) {
     int64_t cnt;
-    if (s < 0) s += d;
+    if (s < 0) s += d;   /* d >= 0: no overflow for s < 0 */
     if (e < 0) e += d;
     if (step > 0) {
         s = s < 0 ? 0 : s > d ? d : s;
         e = e < 0 ? 0 : e > d ? d : e;
-        cnt = e > s ? (e - s + step - 1) / step : 0;
+        cnt = e > s ? (e - s - 1) / step + 1 : 0;
     } else {
         s = s < 0 ? 0 : s > d - 1 ? d - 1 : s;
         e = e < -1 ? -1 : e > d - 1 ? d - 1 : e;
-        cnt = s > e ? (s - e - step - 1) / -step : 0;
+        /* s - e <= d; -step overflows for INT64_MIN, whose one step passes every axis */
+        cnt = s > e ? (step == INT64_MIN ? 1 : (s - e - 1) / -step + 1) : 0;
     }
     if (d == 0) cnt = 0;
     *first = cnt ? s : 0;

@@ -30,7 +30,14 @@ om_status *om_pass_constant_folding(om_pass_ctx *c) {
         om_status *st = n->op->infer(&kc);
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
         size_t total = 0;
-        for (int j = 0; j < n->n_out; j++) total += om_tensor_nbytes(&out[j]);
+        for (int j = 0; j < n->n_out; j++) {
+            size_t nb = 0;
+            if (om_shape_size(out[j].dims, out[j].rank, om_dtype_size(out[j].dtype), NULL, &nb) != 0)
+                return om_error(OM_INVALID_MODEL, "%s node '%s': output %d would be larger than a tensor can be",
+                                n->op->name, n->name, j);
+            if (total <= FOLD_MAX_BYTES)   /* saturates at FOLD_MAX_BYTES + 1: no wrap */
+                total = nb > FOLD_MAX_BYTES - total ? FOLD_MAX_BYTES + 1 : total + nb;
+        }
         if (total > FOLD_MAX_BYTES) continue;
 
         int ok = 1;

@@ -35,6 +35,7 @@ static int peel_scalar(om_graph *g, const int *uses, int v, factors *f) {
     if (!n || n->n_in != 2 || f->nd >= 8) return v;
     for (int side = div ? 1 : 0; side < 2; side++) {
         int s = n->in[side], u = n->in[1 - side];
+        if (s < 0 || u < 0) return v;
         double cv;
         if (fm_const_scalar(g, s, &cv) && g->values[s].constant->dtype == g->values[v].dtype) {
             if (div && cv == 0) return v;
@@ -75,7 +76,7 @@ static int causal_shape(om_graph *g, int mask) {
     if (!fm_is(tri, "Trilu") || om_attr_int(tri, "upper", 1) != 0) return -1;
     if (tri->n_in > 1 && tri->in[1] >= 0 && !fm_const_near(g, tri->in[1], 0.0, 0)) return -1;
     om_node *ex = fm_producer(g, tri->in[0]);
-    if (!fm_is(ex, "Expand") || !fm_const_near(g, ex->in[0], 1.0, 0)) return -1;
+    if (!fm_is(ex, "Expand") || !fm_const_near(g, ex->in[0], 1.0, 0) || ex->in[1] < 0) return -1;
     return fm_shape_derived(g, ex->in[1], 0) ? ex->in[1] : -1;
 }
 
@@ -91,14 +92,14 @@ static int is_swap_last2(const om_node *t) {
 static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
     om_graph *g = c->g;
     om_node *mm2 = &g->nodes[k];
-    if (mm2->n_in != 2) return NULL;
+    if (mm2->n_in != 2 || mm2->in[0] < 0 || mm2->in[1] < 0 || mm2->out[0] < 0) return NULL;
     om_node *dead[32];
     int nd = 0;
     int p = mm2->in[0], V = mm2->in[1];
     om_node *drop = NULL;
     int nan_to_zero = 0;
     /* P <- Dropout / Cast / Where(IsNaN) in any order, each at most once */
-    for (int step = 0; step < 4; step++) {
+    for (int step = 0; step < 4 && p >= 0; step++) {
         om_node *n = fm_single(g, uses, p, "Dropout");
         if (n && !drop && fm_n_outputs(n) >= 1 && !(n->n_out > 1 && n->out[1] >= 0 && uses[n->out[1]] > 0)) {
             drop = n;
@@ -116,7 +117,7 @@ static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
         if (n && !nan_to_zero && fm_const_near(g, n->in[1], 0.0, 0)) {
             om_node *isn = fm_single(g, uses, n->in[0], "IsNaN");
             int sm = n->in[2];
-            if (isn && isn->in[0] == sm && uses[sm] == 2 && fm_is(fm_producer(g, sm), "Softmax")) {
+            if (isn && sm >= 0 && isn->in[0] == sm && uses[sm] == 2 && fm_is(fm_producer(g, sm), "Softmax")) {
                 nan_to_zero = 1;
                 dead[nd++] = n;
                 dead[nd++] = isn;
@@ -127,7 +128,7 @@ static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
         break;
     }
     om_node *sm = fm_producer(g, p);
-    if (!fm_is(sm, "Softmax") || uses[p] != (nan_to_zero ? 2 : 1)) return NULL;
+    if (!fm_is(sm, "Softmax") || uses[p] != (nan_to_zero ? 2 : 1) || sm->in[0] < 0) return NULL;
     if (om_attr_int(sm, "axis", g->opset >= 13 ? -1 : 1) != -1) return NULL;
     dead[nd++] = sm;
     factors f = {.scale = 1.0};
@@ -152,10 +153,10 @@ static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
     int K = Kv, kt = 1;
     om_node *tr = fm_producer(g, Kv);
     if (fm_is(tr, "Transpose") && is_swap_last2(tr)) { K = tr->in[0]; kt = 0; }
-    om_dtype dt = g->values[Q].dtype;
-    if (!om_dtype_is_float(dt) || g->values[K].dtype != dt || g->values[V].dtype != dt) return NULL;
+    om_dtype dt = fm_dtype(g, Q);
+    if (!om_dtype_is_float(dt) || fm_dtype(g, K) != dt || fm_dtype(g, V) != dt) return NULL;
     int cshape = mask >= 0 ? causal_shape(g, mask) : -1;
-    if (mask >= 0 && cshape < 0 && g->values[mask].dtype != dt) return NULL;
+    if (mask >= 0 && cshape < 0 && fm_dtype(g, mask) != dt) return NULL;
     for (int i = 0; i < f.nd; i++) dead[nd++] = f.dead[i];
     /* the rewrite */
     int lse = om_graph_add_value(g, NULL, om_dtype_stat(dt));   /* FusedAttention's dtype rule */

@@ -18,10 +18,11 @@ om_status *om_pass_bias_dropout_residual(om_pass_ctx *c) {
         if (!fm_is(dr, "Dropout")) continue;
         if (dr->n_out > 1 && dr->out[1] >= 0 && uses[dr->out[1]] > 0) continue;
         int x = dr->in[0], b = -1, r = -1;
+        if (x < 0 || dr->out[0] < 0) continue;
         om_node *add = fm_single(g, uses, x, "Add");
         if (add && add->n_in == 2) {
             int side = fm_is_vector(g, add->in[1]) ? 1 : fm_is_vector(g, add->in[0]) ? 0 : -1;
-            if (side >= 0 && g->values[add->in[side]].dtype == g->values[x].dtype) {
+            if (side >= 0 && add->in[1 - side] >= 0 && fm_dtype(g, add->in[side]) == fm_dtype(g, x)) {
                 b = add->in[side];
                 x = add->in[1 - side];
             } else {
@@ -31,7 +32,7 @@ om_status *om_pass_bias_dropout_residual(om_pass_ctx *c) {
             add = NULL;
         }
         om_node *radd = fm_sole_consumer(g, uses, dr->out[0]);
-        if (!fm_is(radd, "Add") || radd->n_in != 2) radd = NULL;
+        if (!fm_is(radd, "Add") || radd->n_in != 2 || radd->out[0] < 0) radd = NULL;
         if (radd) {
             r = fm_other(radd, dr->out[0]);
             /* a vector residual would broadcast: not this pattern */

@@ -15,13 +15,13 @@ om_status *om_pass_bias_gelu(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *ge = &g->nodes[k];
-        if (!fm_is(ge, "Gelu")) continue;
+        if (!fm_is(ge, "Gelu") || ge->out[0] < 0) continue;
         om_node *add = fm_single(g, uses, ge->in[0], "Add");
         if (!add || add->n_in != 2) continue;
         int side = fm_is_vector(g, add->in[1]) ? 1 : fm_is_vector(g, add->in[0]) ? 0 : -1;
         if (side < 0) continue;
         int x = add->in[1 - side], b = add->in[side];
-        if (g->values[x].dtype != g->values[b].dtype) continue;
+        if (x < 0 || fm_dtype(g, x) != fm_dtype(g, b)) continue;
         char approx[16];
         snprintf(approx, sizeof approx, "%s", om_attr_string(ge, "approximate", "none"));
         int in[2] = {x, b}, out[1] = {ge->out[0]};

@@ -34,7 +34,7 @@ static int tanh_arg(om_graph *g, const int *uses, int v, om_node **dead, int *nd
         om_node *m1 = fm_single(g, uses, ad->in[1 - side], "Mul");
         int p = fm_operand_with_const(g, m1, 0.044715, REL);
         om_node *pw = p >= 0 ? fm_single(g, uses, p, "Pow") : NULL;
-        if (!pw || pw->in[0] != x || !fm_const_near(g, pw->in[1], 3.0, 0)) continue;
+        if (!pw || x < 0 || pw->in[0] != x || !fm_const_near(g, pw->in[1], 3.0, 0)) continue;
         dead[(*nd)++] = m0;
         dead[(*nd)++] = ad;
         dead[(*nd)++] = m1;
@@ -76,7 +76,7 @@ om_status *om_pass_gelu(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *top = &g->nodes[k];
-        if (!fm_is(top, "Mul") || top->n_in != 2) continue;
+        if (!fm_is(top, "Mul") || top->n_in != 2 || top->out[0] < 0) continue;
         om_node *dead[16];
         int nd = 0, mode = -1, x = -1;
         /* form A: (x * 0.5) * (1 + f(...)) */
@@ -98,7 +98,7 @@ om_status *om_pass_gelu(om_pass_ctx *c) {
             x = h->in[side];
             mode = gelu_tail(g, uses, x, h->in[1 - side], dead, &nd);
         }
-        if (mode < 0 || !om_dtype_is_float(g->values[x].dtype)) continue;
+        if (mode < 0 || x < 0 || !om_dtype_is_float(fm_dtype(g, x))) continue;
         for (int i = 0; i < nd; i++) dead[i]->dead = 1;
         int in[1] = {x}, out[1] = {top->out[0]};
         if ((st = fm_rewrite(c, k, "Gelu", "", in, 1, out, 1))) break;

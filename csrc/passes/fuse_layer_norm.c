@@ -27,7 +27,7 @@ static om_node *square_of(om_graph *g, const int *uses, int v, int *d) {
     om_node *p = fm_single(g, uses, v, "Pow");
     if (p && fm_const_near(g, p->in[1], 2.0, 0)) { *d = p->in[0]; return p; }
     p = fm_single(g, uses, v, "Mul");
-    if (p && p->in[0] == p->in[1]) { *d = p->in[0]; return p; }
+    if (p && p->n_in == 2 && p->in[0] >= 0 && p->in[0] == p->in[1]) { *d = p->in[0]; return p; }
     return NULL;
 }
 
@@ -38,7 +38,7 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *mul = &g->nodes[k];
-        if (!fm_is(mul, "Mul") || mul->n_in != 2) continue;
+        if (!fm_is(mul, "Mul") || mul->n_in != 2 || mul->out[0] < 0) continue;
         for (int side = 0; side < 2; side++) {
             int scale = mul->in[1 - side], nv = mul->in[side];
             if (!fm_is_vector(g, scale)) continue;
@@ -88,14 +88,14 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
                 }
             }
             if (!is_ln) x = num;   /* RMSNorm: the numerator is x itself */
-            if (g->values[x].dtype != g->values[scale].dtype) continue;
+            if (x < 0 || fm_dtype(g, x) != fm_dtype(g, scale)) continue;
             /* LayerNorm's optional bias: the Mul's one reader is Add(., vector) */
             om_node *last = mul;
             int bias = -1;
             if (is_ln) {
                 om_node *ba = fm_sole_consumer(g, uses, mul->out[0]);
                 int b = fm_is(ba, "Add") ? fm_other(ba, mul->out[0]) : -1;
-                if (b >= 0 && fm_is_vector(g, b) && g->values[b].dtype == g->values[x].dtype) {
+                if (b >= 0 && ba->out[0] >= 0 && fm_is_vector(g, b) && fm_dtype(g, b) == fm_dtype(g, x)) {
                     bias = b;
                     last = ba;
                     dead[nd++] = mul;

@@ -21,6 +21,14 @@
 
 #include "passes/pass.h"
 
+/* Every value id a pass takes from a node's inputs or outputs may be -1: an absent optional
+ * value, and in an imported model any input or output of an internal op (an empty name). The
+ * helpers below take -1 and answer "no match"; a pass reads g->values[v] only through them or
+ * after checking v >= 0. */
+
+/* The dtype of v, OM_UNDEFINED for an absent value (-1). */
+static inline om_dtype fm_dtype(const om_graph *g, int v) { return v < 0 ? OM_UNDEFINED : g->values[v].dtype; }
+
 /* The live node producing v, or NULL (graph input, constant, dead producer). */
 static inline om_node *fm_producer(om_graph *g, int v) {
     if (v < 0 || g->values[v].producer < 0) return NULL;
@@ -83,7 +91,7 @@ static inline int fm_rank(const om_graph *g, int v) {
 /* 1 when v is computed only from constants and shapes (known at plan time, never a
  * gradient path): the scale factors of the attention pattern. */
 static inline int fm_shape_derived(const om_graph *g, int v, int depth) {
-    if (v < 0) return 1;
+    if (v < 0) return depth > 0;   /* an absent optional input of a shape node, not an absent scalar */
     if (g->values[v].constant) return 1;
     int p = g->values[v].producer;
     if (p < 0 || depth > 16) return 0;
@@ -116,7 +124,8 @@ static inline int fm_is_vector(const om_graph *g, int v) { return fm_rank(g, v) 
 
 /* 1 when the Cast node n does not change the dtype of its input. */
 static inline int fm_noop_cast(const om_graph *g, const om_node *n) {
-    return fm_is(n, "Cast") && n->in[0] >= 0 && om_attr_int(n, "to", 0) == (int64_t)g->values[n->in[0]].dtype;
+    return fm_is(n, "Cast") && n->in[0] >= 0 && n->out[0] >= 0 &&
+           om_attr_int(n, "to", 0) == (int64_t)g->values[n->in[0]].dtype;
 }
 
 /* 1 when the Dropout node n is exactly a no-op at run time: no training_mode input. */
@@ -130,7 +139,7 @@ static inline int fm_matrix_weight(om_graph *g, int w, int *transposed) {
     om_node *t = fm_producer(g, w);
     const int64_t *perm;
     int np = fm_is(t, "Transpose") ? om_attr_ints(t, "perm", &perm) : -2;
-    if (!t || fm_rank(g, t->in[0]) != 2 || !(np == -1 || (np == 2 && perm[0] == 1 && perm[1] == 0))) return -1;
+    if (!t || t->n_in < 1 || fm_rank(g, t->in[0]) != 2 || !(np == -1 || (np == 2 && perm[0] == 1 && perm[1] == 0))) return -1;
     *transposed = 1;
     return t->in[0];
 }

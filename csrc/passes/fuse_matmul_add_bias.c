@@ -20,10 +20,11 @@ om_status *om_pass_matmul_add_bias(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *add = &g->nodes[k];
-        if (fm_is(add, "Gemm") && add->n_in == 3 && add->in[2] >= 0 && fm_is_vector(g, add->in[2]) &&
+        if (add->dead || add->n_out < 1 || add->out[0] < 0) continue;
+        if (fm_is(add, "Gemm") && add->n_in == 3 && add->in[0] >= 0 && add->in[1] >= 0 && fm_is_vector(g, add->in[2]) &&
             om_attr_float(add, "alpha", 1.0f) == 1.0f && om_attr_float(add, "beta", 1.0f) == 1.0f &&
-            om_attr_int(add, "transA", 0) == 0 && g->values[add->in[0]].dtype == g->values[add->in[2]].dtype &&
-            g->values[add->in[1]].dtype == g->values[add->in[2]].dtype) {
+            om_attr_int(add, "transA", 0) == 0 && fm_dtype(g, add->in[0]) == fm_dtype(g, add->in[2]) &&
+            fm_dtype(g, add->in[1]) == fm_dtype(g, add->in[2])) {
             const int tb = om_attr_int(add, "transB", 0) != 0;
             int in[3] = {add->in[0], add->in[1], add->in[2]}, out[1] = {add->out[0]};
             if ((st = fm_rewrite(c, k, "MatMulBias", "ortmod", in, 3, out, 1))) break;   /* clears attrs */
@@ -36,8 +37,8 @@ om_status *om_pass_matmul_add_bias(om_pass_ctx *c) {
             int b = add->in[1 - side];
             if (!mm || !fm_is_vector(g, b)) continue;
             int x = mm->in[0], tb = 0, w = fm_matrix_weight(g, mm->in[1], &tb);
-            if (w < 0) continue;
-            if (g->values[x].dtype != g->values[b].dtype || g->values[w].dtype != g->values[b].dtype) continue;
+            if (w < 0 || x < 0) continue;
+            if (fm_dtype(g, x) != fm_dtype(g, b) || fm_dtype(g, w) != fm_dtype(g, b)) continue;
             int in[3] = {x, w, b}, out[1] = {add->out[0]};
             mm->dead = 1;
             if ((st = fm_rewrite(c, k, "MatMulBias", "ortmod", in, 3, out, 1))) break;

@@ -26,15 +26,15 @@ static int match(om_graph *g, const int *uses, om_node *ge, int in[3], int *tb) 
         om_node *mm = fm_single(g, uses, ge->in[0], "MatMul");
         if (!mm) return 0;
         int w = fm_matrix_weight(g, mm->in[1], tb), x = mm->in[0], b = ge->in[1];
-        if (w < 0 || !fm_is_vector(g, b)) return 0;
-        if (g->values[x].dtype != g->values[b].dtype || g->values[w].dtype != g->values[b].dtype) return 0;
+        if (w < 0 || x < 0 || !fm_is_vector(g, b)) return 0;
+        if (fm_dtype(g, x) != fm_dtype(g, b) || fm_dtype(g, w) != fm_dtype(g, b)) return 0;
         in[0] = x, in[1] = w, in[2] = b;
         mm->dead = 1;
         return 1;
     }
     if (fm_is(ge, "Gelu")) {
         om_node *mb = single_ortmod(g, uses, ge->in[0], "MatMulBias");
-        if (!mb) return 0;
+        if (!mb || mb->n_in < 3) return 0;
         *tb = om_attr_int(mb, "transB", 0) != 0;
         in[0] = mb->in[0], in[1] = mb->in[1], in[2] = mb->in[2];
         mb->dead = 1;
@@ -52,7 +52,7 @@ static int through_views(om_pass_ctx *c, const int *uses, om_node *ge, om_status
     int v = ge->in[0], views = 0;
     for (om_node *r; (r = fm_single(g, uses, v, "Reshape")) != NULL; views++) v = r->in[0];
     om_node *mb = views ? single_ortmod(g, uses, v, "MatMulBias") : NULL;
-    if (!mb) return 0;
+    if (!mb || mb->n_in < 3 || ge->out[0] < 0) return 0;
     char approx[16];
     snprintf(approx, sizeof approx, "%s", om_attr_string(ge, "approximate", "none"));
     const int mi = fm_index(g, mb), tb = om_attr_int(mb, "transB", 0) != 0;
@@ -77,6 +77,7 @@ om_status *om_pass_matmul_bias_gelu(om_pass_ctx *c) {
         char approx[16];
         /* read before match() marks nodes dead: the rewrite clears the GELU node's attributes */
         snprintf(approx, sizeof approx, "%s", ge->dead ? "" : om_attr_string(ge, "approximate", "none"));
+        if (ge->dead || ge->n_out < 1 || ge->out[0] < 0) continue;
         int in[3], tb = 0, out[1] = {ge->out[0]};
         if (!match(g, uses, ge, in, &tb)) continue;
         if ((st = fm_rewrite(c, k, "MatMulBiasGelu", "ortmod", in, 3, out, 1))) break;

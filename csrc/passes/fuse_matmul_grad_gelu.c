@@ -20,14 +20,14 @@ om_status *om_pass_matmul_grad_gelu(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *gg = &g->nodes[k];
-        if (!fm_is_ortmod(gg, "GeluGrad") || gg->n_in < 2 || gg->out[0] < 0) continue;
+        if (!fm_is_ortmod(gg, "GeluGrad") || gg->n_in < 2 || gg->out[0] < 0 || gg->in[0] < 0 || gg->in[1] < 0) continue;
         const int z = gg->in[1], last = gg->in[0];
         int dh = last;
         for (om_node *r; (r = fm_single(g, uses, dh, "Reshape")) != NULL;) dh = r->in[0];
         om_node *mg = fm_producer(g, dh);
-        if (!fm_is_ortmod(mg, "MatMulBiasGrad") || mg->out[0] != dh || uses[dh] != 1) continue;
+        if (!fm_is_ortmod(mg, "MatMulBiasGrad") || dh < 0 || mg->out[0] != dh || uses[dh] != 1) continue;
         if (mg->n_in > 6 && mg->in[6] >= 0) continue;   /* carries a GELU already */
-        if (g->values[z].dtype != g->values[dh].dtype) continue;
+        if (fm_dtype(g, z) != fm_dtype(g, dh)) continue;
         int is_input_grad = 0;   /* (a gradient the caller reads: never, for a product's dx) */
         for (int i = 0; g->grad_of_input && i < g->n_inputs; i++) is_input_grad |= g->grad_of_input[i] == dh;
         if (is_input_grad) continue;

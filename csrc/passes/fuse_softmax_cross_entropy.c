@@ -14,11 +14,12 @@ om_status *om_pass_softmax_cross_entropy(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *nll = &g->nodes[k];
-        if (!fm_is(nll, "NegativeLogLikelihoodLoss") || nll->n_in < 2) continue;
+        if (!fm_is(nll, "NegativeLogLikelihoodLoss") || nll->n_in < 2 || nll->in[1] < 0 || nll->out[0] < 0) continue;
         int lp = nll->in[0];
         om_node *ls = fm_producer(g, lp);
         if (!fm_is(ls, "LogSoftmax")) continue;
         int x = ls->in[0];
+        if (x < 0) continue;
         int64_t axis = om_attr_int(ls, "axis", g->opset >= 13 ? -1 : 1);
         if (!(axis == 1 || (axis == -1 && fm_rank(g, x) == 2))) continue;
         const char *red = om_attr_string(nll, "reduction", "mean");

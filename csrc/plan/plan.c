@@ -50,6 +50,17 @@ static void bind_node(const om_graph *g, om_plan *p, int k, om_tensor *in, om_te
     }
 }
 
+/* The output gradients (seeds) take their outputs' shapes, once the forward's are known. */
+static void shape_seeds(const om_graph *g, om_plan *p) {
+    for (int i = 0; g->grad_of_output && i < g->n_outputs; i++) {
+        int s = g->grad_of_output[i];
+        if (s < 0) continue;
+        p->vt[s] = p->vt[g->outputs[i]];
+        p->vt[s].data = NULL;
+        p->storage[s] = OM_ST_SEED;
+    }
+}
+
 /* Shape inference for every node in order; folds what is known at plan time. */
 static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, char *folded) {
     om_tensor in[MAX_IO], out[MAX_IO];
@@ -57,14 +68,7 @@ static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, cha
         const om_node *n = &g->nodes[k];
         if (n->n_in > MAX_IO || n->n_out > MAX_IO)
             return om_error(OM_UNSUPPORTED_OP, "node '%s' has more than %d inputs or outputs", n->name, MAX_IO);
-        if (k == g->n_fwd_nodes && g->grad_of_output)   /* seeds take their outputs' shapes */
-            for (int i = 0; i < g->n_outputs; i++) {
-                int s = g->grad_of_output[i];
-                if (s < 0) continue;
-                p->vt[s] = p->vt[g->outputs[i]];
-                p->vt[s].data = NULL;
-                p->storage[s] = OM_ST_SEED;
-            }
+        if (k == g->n_fwd_nodes) shape_seeds(g, p);
         bind_node(g, p, k, in, out);
         int known = !(n->op->flags & OM_OP_RANDOM);
         if (!(n->op->flags & OM_OP_SHAPE_ONLY))
@@ -80,6 +84,14 @@ static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, cha
             if (v < 0) continue;
             if (out[j].rank < 0 || out[j].rank > OM_MAX_RANK)
                 return om_error(OM_INTERNAL, "%s node '%s': shape rule gave rank %d", n->op->name, n->name, out[j].rank);
+            /* dims a model computes (Expand, Reshape, ConstantOfShape of its own numbers) can
+             * claim any size: one that overflows would allocate a wrapped, small buffer */
+            if (om_shape_size(out[j].dims, out[j].rank, om_dtype_size(out[j].dtype), NULL, NULL) != 0) {
+                char shape[160];
+                om_shape_str(&out[j], shape, sizeof shape);
+                return om_error(OM_INVALID_ARGUMENT, "%s node '%s': output %d would be %s, larger than a tensor can be",
+                                n->op->name, n->name, j, shape);
+            }
             p->vt[v] = out[j];
             p->vt[v].data = NULL;
         }
@@ -97,6 +109,9 @@ static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, cha
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
         folded[k] = 1;
     }
+    /* no backward node (every gradient passes straight through: an output that is an input):
+     * the loop never reached the first backward node, but the seeds still need shapes */
+    if (n_nodes <= g->n_fwd_nodes) shape_seeds(g, p);
     return NULL;
 }
 

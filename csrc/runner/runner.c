@@ -82,6 +82,13 @@ static om_status *validate(const om_runner_params *p) {
     NEED(p->eval_batch_size >= 0, "eval_batch_size: must be >= 0, got %lld", (long long)p->eval_batch_size);
     NEED(p->gradient_accumulation_steps > 0, "gradient_accumulation_steps: must be > 0, got %lld",
          (long long)p->gradient_accumulation_steps);
+    /* the sample counters (the data cursor, samples per update) must not overflow in a run */
+    int64_t samples;
+    NEED(p->eval_batch_size <= RN_MAX_COUNTER, "eval_batch_size: %lld is more than %lld samples",
+         (long long)p->eval_batch_size, (long long)RN_MAX_COUNTER);
+    NEED(!__builtin_mul_overflow(p->num_train_steps, p->train_batch_size, &samples) && samples <= RN_MAX_COUNTER,
+         "num_train_steps x train_batch_size: %lld x %lld samples is more than %lld", (long long)p->num_train_steps,
+         (long long)p->train_batch_size, (long long)RN_MAX_COUNTER);
     NEED(p->num_train_steps > 0, "num_train_steps: must be > 0, got %lld", (long long)p->num_train_steps);
     NEED(p->num_train_steps % p->gradient_accumulation_steps == 0,
          "num_train_steps: %lld is not a multiple of gradient_accumulation_steps (%lld)", (long long)p->num_train_steps,
@@ -241,6 +248,18 @@ static om_status *check_data(om_runner *r) {
     return NULL;
 }
 
+/* Bytes of a batch of B samples of feature f: the batch's dims, [B, sample dims...], must
+ * make a tensor the engine can hold (overflow-checked), before anything is allocated. */
+static om_status *batch_bytes(const rn_feature *f, int64_t B, const char *field, size_t *nbytes) {
+    int64_t dims[OM_MAX_RANK];
+    dims[0] = B;
+    for (int d = 0; d < f->rank && d + 1 < OM_MAX_RANK; d++) dims[d + 1] = f->dims[d];
+    if (f->rank + 1 > OM_MAX_RANK || om_shape_size(dims, f->rank + 1, om_dtype_size(f->dtype), NULL, nbytes) != 0)
+        return om_error(OM_INVALID_ARGUMENT, "%s: a batch of %lld samples of feature '%s' (%zu bytes each) is larger "
+                        "than a tensor can be", field, (long long)B, f->name, f->sample_bytes);
+    return NULL;
+}
+
 /* Points r->feeds at the weights and at the batch buffers of ds (batch size B). */
 static void set_feeds(om_runner *r, const rn_dataset *ds, void **bufs, int64_t B) {
     for (int i = 0; i < r->n_feeds; i++) {
@@ -334,15 +353,23 @@ om_status *om_runner_initialize(om_runner *r) {
     /* buffers and optimizer state */
     r->batch_bufs = calloc((size_t)r->train.n_features + 1, sizeof(void *));
     if (!r->batch_bufs) return om_error(OM_OUT_OF_MEMORY, "out of memory");
-    for (int k = 0; k < r->train.n_features; k++)
-        if (!(r->batch_bufs[k] = om_alloc((size_t)r->p.train_batch_size * r->train.f[k].sample_bytes + 1)))
-            return om_error(OM_OUT_OF_MEMORY, "out of memory for a batch");
+    for (int k = 0; k < r->train.n_features; k++) {
+        size_t nb;
+        OM_TRY(batch_bytes(&r->train.f[k], r->p.train_batch_size, "train_batch_size", &nb));
+        if (!(r->batch_bufs[k] = om_alloc(nb + 1)))
+            return om_error(OM_OUT_OF_MEMORY, "out of memory for a batch of feature '%s' (%zu bytes)", r->train.f[k].name,
+                            nb);
+    }
     if (r->have_test) {
         r->eval_bufs = calloc((size_t)r->test.n_features + 1, sizeof(void *));
         if (!r->eval_bufs) return om_error(OM_OUT_OF_MEMORY, "out of memory");
-        for (int k = 0; k < r->test.n_features; k++)
-            if (!(r->eval_bufs[k] = om_alloc((size_t)r->p.eval_batch_size * r->test.f[k].sample_bytes + 1)))
-                return om_error(OM_OUT_OF_MEMORY, "out of memory for an evaluation batch");
+        for (int k = 0; k < r->test.n_features; k++) {
+            size_t nb;
+            OM_TRY(batch_bytes(&r->test.f[k], r->p.eval_batch_size, "eval_batch_size", &nb));
+            if (!(r->eval_bufs[k] = om_alloc(nb + 1)))
+                return om_error(OM_OUT_OF_MEMORY, "out of memory for an evaluation batch of feature '%s' (%zu bytes)",
+                                r->test.f[k].name, nb);
+        }
     }
     for (int w = 0; w < r->n_weights; w++) {
         rn_weight *x = &r->w[w];

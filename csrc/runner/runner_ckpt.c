@@ -14,6 +14,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -199,7 +200,7 @@ static om_status *load_checkpoint(om_runner *r, const char *path) {
         goto done;
     }
     x = find_entry(e, ne, "meta/end");
-    if (!x || x->t.dtype != OM_I64 || ((int64_t *)x->t.data)[0] != ne - 1) {
+    if (!x || x->t.dtype != OM_I64 || om_tensor_numel(&x->t) != 1 || ((int64_t *)x->t.data)[0] != ne - 1) {
         st = om_error(OM_INVALID_ARGUMENT, "checkpoint '%s' is truncated", path);
         goto done;
     }
@@ -248,6 +249,21 @@ static om_status *load_checkpoint(om_runner *r, const char *path) {
     x = find_entry(e, ne, "meta/counters");
     if ((st = expect_tensor(path, x, "meta/counters", OM_I64, 8))) goto done;
     const int64_t *c = x->t.data;
+    /* counters index data and schedules: a negative or absurd one (a corrupt or crafted
+     * file) would read before the data buffer or overflow the cursor arithmetic */
+    static const char *const counter_names[6] = {"step", "update", "data cursor", "optimizer step", "good updates",
+                                                 "skipped updates"};
+    for (int i = 0; i < 6; i++)
+        if (c[i] < 0 || c[i] > RN_MAX_COUNTER) {
+            st = om_error(OM_INVALID_ARGUMENT, "checkpoint '%s' is corrupt: its %s counter is %lld (expected 0..%lld)",
+                          path, counter_names[i], (long long)c[i], (long long)RN_MAX_COUNTER);
+            goto done;
+        }
+    if (c[7] != r->n_weights) {
+        st = om_error(OM_INVALID_ARGUMENT, "checkpoint '%s' is corrupt: it counts %lld weights but holds %d", path,
+                      (long long)c[7], r->n_weights);
+        goto done;
+    }
     if (c[6] != r->opt) {
         st = om_error(OM_INVALID_ARGUMENT, "checkpoint '%s' holds %s optimizer state but the optimizer is %s", path,
                       opt_name((int)c[6]), opt_name(r->opt));
@@ -255,6 +271,11 @@ static om_status *load_checkpoint(om_runner *r, const char *path) {
     }
     ckpt_entry *ls = find_entry(e, ne, "meta/loss_scale");
     if ((st = expect_tensor(path, ls, "meta/loss_scale", OM_F32, 1))) goto done;
+    const float scale = ((float *)ls->t.data)[0];
+    if (!(scale > 0) || !isfinite(scale)) {
+        st = om_error(OM_INVALID_ARGUMENT, "checkpoint '%s' is corrupt: its loss scale is %g", path, (double)scale);
+        goto done;
+    }
     /* everything checked: copy in */
     for (int w = 0; w < r->n_weights; w++) {
         char name[4096];

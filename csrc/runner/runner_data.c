@@ -68,7 +68,9 @@ static om_status *feature_append(rn_feature *f, const om_tensor *t, int64_t samp
                         "shard '%s': feature '%s' of sample %lld is %s but earlier samples are %s", shard, f->name,
                         (long long)sample, got, want);
     }
-    size_t need = (size_t)(sample + 1) * f->sample_bytes;
+    size_t need;
+    if (__builtin_mul_overflow((size_t)(sample + 1), f->sample_bytes, &need))
+        return om_error(OM_INVALID_ARGUMENT, "shard '%s': feature '%s' does not fit in memory", shard, f->name);
     if (need > f->cap) {
         size_t cap = f->cap ? f->cap * 2 : 4096;
         while (cap < need) cap *= 2;
@@ -215,6 +217,10 @@ static om_status *ensure_perm(rn_dataset *ds, int64_t epoch) {
 
 om_status *rn_dataset_batch(rn_dataset *ds, int64_t start, int64_t count, void *const *bufs) {
     const int64_t n = ds->n_samples;
+    /* start comes from a checkpoint too: a negative one would index before the data */
+    if (start < 0 || count < 0 || n <= 0 || start > INT64_MAX - count)
+        return om_error(OM_INVALID_ARGUMENT, "data '%s': batch of %lld samples at position %lld is out of range", ds->dir,
+                        (long long)count, (long long)start);
     for (int64_t b = 0; b < count; b++) {
         const int64_t g = start + b, epoch = g / n;
         int64_t idx = g % n;

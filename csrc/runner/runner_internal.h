@@ -10,6 +10,10 @@
 #include <errno.h>
 #include <stdio.h>
 
+/* The largest step, update or sample count the runner takes (from its parameters or from a
+ * checkpoint): twice it still fits an int64_t, so cursor + batch never overflows. */
+#define RN_MAX_COUNTER ((int64_t)1 << 61)
+
 /* ---- files and records (runner_io.c) ------------------------------------------------ */
 
 /* Reads a whole file into a malloc'd buffer (*buf, caller frees). */

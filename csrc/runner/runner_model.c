@@ -51,6 +51,8 @@ om_status *rn_model_load(om_runner *r) {
     if (r->model_len == 0) return om_error(OM_INVALID_MODEL, "model '%s' is empty", path);
     r->mp = onnx__model_proto__unpack(NULL, r->model_len, r->model_bytes);
     if (!r->mp) return om_error(OM_INVALID_MODEL, "model '%s' is not a valid ONNX model (protobuf parsing failed)", path);
+    /* the same check the engine's importer makes, before this file reads names and weights */
+    if ((st = om_onnx_check_model(r->mp))) return om_error_context(st, "model '%s'", path);
     const Onnx__GraphProto *g = r->mp->graph;
     if (!g || g->n_node == 0)
         return om_error(OM_INVALID_MODEL, "model '%s' is not a valid ONNX model (it has no graph or no nodes)", path);
@@ -80,9 +82,15 @@ om_status *rn_model_load(om_runner *r) {
         }
         rn_weight *w = &r->w[r->n_weights];
         w->name = om_strdup(name);
+        if (!w->name) return om_error(OM_OUT_OF_MEMORY, "out of memory");
         w->init_index = (int)i;
         st = om_tensor_from_proto(tp, &w->value);
-        if (st) return om_error_context(st, "model '%s'", path);
+        if (st) {
+            /* not counted yet, so om_runner_free would not free it */
+            free(w->name);
+            w->name = NULL;
+            return om_error_context(st, "model '%s'", path);
+        }
         r->n_weights++;
     }
     if (r->n_weights == 0)
