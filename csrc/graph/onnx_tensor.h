@@ -12,7 +12,7 @@ om_status *om_tensor_from_proto(const Onnx__TensorProto *tp, om_tensor *out);
 /* Checks every field of mp that a reader relies on, before any is read: opset versions,
  * names (every value, node input/output and attribute has one; values are defined once,
  * before they are read), op types, tensor dims and their products (overflow-checked) against
- * the data each tensor holds, attribute types (against the ops' table: ops/op_attrs.c) and
+ * the data each tensor holds, attribute names and
  * duplicate attributes. OM_INVALID_MODEL naming node, field and value; allocates only a
  * name table. */
 om_status *om_onnx_check_model(const Onnx__ModelProto *mp);

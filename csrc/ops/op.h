@@ -86,11 +86,6 @@ typedef struct om_op_def {
 
 const om_op_def *om_op_find(const char *name, const char *domain);
 
-/* Attribute types (ops/op_attrs.c): 1 when an attribute called name of the given type reads
- * as what the ops expect (*want: the type they read it as; names no op reads take any type),
- * 0 for a mismatch the importer refuses. */
-int om_attr_type_ok(const char *name, om_attr_type type, om_attr_type *want);
-const char *om_attr_type_name(om_attr_type type);   /* "int", "list of floats", ... */
 int om_op_count(void);
 const om_op_def *om_op_at(int i);
 /* Checks node n's attributes against its op's attrs list: an attribute the op does not
