@@ -682,8 +682,9 @@ static om_status *bn_check_vec(const om_kernel_ctx *ctx, int i, om_dtype dt, int
     return NULL;
 }
 
-// x is (N, C, S); scale, bias, mean, var and the optional outputs are (C); coef (C, 2) receives
-// y = x a + b per channel. Training: the batch mean and biased variance in two passes in double
+// x is (N, C, S); scale, bias, mean, var and the optional outputs are (C); coef (C, 3) receives
+// y = (x - m) a + b per channel (centred first, as norm.c: x a - mean a cancels where
+// |mean| >> std; m is the mean rounded to A, b takes what that rounding left out). Training: the batch mean and biased variance in two passes in double
 // (as norm.c), running = input * momentum + batch * (1 - momentum) with the unbiased variance.
 // One block per channel.
 template <typename T>
@@ -716,8 +717,10 @@ __global__ void bn_stats_kernel(typename acc<T>::t *coef, T *rmean, T *rvar, T *
         }
         if (threadIdx.x == 0) {
             const double inv = 1.0 / sqrt(var + eps), sc = to_f64(scale[c]);
-            coef[2 * c] = (A)(inv * sc);
-            coef[2 * c + 1] = (A)(to_f64(bias[c]) - mean * inv * sc);
+            const A m = (A)mean;
+            coef[3 * c] = (A)(inv * sc);
+            coef[3 * c + 1] = (A)(to_f64(bias[c]) - (mean - (double)m) * inv * sc);
+            coef[3 * c + 2] = m;
             if (train) {
                 const double uvar = cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var;
                 if (rmean) rmean[c] = st<T>((A)(to_f64(in_mean[c]) * mom + mean * (1 - mom)));
@@ -732,12 +735,12 @@ __global__ void bn_stats_kernel(typename acc<T>::t *coef, T *rmean, T *rvar, T *
     }
 }
 
-// x, y are (N, C, S): y = x a[c] + b[c]
+// x, y are (N, C, S): y = (x - m[c]) a[c] + b[c]
 template <typename T>
 __global__ void bn_apply_kernel(T *y, const T *x, const typename acc<T>::t *coef, int64_t C, int64_t S, int64_t n) {
     GRID_STRIDE(i, n) {
-        const int64_t c = (i / S) % C;
-        y[i] = st<T>(ld(x[i]) * coef[2 * c] + coef[2 * c + 1]);
+        const typename acc<T>::t *k = coef + 3 * ((i / S) % C);
+        y[i] = st<T>((ld(x[i]) - k[2]) * k[0] + k[1]);
     }
 }
 
@@ -754,7 +757,7 @@ static om_status *batch_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *
     om_status *st = NULL;
     OMC_DISPATCH_FLOAT(X->dtype, ctx, 0, {
         A *coef = NULL;
-        OMC_TRY(omc_temp_alloc(x, sizeof(A) * (size_t)(2 * C), (void **)&coef));
+        OMC_TRY(omc_temp_alloc(x, sizeof(A) * (size_t)(3 * C), (void **)&coef));
         T *outs[4];
         for (int j = 0; j < 4; j++) outs[j] = wanted(ctx, 1 + j) ? (T *)ctx->out[1 + j].data : NULL;
         bn_stats_kernel<T><<<channel_blocks(C), 256, 0, stream_of(x)>>>(

@@ -157,11 +157,14 @@ typedef struct bn_args {
                 var = in_var[c];                                                            \
             }                                                                               \
             const double inv = 1.0 / sqrt(var + j->eps);                                    \
-            const T a = (T)(inv * scale[c]), bb = (T)(bias[c] - mean * inv * scale[c]);     \
+            /* y = (x - m) a + bb: centred first, as eager does; x a - mean a would cancel  \
+             * where |mean| >> std (m is mean in T, bb takes what rounding it left out) */  \
+            const T m = (T)mean, a = (T)(inv * scale[c]);                                   \
+            const T bb = (T)(bias[c] - (mean - (double)m) * inv * scale[c]);                \
             for (int64_t b = 0; b < N; b++) {                                               \
                 const T *restrict r = xp + (b * C + c) * S;                                 \
                 T *restrict y = yp + (b * C + c) * S;                                       \
-                for (int64_t i = 0; i < S; i++) y[i] = r[i] * a + bb;                       \
+                for (int64_t i = 0; i < S; i++) y[i] = (r[i] - m) * a + bb;                 \
             }                                                                               \
             if (j->train) {                                                                 \
                 const double uvar = cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var; \
