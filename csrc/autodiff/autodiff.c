@@ -93,7 +93,10 @@ om_status *om_autodiff(om_graph *g, const bool *grad_inputs) {
     for (int k = n_fwd - 1; k >= 0; k--) {
         const om_node *n = &g->nodes[k];
         int n_in = n->n_in, n_out = n->n_out;
+        /* every slot set, past n_in/n_out too: a rule reads its op's optional inputs by
+         * position (need_dx[2] of a BiasDropout imported with two inputs) */
         int dy[64], need[64], dx[64];
+        for (int i = 0; i < 64; i++) dy[i] = -1, need[i] = 0, dx[i] = -1;
         int any_dy = 0, any_need = 0;
         if (n_in > 64 || n_out > 64) { st = om_error(OM_UNSUPPORTED_OP, "node '%s' has too many inputs for autodiff", n->name); goto done; }
         for (int j = 0; j < n_out; j++) {

@@ -90,11 +90,14 @@ om_status *om_graph_add_node(om_graph *g, const char *op_type, const char *domai
         name = buf;
     }
     n->name = om_strdup(name);
-    n->in = malloc(sizeof(int) * (size_t)(n_in ? n_in : 1));
-    n->out = malloc(sizeof(int) * (size_t)(n_out ? n_out : 1));
+    /* room for every input and output the op can have, the ones not given -1 (absent): rules
+     * and kernels read optional ones by position, and an imported node may stop before them */
+    const int cap_in = n_in > op->max_in ? n_in : op->max_in, cap_out = n_out > op->max_out ? n_out : op->max_out;
+    n->in = malloc(sizeof(int) * (size_t)(cap_in ? cap_in : 1));
+    n->out = malloc(sizeof(int) * (size_t)(cap_out ? cap_out : 1));
     if (!n->name || !n->in || !n->out) return om_error(OM_OUT_OF_MEMORY, "out of memory adding node");
-    memcpy(n->in, in, sizeof(int) * (size_t)n_in);
-    memcpy(n->out, out, sizeof(int) * (size_t)n_out);
+    for (int i = 0; i < cap_in; i++) n->in[i] = i < n_in ? in[i] : -1;
+    for (int j = 0; j < cap_out; j++) n->out[j] = j < n_out ? out[j] : -1;
     n->n_in = n_in;
     n->n_out = n_out;
     for (int i = 0; i < n_out; i++)

@@ -48,10 +48,12 @@ om_status *om_graph_replace_node(om_graph *g, int idx, const char *op_type, cons
     const om_op_def *op = om_op_find(op_type, domain ? domain : "");
     if (!op) return om_error(OM_INTERNAL, "rewrite to unknown op '%s'", op_type);
     om_node *n = &g->nodes[idx];
-    int *ni = malloc(sizeof(int) * (size_t)(n_in + 1)), *no = malloc(sizeof(int) * (size_t)(n_out + 1));
+    /* padded with -1 to the op's arity, as om_graph_add_node does */
+    const int cap_in = n_in > op->max_in ? n_in : op->max_in, cap_out = n_out > op->max_out ? n_out : op->max_out;
+    int *ni = malloc(sizeof(int) * (size_t)(cap_in + 1)), *no = malloc(sizeof(int) * (size_t)(cap_out + 1));
     if (!ni || !no) { free(ni); free(no); return om_error(OM_OUT_OF_MEMORY, "out of memory in a pass"); }
-    memcpy(ni, in, sizeof(int) * (size_t)n_in);
-    memcpy(no, out, sizeof(int) * (size_t)n_out);
+    for (int i = 0; i < cap_in; i++) ni[i] = i < n_in ? in[i] : -1;
+    for (int j = 0; j < cap_out; j++) no[j] = j < n_out ? out[j] : -1;
     free(n->in);
     free(n->out);
     clear_attrs(n);

@@ -44,6 +44,12 @@ static inline om_status *om_pad_geometry(const om_node *n, int r, const int64_t 
     }
     for (int i = 0; i < na; i++) {
         const int a = (int)axes[i];
+        /* pads are the model's data: bounded first, so that dim + begin + end cannot overflow
+         * (dims are at most 2^60) */
+        const int64_t lim = (int64_t)1 << 61;
+        if (pads[i] > lim || pads[i] < -lim || pads[na + i] > lim || pads[na + i] < -lim)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': pads of axis %d (%lld, %lld) are out of range", op, name, a,
+                            (long long)pads[i], (long long)pads[na + i]);
         g->pb[a] = pads[i];
         g->out[a] = xd[a] + pads[i] + pads[na + i];
         if (g->out[a] < 0) return om_error(OM_INVALID_ARGUMENT, "%s node '%s': negative output size", op, name);

@@ -329,7 +329,9 @@ static om_status *reshape_infer(om_kernel_ctx *ctx) {
             return node_error(ctx->node, OM_INVALID_ARGUMENT, "invalid dim %lld in shape", (long long)v);
         }
         d[i] = v;
-        known *= v;
+        if (__builtin_mul_overflow(known, v, &known))   /* the dims are the model's data: any int64 */
+            return node_error(ctx->node, OM_INVALID_ARGUMENT, "the dims of shape multiply past int64 (at dim %d = %lld)",
+                              i, (long long)v);
     }
     int64_t total = om_tensor_numel(x);
     if (unknown >= 0) {
@@ -1137,7 +1139,8 @@ static om_status *split_sizes(const om_kernel_ctx *ctx, int split_input, int64_t
     }
     for (int j = 0; j < n; j++) {
         if (sizes[j] < 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "negative split size %lld", (long long)sizes[j]);
-        sum += sizes[j];
+        if (__builtin_add_overflow(sum, sizes[j], &sum))
+            return node_error(ctx->node, OM_INVALID_ARGUMENT, "split sizes add up past int64 (at output %d)", j);
     }
     if (sum != dim)
         return node_error(ctx->node, OM_INVALID_ARGUMENT, "split sizes add up to %lld, the axis has %lld", (long long)sum,
