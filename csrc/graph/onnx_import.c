@@ -387,7 +387,11 @@ static om_status *import_graph(const Onnx__ModelProto *mp, om_graph *g) {
         const om_op_def *op = om_op_find(np->op_type, domain);
         /* ONNX lets only optional inputs and outputs be absent (an empty name), and the required
          * ones come first: the passes and kernels of a standard op read those without asking.
-         * (Internal ops mark absent values in any position; they handle it.) */
+         * Internal ops mark absent values in other positions (a gradient op's unwanted inputs),
+         * but never input 0, which every dtype rule reads (found by the fuzzer: FusedAttention). */
+        if (op && op->min_in > 0 && np->n_input > 0 && !*np->input[0])
+            return om_error(OM_INVALID_MODEL, "node '%s' (%s): input 0 is required, but its name is empty", name,
+                            np->op_type);
         if (op && !*op->domain) {
             for (size_t i = 0; i < np->n_input && (int)i < op->min_in; i++)
                 if (!*np->input[i])
