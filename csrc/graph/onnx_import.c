@@ -247,13 +247,17 @@ static om_status *check_attrs(const Onnx__NodeProto *np, const char *node, const
         for (size_t b = 0; b < a; b++)
             if (strcmp(np->attribute[b]->name, ap->name) == 0)
                 return om_error(OM_INVALID_MODEL, "node '%s' (%s): attribute '%s' is given twice", node, op, ap->name);
+        /* the types om_attr_type mirrors (GRAPH and the list types ortmod lacks: import_attr refuses) */
+        const int known = ap->type >= ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT &&
+                          ap->type <= ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS &&
+                          ap->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH;
         om_attr_type want;
-        if (ap->type >= ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT && ap->type <= ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS &&
-            ap->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH && !om_attr_type_ok(ap->name, (om_attr_type)ap->type, &want))
-            return om_error(OM_INVALID_MODEL, "node '%s' (%s): attribute '%s' has type %s, but ortmod reads it as %s", node,
-                            op, ap->name, om_attr_type_name((om_attr_type)ap->type), om_attr_type_name(want));
+        if (known && !om_attr_type_ok(ap->name, (om_attr_type)ap->type, &want))
+            return om_error(OM_INVALID_MODEL, "node '%s' (%s): attribute '%s' has type %s, but ortmod reads it as %s",
+                            node, op, ap->name, om_attr_type_name((om_attr_type)ap->type), om_attr_type_name(want));
         if (ap->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING && ap->s.len && memchr(ap->s.data, 0, ap->s.len))
-            return om_error(OM_INVALID_MODEL, "node '%s' (%s): string attribute '%s' holds a NUL byte", node, op, ap->name);
+            return om_error(OM_INVALID_MODEL, "node '%s' (%s): string attribute '%s' holds a NUL byte", node, op,
+                            ap->name);
         if (ap->n_ints > INT32_MAX || ap->n_floats > INT32_MAX)
             return om_error(OM_INVALID_MODEL, "node '%s' (%s): attribute '%s' is too long", node, op, ap->name);
         if (ap->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR && ap->t) {
