@@ -252,7 +252,8 @@ static om_status *check_attrs(const Onnx__NodeProto *np, const char *node, const
                 return om_error(OM_INVALID_MODEL, "node '%s' (%s): attribute '%s' is given twice", node, op, ap->name);
         /* (each attribute's type and value against its op: om_node_check_attrs, after import) */
         if (ap->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING && ap->s.len && memchr(ap->s.data, 0, ap->s.len))
-            return om_error(OM_INVALID_MODEL, "node '%s' (%s): string attribute '%s' holds a NUL byte", node, op, ap->name);
+            return om_error(OM_INVALID_MODEL, "node '%s' (%s): string attribute '%s' holds a NUL byte", node, op,
+                            ap->name);
         if (ap->n_ints > INT32_MAX || ap->n_floats > INT32_MAX)
             return om_error(OM_INVALID_MODEL, "node '%s' (%s): attribute '%s' is too long", node, op, ap->name);
         if (ap->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR && ap->t) {
@@ -386,7 +387,11 @@ static om_status *import_graph(const Onnx__ModelProto *mp, om_graph *g) {
         const om_op_def *op = om_op_find(np->op_type, domain);
         /* ONNX lets only optional inputs and outputs be absent (an empty name), and the required
          * ones come first: the passes and kernels of a standard op read those without asking.
-         * (Internal ops mark absent values in any position; they handle it.) */
+         * Internal ops mark absent values in other positions (a gradient op's unwanted inputs),
+         * but never input 0, which every dtype rule reads (found by the fuzzer: FusedAttention). */
+        if (op && op->min_in > 0 && np->n_input > 0 && !*np->input[0])
+            return om_error(OM_INVALID_MODEL, "node '%s' (%s): input 0 is required, but its name is empty", name,
+                            np->op_type);
         if (op && !*op->domain) {
             for (size_t i = 0; i < np->n_input && (int)i < op->min_in; i++)
                 if (!*np->input[i])

@@ -28,6 +28,19 @@ om_status *om_check_float(const om_node *n, const om_tensor *t, int i, om_dtype 
     return NULL;
 }
 
+om_status *om_check_shape_data(const om_node *n, int i, const int64_t *dims, int rank, om_dtype dt) {
+    if (om_shape_size(dims, rank, om_dtype_size(dt), NULL, NULL) == 0) return NULL;
+    om_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.rank = rank < 0 ? 0 : rank > OM_MAX_RANK ? OM_MAX_RANK : rank;
+    memcpy(t.dims, dims, sizeof(int64_t) * (size_t)t.rank);
+    char sh[160];
+    om_shape_str(&t, sh, sizeof sh);
+    return om_error(OM_INVALID_ARGUMENT, "%s node '%s': the shape in input %d, %s, is not one a tensor can have",
+                    n->op ? n->op->name : "?", n->name ? n->name : "", i, sh);
+}
+
 om_status *om_err_unsupported(const om_node *n, const char *what) {
     return om_error(OM_UNSUPPORTED_OP, "node '%s' (%s): unsupported: %s", node_name(n), node_op(n),
                     what ? what : "?");

@@ -57,7 +57,7 @@ static om_status *read_shape(const om_kernel_ctx *ctx, int i, om_tensor *like, o
     like->dtype = dt;
     like->rank = r;
     memcpy(like->dims, d, sizeof(int64_t) * (size_t)r);
-    return NULL;
+    return om_check_shape_data(ctx->node, i, d, r, dt);
 }
 
 /* The length a last-dim bias must have: n, or 1 (broadcast). Rank <= 1 after leading 1s. */

@@ -129,6 +129,10 @@ void om_set_shape(om_tensor *out, const om_tensor *like, om_dtype dt);
 om_status *om_norm_axis(const om_node *n, int64_t axis, int rank, int *out);
 /* Reads an int64/int32 tensor (known at plan time) into vals; returns count or -1. */
 int om_read_ints(const om_tensor *t, int64_t *vals, int max);
+/* A shape read from a value's data (a Reshape/Expand/gradient shape input): OK when a tensor
+ * of dtype dt can have it (om_shape_size), else an error naming node, op and input i. Shape
+ * rules call it before any arithmetic on the dims, which are whatever the model wrote. */
+om_status *om_check_shape_data(const om_node *n, int i, const int64_t *dims, int rank, om_dtype dt);
 /* Error helpers naming the node and op. */
 om_status *om_err_dtype(const om_node *n, int input, om_dtype got);
 om_status *om_err_unsupported(const om_node *n, const char *what);

@@ -309,7 +309,7 @@ static om_status *shape_from_input(om_kernel_ctx *ctx, int i, om_tensor *out, om
     out->dtype = dt;
     out->rank = (int)k;
     for (int j = 0; j < (int)k; j++) out->dims[j] = ((const int64_t *)s->data)[j];
-    return NULL;
+    return om_check_shape_data(ctx->node, i, out->dims, out->rank, dt);   /* before reduce_plan_init multiplies */
 }
 
 static om_status *reduce_grad_infer(om_kernel_ctx *ctx) {

@@ -249,12 +249,15 @@ static om_status *gather_elements_grad(om_grad_ctx *c) {
     const om_node *n = &c->g->nodes[c->node];
     const int dy = c->dy[0];
     if (dy < 0 || !c->need_dx[0]) return NULL;
-    int shp = om_emit_shape(c, n->in[0]);
+    /* read before emitting: the nodes array moves as nodes are added (n would dangle) */
+    const int x = n->in[0], ind = n->in[1];
+    const int64_t axis = om_attr_int(n, "axis", 0);
+    int shp = om_emit_shape(c, x);
     if (shp < 0) return NULL;
-    int in[3] = {dy, shp, n->in[1]};
+    int in[3] = {dy, shp, ind};
     int dx = om_emit(c, "GatherElementsGrad", in, 3);
     if (dx < 0) return NULL;
-    om_emit_attr_int(c, "axis", om_attr_int(n, "axis", 0));
+    om_emit_attr_int(c, "axis", axis);
     c->dx[0] = dx;
     return NULL;
 }
@@ -274,7 +277,7 @@ static om_status *gather_elements_grad_infer(om_kernel_ctx *ctx) {
     o->dtype = ctx->in[0].dtype;
     o->rank = (int)k;
     for (int64_t i = 0; i < k; i++) o->dims[i] = int_at(shp, i);
-    return NULL;
+    return om_check_shape_data(ctx->node, 1, o->dims, o->rank, o->dtype);
 }
 
 // dy and indices are (i0..ir), dx is Shape(data): dx = 0; dx[p with p[axis] = indices[p]] += dy[p]
@@ -350,7 +353,7 @@ static om_status *scatter_elements_grad(om_grad_ctx *c) {
     if (dy < 0) return NULL;
     const int red = scatter_reduction(n);
     const int64_t axis = om_attr_int(n, "axis", 0);
-    const int ind = n->in[1];
+    const int ind = n->in[1], upd = n->in[2];   /* n dangles once a node is emitted */
     if (c->need_dx[2]) {
         int in[2] = {dy, ind};
         int du = om_emit(c, "GatherElements", in, 2);
@@ -365,7 +368,7 @@ static om_status *scatter_elements_grad(om_grad_ctx *c) {
             /* the positions written by updates did not reach the output: zero them in dy */
             const om_dtype dt = c->g->values[dy].dtype;
             int zero = om_emit_scalar(c, dt, 0.0);
-            int shp = zero < 0 ? -1 : om_emit_shape(c, n->in[2]);
+            int shp = zero < 0 ? -1 : om_emit_shape(c, upd);
             int zeros = shp < 0 ? -1 : om_emit2(c, "Expand", zero, shp);
             if (zeros < 0) return NULL;
             int in[3] = {dy, ind, zeros};

@@ -677,6 +677,7 @@ static om_status *infer_from_shape_input(om_kernel_ctx *ctx, int i, om_tensor *o
         d[j] = int_at(&ctx->in[i], j);
         if (d[j] < 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "negative dim in shape input %d", i);
     }
+    OM_TRY(om_check_shape_data(ctx->node, i, d, (int)k, dt));
     set_out(out, dt, (int)k, d);
     return NULL;
 }

@@ -139,7 +139,8 @@ static inline int fm_matrix_weight(om_graph *g, int w, int *transposed) {
     om_node *t = fm_producer(g, w);
     const int64_t *perm;
     int np = fm_is(t, "Transpose") ? om_attr_ints(t, "perm", &perm) : -2;
-    if (!t || t->n_in < 1 || fm_rank(g, t->in[0]) != 2 || !(np == -1 || (np == 2 && perm[0] == 1 && perm[1] == 0))) return -1;
+    if (!t || t->n_in < 1 || fm_rank(g, t->in[0]) != 2 || !(np == -1 || (np == 2 && perm[0] == 1 && perm[1] == 0)))
+        return -1;
     *transposed = 1;
     return t->in[0];
 }
