@@ -181,10 +181,12 @@ static void capsule_destructor(PyObject *cap) {
     else PyErr_Clear();
 }
 
-/* Wraps an engine-owned tensor into a DLPack capsule; on failure frees t->data. */
-static PyObject *capsule_from_tensor(om_tensor *t, void *stream) {
+/* A capsule over t's memory whose deleter decides what releasing means (out_deleter: the
+ * engine's data goes back to it; view_deleter: nothing but the context). On failure: NULL
+ * with an exception, and nothing but the context freed. */
+static PyObject *make_capsule(const om_tensor *t, void (*deleter)(DLManagedTensor *), void *stream) {
     out_ctx *c = calloc(1, sizeof *c);
-    if (!c) { free_tensor_data(t, stream); return PyErr_NoMemory(); }
+    if (!c) return PyErr_NoMemory();
     for (int i = 0; i < t->rank; i++) c->shape[i] = t->dims[i];
     c->device = t->device;
     c->device_id = t->device_id;
@@ -196,9 +198,16 @@ static PyObject *capsule_from_tensor(om_tensor *t, void *stream) {
     c->mt.dl_tensor.shape = c->shape;
     c->mt.dl_tensor.strides = NULL;
     c->mt.manager_ctx = c;
-    c->mt.deleter = out_deleter;
+    c->mt.deleter = deleter;
     PyObject *cap = PyCapsule_New(&c->mt, "dltensor", capsule_destructor);
-    if (!cap) out_deleter(&c->mt);
+    if (!cap) free(c);
+    return cap;
+}
+
+/* Wraps an engine-owned tensor into a DLPack capsule; on failure frees t->data. */
+static PyObject *capsule_from_tensor(om_tensor *t, void *stream) {
+    PyObject *cap = make_capsule(t, out_deleter, stream);
+    if (!cap) free_tensor_data(t, stream);
     t->data = NULL;
     return cap;
 }
@@ -207,21 +216,7 @@ static PyObject *capsule_from_tensor(om_tensor *t, void *stream) {
  * the DLPack struct, never the data. */
 static void view_deleter(DLManagedTensor *mt) { free(mt->manager_ctx); }
 
-static PyObject *view_capsule(const om_tensor *t) {
-    out_ctx *c = calloc(1, sizeof *c);
-    if (!c) return PyErr_NoMemory();
-    for (int i = 0; i < t->rank; i++) c->shape[i] = t->dims[i];
-    c->mt.dl_tensor.data = t->data;
-    c->mt.dl_tensor.device = t->device == OM_CUDA ? (DLDevice){kDLCUDA, t->device_id} : (DLDevice){kDLCPU, 0};
-    c->mt.dl_tensor.ndim = t->rank;
-    c->mt.dl_tensor.dtype = om_to_dl_dtype(t->dtype);
-    c->mt.dl_tensor.shape = c->shape;
-    c->mt.manager_ctx = c;
-    c->mt.deleter = view_deleter;
-    PyObject *cap = PyCapsule_New(&c->mt, "dltensor", capsule_destructor);
-    if (!cap) free(c);
-    return cap;
-}
+static PyObject *view_capsule(const om_tensor *t) { return make_capsule(t, view_deleter, NULL); }
 
 /* ---- Engine --------------------------------------------------------------------- */
 
