@@ -27,7 +27,6 @@ import math
 import os
 import sys
 import threading
-import warnings
 
 import torch
 
