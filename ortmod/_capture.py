@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import inspect
 import io
+import itertools
 import warnings
 
 import torch
@@ -637,6 +638,13 @@ def _parameter_versions(module):
     return [(n, p, p._version) for n, p in module.named_parameters(remove_duplicate=True)]
 
 
+def _one_floating_dtype(module, tensors):
+    """The floating dtype of every floating input, parameter and buffer, if they share one."""
+    dtypes = {t.dtype for t in itertools.chain(tensors, module.parameters(), module.buffers())
+              if t.is_floating_point()}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
 def export(module, flat, strict_trace=False, inline_functions=False):
     """Export ``module`` called as ``flat`` describes; return ONNX bytes and the input/output mapping.
 
@@ -701,7 +709,9 @@ def export(module, flat, strict_trace=False, inline_functions=False):
                 warnings.simplefilter("ignore", FutureWarning)
                 warnings.simplefilter("ignore", UserWarning)
                 warnings.simplefilter("always", torch.jit.TracerWarning)
-                with _export_symbolics(), _semantics.semantic_export(ONNX_OPSET, torch.is_grad_enabled()), \
+                with _export_symbolics(), \
+                        _semantics.semantic_export(ONNX_OPSET, torch.is_grad_enabled(),
+                                                   _one_floating_dtype(module, tensors)), \
                         _semantics.recording_guards(recorder), _pyop.capturing_functions(functions, ONNX_OPSET):
                     torch.onnx.export(
                         wrapper, tensors, f,
@@ -753,6 +763,7 @@ def export(module, flat, strict_trace=False, inline_functions=False):
     if len(model.graph.output) != len(outs) + len(guards):
         raise RuntimeError(f"ortmod: the exported graph has {len(model.graph.output)} outputs, expected "
                            f"{len(outs)} from the module and {len(guards)} guards")
+    _check_output_dtypes(module, model, outs)
     initializers = {init.name for init in model.graph.initializer}
     graph_inputs = {}
     for gi in model.graph.input:
@@ -782,6 +793,23 @@ def export(module, flat, strict_trace=False, inline_functions=False):
                     guards=guards, shape_specialized=bool(unguarded), hazards=hazards,
                     traced_shapes=tuple(tuple(t.shape) for t in tensors) if unguarded else (),
                     functions=list(functions.specs))
+
+
+def _check_output_dtypes(module, model, outs):
+    """The exported graph must return what eager returned: an exporter that typed an output
+    otherwise (its implicit promotion) would hand back another dtype, silently."""
+    from torch.onnx._internal.torchscript_exporter import _type_utils
+    for j, (out, t) in enumerate(zip(model.graph.output, outs)):
+        elem = out.type.tensor_type.elem_type
+        if not elem:
+            continue    # untyped: the engine infers it from the graph
+        want = _type_utils.JitScalarType.from_dtype(t.dtype).onnx_type()
+        if int(want) != elem:
+            import onnx
+            raise UnsupportedModelError(
+                f"the export of {type(module).__name__} computes output {j} as "
+                f"{onnx.TensorProto.DataType.Name(elem)} where eager returns {t.dtype} (torch's ONNX "
+                "type promotion changed it); cast inside forward to make the dtype explicit")
 
 
 def _output_dependencies(model):

@@ -316,10 +316,33 @@ def _original_symbolic(registration, name, opset):
 _export_lock = threading.Lock()
 
 
+def _scalars_typed_as(dtype, optimize_graph):
+    """Wraps the exporter's conversion of the traced graph to ONNX (not the trace itself).
+
+    Its type inference and scalar type analysis take every 0-d floating value -- a float64
+    model's 0-d input or loss -- for a Python number of torch's default dtype, and cast the op
+    to float32: a float64 MSELoss on 0-d inputs came back float32. While the graph converts,
+    the default dtype is the model's own floating dtype (``semantic_export``'s
+    ``scalar_dtype``): in a model computing in one dtype, a Python number takes that dtype in
+    eager too."""
+    def run(*args, **kw):
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            return optimize_graph(*args, **kw)
+        finally:
+            torch.set_default_dtype(before)
+    run.__wrapped__ = optimize_graph
+    return run
+
+
 @contextlib.contextmanager
-def semantic_export(opset, stop_gradients=True):
+def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
     """Register ortmod's argument-keeping symbolics and (when the graph will be differentiated)
-    the stop-gradient mode for one torch.onnx.export call; undo both afterwards."""
+    the stop-gradient mode for one torch.onnx.export call; undo both afterwards.
+
+    ``scalar_dtype``: the one floating dtype the model computes in, when it is not torch's
+    default (a float64 model): untyped 0-d values take it (``_scalars_typed_as``)."""
     registration = _exporter_modules()
     symbolics = {
         "aten::detach": _detach_symbolic,
@@ -343,11 +366,15 @@ def semantic_export(opset, stop_gradients=True):
             torch.onnx.register_custom_op_symbolic(name, fn, opset)
         run_symbolic = exporter._run_symbolic_function
         exporter._run_symbolic_function = _keeping_traced_dtypes(run_symbolic)
+        optimize_graph = exporter._optimize_graph
+        if scalar_dtype is not None and scalar_dtype != torch.get_default_dtype():
+            exporter._optimize_graph = _scalars_typed_as(scalar_dtype, optimize_graph)
         try:
             with StopGradientMode() if stop_gradients else contextlib.nullcontext():
                 yield
         finally:
             exporter._run_symbolic_function = run_symbolic
+            exporter._optimize_graph = optimize_graph
             for name in symbolics:
                 torch.onnx.unregister_custom_op_symbolic(name, opset)
 

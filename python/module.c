@@ -136,7 +136,10 @@ static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_
         }
     }
     if (dense) {
-        t->data = base;
+        /* torch hands an empty tensor over with data NULL, which the engine API reads as "no
+         * tensor" (an absent output gradient): point it at a placeholder no kernel reads */
+        static max_align_t empty_placeholder;
+        t->data = base ? base : (om_tensor_numel(t) == 0 ? (void *)&empty_placeholder : NULL);
     } else if (t->device == OM_CUDA) {
         input_hold_release(h);
         PyErr_Format(PyExc_ValueError, "%s %zd is a non-contiguous CUDA tensor; pass a contiguous one "

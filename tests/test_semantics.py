@@ -174,6 +174,42 @@ def test_kl_div_nonpositive_targets():
     run_both(KL(), x, t)
 
 
+# ---- dtypes ---------------------------------------------------------------------------------------
+
+class ScalarLosses(nn.Module):
+    def forward(self, a, b):
+        return F.mse_loss(a, b) + F.kl_div(a, b.abs(), reduction="sum") * 0.5
+
+
+@pytest.mark.parametrize("shape", [(), (3, 4)], ids=["0-d", "2-d"])
+def test_float64_model_keeps_float64(shape):
+    """torch's ONNX type promotion takes 0-d float64 values for float32 Python numbers."""
+    a, b = torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float64)
+    ort = run_both(ScalarLosses(), a, b, calls=2)
+    assert ort(a, b).dtype == torch.float64
+
+
+class MixedDtypes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.zeros(2))    # float32: the model has no one dtype
+
+    def forward(self, a, b):
+        return F.mse_loss(a, b)
+
+
+def test_exported_output_dtype_differing_from_eager_is_refused():
+    a, b = torch.randn((), dtype=torch.float64), torch.randn((), dtype=torch.float64)
+    with pytest.raises(ortmod.UnsupportedModelError, match="output 0 as FLOAT where eager returns torch.float64"):
+        ORTModule(MixedDtypes())(a, b)
+
+
+def test_empty_batch_gets_empty_and_zero_gradients():
+    """torch hands an empty gradient over with a null data pointer: it is still a gradient."""
+    x = torch.randn(0, 5)
+    run_both(nn.Sequential(nn.LayerNorm(5, eps=1e-3), nn.Linear(5, 3)), x, calls=2)
+
+
 # ---- values the trace froze ----------------------------------------------------------------------
 
 class ItemScale(nn.Module):
