@@ -19,6 +19,8 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
+from ._logging import logger
+
 # dtypes the engine can take; anything else (complex, quantized, float8, ...) is a
 # TypeError at the call site rather than an obscure export or engine failure.
 SUPPORTED_DTYPES = frozenset({
@@ -417,7 +419,9 @@ class Exported:
     # tracer warnings no guard covers: the graph holds only for the traced input shapes
     shape_specialized: bool = False
     hazards: list = dataclasses.field(default_factory=list)   # 'file:line ...' for messages
-    traced_shapes: tuple = ()       # the call's tensor shapes at export, when shape_specialized
+    # (tensor input, dim, size) the graph holds only for: dims exported static, or every dim
+    # when shape_specialized; a call with another size there exports again
+    static_dims: tuple = ()
     # per ortmod::PythonOp function_id: the user's autograd.Function call (ortmod._pyop.FunctionSpec)
     functions: list = dataclasses.field(default_factory=list)
 
@@ -645,16 +649,65 @@ def _one_floating_dtype(module, tensors):
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
-def export(module, flat, strict_trace=False, inline_functions=False):
+def _trace_to_onnx(module, wrapper, tensors, input_names, output_names, dynamic_axes, inline_functions):
+    """One torch.onnx.export of ``wrapper``; returns (bytes buffer, guard recorder, function
+    recorder, caught tracer warnings)."""
+    from torch.onnx import TrainingMode
+    from . import _pyop, _semantics
+    f = io.BytesIO()
+    recorder = wrapper.guards = _semantics.TraceGuards()
+    functions = _pyop.FunctionRecorder(inline_all=inline_functions)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("always", torch.jit.TracerWarning)
+            with _export_symbolics(), \
+                    _semantics.semantic_export(ONNX_OPSET, torch.is_grad_enabled(),
+                                               _one_floating_dtype(module, tensors)), \
+                    _semantics.recording_guards(recorder), _pyop.capturing_functions(functions, ONNX_OPSET):
+                torch.onnx.export(
+                    wrapper, tensors, f,
+                    dynamo=False,
+                    training=TrainingMode.TRAINING if module.training else TrainingMode.EVAL,
+                    do_constant_folding=False,
+                    export_params=False,
+                    keep_initializers_as_inputs=True,
+                    opset_version=ONNX_OPSET,
+                    input_names=input_names,
+                    output_names=output_names,
+                    dynamic_axes=dynamic_axes,
+                    autograd_inlining=inline_functions,
+                )
+    except UnsupportedModelError:
+        raise
+    except Exception as e:
+        cause = e
+        while cause is not None and not isinstance(cause, UnsupportedModelError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from e
+        first = str(e).strip().split("\n", 1)[0]
+        first = first[:500] + (" ..." if len(first) > 500 else "")
+        raise ExportError(f"torch.onnx.export failed for {type(module).__name__}: "
+                          f"{type(e).__name__}: {first} (full error in __cause__)") from e
+    finally:
+        wrapper.guards = None
+    return f, recorder, functions, caught
+
+
+def export(module, flat, strict_trace=False, inline_functions=False, dynamic=None):
     """Export ``module`` called as ``flat`` describes; return ONNX bytes and the input/output mapping.
 
     ``strict_trace``: a value the trace froze (see ortmod._semantics) is an error instead of a
     guarded graph and a warning. ``inline_functions``: a custom autograd.Function's forward is
     inlined and differentiated by the engine, instead of running the user's forward and backward
-    (ortmod._pyop)."""
+    (ortmod._pyop). ``dynamic``: the (tensor input, dim) pairs declared dynamic (None: all).
+
+    ``Exported.static_dims`` lists the input dims whose traced size the graph holds only for."""
     import onnx
-    from torch.onnx import TrainingMode
-    from . import _pyop, _semantics
+    from . import _semantics
 
     wrapper = _FlatWrapper(module, flat)
     tensor_indices = flat.tensor_indices()
@@ -694,52 +747,27 @@ def export(module, flat, strict_trace=False, inline_functions=False):
                         f"forward mutates buffer '{name}' in place; a traced graph cannot reproduce "
                         "that (only BatchNorm running statistics are supported)")
         output_names = [f"output_{j}" for j in range(len(outs))]
-        dynamic_axes = {}
-        for name, t in zip(input_names, tensors):
-            dynamic_axes[name] = {d: f"{name}_dim{d}" for d in range(t.dim())}
-        for name, t in zip(output_names, outs):
-            dynamic_axes[name] = {d: f"{name}_dim{d}" for d in range(t.dim())}
-
-        f = io.BytesIO()
-        recorder = wrapper.guards = _semantics.TraceGuards()
-        functions = _pyop.FunctionRecorder(inline_all=inline_functions)
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("ignore", DeprecationWarning)
-                warnings.simplefilter("ignore", FutureWarning)
-                warnings.simplefilter("ignore", UserWarning)
-                warnings.simplefilter("always", torch.jit.TracerWarning)
-                with _export_symbolics(), \
-                        _semantics.semantic_export(ONNX_OPSET, torch.is_grad_enabled(),
-                                                   _one_floating_dtype(module, tensors)), \
-                        _semantics.recording_guards(recorder), _pyop.capturing_functions(functions, ONNX_OPSET):
-                    torch.onnx.export(
-                        wrapper, tensors, f,
-                        dynamo=False,
-                        training=TrainingMode.TRAINING if module.training else TrainingMode.EVAL,
-                        do_constant_folding=False,
-                        export_params=False,
-                        keep_initializers_as_inputs=True,
-                        opset_version=ONNX_OPSET,
-                        input_names=input_names,
-                        output_names=output_names,
-                        dynamic_axes=dynamic_axes,
-                        autograd_inlining=inline_functions,
-                    )
-        except UnsupportedModelError:
-            raise
-        except Exception as e:
-            cause = e
-            while cause is not None and not isinstance(cause, UnsupportedModelError):
-                cause = cause.__cause__ or cause.__context__
-            if cause is not None:
-                raise cause from e
-            first = str(e).strip().split("\n", 1)[0]
-            first = first[:500] + (" ..." if len(first) > 500 else "")
-            raise ExportError(f"torch.onnx.export failed for {type(module).__name__}: "
-                              f"{type(e).__name__}: {first} (full error in __cause__)") from e
-        finally:
-            wrapper.guards = None
+        # Input dims are declared dynamic where they may vary (all, until a call showed which do);
+        # an export that needs a static size (InstanceNorm's channels, an adaptive pool's input)
+        # is done again with static input dims, which the graph then holds only for.
+        dims = [(k, d) for k, t in enumerate(tensors) for d in range(t.dim())]
+        wanted = dims if dynamic is None else [kd for kd in dims if kd in dynamic]
+        attempts = [wanted, []] if wanted else [[]]
+        for n, dyn in enumerate(attempts):
+            dynamic_axes = {name: {} for name in input_names}
+            for k, d in dyn:
+                dynamic_axes[input_names[k]][d] = f"{input_names[k]}_dim{d}"
+            for name, t in zip(output_names, outs):
+                dynamic_axes[name] = {d: f"{name}_dim{d}" for d in range(t.dim())}
+            try:
+                f, recorder, functions, caught = _trace_to_onnx(
+                    module, wrapper, tensors, input_names, output_names, dynamic_axes, inline_functions)
+                break
+            except ExportError as e:
+                if n + 1 == len(attempts):
+                    raise
+                logger.info("export with dynamic dims failed (%s); exporting with static input dims", e)
+        static = [kd for kd in dims if kd not in dyn]
     onnx_bytes = f.getvalue()
     guards = [_semantics.Guard(len(outs) + k, value, kind, where, internal)
               for k, (_, kind, value, where, internal) in enumerate(recorder.records)]
@@ -791,7 +819,7 @@ def export(module, flat, strict_trace=False, inline_functions=False):
     return Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
                     wrapper.out_tensor_positions, updates, counters, output_deps,
                     guards=guards, shape_specialized=bool(unguarded), hazards=hazards,
-                    traced_shapes=tuple(tuple(t.shape) for t in tensors) if unguarded else (),
+                    static_dims=tuple((k, d, tensors[k].shape[d]) for k, d in (dims if unguarded else static)),
                     functions=list(functions.specs))
 
 

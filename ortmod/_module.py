@@ -178,7 +178,7 @@ class _Entry:
 
     __slots__ = ("engine", "call", "names", "needs_grad", "output_spec", "output_leaves",
                  "output_positions", "single", "state_updates", "counters", "input_slots", "state_names",
-                 "template", "template_generation", "guards", "traced_shapes")
+                 "template", "template_generation", "guards", "static_dims")
 
     def __init__(self, engine, exported, needs_grad, functions=None):
         self.engine = engine
@@ -209,7 +209,7 @@ class _Entry:
         self.template = None
         self.template_generation = -1
         self.guards = exported.guards
-        self.traced_shapes = exported.traced_shapes if exported.shape_specialized else None
+        self.static_dims = exported.static_dims
         if self.call.functions is not None:      # same bytes, so the function ids line up
             self.call.functions.specs = exported.functions
 
@@ -356,11 +356,17 @@ class ORTModule(torch.nn.Module):
         first_call = entry is None
         if first_call:
             entry = self._ortmod_build(flat, state, export_key, key, want_grad)
-        if entry.traced_shapes is not None and \
-                tuple(tuple(flat.leaves[i].shape) for i in flat.tensor_indices()) != entry.traced_shapes:
-            # a hazard no guard covers made the graph valid only for the shapes it was traced with
-            self._ortmod_forget(export_key)
-            return self._ortmod_run(args, kwargs, retried)
+        if entry.static_dims:
+            tensor_indices = flat.tensor_indices()
+            varied = {(k, dim) for k, dim, size in entry.static_dims
+                      if flat.leaves[tensor_indices[k]].shape[dim] != size}
+            if varied:
+                # the graph holds only for the sizes it was exported with there: export again,
+                # with those dims dynamic from now on (an export that cannot has them static)
+                learned = d.setdefault("_ortmod_dynamic_dims", {})
+                learned[export_key] = learned.get(export_key, frozenset()) | varied
+                self._ortmod_forget(export_key)
+                return self._ortmod_run(args, kwargs, retried)
         tensors = entry.inputs(flat.leaves, state)
         threads = torch.get_num_threads()
         if threads != d.get("_ortmod_threads"):   # torch, BLAS and the engine use one count
@@ -439,7 +445,7 @@ class ORTModule(torch.nn.Module):
             _capture.check_inputs(module, flat)
             _capture.check_state(module)
             _capture.check_one_device(module, flat)
-            exported = self._ortmod_export(flat)
+            exported = self._ortmod_export(flat, export_key)
             if record is not None and record.exported.onnx_bytes == exported.onnx_bytes:
                 record.exported = exported
                 record.stale = False
@@ -463,7 +469,7 @@ class ORTModule(torch.nn.Module):
         d["_ortmod_cache"][key] = entry
         return entry
 
-    def _ortmod_export(self, flat):
+    def _ortmod_export(self, flat, export_key):
         module = self._original_module
         mode = "training" if module.training else "inference"
         logger.info("exporting %s for %s (%s, grad %s); export #%d", type(module).__name__, mode,
@@ -472,7 +478,8 @@ class ORTModule(torch.nn.Module):
                     "enabled" if torch.is_grad_enabled() else "disabled", self._ortmod_export_count + 1)
         strict = self._debug_options.strict_trace
         inline = self._debug_options.inline_autograd_functions
-        exported = _capture.export(module, flat, strict_trace=strict, inline_functions=inline)
+        dynamic = self.__dict__.get("_ortmod_dynamic_dims", {}).get(export_key)
+        exported = _capture.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
         warned = self.__dict__.setdefault("_ortmod_hazards_warned", set())
         new = [h for h in exported.hazards if h.split(" (", 1)[0] not in warned]
         if new:
@@ -644,7 +651,8 @@ class ORTModule(torch.nn.Module):
     def __getstate__(self):
         # Engines are not picklable: pickle and deepcopy carry the module, not the cache.
         state = dict(self.__dict__)
-        for k in ("_ortmod_exports", "_ortmod_cache", "_ortmod_retired", "_ortmod_signatures"):
+        for k in ("_ortmod_exports", "_ortmod_cache", "_ortmod_retired", "_ortmod_signatures",
+                  "_ortmod_dynamic_dims"):
             state[k] = {}
         state["_ortmod_state"] = None
         state["_ortmod_generation"] = 0

@@ -337,6 +337,16 @@ def _scalars_typed_as(dtype, optimize_graph):
 
 
 @contextlib.contextmanager
+def _quiet_onnx_logging(verbose):
+    enabled = torch._C._jit_is_onnx_log_enabled()
+    torch._C._jit_set_onnx_log_enabled(enabled or bool(verbose))
+    try:
+        yield
+    finally:
+        torch._C._jit_set_onnx_log_enabled(enabled)
+
+
+@contextlib.contextmanager
 def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
     """Register ortmod's argument-keeping symbolics and (when the graph will be differentiated)
     the stop-gradient mode for one torch.onnx.export call; undo both afterwards.
@@ -367,6 +377,10 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
         run_symbolic = exporter._run_symbolic_function
         exporter._run_symbolic_function = _keeping_traced_dtypes(run_symbolic)
         optimize_graph = exporter._optimize_graph
+        onnx_logging = exporter.setup_onnx_logging
+        # torch 2.x tests the function _jit_is_onnx_log_enabled, not its value, so every export
+        # turned the exporter's log on: a failed export printed its whole graph to stderr
+        exporter.setup_onnx_logging = _quiet_onnx_logging
         if scalar_dtype is not None and scalar_dtype != torch.get_default_dtype():
             exporter._optimize_graph = _scalars_typed_as(scalar_dtype, optimize_graph)
         try:
@@ -375,6 +389,7 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
         finally:
             exporter._run_symbolic_function = run_symbolic
             exporter._optimize_graph = optimize_graph
+            exporter.setup_onnx_logging = onnx_logging
             for name in symbolics:
                 torch.onnx.unregister_custom_op_symbolic(name, opset)
 

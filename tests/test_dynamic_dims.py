@@ -1,0 +1,79 @@
+"""Which input dims an export declares dynamic, and what happens when a static one changes.
+
+The first export declares every input dim dynamic. Where torch's exporter needs a size it
+cannot read from a dynamic dim (an adaptive pool's input, InstanceNorm's channels), ortmod
+exports again with static input dims; the graph then holds only for those sizes, and a call
+with another size there exports again, declaring the dims that changed dynamic."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ortmod import ORTModule
+from tests.test_semantics import rel_close
+
+
+def check_calls(module, shapes):
+    eager, ort = copy.deepcopy(module), ORTModule(copy.deepcopy(module))
+    counts = []
+    for shape in shapes:
+        x = torch.randn(shape)
+        xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ye, yo = eager(xe), ort(xo)
+        rel_close(f"{shape} output", yo, ye)
+        w = torch.randn_like(ye)
+        (ye * w).sum().backward()
+        (yo * w).sum().backward()
+        rel_close(f"{shape} input grad", xo.grad, xe.grad)
+        for (n, pe), (_, po) in zip(eager.named_parameters(), ort.named_parameters()):
+            rel_close(f"{shape} grad of {n}", po.grad, pe.grad)
+            pe.grad = po.grad = None
+        counts.append(ort._ortmod_export_count)
+    return counts
+
+
+class PoolHead(nn.Module):
+    """An adaptive pool: torch's exporter needs its input's static size."""
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(torch.relu(self.conv(x)), 2) + F.adaptive_max_pool2d(x, 2).mean(1, keepdim=True)
+
+
+def test_static_export_follows_every_size_change():
+    counts = check_calls(PoolHead(), [(2, 3, 6, 6), (2, 3, 6, 6), (3, 3, 6, 6), (3, 3, 8, 8), (2, 3, 6, 6)])
+    assert counts == [1, 1, 2, 3, 4]
+
+
+class LengthMean(nn.Module):
+    """Dynamic everywhere: one export for every size."""
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.lin(x).mean(1)
+
+
+def test_dynamic_export_is_reused_across_sizes():
+    assert check_calls(LengthMean(), [(2, 4, 5), (3, 7, 5), (1, 1, 5)]) == [1, 1, 1]
+
+
+def test_static_dims_are_checked_before_the_engine_runs(monkeypatch):
+    """An export whose dims are all static (forced here) holds for its sizes only: another
+    size exports again, declaring the dim that changed dynamic."""
+    from ortmod import _capture
+    real = _capture.export
+    seen = []
+
+    def only_learned(module, flat, dynamic=None, **kw):
+        seen.append(dynamic)
+        return real(module, flat, dynamic=dynamic or frozenset(), **kw)
+    monkeypatch.setattr(_capture, "export", only_learned)
+    counts = check_calls(LengthMean(), [(2, 4, 5), (2, 4, 5), (3, 4, 5), (6, 4, 5), (6, 9, 5), (2, 2, 5)])
+    assert counts == [1, 1, 2, 2, 3, 3]
+    assert seen == [None, frozenset({(0, 0)}), frozenset({(0, 0), (0, 1)})]
