@@ -210,7 +210,7 @@ template <typename A> __device__ __forceinline__ A sigmoid_(A v) {
 template <typename A> __device__ __forceinline__ A unary_op(int op, A v, act_params p) {
     switch (op) {
     case U_NEG: return -v;
-    case U_RELU: return v > 0 ? v : (A)0;
+    case U_RELU: return v < 0 ? (A)0 : v;   // NaN propagates, as torch's clamp_min
     case U_ABS: return v < 0 ? -v : v;
     case U_TANH: return tanh(v);
     case U_SIGMOID: return sigmoid_(v);
@@ -226,12 +226,12 @@ template <typename A> __device__ __forceinline__ A unary_op(int op, A v, act_par
     case U_ELU: return v > 0 ? v : (A)p.a * expm1(v);
     case U_SELU: return v > 0 ? (A)p.g * v : (A)p.g * (A)p.a * expm1(v);
     case U_HARD_SIGMOID: { A t = (A)p.a * v + (A)p.b; return t < 0 ? (A)0 : t > 1 ? (A)1 : t; }
-    case U_HARD_SWISH: return v <= -3 ? (A)0 : v >= 3 ? v : v * (v + 3) / 6;
+    case U_HARD_SWISH: { A m = v + 3; m = m < 0 ? (A)0 : m; m = m > 6 ? (A)6 : m; return v * m / 6; }   // torch's form
     case U_MISH: return v * tanh(softplus_(v));
     case U_SOFTSIGN: return v / ((A)1 + (v < 0 ? -v : v));
     case U_SIN: return sin(v);
     case U_COS: return cos(v);
-    case U_SIGN: return v != v ? v : (A)((v > 0) - (v < 0));
+    case U_SIGN: return (A)((v > 0) - (v < 0));   // torch.sign(NaN) is 0
     default: return v;
     }
 }
@@ -349,16 +349,17 @@ static om_status *is_inf_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 
 enum { G_RELU, G_TANH, G_SIGMOID, G_ABS, G_GELU_ERF, G_GELU_TANH, G_ACT };
 
-template <typename A> __device__ __forceinline__ A act_deriv(int kind, A v, act_params p) {
+// dx from (g, v) = (dy, x), in eager's form (misc.c's act_grad_cpu): a select where torch selects
+template <typename A> __device__ __forceinline__ A act_grad_of(int kind, A g, A v, act_params p) {
     switch (kind) {
-    case U_LEAKY: return v > 0 ? (A)1 : (A)p.a;
-    case U_SOFTPLUS: return sigmoid_(v);
-    case U_ELU: return v > 0 ? (A)1 : (A)p.a * exp(v);
-    case U_SELU: return v > 0 ? (A)p.g : (A)p.g * (A)p.a * exp(v);
-    case U_HARD_SIGMOID: { A t = (A)p.a * v + (A)p.b; return t > 0 && t < 1 ? (A)p.a : (A)0; }
-    case U_HARD_SWISH: return v < -3 ? (A)0 : v > 3 ? (A)1 : (2 * v + 3) / 6;
-    case U_MISH: { A t = tanh(softplus_(v)); return t + v * sigmoid_(v) * ((A)1 - t * t); }
-    case U_SOFTSIGN: { A d = (A)1 + (v < 0 ? -v : v); return (A)1 / (d * d); }
+    case U_LEAKY: return v > 0 ? g : g * (A)p.a;
+    case U_SOFTPLUS: return g * sigmoid_(v);
+    case U_ELU: return v <= 0 ? g * (A)p.a * exp(v) : g;
+    case U_SELU: return v <= 0 ? g * (A)p.g * (A)p.a * exp(v) : g * (A)p.g;
+    case U_HARD_SIGMOID: { A t = (A)p.a * v + (A)p.b; return t > 0 && t < 1 ? g * (A)p.a : (A)0; }
+    case U_HARD_SWISH: return v <= -3 ? (A)0 : v < 3 ? g * (v / 3 + (A)0.5) : g;
+    case U_MISH: { A t = tanh(softplus_(v)); return g * (t + v * sigmoid_(v) * ((A)1 - t * t)); }
+    case U_SOFTSIGN: { A d = (A)1 + (v < 0 ? -v : v); return g / (d * d); }
     default: return (A)0;
     }
 }
@@ -370,13 +371,13 @@ __global__ void grad2_kernel(T *dx, const T *dy, const T *s_, int64_t n, int op,
     GRID_STRIDE(i, n) {
         A g = ld(dy[i]), s = ld(s_[i]), r;
         switch (op) {
-        case G_RELU: r = s > 0 ? g : (A)0; break;
+        case G_RELU: r = s <= 0 ? (A)0 : g; break;   // NaN passes, as in eager
         case G_TANH: r = g * ((A)1 - s * s); break;
         case G_SIGMOID: r = g * s * ((A)1 - s); break;
-        case G_ABS: r = s > 0 ? g : (s < 0 ? -g : (A)0); break;
+        case G_ABS: r = g * (A)((s > 0) - (s < 0)); break;   // dy * sgn(x): NaN/inf dy stays non-finite
         case G_GELU_ERF: r = g * gelu_erf_deriv(s); break;
         case G_GELU_TANH: r = g * gelu_tanh_deriv(s); break;
-        default: r = g * act_deriv(kind, s, p); break;
+        default: r = act_grad_of(kind, g, s, p); break;
         }
         dx[i] = st<T>(r);
     }

@@ -1,5 +1,6 @@
 // reduce.cu — reductions over a set of axes (ReduceSum/Mean/Max/Min/Prod, and SumToShape and
-// the bias gradients through omc_reduce), and their gradients ReduceGrad / ReduceMinMaxGrad.
+// the bias gradients through omc_reduce), their gradients ReduceGrad / ReduceMinMaxGrad, and
+// ArgMax / ArgMin.
 //
 // A reduction is split, on the host, into kept dims (the output, in order) and reduced dims,
 // each with x's strides, size-1 dims dropped and neighbours merged. One thread per output
@@ -341,6 +342,49 @@ static om_status *reduce_min_max_grad_cuda(const om_kernel_ctx *ctx, const om_cu
     return omc_launched(ctx);
 }
 
+// ArgMax / ArgMin (reduce.c's rule: first extremum, last with select_last_index, NaN wins).
+// x is (outer, n, inner) around the axis, y (outer, inner) int64: one thread per output.
+template <typename A>
+__device__ __forceinline__ bool arg_better(A v, A b, int is_max, int last) {
+    if (b != b) return last && v != v;
+    if (v != v) return true;
+    return is_max ? (last ? v >= b : v > b) : (last ? v <= b : v < b);
+}
+template <typename T>
+__global__ void arg_kernel(int64_t *y, const T *x, int64_t outer, int64_t n, int64_t inner, int is_max, int last) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(o, outer * inner) {
+        const T *p = x + (o / inner) * n * inner + o % inner;
+        A b = ld(p[0]);
+        int64_t best = 0;
+        for (int64_t k = 1; k < n; k++) {
+            A v = ld(p[k * inner]);
+            if (arg_better(v, b, is_max, last)) { b = v; best = k; }
+        }
+        y[o] = best;
+    }
+}
+
+static om_status *arg_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int is_max) {
+    const om_tensor *X = &ctx->in[0];
+    const int axis = X->rank ? norm_axis(attr_i(ctx, "axis", 0), X->rank) : 0;
+    int64_t outer = 1, n = 1, inner = 1;
+    for (int i = 0; i < X->rank; i++) {
+        if (i < axis) outer *= X->dims[i];
+        else if (i == axis) n = X->dims[i];
+        else inner *= X->dims[i];
+    }
+    if (!outer || !inner) return NULL;
+    const int last = attr_i(ctx, "select_last_index", 0) != 0;
+    OMC_DISPATCH_ARITH(X->dtype, ctx, 0, {
+        arg_kernel<T><<<grid_for(outer * inner), OMC_THREADS, 0, stream_of(x)>>>(
+            (int64_t *)ctx->out[0].data, (const T *)X->data, outer, n, inner, is_max, last);
+    });
+    return omc_launched(ctx);
+}
+static om_status *arg_max_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return arg_run(ctx, x, 1); }
+static om_status *arg_min_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return arg_run(ctx, x, 0); }
+
 extern const omc_kernel_entry omc_kernels_reduce[] = {
     {"ReduceSum", "", reduce_sum_cuda},
     {"ReduceMean", "", reduce_mean_cuda},
@@ -349,5 +393,7 @@ extern const omc_kernel_entry omc_kernels_reduce[] = {
     {"ReduceProd", "", reduce_prod_cuda},
     {"ReduceGrad", "ortmod", reduce_grad_cuda},
     {"ReduceMinMaxGrad", "ortmod", reduce_min_max_grad_cuda},
+    {"ArgMax", "", arg_max_cuda},
+    {"ArgMin", "", arg_min_cuda},
     OMC_TABLE_END,
 };

@@ -210,6 +210,26 @@ def _avg_pool_symbolic(rank, original):
     return symbolic
 
 
+def _extremum_symbolic(arg_op, original):
+    """torch.max/min(x, dim): torch's rule gives ReduceMax and ArgMax side by side, and
+    ReduceMax's gradient shares dy among ties; eager's goes to the index max(dim) returns (the
+    first of them). The values are gathered at ArgMax's index instead, so the gradient flows
+    to that element only, as in eager. max(x) and max(x, y) keep torch's rule."""
+    def symbolic(g, self, dim_or_y=None, keepdim=None):
+        from torch.onnx import symbolic_helper as sh
+        if keepdim is None:
+            return original(g, self, dim_or_y, keepdim)
+        dim = sh._get_const(dim_or_y, "i", "dim")
+        keep = sh._get_const(keepdim, "i", "keepdim")
+        indices = g.op(arg_op, self, axis_i=dim, keepdims_i=1)
+        values = g.op("GatherElements", self, indices, axis_i=dim)
+        if not keep:
+            axes = _const(g, [dim], torch.int64)
+            values, indices = g.op("Squeeze", values, axes), g.op("Squeeze", indices, axes)
+        return values, indices
+    return symbolic
+
+
 _INT64_MAX = 2**63 - 1
 
 
@@ -305,12 +325,16 @@ def _exporter_modules():
     return registration
 
 
-_ORIGINAL_AVG_POOL = {}
+_TORCH_SYMBOLICS = {}
 
 
-def _original_symbolic(registration, name, opset):
-    group = registration.registry.get_function_group(name)
-    return None if group is None else group.get(opset)
+def _torch_symbolic(registration, name, opset):
+    """torch's own rule for ``name``, as it was before ortmod registered one over it (the
+    registry then answers with ortmod's)."""
+    if name not in _TORCH_SYMBOLICS:
+        group = registration.registry.get_function_group(name)
+        _TORCH_SYMBOLICS[name] = None if group is None else group.get(opset)
+    return _TORCH_SYMBOLICS[name]
 
 
 _export_lock = threading.Lock()
@@ -353,25 +377,26 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
 
     ``scalar_dtype``: the one floating dtype the model computes in, when it is not torch's
     default (a float64 model): untyped 0-d values take it (``_scalars_typed_as``)."""
-    registration = _exporter_modules()
-    symbolics = {
-        "aten::detach": _detach_symbolic,
-        "aten::embedding": _embedding_symbolic,
-        "aten::embedding_renorm": _embedding_renorm_symbolic,
-        "aten::embedding_renorm_": _embedding_renorm_symbolic,
-        "aten::softplus": _softplus_symbolic,
-        "aten::kl_div": _kl_div_symbolic,
-        "aten::index_add": _index_add_symbolic,
-        "aten::pad": _pad_symbolic,
-    }
-    for rank in (1, 2, 3):
-        name = f"aten::avg_pool{rank}d"
-        if name not in _ORIGINAL_AVG_POOL:
-            _ORIGINAL_AVG_POOL[name] = _original_symbolic(registration, name, opset)
-        if _ORIGINAL_AVG_POOL[name] is not None:
-            symbolics[name] = _avg_pool_symbolic(rank, _ORIGINAL_AVG_POOL[name])
     from torch.onnx._internal.torchscript_exporter import utils as exporter
-    with _export_lock:
+    with _export_lock:   # also around reading torch's rules: another export may have ortmod's in
+        registration = _exporter_modules()
+        symbolics = {
+            "aten::detach": _detach_symbolic,
+            "aten::embedding": _embedding_symbolic,
+            "aten::embedding_renorm": _embedding_renorm_symbolic,
+            "aten::embedding_renorm_": _embedding_renorm_symbolic,
+            "aten::softplus": _softplus_symbolic,
+            "aten::kl_div": _kl_div_symbolic,
+            "aten::index_add": _index_add_symbolic,
+            "aten::pad": _pad_symbolic,
+        }
+        for name, arg_op in (("aten::max", "ArgMax"), ("aten::min", "ArgMin")):
+            if _torch_symbolic(registration, name, opset) is not None:
+                symbolics[name] = _extremum_symbolic(arg_op, _torch_symbolic(registration, name, opset))
+        for rank in (1, 2, 3):
+            name = f"aten::avg_pool{rank}d"
+            if _torch_symbolic(registration, name, opset) is not None:
+                symbolics[name] = _avg_pool_symbolic(rank, _torch_symbolic(registration, name, opset))
         for name, fn in symbolics.items():
             torch.onnx.register_custom_op_symbolic(name, fn, opset)
         run_symbolic = exporter._run_symbolic_function

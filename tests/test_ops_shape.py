@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from onnx import numpy_helper
 
-from oputil import check_op, make_model
+import ortmod
+import torch
+from oputil import check_op, make_model, run
 
 RNG = np.random.default_rng(1234)
 
@@ -356,6 +358,31 @@ def test_reduce_max_min(op, fn, axes, keepdims):
     ins = {"x": x} if axes is None else {"x": x, "axes": i64(*axes)}
     check_op(op, ins, lambda x, axes=None: np_reduce(fn, x, axes, keepdims),
              attrs={"keepdims": keepdims}, grad=["x"], const_inputs=["axes"], opset=18)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis,keepdims,last", [(0, 1, 0), (1, 0, 0), (-1, 1, 0), (2, 1, 1), (1, 0, 1)])
+def test_arg_max_min(op, axis, keepdims, last):
+    """First extremum (last with select_last_index); NaN counts as the extremum, as torch says."""
+    x = np.round(RNG.standard_normal((3, 4, 5)), 0)          # many ties
+    x[1, 2, 3] = x[2, 0, 0] = x[2, 0, 4] = np.nan
+
+    def ref(x):
+        t = torch.from_numpy(x)
+        if not last:
+            return (t.argmax if op == "ArgMax" else t.argmin)(axis, keepdim=bool(keepdims)).numpy()
+        flipped = torch.from_numpy(np.ascontiguousarray(np.flip(x, axis)))
+        i = (flipped.argmax if op == "ArgMax" else flipped.argmin)(axis, keepdim=bool(keepdims))
+        return (x.shape[axis] - 1 - i).numpy()
+    check_op(op, {"x": x}, ref, attrs={"axis": axis, "keepdims": keepdims, "select_last_index": last})
+    ints = np.nan_to_num(x, nan=7.0).astype(np.int64)
+    check_op(op, {"x": ints}, ref, attrs={"axis": axis, "keepdims": keepdims, "select_last_index": last})
+
+
+def test_arg_max_of_an_empty_axis_is_refused():
+    x = np.zeros((2, 0), np.float32)
+    with pytest.raises(ortmod.InvalidInputError, match="empty axis"):
+        run(make_model("ArgMax", {"x": x}, {"axis": 1}), [x])
 
 
 def test_reduce_noop_with_empty_axes():

@@ -30,7 +30,7 @@
  *   om_op_cast            Cast                             to = ONNX dtype (f32 f64 f16 bf16 ints bool)
  *   om_op_dropout         Dropout                          (data, ratio?, training_mode?) -> (out, mask?)
  *   om_op_sum_to_shape    SumToShape    (domain ortmod)    x summed over broadcast axes to a shape
- *   om_op_relu_grad       ReluGrad      (domain ortmod)    (dy, y) -> dy * (y > 0)
+ *   om_op_relu_grad       ReluGrad      (domain ortmod)    (dy, y) -> y <= 0 ? 0 : dy
  *   om_op_gelu_grad       GeluGrad      (domain ortmod)    (dy, x; approximate) -> dy * gelu'(x)
  *   om_op_tanh_grad       TanhGrad      (domain ortmod)    (dy, y) -> dy * (1 - y^2)
  *   om_op_sigmoid_grad    SigmoidGrad   (domain ortmod)    (dy, y) -> dy * y * (1 - y)
@@ -430,26 +430,35 @@ static om_status *pow_grad(om_grad_ctx *c) {
 }
 
 /* Max/Min: the gradient goes to the operand that was selected (ties go to a). */
+/* torch.maximum's backward (minimum's with the comparisons swapped): ties share dy, half each;
+ * where a comparison with NaN fails both ways, both inputs get all of dy, as in eager.
+ *   da = where(a == b, dy/2, dy) masked to 0 where a < b     db = ... masked to 0 where a > b */
 static om_status *maxmin_grad(om_grad_ctx *c) {
     int in[2], out[1];
     node_io(c, in, 2, out, 1);
     int dy = c->dy[0];
     if (dy < 0) return NULL;
-    int pick_a = om_emit2(c, "Equal", out[0], in[0]);
-    EMIT_OK(pick_a);
+    const int is_max = strcmp(c->g->nodes[c->node].op->name, "Max") == 0;
+    int tie = om_emit2(c, "Equal", in[0], in[1]);
+    EMIT_OK(tie);
+    int half = om_emit_scalar(c, vdt(c->g, dy), 0.5);
+    EMIT_OK(half);
     int zero = om_emit_scalar(c, vdt(c->g, dy), 0.0);
     EMIT_OK(zero);
-    if (c->need_dx[0]) {
-        int in3[3] = {pick_a, dy, zero};
-        int t = om_emit(c, "Where", in3, 3);
+    int halved = om_emit2(c, "Mul", dy, half);
+    EMIT_OK(halved);
+    int sel[3] = {tie, halved, dy};
+    int share = om_emit(c, "Where", sel, 3);
+    EMIT_OK(share);
+    for (int k = 0; k < 2; k++) {
+        if (!c->need_dx[k]) continue;
+        /* input k loses where the other one wins */
+        int loses = om_emit2(c, (k == 0) == is_max ? "Less" : "Greater", in[0], in[1]);
+        EMIT_OK(loses);
+        int pick[3] = {loses, zero, share};
+        int t = om_emit(c, "Where", pick, 3);
         EMIT_OK(t);
-        EMIT_OK(c->dx[0] = om_emit_sum_to(c, t, in[0]));
-    }
-    if (c->need_dx[1]) {
-        int in3[3] = {pick_a, zero, dy};
-        int t = om_emit(c, "Where", in3, 3);
-        EMIT_OK(t);
-        EMIT_OK(c->dx[1] = om_emit_sum_to(c, t, in[1]));
+        EMIT_OK(c->dx[k] = om_emit_sum_to(c, t, in[k]));
     }
     return NULL;
 }
@@ -563,7 +572,8 @@ static om_status *where_grad(om_grad_ctx *c) {
     }
 
 UNARY_ARITH_KERNEL(neg_cpu, -x)
-UNARY_ARITH_KERNEL(relu_cpu, x > 0 ? x : 0)
+/* NaN-propagating, -0 kept: torch's relu is clamp_min(x, 0) */
+UNARY_ARITH_KERNEL(relu_cpu, x < 0 ? 0 : x)
 UNARY_ARITH_KERNEL(abs_cpu, x < 0 ? -x : x)
 UNARY_FLOAT_KERNEL2(tanh_cpu, tanh_f32(x), tanh(x))
 UNARY_FLOAT_KERNEL2(sigmoid_cpu, sigmoid_f32(x), sigmoid_f64(x))
@@ -572,7 +582,8 @@ UNARY_FLOAT_KERNEL(sqrt_cpu, sqrt(x))
 UNARY_FLOAT_KERNEL(sin_cpu, sin(x))
 UNARY_FLOAT_KERNEL(cos_cpu, cos(x))
 /* NaN stays NaN (torch.sign) */
-UNARY_ARITH_KERNEL(sign_cpu, x != x ? x : (T)((x > 0) - (x < 0)))
+/* torch.sign(NaN) is 0 */
+UNARY_ARITH_KERNEL(sign_cpu, (T)((x > 0) - (x < 0)))
 UNARY_FLOAT_KERNEL2(exp_cpu, exp_f32(x), exp(x))
 UNARY_FLOAT_KERNEL(log_cpu, log(x))
 UNARY_FLOAT_KERNEL(reciprocal_cpu, (T)1 / x)
@@ -623,10 +634,12 @@ static om_status *gelu_cpu(om_kernel_ctx *ctx) {
 
 #define GRAD2_KERNEL(fname, EXPR) GRAD2_KERNEL2(fname, EXPR, EXPR)
 
-GRAD2_KERNEL(relu_grad_cpu, s > 0 ? g : (T)0)
+/* threshold_backward: dy where y > 0 or y is NaN (relu(NaN) is NaN, and so is its gradient) */
+GRAD2_KERNEL(relu_grad_cpu, s <= 0 ? (T)0 : g)
 GRAD2_KERNEL(tanh_grad_cpu, g * ((T)1 - s * s))
 GRAD2_KERNEL(sigmoid_grad_cpu, g * s * ((T)1 - s))
-GRAD2_KERNEL(abs_grad_cpu, s > 0 ? g : (s < 0 ? -g : (T)0))
+/* dy * sgn(x), a product as in eager: a NaN or inf dy at x == 0 gives NaN, not 0 */
+GRAD2_KERNEL(abs_grad_cpu, g * (T)((s > 0) - (s < 0)))
 /* gelu'(x): gelu.h */
 GRAD2_KERNEL2(gelu_erf_grad_cpu, g * gelu_erf_deriv_f32(s), g * gelu_erf_deriv_f64(s))
 GRAD2_KERNEL2(gelu_tanh_grad_cpu, g * gelu_tanh_deriv_f32(s), g * gelu_tanh_deriv_f64(s))

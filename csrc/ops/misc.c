@@ -267,6 +267,14 @@ static om_status *act_infer(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+/* torch's form, x * clamp(x + 3, 0, 6) / 6: NaN propagates and -inf gives NaN, as in eager */
+static inline double hard_swish_d(double v) {
+    double m = v + 3;
+    m = m < 0 ? 0 : m;
+    m = m > 6 ? 6 : m;
+    return v * m / 6;
+}
+
 #define ACT_LOOP(n, ...) for (int64_t i = 0; i < (n); i++) { const T v = x[i]; y[i] = (T)(__VA_ARGS__); }
 
 // x, y are (n)
@@ -284,7 +292,7 @@ static om_status *act_cpu(om_kernel_ctx *ctx) {
         case ACT_ELU: ACT_LOOP(n, v > 0 ? v : a * expm1((double)v)); break;
         case ACT_SELU: ACT_LOOP(n, v > 0 ? gm * v : gm * a * expm1((double)v)); break;
         case ACT_HARD_SIGMOID: ACT_LOOP(n, a * v + b < 0 ? 0 : a * v + b > 1 ? 1 : a * v + b); break;
-        case ACT_HARD_SWISH: ACT_LOOP(n, v <= -3 ? 0 : v >= 3 ? v : v * (v + 3) / 6); break;
+        case ACT_HARD_SWISH: ACT_LOOP(n, hard_swish_d(v)); break;
         case ACT_MISH: ACT_LOOP(n, v * tanh(v > 0 ? v + log1p(exp(-(double)v)) : log1p(exp((double)v)))); break;
         case ACT_SOFTSIGN: ACT_LOOP(n, v / (1 + (v < 0 ? -v : v))); break;
         }
@@ -308,7 +316,12 @@ static om_status *act_grad(om_grad_ctx *c) {
     return NULL;
 }
 
-#define ACT_GRAD_LOOP(n, ...) for (int64_t i = 0; i < (n); i++) { const T v = x[i]; dx[i] = dy[i] * (T)(__VA_ARGS__); }
+/* dx from (g, v) = (dy, x). Each is eager's formula in eager's form: a select where torch
+ * selects (ELU's, HardSigmoid's and HardSwish's backward: a NaN x takes the branch its
+ * comparison fails into, a NaN or inf dy outside the active range gives 0), a product where
+ * torch multiplies. */
+#define ACT_GRAD_LOOP(n, ...) \
+    for (int64_t i = 0; i < (n); i++) { const T v = x[i], g = dy[i]; dx[i] = (T)(__VA_ARGS__); }
 
 static inline double sigmoid_d(double v) { return v >= 0 ? 1 / (1 + exp(-v)) : exp(v) / (1 + exp(v)); }
 
@@ -322,12 +335,12 @@ static om_status *act_grad_cpu(om_kernel_ctx *ctx) {
         T *restrict dx = ctx->out[0].data;
         const T a = (T)p.alpha, b = (T)p.beta, gm = (T)p.gamma;
         switch (p.kind) {
-        case ACT_LEAKY: ACT_GRAD_LOOP(n, v > 0 ? 1 : a); break;
-        case ACT_SOFTPLUS: ACT_GRAD_LOOP(n, sigmoid_d(v)); break;
-        case ACT_ELU: ACT_GRAD_LOOP(n, v > 0 ? 1 : a * exp((double)v)); break;
-        case ACT_SELU: ACT_GRAD_LOOP(n, v > 0 ? gm : gm * a * exp((double)v)); break;
-        case ACT_HARD_SIGMOID: ACT_GRAD_LOOP(n, a * v + b > 0 && a * v + b < 1 ? a : 0); break;
-        case ACT_HARD_SWISH: ACT_GRAD_LOOP(n, v < -3 ? 0 : v > 3 ? 1 : (2 * (double)v + 3) / 6); break;
+        case ACT_LEAKY: ACT_GRAD_LOOP(n, v > 0 ? g : g * a); break;
+        case ACT_SOFTPLUS: ACT_GRAD_LOOP(n, g * sigmoid_d(v)); break;
+        case ACT_ELU: ACT_GRAD_LOOP(n, v <= 0 ? g * a * exp((double)v) : g); break;
+        case ACT_SELU: ACT_GRAD_LOOP(n, v <= 0 ? g * gm * a * exp((double)v) : g * gm); break;
+        case ACT_HARD_SIGMOID: ACT_GRAD_LOOP(n, a * v + b > 0 && a * v + b < 1 ? g * a : 0); break;
+        case ACT_HARD_SWISH: ACT_GRAD_LOOP(n, v <= -3 ? 0 : v < 3 ? g * ((double)v / 3 + 0.5) : g); break;
         case ACT_MISH:
             for (int64_t i = 0; i < n; i++) {
                 const double v = x[i];
@@ -335,7 +348,7 @@ static om_status *act_grad_cpu(om_kernel_ctx *ctx) {
                 dx[i] = dy[i] * (T)(t + v * sigmoid_d(v) * (1 - t * t));
             }
             break;
-        case ACT_SOFTSIGN: ACT_GRAD_LOOP(n, 1 / ((1 + (v < 0 ? -(double)v : v)) * (1 + (v < 0 ? -(double)v : v)))); break;
+        case ACT_SOFTSIGN: ACT_GRAD_LOOP(n, g / ((1 + (v < 0 ? -(double)v : v)) * (1 + (v < 0 ? -(double)v : v)))); break;
         }
     });
     return NULL;

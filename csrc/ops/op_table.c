@@ -69,6 +69,8 @@
     X(om_op_reduce_prod) \
     X(om_op_reduce_grad) \
     X(om_op_reduce_min_max_grad) \
+    X(om_op_arg_max) \
+    X(om_op_arg_min) \
     /* shape.c */ \
     X(om_op_shape) \
     X(om_op_size) \

@@ -8,6 +8,8 @@
  *   om_op_reduce_prod          ReduceProd          (no gradient rule)
  *   om_op_reduce_grad          ReduceGrad          (ortmod) dy broadcast back to Shape(x), / count if mean
  *   om_op_reduce_min_max_grad  ReduceMinMaxGrad    (ortmod) dy routed to the extremal elements, ties share
+ *   om_op_arg_max              ArgMax              axis, keepdims, select_last_index -> int64
+ *   om_op_arg_min              ArgMin              (no gradient: an index)
  *
  * Semantics are opset 18's for all of them (axes as an optional int64 input, attributes
  * keepdims=1 and noop_with_empty_axes=0); the "axes" attribute of older opsets is read
@@ -415,6 +417,84 @@ static om_status *reduce_min_max_grad_cpu(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+/* ---- ArgMax / ArgMin ------------------------------------------------------------------
+ * The index of the first extremum along one axis (the last with select_last_index), as
+ * torch.argmax and torch.max(dim) give it. NaN is the extremum, as in torch: the first NaN
+ * wins, and no number after a NaN displaces it. */
+
+static om_status *arg_axis(const om_kernel_ctx *ctx, int *axis) {
+    const om_tensor *x = &ctx->in[0];
+    if (x->rank == 0) { *axis = 0; return NULL; }
+    OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, axis));
+    if (x->dims[*axis] == 0)
+        return node_error(ctx->node, OM_INVALID_ARGUMENT, "axis %d is empty: an empty axis has no extremum", *axis);
+    return NULL;
+}
+
+static om_status *arg_infer(om_kernel_ctx *ctx) {
+    const om_tensor *x = &ctx->in[0];
+    om_tensor *y = &ctx->out[0];
+    int axis;
+    OM_TRY(om_check_dtype(ctx->node, x, 0, OM_DT_ARITH));
+    OM_TRY(arg_axis(ctx, &axis));
+    const int keep = om_attr_int(ctx->node, "keepdims", 1) != 0;
+    y->dtype = OM_I64;
+    y->rank = 0;
+    for (int i = 0; i < x->rank; i++) {
+        if (i != axis) y->dims[y->rank++] = x->dims[i];
+        else if (keep) y->dims[y->rank++] = 1;
+    }
+    return NULL;
+}
+
+/* does v displace the current extremum b? (max: is_max 1; last: select_last_index) */
+#define ARG_BETTER(v, b, is_max, last)                                                 \
+    ((b) != (b) ? (last) && (v) != (v)                                                 \
+                : (v) != (v) || ((is_max) ? ((last) ? (v) >= (b) : (v) > (b))          \
+                                          : ((last) ? (v) <= (b) : (v) < (b))))
+
+// x is (outer, n, inner) around the axis, y is (outer, inner) int64
+static om_status *arg_run(om_kernel_ctx *ctx, int is_max) {
+    const om_tensor *x = &ctx->in[0];
+    int axis;
+    OM_TRY(arg_axis(ctx, &axis));
+    const int last = om_attr_int(ctx->node, "select_last_index", 0) != 0;
+    int64_t outer = 1, n = 1, inner = 1;
+    for (int i = 0; i < x->rank; i++) {
+        if (i < axis) outer *= x->dims[i];
+        else if (i == axis) n = x->dims[i];
+        else inner *= x->dims[i];
+    }
+    int64_t *y = ctx->out[0].data;
+#define ARG_LOOP(T)                                                                             \
+    {                                                                                          \
+        const T *xs = x->data;                                                                 \
+        for (int64_t o = 0; o < outer; o++)                                                    \
+            for (int64_t i = 0; i < inner; i++) {                                              \
+                const T *p = xs + o * n * inner + i;                                           \
+                T b = p[0];                                                                    \
+                int64_t best = 0;                                                              \
+                for (int64_t k = 1; k < n; k++) {                                              \
+                    const T v = p[k * inner];                                                  \
+                    if (ARG_BETTER(v, b, is_max, last)) { b = v; best = k; }                   \
+                }                                                                              \
+                y[o * inner + i] = best;                                                       \
+            }                                                                                  \
+    }
+    switch (x->dtype) {
+    case OM_F32: ARG_LOOP(float) break;
+    case OM_F64: ARG_LOOP(double) break;
+    case OM_I32: ARG_LOOP(int32_t) break;
+    case OM_I64: ARG_LOOP(int64_t) break;
+    default: return om_err_dtype(ctx->node, 0, x->dtype);
+    }
+#undef ARG_LOOP
+    return NULL;
+}
+
+static om_status *arg_max_cpu(om_kernel_ctx *ctx) { return arg_run(ctx, 1); }
+static om_status *arg_min_cpu(om_kernel_ctx *ctx) { return arg_run(ctx, 0); }
+
 /* ---- the defs ---------------------------------------------------------------------- */
 
 const om_op_def om_op_reduce_sum = {
@@ -451,4 +531,12 @@ const om_op_def om_op_reduce_min_max_grad = {
     .name = "ReduceMinMaxGrad", .domain = "ortmod", .min_in = 4, .max_in = 5, .min_out = 1, .max_out = 1,
     .infer = reduce_min_max_grad_infer, .cpu = reduce_min_max_grad_cpu, .diff_inputs = 0,
     .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
+};
+const om_op_def om_op_arg_max = {
+    .name = "ArgMax", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
+    .infer = arg_infer, .cpu = arg_max_cpu, .attrs = "axis:int keepdims:int select_last_index:int",
+};
+const om_op_def om_op_arg_min = {
+    .name = "ArgMin", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1, .max_out = 1,
+    .infer = arg_infer, .cpu = arg_min_cpu, .attrs = "axis:int keepdims:int select_last_index:int",
 };

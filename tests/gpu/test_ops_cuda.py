@@ -12,6 +12,9 @@ from ortmod import _C
 R = np.random.default_rng(0)
 
 
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.5, -1.5, 3.0, -3.0, 7.0, -7.0, 0.25], np.float32)
+
+
 def f32(*shape):
     return R.standard_normal(shape).astype(np.float32)
 
@@ -117,6 +120,15 @@ CASES = [
     ("ReduceSum", {"x": f32(3, 4, 5), "axes": np.array([1], np.int64)}, None, "", ("x",)),
     ("ReduceMean", {"x": f32(3, 4, 5), "axes": np.array([0, 2], np.int64)}, {"keepdims": 0}, "", ("x",)),
     ("ReduceMax", {"x": f32(3, 400)}, None, "", ("x",)),
+    ("ArgMax", {"x": np.round(f32(3, 7, 5))}, {"axis": 1, "keepdims": 0}, "", ()),
+    ("ArgMin", {"x": np.round(f32(3, 7, 5))}, {"axis": -1, "select_last_index": 1}, "", ()),
+    ("ArgMax", {"x": np.array([[1.0, np.nan, 3.0, np.nan], [2.0, 2.0, -1.0, 0.0]], np.float32)}, None, "", ()),
+    # non-finite values and ties take eager's rule on both devices (tests/test_nonfinite.py)
+    *[(op, {"x": SPECIAL}, attrs, "", ("x",)) for op, attrs in [
+        ("Relu", None), ("Abs", None), ("Sign", None), ("Elu", {"alpha": 1.0}), ("HardSwish", None),
+        ("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5})]],
+    ("Max", {"a": SPECIAL, "b": SPECIAL[::-1].copy()}, None, "", ("a", "b")),
+    ("Min", {"a": SPECIAL, "b": np.roll(SPECIAL, 1)}, None, "", ("a", "b")),
     ("Transpose", {"x": f32(2, 3, 4)}, {"perm": [2, 0, 1]}, "", ("x",)),
     ("Gather", {"x": f32(10, 4), "i": np.array([[1, 9], [-1, 1]], np.int64)}, {"axis": 0}, "", ("x",)),
     ("Concat", {"a": f32(2, 3), "b": f32(2, 5)}, {"axis": 1}, "", ("a", "b")),
