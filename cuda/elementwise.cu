@@ -437,14 +437,16 @@ static om_status *clip_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     return omc_launched(ctx);
 }
 
-// dy, x, dx are (n): dx = dy where lo <= x <= hi
+// dy, x, dx are (n): dx = dy where lo <= x <= hi; exclusive (HardTanh's): 0 where x <= lo or
+// x >= hi, else dy (NaN passes)
 template <typename T>
-__global__ void clip_grad_kernel(T *dx, const T *dy, const T *x_, const T *lo, const T *hi, int64_t n) {
+__global__ void clip_grad_kernel(T *dx, const T *dy, const T *x_, const T *lo, const T *hi, int64_t n, int exclusive) {
     typedef typename acc<T>::t A;
     A l = lo ? ld(*lo) : (A)-INFINITY, h = hi ? ld(*hi) : (A)INFINITY;
     GRID_STRIDE(i, n) {
         A v = ld(x_[i]);
-        dx[i] = v >= l && v <= h ? dy[i] : st<T>((A)0);
+        bool pass = exclusive ? !(v <= l || v >= h) : (v >= l && v <= h);
+        dx[i] = pass ? dy[i] : st<T>((A)0);
     }
 }
 static om_status *clip_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
@@ -453,7 +455,8 @@ static om_status *clip_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x
     OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {
         clip_grad_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
             (T *)ctx->out[0].data, (const T *)ctx->in[0].data, (const T *)ctx->in[1].data,
-            present(ctx, 2) ? (const T *)ctx->in[2].data : NULL, present(ctx, 3) ? (const T *)ctx->in[3].data : NULL, n);
+            present(ctx, 2) ? (const T *)ctx->in[2].data : NULL, present(ctx, 3) ? (const T *)ctx->in[3].data : NULL, n,
+            attr_i(ctx, "exclusive", 0) != 0);
     });
     return omc_launched(ctx);
 }
@@ -641,7 +644,7 @@ extern const omc_kernel_entry omc_kernels_elementwise[] = {
     {"Selu", "", activation_cuda}, {"HardSigmoid", "", activation_cuda}, {"HardSwish", "", activation_cuda},
     {"Mish", "", activation_cuda}, {"Softsign", "", activation_cuda},
     {"Identity", "", identity_cuda}, {"StopGradient", "ortmod", identity_cuda}, {"Cast", "", cast_cuda},
-    {"Clip", "", clip_cuda}, {"ClipGrad", "ortmod", clip_grad_cuda},
+    {"Clip", "", clip_cuda}, {"ClipGrad", "ortmod", clip_grad_cuda}, {"HardTanh", "ortmod", clip_cuda},
     {"Dropout", "", dropout_cuda}, {"DropoutGrad", "ortmod", dropout_grad_cuda},
     {"SumToShape", "ortmod", sum_to_shape_cuda},
     {"ReluGrad", "ortmod", relu_grad_cuda}, {"TanhGrad", "ortmod", tanh_grad_cuda},

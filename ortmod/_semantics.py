@@ -210,6 +210,25 @@ def _avg_pool_symbolic(rank, original):
     return symbolic
 
 
+def _hardtanh_symbolic(g, x, min_val, max_val):
+    """hardtanh (and relu6) as ortmod::HardTanh: Clip's forward, hardtanh's gradient (0 at
+    the bounds, dy at NaN). torch's rule gives Clip, whose gradient is torch.clamp's."""
+    from torch.onnx import symbolic_helper as sh
+    dtype = _dtype_of(x)
+    lo, hi = sh._maybe_get_const(min_val, "f"), sh._maybe_get_const(max_val, "f")
+    if not isinstance(lo, float) or not isinstance(hi, float):
+        _refuse("hardtanh with tensor bounds", "ortmod keeps hardtanh's bounds only as constants")
+    out = g.op("ortmod::HardTanh", x, _const(g, lo, dtype), _const(g, hi, dtype))
+    out.setType(x.type())
+    return out
+
+
+def _relu6_symbolic(g, x):
+    out = g.op("ortmod::HardTanh", x, _const(g, 0.0, _dtype_of(x)), _const(g, 6.0, _dtype_of(x)))
+    out.setType(x.type())
+    return out
+
+
 def _extremum_symbolic(arg_op, original):
     """torch.max/min(x, dim): torch's rule gives ReduceMax and ArgMax side by side, and
     ReduceMax's gradient shares dy among ties; eager's goes to the index max(dim) returns (the
@@ -389,6 +408,8 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             "aten::kl_div": _kl_div_symbolic,
             "aten::index_add": _index_add_symbolic,
             "aten::pad": _pad_symbolic,
+            "aten::hardtanh": _hardtanh_symbolic,
+            "aten::relu6": _relu6_symbolic,
         }
         for name, arg_op in (("aten::max", "ArgMax"), ("aten::min", "ArgMin")):
             if _torch_symbolic(registration, name, opset) is not None:

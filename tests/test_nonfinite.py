@@ -24,7 +24,8 @@ FUNCS = {
     "mish": F.mish, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "abs": torch.abs,
     "sign": torch.sign, "neg": torch.neg, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
     "reciprocal": torch.reciprocal, "square": torch.square, "sin": torch.sin, "cos": torch.cos,
-    "erf": torch.erf, "clamp": lambda x: torch.clamp(x, -2.0, 2.0), "clamp_min": lambda x: torch.clamp(x, min=0.5),
+    "erf": torch.erf, "clamp": lambda x: torch.clamp(x, -2.0, 2.0), "clamp_bounds": lambda x: torch.clamp(x, -1.5, 3.0),
+    "hardtanh_bounds": lambda x: F.hardtanh(x, -1.5, 3.0), "clamp_min": lambda x: torch.clamp(x, min=0.5),
     "maximum": lambda x: torch.maximum(x, x.flip(0)), "minimum": lambda x: torch.minimum(x, x.flip(0)),
     "pow_half": lambda x: x.abs().pow(0.5), "pow_2": lambda x: x.pow(2), "mul": lambda x: x * x.flip(0),
     "div": lambda x: x / x.flip(0), "softmax": lambda x: torch.softmax(x.view(3, 4), -1),
@@ -56,9 +57,6 @@ def same_values(what, got, want):
 # eager's rule that the engine does not follow yet (each fails this test; strict: fixing one
 # shows up here)
 DIFFERS = {
-    "hardtanh": "ONNX Clip's gradient is torch.clamp's (dy at the bounds, 0 at NaN); hardtanh's is 0 "
-                "at the bounds and dy at NaN",
-    "relu6": "exported as Clip(0, 6): see hardtanh",
     "max_dim": "amax's gradient is NaN everywhere in a row whose max is NaN; ReduceMax's follows x.max()'s "
                "(all of it to the NaN)",
 }

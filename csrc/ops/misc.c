@@ -14,6 +14,8 @@
  *   om_op_is_inf            IsInf              float -> bool (detect_negative, detect_positive)
  *   om_op_clip              Clip               (x, min?, max?)  f32 f64 i32 i64
  *   om_op_clip_grad         ClipGrad           (domain ortmod)  (dy, x, min?, max?) -> dy where min <= x <= max
+ *                                              (exclusive=1: 0 where x <= min or x >= max, dy elsewhere, NaN too)
+ *   om_op_hard_tanh         HardTanh           (domain ortmod)  (x, min, max): Clip, with hardtanh's gradient
  *   om_op_leaky_relu        LeakyRelu          alpha
  *   om_op_softplus          Softplus
  *   om_op_elu               Elu                alpha
@@ -214,16 +216,29 @@ static om_status *clip_grad(om_grad_ctx *c) {
     return NULL;
 }
 
-// dy, x, dx are (n): dx = dy where lo <= x <= hi (as torch.clamp's backward), else 0
+/* HardTanh (torch's hardtanh and relu6): Clip's forward; its gradient is hardtanh_backward's,
+ * 0 at the bounds and dy at NaN, where torch.clamp's (Clip's) is dy at the bounds and 0 at NaN */
+static om_status *hard_tanh_grad(om_grad_ctx *c) {
+    OM_TRY(clip_grad(c));
+    if (c->dx[0] >= 0) om_emit_attr_int(c, "exclusive", 1);
+    return NULL;
+}
+
+// dy, x, dx are (n): dx = dy where lo <= x <= hi (as torch.clamp's backward), else 0;
+// exclusive: dx = 0 where x <= lo or x >= hi, else dy (hardtanh_backward)
 static om_status *clip_grad_cpu(om_kernel_ctx *ctx) {
     const int64_t n = om_tensor_numel(&ctx->in[0]);
     const int has_lo = present(ctx, 2), has_hi = present(ctx, 3);
+    const int exclusive = om_attr_int(ctx->node, "exclusive", 0) != 0;
     MISC_FLOAT(ctx->in[0].dtype, ctx->node, 0, {
         const T *restrict dy = ctx->in[0].data, *restrict x = ctx->in[1].data;
         T *restrict dx = ctx->out[0].data;
         const T lo = has_lo ? *(const T *)ctx->in[2].data : -(T)INFINITY;
         const T hi = has_hi ? *(const T *)ctx->in[3].data : (T)INFINITY;
-        for (int64_t i = 0; i < n; i++) dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0;
+        if (exclusive)
+            for (int64_t i = 0; i < n; i++) dx[i] = x[i] <= lo || x[i] >= hi ? 0 : dy[i];
+        else
+            for (int64_t i = 0; i < n; i++) dx[i] = x[i] >= lo && x[i] <= hi ? dy[i] : 0;
     });
     return NULL;
 }
@@ -879,7 +894,10 @@ const om_op_def om_op_is_inf = {.name = "IsInf", .domain = "", .min_in = 1, .max
 const om_op_def om_op_clip = {.name = "Clip", .domain = "", .min_in = 1, .max_in = 3, .min_out = 1, .max_out = 1,
                               .infer = clip_infer, .grad = clip_grad, .cpu = clip_cpu, .diff_inputs = 0x1};
 const om_op_def om_op_clip_grad = {.name = "ClipGrad", .domain = "ortmod", .min_in = 2, .max_in = 4, .min_out = 1,
-                                   .max_out = 1, .infer = clip_infer, .cpu = clip_grad_cpu};
+                                   .max_out = 1, .infer = clip_infer, .cpu = clip_grad_cpu, .attrs = "exclusive:int"};
+const om_op_def om_op_hard_tanh = {.name = "HardTanh", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1,
+                                   .max_out = 1, .infer = clip_infer, .grad = hard_tanh_grad, .cpu = clip_cpu,
+                                   .diff_inputs = 0x1};
 
 /* ACT_DEF(sym, NAME) or ACT_DEF(sym, NAME, .attrs = "..."): the name may be followed by more fields */
 #define ACT_DEF(sym, ...)                                                                                    \

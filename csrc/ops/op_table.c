@@ -132,6 +132,7 @@
     X(om_op_is_inf) \
     X(om_op_clip) \
     X(om_op_clip_grad) \
+    X(om_op_hard_tanh) \
     X(om_op_leaky_relu) \
     X(om_op_softplus) \
     X(om_op_elu) \

@@ -128,6 +128,8 @@ CASES = [
         ("Relu", None), ("Abs", None), ("Sign", None), ("Elu", {"alpha": 1.0}), ("HardSwish", None),
         ("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5})]],
     ("Max", {"a": SPECIAL, "b": SPECIAL[::-1].copy()}, None, "", ("a", "b")),
+    ("HardTanh", {"x": SPECIAL, "lo": np.float32(-1.5), "hi": np.float32(3.0)}, None, "ortmod", ("x",)),
+    ("Clip", {"x": SPECIAL, "lo": np.float32(-1.5), "hi": np.float32(3.0)}, None, "", ("x",)),
     ("Min", {"a": SPECIAL, "b": np.roll(SPECIAL, 1)}, None, "", ("a", "b")),
     ("Transpose", {"x": f32(2, 3, 4)}, {"perm": [2, 0, 1]}, "", ("x",)),
     ("Gather", {"x": f32(10, 4), "i": np.array([[1, 9], [-1, 1]], np.int64)}, {"axis": 0}, "", ("x",)),
