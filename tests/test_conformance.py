@@ -25,7 +25,7 @@ REGRESSIONS = ["db:nn.TransformerDecoderLayer|float32|train|33", "pat:cross_atte
                "db:nn.BatchNorm1d|float64|train|0", "db:nn.TransformerEncoderLayer|float64|train|15",
                "db:nn.SiLU|float64|train|0", "db:nn.CircularPad2d|float32|train|0",
                "db:nn.MSELoss|float64|train|1", "db:nn.KLDivLoss|float64|train|9",
-               "db:nn.LayerNorm|float32|train|5"]
+               "db:nn.LayerNorm|float32|train|5", "db:nn.LPPool2d|float64|train|2"]
 FAST_CASES = module_db.fast_case_ids() + patterns.fast_case_ids() + REGRESSIONS
 
 
