@@ -422,6 +422,9 @@ class Exported:
     # (tensor input, dim, size) the graph holds only for: dims exported static, or every dim
     # when shape_specialized; a call with another size there exports again
     static_dims: tuple = ()
+    # the shapes eager returned for the export's call: the engine's first run of the graph,
+    # on the same call, must give them (a mis-converted op otherwise goes unnoticed)
+    eager_shapes: tuple = ()
     # per ortmod::PythonOp function_id: the user's autograd.Function call (ortmod._pyop.FunctionSpec)
     functions: list = dataclasses.field(default_factory=list)
 
@@ -710,6 +713,10 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
     from . import _semantics
 
     wrapper = _FlatWrapper(module, flat)
+    # torch.onnx.export puts the wrapper back in the mode it found it in, recursively: a new
+    # module is in training mode, which would turn an eval-mode module to training after one
+    # export (a retried export then traced BatchNorm in training mode)
+    wrapper.train(module.training)
     tensor_indices = flat.tensor_indices()
     tensors = tuple(flat.leaves[i] for i in tensor_indices)
     input_names = [f"input_{k}" for k in range(len(tensors))]
@@ -820,6 +827,7 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
                     wrapper.out_tensor_positions, updates, counters, output_deps,
                     guards=guards, shape_specialized=bool(unguarded), hazards=hazards,
                     static_dims=tuple((k, d, tensors[k].shape[d]) for k, d in (dims if unguarded else static)),
+                    eager_shapes=tuple(tuple(t.shape) for t in outs),
                     functions=list(functions.specs))
 
 

@@ -381,6 +381,9 @@ class ORTModule(torch.nn.Module):
             from ._explain import summarize
             logger.info("compiled %s graph:\n%s", "training" if entry.needs_grad else "inference",
                         summarize(json.loads(entry.engine.report())))
+        check = d.pop("_ortmod_check_shapes", None)
+        if check is not None:
+            _check_output_shapes(self._original_module, check, outputs)
         if entry.guards:
             broken = next((g for g in entry.guards if not g.holds(outputs[g.output_index])), None)
             if broken is not None:
@@ -446,6 +449,7 @@ class ORTModule(torch.nn.Module):
             _capture.check_state(module)
             _capture.check_one_device(module, flat)
             exported = self._ortmod_export(flat, export_key)
+            d["_ortmod_check_shapes"] = exported.eager_shapes   # this call's first engine run
             if record is not None and record.exported.onnx_bytes == exported.onnx_bytes:
                 record.exported = exported
                 record.stale = False
@@ -664,6 +668,17 @@ class ORTModule(torch.nn.Module):
         super().__setstate__(state)
         self._ortmod_load_engine_library()
         _watch(self)
+
+
+def _check_output_shapes(module, eager_shapes, outputs):
+    """The first run of a new export, on the call it was traced from, must return eager's
+    output shapes: where torch's exporter mis-converts an op (an adaptive pool of an unbatched
+    input exported with static sizes), the graph is refused rather than trained."""
+    for j, (want, got) in enumerate(zip(eager_shapes, outputs)):
+        if tuple(got.shape) != want:
+            raise _capture.UnsupportedModelError(
+                f"the export of {type(module).__name__} computes output {j} with shape {tuple(got.shape)} "
+                f"where eager gives {want}: torch's ONNX exporter mis-converted an op of this model")
 
 
 def _update_state(entry, outputs, state):

@@ -77,3 +77,25 @@ def test_static_dims_are_checked_before_the_engine_runs(monkeypatch):
     counts = check_calls(LengthMean(), [(2, 4, 5), (2, 4, 5), (3, 4, 5), (6, 4, 5), (6, 9, 5), (2, 2, 5)])
     assert counts == [1, 1, 2, 2, 3, 3]
     assert seen == [None, frozenset({(0, 0)}), frozenset({(0, 0), (0, 1)})]
+
+
+def test_eval_mode_survives_a_retried_export():
+    """torch.onnx.export restores the wrapper's mode recursively: a failed first attempt had
+    turned an eval-mode module to training, and the retry traced BatchNorm with batch stats."""
+    bn = nn.BatchNorm2d(3, affine=False)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2.0)
+    bn.eval()
+    ort = ORTModule(copy.deepcopy(bn))
+    x = torch.randn(2, 3, 4, 4)
+    rel_close("eval BatchNorm", ort(x), bn(x))
+    assert not ort.training and not bn.training
+
+
+def test_output_shape_the_exporter_got_wrong_is_refused():
+    """torch's adaptive pool rule reads an unbatched (C, H, W) input as batched: the first
+    engine run of an export must return eager's shapes."""
+    import ortmod
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"shape \(3, 5, 3\) where eager gives \(3, 3, 3\)"):
+        ORTModule(nn.AdaptiveAvgPool2d(3))(torch.randn(3, 5, 6))
