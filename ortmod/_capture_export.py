@@ -37,6 +37,7 @@ import contextlib
 import functools
 import operator
 import itertools
+import sys
 import threading
 import time
 
@@ -94,6 +95,46 @@ def _insert_stop_gradients(gm):
     return count
 
 
+def _splits_to_slices(gm):
+    """``split`` / ``split_with_sizes`` with constant sizes -> one ``slice`` per piece used. torchlib
+    translates a split to an ONNX sequence (SplitToSequence and a local function per piece), which
+    the engine does not take; the pieces' bounds are known here."""
+    targets = {torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default}
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in targets:
+            continue
+        pieces = node.meta.get("val")
+        x, sizes = node.args[0], node.args[1]
+        dim = _const_arg(node, 2, "dim", 0)
+        if not isinstance(pieces, (list, tuple)) or not isinstance(dim, int):
+            continue
+        if node.target is torch.ops.aten.split.Tensor:
+            if not isinstance(sizes, int):
+                continue
+            bounds = [(k * sizes, (k + 1) * sizes if k + 1 < len(pieces) else sys.maxsize)
+                      for k in range(len(pieces))]
+        else:
+            if not all(isinstance(v, int) for v in sizes):
+                continue
+            ends = list(itertools.accumulate(sizes))
+            bounds = list(zip([0] + ends[:-1], ends))
+        users = list(node.users)
+        if not all(u.target is operator.getitem for u in users):
+            continue
+        for u in users:
+            start, end = bounds[u.args[1]]
+            with gm.graph.inserting_before(u):
+                piece = gm.graph.call_function(torch.ops.aten.slice.Tensor, (x, dim, start, end))
+            piece.meta.update(u.meta)
+            u.replace_all_uses_with(piece)
+            gm.graph.erase_node(u)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.recompile()
+
+
 # ---------------------------------------------------------------------------------------------
 # ortmod's translations (onnxscript, traced by torch's exporter)
 
@@ -113,7 +154,7 @@ def _translations():
     import onnxscript
     from onnxscript import opset18 as op
     from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TTensor
-    from typing import Optional, Tuple
+    from typing import Optional, Sequence, Tuple
     import onnx
     schema = onnx.defs.OpSchema(
         "StopGradient", "ortmod", 1, doc="identity forward, no gradient (the engine's op)",
@@ -145,7 +186,98 @@ def _translations():
                                                      epsilon=eps, momentum=1.0 - momentum, training_mode=1)
         return y, new_mean, new_var, new_mean, new_var
 
+    import onnx_ir as ir
+
+    def sdpa(query: TFloat, key: TFloat, value: TFloat, attn_mask: Optional[TTensor] = None,
+             dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+             enable_gqa: bool = False) -> TFloat:
+        # the node chain of ortmod's TorchScript symbolic (_capture._sdpa_symbolic), which the
+        # engine's attention fusion matches, typed in the query's dtype throughout. torchlib's
+        # splits sqrt(scale) over query and key, and its Dropout has no training_mode input:
+        # ONNX's default (false) would drop nothing where eager applies dropout_p.
+        dtype = query.dtype
+
+        def const(v, dt=dtype):
+            return op.Constant(value=ir.tensor(v, dtype=dt))
+
+        rank = len(key.shape)
+        if enable_gqa and (len(query.shape) < 3 or query.shape[-3] != key.shape[-3]):
+            raise NotImplementedError("ortmod: scaled_dot_product_attention(enable_gqa=True) on this path")
+        if scale is None:
+            wide = ir.DataType.DOUBLE if dtype == ir.DataType.DOUBLE else ir.DataType.FLOAT
+            e = op.Cast(op.Shape(query, start=-1), to=wide)
+            s = op.Cast(op.Div(const([1.0], wide), op.Sqrt(e)), to=dtype)
+        else:
+            s = const(scale)
+        perm = list(range(rank))
+        perm[-1], perm[-2] = perm[-2], perm[-1]
+        scores = op.MatMul(op.Mul(query, s), op.Transpose(key, perm=perm))
+        zero, neg_inf = const([0.0]), const([-float("inf")])
+        guard_nan = False
+        if is_causal:
+            size = op.Concat(op.Shape(query, start=-2, end=-1), op.Shape(key, start=-2, end=-1), axis=0)
+            tril = op.Trilu(op.Expand(const([1.0]), size), upper=0)
+            scores = op.Add(scores, op.Where(op.Equal(tril, zero), neg_inf, zero))
+        elif attn_mask is not None:
+            if attn_mask.dtype == ir.DataType.BOOL:
+                attn_mask = op.Where(attn_mask, zero, neg_inf)
+                guard_nan = True
+            elif attn_mask.dtype != dtype:
+                attn_mask = op.Cast(attn_mask, to=dtype)
+            scores = op.Add(scores, attn_mask)
+        weights = op.Softmax(scores, axis=-1)
+        if guard_nan:
+            weights = op.Where(op.IsNaN(weights), zero, weights)
+        if dropout_p != 0:
+            weights, _ = op.Dropout(weights, const(dropout_p, ir.DataType.FLOAT), const(True, ir.DataType.BOOL))
+        return op.MatMul(weights, value)
+
+    from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
+
+    def const(v, dt):
+        return op.Constant(value=ir.tensor(v, dtype=dt))
+
+    def index(self: TTensor, indices: Sequence[Optional[TTensor]]) -> TTensor:
+        # one integer index tensor (x[:, :, idx]): a Gather on its axis, an op the engine has
+        # (torchlib's general form is GatherND, which it does not)
+        given = [k for k, i in enumerate(indices) if i is not None]
+        if any(indices[k].dtype == ir.DataType.BOOL for k in given):
+            return torchlib_core.aten_index(self, indices)
+        if len(given) == 1:
+            return op.Gather(self, indices[given[0]], axis=given[0])
+        if given == list(range(len(given))):
+            # x[i0, .., ik-1] on the leading dims: one Gather on the flattened leading dims, at
+            # the linear index sum_j i_j * stride_j (negative indices counted from the end, as torch)
+            k = len(given)
+            shape = op.Shape(self)
+            linear = None
+            for j in range(k):
+                size = op.Shape(self, start=j, end=j + 1)
+                i = op.Cast(indices[j], to=ir.DataType.INT64)
+                i = op.Where(op.Less(i, const([0], ir.DataType.INT64)), op.Add(i, size), i)
+                linear = i if linear is None else op.Add(op.Mul(linear, size), i)
+            flat = op.Reshape(self, op.Concat(const([-1], ir.DataType.INT64), op.Slice(
+                shape, const([k], ir.DataType.INT64), const([2 ** 62], ir.DataType.INT64)), axis=0))
+            return op.Gather(flat, linear, axis=0)
+        return torchlib_core.aten_index(self, indices)
+
+    def embedding(weight: TFloat, indices: TTensor, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+                  sparse: bool = False) -> TFloat:
+        # padding_idx: the rows looked up at pad positions get no gradient, so the pad row's
+        # gradient stays zero as in eager (torchlib drops padding_idx); scale_grad_by_freq is
+        # refused by _audit
+        out = op.Gather(weight, indices, axis=0)
+        if padding_idx is not None and padding_idx >= 0:
+            is_pad = op.Equal(indices, op.CastLike(const(padding_idx, ir.DataType.INT64), indices)
+                              if indices.dtype != ir.DataType.INT64 else const(padding_idx, ir.DataType.INT64))
+            is_pad = op.Unsqueeze(is_pad, const([-1], ir.DataType.INT64))
+            out = op.Where(is_pad, stop_gradient_op(out), out)
+        return out
+
     return {
+        torch.ops.aten.embedding.default: embedding,
+        torch.ops.aten.index.Tensor: index,
+        torch.ops.aten.scaled_dot_product_attention.default: sdpa,
         torch.ops.ortmod.stop_gradient.default: stop_gradient_onnx,
         torch.ops.aten._native_batch_norm_legit_functional.default: batch_norm_functional,
     }
@@ -388,6 +520,9 @@ def export(module, flat, strict_trace=False, inline_functions=False):
     except Exception as e:
         raise _export_error(module, "decomposing the exported program", e) from e
     timings["decompose"] = time.perf_counter() - t1
+    for gm in ep.graph_module.modules():
+        if isinstance(gm, torch.fx.GraphModule):
+            _splits_to_slices(gm)
     _audit(module, ep)
     # Mutated buffers: torch's translator drops them ("TODO: decide if we should keep mutated
     # buffers"); as user outputs they stay, after the module's own, in signature order.
@@ -581,8 +716,6 @@ def _check_rnn(node):
 
 
 def _check_embedding(node):
-    if _const_arg(node, 2, "padding_idx", -1) != -1:
-        return "padding_idx is dropped by the ONNX translation (the pad row would get a gradient)"
     if _const_arg(node, 3, "scale_grad_by_freq", False):
         return "scale_grad_by_freq is not implemented by ortmod"
     return None
@@ -594,7 +727,26 @@ def _check_cross_entropy(node):
     return None
 
 
+def _check_pad(node):
+    pads, mode = node.args[1], _const_arg(node, 2, "mode", "constant")
+    if mode not in ("constant", "reflect", "replicate"):
+        return f"mode {mode!r} is not reviewed on this path"
+    if not all(isinstance(p, int) and p >= 0 for p in pads):
+        return "only constant, non-negative paddings are reviewed on this path"
+    return None
+
+
+def _check_cumsum(node):
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and not val.is_floating_point() and val.dtype != torch.int64 \
+            and node.kwargs.get("dtype") is None:
+        return f"cumsum of {val.dtype} accumulates in int64 in eager, in {val.dtype} in the ONNX translation"
+    return None
+
+
 _CHECKS = {
+    "aten::cumsum": _check_cumsum,
+    "aten::pad": _check_pad,
     "aten::cross_entropy_loss": _check_cross_entropy,
     "aten::_native_batch_norm_legit_functional": _check_batch_norm,
     "aten::lstm": _check_rnn, "aten::gru": _check_rnn, "aten::rnn_tanh": _check_rnn, "aten::rnn_relu": _check_rnn,
@@ -640,19 +792,20 @@ REVIEWED = frozenset({
     "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::neg", "aten::relu",
     "aten::tanh", "aten::sigmoid", "aten::exp", "aten::log", "aten::sqrt", "aten::rsqrt", "aten::abs",
     "aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", "aten::gelu", "aten::erf",
-    "aten::le.Tensor", "aten::lt.Tensor", "aten::ge.Tensor", "aten::gt.Tensor", "aten::eq.Tensor",
+    "aten::ne.Tensor", "aten::ne.Scalar", "aten::le.Tensor", "aten::lt.Tensor", "aten::ge.Tensor", "aten::gt.Tensor", "aten::eq.Tensor",
     "aten::le.Scalar", "aten::lt.Scalar", "aten::ge.Scalar", "aten::gt.Scalar", "aten::eq.Scalar",
     "aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor", "aten::bitwise_not", "aten::logical_not",
     "aten::where.self", "aten::clone", "aten::_to_copy", "aten::alias",
+    "prims::convert_element_type", "aten::scalar_tensor",     # from the type-promotion pass
     # shapes
     "aten::view", "aten::reshape", "aten::transpose.int", "aten::permute", "aten::unsqueeze",
     "aten::squeeze.dim", "aten::expand", "aten::slice.Tensor", "aten::select.int", "aten::cat",
-    "aten::arange", "aten::arange.start", "aten::new_ones", "aten::ones", "aten::zeros", "aten::full",
+    "aten::cumsum", "aten::arange", "aten::arange.start", "aten::new_ones", "aten::ones", "aten::zeros", "aten::full",
     # nn
     "aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::conv2d", "aten::conv1d",
     "aten::max_pool2d", "aten::mean.dim", "aten::sum.dim_IntList", "aten::mean", "aten::sum",
     "aten::layer_norm", "aten::native_dropout", "aten::softmax.int", "aten::_softmax", "aten::log_softmax.int",
     "aten::_log_softmax", "aten::cross_entropy_loss", "aten::embedding", "aten::index.Tensor",
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
-    "aten::scaled_dot_product_attention", "ortmod::stop_gradient",
+    "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
 })
