@@ -122,13 +122,10 @@ def _splits_to_slices(gm):
         users = list(node.users)
         if not all(u.target is operator.getitem for u in users):
             continue
-        for u in users:
+        for u in users:     # each piece becomes its slice in place (its name is in the signature)
             start, end = bounds[u.args[1]]
-            with gm.graph.inserting_before(u):
-                piece = gm.graph.call_function(torch.ops.aten.slice.Tensor, (x, dim, start, end))
-            piece.meta.update(u.meta)
-            u.replace_all_uses_with(piece)
-            gm.graph.erase_node(u)
+            u.target = torch.ops.aten.slice.Tensor
+            u.args = (x, dim, start, end)
         gm.graph.erase_node(node)
         changed = True
     if changed:
@@ -756,6 +753,18 @@ _CHECKS = {
 AUDIT_LOG = None     # a set: while set, every op the audit sees is added (to grow the reviewed list)
 
 
+def _user_line(stack):
+    """'file:line' of the innermost frame of a node's stack trace outside torch and ortmod."""
+    import os
+    import re
+    own = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+    frames = re.findall(r'File "([^"]+)", line (\d+)', stack)
+    for name, line in reversed(frames):
+        if not name.startswith(own) and not name.startswith("<"):
+            return f"{name}:{line}"
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+
+
 def _audit(module, ep):
     for gm in ep.graph_module.modules():
         if not isinstance(gm, torch.fx.GraphModule):
@@ -773,8 +782,8 @@ def _audit(module, ep):
             if why is None and name not in REVIEWED and base not in REVIEWED and target not in _PY_OPS:
                 why = "not yet reviewed for the torch.export capture path"
             if why is not None:
-                where = node.meta.get("stack_trace", "").strip().rsplit("\n", 2)[-2:] if node.meta.get("stack_trace") else ""
-                where = f" (at {where[0].strip()})" if where else ""
+                where = _user_line(node.meta.get("stack_trace") or "")
+                where = f" (at {where})" if where else ""
                 raise UnsupportedModelError(
                     f"{type(module).__name__}: {name}{where}: {why}; ORTMOD_CAPTURE=torchscript captures with the "
                     "TorchScript exporter instead")
@@ -798,7 +807,9 @@ REVIEWED = frozenset({
     "aten::where.self", "aten::clone", "aten::_to_copy", "aten::alias",
     "prims::convert_element_type", "aten::scalar_tensor",     # from the type-promotion pass
     # shapes
-    "aten::view", "aten::reshape", "aten::transpose.int", "aten::permute", "aten::unsqueeze",
+    "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::transpose.int", "aten::stack",
+    "aten::triu", "aten::tril", "aten::gather", "aten::index_select", "aten::einsum", "aten::clamp",
+    "aten::masked_fill.Scalar", "aten::zeros_like", "aten::ones_like", "aten::full_like", "aten::permute", "aten::unsqueeze",
     "aten::squeeze.dim", "aten::expand", "aten::slice.Tensor", "aten::select.int", "aten::cat",
     "aten::cumsum", "aten::arange", "aten::arange.start", "aten::new_ones", "aten::ones", "aten::zeros", "aten::full",
     # nn
