@@ -153,6 +153,7 @@ def _translations():
     from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TTensor
     from typing import Optional, Sequence, Tuple
     import onnx
+    import onnx_ir as ir
     schema = onnx.defs.OpSchema(
         "StopGradient", "ortmod", 1, doc="identity forward, no gradient (the engine's op)",
         inputs=[onnx.defs.OpSchema.FormalParameter("x", "T")],
@@ -171,8 +172,13 @@ def _translations():
         # outputs: (y, save_mean, save_invstd, new running_mean, new running_var). save_mean and
         # save_invstd only feed a backward, which the engine builds itself: _audit refuses a graph
         # that reads them, so the running stats stand in for them here.
-        if weight is None or bias is None or running_mean is None or running_var is None:
-            raise NotImplementedError("ortmod: BatchNorm without affine weights or running stats")
+        if running_mean is None or running_var is None:
+            raise NotImplementedError("ortmod: BatchNorm without running stats on this path")
+        channels = op.Shape(input, start=1, end=2)
+        if weight is None:     # affine=False
+            weight = op.Expand(op.Constant(value=ir.tensor([1.0], dtype=input.dtype)), channels)
+        if bias is None:
+            bias = op.Expand(op.Constant(value=ir.tensor([0.0], dtype=input.dtype)), channels)
         if not training:
             y = op.BatchNormalization(input, weight, bias, running_mean, running_var, epsilon=eps)
             return y, running_mean, running_var, running_mean, running_var

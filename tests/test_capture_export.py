@@ -100,6 +100,19 @@ def test_batchnorm_updates_the_module_buffers_in_place():
     assert int(ort.module[1].num_batches_tracked) == 1
 
 
+def test_batchnorm_without_affine_weights():
+    """affine=False: the TorchScript exporter cannot export it (unknown channel size); this path can."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3, affine=False), nn.ReLU()).train()
+    eager, ort = copy.deepcopy(m), ORTModule(copy.deepcopy(m))
+    for _ in range(2):
+        x = torch.randn(4, 2, 6, 6)
+        rel_close("output", ort(x), eager(x))
+    rel_close("running_mean", ort.module[1].running_mean, eager[1].running_mean)
+    rel_close("running_var", ort.module[1].running_var, eager[1].running_var)
+    assert not torch.equal(ort.module[1].running_var, torch.ones(3))
+
+
 def test_gpt2_trains_with_parity():
     import test_models_gpt2 as gpt2
     pytest.importorskip("transformers")
