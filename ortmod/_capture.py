@@ -427,6 +427,11 @@ class Exported:
     eager_shapes: tuple = ()
     # per ortmod::PythonOp function_id: the user's autograd.Function call (ortmod._pyop.FunctionSpec)
     functions: list = dataclasses.field(default_factory=list)
+    # the torch.export path (ortmod._capture_export): what the export assumed about the call's
+    # input sizes (a ShapeGuard, checked per call: a call it rejects is exported again)
+    shape_guard: object = None
+    capture: str = "torchscript"    # which capture path made it
+    timings: dict = dataclasses.field(default_factory=dict)   # seconds per capture stage
 
 
 @contextlib.contextmanager

@@ -47,6 +47,10 @@ class DebugOptions:
                  the engine differentiates it (its own backward is not used). Off by default: the
                  user's forward and backward run in PyTorch, called from the engine's graph
                  (also ORTMOD_INLINE_AUTOGRAD_FUNCTIONS=1).
+    capture:     how the forward is captured (also ORTMOD_CAPTURE): "torchscript" (torch's
+                 TorchScript ONNX exporter, ortmod/_capture.py), "export" (torch.export,
+                 ortmod/_capture_export.py) or "auto" (the default: TorchScript, and torch.export
+                 where the TorchScript exporter is missing or fails with an ExportError).
     """
 
     log_level: LogLevel = LogLevel.WARNING
@@ -55,12 +59,14 @@ class DebugOptions:
     save_path: str = ""
     strict_trace: bool = False
     inline_autograd_functions: bool = False
+    capture: str = ""
 
     def __post_init__(self):
         self.log_level = LogLevel(int(self.log_level))
         self.strict_trace = bool(self.strict_trace) or flag_from_env("ORTMOD_STRICT_TRACE")
         self.inline_autograd_functions = (bool(self.inline_autograd_functions)
                                           or flag_from_env("ORTMOD_INLINE_AUTOGRAD_FUNCTIONS"))
+        self.capture = capture_from_env(self.capture)
 
 
 # --------------------------------------------------------------------------- environment
@@ -96,6 +102,18 @@ def fallback_policy_from_env():
 def flag_from_env(name):
     """An on/off environment variable (1/true/yes/on)."""
     return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+CAPTURE_PATHS = ("auto", "torchscript", "export")
+
+
+def capture_from_env(given):
+    """The capture path: the one given to DebugOptions, else ORTMOD_CAPTURE, else "auto"."""
+    text = (given or os.environ.get("ORTMOD_CAPTURE", "") or "auto").strip().lower()
+    if text not in CAPTURE_PATHS:
+        source = "DebugOptions(capture=...)" if given else "ORTMOD_CAPTURE"
+        raise ValueError(f"{source}: unknown capture path {text!r}; valid: {', '.join(CAPTURE_PATHS)}")
+    return text
 
 
 def log_level_from_env(default):
@@ -178,7 +196,7 @@ class _Entry:
 
     __slots__ = ("engine", "call", "names", "needs_grad", "output_spec", "output_leaves",
                  "output_positions", "single", "state_updates", "counters", "input_slots", "state_names",
-                 "template", "template_generation", "guards", "static_dims")
+                 "template", "template_generation", "guards", "static_dims", "shape_guard")
 
     def __init__(self, engine, exported, needs_grad, functions=None):
         self.engine = engine
@@ -210,6 +228,7 @@ class _Entry:
         self.template_generation = -1
         self.guards = exported.guards
         self.static_dims = exported.static_dims
+        self.shape_guard = exported.shape_guard
         if self.call.functions is not None:      # same bytes, so the function ids line up
             self.call.functions.specs = exported.functions
 
@@ -356,6 +375,15 @@ class ORTModule(torch.nn.Module):
         first_call = entry is None
         if first_call:
             entry = self._ortmod_build(flat, state, export_key, key, want_grad)
+        if entry.shape_guard is not None and not entry.shape_guard.holds(
+                tuple(tuple(flat.leaves[i].shape) for i in flat.tensor_indices())):
+            # torch.export specialised a size (or related two) that this call does not match
+            if retried:
+                raise _capture.UnsupportedModelError(
+                    f"ortmod exported {type(module).__name__} again for this call's input sizes and the export "
+                    f"still does not hold for them ({entry.shape_guard.describe()})")
+            self._ortmod_forget(export_key)
+            return self._ortmod_run(args, kwargs, retried=True)
         if entry.static_dims:
             tensor_indices = flat.tensor_indices()
             varied = {(k, dim) for k, dim, size in entry.static_dims
@@ -483,7 +511,7 @@ class ORTModule(torch.nn.Module):
         strict = self._debug_options.strict_trace
         inline = self._debug_options.inline_autograd_functions
         dynamic = self.__dict__.get("_ortmod_dynamic_dims", {}).get(export_key)
-        exported = _capture.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
+        exported = self._ortmod_capture(module, flat, strict, inline, dynamic)
         warned = self.__dict__.setdefault("_ortmod_hazards_warned", set())
         new = [h for h in exported.hazards if h.split(" (", 1)[0] not in warned]
         if new:
@@ -498,6 +526,28 @@ class ORTModule(torch.nn.Module):
         if self._debug_options.save_onnx:
             self._save(f"torch_exported_{mode}", exported.onnx_bytes)
         return exported
+
+    def _ortmod_capture(self, module, flat, strict, inline, dynamic=None):
+        """Export with the capture path the options pick (see DebugOptions.capture)."""
+        from . import _capture_export
+        path = self._debug_options.capture
+        if path == "export" or self.__dict__.get("_ortmod_capture_path") == "export":
+            return _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline)
+        if path == "torchscript":
+            return _capture.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
+        try:     # "auto"
+            return _capture.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
+        except (ImportError, _capture.ExportError) as first:   # the TorchScript exporter is gone, or failed
+            try:
+                exported = _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline)
+            except Exception as e:
+                first.add_note(f"ortmod also tried the torch.export capture path: {type(e).__name__}: {e}")
+                raise first
+            logger.info("the TorchScript exporter failed (%s); captured %s with torch.export instead",
+                        str(first).split("\n", 1)[0][:200], type(module).__name__)
+            if isinstance(first, ImportError):    # it will not come back in this process
+                self.__dict__["_ortmod_capture_path"] = "export"
+            return exported
 
     def _ortmod_engine(self, exported, flat, state, want_grad):
         module = self._original_module

@@ -1,0 +1,828 @@
+"""Capture on torch.export: the second way a module's forward becomes the ONNX graph the engine runs.
+
+The TorchScript exporter (``ortmod/_capture.py``) is deprecated and will be removed from torch.
+This path captures with ``torch.export.export`` (non-strict: the forward runs in Python on fake
+tensors, with symbolic sizes) and translates the ExportedProgram to ONNX with torch's own
+torch.export -> ONNX translator (onnxscript's torchlib), with ortmod's rules where torchlib's do not
+mean what eager training means. The result is the same ``_capture.Exported`` record, so the C
+importer stays the one way into the engine.
+
+Training semantics, as on the TorchScript path:
+
+* **Stop-gradient.** The training IR keeps ``aten.detach`` and marks ``torch.no_grad()`` regions
+  (``wrap_with_set_grad_enabled(False, ...)``); decomposition would turn both into plain aliases.
+  Before decomposition, each becomes the opaque custom op ``ortmod::stop_gradient`` (the inputs of
+  a no-grad region go through it), translated to the engine's ``ortmod::StopGradient``.
+* **BatchNorm in training.** torchlib exports ``_native_batch_norm_legit_functional`` in inference
+  form whatever ``training`` says (and drops the running-stat update); ortmod's rule emits
+  ``BatchNormalization(training_mode=1)`` with its running-stat outputs.
+* **Buffer mutations** are explicit in the graph signature (``BUFFER_MUTATION`` outputs): they
+  become extra graph outputs copied into the module's buffers after each forward (running stats,
+  ``num_batches_tracked``, any buffer forward updates). A forward that mutates a parameter or an
+  input is refused.
+* **Dropout** decomposes to ``native_dropout(x, p, train)`` -> ONNX ``Dropout(x, p, train)``: the
+  engine's Dropout, random and different each step.
+* **Dynamic sizes** come from torch.export's symbolic shapes (``Dim.AUTO`` on every input dim).
+  What the export specialised (a dim fixed to its traced size, two dims made equal, a range, a
+  runtime assertion on sizes) is checked on every call by ``ShapeGuard``: a call it rejects is
+  exported again, never run on a stale graph.
+* **Custom autograd.Function**: not yet on this path. torch.export inlines its forward (its own
+  backward would be lost), so a call to one is refused by name, unless
+  ``inline_autograd_functions`` asks for exactly that.
+
+Every ONNX op of the result must be one the engine implements; the engine refuses others at
+import, by name.
+"""
+import contextlib
+import functools
+import operator
+import itertools
+import sys
+import threading
+import time
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import _capture
+from ._capture import (Exported, ExportError, GraphInput, UnsupportedDataError, UnsupportedModelError,
+                       _FlatWrapper)
+
+ONNX_OPSET = 20
+
+# ---------------------------------------------------------------------------------------------
+# the custom op that carries a stop-gradient through decomposition
+
+
+@torch.library.custom_op("ortmod::stop_gradient", mutates_args=())
+def stop_gradient(x: torch.Tensor) -> torch.Tensor:
+    """Identity forward with no gradient; only ever traced (the engine runs StopGradient)."""
+    return x.clone()
+
+
+@stop_gradient.register_fake
+def _stop_gradient_fake(x):
+    return torch.empty_like(x)
+
+
+def _insert_stop_gradients(gm):
+    """In the training IR: ``aten.detach`` -> ``ortmod.stop_gradient``; the floating tensor inputs
+    of a ``torch.no_grad()`` region go through ``ortmod.stop_gradient`` first. Returns the count."""
+    count = 0
+    sg = torch.ops.ortmod.stop_gradient.default
+    detaches = (torch.ops.aten.detach.default, torch.ops.aten.detach_.default)
+    set_grad = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in detaches:
+            node.target = sg
+            count += 1
+        elif set_grad is not None and node.target is set_grad and node.args and node.args[0] is False:
+            args = list(node.args)
+            for k in range(2, len(args)):
+                a = args[k]
+                val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                if isinstance(val, torch.Tensor) and val.is_floating_point():
+                    with gm.graph.inserting_before(node):
+                        s = gm.graph.call_function(sg, (a,))
+                    s.meta["val"] = val
+                    args[k] = s
+                    count += 1
+            node.args = tuple(args)
+    if count:
+        gm.recompile()
+    return count
+
+
+def _splits_to_slices(gm):
+    """``split`` / ``split_with_sizes`` with constant sizes -> one ``slice`` per piece used. torchlib
+    translates a split to an ONNX sequence (SplitToSequence and a local function per piece), which
+    the engine does not take; the pieces' bounds are known here."""
+    targets = {torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default}
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in targets:
+            continue
+        pieces = node.meta.get("val")
+        x, sizes = node.args[0], node.args[1]
+        dim = _const_arg(node, 2, "dim", 0)
+        if not isinstance(pieces, (list, tuple)) or not isinstance(dim, int):
+            continue
+        if node.target is torch.ops.aten.split.Tensor:
+            if not isinstance(sizes, int):
+                continue
+            bounds = [(k * sizes, (k + 1) * sizes if k + 1 < len(pieces) else sys.maxsize)
+                      for k in range(len(pieces))]
+        else:
+            if not all(isinstance(v, int) for v in sizes):
+                continue
+            ends = list(itertools.accumulate(sizes))
+            bounds = list(zip([0] + ends[:-1], ends))
+        users = list(node.users)
+        if not all(u.target is operator.getitem for u in users):
+            continue
+        for u in users:     # each piece becomes its slice in place (its name is in the signature)
+            start, end = bounds[u.args[1]]
+            u.target = torch.ops.aten.slice.Tensor
+            u.args = (x, dim, start, end)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.recompile()
+
+
+# ---------------------------------------------------------------------------------------------
+# ortmod's translations (onnxscript, traced by torch's exporter)
+
+
+@functools.lru_cache(maxsize=None)
+def _registry():
+    """torchlib's registry plus ortmod's rules. Built once per process (building it takes a while)."""
+    from torch.onnx._internal.exporter import _registration
+    from onnxscript import opset18 as op    # noqa: F401  (the exporter's traced functions use it)
+    registry = _registration.ONNXRegistry.from_torchlib(ONNX_OPSET)
+    for target, fn in _translations().items():
+        registry.register_op(target, fn)
+    return registry
+
+
+def _translations():
+    import onnxscript
+    from onnxscript import opset18 as op
+    from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TTensor
+    from typing import Optional, Sequence, Tuple
+    import onnx
+    import onnx_ir as ir
+    schema = onnx.defs.OpSchema(
+        "StopGradient", "ortmod", 1, doc="identity forward, no gradient (the engine's op)",
+        inputs=[onnx.defs.OpSchema.FormalParameter("x", "T")],
+        outputs=[onnx.defs.OpSchema.FormalParameter("y", "T")],
+        type_constraints=[("T", [f"tensor({t})" for t in ("float", "double", "float16", "bfloat16", "int64",
+                                                           "int32", "int16", "int8", "uint8", "bool")], "")])
+    stop_gradient_op = onnxscript.values.Op(onnxscript.values.Opset("ortmod", 1), "StopGradient", schema)
+
+    def stop_gradient_onnx(x: TTensor) -> TTensor:
+        return stop_gradient_op(x)
+
+    def batch_norm_functional(input: TFloat, weight: Optional[TFloat] = None, bias: Optional[TFloat] = None,
+                              running_mean: Optional[TFloat] = None, running_var: Optional[TFloat] = None,
+                              training: bool = False, momentum: float = 0.9,
+                              eps: float = 1e-05) -> Tuple[TFloat, TFloat, TFloat, TFloat, TFloat]:
+        # outputs: (y, save_mean, save_invstd, new running_mean, new running_var). save_mean and
+        # save_invstd only feed a backward, which the engine builds itself: _audit refuses a graph
+        # that reads them, so the running stats stand in for them here.
+        if running_mean is None or running_var is None:
+            raise NotImplementedError("ortmod: BatchNorm without running stats on this path")
+        channels = op.Shape(input, start=1, end=2)
+        if weight is None:     # affine=False
+            weight = op.Expand(op.Constant(value=ir.tensor([1.0], dtype=input.dtype)), channels)
+        if bias is None:
+            bias = op.Expand(op.Constant(value=ir.tensor([0.0], dtype=input.dtype)), channels)
+        if not training:
+            y = op.BatchNormalization(input, weight, bias, running_mean, running_var, epsilon=eps)
+            return y, running_mean, running_var, running_mean, running_var
+        # torch's momentum weighs the batch; ONNX's (and the engine's) weighs the running value.
+        # The engine's training BatchNormalization updates running_var with the unbiased batch
+        # variance, as torch does (csrc/ops/norm.c).
+        y, new_mean, new_var = op.BatchNormalization(input, weight, bias, running_mean, running_var,
+                                                     epsilon=eps, momentum=1.0 - momentum, training_mode=1)
+        return y, new_mean, new_var, new_mean, new_var
+
+    import onnx_ir as ir
+
+    def sdpa(query: TFloat, key: TFloat, value: TFloat, attn_mask: Optional[TTensor] = None,
+             dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+             enable_gqa: bool = False) -> TFloat:
+        # the node chain of ortmod's TorchScript symbolic (_capture._sdpa_symbolic), which the
+        # engine's attention fusion matches, typed in the query's dtype throughout. torchlib's
+        # splits sqrt(scale) over query and key, and its Dropout has no training_mode input:
+        # ONNX's default (false) would drop nothing where eager applies dropout_p.
+        dtype = query.dtype
+
+        def const(v, dt=dtype):
+            return op.Constant(value=ir.tensor(v, dtype=dt))
+
+        rank = len(key.shape)
+        if enable_gqa and (len(query.shape) < 3 or query.shape[-3] != key.shape[-3]):
+            raise NotImplementedError("ortmod: scaled_dot_product_attention(enable_gqa=True) on this path")
+        if scale is None:
+            wide = ir.DataType.DOUBLE if dtype == ir.DataType.DOUBLE else ir.DataType.FLOAT
+            e = op.Cast(op.Shape(query, start=-1), to=wide)
+            s = op.Cast(op.Div(const([1.0], wide), op.Sqrt(e)), to=dtype)
+        else:
+            s = const(scale)
+        perm = list(range(rank))
+        perm[-1], perm[-2] = perm[-2], perm[-1]
+        scores = op.MatMul(op.Mul(query, s), op.Transpose(key, perm=perm))
+        zero, neg_inf = const([0.0]), const([-float("inf")])
+        guard_nan = False
+        if is_causal:
+            size = op.Concat(op.Shape(query, start=-2, end=-1), op.Shape(key, start=-2, end=-1), axis=0)
+            tril = op.Trilu(op.Expand(const([1.0]), size), upper=0)
+            scores = op.Add(scores, op.Where(op.Equal(tril, zero), neg_inf, zero))
+        elif attn_mask is not None:
+            if attn_mask.dtype == ir.DataType.BOOL:
+                attn_mask = op.Where(attn_mask, zero, neg_inf)
+                guard_nan = True
+            elif attn_mask.dtype != dtype:
+                attn_mask = op.Cast(attn_mask, to=dtype)
+            scores = op.Add(scores, attn_mask)
+        weights = op.Softmax(scores, axis=-1)
+        if guard_nan:
+            weights = op.Where(op.IsNaN(weights), zero, weights)
+        if dropout_p != 0:
+            weights, _ = op.Dropout(weights, const(dropout_p, ir.DataType.FLOAT), const(True, ir.DataType.BOOL))
+        return op.MatMul(weights, value)
+
+    from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
+
+    def const(v, dt):
+        return op.Constant(value=ir.tensor(v, dtype=dt))
+
+    def index(self: TTensor, indices: Sequence[Optional[TTensor]]) -> TTensor:
+        # one integer index tensor (x[:, :, idx]): a Gather on its axis, an op the engine has
+        # (torchlib's general form is GatherND, which it does not)
+        given = [k for k, i in enumerate(indices) if i is not None]
+        if any(indices[k].dtype == ir.DataType.BOOL for k in given):
+            return torchlib_core.aten_index(self, indices)
+        if len(given) == 1:
+            return op.Gather(self, indices[given[0]], axis=given[0])
+        if given == list(range(len(given))):
+            # x[i0, .., ik-1] on the leading dims: one Gather on the flattened leading dims, at
+            # the linear index sum_j i_j * stride_j (negative indices counted from the end, as torch)
+            k = len(given)
+            shape = op.Shape(self)
+            linear = None
+            for j in range(k):
+                size = op.Shape(self, start=j, end=j + 1)
+                i = op.Cast(indices[j], to=ir.DataType.INT64)
+                i = op.Where(op.Less(i, const([0], ir.DataType.INT64)), op.Add(i, size), i)
+                linear = i if linear is None else op.Add(op.Mul(linear, size), i)
+            flat = op.Reshape(self, op.Concat(const([-1], ir.DataType.INT64), op.Slice(
+                shape, const([k], ir.DataType.INT64), const([2 ** 62], ir.DataType.INT64)), axis=0))
+            return op.Gather(flat, linear, axis=0)
+        return torchlib_core.aten_index(self, indices)
+
+    def embedding(weight: TFloat, indices: TTensor, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+                  sparse: bool = False) -> TFloat:
+        # padding_idx: the rows looked up at pad positions get no gradient, so the pad row's
+        # gradient stays zero as in eager (torchlib drops padding_idx); scale_grad_by_freq is
+        # refused by _audit
+        out = op.Gather(weight, indices, axis=0)
+        if padding_idx is not None and padding_idx >= 0:
+            is_pad = op.Equal(indices, op.CastLike(const(padding_idx, ir.DataType.INT64), indices)
+                              if indices.dtype != ir.DataType.INT64 else const(padding_idx, ir.DataType.INT64))
+            is_pad = op.Unsqueeze(is_pad, const([-1], ir.DataType.INT64))
+            out = op.Where(is_pad, stop_gradient_op(out), out)
+        return out
+
+    return {
+        torch.ops.aten.embedding.default: embedding,
+        torch.ops.aten.index.Tensor: index,
+        torch.ops.aten.scaled_dot_product_attention.default: sdpa,
+        torch.ops.ortmod.stop_gradient.default: stop_gradient_onnx,
+        torch.ops.aten._native_batch_norm_legit_functional.default: batch_norm_functional,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# shape guards
+
+
+class ShapeGuard:
+    """What the export assumed about the call's tensor sizes, checked per call.
+
+    ``dims``: per input tensor, per dim, an int (specialised: must be equal) or a sympy
+    expression of the export's size symbols. Plain symbols bind to the call's sizes; everything
+    else (derived dims, ``range_constraints``, runtime assertions the export put in the graph) is
+    evaluated on them. A shape set that passed is remembered, so steady state costs one lookup."""
+
+    def __init__(self, dims, ranges, assertions):
+        self.dims = dims
+        self.ranges = ranges            # symbol -> (lo, hi)
+        self.assertions = assertions    # sympy booleans over the symbols
+        self._passed = set()
+
+    def holds(self, shapes):
+        if shapes in self._passed:
+            return True
+        ok = self._check(shapes)
+        if ok:
+            if len(self._passed) > 256:
+                self._passed.clear()
+            self._passed.add(shapes)
+        return ok
+
+    def _check(self, shapes):
+        import sympy
+        if len(shapes) != len(self.dims):
+            return False
+        env, later = {}, []
+        for shape, dims in zip(shapes, self.dims):
+            if len(shape) != len(dims):
+                return False
+            for size, d in zip(shape, dims):
+                if isinstance(d, int):
+                    if size != d:
+                        return False
+                elif isinstance(d, sympy.Symbol):
+                    if env.setdefault(d, size) != size:
+                        return False
+                else:
+                    later.append((d, size))
+        for sym, (lo, hi) in self.ranges.items():
+            if sym in env and not (lo <= env[sym] <= hi):
+                return False
+        for expr, size in later:
+            try:
+                if int(expr.xreplace(env)) != size:
+                    return False
+            except TypeError:
+                return False    # an expression of a symbol no input binds
+        for cond in self.assertions:
+            try:
+                if not bool(cond.xreplace(env)):
+                    return False
+            except TypeError:
+                return False
+        return True
+
+    def describe(self):
+        return "; ".join(f"input {i}: ({', '.join(str(d) for d in dims)})" for i, dims in enumerate(self.dims))
+
+
+def _size_expr(s):
+    if isinstance(s, int):
+        return s
+    expr = s.node.expr
+    return int(expr) if expr.is_number else expr
+
+
+def _bound(b, infinite):
+    try:
+        return int(b)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return infinite     # torch's int_oo, sympy's oo
+
+
+def _range(vr):
+    return _bound(vr.lower, -(2 ** 63)), _bound(vr.upper, 2 ** 63 - 1)
+
+
+_ASSERTS = ("_assert_scalar",)
+
+
+def _shape_guard(ep, n_inputs):
+    from torch.export.graph_signature import InputKind
+    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    by_name = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    dims = []
+    for name in user:
+        val = by_name[name].meta["val"]
+        dims.append(tuple(_size_expr(s) for s in val.shape))
+    if len(dims) != n_inputs:
+        raise ExportError(f"torch.export gave {len(dims)} user inputs, expected {n_inputs}")
+    ranges = {}
+    for sym, vr in ep.range_constraints.items():
+        ranges[sym] = _range(vr)
+    assertions = []
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "").startswith(_ASSERTS):
+            cond = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+            if isinstance(cond, torch.SymBool):
+                assertions.append(cond.node.expr)
+    return ShapeGuard(dims, ranges, assertions)
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd.Function: refused by name on this path (torch.export inlines its forward)
+
+
+@contextlib.contextmanager
+def _refusing_functions(allow_inline):
+    if allow_inline:
+        yield
+        return
+    original = torch.autograd.Function.apply.__func__
+
+    def apply(cls, *args, **kwargs):
+        raise UnsupportedModelError(
+            f"custom autograd.Function {cls.__module__}.{cls.__qualname__} is not supported by the "
+            "torch.export capture path yet (torch.export inlines its forward, its own backward would not "
+            "run): use ORTMOD_CAPTURE=torchscript, or DebugOptions(inline_autograd_functions=True) to let "
+            "the engine differentiate its forward")
+
+    torch.autograd.Function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = classmethod(original)
+
+
+_export_lock = threading.Lock()
+
+# torch dtype -> ONNX element type
+_ONNX_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
+               torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.bfloat16: 16}
+
+
+# ---------------------------------------------------------------------------------------------
+# the export
+
+
+class _ExportWrapper(_FlatWrapper):
+    """_FlatWrapper whose output structure survives torch.export: non-strict export restores the
+    state a traced forward changes on the module (even in a dict it holds), so the structure goes
+    into a process-wide table under the wrapper's number."""
+
+    _tokens = itertools.count()
+    _seen = {}
+
+    def __init__(self, module, flat):
+        super().__init__(module, flat)
+        self.__dict__["_token"] = next(self._tokens)
+
+    def forward(self, *tensors):
+        outs = super().forward(*tensors)
+        _ExportWrapper._seen[self._token] = (self.out_spec, self.out_leaves, self.out_tensor_positions)
+        return outs
+
+    def take_structure(self):
+        seen = _ExportWrapper._seen.pop(self._token, None)
+        if seen is not None:
+            self.out_spec, self.out_leaves, self.out_tensor_positions = seen
+
+
+def available():
+    """Whether this torch has what this path uses (torch.export and its ONNX translator)."""
+    try:
+        from torch.onnx._internal.exporter import _core, _registration  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        return False
+    return hasattr(torch, "export")
+
+
+def export(module, flat, strict_trace=False, inline_functions=False):
+    """Export ``module`` called as ``flat`` describes with torch.export; the same record as
+    ``_capture.export``."""
+    import onnx
+    try:
+        from torch.onnx._internal.exporter import _core
+        import onnx_ir
+    except ImportError as e:
+        raise ExportError(f"the torch.export capture path needs torch's ONNX translator and onnxscript: {e}") from e
+    timings = {}
+    t0 = time.perf_counter()
+    wrapper = _ExportWrapper(module, flat)
+    tensor_indices = flat.tensor_indices()
+    tensors = tuple(flat.leaves[i] for i in tensor_indices)
+    dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
+    with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
+        try:
+            with _refusing_functions(inline_functions):
+                ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,), strict=False)
+        except UnsupportedModelError:
+            raise
+        except Exception as e:
+            raise _export_error(module, "torch.export.export", e) from e
+    timings["torch.export"] = time.perf_counter() - t0
+    wrapper.take_structure()
+    if not wrapper.out_tensor_positions:
+        raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
+    for i, v in enumerate(wrapper.out_leaves):
+        if i not in wrapper.out_tensor_positions and not isinstance(v, _capture._CONSTANT_OUTPUT_TYPES):
+            raise UnsupportedDataError(f"output {i} is a {type(v).__name__}, which ortmod cannot rebuild from "
+                                       "the engine's outputs")
+
+    from torch.export.graph_signature import InputKind, OutputKind
+    sig = ep.graph_signature
+    for spec in sig.output_specs:
+        if spec.kind in (OutputKind.PARAMETER_MUTATION,):
+            raise UnsupportedModelError(f"forward mutates parameter '{_state_name(spec.target)}' in place; the "
+                                        "engine computes gradients for parameters it does not change")
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            raise UnsupportedModelError("forward mutates one of its tensor arguments in place, which ortmod does "
+                                        "not reproduce; do it out of place")
+        if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.BUFFER_MUTATION):
+            raise UnsupportedModelError(f"torch.export output of kind {spec.kind.name} is not supported by ortmod")
+    n_user_out = sum(1 for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT)
+    guard = _shape_guard(ep, len(tensors))
+    _insert_stop_gradients(ep.graph_module)
+    for gm in ep.graph_module.modules():
+        if isinstance(gm, torch.fx.GraphModule) and gm is not ep.graph_module:
+            _insert_stop_gradients(gm)
+
+    t1 = time.perf_counter()
+    registry = _registry()
+    timings["registry"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    try:
+        ep = _core._prepare_exported_program_for_export(ep, registry=registry)
+    except Exception as e:
+        raise _export_error(module, "decomposing the exported program", e) from e
+    timings["decompose"] = time.perf_counter() - t1
+    for gm in ep.graph_module.modules():
+        if isinstance(gm, torch.fx.GraphModule):
+            _splits_to_slices(gm)
+    _audit(module, ep)
+    # Mutated buffers: torch's translator drops them ("TODO: decide if we should keep mutated
+    # buffers"); as user outputs they stay, after the module's own, in signature order.
+    sig = ep.graph_signature
+    mutations = [s for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
+    user_specs = [s for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    if len(user_specs) != n_user_out:
+        raise ExportError("decomposition changed the exported program's outputs")
+    for s in mutations:
+        s.kind = OutputKind.USER_OUTPUT
+    sig.output_specs[:] = user_specs + mutations
+    t1 = time.perf_counter()
+    try:
+        program = _core._exported_program_to_onnx_program(ep, registry=registry)
+    except Exception as e:
+        raise _export_error(module, "translating the exported program to ONNX", e) from e
+    timings["translate"] = time.perf_counter() - t1
+    model_ir = program.model
+    # Parameters and buffers are graph inputs, read where torch keeps them (state_dict names);
+    # lifted constants stay initializers.
+    state_kinds = {}
+    for s in sig.input_specs:
+        if s.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            state_kinds[s.target] = s.kind
+    graph = model_ir.graph
+    for name in list(graph.initializers):
+        if name in state_kinds:
+            value = graph.initializers.pop(name)
+            value.const_value = None
+            graph.inputs.append(value)
+    user_inputs = [v.name for v in graph.inputs if v.name not in state_kinds]
+    if len(user_inputs) != len(tensors):
+        raise ExportError(f"the ONNX translation has {len(user_inputs)} call inputs, expected {len(tensors)}")
+    renames = {}
+    for k, v in enumerate(list(graph.inputs)):
+        if v.name not in state_kinds:
+            renames[v.name] = f"input_{user_inputs.index(v.name)}"
+    for v in graph.inputs:
+        if v.name in renames:
+            v.name = renames[v.name]
+    proto = onnx_ir.serde.serialize_model(model_ir)
+    _lower_cast_like(proto)
+    _check_ops(module, proto)
+    outs_meta = _output_vals(ep, n_user_out)
+    _check_output_dtypes(module, proto, outs_meta)
+
+    graph_inputs = {}
+    for gi in proto.graph.input:
+        if gi.name in state_kinds:
+            graph_inputs[gi.name] = GraphInput(gi.name, "state", state_name=_state_name(gi.name))
+        else:
+            k = int(gi.name[len("input_"):])
+            graph_inputs[gi.name] = GraphInput(gi.name, "input", leaf_index=tensor_indices[k])
+    if len(proto.graph.output) != n_user_out + len(mutations):
+        raise ExportError(f"the ONNX translation has {len(proto.graph.output)} outputs, expected "
+                          f"{n_user_out} and {len(mutations)} buffer updates")
+    updates = [(n_user_out + k, _state_name(s.target)) for k, s in enumerate(mutations)]
+    output_deps = _capture._output_dependencies(proto)
+    onnx_bytes = proto.SerializeToString()
+    timings["total"] = time.perf_counter() - t0
+    exported = Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
+                        wrapper.out_tensor_positions, updates, [], output_deps, guards=[],
+                        functions=[])
+    exported.shape_guard = guard
+    exported.capture = "export"
+    exported.timings = timings
+    return exported
+
+
+def _state_name(target):
+    return target[len(_FlatWrapper.PREFIX):] if target.startswith(_FlatWrapper.PREFIX) else target
+
+
+def _export_error(module, stage, e):
+    cause = e
+    while cause is not None and not isinstance(cause, UnsupportedModelError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        return cause
+    first = str(e).strip().split("\n", 1)[0]
+    first = first[:500] + (" ..." if len(first) > 500 else "")
+    return ExportError(f"torch.export capture of {type(module).__name__} failed in {stage}: "
+                       f"{type(e).__name__}: {first} (full error in __cause__)")
+
+
+def _output_vals(ep, n):
+    out = next(n for n in ep.graph.nodes if n.op == "output")
+    vals = []
+    for a in out.args[0][:n]:
+        vals.append(a.meta.get("val") if isinstance(a, torch.fx.Node) else None)
+    return vals
+
+
+def _check_output_dtypes(module, proto, vals):
+    import onnx
+    for j, (out, v) in enumerate(zip(proto.graph.output, vals)):
+        elem = out.type.tensor_type.elem_type
+        if not elem or not isinstance(v, torch.Tensor):
+            continue
+        want = _ONNX_TYPES.get(v.dtype)
+        if want != elem:
+            raise UnsupportedModelError(
+                f"the torch.export capture of {type(module).__name__} computes output {j} as "
+                f"{onnx.TensorProto.DataType.Name(elem)} where eager returns {v.dtype}")
+
+
+def _engine_ops():
+    from . import _C
+    return {(d or "", n) for d, n in _engine_op_names(_C)}
+
+
+def _engine_op_names(C):
+    names = C.op_attributes()
+    out = []
+    for key in names:
+        if isinstance(key, tuple):
+            out.append(key)
+        elif "::" in key:
+            d, n = key.split("::", 1)
+            out.append((d, n))
+        else:
+            out.append(("", key))
+    return out
+
+
+def _lower_cast_like(proto):
+    """torchlib's CastLike(x, like) -> Cast(x, to=dtype of like) where that dtype is known (the
+    engine has Cast, not CastLike, an opset-15 op)."""
+    from onnx import helper
+    types = {}
+    for vi in itertools.chain(proto.graph.input, proto.graph.value_info, proto.graph.output):
+        if vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for init in proto.graph.initializer:
+        types[init.name] = init.data_type
+    for node in proto.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value":
+                    types[node.output[0]] = a.t.data_type
+                elif a.name in ("value_float", "value_floats"):
+                    types[node.output[0]] = 1
+                elif a.name in ("value_int", "value_ints"):
+                    types[node.output[0]] = 7
+        if node.op_type == "CastLike" and node.domain in ("", "ai.onnx") and node.input[1] in types:
+            to = types[node.input[1]]
+            node.op_type = "Cast"
+            del node.input[1:]
+            del node.attribute[:]
+            node.attribute.append(helper.make_attribute("to", to))
+        if node.op_type == "Cast":
+            for a in node.attribute:
+                if a.name == "to":
+                    types[node.output[0]] = a.i
+
+
+def _check_ops(module, proto):
+    """Refuse, by name, ONNX ops the engine does not implement (also inside local functions,
+    which the engine's importer does not inline)."""
+    if proto.functions:
+        names = ", ".join(sorted({f.name for f in proto.functions}))
+        raise ExportError(f"the torch.export capture of {type(module).__name__} holds ONNX local functions "
+                          f"({names}), which ortmod's engine does not take")
+
+
+# ---------------------------------------------------------------------------------------------
+# the ops this path takes: each reviewed against torchlib's translation for what eager training
+# means (an argument torchlib drops is refused or handled by ortmod's own rule)
+
+def _const_arg(node, k, name, default):
+    if k < len(node.args):
+        return node.args[k]
+    return node.kwargs.get(name, default)
+
+
+def _getitem_users(node, index):
+    return [u for u in node.users if u.target is operator.getitem and u.args[1] == index and u.users]
+
+
+def _check_batch_norm(node):
+    if _getitem_users(node, 1) or _getitem_users(node, 2):
+        return "its saved mean / inverse std are read by the forward"
+    return None
+
+
+def _check_rnn(node):
+    dropout, train = node.args[5], node.args[6]
+    if dropout and train:
+        return "dropout between recurrent layers in training mode is dropped by the ONNX translation"
+    return None
+
+
+def _check_embedding(node):
+    if _const_arg(node, 3, "scale_grad_by_freq", False):
+        return "scale_grad_by_freq is not implemented by ortmod"
+    return None
+
+
+def _check_cross_entropy(node):
+    if _const_arg(node, 5, "label_smoothing", 0.0):
+        return "label_smoothing is dropped by the ONNX translation"
+    return None
+
+
+def _check_pad(node):
+    pads, mode = node.args[1], _const_arg(node, 2, "mode", "constant")
+    if mode not in ("constant", "reflect", "replicate"):
+        return f"mode {mode!r} is not reviewed on this path"
+    if not all(isinstance(p, int) and p >= 0 for p in pads):
+        return "only constant, non-negative paddings are reviewed on this path"
+    return None
+
+
+def _check_cumsum(node):
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and not val.is_floating_point() and val.dtype != torch.int64 \
+            and node.kwargs.get("dtype") is None:
+        return f"cumsum of {val.dtype} accumulates in int64 in eager, in {val.dtype} in the ONNX translation"
+    return None
+
+
+_CHECKS = {
+    "aten::cumsum": _check_cumsum,
+    "aten::pad": _check_pad,
+    "aten::cross_entropy_loss": _check_cross_entropy,
+    "aten::_native_batch_norm_legit_functional": _check_batch_norm,
+    "aten::lstm": _check_rnn, "aten::gru": _check_rnn, "aten::rnn_tanh": _check_rnn, "aten::rnn_relu": _check_rnn,
+    "aten::embedding": _check_embedding,
+}
+
+AUDIT_LOG = None     # a set: while set, every op the audit sees is added (to grow the reviewed list)
+
+
+def _user_line(stack):
+    """'file:line' of the innermost frame of a node's stack trace outside torch and ortmod."""
+    import os
+    import re
+    own = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+    frames = re.findall(r'File "([^"]+)", line (\d+)', stack)
+    for name, line in reversed(frames):
+        if not name.startswith(own) and not name.startswith("<"):
+            return f"{name}:{line}"
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+
+
+def _audit(module, ep):
+    for gm in ep.graph_module.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            target = node.target
+            name = target.name() if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
+            if AUDIT_LOG is not None:
+                AUDIT_LOG.add(name)
+            base = name.split(".", 1)[0]
+            check = _CHECKS.get(base)
+            why = check(node) if check is not None else None
+            if why is None and name not in REVIEWED and base not in REVIEWED and target not in _PY_OPS:
+                why = "not yet reviewed for the torch.export capture path"
+            if why is not None:
+                where = _user_line(node.meta.get("stack_trace") or "")
+                where = f" (at {where})" if where else ""
+                raise UnsupportedModelError(
+                    f"{type(module).__name__}: {name}{where}: {why}; ORTMOD_CAPTURE=torchscript captures with the "
+                    "TorchScript exporter instead")
+
+
+_PY_OPS = frozenset({operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv,
+                     operator.truediv, operator.mod, operator.neg, operator.eq, operator.ne, operator.lt,
+                     operator.le, operator.gt, operator.ge})
+
+# aten ops (after decomposition) whose torchlib translation was read and means what eager computes
+# for every argument (or whose dropped arguments _CHECKS refuses)
+REVIEWED = frozenset({
+    "getitem", "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int",
+    # elementwise
+    "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::neg", "aten::relu",
+    "aten::tanh", "aten::sigmoid", "aten::exp", "aten::log", "aten::sqrt", "aten::rsqrt", "aten::abs",
+    "aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", "aten::gelu", "aten::erf",
+    "aten::ne.Tensor", "aten::ne.Scalar", "aten::le.Tensor", "aten::lt.Tensor", "aten::ge.Tensor", "aten::gt.Tensor", "aten::eq.Tensor",
+    "aten::le.Scalar", "aten::lt.Scalar", "aten::ge.Scalar", "aten::gt.Scalar", "aten::eq.Scalar",
+    "aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor", "aten::bitwise_not", "aten::logical_not",
+    "aten::where.self", "aten::clone", "aten::_to_copy", "aten::alias",
+    "prims::convert_element_type", "aten::scalar_tensor",     # from the type-promotion pass
+    # shapes
+    "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::transpose.int", "aten::stack",
+    "aten::triu", "aten::tril", "aten::gather", "aten::index_select", "aten::einsum", "aten::clamp",
+    "aten::masked_fill.Scalar", "aten::zeros_like", "aten::ones_like", "aten::full_like", "aten::permute", "aten::unsqueeze",
+    "aten::squeeze.dim", "aten::expand", "aten::slice.Tensor", "aten::select.int", "aten::cat",
+    "aten::cumsum", "aten::arange", "aten::arange.start", "aten::new_ones", "aten::ones", "aten::zeros", "aten::full",
+    # nn
+    "aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::conv2d", "aten::conv1d",
+    "aten::max_pool2d", "aten::mean.dim", "aten::sum.dim_IntList", "aten::mean", "aten::sum",
+    "aten::layer_norm", "aten::native_dropout", "aten::softmax.int", "aten::_softmax", "aten::log_softmax.int",
+    "aten::_log_softmax", "aten::cross_entropy_loss", "aten::embedding", "aten::index.Tensor",
+    "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
+    "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
+})

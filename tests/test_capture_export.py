@@ -1,0 +1,366 @@
+"""The torch.export capture path (ortmod/_capture_export.py): models train through it with parity
+against eager, training semantics hold (dropout, BatchNorm buffers, stop-gradients), sizes change
+without a stale graph, and ORTModule falls back to it when the TorchScript exporter is gone.
+
+Every test here selects the path with ORTMOD_CAPTURE=export (read by DebugOptions), except where
+it tests the selection itself.
+"""
+import copy
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ortmod
+from ortmod import DebugOptions, ORTModule
+from modelparity import train_parity, train_with_dropout
+from test_semantics import rel_close, run_both
+
+
+@pytest.fixture(autouse=True)
+def export_path(monkeypatch):
+    monkeypatch.setenv("ORTMOD_CAPTURE", "export")
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
+
+
+def captured_with(model):
+    records = list(model._ortmod_exports.values())
+    assert records, "nothing was exported"
+    return {r.exported.capture for r in records}
+
+
+# ---- selection ----------------------------------------------------------------------------------
+
+def test_option_and_environment_pick_the_path(monkeypatch):
+    assert DebugOptions().capture == "export"
+    assert DebugOptions(capture="torchscript").capture == "torchscript"
+    monkeypatch.delenv("ORTMOD_CAPTURE")
+    assert DebugOptions().capture == "auto"
+    monkeypatch.setenv("ORTMOD_CAPTURE", "jit")
+    with pytest.raises(ValueError, match="ORTMOD_CAPTURE: unknown capture path 'jit'"):
+        DebugOptions()
+    with pytest.raises(ValueError, match=r"DebugOptions\(capture=...\): unknown capture path 'x'"):
+        DebugOptions(capture="x")
+
+
+def test_each_path_is_used_when_picked(monkeypatch):
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    a = ORTModule(copy.deepcopy(m))
+    a(torch.randn(3, 4)).sum().backward()
+    assert captured_with(a) == {"export"}
+    b = ORTModule(copy.deepcopy(m), DebugOptions(capture="torchscript"))
+    b(torch.randn(3, 4)).sum().backward()
+    assert captured_with(b) == {"torchscript"}
+
+
+# ---- models -------------------------------------------------------------------------------------
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 32), nn.Tanh(),
+                                 nn.Linear(32, 4))
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.net(x), y)
+
+
+def mlp_batches(sizes=(8, 8, 5, 13)):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(b, 16, generator=g), torch.randint(0, 4, (b,), generator=g)) for b in sizes]
+
+
+def test_mlp_trains_with_parity_and_new_batch_sizes_reuse_the_export():
+    eager, ort, _ = train_parity(MLP, mlp_batches(), lambda m, b: m(*b), steps=8)
+    assert captured_with(ort) == {"export"}
+
+
+def test_cnn_with_batchnorm_parity_and_buffers():
+    import test_models_cnn as cnn
+    eager, ort, _ = train_parity(cnn.TinyResNet, cnn.make_batches(), cnn.ce)
+    assert captured_with(ort) == {"export"}
+    for (n, be), bo in zip(eager.named_buffers(), ort.buffers()):
+        assert torch.equal(bo, be) or torch.allclose(bo.float(), be.float(), rtol=1e-4, atol=1e-5), n
+    assert any(n.endswith("num_batches_tracked") and int(b) == 10 for n, b in ort.named_buffers())
+
+
+def test_batchnorm_updates_the_module_buffers_in_place():
+    m = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6)).train()
+    ort = ORTModule(copy.deepcopy(m))
+    mean = ort.module[1].running_mean
+    x = torch.randn(5, 4)
+    ort(x).sum().backward()
+    m(x)
+    assert ort.module[1].running_mean is mean
+    rel_close("running_mean", ort.module[1].running_mean, m[1].running_mean)
+    rel_close("running_var", ort.module[1].running_var, m[1].running_var)
+    assert int(ort.module[1].num_batches_tracked) == 1
+
+
+def test_batchnorm_without_affine_weights():
+    """affine=False: the TorchScript exporter cannot export it (unknown channel size); this path can."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3, affine=False), nn.ReLU()).train()
+    eager, ort = copy.deepcopy(m), ORTModule(copy.deepcopy(m))
+    for _ in range(2):
+        x = torch.randn(4, 2, 6, 6)
+        rel_close("output", ort(x), eager(x))
+    rel_close("running_mean", ort.module[1].running_mean, eager[1].running_mean)
+    rel_close("running_var", ort.module[1].running_var, eager[1].running_var)
+    assert not torch.equal(ort.module[1].running_var, torch.ones(3))
+
+
+def test_gpt2_trains_with_parity():
+    import test_models_gpt2 as gpt2
+    pytest.importorskip("transformers")
+    _, ort, _ = train_parity(gpt2.make_gpt2, gpt2.make_batches(), gpt2.lm_loss, steps=4)
+    assert captured_with(ort) == {"export"}
+
+
+def test_bert_trains_with_parity():
+    import test_models_bert as bert
+    pytest.importorskip("transformers")
+    _, ort, _ = train_parity(bert.make_bert, bert.make_batches(), bert.cls_loss, steps=4)
+    assert captured_with(ort) == {"export"}
+
+
+def test_gpt2_trains_with_dropout_and_masks_differ_per_step():
+    """resid/embd/attn dropout (the last inside scaled_dot_product_attention: ortmod's rule keeps
+    its training mode, torchlib's Dropout there would drop nothing)."""
+    import test_models_gpt2 as gpt2
+    pytest.importorskip("transformers")
+    train_with_dropout(lambda: gpt2.make_gpt2(p=0.1), gpt2.make_batches(), gpt2.lm_loss, steps=8)
+
+
+def test_attention_dropout_is_applied():
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, q):
+            q = self.proj(q)
+            return F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+
+    ort = ORTModule(Attn()).train()
+    q = torch.randn(2, 2, 6, 8)
+    with torch.no_grad():
+        no_drop = F.scaled_dot_product_attention(*(ort.module.proj(q),) * 3)
+    a, b = ort(q), ort(q)
+    assert not torch.equal(a, b), "two forwards with attention dropout gave the same output"
+    assert not torch.allclose(a, no_drop), "attention dropout dropped nothing"
+
+
+def test_sequence_length_and_batch_change_without_a_stale_graph():
+    import test_models_gpt2 as gpt2
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    base = gpt2.make_gpt2()
+    eager, ort = copy.deepcopy(base), ORTModule(copy.deepcopy(base))
+    for b, t in ((2, 8), (3, 12), (1, 5), (4, 8)):
+        ids = torch.randint(0, gpt2.VOCAB, (b, t))
+        le = eager(input_ids=ids, labels=ids).loss
+        lo = ort(input_ids=ids, labels=ids).loss
+        rel_close(f"loss at ({b}, {t})", lo, le)
+        le.backward()
+        lo.backward()
+        for (n, pe), po in zip(eager.named_parameters(), ort.parameters()):
+            rel_close(f"grad of {n} at ({b}, {t})", po.grad, pe.grad)
+            pe.grad = po.grad = None
+    # batch 1 is specialised by torch.export (a size-1 dim): its own export, then back
+    assert 2 <= ort._ortmod_export_count <= 3
+
+
+def test_a_specialised_size_reexports():
+    class Fixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(6))
+
+        def forward(self, x):
+            return (x.reshape(2, 3, -1) * 2).sum(-1).flatten() * self.w   # ties x's size to w's
+
+    run_both(Fixed(), torch.randn(6, 5), calls=1)
+    ort = run_both(Fixed(), torch.randn(6, 5), calls=3,
+                   make_inputs=lambda k: (torch.randn(6, (5, 7, 5)[k]),))
+    assert captured_with(ort) == {"export"}
+
+
+# ---- stop-gradient, refusals ---------------------------------------------------------------------
+
+class DetachAndNoGrad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        with torch.no_grad():
+            target = self.b(h) * 2          # no gradient to b, nor through h
+        return ((self.c(h) - target) ** 2).sum() + h.detach().sum()
+
+
+def test_detach_and_no_grad_stop_the_gradient():
+    ort = run_both(DetachAndNoGrad(), torch.randn(3, 4))
+    assert ort.module.b.weight.grad is None
+    assert captured_with(ort) == {"export"}
+
+
+def test_embedding_padding_idx_row_gets_no_gradient():
+    class Emb(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e = nn.Embedding(10, 4, padding_idx=0)
+
+        def forward(self, ids):
+            return self.e(ids).sum(1)
+
+    ids = torch.tensor([[0, 3, 0, 5], [2, 0, 7, 7]])
+    eager, ort = Emb(), None
+    ort = ORTModule(copy.deepcopy(eager))
+    ort(ids).pow(2).sum().backward()
+    eager(ids).pow(2).sum().backward()
+    rel_close("embedding grad", ort.module.e.weight.grad, eager.e.weight.grad)
+    assert ort.module.e.weight.grad[0].abs().max() == 0
+
+
+def test_autograd_function_is_refused_by_name():
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3                     # on purpose not the derivative: it must not be lost
+
+    class UsesIt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return Double.apply(self.l(x))
+
+    with pytest.raises(ortmod.UnsupportedModelError, match="autograd.Function .*Double is not supported by the "
+                       "torch.export capture path"):
+        ORTModule(UsesIt())(torch.randn(2, 3))
+
+
+def test_unreviewed_ops_and_dropped_arguments_are_refused_by_name():
+    class Smooth(nn.Module):
+        def forward(self, x, y):
+            return F.cross_entropy(x, y, label_smoothing=0.1)
+
+    x = torch.randn(4, 5, requires_grad=True)
+    with pytest.raises(ortmod.UnsupportedModelError, match="aten::cross_entropy_loss .*label_smoothing"):
+        ORTModule(Smooth())(x, torch.randint(0, 5, (4,)))
+
+    class Cumulative(nn.Module):
+        def forward(self, x):
+            return torch.cummax(x, 0).values
+
+    with pytest.raises(ortmod.UnsupportedModelError, match="aten::cummax.* not yet reviewed"):
+        ORTModule(Cumulative())(x)
+
+    class LSTMDrop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(5, 6, num_layers=2, dropout=0.3)
+
+        def forward(self, x):
+            return self.rnn(x)[0]
+
+    with pytest.raises((ortmod.UnsupportedModelError, ortmod.ExportError), match="dropout|lstm"):
+        ORTModule(LSTMDrop().train())(torch.randn(3, 2, 5))
+
+
+def test_a_forward_mutating_a_buffer_updates_it_as_eager_does():
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(3, 3)
+            self.register_buffer("seen", torch.zeros(3))
+
+        def forward(self, x):
+            y = self.l(x)
+            self.seen.add_(y.detach().sum(0))
+            return y.sum()
+
+    eager = Counter()
+    ort = ORTModule(copy.deepcopy(eager))
+    for _ in range(3):
+        x = torch.randn(4, 3)
+        ort(x).backward()
+        eager(x).backward()
+    rel_close("buffer", ort.module.seen, eager.seen)
+    rel_close("grad", ort.module.l.weight.grad, eager.l.weight.grad)
+
+
+# ---- automatic fallback --------------------------------------------------------------------------
+
+def _without_torchscript_exporter(monkeypatch):
+    """Make the TorchScript exporter unavailable, as a torch that removed it would: importing it
+    (or any of its modules) raises ImportError."""
+    for name in [n for n in sys.modules if n.startswith("torch.onnx._internal.torchscript_exporter")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "torch.onnx._internal.torchscript_exporter", None)
+
+
+def test_without_the_torchscript_exporter_auto_captures_with_torch_export(monkeypatch):
+    monkeypatch.delenv("ORTMOD_CAPTURE")
+    _without_torchscript_exporter(monkeypatch)
+    with pytest.raises(ImportError):
+        from torch.onnx._internal.torchscript_exporter import utils  # noqa: F401
+    sys.path.insert(0, "demo")
+    try:
+        import train_mlp
+    finally:
+        sys.path.remove("demo")
+    torch.manual_seed(0)
+    x, y = train_mlp.spiral(n_per_class=64)
+    batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, 192, 32)]
+    eager = train_mlp.Classifier()
+    ort = ORTModule(copy.deepcopy(eager))
+    assert ort._debug_options.capture == "auto"
+    losses_e, _, _ = train_mlp.train(eager, batches, 1e-2)
+    losses_o, _, _ = train_mlp.train(ort, batches, 1e-2)
+    assert captured_with(ort) == {"export"}
+    torch.testing.assert_close(torch.tensor(losses_o), torch.tensor(losses_e), rtol=1e-4, atol=1e-5)
+    assert losses_o[-1] < losses_o[0]
+
+
+def test_torchscript_selected_without_its_exporter_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("ORTMOD_CAPTURE", "torchscript")
+    _without_torchscript_exporter(monkeypatch)
+    with pytest.raises((ImportError, ortmod.ExportError)):
+        ORTModule(nn.Linear(3, 3))(torch.randn(2, 3))
+
+
+def test_auto_falls_back_when_the_torchscript_export_fails(monkeypatch):
+    monkeypatch.setenv("ORTMOD_CAPTURE", "auto")
+
+    class RMS(nn.Module):          # the TorchScript exporter has no rms_norm at opset 20
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return F.rms_norm(self.l(x), (8,))
+
+    try:
+        ORTModule(RMS(), DebugOptions(capture="torchscript"))(torch.randn(2, 8))
+        pytest.skip("this torch's TorchScript exporter exports rms_norm")
+    except ortmod.ExportError:
+        pass
+    except Exception as e:      # the export path itself may refuse; then auto must say both
+        pytest.skip(f"TorchScript export did not fail with ExportError: {e}")
+    try:
+        ort = run_both(RMS(), torch.randn(3, 8))
+    except ortmod.ExportError as e:
+        assert "also tried the torch.export capture path" in "".join(getattr(e, "__notes__", []))
+        return
+    assert captured_with(ort) == {"export"}
