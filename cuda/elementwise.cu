@@ -194,7 +194,7 @@ COMPARE(xor_cuda, L_XOR)
 
 enum {
     U_NEG, U_RELU, U_ABS, U_TANH, U_SIGMOID, U_GELU_ERF, U_GELU_TANH, U_ERF, U_SQRT, U_EXP, U_LOG, U_RECIP,
-    U_LEAKY, U_SOFTPLUS, U_ELU, U_SELU, U_HARD_SIGMOID, U_HARD_SWISH, U_MISH, U_SOFTSIGN, U_NOT,
+    U_LEAKY, U_SOFTPLUS, U_ELU, U_SELU, U_HARD_SIGMOID, U_HARD_SWISH, U_MISH, U_SOFTSIGN, U_CELU, U_NOT,
     U_SIN, U_COS, U_SIGN,
 };
 
@@ -229,6 +229,7 @@ template <typename A> __device__ __forceinline__ A unary_op(int op, A v, act_par
     case U_HARD_SWISH: { A m = v + 3; m = m < 0 ? (A)0 : m; m = m > 6 ? (A)6 : m; return v * m / 6; }   // torch's form
     case U_MISH: return v * tanh(softplus_(v));
     case U_SOFTSIGN: return v / ((A)1 + (v < 0 ? -v : v));
+    case U_CELU: return v <= 0 ? (A)p.a * expm1(v / (A)p.a) : v;
     case U_SIN: return sin(v);
     case U_COS: return cos(v);
     case U_SIGN: return (A)((v > 0) - (v < 0));   // torch.sign(NaN) is 0
@@ -295,13 +296,14 @@ static om_status *gelu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 }
 
 static int act_kind(const char *name) {
-    static const char *const names[] = {"LeakyRelu", "Softplus", "Elu", "Selu", "HardSigmoid", "HardSwish", "Mish", "Softsign"};
-    for (int i = 0; i < 8; i++)
+    static const char *const names[] = {"LeakyRelu", "Softplus", "Elu", "Selu", "HardSigmoid", "HardSwish", "Mish", "Softsign",
+                                        "Celu"};
+    for (int i = 0; i < 9; i++)
         if (!strcmp(names[i], name)) return U_LEAKY + i;
     return -1;
 }
 static act_params act_read(const om_kernel_ctx *ctx, int kind) {
-    static const float dflt_alpha[] = {0.01f, 0, 1.0f, 1.67326319217681884765625f, 0.2f, 0, 0, 0};
+    static const float dflt_alpha[] = {0.01f, 0, 1.0f, 1.67326319217681884765625f, 0.2f, 0, 0, 0, 1.0f};
     act_params p;
     p.a = attr_f(ctx, "alpha", dflt_alpha[kind - U_LEAKY]);
     p.b = attr_f(ctx, "beta", 0.5f);
@@ -360,6 +362,7 @@ template <typename A> __device__ __forceinline__ A act_grad_of(int kind, A g, A 
     case U_HARD_SWISH: return v <= -3 ? (A)0 : v < 3 ? g * (v / 3 + (A)0.5) : g;
     case U_MISH: { A t = tanh(softplus_(v)); return g * (t + v * sigmoid_(v) * ((A)1 - t * t)); }
     case U_SOFTSIGN: { A d = (A)1 + (v < 0 ? -v : v); return g / (d * d); }
+    case U_CELU: return v <= 0 ? g * exp(v / (A)p.a) : g;
     default: return (A)0;
     }
 }
@@ -642,7 +645,7 @@ extern const omc_kernel_entry omc_kernels_elementwise[] = {
     {"Sin", "", sin_cuda}, {"Cos", "", cos_cuda}, {"Sign", "", sign_cuda}, {"Mod", "", mod_cuda},
     {"LeakyRelu", "", activation_cuda}, {"Softplus", "", activation_cuda}, {"Elu", "", activation_cuda},
     {"Selu", "", activation_cuda}, {"HardSigmoid", "", activation_cuda}, {"HardSwish", "", activation_cuda},
-    {"Mish", "", activation_cuda}, {"Softsign", "", activation_cuda},
+    {"Mish", "", activation_cuda}, {"Softsign", "", activation_cuda}, {"Celu", "", activation_cuda},
     {"Identity", "", identity_cuda}, {"StopGradient", "ortmod", identity_cuda}, {"Cast", "", cast_cuda},
     {"Clip", "", clip_cuda}, {"ClipGrad", "ortmod", clip_grad_cuda}, {"HardTanh", "ortmod", clip_cuda},
     {"Dropout", "", dropout_cuda}, {"DropoutGrad", "ortmod", dropout_grad_cuda},

@@ -76,6 +76,8 @@ ACTS = [
     ("HardSwish", {}, F.hardswish),
     ("Mish", {}, F.mish),
     ("Softsign", {}, F.softsign),
+    ("Celu", {}, F.celu),
+    ("Celu", {"alpha": 1.7}, lambda x: F.celu(x, 1.7)),
 ]
 
 

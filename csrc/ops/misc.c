@@ -21,6 +21,7 @@
  *   om_op_elu               Elu                alpha
  *   om_op_selu              Selu               alpha, gamma
  *   om_op_hard_sigmoid      HardSigmoid        alpha, beta
+ *   om_op_celu              Celu               alpha
  *   om_op_hard_swish        HardSwish
  *   om_op_mish              Mish
  *   om_op_softsign          Softsign
@@ -247,7 +248,7 @@ static om_status *clip_grad_cpu(om_kernel_ctx *ctx) {
  * One forward kernel and one ActivationGrad for the family; the op is selected once per
  * call (a switch outside the loops), so each loop body is a plain expression. */
 
-enum { ACT_LEAKY, ACT_SOFTPLUS, ACT_ELU, ACT_SELU, ACT_HARD_SIGMOID, ACT_HARD_SWISH, ACT_MISH, ACT_SOFTSIGN };
+enum { ACT_LEAKY, ACT_SOFTPLUS, ACT_ELU, ACT_SELU, ACT_HARD_SIGMOID, ACT_HARD_SWISH, ACT_MISH, ACT_SOFTSIGN, ACT_CELU };
 
 typedef struct act_params {
     int kind;
@@ -256,7 +257,7 @@ typedef struct act_params {
 
 static int act_kind(const char *name) {
     static const char *const names[] = {"LeakyRelu", "Softplus", "Elu", "Selu", "HardSigmoid", "HardSwish",
-                                        "Mish", "Softsign"};
+                                        "Mish", "Softsign", "Celu"};
     for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
         if (strcmp(names[i], name) == 0) return i;
     return -1;
@@ -265,7 +266,7 @@ static int act_kind(const char *name) {
 static om_status *act_read(const om_node *n, const char *name, act_params *p) {
     p->kind = act_kind(name);
     if (p->kind < 0) return om_err_unsupported(n, "activation");
-    static const float dflt_alpha[] = {0.01f, 0, 1.0f, 1.67326319217681884765625f, 0.2f, 0, 0, 0};
+    static const float dflt_alpha[] = {0.01f, 0, 1.0f, 1.67326319217681884765625f, 0.2f, 0, 0, 0, 1.0f};
     p->alpha = om_attr_float(n, "alpha", dflt_alpha[p->kind]);
     p->beta = om_attr_float(n, "beta", 0.5f);
     p->gamma = om_attr_float(n, "gamma", 1.05070102214813232421875f);
@@ -310,6 +311,7 @@ static om_status *act_cpu(om_kernel_ctx *ctx) {
         case ACT_HARD_SWISH: ACT_LOOP(n, hard_swish_d(v)); break;
         case ACT_MISH: ACT_LOOP(n, v * tanh(v > 0 ? v + log1p(exp(-(double)v)) : log1p(exp((double)v)))); break;
         case ACT_SOFTSIGN: ACT_LOOP(n, v / (1 + (v < 0 ? -v : v))); break;
+        case ACT_CELU: ACT_LOOP(n, v <= 0 ? a * expm1((double)v / a) : v); break;   /* torch's elu form */
         }
     });
     return NULL;
@@ -364,6 +366,7 @@ static om_status *act_grad_cpu(om_kernel_ctx *ctx) {
             }
             break;
         case ACT_SOFTSIGN: ACT_GRAD_LOOP(n, g / ((1 + (v < 0 ? -(double)v : v)) * (1 + (v < 0 ? -(double)v : v)))); break;
+        case ACT_CELU: ACT_GRAD_LOOP(n, v <= 0 ? g * exp((double)v / a) : g); break;
         }
     });
     return NULL;
@@ -912,10 +915,11 @@ ACT_DEF(om_op_hard_sigmoid, "HardSigmoid", .attrs = "alpha:float beta:float")
 ACT_DEF(om_op_hard_swish, "HardSwish")
 ACT_DEF(om_op_mish, "Mish")
 ACT_DEF(om_op_softsign, "Softsign")
+ACT_DEF(om_op_celu, "Celu", .attrs = "alpha:float")
 const om_op_def om_op_activation_grad = {.name = "ActivationGrad", .domain = "ortmod", .min_in = 2, .max_in = 2,
                                          .min_out = 1, .max_out = 1, .infer = act_infer, .cpu = act_grad_cpu,
                                          .attrs = "activation:string=LeakyRelu|Softplus|Elu|Selu|HardSigmoid|HardSwish|"
-                                                  "Mish|Softsign alpha:float beta:float gamma:float"};
+                                                  "Mish|Softsign|Celu alpha:float beta:float gamma:float"};
 
 const om_op_def om_op_tile = {.name = "Tile", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
                               .flags = OM_OP_ANY_DTYPE, .infer = tile_infer, .grad = tile_grad, .cpu = tile_cpu,

@@ -141,6 +141,7 @@
     X(om_op_hard_swish) \
     X(om_op_mish) \
     X(om_op_softsign) \
+    X(om_op_celu) \
     X(om_op_activation_grad) \
     X(om_op_tile) \
     X(om_op_tile_grad) \

@@ -126,7 +126,7 @@ CASES = [
     # non-finite values and ties take eager's rule on both devices (tests/test_nonfinite.py)
     *[(op, {"x": SPECIAL}, attrs, "", ("x",)) for op, attrs in [
         ("Relu", None), ("Abs", None), ("Sign", None), ("Elu", {"alpha": 1.0}), ("HardSwish", None),
-        ("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5})]],
+        ("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5}), ("Celu", {"alpha": 1.5})]],
     ("Max", {"a": SPECIAL, "b": SPECIAL[::-1].copy()}, None, "", ("a", "b")),
     ("HardTanh", {"x": SPECIAL, "lo": np.float32(-1.5), "hi": np.float32(3.0)}, None, "ortmod", ("x",)),
     ("Clip", {"x": SPECIAL, "lo": np.float32(-1.5), "hi": np.float32(3.0)}, None, "", ("x",)),
