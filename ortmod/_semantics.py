@@ -229,6 +229,74 @@ def _relu6_symbolic(g, x):
     return out
 
 
+def _normalized(g, x, groups, eps, dtype):
+    """(x - mean) / sqrt(var + eps) over each of ``groups`` groups of channels of every sample
+    (groups 0: each channel), variance biased and two-pass, as torch's group/instance norm."""
+    grouped = g.op("Reshape", x, _const(g, [0, groups, -1], torch.int64))
+    axes = _const(g, [-1], torch.int64)
+    mean = g.op("ReduceMean", grouped, axes, keepdims_i=1)
+    centred = g.op("Sub", grouped, mean)
+    var = g.op("ReduceMean", g.op("Mul", centred, centred), axes, keepdims_i=1)
+    normed = g.op("Div", centred, g.op("Sqrt", g.op("Add", var, _const(g, eps, dtype))))
+    return g.op("Reshape", normed, g.op("Shape", x))
+
+
+def _per_channel(g, v, rank):
+    """A (C,) vector shaped to broadcast over (N, C, *spatial) of the given rank."""
+    return g.op("Reshape", v, _const(g, [-1] + [1] * (rank - 2), torch.int64))
+
+
+def _affine(g, y, weight, bias, rank):
+    from torch.onnx import symbolic_helper as sh
+    if weight is not None and not sh._is_none(weight):
+        y = g.op("Mul", y, _per_channel(g, weight, rank))
+    if bias is not None and not sh._is_none(bias):
+        y = g.op("Add", y, _per_channel(g, bias, rank))
+    return y
+
+
+def _input_rank(x, what):
+    from torch.onnx import symbolic_helper as sh
+    rank = sh._get_tensor_rank(x)
+    if rank is None or rank < 2:
+        _refuse(what, "ortmod needs the input's rank (at least 2) at export")
+    return rank
+
+
+def _group_norm_symbolic(g, x, num_groups, weight, bias, eps, cudnn_enabled):
+    """group_norm decomposed into ops the engine differentiates (ONNX has no GroupNormalization
+    before opset 18, and torch's rule goes through InstanceNormalization)."""
+    from torch.onnx import symbolic_helper as sh
+    groups = sh._get_const(num_groups, "i", "num_groups")
+    rank = _input_rank(x, "group_norm")
+    y = _normalized(g, x, groups, sh._get_const(eps, "f", "eps"), _dtype_of(x))
+    return _affine(g, y, weight, bias, rank)
+
+
+def _instance_norm_symbolic(g, x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps,
+                            cudnn_enabled):
+    """instance_norm decomposed (torch's rule needs a static channel count and gives
+    InstanceNormalization). Running statistics are read in eval mode; updating them in training
+    (track_running_stats=True) is refused."""
+    from torch.onnx import symbolic_helper as sh
+    rank = _input_rank(x, "instance_norm")
+    dtype = _dtype_of(x)
+    eps_v = sh._get_const(eps, "f", "eps")
+    stats = not (sh._is_none(running_mean) or sh._is_none(running_var))
+    if sh._get_const(use_input_stats, "b", "use_input_stats"):
+        if stats:
+            _refuse("InstanceNorm with track_running_stats=True in training",
+                    "ortmod does not update instance norm's running statistics")
+        y = _normalized(g, x, 0, eps_v, dtype)
+    else:
+        if not stats:
+            _refuse("instance_norm without input statistics", "it needs running statistics")
+        centred = g.op("Sub", x, _per_channel(g, running_mean, rank))
+        scale = g.op("Sqrt", g.op("Add", _per_channel(g, running_var, rank), _const(g, eps_v, dtype)))
+        y = g.op("Div", centred, scale)
+    return _affine(g, y, weight, bias, rank)
+
+
 def _extremum_symbolic(arg_op, original):
     """torch.max/min(x, dim): torch's rule gives ReduceMax and ArgMax side by side, and
     ReduceMax's gradient shares dy among ties; eager's goes to the index max(dim) returns (the
@@ -410,6 +478,8 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             "aten::pad": _pad_symbolic,
             "aten::hardtanh": _hardtanh_symbolic,
             "aten::relu6": _relu6_symbolic,
+            "aten::group_norm": _group_norm_symbolic,
+            "aten::instance_norm": _instance_norm_symbolic,
         }
         for name, arg_op in (("aten::max", "ArgMax"), ("aten::min", "ArgMin")):
             if _torch_symbolic(registration, name, opset) is not None:

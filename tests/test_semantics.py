@@ -210,6 +210,30 @@ def test_empty_batch_gets_empty_and_zero_gradients():
     run_both(nn.Sequential(nn.LayerNorm(5, eps=1e-3), nn.Linear(5, 3)), x, calls=2)
 
 
+# ---- group and instance norm: ortmod's decompositions ---------------------------------------------
+
+@pytest.mark.parametrize("module,shape", [
+    (nn.GroupNorm(2, 4), (3, 4, 5)), (nn.GroupNorm(3, 6, affine=False), (2, 6, 4, 4)),
+    (nn.InstanceNorm1d(3, affine=True), (4, 3, 7)), (nn.InstanceNorm2d(3), (2, 3, 5, 5)),
+    (nn.InstanceNorm1d(3), (3, 7))], ids=["group", "group-no-affine", "instance1d", "instance2d", "unbatched"])
+def test_group_and_instance_norm(module, shape):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.uniform_(0.5, 1.5)
+    run_both(module, torch.randn(shape) * 3 + 1, calls=2,
+             make_inputs=lambda call: [torch.randn((shape[0] + call,) + shape[1:]) * 3 + 1])
+
+
+def test_instance_norm_running_stats():
+    m = nn.InstanceNorm2d(3, track_running_stats=True, affine=True)
+    with pytest.raises(ortmod.UnsupportedModelError, match="mutates buffer 'running_mean'"):
+        ORTModule(copy.deepcopy(m))(torch.randn(2, 3, 4, 4))
+    with torch.no_grad():
+        m.running_mean.uniform_(-1, 1)
+        m.running_var.uniform_(0.5, 2)
+    run_both(m.eval(), torch.randn(2, 3, 4, 4))
+
+
 # ---- values the trace froze ----------------------------------------------------------------------
 
 class ItemScale(nn.Module):
