@@ -117,6 +117,10 @@ def _read(path):
 def child_env():
     env = dict(os.environ)
     env.pop("ORTMODULE_FALLBACK_POLICY", None)
+    # one capture path per scoreboard: ORTModule's default ("auto") would retry every failed
+    # TorchScript export on torch.export, tens of seconds per case; ORTMOD_CAPTURE=export
+    # scores the torch.export path
+    env.setdefault("ORTMOD_CAPTURE", "torchscript")
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -270,7 +274,8 @@ def error_key(rec):
 def scoreboard(title, records, repro, top=20, out=print):
     c = counts(records)
     modules = {r["id"].split("|")[0] for r in records}
-    out(f"\n=== {title}: {len(records)} cases, {len(modules)} modules ===")
+    path = os.environ.get("ORTMOD_CAPTURE", "torchscript")
+    out(f"\n=== {title}: {len(records)} cases, {len(modules)} modules (capture: {path}) ===")
     out("  " + "  ".join(f"{s} {n}" for s, n in c.items()))
     bad = [r for r in records if r["status"] in (MISMATCH, CRASH, HARNESS_ERROR)]
     if bad:
