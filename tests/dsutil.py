@@ -35,24 +35,20 @@ def _free_port():
         return s.getsockname()[1]
 
 
+_group_ready = False
+
+
 @contextlib.contextmanager
 def one_process_group(deepspeed):
-    import torch.distributed as dist
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    """A world of one (gloo), set up once per process and kept: DeepSpeed caches its groups
+    globally, so a second init after a destroy would find stale ones."""
+    global _group_ready
+    if not _group_ready:
+        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
+                           "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
         deepspeed.init_distributed(dist_backend="gloo")
-        yield
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _group_ready = True
+    yield
 
 
 @contextlib.contextmanager
@@ -153,12 +149,15 @@ def train(deepspeed, stage, dtype, *, ort=False, wrap=False, steps=20, inject_in
             loss = loss * float("inf")
             before = full_params(deepspeed, engine)
         engine.backward(loss)
+        out.setdefault("zero3_after_backward", set()).update(
+            p.ds_status.name for p in engine.module.parameters() if hasattr(p, "ds_status"))
         engine.step()
         if i == inject_inf_at:
             out["params_around_inject"] = (before, full_params(deepspeed, engine))
         out["scales"].append(loss_scale(engine.optimizer))
         n = engine.get_global_grad_norm()
         out["norms"].append(None if n is None else float(n))
+    out["zero3_status"] = {p.ds_status.name for p in engine.module.parameters() if hasattr(p, "ds_status")}
     out["params"] = full_params(deepspeed, engine)
     out["skipped"] = engine.skipped_steps
     return out

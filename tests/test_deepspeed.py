@@ -55,7 +55,7 @@ def test_deepspeed_over_eager_trains(stage, dtype, referee):
 
 # ---- ORTModule under DeepSpeed ----------------------------------------------------------------
 
-@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_ortmodule_under_deepspeed_fp32(stage, referee):
     eager = _train(stage, "fp32")
     ort = _train(stage, "fp32", ort=True)
@@ -70,7 +70,67 @@ def test_ortmodule_under_deepspeed_fp32(stage, referee):
     assert dsutil.rel(ort["params"], ref_params) < max(2 * dsutil.rel(eager["params"], ref_params), 1e-6)
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2])
+class TwoHeads(torch.nn.Module):
+    """An output the loss leaves out: its parameters get no gradient (None), under ZeRO-3 too."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = dsutil.MLP()
+        self.aux = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.body(x), self.aux(x)
+
+
+class HeadsLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = TwoHeads()
+
+    def forward(self, x):
+        return self.inner(x)[0]
+
+
+@pytest.mark.parametrize("persist", [False, True], ids=["partitioned", "persistent"])
+def test_ortmodule_under_zero3_gathers_and_releases(persist, monkeypatch):
+    # partitioned: every parameter is gathered for each call and released after it (the engine never
+    # calls the submodules whose hooks would); persistent: DeepSpeed keeps small parameters gathered
+    if persist:
+        base = dsutil.config
+
+        def config(*a, **k):
+            cfg = base(*a, **k)
+            cfg["zero_optimization"].pop("stage3_param_persistence_threshold")   # default: 1e5 elements
+            return cfg
+        monkeypatch.setattr(dsutil, "config", config)
+    eager = _train(3, "fp32", model_fn=HeadsLoss)
+    ort = _train(3, "fp32", ort=True, model_fn=HeadsLoss)
+    if persist:       # gathered when needed, never released (DeepSpeed's release skips them too)
+        assert ort["zero3_after_backward"] == {"AVAILABLE"}
+    else:             # released after the forward, and again once each gradient was reduced
+        assert ort["zero3_after_backward"] == eager["zero3_after_backward"] == {"NOT_AVAILABLE"}
+    assert ort["zero3_status"] == eager["zero3_status"] == ({"AVAILABLE"} if persist else {"NOT_AVAILABLE"})
+    assert ort["engine"].module._ortmod_export_count == 1
+    torch.testing.assert_close(torch.tensor(ort["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
+    assert dsutil.rel(ort["params"], eager["params"]) < 1e-5
+    aux = [p for n, p in ort["engine"].module.named_parameters() if n.startswith("inner.aux")]
+    assert aux and all(p.grad is None for p in aux)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_ortmodule_with_fp16_optimizer_under_deepspeed(stage):
+    # the whole user recipe: initialize(model=ORTModule(model)), then FP16_Optimizer(optimizer)
+    eager = _train(stage, "fp32", clip=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)       # nothing left unpatched
+        ort = _train(stage, "fp32", clip=0.1, ort=True, wrap=True)
+    counts = ort["optimizer"]._ortmod_fused_calls
+    assert counts["norm"] == STEPS and counts["clip"] > 0, dict(counts)
+    torch.testing.assert_close(torch.tensor(ort["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
+    assert dsutil.rel(ort["params"], eager["params"]) < 1e-5
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_ortmodule_under_deepspeed_bf16_is_refused_by_name(stage):
     # the CPU engine computes fp32/fp64 only (issue 18): DeepSpeed's bf16 model must be refused
     # before the first step, naming the node and the reason, never computed another way
