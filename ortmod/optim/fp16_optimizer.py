@@ -19,8 +19,10 @@ consecutive finite steps, halves on overflow, never below ``min_loss_scale`` (1)
 As ORT's ``FP16_Optimizer``, wrapping an optimizer that DeepSpeed returned patches, in place,
 what its step calls (overflow checks, gradient norm, unscale/clip) with the fused passes and
 returns it, DeepSpeed's loss scaling unchanged (``_deepspeed.py``); a torch optimizer that a
-DeepSpeed engine steps itself is returned unchanged, with a warning. Any other object: a
-warning, and it is returned unchanged.
+DeepSpeed engine steps itself is returned unchanged, with a warning. An optimizer that
+``apex.amp.initialize`` patched (it has ``_amp_stash``) keeps Apex's loss scaler: its
+``_post_amp_backward`` and ``zero_grad`` are replaced in place by fused ones (``_apex.py``;
+untested against real Apex). Any other object: a warning, and it is returned unchanged.
 """
 import math
 import warnings
@@ -87,6 +89,9 @@ class FP16_Optimizer:
     """
 
     def __new__(cls, optimizer, **kwargs):
+        from . import _apex
+        if _apex.is_apex_amp(optimizer):
+            return _apex.modify(optimizer, kwargs)
         kind = _kind(optimizer)
         if kind is None:
             warnings.warn(f"FP16_Optimizer: {type(optimizer).__module__}.{type(optimizer).__qualname__} is neither a "
