@@ -88,8 +88,8 @@ def batches(steps, seed=1234):
     return out
 
 
-def config(stage, dtype, lr=0.05, clip=0.0, check_grad_overflow=False):
-    cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+def config(stage, dtype, lr=0.05, clip=0.0, check_grad_overflow=False, accumulate=1):
+    cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": accumulate,
            "optimizer": {"type": "SGD", "params": {"lr": lr}},
            "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
            "gradient_clipping": clip, "steps_per_print": 10 ** 9}
@@ -122,10 +122,11 @@ def loss_scale(optimizer):
 
 
 def train(deepspeed, stage, dtype, *, ort=False, wrap=False, steps=20, inject_inf_at=None, clip=0.0,
-          check_grad_overflow=False, seed=0, model_fn=MLP):
+          check_grad_overflow=False, seed=0, model_fn=MLP, accumulate=1):
     """Trains model_fn() under deepspeed.initialize for ``steps`` SGD steps. ort: the model is
     ORTModule(model); wrap: the optimizer DeepSpeed returns goes through FP16_Optimizer.
     inject_inf_at: at that step the loss is multiplied by inf (every gradient inf/NaN).
+    accumulate: micro-batches per optimizer step (engine.step() after each, as DeepSpeed wants).
     Returns a dict: losses, params (final, float64), scales, skipped, norms, optimizer."""
     torch.manual_seed(seed)
     model = model_fn()
@@ -134,7 +135,8 @@ def train(deepspeed, stage, dtype, *, ort=False, wrap=False, steps=20, inject_in
         model = ORTModule(model)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                    config=config(stage, dtype, clip=clip,
-                                                                 check_grad_overflow=check_grad_overflow))
+                                                                 check_grad_overflow=check_grad_overflow,
+                                                                 accumulate=accumulate))
     if wrap:
         from ortmod.optim import FP16_Optimizer
         optimizer = FP16_Optimizer(optimizer)

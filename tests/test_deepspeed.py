@@ -115,6 +115,22 @@ def test_ortmodule_under_zero3_gathers_and_releases(persist, monkeypatch):
     assert dsutil.rel(ort["params"], eager["params"]) < 1e-5
     aux = [p for n, p in ort["engine"].module.named_parameters() if n.startswith("inner.aux")]
     assert aux and all(p.grad is None for p in aux)
+    # a forward without grad (the inference graph) gathers and releases too
+    x = dsutil.batches(1, seed=99)[0][0]
+    with torch.no_grad():
+        torch.testing.assert_close(ort["engine"](x), eager["engine"](x), rtol=1e-5, atol=1e-6)
+    statuses = {p.ds_status.name for p in ort["engine"].module.parameters()}
+    assert statuses == ({"AVAILABLE"} if persist else {"NOT_AVAILABLE"})
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_ortmodule_under_deepspeed_accumulates_gradients(stage):
+    # two micro-batches per step: the second backward adds onto DeepSpeed's partitioned gradients
+    eager = _train(stage, "fp32", accumulate=2)
+    ort = _train(stage, "fp32", accumulate=2, ort=True)
+    assert ort["engine"].global_steps == STEPS // 2
+    torch.testing.assert_close(torch.tensor(ort["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
+    assert dsutil.rel(ort["params"], eager["params"]) < 1e-5
 
 
 @pytest.mark.parametrize("stage", [2, 3])
