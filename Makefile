@@ -40,9 +40,10 @@ test: setup
 # over gloo on the CPU. Installs DeepSpeed into .venv first when it is missing, with no ops built
 # (DS_BUILD_OPS=0: ~30 s); the tests then take ~3-4 min. Here a missing DeepSpeed fails the tests
 # instead of skipping them (ORTMOD_REQUIRE_DEEPSPEED=1).
-DS_PKG := deepspeed==0.19.8
+DS_VERSION := 0.19.8
+DS_PKG := deepspeed==$(DS_VERSION)
 test-deepspeed: setup
-	@$(PY) -c "import importlib.metadata as m, sys; sys.exit(m.version('deepspeed') != '$(DS_PKG:deepspeed==%=%)')" \
+	@$(PY) -c "import importlib.metadata as m, sys; sys.exit(m.version('deepspeed') != '$(DS_VERSION)')" \
 	  2>/dev/null || (echo "installing $(DS_PKG) (DS_BUILD_OPS=0)"; \
 	  DS_BUILD_OPS=0 $(PY) -m pip install -q --disable-pip-version-check $(DS_PKG))
 	ORTMOD_REQUIRE_DEEPSPEED=1 DS_ACCELERATOR=cpu timeout 900 $(PY) -m pytest -q tests/test_deepspeed.py \

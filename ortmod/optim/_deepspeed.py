@@ -41,11 +41,12 @@ TESTED = ((0, 19), (0, 20))      # [from, to): the versions whose step() was rea
 _warned = set()
 
 
-def _warn_once(key, message):
+def _warn_once(key, message, stacklevel=4):
+    """stacklevel 4: the caller of FP16_Optimizer(...) when called from modify()."""
     if key in _warned:
         return
     _warned.add(key)
-    warnings.warn(message, UserWarning, stacklevel=4)
+    warnings.warn(message, UserWarning, stacklevel=stacklevel)
 
 
 def _version():
@@ -156,7 +157,8 @@ class _Patcher:
                        f"FP16_Optimizer: on {self.name}, DeepSpeed's own "
                        + (f"{why} stay as they are" if why else "")
                        + ("; " if why and extra_note else "") + extra_note
-                       + (f"; fused: {', '.join(self.patched)}" if self.patched else "; nothing was fused"))
+                       + (f"; fused: {', '.join(self.patched)}" if self.patched else "; nothing was fused"),
+                       stacklevel=5)
         return self.opt
 
 
