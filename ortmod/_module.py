@@ -489,8 +489,8 @@ class ORTModule(torch.nn.Module):
         strict = self._debug_options.strict_trace
         inline = self._debug_options.inline_autograd_functions
         state = self.__dict__["_ortmod_state"]
-        with state.zero3.hooks_off(module) if state is not None and state.zero3 is not None \
-                else contextlib.nullcontext():
+        with _zero3.plain_linear(), (state.zero3.hooks_off(module) if state is not None and state.zero3 is not None
+                                     else contextlib.nullcontext()):
             exported = _capture.export(module, flat, strict_trace=strict, inline_functions=inline)
         warned = self.__dict__.setdefault("_ortmod_hazards_warned", set())
         new = [h for h in exported.hazards if h.split(" (", 1)[0] not in warned]

@@ -20,12 +20,19 @@ whole module is the "submodule"), with DeepSpeed's own parameter API (``all_gath
 - export: the trace runs the submodules' forwards, so DeepSpeed's module hooks (fetch/release
   and the autograd Functions they wrap around outputs, which would become graph nodes) are
   taken off the submodules while it runs; the parameters are gathered then, as for a forward.
+- ``torch.nn.functional.linear``: ZeRO-3 replaces it, process-wide and for good (its
+  ``memory_efficient_linear``, on by default), with ``LinearFunctionForZeroStage3``, an
+  autograd.Function that saves the parameter rather than its gathered value. Traced, it would
+  become a PythonOp whose math torch computes; its forward is ``F.linear``'s, so every export
+  (ZeRO-3 or not, once any ZeRO-3 engine exists in the process) traces torch's own.
 
 Persistent parameters (``ds_persist``: DeepSpeed keeps small ones gathered) are gathered when
 they are not, and never released, as DeepSpeed does.
 """
 import contextlib
 import sys
+
+import torch
 
 
 def _status(name):
@@ -112,3 +119,22 @@ def _is_deepspeed(hook):
     f = getattr(hook, "__func__", hook)
     f = getattr(f, "__wrapped__", f)
     return (getattr(f, "__module__", None) or "").startswith("deepspeed.")
+
+
+@contextlib.contextmanager
+def plain_linear():
+    """torch's own F.linear while the export traces, where DeepSpeed's zero3_linear_wrap replaced it."""
+    F = torch.nn.functional
+    current = F.linear
+    ds_linear = sys.modules.get("deepspeed.runtime.zero.linear")
+    if ds_linear is None or current is not getattr(ds_linear, "zero3_linear_wrap", None):
+        yield
+        return
+    pp = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    original = getattr(getattr(pp, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None) \
+        or torch._C._nn.linear
+    F.linear = original
+    try:
+        yield
+    finally:
+        F.linear = current

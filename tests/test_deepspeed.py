@@ -23,6 +23,18 @@ STEPS = 20
 def process_group():
     with dsutil.one_process_group(deepspeed):
         yield
+    # ZeRO-3 replaced torch.nn.functional.linear for the whole process; later test modules get
+    # torch's back
+    from deepspeed.runtime.zero import linear, partition_parameters
+    if torch.nn.functional.linear is linear.zero3_linear_wrap:
+        torch.nn.functional.linear = partition_parameters.InsertPostInitMethodToModuleSubClasses.linear_bk
+
+
+def _engine_ran_everything(module):
+    """Every graph of the ORTModule ran on the engine alone: no PythonOp (an autograd.Function
+    whose math torch would compute), no fallback."""
+    entries = list(module._ortmod_cache.values())
+    return module._ortmod_fallback is None and entries and all(e.call.functions is None for e in entries)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +72,12 @@ def test_ortmodule_under_deepspeed_fp32(stage, referee):
     eager = _train(stage, "fp32")
     ort = _train(stage, "fp32", ort=True)
     module = ort["engine"].module
-    assert module._ortmod_fallback is None and module._ortmod_export_count == 1
+    assert _engine_ran_everything(module) and module._ortmod_export_count == 1
+    if stage == 3:
+        # ZeRO-3 swapped F.linear for its own autograd.Function (memory_efficient_linear, the
+        # default); the export traced torch's F.linear instead, so the GEMMs are the engine's
+        from deepspeed.runtime.zero import linear
+        assert torch.nn.functional.linear is linear.zero3_linear_wrap
     losses_e, losses_o = torch.tensor(eager["losses"]), torch.tensor(ort["losses"])
     torch.testing.assert_close(losses_o, losses_e, rtol=1e-5, atol=0)
     err = dsutil.rel(ort["params"], eager["params"])
@@ -110,7 +127,7 @@ def test_ortmodule_under_zero3_gathers_and_releases(persist, monkeypatch):
     else:             # released after the forward, and again once each gradient was reduced
         assert ort["zero3_after_backward"] == eager["zero3_after_backward"] == {"NOT_AVAILABLE"}
     assert ort["zero3_status"] == eager["zero3_status"] == ({"AVAILABLE"} if persist else {"NOT_AVAILABLE"})
-    assert ort["engine"].module._ortmod_export_count == 1
+    assert ort["engine"].module._ortmod_export_count == 1 and _engine_ran_everything(ort["engine"].module)
     torch.testing.assert_close(torch.tensor(ort["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
     assert dsutil.rel(ort["params"], eager["params"]) < 1e-5
     aux = [p for n, p in ort["engine"].module.named_parameters() if n.startswith("inner.aux")]
@@ -128,7 +145,7 @@ def test_ortmodule_under_deepspeed_accumulates_gradients(stage):
     # two micro-batches per step: the second backward adds onto DeepSpeed's partitioned gradients
     eager = _train(stage, "fp32", accumulate=2)
     ort = _train(stage, "fp32", accumulate=2, ort=True)
-    assert ort["engine"].global_steps == STEPS // 2
+    assert ort["engine"].global_steps == STEPS // 2 and _engine_ran_everything(ort["engine"].module)
     torch.testing.assert_close(torch.tensor(ort["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
     assert dsutil.rel(ort["params"], eager["params"]) < 1e-5
 
@@ -142,6 +159,7 @@ def test_ortmodule_with_fp16_optimizer_under_deepspeed(stage):
         ort = _train(stage, "fp32", clip=0.1, ort=True, wrap=True)
     counts = ort["optimizer"]._ortmod_fused_calls
     assert counts["norm"] == STEPS and counts["clip"] > 0, dict(counts)
+    assert _engine_ran_everything(ort["engine"].module)
     torch.testing.assert_close(torch.tensor(ort["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
     assert dsutil.rel(ort["params"], eager["params"]) < 1e-5
 
