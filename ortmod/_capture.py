@@ -254,7 +254,7 @@ class StateInfo:
     """
 
     __slots__ = ("params", "buffers", "by_name", "signature", "signature_id", "grads", "dtypes",
-                 "generation")
+                 "generation", "zero3")
 
     def __init__(self, module, generation):
         named_p = list(module.named_parameters(remove_duplicate=False))
@@ -277,6 +277,7 @@ class StateInfo:
         self.dtypes = tuple(t.dtype for t in self.params) + tuple(t.dtype for t in self.buffers)
         self.generation = generation
         self.signature_id = None
+        self.zero3 = None        # _zero3.Zero3 when the parameters are DeepSpeed ZeRO-3 partitions
 
     def still_valid(self):
         return (tuple([p.requires_grad for p in self.params]) == self.grads

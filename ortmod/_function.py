@@ -71,7 +71,11 @@ class EngineFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, call, *tensors):
+    def forward(ctx, call, zero3, *tensors):
+        # zero3: the module's DeepSpeed ZeRO-3 parameters (ortmod/_zero3.py), or None
+        ctx.zero3 = zero3
+        if zero3 is not None:
+            ctx.zero3_inputs = [(i, t) for i, t in enumerate(tensors) if id(t) in zero3.ids]
         with _functions_of(call) as records:
             capsules, stash = call.engine.forward([_engine_view(t) for t in tensors], True, _stream(tensors))
         ctx.records = records            # the user Functions' own autograd records, for backward
@@ -90,7 +94,12 @@ class EngineFunction(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         call = ctx.call
         if ctx.stash is None:
-            return (None,) * (1 + call.n_inputs)
+            return (None,) * (2 + call.n_inputs)
+        zero3 = ctx.zero3
+        if zero3 is not None:
+            # autograd accumulates each gradient into .grad at the parameter's current shape, and
+            # DeepSpeed's hooks then reduce it: the partitioned parameters are gathered again
+            zero3.before_backward([t for _, t in ctx.zero3_inputs])
         with _functions_of(call, ctx.records):
             grads = call.engine.backward(
                 ctx.stash, [None if g is None else _engine_view(_dense(g)) for g in grad_outputs], _stream(grad_outputs))
@@ -99,8 +108,12 @@ class EngineFunction(torch.autograd.Function):
             # only through a stop-gradient) gets no gradient (None), as in eager autograd,
             # rather than the engine's zeros: an optimizer treats the two differently.
             reached = call.reached(tuple(g is not None for g in grad_outputs))
-            return (None,) + tuple(_wrap(g) if i in reached else None for i, g in enumerate(grads))
-        return (None,) + tuple(_wrap(g) for g in grads)
+            result = tuple(_wrap(g) if i in reached else None for i, g in enumerate(grads))
+        else:
+            result = tuple(_wrap(g) for g in grads)
+        if zero3 is not None:
+            zero3.after_backward([t for i, t in ctx.zero3_inputs if result[i] is None])
+        return (None, None) + result
 
 
 @contextlib.contextmanager
@@ -120,9 +133,9 @@ def _functions_of(call, records=None, training=True):
         raise raised from e
 
 
-def run_training(call, tensors):
+def run_training(call, tensors, zero3=None):
     """Forward with autograd history; returns the engine outputs as torch tensors."""
-    return EngineFunction.apply(call, *tensors)
+    return EngineFunction.apply(call, zero3, *tensors)
 
 
 def run_inference(call, tensors):

@@ -15,6 +15,7 @@ changes — a parameter, buffer or submodule registered anywhere inside the wrap
 or an attribute set on the ORTModule — mark the module *dirty*: the next call exports
 again and keeps its engines only if the new ONNX bytes are identical.
 """
+import contextlib
 import json
 import logging
 import dataclasses
@@ -25,7 +26,7 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _pyop, _semantics, _threads
+from . import _capture, _pyop, _semantics, _threads, _zero3
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
 
@@ -362,8 +363,20 @@ class ORTModule(torch.nn.Module):
         if d["_ortmod_dirty"]:
             self._ortmod_recheck()
         state = d["_ortmod_state"]
-        if state is None or not state.still_valid():
+        if state is None or not state.still_valid() or (state.zero3 is None and state.params
+                                                        and hasattr(state.params[0], "ds_status")):
             state = self._ortmod_scan_state(module)
+        if state.zero3 is not None:
+            # DeepSpeed ZeRO-3: the parameters are gathered for this call and released after it
+            gathered = state.zero3.gather()
+            try:
+                return self._ortmod_call(module, state, args, kwargs, retried)
+            finally:
+                state.zero3.release(gathered)
+        return self._ortmod_call(module, state, args, kwargs, retried)
+
+    def _ortmod_call(self, module, state, args, kwargs, retried):
+        d = self.__dict__
         flat = _capture.flatten_inputs(args, kwargs)
         inputs_key, input_grads = _capture.input_keys(flat)
         # eval mode with grad enabled is still differentiated (saliency maps, adversarial inputs,
@@ -401,7 +414,7 @@ class ORTModule(torch.nn.Module):
             self._C.set_num_threads(threads)
             d["_ortmod_threads"] = threads
         if entry.needs_grad:
-            outputs = run_training(entry.call, tensors)
+            outputs = run_training(entry.call, tensors, state.zero3)
         else:
             outputs = run_inference(entry.call, tensors)
         if first_call and logger.isEnabledFor(logging.INFO):
@@ -452,6 +465,9 @@ class ORTModule(torch.nn.Module):
         d = self.__dict__
         d["_ortmod_generation"] += 1
         state = _capture.StateInfo(module, d["_ortmod_generation"])
+        zero3 = _zero3.partitioned_params(state.params)
+        if zero3:
+            state.zero3 = _zero3.Zero3(zero3)
         ids = d["_ortmod_signatures"]
         state.signature_id = ids.setdefault(state.signature, len(ids))
         d["_ortmod_state"] = state
@@ -511,7 +527,10 @@ class ORTModule(torch.nn.Module):
         strict = self._debug_options.strict_trace
         inline = self._debug_options.inline_autograd_functions
         dynamic = self.__dict__.get("_ortmod_dynamic_dims", {}).get(export_key)
-        exported = self._ortmod_capture(module, flat, strict, inline, dynamic)
+        state = self.__dict__["_ortmod_state"]
+        with _zero3.plain_linear(), (state.zero3.hooks_off(module) if state is not None and state.zero3 is not None
+                                     else contextlib.nullcontext()):
+            exported = self._ortmod_capture(module, flat, strict, inline, dynamic)
         warned = self.__dict__.setdefault("_ortmod_hazards_warned", set())
         new = [h for h in exported.hazards if h.split(" (", 1)[0] not in warned]
         if new:
@@ -683,7 +702,8 @@ class ORTModule(torch.nn.Module):
     def _ortmod_owns(self, name):
         d = self.__dict__
         return (not d.get("_ortmod_ready") or name in d or name.startswith("_ortmod")
-                or hasattr(type(self), name) or name in d.get("_modules", ()))
+                or hasattr(type(self), name) or name in d.get("_modules", ())
+                or name.startswith("ds_") or name in _HOOK_BOOKKEEPING)
 
     def __setattr__(self, name, value):
         if self._ortmod_owns(name):
@@ -729,6 +749,12 @@ def _check_output_shapes(module, eager_shapes, outputs):
             raise _capture.UnsupportedModelError(
                 f"the export of {type(module).__name__} computes output {j} with shape {tuple(got.shape)} "
                 f"where eager gives {want}: torch's ONNX exporter mis-converted an op of this model")
+
+
+# Attributes that DeepSpeed ZeRO-3's module hooks set on the module they hook (the ORTModule
+# itself) on every call: their own bookkeeping, kept on the ORTModule. Forwarded to the wrapped
+# model like its own attributes, each would mark the export dirty and re-export every step.
+_HOOK_BOOKKEEPING = frozenset({"applied_pre_backward_ref_cnt", "pre_bwd_fn", "post_bwd_fn"})
 
 
 def _update_state(entry, outputs, state):

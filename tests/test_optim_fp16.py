@@ -210,17 +210,91 @@ def test_other_optimizer_is_returned_unchanged_with_a_warning():
 
 
 def test_deepspeed_optimizer():
-    deepspeed = pytest.importorskip("deepspeed")   # noqa: F841 (not installed here: skipped)
-    pytest.skip("DeepSpeed ZeRO needs a distributed setup; covered where DeepSpeed runs")
+    # One process over gloo is a distributed setup DeepSpeed accepts; the whole matrix (ZeRO 0-3,
+    # fp32/bf16/fp16, ORTModule, overflow skips) is tests/test_deepspeed.py. Here: ZeRO-2 in fp16
+    # with clipping, the case whose old patch (has_overflow_serial) never ran.
+    import dsutil
+    deepspeed = dsutil.import_deepspeed()
+    with dsutil.one_process_group(deepspeed), dsutil.fp16_on_cpu(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        plain = dsutil.train(deepspeed, 2, "fp16", clip=0.1, steps=6)
+        wrapped = dsutil.train(deepspeed, 2, "fp16", clip=0.1, steps=6, wrap=True)
+    counts = wrapped["optimizer"]._ortmod_fused_calls
+    assert counts["overflow"] == counts["norm"] == 6 and counts["clip"] > 0, dict(counts)
+    assert wrapped["losses"] == plain["losses"] and wrapped["scales"] == plain["scales"]
+    assert dsutil.rel(wrapped["params"], plain["params"]) < 1e-6
 
 
-def test_apex_optimizer():
-    apex_optimizers = pytest.importorskip("apex.optimizers")
-    model = tiny()
-    inner = apex_optimizers.FusedSGD(model.parameters(), lr=0.1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        opt = FP16_Optimizer(inner, init_loss_scale=4.0)
-    set_grads(model, lambda p: torch.full_like(p, 4.0))
-    opt.step()
-    assert not opt.overflow
+class AmpNet(nn.Module):
+    """fp16 layers (Apex O2 gives them fp32 masters) and an fp32 gain (its own master)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).half()
+        self.gain = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.net(x.half()).float() * self.gain
+
+
+def _apex_run(wrap, fused_kernel, inject_at=None, steps=10, accumulate=2):
+    import apexlike
+    torch.manual_seed(0)
+    model = AmpNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = apexlike.LossScaler(has_fused_kernel=fused_kernel)
+    model, opt = apexlike.initialize(model, opt, scaler)
+    if wrap:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert FP16_Optimizer(opt) is opt          # patched in place: Apex keeps its scaler
+    g = torch.Generator().manual_seed(3)
+    scales, losses = [], []
+    for step in range(steps):
+        opt.zero_grad()
+        if wrap:
+            assert all(p.grad is None for p in model.parameters())      # set to None, not zeroed
+        for micro in range(accumulate):
+            x = torch.randn(8, 8, generator=g)
+            loss = ((model(x) - torch.tanh(x[:, :4])) ** 2).mean()
+            losses.append(float(loss.detach()))
+            if step == inject_at and micro == 0:
+                loss = loss * math.inf
+            with apexlike.scale_loss(loss, opt) as scaled:
+                scaled.backward()
+        opt.step()
+        scales.append(scaler.loss_scale())
+    masters = [p.detach().clone() for grp in opt.param_groups for p in grp["params"]]
+    return masters, scales, losses, opt
+
+
+@pytest.mark.parametrize("fused_kernel", [False, True], ids=["python-scaler", "amp_C-scaler"])
+@pytest.mark.parametrize("inject_at", [None, 4], ids=["finite", "overflow"])
+def test_apex_amp_optimizer(fused_kernel, inject_at):
+    # against an object built to Apex amp's O2 interface (tests/apexlike.py), not real Apex
+    ref_masters, ref_scales, ref_losses, _ = _apex_run(False, fused_kernel, inject_at)
+    masters, scales, losses, opt = _apex_run(True, fused_kernel, inject_at)
+    counts = opt._ortmod_fused_calls
+    assert counts["overflow"] == counts["unscale"] == 20, dict(counts)
+    assert scales == ref_scales
+    if inject_at is not None:
+        assert scales[inject_at] == scales[inject_at - 1] / 2        # Apex's scaler skipped and halved
+    assert losses == pytest.approx(ref_losses, rel=1e-3)
+    for a, b in zip(masters, ref_masters):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_apex_amp_without_master_weights_is_left_with_a_warning():
+    import apexlike
+    model = AmpNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt = apexlike.initialize(model, opt, apexlike.LossScaler())
+
+    def post_backward_no_master_weights(self, scaler):
+        pass
+    opt._post_amp_backward = post_backward_no_master_weights.__get__(opt)
+    with pytest.warns(UserWarning, match=r"_post_amp_backward \(post_backward_no_master_weights: only the "
+                                         r"master-weights mode, O2, is fused\) stays as it is"):
+        assert FP16_Optimizer(opt) is opt
+    assert opt._post_amp_backward.__func__ is post_backward_no_master_weights
+    assert getattr(opt.zero_grad, "_ortmod_fused", False)

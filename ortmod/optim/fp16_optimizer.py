@@ -16,9 +16,13 @@ Loss scale: starts at ``init_loss_scale`` (2**16), doubles after ``scale_window`
 consecutive finite steps, halves on overflow, never below ``min_loss_scale`` (1) nor above
 ``max_loss_scale`` (2**24). ``optimizer.loss_scale`` reads it; ``state_dict()`` keeps it.
 
-As ORT's ``FP16_Optimizer``, wrapping a DeepSpeed ZeRO stage 1/2 optimizer patches its
-overflow check in place and returns it; an Apex optimizer is a torch optimizer and is
-wrapped like one. Any other object: a warning, and it is returned unchanged.
+As ORT's ``FP16_Optimizer``, wrapping an optimizer that DeepSpeed returned patches, in place,
+what its step calls (overflow checks, gradient norm, unscale/clip) with the fused passes and
+returns it, DeepSpeed's loss scaling unchanged (``_deepspeed.py``); a torch optimizer that a
+DeepSpeed engine steps itself is returned unchanged, with a warning. An optimizer that
+``apex.amp.initialize`` patched (it has ``_amp_stash``) keeps Apex's loss scaler: its
+``_post_amp_backward`` and ``zero_grad`` are replaced in place by fused ones (``_apex.py``;
+untested against real Apex). Any other object: a warning, and it is returned unchanged.
 """
 import math
 import warnings
@@ -85,6 +89,9 @@ class FP16_Optimizer:
     """
 
     def __new__(cls, optimizer, **kwargs):
+        from . import _apex
+        if _apex.is_apex_amp(optimizer):
+            return _apex.modify(optimizer, kwargs)
         kind = _kind(optimizer)
         if kind is None:
             warnings.warn(f"FP16_Optimizer: {type(optimizer).__module__}.{type(optimizer).__qualname__} is neither a "
@@ -92,7 +99,18 @@ class FP16_Optimizer:
                           UserWarning, stacklevel=2)
             return optimizer
         if kind == "deepspeed":
-            return _modify_deepspeed(optimizer, **kwargs)
+            from . import _deepspeed
+            return _deepspeed.modify(optimizer, kwargs)
+        if kind == "torch":
+            from . import _deepspeed
+            if _deepspeed.engine_of(optimizer) is not None:
+                # fp32 without ZeRO: deepspeed.initialize hands back the client's optimizer and
+                # engine.step() calls it directly; a loss scaler around it would never run
+                warnings.warn(f"FP16_Optimizer: {type(optimizer).__module__}.{type(optimizer).__qualname__} is "
+                              "stepped by a DeepSpeed engine (fp32 without ZeRO: DeepSpeed does no loss scaling "
+                              "and engine.step() calls it directly); it is returned unchanged, since ortmod's "
+                              "loss scaler around it would never be called", UserWarning, stacklevel=2)
+                return optimizer
         return super().__new__(cls)
 
     def __init__(self, optimizer, *, init_loss_scale=2.0 ** 16, scale_factor=2.0, scale_window=2000,
@@ -284,33 +302,3 @@ class FP16_Optimizer:
                 if master is not None:
                     master.copy_(saved)
                     p.copy_(master)
-
-
-# ---- DeepSpeed ---------------------------------------------------------------------------
-
-def _modify_deepspeed(optimizer, **kwargs):
-    """DeepSpeed ZeRO stage 1/2 (DeepSpeedZeroOptimizer): as ORT does, replace its overflow
-    check with the fused one (one C pass over CPU gradients; DeepSpeed's own otherwise) and
-    return the same optimizer. Loss scaling stays DeepSpeed's."""
-    if kwargs:
-        warnings.warn(f"FP16_Optimizer: options {sorted(kwargs)} are ignored for DeepSpeed optimizers "
-                      "(DeepSpeed keeps its own loss scaler)", UserWarning, stacklevel=3)
-    original = getattr(optimizer, "has_overflow_serial", None)
-    if original is None or getattr(original, "_ortmod_fused", False):
-        return optimizer
-
-    def has_overflow_serial(*args, **kw):
-        params = args[0] if args else kw.get("params")
-        is_grad_list = args[1] if len(args) > 1 else kw.get("is_grad_list", False)
-        try:
-            grads = [t if is_grad_list else t.grad for t in params]
-            grads = [g for g in grads if g is not None]
-        except TypeError:
-            return original(*args, **kw)
-        if not all(_c_able(g) for g in grads):
-            return original(*args, **kw)
-        return _check_and_norm(grads, 1.0)[0]
-
-    has_overflow_serial._ortmod_fused = True
-    optimizer.has_overflow_serial = has_overflow_serial
-    return optimizer
