@@ -211,7 +211,7 @@ def mutate_proto(m, rng):
         elif k == 7 and n is not None and len(n.attribute):
             a = rng.choice(list(n.attribute))
             a.type = rng.choice([0, 1, 2, 3, 4, 5, 6, 7, 8, 13])
-        elif k == 8:
+        elif k == 8 and len(m.opset_import):
             m.opset_import[0].version = rng.choice([0, 1, 12, 13, 17, 20, 23, 99, 101, 2 ** 31, 2 ** 62, -1])
         elif k == 9 and nodes:
             g.node.insert(rng.randrange(len(nodes) + 1), onnx.NodeProto.FromString(rng.choice(nodes).SerializeToString()))
@@ -326,7 +326,7 @@ def main():
         m = rng.choice(pool)
         try:
             data = mutate_proto(m, rng) if rng.random() < 0.75 else mutate_bytes(m.SerializeToString(), rng)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, IndexError):   # the onnx package refused to build the mutant
             continue
         verdict, crash = w.run(data, input_specs(data))
         n += 1
