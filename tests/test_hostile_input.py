@@ -17,10 +17,8 @@ ASan/UBSan build to run these cases under the sanitizers, e.g.
 (ORTMOD_TRAIN_BINARY, a runner built with -fsanitize=address,undefined, does the same for the
 runner cases.)
 """
-import glob
 import json
 import os
-import re
 import struct
 import subprocess
 import sys
@@ -427,30 +425,6 @@ def test_crafted_model_gets_a_clean_answer(engine_results, name):
         np.testing.assert_allclose(np.array(got, np.float32).reshape(np.shape(want)), want)
     for got, want in zip(r.get("grads", []), c.get("expect_grad", [])):
         np.testing.assert_allclose(np.array(got, np.float32), want)
-
-
-# ---- the attribute type table ---------------------------------------------------------
-
-def test_attribute_type_table_covers_every_attribute_the_ops_read_and_write():
-    """csrc/ops/op_attrs.c lists the type of every attribute name an op reads; an op that
-    reads (or a pass or gradient rule that writes) a name with another type, or a name the
-    table lacks, would make the importer refuse good models or miss bad ones."""
-    table = dict(re.findall(r'\{"(\w+)", OM_ATTR_(\w+)\}', open(os.path.join(ROOT, "csrc/ops/op_attrs.c")).read()))
-    kinds = {"int": "INT", "float": "FLOAT", "string": "STRING", "ints": "INTS", "tensor": "TENSOR"}
-    srcs = glob.glob(os.path.join(ROOT, "csrc", "**", "*.c"), recursive=True) + \
-        glob.glob(os.path.join(ROOT, "cuda", "*.cu"))
-    seen, bad = set(), []
-    for p in srcs:
-        text = open(p).read()
-        for fn, kind, name in re.findall(r'\b(om_attr|om_node_set|om_emit_attr)_(int|float|string|ints|tensor|find)\('
-                                         r'[^;"]*?,\s*"(\w+)"', text):
-            seen.add(name)
-            if name not in table:
-                bad.append(f"{os.path.relpath(p, ROOT)}: {fn}_{kind}(\"{name}\") is not in op_attrs.c")
-            elif kind != "find" and kinds[kind] != table[name] and not (kind == "int" and table[name] == "FLOAT"):
-                bad.append(f"{os.path.relpath(p, ROOT)}: {fn}_{kind}(\"{name}\") but op_attrs.c says {table[name]}")
-    assert not bad, "\n".join(bad)
-    assert {"axis", "perm", "approximate", "alpha", "value"} <= seen   # the scan found the calls
 
 
 # ---- concurrent backward ----------------------------------------------------------------
