@@ -20,6 +20,7 @@ runner cases.)
 import json
 import os
 import struct
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -614,33 +615,90 @@ def read_records(path):
     return out
 
 
-def write_records(path, records):
-    with open(path, "wb") as f:
-        for t in records:
-            b = t.SerializeToString()
-            f.write(struct.pack("<I", len(b)) + b)
+def crc32c(data):
+    table = crc32c.table
+    if table is None:
+        table = crc32c.table = []
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            table.append(c)
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+crc32c.table = None
+
+
+def write_records(path, records, checksum=True):
+    """Writes records as the runner does; a trailing meta/checksum record gets the CRC-32C of
+    what precedes it, as a crafted (not a damaged) file would have (checksum=False keeps the
+    stored one)."""
+    body = b""
+    for t in records:
+        if t.name == "meta/checksum" and checksum:
+            t.CopyFrom(nh.from_array(np.array([crc32c(body)], np.int64), "meta/checksum"))
+        b = t.SerializeToString()
+        body += struct.pack("<I", len(b)) + b
+    path.write_bytes(body)
+
+
+def trained_checkpoints(task, ck, steps=2):
+    """Trains `steps` updates with a checkpoint after each: ck/checkpoint_1 .. checkpoint_<steps>."""
+    common = ["--model", task / "mlp.onnx", "--train_data_dir", task / "train", "--checkpoints_dir", ck,
+              "--train_batch_size", "8"]
+    r = run_cli(*common, "--num_train_steps", steps, "--checkpoint_period", "1")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in ck.glob("checkpoint_*")) == [f"checkpoint_{i}" for i in range(1, steps + 1)]
+    return common
+
+
+def set_counter(state, index, value):
+    recs = read_records(state)
+    counters = next(t for t in recs if t.name == "meta/counters")
+    vals = nh.to_array(counters).copy()
+    vals[index] = value
+    if (index, value) == (1, 1):   # one update, and the optimizer stepped once: only the directory differs
+        vals[3] = 1
+    counters.CopyFrom(nh.from_array(vals, "meta/counters"))
+    write_records(state, recs)
+
+
+def resumed_from(r, update):
+    assert r.returncode == 0, r.stderr
+    assert f"checkpoint_{update}/state.pb (update {update}," in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("index,value,fragment", [
     (2, -5, "its data cursor counter is -5"),
     (2, I64_MAX - 3, "its data cursor counter is 9223372036854775804"),
+    (2, 1, "its data cursor (1 samples) is behind its 2 steps"),
     (0, -1, "its step counter is -1"),
+    (1, 3, "it counts 3 updates in 2 steps"),
+    (1, 1, "its update counter is 1 but its directory says 2"),
+    (1, -3, "its update counter is -3"),
+    (3, 5, "5 optimizer steps and 0 skipped updates in 2 updates"),
+    (6, 7, "its optimizer kind is 7"),
     (7, 9, "it counts 9 weights but holds 2"),
 ])
 def test_runner_refuses_a_checkpoint_with_bad_counters(binary, task, tmp_path, index, value, fragment):
+    """A crafted header (its checksum is right) is refused by name; resume takes the checkpoint
+    before it, saying so, and fails, naming it, when there is none."""
     ck = tmp_path / "ck"
-    common = ["--model", task / "mlp.onnx", "--train_data_dir", task / "train", "--checkpoints_dir", ck,
-              "--train_batch_size", "8"]
-    r = run_cli(*common, "--num_train_steps", "2", "--checkpoint_period", "1")
-    assert r.returncode == 0, r.stderr
-    state = max(ck.glob("checkpoint_*")) / "state.pb"
-    recs = read_records(state)
-    counters = next(t for t in recs if t.name == "meta/counters")
-    vals = nh.to_array(counters).copy()
-    vals[index] = value
-    counters.CopyFrom(nh.from_array(vals, "meta/counters"))
-    write_records(state, recs)
-    fails(run_cli(*common, "--num_train_steps", "4"), "is corrupt", fragment)
+    common = trained_checkpoints(task, ck)
+    set_counter(ck / "checkpoint_2" / "state.pb", index, value)
+    r = run_cli(*common, "--num_train_steps", "3")
+    resumed_from(r, 1)
+    assert fragment in r.stderr and "resuming from the previous checkpoint" in r.stderr, r.stderr
+    assert r.stderr.startswith("ortmod-train: warning: checkpoint '") and "checkpoint_2/state.pb' is corrupt" in r.stderr
+    # the run saved a good checkpoint_2 again; craft it and drop checkpoint_1: nothing to fall back to
+    shutil.rmtree(ck / "checkpoint_1")
+    shutil.rmtree(ck / "checkpoint_3")
+    set_counter(ck / "checkpoint_2" / "state.pb", index, value)
+    fails(run_cli(*common, "--num_train_steps", "3"), "is corrupt", fragment, "no older checkpoint")
 
 
 def test_runner_refuses_a_checkpoint_with_a_bad_loss_scale(binary, task, tmp_path):
@@ -653,6 +711,68 @@ def test_runner_refuses_a_checkpoint_with_a_bad_loss_scale(binary, task, tmp_pat
     ls.CopyFrom(nh.from_array(np.array([np.nan], np.float32), "meta/loss_scale"))
     write_records(state, recs)
     fails(run_cli(*common, "--num_train_steps", "2"), "its loss scale is nan")
+
+
+def test_bit_flipped_checkpoints_are_detected_and_resume_falls_back(binary, task, tmp_path):
+    """Ten single-bit flips spread over the newest checkpoint (header, weights, optimizer
+    state; the last one in the checksum itself): each is named as damage and the run resumes from the
+    checkpoint before it, ending with the weights of an undamaged run."""
+    ck = tmp_path / "ck"
+    common = trained_checkpoints(task, ck)
+    ref = run_cli(*common[:-4], "--checkpoints_dir", tmp_path / "ref", *common[-2:], "--num_train_steps", "3",
+                  "--output_dir", tmp_path / "ref_out")
+    assert ref.returncode == 0, ref.stderr
+    want = {t.name: nh.to_array(t) for t in onnx.load(str(tmp_path / "ref_out" / "trained_model.onnx")).graph.initializer}
+    state = ck / "checkpoint_2" / "state.pb"
+    good = state.read_bytes()
+    rng = np.random.default_rng(15)
+    detected = 0
+    for k in range(10):
+        pos = int(rng.integers(k * len(good) // 10, (k + 1) * len(good) // 10)) if k < 9 else len(good) - 1
+        bit = int(rng.integers(0, 8))
+        work = tmp_path / f"flip{k}"
+        shutil.copytree(ck, work)
+        bad = bytearray(good)
+        bad[pos] ^= 1 << bit
+        (work / "checkpoint_2" / "state.pb").write_bytes(bytes(bad))
+        out = tmp_path / f"out{k}"
+        r = run_cli(*common[:-4], "--checkpoints_dir", work, *common[-2:], "--num_train_steps", "3",
+                    "--output_dir", out)
+        assert r.returncode == 0, (pos, bit, r.stderr)
+        assert "checkpoint_2/state.pb" in r.stderr and "resuming from the previous checkpoint" in r.stderr, (pos, bit,
+                                                                                                            r.stderr)
+        resumed_from(r, 1)
+        got = {t.name: nh.to_array(t) for t in onnx.load(str(out / "trained_model.onnx")).graph.initializer}
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"flip at byte {pos} bit {bit}: {name}")
+        detected += 1
+        print(f"flip at byte {pos} bit {bit}: {r.stderr.split(' is ', 1)[1].split(';')[0][:120]}")
+    print(f"bit flips detected: {detected}/10 in a {len(good)}-byte checkpoint")
+    assert detected == 10
+
+
+def test_checkpoint_without_checksum_is_accepted_with_a_warning(binary, task, tmp_path):
+    """Format 1 (before checksums): read as before, with a warning that damage to it cannot be
+    seen. A file of a format this ortmod does not know is refused by name, not taken as damage."""
+    ck = tmp_path / "ck"
+    common = trained_checkpoints(task, ck)
+    state = ck / "checkpoint_2" / "state.pb"
+    recs = read_records(state)
+    assert recs[-1].name == "meta/checksum" and recs[-2].name == "meta/end"
+    recs = recs[:-1]
+    next(t for t in recs if t.name == "meta/format").CopyFrom(nh.from_array(np.array([1], np.int64), "meta/format"))
+    write_records(state, recs)
+    r = run_cli(*common, "--num_train_steps", "3")
+    resumed_from(r, 2)
+    assert "has no checksum (format 1" in r.stderr, r.stderr
+    # a future format, intact: refused by name, no fall back
+    ck = tmp_path / "ck2"
+    common = trained_checkpoints(task, ck, steps=1)
+    state = ck / "checkpoint_1" / "state.pb"
+    recs = read_records(state)
+    next(t for t in recs if t.name == "meta/format").CopyFrom(nh.from_array(np.array([3], np.int64), "meta/format"))
+    write_records(state, recs)
+    fails(run_cli(*common, "--num_train_steps", "3"), "has format 3; this ortmod reads formats 1 and 2")
 
 
 @pytest.mark.parametrize("args,fragment", [
