@@ -71,6 +71,8 @@ typedef struct rn_dataset {
 } rn_dataset;
 
 om_status *rn_dataset_load(const char *dir, int shuffle, uint64_t seed, rn_dataset *ds);
+/* Adds the samples of one shard held in buf (read from path, file name fname) to ds. */
+om_status *rn_dataset_add_shard(rn_dataset *ds, const char *path, const char *fname, const uint8_t *buf, size_t n);
 void rn_dataset_free(rn_dataset *ds);
 int rn_dataset_find(const rn_dataset *ds, const char *name);
 /* Copies `count` samples starting at global position `start` (wrapping around the data,
