@@ -457,6 +457,7 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
         om_kernel_ctx ctx = {.g = g, .node = n, .n_in = n->n_in, .n_out = n->n_out, .in = in, .out = out,
                              .seed = om_rand_u64(e->seed ^ call, (uint64_t)prog[s]), .training = training,
                              .device = f->plan->device, .device_id = f->plan->device_id};
+        if (om_kernel_nothing_to_do(&ctx)) continue;   /* empty outputs: its loops would run for nothing */
         om_status *st;
         struct timespec t0;
         if (e->prof && !f->cu) clock_gettime(CLOCK_MONOTONIC, &t0);
