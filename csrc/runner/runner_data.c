@@ -232,6 +232,7 @@ om_status *rn_dataset_batch(rn_dataset *ds, int64_t start, int64_t count, void *
         }
         for (int k = 0; k < ds->n_features; k++) {
             const rn_feature *f = &ds->f[k];
+            if (!f->sample_bytes) continue;   /* a feature with a zero dim: no data, not even a buffer */
             memcpy((uint8_t *)bufs[k] + (size_t)b * f->sample_bytes, f->data + (size_t)idx * f->sample_bytes,
                    f->sample_bytes);
         }
@@ -242,6 +243,6 @@ om_status *rn_dataset_batch(rn_dataset *ds, int64_t start, int64_t count, void *
 void rn_dataset_slice(const rn_dataset *ds, int64_t start, int64_t count, void *const *bufs) {
     for (int k = 0; k < ds->n_features; k++) {
         const rn_feature *f = &ds->f[k];
-        memcpy(bufs[k], f->data + (size_t)start * f->sample_bytes, (size_t)count * f->sample_bytes);
+        if (f->sample_bytes && count) memcpy(bufs[k], f->data + (size_t)start * f->sample_bytes, (size_t)count * f->sample_bytes);
     }
 }

@@ -10,6 +10,7 @@ the cases or the checkpoint format):
                               ortmod-train for that model, intact, bit-flipped, truncated, of
                               format 1, with crafted counters (mode 1: its checksum is fixed
                               up, so the header checks are what answers); shards, good and bad
+  found_*                     inputs make fuzz found, kept as they are (this script leaves them)
 
     .venv/bin/python tests/fuzz/make_corpus.py       (needs build/ortmod-train: make runner)
 """
@@ -54,6 +55,15 @@ def runner_dir():
     return d
 
 
+def fresh(d):
+    """Empties d of what this script wrote before; found_* files (inputs libFuzzer found,
+    committed by hand after the fix) stay."""
+    os.makedirs(d, exist_ok=True)
+    for name in os.listdir(d):
+        if not name.startswith("found_"):
+            os.remove(os.path.join(d, name))
+
+
 def write(dirname, name, data):
     with open(os.path.join(dirname, name), "wb") as f:
         f.write(data)
@@ -61,8 +71,7 @@ def write(dirname, name, data):
 
 def onnx_corpus():
     d = os.path.join(HERE, "corpus", "onnx")
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    fresh(d)
     for name, case in hostile.CASES.items():
         write(d, f"hostile_{name}.onnx", case["model"])
     for i, m in enumerate(fuzz_onnx.seeds()):
@@ -95,8 +104,7 @@ def with_counter(state, index, value):
 
 def checkpoint_corpus(rdir):
     d = os.path.join(HERE, "corpus", "checkpoint")
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    fresh(d)
     binary = os.path.join(ROOT, "build", "ortmod-train")
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck")
