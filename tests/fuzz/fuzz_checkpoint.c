@@ -64,6 +64,7 @@ static uint8_t *fix_checksum(const uint8_t *buf, size_t n, size_t *n_out) {
     uint8_t *out = NULL;
     if (last && last->name && !strcmp(last->name, "meta/checksum")) {
         int64_t crc = rn_crc32c(0, buf, last_at);
+        const ProtobufCBinaryData raw = last->raw_data;   /* put back before the free */
         last->has_raw_data = 1;
         last->raw_data.data = (uint8_t *)&crc;
         last->raw_data.len = sizeof crc;
@@ -77,8 +78,7 @@ static uint8_t *fix_checksum(const uint8_t *buf, size_t n, size_t *n_out) {
             onnx__tensor_proto__pack(last, out + last_at + 4);
             *n_out = last_at + 4 + len;
         }
-        last->raw_data.data = NULL;   /* not ours to free */
-        last->raw_data.len = 0;
+        last->raw_data = raw;
     }
     if (last) onnx__tensor_proto__free_unpacked(last, NULL);
     return out;

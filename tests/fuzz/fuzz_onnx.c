@@ -9,6 +9,7 @@
 #include "ortmod.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
