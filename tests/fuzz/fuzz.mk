@@ -17,9 +17,9 @@ FUZZ_WARN    := -Wall -Wno-unused-parameter -Wno-missing-field-initializers -Wno
 FUZZ_INC     := -D_GNU_SOURCE -Icsrc -Icsrc/include -Icsrc/graph/gen
 FUZZ_LIBS    := -lprotobuf-c -lopenblas -lm -lpthread
 FUZZ_TARGETS := onnx checkpoint
-# a model may ask for any amount of memory: past 512 MiB malloc returns NULL (a clean
+# a model may ask for any amount of memory: past 256 MiB malloc returns NULL (a clean
 # out-of-memory error), which is what the engine must handle; leaks are findings
-FUZZ_ASAN    := allocator_may_return_null=1:max_allocation_size_mb=512:detect_leaks=1:abort_on_error=0
+FUZZ_ASAN    := allocator_may_return_null=1:max_allocation_size_mb=256:detect_leaks=1:abort_on_error=0
 FUZZ_UBSAN   := print_stacktrace=1:halt_on_error=1
 # objects of the engine and runner, but not the CLI's main
 fuzz_objs     = $$(find $(1) -name '*.o' ! -path '*/runner/main.o' | sort)
@@ -52,7 +52,7 @@ fuzz: fuzz-build
 	  mkdir -p $(FUZZ_DIR)/corpus-$$t; \
 	  echo "fuzz_$$t: $(FUZZ_SECONDS) s (log: $(FUZZ_DIR)/$$t.log)"; \
 	  OMP_NUM_THREADS=1 FUZZ_RUNNER_DIR=tests/fuzz/runner ASAN_OPTIONS=$(FUZZ_ASAN) UBSAN_OPTIONS=$(FUZZ_UBSAN) \
-	    $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=6144 -malloc_limit_mb=1024 \
+	    $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=60 -rss_limit_mb=6144 -malloc_limit_mb=512 \
 	    -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/findings/$$t- \
 	    $(FUZZ_DIR)/corpus-$$t tests/fuzz/corpus/$$t > $(FUZZ_DIR)/$$t.log 2>&1; rc=$$?; \
 	  grep -E "stat::number_of_executed_units|stat::new_units_added|^Done|ERROR:|SUMMARY:|runtime error" \
