@@ -10,6 +10,7 @@ PY_PKGS  := torch==2.13.0 onnx onnxscript onnxruntime numpy pytest setuptools tr
 -include runner.mk
 -include cuda/cuda.mk
 -include bench/bench.mk
+-include tests/fuzz/fuzz.mk
 
 setup: apt venv build
 

@@ -56,10 +56,16 @@ def engine_sources():
     return sorted(srcs)
 
 
+# ORTMOD_DEBUG=1: an ASan + UBSan build (load it with LD_PRELOAD=$(gcc -print-file-name=libasan.so)).
+# -fno-wrapv undoes the -fwrapv of Python's own CFLAGS, under which UBSan cannot see signed overflow;
+# any undefined behaviour aborts (-fno-sanitize-recover), so that a test fails on it. Built out of
+# place (build_ext --build-lib build/san), it is what tests/test_hostile_input.py runs under
+# with ORTMOD_HOSTILE_SO.
 debug = os.environ.get("ORTMOD_DEBUG") == "1"
+sanitize = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
 extra = ["-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
          "-Wno-missing-field-initializers", "-Wno-sign-compare"]
-extra += ["-O0", "-g", "-fsanitize=address"] if debug else ["-O3"]
+extra += ["-O1", "-g", "-fno-omit-frame-pointer", "-fno-wrapv", *sanitize] if debug else ["-O3"]
 
 setup(
     ext_modules=[
@@ -69,7 +75,7 @@ setup(
             include_dirs=["csrc", "csrc/include", "csrc/graph/gen"],
             libraries=["protobuf-c", "openblas", "m"],
             extra_compile_args=extra,
-            extra_link_args=["-fsanitize=address"] if debug else [],
+            extra_link_args=sanitize if debug else [],
             define_macros=[("_GNU_SOURCE", "1"), ("NDEBUG", "1")],   # no assert() left in, generated code included
         )
     ],

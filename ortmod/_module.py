@@ -9,6 +9,13 @@ Caching, in two levels:
   parameters require grad). Changing ``requires_grad`` builds a new engine from the
   cached bytes: the backward graph changes, the export does not.
 
+Both levels are bounded: the ``max_cached_graphs`` most recently used engines are kept
+(DebugOptions, ORTMOD_MAX_CACHED_GRAPHS, default 16), and the exports they were built from;
+the least recently used is dropped (its engine is freed once no autograd graph holds it).
+Each engine keeps ``max_cached_plans`` plans, one per input shape set, the same way
+(ORTMOD_MAX_CACHED_PLANS, default 32). A non-tensor argument that takes a new value call
+after call re-exports every time: one warning names it.
+
 Per call only the inputs are flattened and keyed; the parameter/buffer scan is kept
 between calls and re-verified cheaply (dtype and requires_grad per tensor). Structural
 changes — a parameter, buffer or submodule registered anywhere inside the wrapped module,
@@ -16,6 +23,7 @@ or an attribute set on the ORTModule — mark the module *dirty*: the next call 
 again and keeps its engines only if the new ONNX bytes are identical.
 """
 import contextlib
+import collections
 import json
 import logging
 import dataclasses
@@ -52,6 +60,12 @@ class DebugOptions:
                  TorchScript ONNX exporter, ortmod/_capture.py), "export" (torch.export,
                  ortmod/_capture_export.py) or "auto" (the default: TorchScript, and torch.export
                  where the TorchScript exporter is missing or fails with an ExportError).
+    max_cached_graphs: exports and engines kept per ORTModule, the least recently used dropped
+                 past it (one per schema: non-tensor argument values, train/eval, ...). None: the
+                 environment variable ORTMOD_MAX_CACHED_GRAPHS, else 16.
+    max_cached_plans: plans kept per engine, one per input shape set (a new batch size or
+                 sequence length plans again, it does not export), least recently used dropped
+                 past it. None: ORTMOD_MAX_CACHED_PLANS, else 32.
     """
 
     log_level: LogLevel = LogLevel.WARNING
@@ -61,6 +75,8 @@ class DebugOptions:
     strict_trace: bool = False
     inline_autograd_functions: bool = False
     capture: str = ""
+    max_cached_graphs: int = None
+    max_cached_plans: int = None
 
     def __post_init__(self):
         self.log_level = LogLevel(int(self.log_level))
@@ -68,6 +84,10 @@ class DebugOptions:
         self.inline_autograd_functions = (bool(self.inline_autograd_functions)
                                           or flag_from_env("ORTMOD_INLINE_AUTOGRAD_FUNCTIONS"))
         self.capture = capture_from_env(self.capture)
+        self.max_cached_graphs = count_option("max_cached_graphs", self.max_cached_graphs,
+                                              "ORTMOD_MAX_CACHED_GRAPHS", DEFAULT_MAX_CACHED_GRAPHS)
+        self.max_cached_plans = count_option("max_cached_plans", self.max_cached_plans,
+                                             "ORTMOD_MAX_CACHED_PLANS", DEFAULT_MAX_CACHED_PLANS)
 
 
 # --------------------------------------------------------------------------- environment
@@ -115,6 +135,27 @@ def capture_from_env(given):
         source = "DebugOptions(capture=...)" if given else "ORTMOD_CAPTURE"
         raise ValueError(f"{source}: unknown capture path {text!r}; valid: {', '.join(CAPTURE_PATHS)}")
     return text
+
+
+DEFAULT_MAX_CACHED_GRAPHS = 16
+DEFAULT_MAX_CACHED_PLANS = 32     # the engine's own default (csrc/exec/engine.c) too
+MAX_CACHE_LIMIT = 1 << 20
+
+
+def count_option(field, value, env, default):
+    """A cache limit: ``value`` when given (an int), else the environment variable ``env``,
+    else ``default``; a whole number in 1..2^20, or ValueError naming where it came from."""
+    if value is None:
+        text = os.environ.get(env, "").strip()
+        if not text:
+            return default
+        n = int(text) if text.isdigit() else 0
+        if not 1 <= n <= MAX_CACHE_LIMIT:
+            raise ValueError(f"{env}: {text!r} is not a whole number in 1..{MAX_CACHE_LIMIT}")
+        return n
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CACHE_LIMIT:
+        raise ValueError(f"DebugOptions.{field}: {value!r} is not a whole number in 1..{MAX_CACHE_LIMIT}")
+    return value
 
 
 def log_level_from_env(default):
@@ -330,9 +371,11 @@ class ORTModule(torch.nn.Module):
     def _ortmod_reset(self):
         """Drop every export and engine (they are rebuilt lazily on the next call)."""
         d = self.__dict__
-        d["_ortmod_exports"] = {}     # export key -> _ExportRecord
-        d["_ortmod_cache"] = {}       # full key -> _Entry
-        d["_ortmod_retired"] = {}     # entries waiting for a re-check after a change
+        d["_ortmod_exports"] = collections.OrderedDict()   # export key -> _ExportRecord, oldest first
+        d["_ortmod_cache"] = collections.OrderedDict()     # full key -> _Entry, least recently used first
+        d["_ortmod_retired"] = collections.OrderedDict()   # entries waiting for a re-check after a change
+        d["_ortmod_variants"] = collections.OrderedDict()  # export key without its non-tensor values ->
+        #                                                  [exports of it, the last export key]
         d["_ortmod_state"] = None     # StateInfo
         d["_ortmod_signatures"] = {}  # state signature -> small int (cheap to hash per call)
         d["_ortmod_generation"] = 0
@@ -384,10 +427,13 @@ class ORTModule(torch.nn.Module):
         want_grad = torch.is_grad_enabled()
         export_key = (inputs_key, module.training, torch.is_grad_enabled(), state.signature_id, _autocast_key())
         key = (export_key, input_grads, state.grads) if want_grad else (export_key,)
-        entry = d["_ortmod_cache"].get(key)
+        cache = d["_ortmod_cache"]
+        entry = cache.get(key)
         first_call = entry is None
         if first_call:
             entry = self._ortmod_build(flat, state, export_key, key, want_grad)
+        else:
+            cache.move_to_end(key)
         if entry.shape_guard is not None and not entry.shape_guard.holds(
                 tuple(tuple(flat.leaves[i].shape) for i in flat.tensor_indices())):
             # torch.export specialised a size (or related two) that this call does not match
@@ -477,7 +523,8 @@ class ORTModule(torch.nn.Module):
         """After a structural change: every export is re-done before its engines are reused."""
         d = self.__dict__
         d["_ortmod_retired"].update(d["_ortmod_cache"])
-        d["_ortmod_cache"] = {}
+        d["_ortmod_cache"] = collections.OrderedDict()
+        _trim(d["_ortmod_retired"], self._debug_options.max_cached_graphs)
         for record in d["_ortmod_exports"].values():
             record.stale = True
         d["_ortmod_state"] = None
@@ -507,6 +554,7 @@ class ORTModule(torch.nn.Module):
                     del d["_ortmod_retired"][k]
                 record = _ExportRecord(exported)
                 d["_ortmod_exports"][export_key] = record
+                self._ortmod_note_export(flat, export_key)
             # the export ran the module's forward: registrations it made are part of it
             d["_ortmod_dirty"] = False
             _watch(self)
@@ -515,7 +563,50 @@ class ORTModule(torch.nn.Module):
                 return entry
         entry = self._ortmod_engine(record.exported, flat, state, want_grad)
         d["_ortmod_cache"][key] = entry
+        self._ortmod_trim()
         return entry
+
+    def _ortmod_trim(self):
+        """Keeps the max_cached_graphs most recently used engines, and the exports that they or
+        the retired entries were built from (others only while there is room)."""
+        d = self.__dict__
+        limit = self._debug_options.max_cached_graphs
+        cache, exports = d["_ortmod_cache"], d["_ortmod_exports"]
+        _trim(cache, limit)
+        if len(exports) > limit:
+            used = {k[0] for k in cache} | {k[0] for k in d["_ortmod_retired"]}
+            for k in [k for k in exports if k not in used][:len(exports) - limit]:
+                del exports[k]
+            while len(exports) > limit:          # every one in use: the oldest goes with its engines
+                self._ortmod_forget(next(iter(exports)))
+
+    def _ortmod_note_export(self, flat, export_key):
+        """Counts exports that differ from an earlier one only in non-tensor argument values;
+        past a few, one warning names the argument (every new value costs an export and an
+        engine, and the cache keeps only the most recent ones)."""
+        d = self.__dict__
+        (structure, leaves), rest = export_key[0], export_key[1:]
+        masked = ((structure, tuple(("C",) if leaf[0] == "C" else leaf for leaf in leaves)),) + rest
+        variants = d["_ortmod_variants"]
+        seen = variants.pop(masked, None) or [0, None]
+        variants[masked] = seen
+        _trim(variants, 64)
+        seen[0] += 1
+        last, seen[1] = seen[1], export_key
+        limit = self._debug_options.max_cached_graphs
+        if d.get("_ortmod_reexport_warned") or last is None or seen[0] < min(REEXPORT_WARNING_AFTER, limit + 1):
+            return
+        d["_ortmod_reexport_warned"] = True
+        module = self._original_module
+        changed = [i for i, (a, b) in enumerate(zip(last[0][1], leaves)) if a != b]
+        what = ", ".join(f"{_capture.describe_input(module, flat.paths[i])} = {_short_repr(flat.leaves[i])}"
+                         for i in changed) or "a non-tensor argument"
+        warnings.warn(
+            f"ortmod: {type(module).__name__} was exported {seen[0]} times for calls that differ only in "
+            f"non-tensor arguments ({what} in this call): a non-tensor argument is baked into the graph, so "
+            f"every new value costs an export and an engine. The newest {limit} are kept "
+            "(DebugOptions(max_cached_graphs=...) or ORTMOD_MAX_CACHED_GRAPHS); pass the value as a tensor, "
+            "or keep it fixed, to export once", UserWarning, stacklevel=7)   # the caller's line
 
     def _ortmod_export(self, flat, export_key):
         module = self._original_module
@@ -581,7 +672,7 @@ class ORTModule(torch.nn.Module):
         runner = _pyop.FunctionRunner(exported.functions) if exported.functions else None
         engine = self._C.Engine(exported.onnx_bytes, grad_inputs, log_level=int(opts.log_level),
                                 seed=torch.initial_seed() & 0x7FFFFFFFFFFFFFFF,
-                                log=engine_log_callback, callback=runner)
+                                log=engine_log_callback, callback=runner, max_plans=opts.max_cached_plans)
         self._ortmod_engine_count += 1
         if list(engine.input_names) != names:
             raise RuntimeError(f"ortmod: engine inputs {list(engine.input_names)} differ from the "
@@ -725,8 +816,9 @@ class ORTModule(torch.nn.Module):
     def __getstate__(self):
         # Engines are not picklable: pickle and deepcopy carry the module, not the cache.
         state = dict(self.__dict__)
-        for k in ("_ortmod_exports", "_ortmod_cache", "_ortmod_retired", "_ortmod_signatures",
-                  "_ortmod_dynamic_dims"):
+        for k in ("_ortmod_exports", "_ortmod_cache", "_ortmod_retired", "_ortmod_variants"):
+            state[k] = collections.OrderedDict()
+        for k in ("_ortmod_signatures", "_ortmod_dynamic_dims"):
             state[k] = {}
         state["_ortmod_state"] = None
         state["_ortmod_generation"] = 0
@@ -755,6 +847,20 @@ def _check_output_shapes(module, eager_shapes, outputs):
 # itself) on every call: their own bookkeeping, kept on the ORTModule. Forwarded to the wrapped
 # model like its own attributes, each would mark the export dirty and re-export every step.
 _HOOK_BOOKKEEPING = frozenset({"applied_pre_backward_ref_cnt", "pre_bwd_fn", "post_bwd_fn"})
+
+
+REEXPORT_WARNING_AFTER = 8    # exports of one schema differing only in non-tensor values
+
+
+def _trim(ordered, limit):
+    """Drops the oldest items of an OrderedDict past limit."""
+    while len(ordered) > limit:
+        ordered.popitem(last=False)
+
+
+def _short_repr(value):
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _update_state(entry, outputs, state):

@@ -339,14 +339,15 @@ done:
 }
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"onnx_bytes", "grad_inputs", "log_level", "seed", "log", "memory_opt_level", "callback", NULL};
+    static char *kw[] = {"onnx_bytes", "grad_inputs", "log_level", "seed", "log", "memory_opt_level", "callback",
+                         "max_plans", NULL};
     Py_buffer buf;
     PyObject *grad_inputs = Py_None, *log = Py_None, *callback = Py_None;
     int log_level = OM_LOG_WARNING;
     unsigned long long seed = 0;
-    int memory_opt_level = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|OiKOiO", kw, &buf, &grad_inputs, &log_level, &seed, &log,
-                                     &memory_opt_level, &callback))
+    int memory_opt_level = -1, max_plans = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*|OiKOiOi", kw, &buf, &grad_inputs, &log_level, &seed, &log,
+                                     &memory_opt_level, &callback, &max_plans))
         return -1;
     module_state *ms = state_of_type(Py_TYPE(self));
     bool *flags = NULL;
@@ -375,6 +376,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwds) {
     opt.log_user = self;
     opt.seed = seed;
     opt.memory_opt_level = memory_opt_level;
+    opt.max_plans = max_plans;
     opt.callback = self->callback ? engine_callback : NULL;
     opt.callback_user = self;
     om_engine *eng = NULL;
@@ -647,8 +649,9 @@ static PyGetSetDef Engine_getset[] = {
 };
 
 static PyType_Slot Engine_slots[] = {
-    {Py_tp_doc, "Engine(onnx_bytes, grad_inputs=None, log_level=2, seed=0, log=None, memory_opt_level=-1)\n\n"
-                "A compiled ONNX model: forward and backward graphs, and plans per input shape set."},
+    {Py_tp_doc, "Engine(onnx_bytes, grad_inputs=None, log_level=2, seed=0, log=None, memory_opt_level=-1, callback=None, max_plans=0)\n\n"
+                "A compiled ONNX model: forward and backward graphs, and plans per input shape set (the\n"
+                "max_plans most recently used; 0: ORTMOD_MAX_CACHED_PLANS or 32)."},
     {Py_tp_init, Engine_init},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_dealloc, Engine_dealloc},

@@ -190,6 +190,38 @@ def test_state_dict_round_trip():
         assert torch.equal(a, b)
 
 
+def test_state_dict_of_another_layout_is_refused_by_name_before_anything_loads():
+    """A [1, 1] master weight would broadcast into a [16, 12] parameter under copy_: silently
+    wrong. Every master weight and inner-optimizer tensor is checked against its parameter
+    first; nothing (loss scale, Adam state, weights) is loaded when one differs."""
+    def layout(*shapes):
+        m = nn.Sequential(*[nn.Linear(i, o) for i, o in shapes]).half()
+        o = FP16_Optimizer(FusedAdam(m.parameters(), lr=1e-3), init_loss_scale=8.0)
+        set_grads(m, torch.ones_like)
+        o.step()
+        return m, o
+    _, small = layout((1, 1), (1, 1))
+    saved = small.state_dict()
+    model, opt = layout((12, 16), (16, 1))
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"master weight of parameter 0 \(param_groups\[0\]\['params'\]\[0\], "
+                       r"\[16, 12\] torch.float16\) is \[1, 1\] in the state dict"):
+        opt.load_state_dict(saved)
+    assert opt.loss_scale == 8.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # the masters right but Adam's moments of another shape
+    saved = opt.state_dict()
+    key = saved["optimizer"]["param_groups"][0]["params"][2]
+    saved["optimizer"]["state"][key]["exp_avg"] = torch.zeros(3)
+    with pytest.raises(ValueError, match=r"optimizer state 'exp_avg' of param_groups\[0\]\['params'\]\[2\] "
+                       r"\(\[1, 16\]\) is \[3\]"):
+        opt.load_state_dict(saved)
+    saved = opt.state_dict()
+    saved["fp32_master_params"] = saved["fp32_master_params"][:-1]
+    with pytest.raises(ValueError, match="3 master entries for 4 parameters"):
+        opt.load_state_dict(saved)
+
+
 def test_zero_grad():
     model = tiny(torch.float16)
     opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1))

@@ -380,11 +380,21 @@ def test_checkpoint_from_another_model(binary, task, tmp_path):
     assert r.returncode == 0, r.stderr
     fails(run_cli(binary, "--model", task / "mlp.onnx", "--train_data_dir", task / "train", "--checkpoints_dir", ck),
           "written for another model", "weight '")
-    # a checkpoint cut short (not through the runner: its writes are atomic)
-    state = ck / f"checkpoint_{max(ckpts(ck))}" / "state.pb"
-    state.write_bytes(state.read_bytes()[:-40])
+    # a checkpoint cut short (not through the runner: its writes are atomic): named, and the
+    # run resumes from the one before it; with every one cut short, it stops naming them
+    assert ckpts(ck) == [2, 4]
+    for c in (4, 2):
+        state = ck / f"checkpoint_{c}" / "state.pb"
+        state.write_bytes(state.read_bytes()[:-40])
+        if c == 4:
+            r = run_cli(binary, "--model", task / "mlp_wide.onnx", "--train_data_dir", task / "train",
+                        "--checkpoints_dir", ck, "--num_train_steps", "4", "--checkpoint_period", "100")
+            assert r.returncode == 0, r.stderr
+            assert "checkpoint_4/state.pb' is damaged" in r.stderr and "resuming from the previous" in r.stderr
+            assert "resumed from" in r.stdout and "checkpoint_2" in r.stdout
+            state.write_bytes(state.read_bytes()[:-40])   # the run saved update 4 again
     fails(run_cli(binary, "--model", task / "mlp_wide.onnx", "--train_data_dir", task / "train", "--checkpoints_dir",
-                  ck), "state.pb")
+                  ck), "checkpoint_4/state.pb", "no older checkpoint", "intact either")
 
 
 @pytest.mark.parametrize("args,message", [

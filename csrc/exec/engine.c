@@ -11,6 +11,20 @@
 #include <stdlib.h>
 #include <time.h>
 
+/* The plan cache: one plan per input shape set, found by a hash of the shapes, evicted least
+ * recently used past max_plans. A stash points at its plan's slot; an evicted plan that a
+ * stash still uses is freed with the last such stash. */
+typedef struct plan_slot {
+    om_plan *plan;
+    uint64_t key;                       /* plan_key() of the shapes it was built for */
+    int refs;                           /* live stashes on it */
+    int cached;                         /* 0: evicted, freed when refs reaches 0 */
+    struct plan_slot *hnext;            /* its hash bucket's chain */
+    struct plan_slot *newer, *older;    /* the LRU list */
+} plan_slot;
+
+#define OM_DEFAULT_MAX_PLANS 32
+
 struct om_engine {
     om_graph *g;
     bool *grad_inputs;
@@ -20,13 +34,16 @@ struct om_engine {
     void *log_user;
     uint64_t seed;
     uint64_t calls;             /* forward calls so far: varies the random streams */
-    om_plan **plans;
+    plan_slot **buckets;        /* n_buckets (a power of two) chains */
+    plan_slot *newest, *oldest;
+    int n_buckets, max_plans;
+    long n_planned, n_evicted;  /* plans built, plans evicted, since the engine was made */
     om_pass_log pass_log;
     int n_exported_nodes;       /* forward nodes as imported, before any pass */
     int n_optimized_nodes;      /* forward nodes after the forward passes */
     char *report;               /* last om_engine_report_json result */
     int memory_opt_level, n_recomputed;
-    int n_plans, cap_plans;
+    int n_plans;                /* in the cache */
     pthread_mutex_t lock;       /* plans' arenas are shared: one call at a time */
     /* profiling (CPU): wall time and calls per (op, phase); NULL when off. Indexed by
      * prof_op[node] * 2 + (node is backward). */
@@ -37,6 +54,7 @@ struct om_engine {
 struct om_stash {
     om_engine *eng;
     om_plan *plan;
+    plan_slot *slot;            /* holds a reference on the plan */
     void *buf;
     om_tensor *inputs;          /* views of the forward's inputs (kept alive by keepalive) */
     void **keepalive;
@@ -62,6 +80,7 @@ om_engine_options om_engine_default_options(void) {
     memset(&o, 0, sizeof o);
     o.log_level = OM_LOG_WARNING;
     o.memory_opt_level = -1;
+    o.max_plans = 0;
     return o;
 }
 
@@ -92,7 +111,27 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
     e->log_user = opt->log_user;
     e->log_level = opt->log_level;
     e->seed = opt->seed;
-    om_status *st = om_graph_import_onnx(onnx_bytes, nbytes, &e->g);
+    om_status *st = NULL;
+    e->max_plans = opt->max_plans;
+    if (e->max_plans == 0) {
+        const char *env = getenv("ORTMOD_MAX_CACHED_PLANS");
+        char *end = NULL;
+        long v = env && *env ? strtol(env, &end, 10) : OM_DEFAULT_MAX_PLANS;
+        if (env && *env && (*end || v <= 0 || v > 1 << 20)) {
+            st = om_error(OM_INVALID_ARGUMENT, "ORTMOD_MAX_CACHED_PLANS: '%s' is not a number of plans in 1..%d",
+                          env, 1 << 20);
+            goto fail;
+        }
+        e->max_plans = (int)v;
+    }
+    if (e->max_plans < 0 || e->max_plans > 1 << 20) {
+        st = om_error(OM_INVALID_ARGUMENT, "max_plans: %d is not in 1..%d (0: the default)", e->max_plans, 1 << 20);
+        goto fail;
+    }
+    for (e->n_buckets = 16; e->n_buckets < 2 * e->max_plans; e->n_buckets *= 2) {}
+    e->buckets = calloc((size_t)e->n_buckets, sizeof(plan_slot *));
+    if (!e->buckets) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto fail; }
+    st = om_graph_import_onnx(onnx_bytes, nbytes, &e->g);
     if (st) goto fail;
     om_graph *g = e->g;
     g->callback = opt->callback;
@@ -148,8 +187,12 @@ fail:
 
 void om_engine_free(om_engine *e) {
     if (!e) return;
-    for (int i = 0; i < e->n_plans; i++) om_plan_free(e->plans[i]);
-    free(e->plans);
+    for (plan_slot *sl = e->newest, *next; sl; sl = next) {   /* stashes never outlive their engine */
+        next = sl->older;
+        om_plan_free(sl->plan);
+        free(sl);
+    }
+    free(e->buckets);
     om_pass_log_free(&e->pass_log);
     free(e->report);
     om_graph_free(e->g);
@@ -240,19 +283,91 @@ static om_status *check_inputs(const om_engine *e, const om_tensor *inputs, int 
     return NULL;
 }
 
-static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, om_plan **out) {
-    for (int i = 0; i < e->n_plans; i++)
-        if (om_plan_matches(e->plans[i], inputs, n)) { *out = e->plans[i]; return NULL; }
-    om_plan *p;
-    OM_TRY(om_plan_build(e->g, inputs, n, e->has_backward, &p));
-    if (om_grow((void **)&e->plans, &e->cap_plans, e->n_plans, sizeof(om_plan *))) {
-        om_plan_free(p);
-        return om_error(OM_OUT_OF_MEMORY, "out of memory");
+static uint64_t plan_key(const om_tensor *inputs, int n) {
+    uint64_t h = 0xcbf29ce484222325ull;   /* FNV-1a over what om_plan_matches compares */
+#define MIX(x) (h = (h ^ (uint64_t)(x)) * 0x100000001b3ull)
+    MIX(n);
+    for (int i = 0; i < n; i++) {
+        MIX(inputs[i].dtype);
+        MIX(inputs[i].rank);
+        for (int d = 0; d < inputs[i].rank; d++) MIX(inputs[i].dims[d]);
     }
-    e->plans[e->n_plans++] = p;
-    logf_(e, OM_LOG_INFO, "planned shape set %d: %d forward + %d backward kernels, frame %zu bytes (stash %zu)",
-          e->n_plans, p->n_fwd_prog, p->n_bwd_prog, p->stash_size, p->stash_value_bytes);
-    *out = p;
+    if (n) {
+        MIX(inputs[0].device);
+        MIX(inputs[0].device_id);
+    }
+#undef MIX
+    return h ^ (h >> 29);
+}
+
+static void lru_unlink(om_engine *e, plan_slot *sl) {
+    if (sl->newer) sl->newer->older = sl->older;
+    else e->newest = sl->older;
+    if (sl->older) sl->older->newer = sl->newer;
+    else e->oldest = sl->newer;
+    sl->newer = sl->older = NULL;
+}
+
+static void lru_push_newest(om_engine *e, plan_slot *sl) {
+    sl->older = e->newest;
+    sl->newer = NULL;
+    if (e->newest) e->newest->newer = sl;
+    e->newest = sl;
+    if (!e->oldest) e->oldest = sl;
+}
+
+/* Takes the least recently used plan out of the cache; it is freed now, or with the last
+ * stash that still uses it. */
+static void evict_oldest(om_engine *e) {
+    plan_slot *sl = e->oldest;
+    plan_slot **pp = &e->buckets[sl->key & (uint64_t)(e->n_buckets - 1)];
+    while (*pp != sl) pp = &(*pp)->hnext;
+    *pp = sl->hnext;
+    lru_unlink(e, sl);
+    sl->cached = 0;
+    e->n_plans--;
+    e->n_evicted++;
+    if (e->n_evicted == 1)
+        logf_(e, OM_LOG_INFO, "plan cache full (%d shape sets): evicting the least recently used; every new shape set "
+              "from now on costs a plan (ORTMOD_MAX_CACHED_PLANS sets the limit)", e->max_plans);
+    if (!sl->refs) {
+        om_plan_free(sl->plan);
+        free(sl);
+    }
+}
+
+/* Under e->lock. */
+static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, plan_slot **out) {
+    const uint64_t key = plan_key(inputs, n);
+    plan_slot **bucket = &e->buckets[key & (uint64_t)(e->n_buckets - 1)];
+    for (plan_slot *sl = *bucket; sl; sl = sl->hnext)
+        if (sl->key == key && om_plan_matches(sl->plan, inputs, n)) {
+            if (e->newest != sl) {
+                lru_unlink(e, sl);
+                lru_push_newest(e, sl);
+            }
+            *out = sl;
+            return NULL;
+        }
+    plan_slot *sl = calloc(1, sizeof *sl);
+    if (!sl) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+    om_status *st = om_plan_build(e->g, inputs, n, e->has_backward, &sl->plan);
+    if (st) {
+        free(sl);
+        return st;
+    }
+    sl->key = key;
+    sl->cached = 1;
+    sl->hnext = *bucket;
+    *bucket = sl;
+    lru_push_newest(e, sl);
+    e->n_plans++;
+    e->n_planned++;
+    const om_plan *p = sl->plan;
+    logf_(e, OM_LOG_INFO, "planned shape set %ld: %d forward + %d backward kernels, frame %zu bytes (stash %zu)",
+          e->n_planned, p->n_fwd_prog, p->n_bwd_prog, p->stash_size, p->stash_value_bytes);
+    while (e->n_plans > e->max_plans) evict_oldest(e);   /* never the new one: it is the newest */
+    *out = sl;
     return NULL;
 }
 
@@ -342,6 +457,7 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
         om_kernel_ctx ctx = {.g = g, .node = n, .n_in = n->n_in, .n_out = n->n_out, .in = in, .out = out,
                              .seed = om_rand_u64(e->seed ^ call, (uint64_t)prog[s]), .training = training,
                              .device = f->plan->device, .device_id = f->plan->device_id};
+        if (om_kernel_nothing_to_do(&ctx)) continue;   /* empty outputs: its loops would run for nothing */
         om_status *st;
         struct timespec t0;
         if (e->prof && !f->cu) clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -414,11 +530,13 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     const om_graph *g = e->g;
     pthread_mutex_lock(&e->lock);
     om_plan *p = NULL;
+    plan_slot *slot = NULL;
     frame f = {0};
     char *given = NULL;
     void *stash_buf = NULL;
-    om_status *st = find_plan(e, inputs, n_inputs, &p);
+    om_status *st = find_plan(e, inputs, n_inputs, &slot);
     if (st) goto done;
+    p = slot->plan;
     uint64_t call = ++e->calls;
     if ((st = frame_init(&f, p, stream))) goto done;
     given = calloc((size_t)p->n_values + 1, 1);
@@ -467,6 +585,8 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
         if (keepalive) memcpy(keep, keepalive, sizeof(void *) * (size_t)n_inputs);
         s->eng = e;
         s->plan = p;
+        s->slot = slot;
+        slot->refs++;
         s->buf = stash_buf;
         stash_buf = NULL;
         s->inputs = ins;
@@ -730,16 +850,22 @@ void om_stash_free(om_stash *s) {
             if (s->keepalive[i]) s->release(s->keepalive[i]);
     free(s->keepalive);
     free(s->inputs);
-    if (s->plan->device == OM_CPU) {
-        pthread_mutex_lock(&s->eng->lock);
-        if (!s->plan->spare_stash) {
-            s->plan->spare_stash = s->buf;
-            s->buf = NULL;
-        }
-        pthread_mutex_unlock(&s->eng->lock);
-        om_free(s->buf);
-    } else {
+    if (s->plan->device != OM_CPU) {
         om_device_free_data(s->plan->device, s->plan->device_id, s->buf, s->stream);
+        s->buf = NULL;
+    }
+    pthread_mutex_lock(&s->eng->lock);
+    plan_slot *sl = s->slot;
+    const int last = --sl->refs == 0 && !sl->cached;   /* the plan was evicted while this stash lived */
+    if (s->buf && !last && !s->plan->spare_stash) {     /* CPU: the next forward takes it */
+        s->plan->spare_stash = s->buf;
+        s->buf = NULL;
+    }
+    pthread_mutex_unlock(&s->eng->lock);
+    om_free(s->buf);
+    if (last) {
+        om_plan_free(sl->plan);
+        free(sl);
     }
     free(s);
 }
@@ -833,9 +959,12 @@ const char *om_engine_report_json(om_engine *e) {
     op_counts(&b, g, 0, g->n_fwd_nodes);
     sb_printf(&b, ", \"backward_ops\": ");
     op_counts(&b, g, g->n_fwd_nodes, g->n_nodes);
+    sb_printf(&b, ", \"plan_cache\": {\"plans\": %d, \"max_plans\": %d, \"planned\": %ld, \"evicted\": %ld}",
+              e->n_plans, e->max_plans, e->n_planned, e->n_evicted);
     sb_printf(&b, ", \"plans\": [");
-    for (int i = 0; i < e->n_plans; i++) {
-        const om_plan *p = e->plans[i];
+    int i = 0;
+    for (const plan_slot *sl = e->oldest; sl; sl = sl->newer, i++) {   /* least recently used first */
+        const om_plan *p = sl->plan;
         size_t out_fwd = 0, out_bwd = 0;
         for (int v = 0; v < p->n_values; v++) {
             if (p->storage[v] != OM_ST_OUT) continue;

@@ -127,6 +127,8 @@ typedef struct om_engine_options {
     uint64_t seed;              /* for random ops (Dropout) */
     int memory_opt_level;       /* 0 stash all, 1 recompute cheap activations, 2 recompute layers;
                                    -1 (the default): ORTMODULE_MEMORY_OPT_LEVEL or 0 */
+    int max_plans;              /* plans (one per input shape set) kept, least recently used evicted;
+                                   0 (the default): ORTMOD_MAX_CACHED_PLANS or 32 */
     om_callback_fn callback;    /* runs PythonOp nodes; NULL: a model holding one is refused */
     void *callback_user;
 } om_engine_options;

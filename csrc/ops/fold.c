@@ -36,8 +36,21 @@ static om_status *f32_twin(const om_tensor *t, int load, om_tensor *twin) {
     return NULL;
 }
 
+int om_kernel_nothing_to_do(const om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    if (n->op->flags & OM_OP_CALLBACK) return 0;
+    int outputs = 0;
+    for (int j = 0; j < ctx->n_out; j++) {
+        if (n->out[j] < 0) continue;   /* absent */
+        if (om_tensor_numel(&ctx->out[j]) != 0) return 0;
+        outputs++;
+    }
+    return outputs > 0;
+}
+
 om_status *om_cpu_fold(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
+    if (om_kernel_nothing_to_do(ctx)) return NULL;
     if (om_node_cpu_half(n, ctx->in, ctx->out) == OM_UNDEFINED) return n->op->cpu(ctx);
     if (ctx->n_in > FOLD_MAX_IO || ctx->n_out > FOLD_MAX_IO)
         return om_error(OM_UNSUPPORTED_OP, "node '%s' has more than %d inputs or outputs", n->name, FOLD_MAX_IO);

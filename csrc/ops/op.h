@@ -173,6 +173,11 @@ static inline om_dtype om_node_cpu_half(const om_node *n, const om_tensor *in, c
  * fp16/bf16 math (om_node_cpu_half) on fp32 copies of the half inputs, rounding the fp32
  * results once into the half outputs (ops/fold.c). */
 om_status *om_cpu_fold(om_kernel_ctx *ctx);
+/* 1 when node ctx->node has nothing to compute: every output it has holds no element (and it
+ * is not a callback, whose client may do more than fill its outputs). A kernel's loops run
+ * over the other dims too (Softmax over an empty axis of a [0, 2^40] tensor loops 2^40 times
+ * for nothing), so callers skip such nodes rather than each kernel guarding itself. */
+int om_kernel_nothing_to_do(const om_kernel_ctx *ctx);
 
 /* Input i (tensor t) of node n must be a float dtype, and dtype want unless want is
  * OM_UNDEFINED. The error names node, op, input and dtype. */

@@ -83,15 +83,18 @@ static om_status *feature_append(rn_feature *f, const om_tensor *t, int64_t samp
     return NULL;
 }
 
-/* Loads one shard. seen: per feature, whether the current sample has it. */
 static om_status *load_shard(rn_dataset *ds, const char *path, const char *fname) {
     uint8_t *buf;
     size_t n;
     OM_TRY(rn_read_file(path, &buf, &n));
-    if (n == 0) {
-        free(buf);
-        return om_error(OM_INVALID_ARGUMENT, "shard '%s' is empty", path);
-    }
+    om_status *st = rn_dataset_add_shard(ds, path, fname, buf, n);
+    free(buf);
+    return st;
+}
+
+/* seen: per feature, whether the current sample has it. */
+om_status *rn_dataset_add_shard(rn_dataset *ds, const char *path, const char *fname, const uint8_t *buf, size_t n) {
+    if (n == 0) return om_error(OM_INVALID_ARGUMENT, "shard '%s' is empty", path);
     rn_record_iter it = {.buf = buf, .n = n, .pos = 0, .path = path, .index = 0};
     Onnx__TensorProto *tp;
     om_status *st = NULL;
@@ -152,7 +155,6 @@ static om_status *load_shard(rn_dataset *ds, const char *path, const char *fname
                           ds->n_features);
         ds->n_samples++;
     }
-    free(buf);
     return st;
 }
 
@@ -230,6 +232,7 @@ om_status *rn_dataset_batch(rn_dataset *ds, int64_t start, int64_t count, void *
         }
         for (int k = 0; k < ds->n_features; k++) {
             const rn_feature *f = &ds->f[k];
+            if (!f->sample_bytes) continue;   /* a feature with a zero dim: no data, not even a buffer */
             memcpy((uint8_t *)bufs[k] + (size_t)b * f->sample_bytes, f->data + (size_t)idx * f->sample_bytes,
                    f->sample_bytes);
         }
@@ -240,6 +243,6 @@ om_status *rn_dataset_batch(rn_dataset *ds, int64_t start, int64_t count, void *
 void rn_dataset_slice(const rn_dataset *ds, int64_t start, int64_t count, void *const *bufs) {
     for (int k = 0; k < ds->n_features; k++) {
         const rn_feature *f = &ds->f[k];
-        memcpy(bufs[k], f->data + (size_t)start * f->sample_bytes, (size_t)count * f->sample_bytes);
+        if (f->sample_bytes && count) memcpy(bufs[k], f->data + (size_t)start * f->sample_bytes, (size_t)count * f->sample_bytes);
     }
 }

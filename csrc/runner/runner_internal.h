@@ -27,8 +27,9 @@ int rn_is_dir(const char *path);
 /* Removes a directory and the regular files in it (one level). */
 void rn_remove_dir(const char *path);
 
-/* One record of the shard / checkpoint framing: [uint32 LE length][TensorProto]. */
-om_status *rn_write_tensor_record(FILE *f, const char *path, const char *name, const om_tensor *t);
+/* One record of the shard / checkpoint framing: [uint32 LE length][TensorProto]. When crc
+ * is not NULL, the CRC-32C of the bytes written is folded into it. */
+om_status *rn_write_tensor_record(FILE *f, const char *path, const char *name, const om_tensor *t, uint32_t *crc);
 
 /* Iterates the records of buf: returns 1 and the next TensorProto (unpacked; caller frees
  * with onnx__tensor_proto__free_unpacked), 0 at the end, or sets *err. */
@@ -70,6 +71,8 @@ typedef struct rn_dataset {
 } rn_dataset;
 
 om_status *rn_dataset_load(const char *dir, int shuffle, uint64_t seed, rn_dataset *ds);
+/* Adds the samples of one shard held in buf (read from path, file name fname) to ds. */
+om_status *rn_dataset_add_shard(rn_dataset *ds, const char *path, const char *fname, const uint8_t *buf, size_t n);
 void rn_dataset_free(rn_dataset *ds);
 int rn_dataset_find(const rn_dataset *ds, const char *name);
 /* Copies `count` samples starting at global position `start` (wrapping around the data,
@@ -190,6 +193,16 @@ om_status *rn_model_save(om_runner *r, const char *path);
 
 /* runner_ckpt.c */
 om_status *rn_checkpoint_save(om_runner *r);
-om_status *rn_checkpoint_resume(om_runner *r);   /* loads the highest checkpoint if any */
+/* Loads the highest checkpoint that is intact; a damaged one (checksum, truncation, a
+ * header out of range) is named on stderr and the one before it is tried. */
+om_status *rn_checkpoint_resume(om_runner *r);
+/* Checks and loads one checkpoint held in buf (read from path, whose directory says it is
+ * update expect_update, or -1: not known). *damaged is set when the error is damage to the
+ * file (resume may then fall back to an older one), cleared when the file is intact but does
+ * not fit this run (another model, another optimizer). r is changed only on success. */
+om_status *rn_checkpoint_load_buffer(om_runner *r, const char *path, const uint8_t *buf, size_t n,
+                                     int64_t expect_update, int *damaged);
+/* A warning: to params.print (OM_LOG_WARNING) when set, else "ortmod-train: warning: ..." on stderr. */
+void rn_warn(const om_runner *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

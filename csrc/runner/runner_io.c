@@ -114,7 +114,7 @@ void rn_remove_dir(const char *path) {
     rmdir(path);
 }
 
-om_status *rn_write_tensor_record(FILE *f, const char *path, const char *name, const om_tensor *t) {
+om_status *rn_write_tensor_record(FILE *f, const char *path, const char *name, const om_tensor *t, uint32_t *crc) {
     Onnx__TensorProto tp = ONNX__TENSOR_PROTO__INIT;
     int64_t dims[OM_MAX_RANK];
     for (int i = 0; i < t->rank; i++) dims[i] = t->dims[i];
@@ -134,6 +134,7 @@ om_status *rn_write_tensor_record(FILE *f, const char *path, const char *name, c
     buf[0] = l32 & 0xff; buf[1] = (l32 >> 8) & 0xff; buf[2] = (l32 >> 16) & 0xff; buf[3] = l32 >> 24;
     onnx__tensor_proto__pack(&tp, buf + 4);
     int ok = fwrite(buf, 1, len + 4, f) == len + 4;
+    if (crc) *crc = rn_crc32c(*crc, buf, len + 4);
     free(buf);
     if (!ok) return om_error(OM_RUNTIME, "cannot write '%s': %s", path, strerror(errno));
     return NULL;

@@ -281,6 +281,26 @@ class FP16_Optimizer:
         }
 
     def load_state_dict(self, state_dict):
+        """Loads what state_dict() saved. Everything is checked before anything is loaded: a
+        state dict of another layout (other parameter shapes or counts) raises ValueError naming
+        the parameter, where copying would broadcast a [1, 1] master weight into a [16, 12]
+        parameter, silently."""
+        masters = state_dict.get("fp32_master_params", [])
+        if len(masters) != len(self._slots):
+            raise ValueError(f"FP16_Optimizer.load_state_dict: {len(masters)} master entries for "
+                             f"{len(self._slots)} parameters")
+        for k, ((gi, pi, p, master), saved) in enumerate(zip(self._slots, masters)):
+            where = f"parameter {k} (param_groups[{gi}]['params'][{pi}], {_shape(p)} {p.dtype})"
+            if (master is None) != (saved is None):
+                raise ValueError(f"FP16_Optimizer.load_state_dict: {where} "
+                                 + ("has an fp32 master weight here but none in the state dict" if saved is None
+                                    else "has no fp32 master weight here but one in the state dict"))
+            if master is not None:
+                if not torch.is_tensor(saved) or saved.shape != master.shape:
+                    got = _shape(saved) if torch.is_tensor(saved) else type(saved).__name__
+                    raise ValueError(f"FP16_Optimizer.load_state_dict: the master weight of {where} is {got} in the "
+                                     "state dict (it was saved for another model or another parameter order)")
+        self._check_inner_state(state_dict["optimizer"])
         self.optimizer.load_state_dict(state_dict["optimizer"])
         s = state_dict["loss_scaler"]
         self._loss_scale = float(s["loss_scale"])
@@ -291,14 +311,28 @@ class FP16_Optimizer:
         self.max_loss_scale = float(s["max_loss_scale"])
         self.dynamic_loss_scale = bool(s["dynamic_loss_scale"])
         self.skipped_steps = int(s.get("skipped_steps", 0))
-        masters = state_dict.get("fp32_master_params", [])
-        if len(masters) != len(self._slots):
-            raise ValueError(f"FP16_Optimizer.load_state_dict: {len(masters)} master entries for "
-                             f"{len(self._slots)} parameters")
         with torch.no_grad():
             for (_, _, p, master), saved in zip(self._slots, masters):
-                if (master is None) != (saved is None):
-                    raise ValueError("FP16_Optimizer.load_state_dict: master weights do not match this optimizer's")
                 if master is not None:
                     master.copy_(saved)
                     p.copy_(master)
+
+    def _check_inner_state(self, inner):
+        """The inner optimizer's per-parameter tensors (Adam's moments, ...) must have their
+        parameter's shape: torch's load_state_dict checks only the group sizes."""
+        groups = inner.get("param_groups", [])
+        ours = self.optimizer.param_groups
+        if len(groups) != len(ours) or any(len(g["params"]) != len(o["params"]) for g, o in zip(groups, ours)):
+            return   # torch's own load_state_dict says what differs
+        state = inner.get("state", {})
+        for gi, (g, o) in enumerate(zip(groups, ours)):
+            for pi, (key, param) in enumerate(zip(g["params"], o["params"])):
+                for name, v in state.get(key, {}).items():
+                    if torch.is_tensor(v) and v.dim() > 0 and v.shape != param.shape:
+                        raise ValueError(f"FP16_Optimizer.load_state_dict: optimizer state '{name}' of "
+                                         f"param_groups[{gi}]['params'][{pi}] ({_shape(param)}) is {_shape(v)} in "
+                                         "the state dict (it was saved for another model or another parameter order)")
+
+
+def _shape(t):
+    return "[" + ", ".join(map(str, t.shape)) + "]"
