@@ -28,6 +28,7 @@ import json
 import logging
 import dataclasses
 import os
+import sys
 import warnings
 import weakref
 
@@ -503,7 +504,7 @@ class ORTModule(torch.nn.Module):
             warnings.warn(f"ortmod: the value frozen at {guard.where} ({guard.kind}) was {guard.value!r} when "
                           f"{type(self._original_module).__name__} was exported and is {now!r} in this call: "
                           "exporting again (every change of it costs an export; compute it with tensor ops to "
-                          "avoid that)", _semantics.TraceHazardWarning, stacklevel=4)
+                          "avoid that)", _semantics.TraceHazardWarning, stacklevel=_user_stacklevel())
         self._ortmod_forget(export_key)
         return self._ortmod_run(args, kwargs, retried=True)
 
@@ -606,7 +607,7 @@ class ORTModule(torch.nn.Module):
             f"non-tensor arguments ({what} in this call): a non-tensor argument is baked into the graph, so "
             f"every new value costs an export and an engine. The newest {limit} are kept "
             "(DebugOptions(max_cached_graphs=...) or ORTMOD_MAX_CACHED_GRAPHS); pass the value as a tensor, "
-            "or keep it fixed, to export once", UserWarning, stacklevel=7)   # the caller's line
+            "or keep it fixed, to export once", UserWarning, stacklevel=_user_stacklevel())
 
     def _ortmod_export(self, flat, export_key):
         module = self._original_module
@@ -631,7 +632,7 @@ class ORTModule(torch.nn.Module):
                 + "; ".join(new) + ". ortmod checks them after every call and exports again when one changes"
                 + ("; the graph holds only for the traced input shapes" if exported.shape_specialized else "")
                 + " (DebugOptions(strict_trace=True) or ORTMOD_STRICT_TRACE=1 makes this an error)",
-                _semantics.TraceHazardWarning, stacklevel=5)
+                _semantics.TraceHazardWarning, stacklevel=_user_stacklevel())
         self._ortmod_export_count += 1
         if self._debug_options.save_onnx:
             self._save(f"torch_exported_{mode}", exported.onnx_bytes)
@@ -850,6 +851,19 @@ _HOOK_BOOKKEEPING = frozenset({"applied_pre_backward_ref_cnt", "pre_bwd_fn", "po
 
 
 REEXPORT_WARNING_AFTER = 8    # exports of one schema differing only in non-tensor values
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_stacklevel():
+    """warnings.warn's stacklevel of the first frame outside ortmod and torch.nn's call
+    machinery, for the function that calls this: the user's line, however deep the call went."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+                                 or frame.f_code.co_filename.endswith(os.path.join("nn", "modules", "module.py"))):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _trim(ordered, limit):
