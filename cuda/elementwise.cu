@@ -15,7 +15,7 @@ enum { RED_SUM = 0, RED_MEAN, RED_MAX, RED_MIN, RED_PROD };
 
 // ---- binary arithmetic --------------------------------------------------------------------------
 
-enum { B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_POW, B_FMOD, B_MOD };
+enum { B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_POW, B_FMOD, B_MOD, B_PRELU };
 
 // Mod: B_FMOD truncates (C's fmod), B_MOD takes the divisor's sign (Python's %), as ops/elementwise.c
 template <typename A> __device__ __forceinline__ A mod_floor(A r, A y) { return r != 0 && ((r < 0) != (y < 0)) ? r + y : r; }
@@ -30,6 +30,7 @@ template <typename A> __device__ __forceinline__ A bin_op(int op, A x, A y) {
     case B_MIN: return (x != x || x < y) ? x : y;
     case B_FMOD: return (A)fmod((double)x, (double)y);
     case B_MOD: return mod_floor((A)fmod((double)x, (double)y), y);
+    case B_PRELU: return x > 0 ? x : y * x;   // torch's form: NaN stays NaN
     default: return (A)pow((double)x, (double)y);
     }
 }
@@ -43,6 +44,7 @@ template <> __device__ __forceinline__ float bin_op<float>(int op, float x, floa
     case B_MIN: return (x != x || x < y) ? x : y;
     case B_FMOD: return fmodf(x, y);
     case B_MOD: return mod_floor(fmodf(x, y), y);
+    case B_PRELU: return x > 0 ? x : y * x;
     default: return y == 2.0f ? x * x : powf(x, y);
     }
 }
@@ -56,6 +58,7 @@ template <> __device__ __forceinline__ int64_t bin_op<int64_t>(int op, int64_t x
     case B_MIN: return x < y ? x : y;
     case B_FMOD: return y == 0 || y == -1 ? 0 : x % y;
     case B_MOD: return y == 0 || y == -1 ? 0 : mod_floor<int64_t>(x % y, y);
+    case B_PRELU: return x > 0 ? x : y * x;
     default: return (int64_t)pow((double)x, (double)y);
     }
 }
@@ -123,6 +126,7 @@ BINARY(div_cuda, B_DIV)
 BINARY(max_cuda, B_MAX)
 BINARY(min_cuda, B_MIN)
 BINARY(pow_cuda, B_POW)
+BINARY(prelu_cuda, B_PRELU)
 static om_status *mod_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     return binary_run(ctx, x, attr_i(ctx, "fmod", 0) ? B_FMOD : B_MOD);
 }
@@ -633,7 +637,7 @@ static om_status *sum_to_shape_cuda(const om_kernel_ctx *ctx, const om_cuda_exec
 
 extern const omc_kernel_entry omc_kernels_elementwise[] = {
     {"Add", "", add_cuda}, {"Sub", "", sub_cuda}, {"Mul", "", mul_cuda}, {"Div", "", div_cuda},
-    {"Pow", "", pow_cuda}, {"Max", "", max_cuda}, {"Min", "", min_cuda},
+    {"Pow", "", pow_cuda}, {"Max", "", max_cuda}, {"Min", "", min_cuda}, {"PRelu", "", prelu_cuda},
     {"Equal", "", equal_cuda}, {"Less", "", less_cuda}, {"Greater", "", greater_cuda},
     {"LessOrEqual", "", less_equal_cuda}, {"GreaterOrEqual", "", greater_equal_cuda},
     {"And", "", and_cuda}, {"Or", "", or_cuda}, {"Xor", "", xor_cuda}, {"Not", "", not_cuda},

@@ -173,6 +173,15 @@ def test_sigmoid_extremes():
     check_op("Sigmoid", {"X": X}, _t(torch.sigmoid), atol=0)
 
 
+@pytest.mark.parametrize("x_shape,slope_shape", [((3, 4), (1,)), ((2, 3, 5), (3, 1)), ((2, 3, 2, 2), (3, 1, 1))])
+def test_prelu(x_shape, slope_shape):
+    x = away_from_zero(randn(*x_shape))
+    slope = np.abs(randn(*slope_shape)) * 0.5
+    check_op("PRelu", {"x": x, "slope": slope},
+             lambda x, slope: F.prelu(torch.from_numpy(x), torch.from_numpy(slope).reshape(-1)).numpy(),
+             grad=["x", "slope"])
+
+
 def test_sign_of_zero_and_nan_and_its_zero_gradient():
     X = np.array([-2.0, 0.0, 3.0, np.nan], np.float32)
     check_op("Sign", {"X": X}, lambda X: torch.sign(torch.from_numpy(X)).numpy())   # torch: sign(NaN) = 0

@@ -8,6 +8,7 @@
  *   om_op_pow             Pow                              a ^ b         (float base; exponent float or int)
  *   om_op_max             Max                              max(a, b)     (two inputs)
  *   om_op_min             Min                              min(a, b)     (two inputs)
+ *   om_op_prelu           PRelu                            x > 0 ? x : slope * x (slope broadcast to x)
  *   om_op_equal           Equal                            a == b -> bool (no gradient)
  *   om_op_where           Where                            cond ? x : y  (three-way broadcast)
  *   om_op_neg             Neg
@@ -197,6 +198,8 @@ BINARY_ARITH_KERNEL(mul_cpu, x * y)
 /* NaN in either operand propagates (x != x is the NaN test, false for ints). */
 BINARY_ARITH_KERNEL(max_cpu, (x != x || x > y) ? x : y)
 BINARY_ARITH_KERNEL(min_cpu, (x != x || x < y) ? x : y)
+/* torch's prelu: x where x > 0, slope * x elsewhere (NaN stays NaN) */
+BINARY_ARITH_KERNEL(prelu_cpu, x > 0 ? x : y * x)
 
 /* Float division is plain IEEE; integer division by zero would trap, so the divisor is
  * scanned first (it is usually a small shape tensor) and reported as an error. */
@@ -459,6 +462,36 @@ static om_status *maxmin_grad(om_grad_ctx *c) {
         int t = om_emit(c, "Where", pick, 3);
         EMIT_OK(t);
         EMIT_OK(c->dx[k] = om_emit_sum_to(c, t, in[k]));
+    }
+    return NULL;
+}
+
+/* torch's prelu backward, in its select form: dx = x > 0 ? dy : slope * dy,
+ * dslope = (x > 0 ? 0 : x * dy) summed to the slope's shape */
+static om_status *prelu_grad(om_grad_ctx *c) {
+    int in[2], out[1];
+    node_io(c, in, 2, out, 1);
+    int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    int zero = om_emit_scalar(c, vdt(c->g, dy), 0.0);
+    EMIT_OK(zero);
+    int pos = om_emit2(c, "Greater", in[0], zero);
+    EMIT_OK(pos);
+    if (c->need_dx[0]) {
+        int scaled = om_emit2(c, "Mul", in[1], dy);
+        EMIT_OK(scaled);
+        int pick[3] = {pos, dy, scaled};
+        int t = om_emit(c, "Where", pick, 3);
+        EMIT_OK(t);
+        EMIT_OK(c->dx[0] = om_emit_sum_to(c, t, in[0]));
+    }
+    if (c->need_dx[1]) {
+        int xdy = om_emit2(c, "Mul", in[0], dy);
+        EMIT_OK(xdy);
+        int pick[3] = {pos, zero, xdy};
+        int t = om_emit(c, "Where", pick, 3);
+        EMIT_OK(t);
+        EMIT_OK(c->dx[1] = om_emit_sum_to(c, t, in[1]));
     }
     return NULL;
 }
@@ -1191,6 +1224,7 @@ BIN(om_op_div, "Div", infer_binary_arith, div_grad, div_cpu)
 BIN(om_op_pow, "Pow", infer_pow, pow_grad, pow_cpu)
 BIN(om_op_max, "Max", infer_binary_arith, maxmin_grad, max_cpu)
 BIN(om_op_min, "Min", infer_binary_arith, maxmin_grad, min_cpu)
+BIN(om_op_prelu, "PRelu", infer_binary_arith, prelu_grad, prelu_cpu)
 BIN(om_op_mod, "Mod", infer_binary_arith, mod_grad, mod_cpu, .attrs = "fmod:int")
 
 const om_op_def om_op_equal = {.name = "Equal", .domain = "", .min_in = 2, .max_in = 2, .min_out = 1,

@@ -16,6 +16,7 @@
     X(om_op_pow) \
     X(om_op_max) \
     X(om_op_min) \
+    X(om_op_prelu) \
     X(om_op_equal) \
     X(om_op_where) \
     X(om_op_neg) \

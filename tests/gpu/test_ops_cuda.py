@@ -131,6 +131,7 @@ CASES = [
     ("HardTanh", {"x": SPECIAL, "lo": np.float32(-1.5), "hi": np.float32(3.0)}, None, "ortmod", ("x",)),
     ("Clip", {"x": SPECIAL, "lo": np.float32(-1.5), "hi": np.float32(3.0)}, None, "", ("x",)),
     ("Min", {"a": SPECIAL, "b": np.roll(SPECIAL, 1)}, None, "", ("a", "b")),
+    ("PRelu", {"x": SPECIAL, "slope": np.array([0.25], np.float32)}, None, "", ("x", "slope")),
     ("Transpose", {"x": f32(2, 3, 4)}, {"perm": [2, 0, 1]}, "", ("x",)),
     ("Gather", {"x": f32(10, 4), "i": np.array([[1, 9], [-1, 1]], np.int64)}, {"axis": 0}, "", ("x",)),
     ("Concat", {"a": f32(2, 3), "b": f32(2, 5)}, {"axis": 1}, "", ("a", "b")),
