@@ -203,8 +203,13 @@ __global__ void layer_norm_kernel(T *y, void *mean, void *inv, om_dtype sdt, con
     }
 }
 
+// Scale/B in float32 under a half X (eager's mixed-type layer_norm, from CPU autocast) runs on the
+// CPU; CUDA autocast casts layer_norm's input to float32 itself, so it does not meet one.
+static const char *LN_MIXED = "float32 Scale/B with a half-precision X (mixed-type layer_norm: it runs on the CPU)";
+
 static om_status *layer_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
+    if (ctx->in[1].dtype != in->dtype) return omc_err_unsupported(ctx, LN_MIXED);
     int64_t N = 0, D = 0;
     OMC_TRY(ln_geometry(ctx, in, &N, &D));
     if (!N || !D) return NULL;
@@ -287,6 +292,7 @@ __global__ void layer_norm_dparam_final(T *ds, T *db, const typename acc<T>::t *
 
 static om_status *layer_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[1];
+    if (ctx->in[2].dtype != in->dtype) return omc_err_unsupported(ctx, LN_MIXED);
     int64_t N = 0, D = 0;
     OMC_TRY(ln_geometry(ctx, in, &N, &D));
     if (!N || !D) return NULL;

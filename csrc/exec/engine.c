@@ -375,6 +375,7 @@ typedef struct frame {          /* where every value's bytes are during one call
     void **data;
     om_plan *plan;
     const om_cuda_provider *cu; /* CUDA plans: the provider; NULL on the CPU */
+    char *twin;                 /* CPU: the frame's twin region (fp32 copies for half-precision nodes) */
     void *stream;
 } frame;
 
@@ -466,7 +467,7 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
                 in_host[i] = n->in[i] >= 0 && f->plan->storage[n->in[i]] == OM_ST_CONST ? f->plan->vt[n->in[i]].data : NULL;
             st = f->plan->cuda_kernel[prog[s]](&ctx, &x);
         } else {
-            st = n->op->cpu(&ctx);
+            st = f->cu ? n->op->cpu(&ctx) : om_cpu_run(&ctx, f->twin, f->plan->twin_bytes);
             if (e->prof) profile_add(e, prog[s], &t0);
         }
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
@@ -552,6 +553,7 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
         goto done;
     }
     for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
+    f.twin = (char *)stash_buf + p->twin_offset;
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)stash_buf + p->offset[v];
@@ -793,6 +795,7 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
             f.data[sv] = zeros[i];
         }
     }
+    f.twin = (char *)s->buf + p->twin_offset;
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)s->buf + p->offset[v];
         else if (p->storage[v] == OM_ST_BWD) f.data[v] = (char *)s->buf + p->offset[v];

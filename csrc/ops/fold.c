@@ -1,39 +1,61 @@
-/* fold.c — running a node's CPU kernel to fold it (plan-time and compile-time folding),
- * whatever its dtype.
+/* fold.c — running a node's CPU kernel whatever its dtype: at plan and compile time (folding)
+ * and in every step of a CPU plan.
  *
- * Exports: om_cpu_fold.
+ * Exports: om_cpu_run, om_cpu_fold, om_cpu_twin_bytes.
  *
- * The CPU kernels compute in fp32/fp64. A node known at plan time that computes in fp16/bf16
- * (a half model's attention scale, a mask built from half constants) is still folded: its
- * kernel runs on fp32 copies of the half inputs and the fp32 results are rounded once, to
- * nearest even, into the half outputs — the CUDA kernels' load-to-fp32, compute, round-once
- * rule — so what the planner knows stays known on every provider (CUDA kernels read such
- * values on the host: scales, ratios, shapes).
+ * The CPU kernels compute in fp32/fp64. A node that computes in fp16/bf16 (a bf16 model's
+ * layers, an autocast region, a half model's attention scale folded at plan time) runs its
+ * fp32 kernel on fp32 twins of its half tensors: half inputs are widened (exactly), the kernel
+ * computes and accumulates in fp32, and each half output is rounded once, to nearest even.
+ * That is the CUDA kernels' rule (load to fp32, compute, round once on store), so a plan means
+ * the same on both providers, and it is eager PyTorch's rule for CPU half math too (its
+ * kernels widen to fp32 per element; its bf16 GEMMs accumulate in fp32: a product of two bf16
+ * values is exact in fp32, so sgemm on widened operands is a bf16 GEMM with fp32 accumulation).
+ *
+ * In a step the twins live in the plan's twin region of the frame (om_plan.twin_bytes, sized
+ * by om_cpu_twin_bytes over the program), so the hot path allocates nothing.
  */
 #include <stdlib.h>
 
 #include "core/half.h"
+#include "core/threadpool.h"
 #include "ops/op.h"
 
 #define FOLD_MAX_IO 64
 
-static void half_to_f32(om_dtype dt, const uint16_t *src, float *dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = dt == OM_F16 ? om_f16_to_f32(src[i]) : om_bf16_to_f32(src[i]);
+typedef struct convert_job { om_dtype dt; uint16_t *h; float *f; } convert_job;
+
+static void widen_range(void *c, int64_t lo, int64_t hi) {
+    const convert_job *j = c;
+    if (j->dt == OM_F16) for (int64_t i = lo; i < hi; i++) j->f[i] = om_f16_to_f32(j->h[i]);
+    else for (int64_t i = lo; i < hi; i++) j->f[i] = om_bf16_to_f32(j->h[i]);
 }
 
-static void f32_to_half(om_dtype dt, const float *src, uint16_t *dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = dt == OM_F16 ? om_f32_to_f16(src[i]) : om_f32_to_bf16(src[i]);
+static void round_range(void *c, int64_t lo, int64_t hi) {
+    const convert_job *j = c;
+    if (j->dt == OM_F16) for (int64_t i = lo; i < hi; i++) j->h[i] = om_f32_to_f16(j->f[i]);
+    else for (int64_t i = lo; i < hi; i++) j->h[i] = om_f32_to_bf16(j->f[i]);
 }
 
-/* The fp32 twin of half tensor t: same dims, fp32 data (converted from t's when load). */
-static om_status *f32_twin(const om_tensor *t, int load, om_tensor *twin) {
-    *twin = *t;
-    twin->dtype = OM_F32;
-    const int64_t n = om_tensor_numel(t);
-    twin->data = om_alloc((size_t)(n ? n : 1) * sizeof(float));
-    if (!twin->data) return om_error(OM_OUT_OF_MEMORY, "out of memory folding a half-precision node");
-    if (load && n) half_to_f32(t->dtype, t->data, twin->data, n);
-    return NULL;
+/* Bytes one twin takes in a twin region (64-byte aligned, as the planner places values). */
+static size_t twin_size(const om_tensor *t) {
+    int64_t n = om_tensor_numel(t);
+    return (((size_t)(n ? n : 1) * sizeof(float)) + 63) & ~(size_t)63;
+}
+
+/* A tensor of node n that needs an fp32 twin: present and half (and, when run, with data). */
+static int needs_twin(const om_tensor *t, int present) {
+    return present && om_dtype_is_half(t->dtype);
+}
+
+size_t om_cpu_twin_bytes(const om_node *n, const om_tensor *in, const om_tensor *out) {
+    if (om_node_cpu_half(n, in, out) == OM_UNDEFINED) return 0;
+    size_t total = 0;
+    for (int i = 0; i < n->n_in; i++)
+        if (needs_twin(&in[i], n->in[i] >= 0)) total += twin_size(&in[i]);
+    for (int j = 0; j < n->n_out; j++)
+        if (needs_twin(&out[j], n->out[j] >= 0)) total += twin_size(&out[j]);
+    return total;
 }
 
 int om_kernel_nothing_to_do(const om_kernel_ctx *ctx) {
@@ -48,35 +70,53 @@ int om_kernel_nothing_to_do(const om_kernel_ctx *ctx) {
     return outputs > 0;
 }
 
-om_status *om_cpu_fold(om_kernel_ctx *ctx) {
+om_status *om_cpu_run(om_kernel_ctx *ctx, void *scratch, size_t scratch_bytes) {
     const om_node *n = ctx->node;
-    if (om_kernel_nothing_to_do(ctx)) return NULL;
     if (om_node_cpu_half(n, ctx->in, ctx->out) == OM_UNDEFINED) return n->op->cpu(ctx);
     if (ctx->n_in > FOLD_MAX_IO || ctx->n_out > FOLD_MAX_IO)
         return om_error(OM_UNSUPPORTED_OP, "node '%s' has more than %d inputs or outputs", n->name, FOLD_MAX_IO);
+    const size_t need = om_cpu_twin_bytes(n, ctx->in, ctx->out);
+    char *base = scratch;
+    if (!base) {
+        base = om_alloc(need);
+        if (!base) return om_error(OM_OUT_OF_MEMORY, "out of memory for the fp32 copies of half-precision node '%s'",
+                                   n->name);
+    } else if (need > scratch_bytes) {
+        return om_error(OM_INTERNAL, "node '%s': its fp32 copies need %zu bytes, the plan reserved %zu", n->name,
+                        need, scratch_bytes);
+    }
     om_tensor in[FOLD_MAX_IO], out[FOLD_MAX_IO];
-    om_status *st = NULL;
-    int ni = 0, no = 0;   /* twins made so far (freed on every path) */
-    for (; ni < ctx->n_in && !st; ni++) {
-        in[ni] = ctx->in[ni];
-        if (om_dtype_is_half(in[ni].dtype) && in[ni].data) st = f32_twin(&ctx->in[ni], 1, &in[ni]);
+    size_t at = 0;
+    for (int i = 0; i < ctx->n_in; i++) {
+        in[i] = ctx->in[i];
+        if (!needs_twin(&in[i], n->in[i] >= 0) || !in[i].data) continue;
+        in[i].dtype = OM_F32;
+        in[i].data = base + at;
+        at += twin_size(&ctx->in[i]);
+        convert_job j = {ctx->in[i].dtype, ctx->in[i].data, in[i].data};
+        om_pool_for(om_tensor_numel(&in[i]), OM_GRAIN, widen_range, &j);
     }
-    for (; no < ctx->n_out && !st; no++) {
-        out[no] = ctx->out[no];
-        if (om_dtype_is_half(out[no].dtype) && out[no].data) st = f32_twin(&ctx->out[no], 0, &out[no]);
+    for (int k = 0; k < ctx->n_out; k++) {
+        out[k] = ctx->out[k];
+        if (!needs_twin(&out[k], n->out[k] >= 0) || !out[k].data) continue;
+        out[k].dtype = OM_F32;
+        out[k].data = base + at;
+        at += twin_size(&ctx->out[k]);
     }
-    if (!st) {
-        om_kernel_ctx c32 = *ctx;
-        c32.in = in;
-        c32.out = out;
-        st = n->op->cpu(&c32);
+    om_kernel_ctx c32 = *ctx;
+    c32.in = in;
+    c32.out = out;
+    om_status *st = n->op->cpu(&c32);
+    for (int k = 0; k < ctx->n_out && !st; k++) {
+        if (!needs_twin(&ctx->out[k], n->out[k] >= 0) || !ctx->out[k].data) continue;
+        convert_job j = {ctx->out[k].dtype, ctx->out[k].data, out[k].data};
+        om_pool_for(om_tensor_numel(&ctx->out[k]), OM_GRAIN, round_range, &j);
     }
-    for (int j = 0; j < no; j++) {
-        if (out[j].data == ctx->out[j].data) continue;
-        if (!st) f32_to_half(ctx->out[j].dtype, out[j].data, ctx->out[j].data, om_tensor_numel(&ctx->out[j]));
-        om_free(out[j].data);
-    }
-    for (int i = 0; i < ni; i++)
-        if (in[i].data != ctx->in[i].data) om_free(in[i].data);
+    if (!scratch) om_free(base);
     return st;
+}
+
+om_status *om_cpu_fold(om_kernel_ctx *ctx) {
+    if (om_kernel_nothing_to_do(ctx)) return NULL;
+    return om_cpu_run(ctx, NULL, 0);
 }

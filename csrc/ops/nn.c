@@ -327,8 +327,15 @@ static om_status *ln_geometry(const om_node *n, const om_tensor *x, int64_t axis
     return NULL;
 }
 
-static om_status *ln_check_param(const om_node *n, const om_tensor *p, int i, om_dtype dt, int64_t D) {
-    OM_TRY(om_check_float(n, p, i, dt));
+/* Scale and B are in X's dtype, or float32 for an fp16/bf16 X: eager's mixed-type layer_norm,
+ * which CPU autocast runs (it keeps layer_norm out of its casts), computes with the float32
+ * parameters and gives their gradients in float32. */
+static om_dtype ln_param_dtype(om_dtype x, const om_tensor *p) {
+    return om_dtype_is_half(x) && p->dtype == OM_F32 ? OM_F32 : x;
+}
+
+static om_status *ln_check_param(const om_node *n, const om_tensor *p, int i, om_dtype x_dtype, int64_t D) {
+    OM_TRY(om_check_float(n, p, i, ln_param_dtype(x_dtype, p)));
     if (om_tensor_numel(p) != D) {
         char buf[128];
         om_shape_str(p, buf, sizeof buf);
@@ -464,6 +471,11 @@ static om_status *ln_grad(om_grad_ctx *c) {
 /* ---- LayerNormalizationGrad(dY, X, Scale, Mean, InvStdDev, dMean?, dInvStdDev?; axis)
  *      -> dX, dScale, dBias */
 
+/* dX in X's dtype; dScale and dBias in Scale's (float32 for eager's mixed-type layer_norm) */
+static om_dtype ln_grad_dtype(const om_graph *g, const om_node *n, int out_index) {
+    return g->values[n->in[out_index == 0 ? 0 : 2]].dtype;
+}
+
 static om_status *ln_grad_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *dy = &ctx->in[0], *x = &ctx->in[1];
@@ -472,7 +484,8 @@ static om_status *ln_grad_infer(om_kernel_ctx *ctx) {
     /* dY, X, Scale in X's dtype; Mean, InvStdDev and their gradients in the statistics dtype */
     const om_dtype sdt = om_dtype_stat(dy->dtype);
     OM_TRY(om_check_float(n, dy, 0, OM_UNDEFINED));
-    for (int i = 1; i < 5; i++) OM_TRY(om_check_float(n, &ctx->in[i], i, i < 3 ? dy->dtype : sdt));
+    for (int i = 1; i < 5; i++)
+        if (i != 2) OM_TRY(om_check_float(n, &ctx->in[i], i, i < 3 ? dy->dtype : sdt));
     for (int i = 5; i < ctx->n_in; i++) {
         if (ctx->in[i].dtype == OM_UNDEFINED) continue;
         OM_TRY(om_check_float(n, &ctx->in[i], i, sdt));
@@ -488,7 +501,7 @@ static om_status *ln_grad_infer(om_kernel_ctx *ctx) {
         return om_error(OM_INVALID_ARGUMENT, "LayerNormalizationGrad node '%s': Mean/InvStdDev need %lld elements",
                         node_name(n), (long long)N);
     om_set_shape(&ctx->out[0], x, dy->dtype);
-    for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[2], dy->dtype);
+    for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[2], ctx->in[2].dtype);
     return NULL;
 }
 
@@ -624,6 +637,6 @@ const om_op_def om_op_layer_norm = {
 
 const om_op_def om_op_layer_norm_grad = {
     .name = "LayerNormalizationGrad", .domain = "ortmod", .min_in = 5, .max_in = 7, .min_out = 1, .max_out = 3,
-    .infer = ln_grad_infer, .grad = NULL, .cpu = ln_grad_cpu, .diff_inputs = 0,
+    .dtype = ln_grad_dtype, .infer = ln_grad_infer, .grad = NULL, .cpu = ln_grad_cpu, .diff_inputs = 0,
     .attrs = "axis:int",
 };

@@ -46,9 +46,8 @@ enum {
                                   dies here: the kernel reads each element before writing the same element */
     OM_OP_ANY_DTYPE = 1 << 4,  /* the CPU kernel only moves or converts elements (by element size, or
                                   Cast), so it takes every dtype the shape rule allows, fp16/bf16 too.
-                                  The other CPU kernels compute in fp32/fp64 only: a CPU plan that would
-                                  run one of them on fp16/bf16 is refused at plan time (half precision
-                                  runs on the CUDA provider) */
+                                  The other CPU kernels compute in fp32/fp64 only: on fp16/bf16 they run
+                                  on fp32 twins, rounded once on store (om_cpu_run, ops/fold.c) */
     OM_OP_CALLBACK = 1 << 5,   /* the client computes it (ops/callback.c): its cpu kernel runs on the host in
                                   every plan, with pointers on the plan's device (ctx->device); never folded,
                                   merged or recomputed (it is also OM_OP_RANDOM) */
@@ -157,9 +156,8 @@ static inline om_dtype om_dtype_stat(om_dtype d) { return d == OM_F64 ? OM_F64 :
 
 /* The fp16/bf16 dtype that node n's CPU kernel would have to compute in, given its input
  * and output tensors (absent ones have dtype OM_UNDEFINED / out value -1); OM_UNDEFINED when
- * the CPU kernel can run it: no half tensor, or an op that only moves elements
- * (OM_OP_ANY_DTYPE). The planner refuses CPU plans that would run such a node; folding runs
- * it through fp32 (om_cpu_fold). */
+ * the CPU kernel can run it as it is: no half tensor, or an op that only moves elements
+ * (OM_OP_ANY_DTYPE). Such a node runs through fp32 twins (om_cpu_run). */
 static inline om_dtype om_node_cpu_half(const om_node *n, const om_tensor *in, const om_tensor *out) {
     if (n->op->flags & OM_OP_ANY_DTYPE) return OM_UNDEFINED;
     for (int i = 0; i < n->n_in; i++)
@@ -169,9 +167,15 @@ static inline om_dtype om_node_cpu_half(const om_node *n, const om_tensor *in, c
     return OM_UNDEFINED;
 }
 
-/* Runs node n's CPU kernel to fold it (plan-time and compile-time folding): directly, or for
- * fp16/bf16 math (om_node_cpu_half) on fp32 copies of the half inputs, rounding the fp32
- * results once into the half outputs (ops/fold.c). */
+/* Runs node ctx->node's CPU kernel: directly, or for fp16/bf16 math (om_node_cpu_half) on fp32
+ * twins of its half tensors, placed in scratch, rounding the fp32 results once (to nearest even)
+ * into the half outputs — the CUDA kernels' rule (ops/fold.c). scratch holds at least
+ * om_cpu_twin_bytes(node) bytes, or is NULL (then allocated and freed here). */
+om_status *om_cpu_run(om_kernel_ctx *ctx, void *scratch, size_t scratch_bytes);
+/* The scratch om_cpu_run needs for node n with these tensors (0 when it runs directly). */
+size_t om_cpu_twin_bytes(const om_node *n, const om_tensor *in, const om_tensor *out);
+/* om_cpu_run with its own scratch, for plan-time and compile-time folding (nothing to do for a
+ * node whose outputs are all empty). */
 om_status *om_cpu_fold(om_kernel_ctx *ctx);
 /* 1 when node ctx->node has nothing to compute: every output it has holds no element (and it
  * is not a callback, whose client may do more than fill its outputs). A kernel's loops run
@@ -185,8 +189,8 @@ om_status *om_check_float(const om_node *n, const om_tensor *t, int i, om_dtype 
 /* Input i of node n must have a dtype in set. */
 om_status *om_check_dtype(const om_node *n, const om_tensor *t, int i, unsigned set);
 
-/* Float dispatch of the CPU kernels: expands BODY with T = float or double (fp16/bf16 never
- * reach a CPU kernel: the planner refuses them first). */
+/* Float dispatch of the CPU kernels: expands BODY with T = float or double (fp16/bf16 reach a
+ * CPU kernel as fp32 twins: om_cpu_run). */
 #define OM_DISPATCH_FLOAT(dt, node, BODY)                                       \
     switch (dt) {                                                               \
     case OM_F32: { typedef float T; BODY; } break;                              \

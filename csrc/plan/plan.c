@@ -115,25 +115,19 @@ static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, cha
     return NULL;
 }
 
-/* The CPU kernels compute in fp32/fp64 (only ops that move elements take fp16/bf16): a CPU
- * plan whose program would compute in half precision is refused here, naming the first such
- * node, rather than failing in a kernel on the first step. */
-static om_status *check_cpu_dtypes(const om_graph *g, om_plan *p, const int *prog, int n_prog) {
+/* The CPU kernels compute in fp32/fp64: a node of a CPU plan that computes in fp16/bf16 runs
+ * on fp32 twins of its half tensors (om_cpu_run). The twins of one node at a time live in the
+ * frame's twin region, sized here for the largest node of the program. */
+static void size_cpu_twins(const om_graph *g, om_plan *p, const int *prog, int n_prog) {
     om_tensor in[MAX_IO], out[MAX_IO];
     for (int s = 0; s < n_prog; s++) {
         const om_node *n = &g->nodes[prog[s]];
         bind_node(g, p, prog[s], in, out);
         for (int j = 0; j < n->n_out; j++)
-            if (n->out[j] >= 0) out[j].dtype = p->vt[n->out[j]].dtype;
-        om_dtype half = om_node_cpu_half(n, in, out);
-        if (half != OM_UNDEFINED)
-            return om_error(OM_INVALID_ARGUMENT,
-                            "%s node '%s' computes in %s, but the CPU kernels compute in float32/float64 only: "
-                            "half precision runs on the CUDA provider (move the model and its inputs to a GPU), "
-                            "or cast the model to float32 (model.float()) to run it on the CPU",
-                            n->op->name, n->name ? n->name : "", om_dtype_name(half));
+            if (n->out[j] >= 0) out[j] = p->vt[n->out[j]];   /* shapes too: each twin is sized */
+        size_t b = om_cpu_twin_bytes(n, in, out);
+        if (b > p->twin_bytes) p->twin_bytes = b;
     }
-    return NULL;
 }
 
 static int root_of(const om_plan *p, int v) {
@@ -242,8 +236,8 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     for (int k = n_fwd; k < nn; k++)
         if (live[k]) p->bwd_prog[p->n_bwd_prog++] = k;
     if (p->device == OM_CPU) {
-        if ((st = check_cpu_dtypes(g, p, p->fwd_prog, p->n_fwd_prog))) goto fail;
-        if ((st = check_cpu_dtypes(g, p, p->bwd_prog, p->n_bwd_prog))) goto fail;
+        size_cpu_twins(g, p, p->fwd_prog, p->n_fwd_prog);
+        size_cpu_twins(g, p, p->bwd_prog, p->n_bwd_prog);
     }
     for (int i = 0; i < p->n_fwd_prog; i++) step_of[p->fwd_prog[i]] = i;
     for (int i = 0; i < p->n_bwd_prog; i++) step_of[p->bwd_prog[i]] = p->n_fwd_prog + i;
@@ -338,6 +332,8 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
         if (s == OM_ST_STASH) p->stash_value_bytes += aligned_bytes(&p->vt[v]);
     }
     p->stash_size = place(p, iv, n_iv);
+    p->twin_offset = (p->stash_size + 63) & ~(size_t)63;   /* the twin region ends the frame */
+    if (p->twin_bytes) p->stash_size = p->twin_offset + p->twin_bytes;
     for (int v = 0; v < nv; v++)
         if (share[v] != v) p->offset[v] = p->offset[share[v]];
     free(share);

@@ -38,6 +38,8 @@ typedef struct om_plan {
     size_t stash_size;            /* bytes of the per-forward frame: forward scratch, stash and
                                      backward scratch on one timeline (see plan.c) */
     size_t stash_value_bytes;     /* of which values kept from forward to backward (before reuse) */
+    size_t twin_offset, twin_bytes; /* CPU: the frame's region for the fp32 twins of a node that computes
+                                     in fp16/bf16 (om_cpu_run), one node at a time; 0 bytes if none */
     /* where the plan runs: the device of its inputs (all inputs share one) */
     om_device_type device;
     void *spare_stash;            /* CPU: a freed stash buffer kept for the next forward, so that the
