@@ -5,6 +5,7 @@ events, the profile, loss scaling, and clear errors on bad input.
 The binary is built with `make -f runner.mk runner` (incremental, seconds when done)."""
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -330,6 +331,25 @@ def test_mixed_precision_dynamic_loss_scale_skips_overflow(binary, task, tmp_pat
     assert scales[0] == 2.0 ** 39 and min(scales) < 2.0 ** 30
     assert any(b == 2 * a for a, b in zip(scales, scales[1:]))   # a doubling after a good window
     assert s["last_loss"] < 1.0
+
+
+@pytest.mark.parametrize("flag,dtype", [("--use_bfloat16", "bfloat16"), ("--use_mixed_precision", "float16")])
+def test_mixed_precision_computes_in_half(binary, task, tmp_path, flag, dtype):
+    """The graph computes in the half type (fp32 master weights): every loss it reports is a value of
+    that type (the loss is computed in it, then cast to float32), and it trains like float32."""
+    import torch
+
+    r = run_cli(binary, *common(task, tmp_path, flag, "--test_data_dir", task / "test", "--num_train_steps", "100",
+                                "--display_loss_steps", "1", "--learning_rate", "0.01"))
+    assert r.returncode == 0, r.stderr
+    losses = [float(m.group(1)) for m in re.finditer(r"^step .*\): loss ([0-9.]+),", r.stdout, re.M)]
+    assert len(losses) == 100
+    t = torch.tensor(losses, dtype=torch.float64)
+    rounded = t.to(getattr(torch, dtype)).double()
+    assert torch.allclose(t, rounded, rtol=0, atol=6e-7), (t - rounded).abs().max()   # printed with 6 decimals
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["mixed_precision"] == {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+    assert s["eval_accuracy"] > 0.85 and np.mean(losses[-10:]) < 0.5 * np.mean(losses[:5])
 
 
 # ---- bad input: a message and a non-zero exit, never a crash ------------------------------

@@ -679,8 +679,7 @@ static om_status *write_summary(om_runner *r) {
     fprintf(f, "  \"throughput\": %.3f,\n  \"stabilized_throughput\": %.3f,\n", s.throughput, s.stabilized_throughput);
     fprintf(f, "  \"peak_memory_mb\": %.3f,\n  \"loss_scale\": %.1f,\n", s.peak_memory_mb, s.loss_scale);
     fprintf(f, "  \"mixed_precision\": %s,\n", !r->p.use_mixed_precision ? "null"
-                                               : r->p.mixed_precision_type == OM_BF16 ? "\"bf16 (emulated)\""
-                                                                                      : "\"fp16 (emulated)\"");
+                                               : r->p.mixed_precision_type == OM_BF16 ? "\"bf16\"" : "\"fp16\"");
     if (isfinite(s.last_loss)) fprintf(f, "  \"last_loss\": %.9g,\n", s.last_loss);
     else fprintf(f, "  \"last_loss\": null,\n");
     if (isfinite(s.eval_loss)) fprintf(f, "  \"eval_loss\": %.9g,\n", s.eval_loss);

@@ -290,6 +290,116 @@ static int node_attr(keep *k, Onnx__NodeProto *n, const char *name, int64_t i, c
 
 #define LOSS_OUT "ortmod_runner/loss"
 
+/* ---- mixed precision: the training graph computes in fp16/bf16 -----------------------------
+ * What autocast does in eager, for the whole graph: every float32 value that enters it (a data
+ * input, a trained weight — the fp32 master the optimizer updates —, a constant) is cast to the
+ * half type where it enters, a Cast to float32 inside the model casts to the half type instead,
+ * and the loss and the prediction are cast back to float32 where they leave. The engine then
+ * computes every node in half (fp32 math, rounded once per node); the weights' gradients come
+ * back in float32 through the entry Casts' gradient. */
+
+static char *suffixed(keep *k, const char *name, const char *sfx) {
+    size_t a = strlen(name), b = strlen(sfx);
+    char *s = kalloc(k, a + b + 1);
+    if (s) { memcpy(s, name, a); memcpy(s + a, sfx, b + 1); }
+    return s;
+}
+
+/* A copy of node n that k owns, with its own input and attribute arrays (so renaming an input or
+ * changing an attribute leaves the loaded model alone). */
+static Onnx__NodeProto *own_node(keep *k, const Onnx__NodeProto *n) {
+    Onnx__NodeProto *c = kalloc(k, sizeof *c);
+    char **in = kalloc(k, sizeof(char *) * (n->n_input + 1));
+    Onnx__AttributeProto **at = kalloc(k, sizeof(void *) * (n->n_attribute + 1));
+    if (!c || !in || !at) return NULL;
+    *c = *n;
+    memcpy(in, n->input, sizeof(char *) * n->n_input);
+    memcpy(at, n->attribute, sizeof(void *) * n->n_attribute);
+    c->input = in;
+    c->attribute = at;
+    return c;
+}
+
+static int is_float32_vi(const Onnx__ValueInfoProto *vi) {
+    return vi->type && vi->type->value_case == ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE && vi->type->tensor_type &&
+           vi->type->tensor_type->elem_type == OM_F32;
+}
+
+/* Rewrites nodes[0..*nn) (which grows by n_src + n_out Casts, plus one per float32 Constant node)
+ * as above. src: the float32 names that enter the graph; out: the names that leave it. */
+static om_status *compute_in_half(keep *k, Onnx__NodeProto **nodes, size_t *nn, const char **src, size_t n_src,
+                                  const char **out, size_t n_out, om_dtype half) {
+    const size_t n0 = *nn;
+    Onnx__NodeProto **front = kalloc(k, sizeof(void *) * (n0 + 1));   /* float32 Constants: they move first */
+    Onnx__NodeProto **rest = kalloc(k, sizeof(void *) * (n0 + 1));
+    const char **grown = kalloc(k, sizeof(char *) * (n_src + n0 + 1));
+    if (!front || !rest || !grown) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+    memcpy(grown, src, sizeof(char *) * n_src);
+    src = grown;
+    size_t n_front = 0, n_rest = 0;
+    for (size_t i = 0; i < n0; i++) {
+        Onnx__NodeProto *n = own_node(k, nodes[i]);
+        if (!n) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+        int constant = 0;
+        for (size_t j = 0; j < n->n_attribute; j++) {
+            const Onnx__AttributeProto *a = n->attribute[j];
+            if (!strcmp(n->op_type, "Constant") && n->n_output == 1 && !strcmp(a->name, "value") && a->t &&
+                a->t->data_type == OM_F32)
+                constant = 1;
+            if (strcmp(n->op_type, "Cast") || strcmp(a->name, "to") || a->i != OM_F32) continue;
+            Onnx__AttributeProto *to = kalloc(k, sizeof *to);
+            if (!to) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+            *to = *a;
+            to->i = half;
+            n->attribute[j] = to;
+        }
+        if (constant) {   /* has no inputs: running it first keeps the order topological */
+            front[n_front++] = n;
+            src[n_src++] = n->output[0];
+        } else {
+            rest[n_rest++] = n;
+        }
+    }
+    /* nodes = float32 Constants, the entry Casts, the rest; uses of each source read its Cast */
+    *nn = 0;
+    for (size_t i = 0; i < n_front; i++) nodes[(*nn)++] = front[i];
+    for (size_t s = 0; s < n_src; s++) {
+        char *h = suffixed(k, src[s], "/ortmod_half");
+        if (!h) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+        for (size_t i = 0; i < n_rest; i++)
+            for (size_t j = 0; j < rest[i]->n_input; j++)
+                if (!strcmp(rest[i]->input[j], src[s])) rest[i]->input[j] = h;
+        const char *in[] = {src[s]};
+        Onnx__NodeProto *c = make_node(k, "Cast", h, in, 1, h);
+        if (!c || node_attr(k, c, "to", half, NULL)) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+        nodes[(*nn)++] = c;
+    }
+    for (size_t i = 0; i < n_rest; i++) nodes[(*nn)++] = rest[i];
+    /* exits: the producer writes a half value that its readers take; a Cast gives the float32 one */
+    for (size_t o = 0; o < n_out; o++) {
+        char *h = suffixed(k, out[o], "/ortmod_half");
+        if (!h) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+        for (size_t i = 0; i < *nn; i++) {
+            Onnx__NodeProto *n = nodes[i];
+            for (size_t j = 0; j < n->n_input; j++)
+                if (!strcmp(n->input[j], out[o])) n->input[j] = h;
+            for (size_t j = 0; j < n->n_output; j++) {
+                if (strcmp(n->output[j], out[o])) continue;
+                char **outs = kalloc(k, sizeof(char *) * n->n_output);
+                if (!outs) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+                memcpy(outs, n->output, sizeof(char *) * n->n_output);
+                outs[j] = h;
+                n->output = outs;
+            }
+        }
+        const char *in[] = {h};
+        Onnx__NodeProto *c = make_node(k, "Cast", suffixed(k, out[o], "/ortmod_float"), in, 1, out[o]);
+        if (!c || node_attr(k, c, "to", OM_F32, NULL)) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+        nodes[(*nn)++] = c;
+    }
+    return NULL;
+}
+
 om_status *rn_model_training_bytes(om_runner *r, om_dtype label_dtype, int label_rank, const int64_t *label_dims,
                                    void **bytes, size_t *nbytes) {
     *bytes = NULL;
@@ -305,7 +415,8 @@ om_status *rn_model_training_bytes(om_runner *r, om_dtype label_dtype, int label
     /* inputs: the data inputs, then the weights, then the label */
     Onnx__ValueInfoProto **ins = kalloc(&k, sizeof(void *) * (og->n_input + (size_t)r->n_weights + 2));
     Onnx__TensorProto **inits = kalloc(&k, sizeof(void *) * (og->n_initializer + 2));
-    Onnx__NodeProto **nodes = kalloc(&k, sizeof(void *) * (og->n_node + 8));
+    const size_t n_entries = og->n_input + (size_t)r->n_weights + og->n_initializer + 4;
+    Onnx__NodeProto **nodes = kalloc(&k, sizeof(void *) * (2 * og->n_node + 8 + n_entries + 2));
     Onnx__ValueInfoProto **outs = kalloc(&k, sizeof(void *) * 2);
     if (!ins || !inits || !nodes || !outs) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
     size_t ni = 0, nn = 0, no = 0, nz = 0;
@@ -379,6 +490,19 @@ om_status *rn_model_training_bytes(om_runner *r, om_dtype label_dtype, int label
     }
     if (!(outs[no++] = make_vi(&k, pred, OM_F32, -1, NULL))) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
 
+    if (r->p.use_mixed_precision) {
+        const char **src = kalloc(&k, sizeof(char *) * n_entries);
+        if (!src) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
+        size_t n_src = 0;
+        for (size_t i = 0; i < ni; i++)
+            if (is_float32_vi(ins[i])) src[n_src++] = ins[i]->name;
+        for (size_t i = 0; i < nz; i++)
+            if (inits[i]->data_type == OM_F32) src[n_src++] = inits[i]->name;
+        const char *exits[2];
+        for (size_t i = 0; i < no; i++) exits[i] = outs[i]->name;
+        if ((st = compute_in_half(&k, nodes, &nn, src, n_src, exits, no, r->p.mixed_precision_type))) goto done;
+        g.n_value_info = 0;   /* intermediate types the model declared in float32 */
+    }
     g.n_input = ni;
     g.input = ins;
     g.n_initializer = nz;
