@@ -31,13 +31,14 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=0, help="0: torch's default")
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--bf16", action="store_true", help="a bf16 model (model.bfloat16()) and bf16 inputs")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     ctor, batch_fn = models.BENCH_MODELS[a.model]
-    model = ORTModule(ctor())
-    data = batch_fn()
+    model = ORTModule(ctor().bfloat16() if a.bf16 else ctor())
+    data = [d.bfloat16() if a.bf16 and d.is_floating_point() else d for d in batch_fn()]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():
@@ -59,7 +60,7 @@ def main():
     fwd = sum(p["forward_ms"] for p in prof) / a.steps
     bwd = sum(p["backward_ms"] for p in prof) / a.steps
     med = statistics.median(times) * 1e3
-    print(f"{a.model}: {torch.get_num_threads()} threads, {a.steps} steps, median step {med:.1f} ms "
+    print(f"{a.model}{' (bf16)' if a.bf16 else ''}: {torch.get_num_threads()} threads, {a.steps} steps, median step {med:.1f} ms "
           f"(mean {statistics.mean(times) * 1e3:.1f})")
     print(f"  engine kernels per step: forward {fwd:.1f} ms, backward {bwd:.1f} ms; "
           f"everything else {statistics.mean(times) * 1e3 - fwd - bwd:.1f} ms")

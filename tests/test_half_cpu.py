@@ -153,3 +153,52 @@ def test_autocast_bf16_gpt2_trains_on_the_cpu_like_eager():
     from test_models_gpt2 import make_batches, make_gpt2, lm_loss
 
     half_parity(make_gpt2, make_batches(), lm_loss, torch.bfloat16, autocast=True)
+
+
+# ---- the bf16 GEMM kernel (ops/gemm_bf16.c) ---------------------------------------------------------
+
+def gemm_engine(ta, tb, alpha, beta):
+    from onnx import TensorProto, helper
+
+    from ortmod import _C
+    node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], transA=ta, transB=tb, alpha=alpha, beta=beta)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(x, TensorProto.FLOAT, None) for x in "abc"],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return _C.Engine(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]).SerializeToString(), None)
+
+
+def bf16_avx512():
+    with open("/proc/cpuinfo") as f:
+        return " avx512_bf16" in f.read()
+
+
+@pytest.mark.parametrize("M,N,K", [(33, 47, 701), (257, 129, 64), (1, 1000, 1999), (100, 3, 4001), (64, 64, 257)])
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_float32_gemm_of_bf16_values_takes_the_bf16_kernel_exactly(M, N, K, ta, tb):
+    """float32 operands whose values are all bf16 values (what a bf16 node's widened copies are):
+    the bf16 kernel computes the same products, summed in fp32 — fp32-level agreement with fp64;
+    one value bf16 cannot hold, or a bf16 subnormal, sends the product to sgemm instead."""
+    from ortmod import _C
+    torch.manual_seed(M * N + K + ta + 2 * tb)
+    a = (torch.randn(K, M) if ta else torch.randn(M, K)).bfloat16().float()
+    b = (torch.randn(N, K) if tb else torch.randn(K, N)).bfloat16().float()
+    c = torch.randn(M, N)
+    eng = gemm_engine(ta, tb, 0.75, 0.5)
+    A, B = (a.T if ta else a).double(), (b.T if tb else b).double()
+    want = 0.75 * A @ B + 0.5 * c.double()
+    scale = (0.75 * A.abs() @ B.abs() + 0.5 * c.double().abs()).clamp_min(1e-30)
+    for case in ("bf16", "inexact", "subnormal"):
+        x = a.clone()
+        if case == "inexact":
+            x.view(-1)[-1] += 2.0 ** -20 * x.view(-1)[-1].abs().clamp_min(1)   # low bits set, last element
+        if case == "subnormal":
+            x.view(-1)[x.numel() // 2] = 2.0 ** -130                           # a bf16 subnormal
+        Aw = (x.T if ta else x).double()
+        want = 0.75 * Aw @ B + 0.5 * c.double()
+        before = _C.gemm_bf16_count()
+        caps, _ = eng.forward([x, b, c], False)
+        y = torch.from_dlpack(caps[0]).double()
+        used = _C.gemm_bf16_count() - before
+        assert used == (1 if case == "bf16" and bf16_avx512() else 0), (case, used)
+        err = ((y - want).abs() / scale).max().item()
+        assert err < 2e-6 * max(1, K ** 0.5 / 8), (case, err)

@@ -16,6 +16,8 @@ extern void openblas_set_num_threads(int n) __attribute__((weak));
 /* Rows or columns per block are a multiple of this, so that no thread gets a sliver that
  * the BLAS micro-kernel handles with its slow edge code. */
 #define BLOCK_ALIGN 16
+/* Below this many multiply-adds packing to bf16 pairs costs more than the faster products save. */
+#define BF16_MIN_FMAS ((int64_t)1 << 20)
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single_threaded(void) {
@@ -78,6 +80,9 @@ void om_gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
     if (lda < 1) lda = 1;
     if (ldb < 1) ldb = 1;
     if (ldc < 1) ldc = 1;
+    if (dt == OM_F32 && M * N * K >= BF16_MIN_FMAS &&
+        om_gemm_bf16(ta, tb, M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, ldc))
+        return;
     gemm_job j = {.dt = dt, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
                   .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
     /* cut the longer side of C: each block then still multiplies a full-width panel */

@@ -3,7 +3,8 @@
  *     om_gemm(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
  *
  * Row-major C (M x N) = alpha op(A) op(B) + beta C, op(X) = X or X^T, float32 or float64
- * (dt), leading dimensions in elements as BLAS takes them. An empty inner dimension (K = 0)
+ * (dt), leading dimensions in elements as BLAS takes them. float32 operands that hold only bf16
+ * values take the bf16 kernel (om_gemm_bf16: same products, fp32 accumulation, twice the rate). An empty inner dimension (K = 0)
  * gives C = beta C, with beta = 0 writing zeros (BLAS would leave C as it was).
  *
  * Threading: BLAS runs single-threaded; a product big enough to share is cut into blocks of
@@ -22,5 +23,14 @@
 
 void om_gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+
+/* float32 C = alpha op(A) op(B) + beta C on AVX512-BF16, when every value of A and B is a bf16
+ * value (the widened operands of a node that computes in bf16): 1 when it computed C, 0 when it
+ * did not (no such CPU, an operand bf16 does not hold exactly): then the caller runs sgemm
+ * (ops/gemm_bf16.c). om_gemm tries it for big enough float32 products. */
+int om_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* How many products om_gemm_bf16 computed in this process (tests prove the path ran with it). */
+int64_t om_gemm_bf16_count(void);
 
 #endif
