@@ -14,7 +14,8 @@
  * fp32's normal range (~1.2e-38) are flushed to zero by the instruction.
  *
  * Layout (llm.c-style, one micro-kernel): C is cut into tiles of MR rows x NR columns.
- *   A packed: per block of MR rows, per k pair q: MR uint32, each (A[i][2q], A[i][2q+1]) as bf16
+ *   A packed: per block of MR rows, uint32 pairs (A[i][2q], A[i][2q+1]) as bf16: row by row ([r][q])
+ *             when A is row-major, pair by pair ([q][r]) when transposed (both packed with vectors)
  *   B packed: per panel of NR columns, per k pair q: NR uint32, each (B[2q][j], B[2q+1][j])
  * An odd K pads the last pair with a zero; edge tiles pad with zero rows/columns and store masked.
  */
@@ -59,44 +60,98 @@ typedef struct pack_job {
     const float *X;
     int64_t ld, rows, K, Kp, width;   /* width: MR (A blocks) or NR (B panels) */
     bool trans;                       /* element (r, k) at X[k*ld + r] instead of X[r*ld + k] */
+    bool row_major;                   /* a block stored [r][q] (A not transposed) instead of [q][r] */
     uint32_t *out;
     int bad;
 } pack_job;
 
+/* 16 floats: nonzero when one is not a normal bf16 value (low bits set, or a bf16 subnormal) */
+TARGET static inline __mmask16 not_bf16(__m512i v) {
+    const __mmask16 low = _mm512_test_epi32_mask(v, _mm512_set1_epi32(0xffff));
+    const __mmask16 exp0 = _mm512_testn_epi32_mask(v, _mm512_set1_epi32(0x7f800000));
+    return low | (exp0 & _mm512_test_epi32_mask(v, _mm512_set1_epi32(0x007f0000)));
+}
+
+/* pairs (x0[t], x1[t]) of two rows, as bf16 bits: x0 in the low half */
+TARGET static inline __m512i pair_rows(__m512i x0, __m512i x1) {
+    return _mm512_or_si512(_mm512_and_si512(x1, _mm512_set1_epi32((int)0xffff0000u)), _mm512_srli_epi32(x0, 16));
+}
+
+/* One row i of X: its k pairs to o[q * step], q in [0, Kp) (step 1: contiguous, vectorized). */
+TARGET static uint32_t pack_row(const pack_job *j, int64_t i, uint32_t *o, int64_t step) {
+    uint32_t bad = 0;
+    const float *x = j->X + i * j->ld;
+    int64_t q = 0;
+    if (step == 1) {
+        __mmask16 m = 0;
+        for (; 2 * q + 32 <= j->K; q += 16) {
+            const __m512i lo = _mm512_loadu_si512(x + 2 * q), hi = _mm512_loadu_si512(x + 2 * q + 16);
+            m |= not_bf16(lo) | not_bf16(hi);
+            _mm512_storeu_si512(o + q, (__m512i)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo));   /* exact: no rounding */
+        }
+        bad |= m;
+    }
+    for (; q < j->Kp; q++) {
+        const float x1 = 2 * q + 1 < j->K ? x[2 * q + 1] : 0.0f;
+        o[q * step] = bf16_bits(x[2 * q], &bad) | bf16_bits(x1, &bad) << 16;
+    }
+    return bad;
+}
+
+/* Columns c0..c0+width of rows 2q, 2q+1 of X (element (r, k) at X[k*ld + r]) to o[q*width + t]. */
+TARGET static uint32_t pack_cols(const pack_job *j, int64_t c0, uint32_t *o) {
+    uint32_t bad = 0;
+    const int64_t n = j->rows - c0 < j->width ? j->rows - c0 : j->width;   /* real columns */
+    const __mmask16 m_lo = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+    const __mmask16 m_hi = n >= 32 ? 0xffff : n > 16 ? (__mmask16)((1u << (n - 16)) - 1) : 0;
+    __mmask16 m = 0;
+    for (int64_t q = 0; q < j->Kp; q++) {
+        const float *r0 = j->X + 2 * q * j->ld + c0, *r1 = r0 + j->ld;
+        const int odd = 2 * q + 1 >= j->K;   /* the pad row of an odd K */
+        for (int64_t t = 0; t < j->width; t += 16) {
+            const __mmask16 mk = t ? m_hi : m_lo;
+            const __m512i x0 = _mm512_maskz_loadu_epi32(mk, r0 + t);
+            const __m512i x1 = odd ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(mk, r1 + t);
+            m |= not_bf16(x0) | not_bf16(x1);
+            if (j->width - t >= 16) _mm512_storeu_si512(o + q * j->width + t, pair_rows(x0, x1));
+            else _mm256_storeu_si256((__m256i *)(o + q * j->width + t), _mm512_castsi512_si256(pair_rows(x0, x1)));
+        }
+    }
+    return bad | m;
+}
+
 /* Blocks [lo, hi) of `width` rows of X (rows of A, or columns of B seen as rows of B^T). */
-static void pack_blocks(void *ctx, int64_t lo, int64_t hi) {
+TARGET static void pack_blocks(void *ctx, int64_t lo, int64_t hi) {
     pack_job *j = ctx;
     uint32_t bad = 0;
     for (int64_t b = lo; b < hi && !bad; b++) {
         uint32_t *o = j->out + (size_t)b * (size_t)j->Kp * (size_t)j->width;
+        if (j->trans) {   /* pairs from two rows of X, contiguous over the block's columns */
+            bad |= pack_cols(j, b * j->width, o);
+            continue;
+        }
         for (int64_t r = 0; r < j->width; r++) {
             const int64_t i = b * j->width + r;
-            if (i >= j->rows) {
-                for (int64_t q = 0; q < j->Kp; q++) o[q * j->width + r] = 0;
-                continue;
-            }
-            for (int64_t q = 0; q < j->Kp; q++) {
-                const int64_t k0 = 2 * q, k1 = k0 + 1;
-                float x0 = j->trans ? j->X[k0 * j->ld + i] : j->X[i * j->ld + k0];
-                float x1 = k1 < j->K ? (j->trans ? j->X[k1 * j->ld + i] : j->X[i * j->ld + k1]) : 0.0f;
-                o[q * j->width + r] = bf16_bits(x0, &bad) | bf16_bits(x1, &bad) << 16;
-            }
+            uint32_t *orow = j->row_major ? o + r * j->Kp : o + r;
+            const int64_t step = j->row_major ? 1 : j->width;
+            if (i < j->rows) bad |= pack_row(j, i, orow, step);
+            else for (int64_t q = 0; q < j->Kp; q++) orow[q * step] = 0;
         }
     }
     if (bad) __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
 }
 
 /* c (mr x nr of a tile, row stride ldc) = alpha * a_blk . b_pan + beta * c, over k pairs [q0, q1)
- * of the packed block and panel */
-TARGET static void tile(int64_t q0, int64_t q1, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc, int mr,
-                        int nr, float alpha, float beta) {
+ * of the packed block (element (r, q) at a[r*rs + q*qs]) and panel */
+TARGET static void tile(int64_t q0, int64_t q1, const uint32_t *a, int64_t rs, int64_t qs, const uint32_t *b, float *c,
+                        int64_t ldc, int mr, int nr, float alpha, float beta) {
     __m512 acc[MR][2];
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t q = q0; q < q1; q++) {
         const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + q * NR);
         const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + q * NR + 16);
         for (int r = 0; r < MR; r++) {
-            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[q * MR + r]);
+            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[q * qs + r * rs]);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
         }
@@ -118,7 +173,7 @@ TARGET static void tile(int64_t q0, int64_t q1, const uint32_t *a, const uint32_
 typedef struct tile_job {
     const uint32_t *a, *b;
     float *C;
-    int64_t M, N, Kp, ldc, n_blocks, n_panels;
+    int64_t M, N, Kp, ldc, n_blocks, n_panels, a_rs, a_qs;   /* a_rs, a_qs: A's packed layout */
     float alpha, beta;
     bool by_rows;
 } tile_job;
@@ -138,8 +193,8 @@ static void tile_range(void *ctx, int64_t lo, int64_t hi) {
             const int nr = (int)(j->N - p * NR < NR ? j->N - p * NR : NR);
             for (int64_t blk = b0; blk < b1; blk++) {
                 const int mr = (int)(j->M - blk * MR < MR ? j->M - blk * MR : MR);
-                tile(q0, q1, j->a + (size_t)blk * (size_t)j->Kp * MR, bp, j->C + blk * MR * j->ldc + p * NR, j->ldc,
-                     mr, nr, j->alpha, beta);
+                tile(q0, q1, j->a + (size_t)blk * (size_t)j->Kp * MR, j->a_rs, j->a_qs, bp,
+                     j->C + blk * MR * j->ldc + p * NR, j->ldc, mr, nr, j->alpha, beta);
             }
         }
     }
@@ -166,13 +221,15 @@ int om_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
     om_pool_for(n_panels, 1, pack_blocks, &pb);
     int ok = !pb.bad;
     if (ok) {
-        pack_job pa = {.X = A, .ld = lda, .rows = M, .K = K, .Kp = Kp, .width = MR, .trans = ta, .out = buf};
+        pack_job pa = {.X = A, .ld = lda, .rows = M, .K = K, .Kp = Kp, .width = MR, .trans = ta,
+                       .row_major = !ta, .out = buf};
         om_pool_for(n_blocks, 4, pack_blocks, &pa);
         ok = !pa.bad;
     }
     if (ok) {
         tile_job t = {.a = buf, .b = buf + a_words, .C = C, .M = M, .N = N, .Kp = Kp, .ldc = ldc,
                       .n_blocks = n_blocks, .n_panels = n_panels, .alpha = alpha, .beta = beta,
+                      .a_rs = ta ? 1 : Kp, .a_qs = ta ? MR : 1,
                       .by_rows = n_blocks >= n_panels};
         om_pool_for(t.by_rows ? n_blocks : n_panels, 1, tile_range, &t);
         __atomic_fetch_add(&bf16_calls, 1, __ATOMIC_RELAXED);
