@@ -36,6 +36,10 @@ FUNCS = {
 }
 
 
+# functions whose output element depends on other elements (no answer "for each element alone")
+MIXES_ELEMENTS = {"maximum", "minimum", "mul", "div", "softmax", "log_softmax", "max_dim", "sum", "mean"}
+
+
 class Fn(nn.Module):
     def __init__(self, fn):
         super().__init__()
@@ -45,8 +49,14 @@ class Fn(nn.Module):
         return self.fn(x)
 
 
-def same_values(what, got, want):
+def same_values(what, got, want, alt=None):
+    """got has want's non-finite pattern and values; where alt (eager's answer for each element alone)
+    differs from want, eager itself is inconsistent and got may match either."""
     got, want = got.detach().double(), want.detach().double()
+    if alt is not None:
+        alt = alt.detach().double()
+        same = lambda a, b: (a == b) | (a.isnan() & b.isnan())   # noqa: E731
+        want = torch.where(~same(want, alt) & same(got, alt), alt, want)
     assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{what}: NaN at {got.tolist()} vs eager {want.tolist()}"
     finite = torch.isfinite(want)
     assert torch.equal(got[~finite & ~torch.isnan(want)], want[~finite & ~torch.isnan(want)]), \
@@ -75,13 +85,24 @@ def test_special_values(name, upstream, request):
         yo = ORTModule(Fn(FUNCS[name]))(xo)
     except ortmod.UnsupportedOpError as e:     # refused by name: not a silent difference
         pytest.skip(f"not supported: {e}")
-    same_values(f"{name} forward", yo, ye)
     g = torch.ones_like(ye)
     if upstream == "nonfinite":
         g.view(-1)[0], g.view(-1)[1] = NAN, INF
+    # eager one element at a time: its scalar and vectorized kernels can disagree on non-finite
+    # values (gelu(inf) is inf alone but NaN in a vector, on AVX-512 builds of torch 2.13)
+    alone_y, alone_g = [], []
+    for i, v in enumerate(SPECIAL if name not in MIXES_ELEMENTS else []):
+        xi = torch.tensor([v], requires_grad=True)
+        yi = FUNCS[name](xi)
+        yi.backward(g.view(-1)[i:i + 1].view_as(yi))
+        alone_y.append(yi.detach().view(-1))
+        alone_g.append(xi.grad.view(-1))
+    alone_y = torch.cat(alone_y) if alone_y else None
+    same_values(f"{name} forward", yo, ye, None if alone_y is None else alone_y.view_as(ye))
     ye.backward(g)
     yo.backward(g)
-    same_values(f"{name} gradient ({upstream} upstream)", xo.grad, xe.grad)
+    same_values(f"{name} gradient ({upstream} upstream)", xo.grad, xe.grad,
+                None if alone_y is None else torch.cat(alone_g).view_as(xe))
 
 
 TIES = {
