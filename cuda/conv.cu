@@ -1,6 +1,7 @@
 // conv.cu — the windowed and per-channel ops of conv.c, pool.c and norm.c: Conv and its backward
 // ops ConvGradX / ConvGradW, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool and their
-// backward ops, BatchNormalization and BatchNormalizationGrad.
+// backward ops, BatchNormalization and BatchNormalizationGrad; ConvTranspose, which is ConvGradX's
+// pass (the input gradient of the convolution whose geometry om_window_init_transposed gives).
 //
 // Convolution is im2col + cuBLAS, as on the CPU, but over a chunk of images at a time:
 //   col   (nb, C*KS, OS)      = im2col(x)                     KS = kernel size, OS = output size
@@ -152,9 +153,11 @@ __device__ __forceinline__ void for_windows_of(const om_window &w, int64_t id, i
 }
 
 // dcol is (nb, C*KS, OS) in T's math type (fp32 for fp16/bf16: the GEMM's sums are rounded once,
-// here), dx is (nb, C, ID, IH, IW): dx[p, s] = sum of the dcol entries whose tap is s
+// here), dx is (nb, C, ID, IH, IW): dx[p, s] = sum of the dcol entries whose tap is s, plus b[c]
+// when b is given (ConvTranspose's bias, C values)
 template <typename T>
-__global__ void col2im_kernel(T *dx, const typename acc<T>::t *dcol, om_window w, int64_t P) {
+__global__ void col2im_kernel(T *dx, const typename acc<T>::t *dcol, om_window w, int64_t P, const T *b,
+                              int64_t C) {
     typedef typename acc<T>::t A;
     const int64_t OS = w.out[0] * w.out[1] * w.out[2], KS = w.k[0] * w.k[1] * w.k[2];
     const int64_t IS = w.in[0] * w.in[1] * w.in[2];
@@ -162,7 +165,7 @@ __global__ void col2im_kernel(T *dx, const typename acc<T>::t *dcol, om_window w
         const int64_t s = i % IS, p = i / IS;
         const int64_t iw = s % w.in[2], ih = (s / w.in[2]) % w.in[1], id = s / (w.in[2] * w.in[1]);
         const A *cp = dcol + p * KS * OS;   // channel c of image n: rows (n*C + c)*KS ...
-        A sum = 0;
+        A sum = b ? (A)ld(b[p % C]) : (A)0;
         for_windows_of(w, id, ih, iw, [&](int64_t k, int64_t od, int64_t oh, int64_t ow) {
             sum += cp[k * OS + (od * w.out[1] + oh) * w.out[2] + ow];
         });
@@ -280,18 +283,24 @@ static om_status *conv_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     return st;
 }
 
-// ConvGradX(dY, W, Shape(X)): dy is (N, M, *O), w is (M, C/G, *K), dx is (N, C, *S)
-static om_status *conv_grad_x_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *dY = &ctx->in[0], *W = &ctx->in[1], *dX = &ctx->out[0];
-    if (W->dtype != dY->dtype) return omc_err_dtype(ctx, 1, W->dtype);
-    conv_geom g;
-    OMC_TRY(conv_geometry(ctx, dX->rank, dX->dims, W->rank, W->dims, &g));
-    if (!numel(dX)) return NULL;
-    const om_dtype dt = dY->dtype;
+// The input-gradient pass of the convolution of geometry g: dx (N, C, *S) = col2im(W^T @ dy), dy
+// (N, M, *O), w (M, C/G, *K) — ConvGradX, and ConvTranspose with its x as dy and its y as dx. b:
+// NULL, or C values added to every dx[n, c, :] (ConvTranspose's bias; in the GEMM with beta 1 for
+// a 1x1 window, else in col2im's sum: one rounding either way).
+static om_status *conv_data_grad(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, const conv_geom &g,
+                                 const void *dy, const void *w, const void *b, void *dx) {
     const size_t es = dtype_size(dt);
     const int64_t N = g.w.N, C = g.w.C, CK = g.Cg * g.KS, col_img = C * g.KS * g.OS;
-    const int trivial = window_trivial(&g.w);
-    if (!trivial && (g.OS == 0 || CK == 0)) return zero_fill(dX->data, nbytes(dX), x);   // no tap reaches x
+    const int trivial = window_trivial(&g.w), no_tap = !trivial && (g.OS == 0 || CK == 0);   // no tap reaches dx
+    if (no_tap && !b) return zero_fill(dx, (size_t)(N * C * g.IS) * es, x);
+    if (b && (trivial || no_tap)) {   // dx = b, then the GEMM adds (beta 1)
+        const int64_t n = N * C * g.IS;
+        OMC_DISPATCH_SIZE(es, ctx, {
+            channel_fill_kernel<U><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((U *)dx, (const U *)b, C, g.IS, n);
+        });
+        OMC_TRY(omc_launched(ctx));
+        if (no_tap) return NULL;
+    }
     // dcol in dY's math type: fp16/bf16 columns are fp32, rounded once by col2im
     const int col32 = !trivial && om_dtype_is_half(dt);
     const size_t ec = col32 ? sizeof(float) : es;
@@ -301,22 +310,69 @@ static om_status *conv_grad_x_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
     om_status *st = NULL;
     for (int64_t n0 = 0; n0 < N && !st; n0 += nb) {
         const int64_t cnt = nb < N - n0 ? nb : N - n0;
-        char *dxs = (char *)dX->data + (size_t)(n0 * C * g.IS) * es;
+        char *dxs = (char *)dx + (size_t)(n0 * C * g.IS) * es;
         // dcol[n, g] (CK, OS) = W_g^T (CK, Mg) @ dy[n, g] (Mg, OS); trivial: dcol is dx itself
-        ig_operand P = {W->data, 0, g.Mg * CK};
-        ig_operand Q = {(const char *)dY->data + (size_t)(n0 * g.M * g.OS) * es, g.M * g.OS, g.Mg * g.OS};
+        ig_operand P = {w, 0, g.Mg * CK};
+        ig_operand Q = {(const char *)dy + (size_t)(n0 * g.M * g.OS) * es, g.M * g.OS, g.Mg * g.OS};
         ig_operand O = {trivial ? (void *)dxs : col, col_img, CK * g.OS};
-        st = gemm_images_groups(ctx, x, dt, 1, 0, CK, g.OS, g.Mg, P, Q, 0.0, O, col32, cnt, g.G);
+        st = gemm_images_groups(ctx, x, dt, 1, 0, CK, g.OS, g.Mg, P, Q, b && trivial ? 1.0 : 0.0, O, col32, cnt, g.G);
         if (!st && !trivial) {
             const int64_t P_ = cnt * C, n = P_ * g.IS;
             OMC_DISPATCH_FLOAT(dt, ctx, 0, {
-                col2im_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)dxs, (const A *)col, g.w, P_);
+                col2im_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)dxs, (const A *)col, g.w, P_,
+                                                                                (const T *)b, C);
             });
             st = omc_launched(ctx);
         }
     }
     if (col) omc_temp_free(x, col);
     return st;
+}
+
+// ConvGradX(dY, W, Shape(X)): dy is (N, M, *O), w is (M, C/G, *K), dx is (N, C, *S)
+static om_status *conv_grad_x_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *dY = &ctx->in[0], *W = &ctx->in[1], *dX = &ctx->out[0];
+    if (W->dtype != dY->dtype) return omc_err_dtype(ctx, 1, W->dtype);
+    conv_geom g;
+    OMC_TRY(conv_geometry(ctx, dX->rank, dX->dims, W->rank, W->dims, &g));
+    if (!numel(dX)) return NULL;
+    return conv_data_grad(ctx, x, dY->dtype, g, dY->data, W->data, NULL, dX->data);
+}
+
+// ---- ConvTranspose ------------------------------------------------------------------------------
+
+// as conv.c: the geometry of the convolution whose input gradient ConvTranspose is (M = C_in,
+// Cg = C_out / group; its input is y, its output x)
+static om_status *convt_geometry(const om_kernel_ctx *ctx, int xr, const int64_t *xd, int wr, const int64_t *wd,
+                                 conv_geom *g) {
+    if (wr != xr || xr < 3)
+        return OMC_ERR(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': X has rank %d and W rank %d (they must match, "
+                       ">= 3)", omc_node_name(ctx), xr, wr);
+    g->G = attr_i(ctx, "group", 1);
+    if (g->G < 1 || xd[1] != wd[0] || wd[0] % g->G)
+        return OMC_ERR(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': X has %lld channels, W is (%lld, %lld, ...) with "
+                       "group %lld: need C == W.dims[0], divisible by group", omc_node_name(ctx), (long long)xd[1],
+                       (long long)wd[0], (long long)wd[1], (long long)g->G);
+    OMC_TRY(om_window_init_transposed(ctx->node, xr, xd, wd + 2, wd[1] * g->G, &g->w));
+    g->M = wd[0];
+    g->Cg = wd[1];
+    g->Mg = g->M / g->G;
+    g->KS = om_window_k_size(&g->w);
+    g->IS = om_window_in_size(&g->w);
+    g->OS = om_window_out_size(&g->w);
+    return NULL;
+}
+
+// x is (N, C_in, *S), w is (C_in, C_out/G, *K), b is (C_out), y is (N, C_out, *O): ConvGradX's pass, x as dy
+static om_status *conv_transpose_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *Y = &ctx->out[0];
+    if (W->dtype != X->dtype) return omc_err_dtype(ctx, 1, W->dtype);
+    const int has_b = present(ctx, 2);
+    if (has_b && ctx->in[2].dtype != X->dtype) return omc_err_dtype(ctx, 2, ctx->in[2].dtype);
+    conv_geom g;
+    OMC_TRY(convt_geometry(ctx, X->rank, X->dims, W->rank, W->dims, &g));
+    if (!numel(Y)) return NULL;
+    return conv_data_grad(ctx, x, X->dtype, g, X->data, W->data, has_b ? ctx->in[2].data : NULL, Y->data);
 }
 
 // dy is (nb, M, OS) -> dyT (M, nb*OS)
@@ -845,6 +901,7 @@ extern const omc_kernel_entry omc_kernels_conv[] = {
     {"Conv", "", conv_cuda},
     {"ConvGradX", "ortmod", conv_grad_x_cuda},
     {"ConvGradW", "ortmod", conv_grad_w_cuda},
+    {"ConvTranspose", "", conv_transpose_cuda},
     {"MaxPool", "", max_pool_cuda},
     {"MaxPoolGrad", "ortmod", max_pool_grad_cuda},
     {"AveragePool", "", average_pool_cuda},

@@ -191,6 +191,8 @@ REFUSED = [
     ("MaxPool", [("kernel_shape", [2, 2]), ("storage_order", 1)], "attribute 'storage_order' = 1"),
     ("MaxPool", [("kernel_shape", [2, 2]), ("auto_pad", "SAME")], "attribute 'auto_pad' = 'SAME'"),
     ("Conv", [("auto_pad", "")], "attribute 'auto_pad' = ''"),
+    ("ConvTranspose", [("auto_pad", "SAME_UPPER")], "attribute 'auto_pad' = 'SAME_UPPER'"),
+    ("ConvTranspose", [("output_shape", [4, 4])], "attribute 'output_shape' is not implemented"),
     ("Pad", [("mode", "symmetric")], "attribute 'mode' = 'symmetric'"),
     ("LSTM", [("hidden_size", 3), ("layout", 1)], "attribute 'layout' = 1"),
     ("LSTM", [("hidden_size", 3), ("input_forget", 1)], "attribute 'input_forget' = 1"),
@@ -337,7 +339,8 @@ ONNX_VALUES = {
     ("ScatterElements", "reduction"): ["none", "add", "mul", "max", "min"],
     ("LSTM", "direction"): ["forward", "reverse", "bidirectional"],
     ("GRU", "direction"): ["forward", "reverse", "bidirectional"],
-    **{(op, "auto_pad"): ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"] for op in ("Conv", "MaxPool", "AveragePool")},
+    **{(op, "auto_pad"): ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]
+       for op in ("Conv", "ConvTranspose", "MaxPool", "AveragePool")},
 }
 
 

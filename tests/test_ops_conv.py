@@ -1,12 +1,17 @@
-"""Conv, BatchNormalization, MaxPool, AveragePool, GlobalAveragePool/GlobalMaxPool: float32
-parity against PyTorch (used only as the reference) and float64 finite-difference checks
-of the engine's gradients (ConvGradX/ConvGradW, BatchNormalizationGrad, pool grads)."""
+"""Conv, ConvTranspose, BatchNormalization, MaxPool, AveragePool, GlobalAveragePool/GlobalMaxPool:
+float32 parity against PyTorch (used only as the reference) and float64 finite-difference checks
+of the engine's gradients (ConvGradX/ConvGradW, ConvTranspose's Conv/ConvGradW/ReduceSum,
+BatchNormalizationGrad, pool grads); ConvTranspose through ORTModule against torch autograd."""
+import copy
+import re
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from oputil import check_op
+from oputil import check_op, make_model, run
+from ortmod import _C
 
 RNG = np.random.default_rng(4321)
 
@@ -91,6 +96,149 @@ def test_conv_weight_grad_only():
     """Only W's gradient requested: ConvGradX is not emitted; X feeds ConvGradW."""
     x, w = randn(2, 3, 5, 5), randn(4, 3, 3, 3)
     check_op("Conv", {"X": x, "W": w}, lambda X, W: F.conv2d(T(X), T(W)).numpy(), grad=["W"])
+
+
+# ---- ConvTranspose -------------------------------------------------------------------------
+
+CONVT2D = [
+    # (x shape, w shape (C_in, C_out/group, kH, kW), attrs, torch kwargs)
+    ((2, 3, 4, 5), (3, 4, 3, 3), {}, {}),
+    ((2, 3, 4, 5), (3, 2, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, dict(stride=2, padding=1)),
+    ((2, 3, 4, 5), (3, 2, 3, 2), {"strides": [2, 3], "pads": [1, 0, 1, 0], "output_padding": [1, 2]},
+     dict(stride=(2, 3), padding=(1, 0), output_padding=(1, 2))),
+    ((1, 4, 5, 4), (4, 3, 3, 3), {"group": 2, "strides": [2, 1], "output_padding": [1, 0]},
+     dict(groups=2, stride=(2, 1), output_padding=(1, 0))),
+    ((2, 2, 5, 5), (2, 3, 3, 2), {"dilations": [2, 1], "pads": [2, 1, 2, 1]}, dict(dilation=(2, 1), padding=(2, 1))),
+    ((2, 4, 4, 4), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
+     dict(groups=4, stride=2, padding=1, output_padding=1)),                                      # depthwise
+    ((2, 3, 4, 5), (3, 5, 1, 1), {}, {}),                                                          # 1x1: no col2im
+    ((2, 3, 3, 3), (3, 2, 2, 2), {"strides": [2, 2]}, dict(stride=2)),                             # no overlap
+    # output_padding >= stride (torch allows it below the dilation) and above the end pad: the
+    # gradient's Conv has end pad 0
+    ((2, 2, 4, 5), (2, 3, 2, 2), {"strides": [2, 1], "dilations": [3, 2], "pads": [1, 1, 1, 1],
+                                  "output_padding": [2, 1]},
+     dict(stride=(2, 1), dilation=(3, 2), padding=1, output_padding=(2, 1))),
+]
+
+
+def _convt_ref(fn, kw):
+    return lambda X, W, B=None: fn(T(X), T(W), None if B is None else T(B), **kw).numpy()
+
+
+@pytest.mark.parametrize("xs,ws,attrs,kw", CONVT2D)
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_transpose2d(xs, ws, attrs, kw, bias):
+    x, w = randn(*xs), randn(*ws)
+    inputs = {"X": x, "W": w}
+    if bias:
+        inputs["B"] = randn(ws[1] * attrs.get("group", 1))
+    attrs = dict(attrs, kernel_shape=list(ws[2:]))   # as torch's exporter writes it
+    check_op("ConvTranspose", inputs, _convt_ref(F.conv_transpose2d, kw), attrs=attrs, grad=list(inputs),
+             rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attrs,kw", [
+    ({"pads": [1, 1]}, dict(padding=1)),
+    ({"strides": [3], "dilations": [2], "pads": [2, 1], "output_padding": [1]}, None),   # asymmetric pads
+    ({"group": 2, "strides": [2], "output_padding": [1]}, dict(groups=2, stride=2, output_padding=1)),
+    ({"auto_pad": "VALID", "strides": [2]}, dict(stride=2)),
+])
+def test_conv_transpose1d(attrs, kw):
+    g = attrs.get("group", 1)
+    x, w, b = randn(2, 4, 7), randn(4, 6 // g, 3), randn(6)
+    if kw is None:   # pads (2, 1): torch pads both ends alike; crop one more at the start instead
+        def ref(X, W, B):
+            y = F.conv_transpose1d(T(X), T(W), T(B), stride=3, dilation=2, padding=1, output_padding=1)
+            return y[..., 1:].numpy()
+    else:
+        ref = _convt_ref(F.conv_transpose1d, kw)
+    check_op("ConvTranspose", {"X": x, "W": w, "B": b}, ref, attrs=attrs, grad=["X", "W", "B"], atol=1e-4)
+
+
+def test_conv_transpose3d():
+    x, w, b = randn(1, 4, 3, 4, 3), randn(4, 3, 2, 3, 2), randn(6)
+    kw = dict(stride=(1, 2, 2), padding=(0, 1, 1), output_padding=(0, 1, 0), groups=2)
+    check_op("ConvTranspose", {"X": x, "W": w, "B": b}, _convt_ref(F.conv_transpose3d, kw),
+             attrs={"strides": [1, 2, 2], "pads": [0, 1, 1, 0, 1, 1], "output_padding": [0, 1, 0], "group": 2},
+             grad=["X", "W", "B"], atol=1e-4)
+
+
+@pytest.mark.parametrize("ws", [(3, 4, 1, 1), (3, 2, 3, 2)])
+def test_conv_transpose_without_attributes(ws):
+    """No attribute and no declared shape says the rank before planning: dB sums over the batch,
+    then over the flattened rest."""
+    x, w, b = randn(2, 3, 4, 5), randn(*ws), randn(ws[1])
+    check_op("ConvTranspose", {"X": x, "W": w, "B": b}, _convt_ref(F.conv_transpose2d, {}), grad=["X", "W", "B"],
+             atol=1e-4)
+
+
+def test_conv_transpose_weight_and_bias_grads_only():
+    """No dX wanted: no Conv is emitted; X feeds ConvGradW in dY's place."""
+    x, w, b = randn(2, 3, 4, 4), randn(3, 2, 3, 3), randn(2)
+    check_op("ConvTranspose", {"X": x, "W": w, "B": b}, _convt_ref(F.conv_transpose2d, dict(stride=2)),
+             attrs={"strides": [2, 2]}, grad=["W", "B"], atol=1e-4)
+
+
+def test_conv_transpose_output_padding_its_gradient_cannot_take_is_refused_by_name():
+    # dilation 2 lets torch take output_padding 1 at stride 1; with no end pad the gradient's
+    # Conv would need a negative pad: the forward runs, the gradient is refused naming why
+    x, w = randn(1, 2, 5), randn(2, 3, 3)
+    attrs = {"dilations": [2], "output_padding": [1]}
+    ref = _convt_ref(F.conv_transpose1d, dict(dilation=2, output_padding=1))
+    check_op("ConvTranspose", {"X": x, "W": w}, ref, attrs=attrs)
+    model = make_model("ConvTranspose", {"X": x.astype(np.float64), "W": w.astype(np.float64)}, attrs)
+    with pytest.raises(_C.UnsupportedOpError, match=r"ConvTranspose node .*output_padding 1 exceeds pad_end 0 by "
+                                                    r"stride 1 or more on spatial dim 0: its gradient is not"):
+        _C.Engine(model, [True, True])
+
+
+@pytest.mark.parametrize("attrs,message", [
+    ({"group": 2}, "need C == W.dims[0], divisible by group"),
+    ({"pads": [3, 3]}, "output size -2 on spatial dim 0"),
+    ({"kernel_shape": [2]}, "kernel_shape[0] is 2 but W's is 3"),
+])
+def test_conv_transpose_bad_geometry_is_an_error(attrs, message):
+    x, w = randn(1, 3, 2), randn(3, 2, 3)
+    model = make_model("ConvTranspose", {"X": x, "W": w}, attrs)
+    with pytest.raises(_C.InvalidInputError, match=re.escape(message)):
+        run(model, [x, w])
+
+
+CONVT_MODULES = [
+    # (module, input shape, forward kwargs)
+    (lambda: torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), (2, 4, 5, 6), {}),
+    (lambda: torch.nn.ConvTranspose1d(3, 2, 4, stride=3, dilation=2, padding=2, bias=False), (2, 3, 7), {}),
+    (lambda: torch.nn.ConvTranspose3d(2, 3, (2, 3, 2), stride=(2, 1, 2), padding=(0, 1, 1)), (1, 2, 3, 4, 3), {}),
+    # output_size: torch turns it into output_padding, which the trace records
+    (lambda: torch.nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1), (2, 3, 4, 4), {"output_size": [8, 8]}),
+    (lambda: torch.nn.ConvTranspose2d(3, 2, 3), (3, 4, 5), {}),                                   # no batch dim
+]
+
+
+@pytest.mark.parametrize("make,shape,fkw", CONVT_MODULES)
+def test_conv_transpose_module_matches_eager(make, shape, fkw):
+    from ortmod import ORTModule
+    torch.manual_seed(0)
+    eager = make().double()
+    ort = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(*shape, dtype=torch.float64)
+    xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yo = eager(xe, **fkw), ort(xo, **fkw)
+    assert yo.shape == ye.shape
+    torch.testing.assert_close(yo, ye, rtol=1e-10, atol=1e-10)
+    dy = torch.randn_like(ye)
+    ye.backward(dy)
+    yo.backward(dy)
+    torch.testing.assert_close(xo.grad, xe.grad, rtol=1e-10, atol=1e-10)
+    for (name, pe), po in zip(eager.named_parameters(), ort.parameters()):
+        torch.testing.assert_close(po.grad, pe.grad, rtol=1e-10, atol=1e-10, msg=name)
+
+
+def test_conv_transpose_module_whose_gradient_is_refused_says_why():
+    from ortmod import ORTModule, UnsupportedOpError
+    m = ORTModule(torch.nn.ConvTranspose1d(2, 3, 3, dilation=2, output_padding=1))
+    with pytest.raises(UnsupportedOpError, match="output_padding 1 exceeds pad_end 0"):
+        m(torch.randn(1, 2, 5, requires_grad=True))
 
 
 # ---- BatchNormalization ------------------------------------------------------------------

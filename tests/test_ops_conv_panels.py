@@ -5,7 +5,9 @@ those paths runs (the panel keeps its im2col matrix near 512 KiB: Cg*KS*P elemen
 
 Forward in float32 against torch; gradients in float64 against torch's autograd with the
 same output gradient (the finite-difference checks in test_ops_conv.py cover the
-attributes on small shapes; these shapes are too large for them)."""
+attributes on small shapes; these shapes are too large for them). ConvTranspose runs the same
+passes (its forward is ConvGradX's, its gradients Conv and ConvGradW): the same regimes, against
+torch in both dtypes."""
 import numpy as np
 import pytest
 import torch
@@ -89,3 +91,41 @@ def test_conv_weight_gradient_only_batched(threads):
     assert grads[0] is None
     np.testing.assert_allclose(grads[1], t["W"].grad.numpy(), rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(grads[2], t["B"].grad.numpy(), rtol=1e-9, atol=1e-9)
+
+
+# ---- ConvTranspose: ConvGradX's pass forward; Conv and ConvGradW (x and dy swapped) backward ----
+
+CONVT_CASES = [
+    # (id, x shape, w shape (C_in, C_out/group, *K), ONNX attrs, torch kwargs, bias)
+    ("images_per_panel", (16, 8, 6, 6), (8, 6, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2],
+                                                       "output_padding": [1, 1]},
+     dict(padding=1, stride=2, output_padding=1), True),
+    ("parts_of_an_image", (2, 8, 20, 20), (8, 64, 3, 3), {"pads": [1, 1, 1, 1]}, dict(padding=1), True),
+    ("batch_of_one_strided", (1, 16, 12, 12), (16, 8, 3, 3), {"strides": [2, 2]}, dict(stride=2), False),
+    ("3d_groups", (3, 4, 4, 5, 4), (4, 3, 3, 3, 3), {"group": 2, "strides": [2, 1, 2], "pads": [1, 1, 0, 1, 1, 0],
+                                                     "output_padding": [1, 0, 1]},
+     dict(groups=2, stride=(2, 1, 2), padding=(1, 1, 0), output_padding=(1, 0, 1)), True),
+    ("1d_pointwise", (7, 5, 30), (5, 6, 1), {}, {}, True),
+]
+
+TORCH_CONVT = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}
+
+
+@pytest.mark.parametrize("case", CONVT_CASES, ids=[c[0] for c in CONVT_CASES])
+def test_conv_transpose_matches_torch(case, threads):
+    _, xs, ws, attrs, kw, bias = case
+    g = attrs.get("group", 1)
+    for dt in (np.float32, np.float64):
+        inputs = {"X": RNG.standard_normal(xs).astype(dt), "W": RNG.standard_normal(ws).astype(dt)}
+        if bias:
+            inputs["B"] = RNG.standard_normal(ws[1] * g).astype(dt)
+        feeds = list(inputs.values())
+        outs, grads, dys = run(make_model("ConvTranspose", inputs, attrs), feeds, grad=[True] * len(feeds), seed=5)
+        t = {k: torch.from_numpy(v.copy()).requires_grad_() for k, v in inputs.items()}
+        y = TORCH_CONVT[len(xs)](t["X"], t["W"], t.get("B"), **kw)
+        tol = 1e-4 if dt == np.float32 else 1e-10
+        np.testing.assert_allclose(outs[0], y.detach().numpy(), rtol=tol, atol=tol)
+        y.backward(torch.from_numpy(dys[0]))
+        for name, gr in zip(inputs, grads):
+            np.testing.assert_allclose(gr, t[name].grad.numpy(), rtol=tol * 10, atol=tol * 10,
+                                       err_msg=f"{dt.__name__} gradient of {name}")

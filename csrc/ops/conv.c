@@ -1,10 +1,16 @@
 /* conv.c — convolution: Conv (1-D, 2-D and 3-D; strides, pads and auto_pad, dilations,
- * groups) and its two backward ops.
+ * groups), its two backward ops, and ConvTranspose.
  *
  * Exports:
- *   om_op_conv          Conv                         (X, W, B?) -> Y
- *   om_op_conv_grad_x   ConvGradX  (domain ortmod)   (dY, W, Shape(X)) -> dX
- *   om_op_conv_grad_w   ConvGradW  (domain ortmod)   (dY, X?, Shape(W)) -> dW, dB?
+ *   om_op_conv            Conv                         (X, W, B?) -> Y
+ *   om_op_conv_grad_x     ConvGradX  (domain ortmod)   (dY, W, Shape(X)) -> dX
+ *   om_op_conv_grad_w     ConvGradW  (domain ortmod)   (dY, X?, Shape(W)) -> dW, dB?
+ *   om_op_conv_transpose  ConvTranspose                (X, W, B?) -> Y
+ *
+ * ConvTranspose is the input gradient of a convolution (om_window_init_transposed): its
+ * forward is ConvGradX's pass with X in dY's place, and its gradients are the other two
+ * passes — dX = Conv(dY, W), dW = ConvGradW with the roles of X and dY swapped, dB the sum of
+ * dY over the batch and the spatial dims (ReduceSum).
  *
  * Every product is a BLAS GEMM in the im2col layout over a *panel*: a run of output
  * positions of the batch counted image after image (column q = n * OS + o), whole images
@@ -758,6 +764,203 @@ static om_status *conv_grad_w_cpu(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+/* ---- ConvTranspose(X, W, B?) -> Y ------------------------------------------------------- */
+
+/* The geometry of the convolution whose input gradient ConvTranspose is: its input is Y, its
+ * output X, its weight W as it is (C_in, C_out/group, *K): M = C_in, Cg = C_out / group. */
+static om_status *convt_geometry(const om_node *n, int xr, const int64_t *xd, int wr, const int64_t *wd,
+                                 conv_geom *g) {
+    if (wr != xr || xr < 3)
+        return om_error(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': X has rank %d and W rank %d (they must match, "
+                        ">= 3)", om_sp_name(n), xr, wr);
+    g->G = om_attr_int(n, "group", 1);
+    if (g->G < 1 || xd[1] != wd[0] || wd[0] % g->G)
+        return om_error(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': X has %lld channels, W is (%lld, %lld, ...) "
+                        "with group %lld: need C == W.dims[0], divisible by group", om_sp_name(n), (long long)xd[1],
+                        (long long)wd[0], (long long)wd[1], (long long)g->G);
+    OM_TRY(om_window_init_transposed(n, xr, xd, wd + 2, wd[1] * g->G, &g->w));
+    g->M = wd[0];
+    g->Cg = wd[1];
+    g->Mg = g->M / g->G;
+    g->KS = om_window_k_size(&g->w);
+    g->IS = om_window_in_size(&g->w);
+    g->OS = om_window_out_size(&g->w);
+    return NULL;
+}
+
+static om_status *convt_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0], *w = &ctx->in[1];
+    conv_geom g;
+    OM_TRY(float_in(n, x, 0, 0));
+    OM_TRY(float_in(n, w, 1, x->dtype));
+    OM_TRY(convt_geometry(n, x->rank, x->dims, w->rank, w->dims, &g));
+    if (ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED) {
+        OM_TRY(float_in(n, &ctx->in[2], 2, x->dtype));
+        if (om_tensor_numel(&ctx->in[2]) != g.w.C)
+            return om_error(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': B must have %lld elements", om_sp_name(n),
+                            (long long)g.w.C);
+    }
+    om_tensor *y = &ctx->out[0];
+    y->dtype = x->dtype;
+    y->rank = x->rank;
+    y->dims[0] = g.w.N;
+    y->dims[1] = g.w.C;
+    for (int i = 0; i < g.w.nsp; i++) y->dims[2 + i] = g.w.in[OM_SP - g.w.nsp + i];
+    return NULL;
+}
+
+/* y[n, c, :] += b[c] over rows [lo, hi) of y (N * C rows of S) */
+typedef struct bias_rows {
+    om_dtype dt;
+    char *y;
+    const char *b;
+    int64_t C, S;
+} bias_rows;
+
+static void bias_rows_range(void *ctx, int64_t lo, int64_t hi) {
+    const bias_rows *r = ctx;
+    for (int64_t row = lo; row < hi; row++) {
+        if (r->dt == OM_F32) {
+            float *restrict y = (float *)r->y + row * r->S;
+            const float bv = ((const float *)r->b)[row % r->C];
+            for (int64_t i = 0; i < r->S; i++) y[i] += bv;
+        } else {
+            double *restrict y = (double *)r->y + row * r->S;
+            const double bv = ((const double *)r->b)[row % r->C];
+            for (int64_t i = 0; i < r->S; i++) y[i] += bv;
+        }
+    }
+}
+
+// x is (N, C_in, *S), w is (C_in, C_out/G, *K), b is (C_out), y is (N, C_out, *O): ConvGradX's pass, x as dY
+static om_status *convt_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *x = &ctx->in[0], *w = &ctx->in[1];
+    om_tensor *y = &ctx->out[0];
+    OM_TRY(cpu_float(n, x, 0));
+    conv_job j = {.pass = PASS_DX, .dt = x->dtype, .w = w->data, .dy = x->data, .dx = y->data};
+    OM_TRY(convt_geometry(n, x->rank, x->dims, w->rank, w->dims, &j.g));
+    if (j.g.w.N * j.g.OS * j.g.M == 0) memset(y->data, 0, om_tensor_nbytes(y));   /* no tap reaches y */
+    else OM_TRY(conv_run(n, &j));
+    if (ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED && j.g.IS > 0) {
+        bias_rows r = {.dt = x->dtype, .y = y->data, .b = ctx->in[2].data, .C = j.g.w.C, .S = j.g.IS};
+        om_pool_for(j.g.w.N * j.g.w.C, OM_GRAIN / j.g.IS + 1, bias_rows_range, &r);
+    }
+    return NULL;
+}
+
+/* The spatial rank of ConvTranspose node n, from its attributes or the declared rank of W or
+ * X; -1 when none says. */
+static int convt_spatial_rank(const om_graph *g, const om_node *n) {
+    static const char *const one_per_dim[] = {"kernel_shape", "strides", "dilations", "output_padding"};
+    const int64_t *v;
+    for (size_t i = 0; i < sizeof one_per_dim / sizeof *one_per_dim; i++) {
+        const int k = om_attr_ints(n, one_per_dim[i], &v);
+        if (k > 0) return k;
+    }
+    const int np = om_attr_ints(n, "pads", &v);
+    if (np > 0) return np / 2;
+    for (int i = 0; i < 2; i++) {
+        const om_value *val = &g->values[n->in[i]];
+        const int r = val->constant ? val->constant->rank : val->rank_hint;
+        if (r >= 3) return r - 2;
+    }
+    return -1;
+}
+
+/* Copies ConvTranspose node `from`'s window attributes onto the last emitted node (a Conv or a
+ * ConvGradW) as that convolution's: all but output_padding, auto_pad and pads, then pads =
+ * pads (np values; none when np is 0). */
+static void convt_copy_attrs(om_grad_ctx *c, int from, const int64_t *pads, int np) {
+    const int to = om_emit_last(c);
+    if (to < 0) return;
+    for (int i = 0; i < c->g->nodes[from].n_attr; i++) {
+        const om_attr a = c->g->nodes[from].attr[i];   /* by value: setting may grow arrays */
+        if (!strcmp(a.name, "output_padding") || !strcmp(a.name, "auto_pad") || !strcmp(a.name, "pads")) continue;
+        om_status *st = NULL;
+        if (a.type == OM_ATTR_INT) st = om_node_set_int(c->g, to, a.name, a.i);
+        else if (a.type == OM_ATTR_INTS) st = om_node_set_ints(c->g, to, a.name, a.ints, a.n);
+        if (st) {
+            om_grad_fail(c, st);
+            return;
+        }
+    }
+    if (np) om_emit_attr_ints(c, "pads", pads, np);
+}
+
+/* dX = Conv(dY, W) and dW = ConvGradW(X in dY's place, dY in X's place, Shape(W)): the
+ * convolution of om_window_init_transposed, whose end pads are pad_end - output_padding. A
+ * Conv node's pads cannot be negative: where output_padding exceeds pad_end the end pad is 0,
+ * which still gives X's extent while output_padding - pad_end < stride. That always holds in
+ * torch (output_padding < stride) except where a dilation lets output_padding reach the
+ * stride; beyond it the rule refuses, naming the dim (the forward alone runs). dB = ReduceSum
+ * of dY over the batch and spatial axes (where the graph does not say the rank: over the batch,
+ * then over the flattened rest). */
+static om_status *convt_grad(om_grad_ctx *c) {
+    const om_node *n = &c->g->nodes[c->node];
+    const int x = n->in[0], w = n->in[1], has_b = n->n_in > 2 && n->in[2] >= 0;
+    const int dy = c->dy[0];
+    if (dy < 0) return NULL;
+    const int nsp = convt_spatial_rank(c->g, n);   /* known whenever pads or output_padding are given */
+    int64_t pads[2 * OM_SP] = {0};
+    int np = 0;
+    const int64_t *pd = NULL, *op = NULL, *st = NULL;
+    const int valid = !strcmp(om_attr_string(n, "auto_pad", "NOTSET"), "VALID");
+    const int known = nsp >= 1 && nsp <= OM_SP;   /* else none of pads, output_padding, strides is given */
+    const int has_pads = known && om_attr_ints(n, "pads", &pd) == 2 * nsp && !valid;
+    const int has_op = known && om_attr_ints(n, "output_padding", &op) == nsp;
+    const int has_st = known && om_attr_ints(n, "strides", &st) == nsp;
+    if (has_pads || has_op) {
+        np = 2 * nsp;
+        for (int i = 0; i < nsp; i++) {
+            const int64_t pe = has_pads ? pd[nsp + i] : 0, opad = has_op ? op[i] : 0, s = has_st ? st[i] : 1;
+            if (opad - pe >= s)
+                return om_grad_fail(c, om_error(OM_UNSUPPORTED_OP, "ConvTranspose node '%s': output_padding %lld "
+                                                "exceeds pad_end %lld by stride %lld or more on spatial dim %d: its "
+                                                "gradient is not implemented", om_sp_name(n), (long long)opad,
+                                                (long long)pe, (long long)s, i));
+            pads[i] = has_pads ? pd[i] : 0;
+            pads[nsp + i] = pe > opad ? pe - opad : 0;
+        }
+    }
+    if (c->need_dx[0]) {
+        int in[2] = {dy, w};
+        int v = om_emit(c, "Conv", in, 2);
+        if (v < 0) return NULL;
+        convt_copy_attrs(c, c->node, pads, np);
+        c->dx[0] = v;
+    }
+    if (c->need_dx[1]) {
+        int in[3] = {x, dy, -1}, out[1] = {-1};
+        if ((in[2] = om_emit_shape(c, w)) < 0) return NULL;
+        if (om_emit_node(c, "ConvGradW", in, 3, out, 1, NULL) < 0) return NULL;
+        convt_copy_attrs(c, c->node, pads, np);
+        c->dx[1] = out[0];
+    }
+    if (has_b && c->need_dx[2]) {
+        int v;
+        if (known) {   /* one sum over (N, *S) */
+            int64_t axes[1 + OM_SP] = {0};
+            for (int i = 0; i < nsp; i++) axes[1 + i] = 2 + i;
+            if ((v = om_emit1(c, "ReduceSum", dy)) < 0) return NULL;
+            om_emit_attr_ints(c, "axes", axes, 1 + nsp);
+        } else {   /* the rank is not known before planning: over N, then over (C, S...) flattened */
+            const int64_t axis0 = 0, axis1 = 1;
+            if ((v = om_emit1(c, "ReduceSum", dy)) < 0) return NULL;
+            om_emit_attr_ints(c, "axes", &axis0, 1);
+            om_emit_attr_int(c, "keepdims", 0);
+            if ((v = om_emit1(c, "Flatten", v)) < 0) return NULL;
+            om_emit_attr_int(c, "axis", 1);
+            if ((v = om_emit1(c, "ReduceSum", v)) < 0) return NULL;
+            om_emit_attr_ints(c, "axes", &axis1, 1);
+        }
+        om_emit_attr_int(c, "keepdims", 0);
+        c->dx[2] = v;
+    }
+    return NULL;
+}
+
 const om_op_def om_op_conv = {
     .name = "Conv", .domain = "", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 1,
     .infer = conv_infer, .grad = conv_grad, .cpu = conv_cpu, .diff_inputs = 0x7,
@@ -774,4 +977,12 @@ const om_op_def om_op_conv_grad_w = {
     .name = "ConvGradW", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 2,
     .infer = conv_grad_w_infer, .cpu = conv_grad_w_cpu,
     .attrs = OM_WINDOW_ATTRS " group:int",
+};
+
+const om_op_def om_op_conv_transpose = {
+    .name = "ConvTranspose", .domain = "", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 1,
+    .infer = convt_infer, .grad = convt_grad, .cpu = convt_cpu, .diff_inputs = 0x7,
+    /* output_shape and the SAME auto_pads are not implemented: refused by name on import */
+    .attrs = "auto_pad:string=NOTSET|VALID dilations:ints kernel_shape:ints output_padding:ints pads:ints strides:ints "
+             "group:int",
 };

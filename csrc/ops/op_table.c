@@ -96,6 +96,7 @@
     X(om_op_conv) \
     X(om_op_conv_grad_x) \
     X(om_op_conv_grad_w) \
+    X(om_op_conv_transpose) \
     /* norm.c */ \
     X(om_op_batch_norm) \
     X(om_op_batch_norm_grad) \

@@ -108,6 +108,67 @@ static inline om_status *om_window_init(const om_node *n, int xr, const int64_t 
     return NULL;
 }
 
+/* ConvTranspose's window. ConvTranspose(X, W) is the input gradient of the convolution by W
+ * of a Y-shaped input whose output is X-shaped, so the window is that convolution's:
+ * w->N and w->C are Y's batch and channels (cout), w->in Y's spatial sizes
+ *     in = (x - 1) * stride + dilation * (kernel - 1) + 1 - pad_begin - pad_end + output_padding
+ * and w->out X's. The end pad is pad_end - output_padding: the output_padding positions at
+ * Y's end are input positions of that convolution that no tap reaches inside X's extent.
+ * It may be negative: pe only says how many outputs there are, which w->out holds already
+ * (no kernel reads pe as padding). auto_pad: NOTSET or VALID (no padding); the SAME modes and
+ * output_shape are refused by ConvTranspose's attrs list. kshape: W's spatial dims. */
+static inline om_status *om_window_init_transposed(const om_node *n, int xr, const int64_t *xd, const int64_t *kshape,
+                                                   int64_t cout, om_window *w) {
+    memset(w, 0, sizeof *w);
+    const char *op = n->op ? n->op->name : "?";
+    const int nsp = xr - 2;
+    if (nsp < 1 || nsp > OM_SP)
+        return om_error(OM_UNSUPPORTED_OP, "%s node '%s': input rank %d (only 1-D, 2-D and 3-D windows: rank 3..5)",
+                        op, om_sp_name(n), xr);
+    w->nsp = nsp;
+    w->N = xd[0];
+    w->C = cout;
+    const int64_t *ks = NULL, *st = NULL, *dl = NULL, *pd = NULL, *op_ = NULL;
+    const int nk = om_attr_ints(n, "kernel_shape", &ks), ns = om_attr_ints(n, "strides", &st);
+    const int nd = om_attr_ints(n, "dilations", &dl), np = om_attr_ints(n, "pads", &pd);
+    const int no = om_attr_ints(n, "output_padding", &op_);
+    if ((nk >= 0 && nk != nsp) || (ns >= 0 && ns != nsp) || (nd >= 0 && nd != nsp) || (no >= 0 && no != nsp) ||
+        (np >= 0 && np != 2 * nsp))
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': kernel_shape/strides/dilations/output_padding need %d "
+                        "values and pads %d", op, om_sp_name(n), nsp, 2 * nsp);
+    const int valid = strcmp(om_attr_string(n, "auto_pad", "NOTSET"), "VALID") == 0;
+    const int off = OM_SP - nsp;
+    for (int i = 0; i < OM_SP; i++) w->in[i] = w->out[i] = w->k[i] = w->s[i] = w->d[i] = 1;
+    for (int i = 0; i < nsp; i++) {
+        const int c = off + i;
+        if (nk >= 0 && ks[i] != kshape[i])
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': kernel_shape[%d] is %lld but W's is %lld", op,
+                            om_sp_name(n), i, (long long)ks[i], (long long)kshape[i]);
+        w->k[c] = kshape[i];
+        w->s[c] = ns >= 0 ? st[i] : 1;
+        w->d[c] = nd >= 0 ? dl[i] : 1;
+        if (w->k[c] < 1 || w->s[c] < 1 || w->d[c] < 1)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': kernel, strides and dilations must be >= 1",
+                            op, om_sp_name(n));
+        const int64_t pb = np >= 0 && !valid ? pd[i] : 0, pe = np >= 0 && !valid ? pd[nsp + i] : 0;
+        const int64_t opad = no >= 0 ? op_[i] : 0;
+        if (pb < 0 || pe < 0 || opad < 0)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': negative pads or output_padding", op, om_sp_name(n));
+        const int64_t x = xd[2 + i], ext = w->d[c] * (w->k[c] - 1) + 1;
+        const int64_t y = x > 0 ? (x - 1) * w->s[c] + ext - pb - pe + opad : 0;
+        if (x > 0 && y < 1)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': output size %lld on spatial dim %d (input %lld, "
+                            "stride %lld, kernel extent %lld, pads %lld + %lld, output_padding %lld)", op,
+                            om_sp_name(n), (long long)y, i, (long long)x, (long long)w->s[c], (long long)ext,
+                            (long long)pb, (long long)pe, (long long)opad);
+        w->in[c] = y;
+        w->out[c] = x;
+        w->pb[c] = pb;
+        w->pe[c] = pe - opad;
+    }
+    return NULL;
+}
+
 /* Output dims (N, M, out...) into t (dtype dt). */
 static inline void om_window_out_shape(const om_window *w, int64_t M, om_dtype dt, om_tensor *t) {
     t->dtype = dt;

@@ -26,9 +26,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # The fast subset (tests/test_conformance.py): diverse module classes that pass, one sample
 # each, float32 training. Chosen from a full run; none of them is a known mismatch.
 FAST = [
-    "nn.Linear", "nn.Conv1d", "nn.Conv2d", "nn.LazyConv2d", "nn.BatchNorm2d", "nn.MaxPool1d",
-    "nn.MaxPool3d", "nn.LayerNorm", "nn.Embedding", "nn.GELU", "nn.Mish", "nn.GLU", "nn.Softplus",
-    "nn.LogSoftmax", "nn.CrossEntropyLoss", "nn.NLLLoss", "nn.KLDivLoss", "nn.BCEWithLogitsLoss",
+    "nn.Linear", "nn.Conv1d", "nn.Conv2d", "nn.LazyConv2d", "nn.ConvTranspose2d", "nn.BatchNorm2d",
+    "nn.MaxPool1d", "nn.MaxPool3d", "nn.LayerNorm", "nn.Embedding", "nn.GELU", "nn.Mish", "nn.GLU",
+    "nn.Softplus", "nn.LogSoftmax", "nn.CrossEntropyLoss", "nn.NLLLoss", "nn.KLDivLoss", "nn.BCEWithLogitsLoss",
     "nn.GaussianNLLLoss", "nn.LSTM", "nn.GRUCell", "nn.MultiheadAttention", "nn.Transformer",
     "nn.ReflectionPad2d", "nn.ReplicationPad3d",
 ]

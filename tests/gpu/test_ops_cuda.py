@@ -220,6 +220,16 @@ NEW_CASES = [
      ("x", "w", "b"), 1, (), LOOSE),
     ("conv-bias-grad-only", "Conv", {"x": f32(2, 3, 6, 6), "w": f32(4, 3, 3, 3), "b": f32(4)}, None, ("x", "b"), 1,
      ("w",), LOOSE),
+    # ConvTranspose: ConvGradX's pass with x as dy (col2im adds the bias), grads through Conv, ConvGradW
+    # (x and dy swapped) and ReduceSum
+    ("convt2d-strides-outpad-groups-bias", "ConvTranspose", {"x": f32(2, 4, 5, 4), "w": f32(4, 3, 3, 3), "b": f32(6)},
+     {"strides": [2, 2], "pads": [1, 0, 1, 1], "output_padding": [1, 0], "group": 2}, ("x", "w", "b"), 1, (), LOOSE),
+    ("convt1d-dilation", "ConvTranspose", {"x": f32(3, 2, 7), "w": f32(2, 5, 3)}, {"dilations": [2], "pads": [1, 2]},
+     ("x", "w"), 1, (), LOOSE),
+    ("convt3d-bias", "ConvTranspose", {"x": f32(1, 2, 3, 4, 3), "w": f32(2, 3, 2, 3, 2), "b": f32(3)},
+     {"strides": [1, 2, 1], "pads": [0, 1, 0, 0, 1, 0]}, ("x", "w", "b"), 1, (), LOOSE),
+    ("convt2d-1x1-bias", "ConvTranspose", {"x": f32(2, 3, 4, 5), "w": f32(3, 4, 1, 1), "b": f32(4)}, None,
+     ("x", "w", "b"), 1, (), LOOSE),
     # BatchNormalization: training (batch statistics, running stats), inference
     ("bn-train-4d", "BatchNormalization",
      {"x": f32(4, 3, 5, 6) * 2 + 0.5, "s": f32(3), "b": f32(3), "m": f32(3), "v": pos(3)},
@@ -322,6 +332,7 @@ def test_new_op_matches_cpu(op, inputs, attrs, grad, n_out, const, tol):
 
 # float64 takes the double kernels and cuBLAS's D GEMMs: agreement to fp64 rounding
 F64_CASES = [c for c in NEW_CASES if c[0] in ("conv2d-groups-dilation-same", "conv2d-pads-strides-bias", "bn-train-4d",
+                                              "convt2d-strides-outpad-groups-bias",
                                               "avgpool2d-include-pad-ceil", "einsum-attn-scores", "cumsum-rows",
                                               "pad-reflect", "scatter-elements-add", "lstm-bidirectional",
                                               "gru-bidirectional-no-lbr")]
