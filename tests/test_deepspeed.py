@@ -151,17 +151,19 @@ def test_ortmodule_under_deepspeed_accumulates_gradients(stage):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_ortmodule_with_fp16_optimizer_under_deepspeed(stage):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_ortmodule_with_fp16_optimizer_under_deepspeed(stage, dtype):
     # the whole user recipe: initialize(model=ORTModule(model)), then FP16_Optimizer(optimizer)
-    eager = _train(stage, "fp32", clip=0.1)
+    eager = _train(stage, dtype, clip=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)       # nothing left unpatched
-        ort = _train(stage, "fp32", clip=0.1, ort=True, wrap=True)
+        ort = _train(stage, dtype, clip=0.1, ort=True, wrap=True)
     counts = ort["optimizer"]._ortmod_fused_calls
     assert counts["norm"] == STEPS and counts["clip"] > 0, dict(counts)
     assert _engine_ran_everything(ort["engine"].module)
-    torch.testing.assert_close(torch.tensor(ort["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=0)
-    assert dsutil.rel(ort["params"], eager["params"]) < 1e-5
+    tol = 1e-5 if dtype == "fp32" else 2e-2      # bf16: eager and the engine round at other places
+    torch.testing.assert_close(torch.tensor(ort["losses"]), torch.tensor(eager["losses"]), rtol=tol, atol=0)
+    assert dsutil.rel(ort["params"], eager["params"]) < tol
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
