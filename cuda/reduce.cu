@@ -63,6 +63,10 @@ template <> __device__ __forceinline__ int64_t red_init<int64_t, RED_MIN>() { re
 template <> __device__ __forceinline__ int32_t red_init<int32_t, RED_MAX>() { return INT32_MIN; }
 template <> __device__ __forceinline__ int32_t red_init<int32_t, RED_MIN>() { return INT32_MAX; }
 
+template <typename A> __device__ __forceinline__ A quiet_nan() { return (A)NAN; }
+template <> __device__ __forceinline__ int64_t quiet_nan<int64_t>() { return 0; }   // (integers have no NaN)
+template <> __device__ __forceinline__ int32_t quiet_nan<int32_t>() { return 0; }
+
 template <typename A, int KIND> __device__ __forceinline__ A red_step(A acc, A v) {
     switch (KIND) {
     case RED_MAX: return (v != v || v > acc) ? v : acc;
@@ -92,8 +96,15 @@ __global__ void reduce_block_kernel(T *y, const T *x, red_geom g, double scale) 
         R acc = red_init<R, KIND>();
         for (int64_t r = threadIdx.x; r < g.n_red; r += blockDim.x)
             acc = red_step<R, KIND>(acc, (R)ld(x[base + walk_off(g.red, r)]));
-        if (KIND == RED_MAX) acc = block_max(acc);
-        else if (KIND == RED_MIN) acc = -block_max(-acc);
+        if (KIND == RED_MAX || KIND == RED_MIN) {
+            // block_max compares, and a comparison with NaN is false: a NaN would be lost between
+            // threads (the CPU and torch propagate it), so NaNs are counted on their own
+            const int nan = acc != acc;
+            R v = nan ? red_init<R, RED_MAX>() : KIND == RED_MAX ? acc : -acc;
+            v = block_max(v);
+            acc = KIND == RED_MAX ? v : -v;
+            if (block_sum((R)nan) > 0) acc = quiet_nan<R>();
+        }
         else if (KIND == RED_PROD) {   // rare: finish serially through shared memory
             __shared__ R sh[1024];
             sh[threadIdx.x] = acc;
