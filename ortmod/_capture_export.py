@@ -747,7 +747,31 @@ def _check_cumsum(node):
     return None
 
 
+def _check_vector_norm(node):
+    ord_ = node.args[1] if len(node.args) > 1 else node.kwargs.get("ord", 2)
+    dtype = node.kwargs.get("dtype")
+    if ord_ not in (1, 2, 1.0, 2.0):
+        return f"vector_norm(ord={ord_}): only ord 1 and 2 (ReduceL1, ReduceL2) are reviewed on this path"
+    if dtype is not None:
+        return "vector_norm(dtype=...) is not reviewed on this path"
+    return None
+
+
+def _check_clamp_min(node):
+    # torchlib: a number or a 0-d bound gives Clip (torch.clamp's rule); a larger bound gives Max,
+    # whose gradient at ties is not clamp_min's
+    if node.target is torch.ops.aten.clamp_min.default:
+        return None
+    bound = node.args[1] if len(node.args) > 1 else None
+    val = bound.meta.get("val") if isinstance(bound, torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dim() == 0:
+        return None
+    return "clamp_min with a tensor bound translates to Max, whose gradient at ties is not clamp_min's"
+
+
 _CHECKS = {
+    "aten::linalg_vector_norm": _check_vector_norm,
+    "aten::clamp_min": _check_clamp_min,
     "aten::cumsum": _check_cumsum,
     "aten::pad": _check_pad,
     "aten::cross_entropy_loss": _check_cross_entropy,
@@ -825,4 +849,6 @@ REVIEWED = frozenset({
     "aten::_log_softmax", "aten::cross_entropy_loss", "aten::embedding", "aten::index.Tensor",
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
+    # norms (ReduceL1/L2, ReduceLogSumExp; clamp_min is Clip)
+    "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
 })

@@ -126,6 +126,8 @@ def check(op, inputs, dt, attrs=None, domain="", grad=(), const=(), n_outputs=1,
                 torch.testing.assert_close(b, a, rtol=rtol * scale, atol=atol * scale, msg=f"{op} {dt} grad {i}")
 
 
+_R14 = np.random.default_rng(14)   # the norms' own draws: the other cases' stay as they were
+
 CASES = [
     # GEMMs (fp32 accumulation), the batch-reduced gradient of a broadcast operand included
     ("MatMul", {"a": f32(3, 4, 16), "b": f32(16, 6)}, None, "", ("a", "b"), (), 2),
@@ -156,6 +158,14 @@ CASES = [
     ("SimplifiedLayerNormalization", {"x": f32(6, 64), "s": f32(64)}, None, "ortmod", ("x", "s"), (), 2),
     ("ReduceSum", {"x": f32(3, 40, 5), "axes": np.array([1], np.int64)}, None, "", ("x",), ("axes",), 2),
     ("ReduceMean", {"x": f32(3, 4, 50), "axes": np.array([0, 2], np.int64)}, {"keepdims": 0}, "", ("x",), ("axes",), 1),
+    ("ReduceL2", {"x": _R14.standard_normal((3, 40, 5)).astype(np.float32), "axes": np.array([1], np.int64)}, None,
+     "", ("x",), ("axes",), 2),
+    ("ReduceL1", {"x": _R14.standard_normal((3, 200)).astype(np.float32), "axes": np.array([1], np.int64)}, None,
+     "", ("x",), ("axes",), 2),
+    ("ReduceLogSumExp", {"x": _R14.standard_normal((3, 300)).astype(np.float32) * 4, "axes": np.array([1], np.int64)},
+     {"keepdims": 0}, "", ("x",), ("axes",), 2),
+    ("ReduceLogSumExp", {"x": _R14.standard_normal((3, 4, 5)).astype(np.float32), "axes": np.array([0], np.int64)},
+     None, "", ("x",), ("axes",), 1),
     # data movement
     ("Transpose", {"x": f32(2, 3, 4)}, {"perm": [2, 0, 1]}, "", ("x",), (), 1),
     ("Concat", {"a": f32(2, 3), "b": f32(2, 5)}, {"axis": 1}, "", ("a", "b"), (), 1),

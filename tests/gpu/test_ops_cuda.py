@@ -130,6 +130,22 @@ CASES = [
     # a NaN in a long row: the block reduction keeps it (it dropped it before issue 14)
     ("ReduceMax", {"x": np.where(np.arange(400) == 123, np.nan, f32b(2, 400))}, None, "", ()),
     ("ReduceMin", {"x": np.where(np.arange(300) == 7, np.nan, f32b(2, 300))}, {"keepdims": 0}, "", ()),
+    # L1/L2/SumSquare/LogSumExp: a thread per output (leading or mixed axes), a block per output
+    # (a long innermost axis), zero norms and non-finite values
+    ("ReduceL1", {"x": f32b(3, 4, 5), "axes": np.array([1], np.int64)}, None, "", ("x",)),
+    ("ReduceL2", {"x": f32b(3, 4, 5), "axes": np.array([0, 2], np.int64)}, {"keepdims": 0}, "", ("x",)),
+    ("ReduceL2", {"x": f32b(3, 400)}, None, "", ("x",)),
+    ("ReduceL2", {"x": np.array([[0.0, 0.0, 0.0], [3.0, -4.0, 0.0], [np.inf, 1.0, 2.0], [np.nan, 1.0, 0.0]],
+                                np.float32), "axes": np.array([-1], np.int64)}, None, "", ("x",)),
+    ("ReduceL1", {"x": np.array([[0.0, -0.0, 2.0], [np.nan, 1.0, -1.0]], np.float32),
+                  "axes": np.array([1], np.int64)}, {"keepdims": 0}, "", ("x",)),
+    ("ReduceSumSquare", {"x": f32b(3, 4, 5), "axes": np.array([2], np.int64)}, {"keepdims": 0}, "", ("x",)),
+    ("ReduceLogSumExp", {"x": f32b(3, 4, 5) * 10, "axes": np.array([0], np.int64)}, None, "", ("x",)),
+    ("ReduceLogSumExp", {"x": f32b(3, 400) * 30}, {"keepdims": 0}, "", ("x",)),
+    ("ReduceLogSumExp", {"x": np.array([[-np.inf, -np.inf, -np.inf], [np.inf, 1.0, -np.inf], [np.nan, 1.0, 2.0],
+                                        [1e30, 1e30, -1e30]], np.float32), "axes": np.array([1], np.int64)},
+     None, "", ("x",)),
+    ("ReduceLogSumExp", {"x": np.where(np.arange(400) == 123, np.nan, f32b(2, 400))}, None, "", ()),
     ("ArgMax", {"x": np.round(f32(3, 7, 5))}, {"axis": 1, "keepdims": 0}, "", ()),
     ("ArgMin", {"x": np.round(f32(3, 7, 5))}, {"axis": -1, "select_last_index": 1}, "", ()),
     ("ArgMax", {"x": np.array([[1.0, np.nan, 3.0, np.nan], [2.0, 2.0, -1.0, 0.0]], np.float32)}, None, "", ()),
