@@ -77,6 +77,9 @@
     X(om_op_reduce_min_max_grad) \
     X(om_op_arg_max) \
     X(om_op_arg_min) \
+    /* topk.c */ \
+    X(om_op_topk) \
+    X(om_op_sort) \
     /* shape.c */ \
     X(om_op_shape) \
     X(om_op_size) \

@@ -110,13 +110,14 @@ def run_pair(op, inputs, dt, attrs=None, domain="", grad=(), const=(), n_outputs
     return outs_cpu, outs_gpu, grads_cpu, grads_gpu
 
 
-def check(op, inputs, dt, attrs=None, domain="", grad=(), const=(), n_outputs=1, scale=1.0):
+def check(op, inputs, dt, attrs=None, domain="", grad=(), const=(), n_outputs=1, scale=1.0, equal_nan=False):
     rtol, atol = TOL[dt]
     oc, og, gc, gg = run_pair(op, inputs, dt, attrs, domain, grad, const, n_outputs)
     for i, (a, b) in enumerate(zip(oc, og)):
         assert a.shape == b.shape, f"{op} output {i}: {tuple(a.shape)} vs {tuple(b.shape)}"
         if a.is_floating_point():
-            torch.testing.assert_close(b, a, rtol=rtol * scale, atol=atol * scale, msg=f"{op} {dt} output {i}")
+            torch.testing.assert_close(b, a, rtol=rtol * scale, atol=atol * scale, equal_nan=equal_nan,
+                                       msg=f"{op} {dt} output {i}")
         else:
             assert torch.equal(a, b), f"{op} {dt} output {i}"
     if gc is not None:

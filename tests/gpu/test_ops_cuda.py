@@ -340,6 +340,43 @@ NEW_CASES = [
 ]
 
 
+def _ties(*shape, levels=4):
+    """Small integers (exact in fp16/bf16 too): rows full of ties."""
+    return R14.integers(0, levels, shape).astype(np.float32)
+
+
+def _ties_nan(*shape):
+    x = _ties(*shape)
+    x.reshape(-1)[::7] = np.nan
+    x.reshape(-1)[3::11] = -0.0
+    return x
+
+
+# TopK / Sort: the indices must be the CPU's exactly, ties and NaN included (cuda/sort.cu replays
+# the CPU's order). (name, op, inputs, attrs, domain, grad, n_outputs, const)
+SELECT_CASES = [
+    ("topk-largest-sorted", "TopK", {"x": _ties_nan(4, 37), "k": np.array([5], np.int64)}, {"axis": 1}, "", ("x",), 2,
+     ("k",)),
+    ("topk-partial-sort-path", "TopK", {"x": _ties(3, 300), "k": np.array([4], np.int64)}, {"axis": -1}, "", ("x",),
+     2, ("k",)),
+    ("topk-smallest-unsorted-axis0", "TopK", {"x": _ties_nan(20, 3, 2), "k": np.array([7], np.int64)},
+     {"axis": 0, "largest": 0, "sorted": 0}, "", ("x",), 2, ("k",)),
+    ("topk-all", "TopK", {"x": f32b(5, 9), "k": np.array([9], np.int64)}, {"axis": 1, "largest": 1}, "", ("x",), 2,
+     ("k",)),
+    ("topk-int64", "TopK", {"x": R14.integers(-3, 3, (4, 30)), "k": np.array([6], np.int64)}, None, "", (), 2,
+     ("k",)),
+    ("sort-descending", "Sort", {"x": _ties_nan(3, 50)}, {"axis": -1, "descending": 1}, "ortmod", ("x",), 2, ()),
+    ("sort-ascending-axis1", "Sort", {"x": _ties(2, 40, 3)}, {"axis": 1}, "ortmod", ("x",), 2, ()),
+    ("sort-stable", "Sort", {"x": _ties_nan(3, 70)}, {"axis": 1, "stable": 1}, "ortmod", ("x",), 2, ()),
+]
+
+
+@pytest.mark.parametrize("op,inputs,attrs,domain,grad,n_out,const", [c[1:] for c in SELECT_CASES],
+                         ids=[c[0] for c in SELECT_CASES])
+def test_select_op_matches_cpu(op, inputs, attrs, domain, grad, n_out, const):
+    check(op, inputs, attrs, domain, grad, n_outputs=n_out, const_inputs=const)
+
+
 @pytest.mark.parametrize("op,inputs,attrs,grad,n_out,const,tol", [c[1:] for c in NEW_CASES],
                          ids=[c[0] for c in NEW_CASES])
 def test_new_op_matches_cpu(op, inputs, attrs, grad, n_out, const, tol):
