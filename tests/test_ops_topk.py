@@ -60,6 +60,25 @@ def test_topk_indices_are_eagers_on_rows_of_ties(dtype, largest, sorted_):
         assert_same_values(v, ev.numpy())
 
 
+def test_tie_order_matches_eager_on_random_rows():
+    # the replay of libstdc++'s steps against eager on many row lengths (introsort's depth
+    # limit, the 16-element insertion sort, heap select and nth_element's small-range end)
+    rng = np.random.default_rng(1414)
+    for trial in range(40):
+        n = int(rng.integers(1, 400 if trial % 4 else 3000))
+        x = rng.integers(0, int(rng.integers(1, 6)), (30, n)).astype(np.float32)
+        x[rng.random(x.shape) < 0.05] = np.nan
+        t = torch.from_numpy(x)
+        k = int(rng.integers(1, n + 1)) if trial % 3 else max(1, n // 64)
+        largest, sorted_ = int(trial % 2), int(trial % 5 != 0)
+        (_, i), _, _ = run(topk_model(x, k, axis=1, largest=largest, sorted=sorted_), [x])
+        want = torch.topk(t, k, dim=1, largest=bool(largest), sorted=bool(sorted_))[1].numpy()
+        np.testing.assert_array_equal(i, want, err_msg=f"topk n={n} k={k} largest={largest} sorted={sorted_}")
+        (_, i), _, _ = run(sort_model(x, axis=1, descending=largest), [x])
+        np.testing.assert_array_equal(i, torch.sort(t, dim=1, descending=bool(largest))[1].numpy(),
+                                      err_msg=f"sort n={n}")
+
+
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_topk_along_any_axis(axis):
     x = ties(9, 7, 5, levels=3, nan=True)
