@@ -1,6 +1,6 @@
-// reduce.cu — reductions over a set of axes (ReduceSum/Mean/Max/Min/Prod, and SumToShape and
-// the bias gradients through omc_reduce), their gradients ReduceGrad / ReduceMinMaxGrad, and
-// ArgMax / ArgMin.
+// reduce.cu — reductions over a set of axes (ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/
+// LogSumExp, and SumToShape and the bias gradients through omc_reduce), their gradients
+// ReduceGrad / ReduceMinMaxGrad / ReduceValueGrad, and ArgMax / ArgMin.
 //
 // A reduction is split, on the host, into kept dims (the output, in order) and reduced dims,
 // each with x's strides, size-1 dims dropped and neighbours merged. One thread per output
@@ -10,7 +10,7 @@
 
 #include "common.cuh"
 
-enum { RED_SUM = 0, RED_MEAN, RED_MAX, RED_MIN, RED_PROD };
+enum { RED_SUM = 0, RED_MEAN, RED_MAX, RED_MIN, RED_PROD, RED_L1, RED_L2, RED_SUMSQ };
 
 struct walk {          // an odometer over some of x's dims
     int n;
@@ -63,11 +63,17 @@ template <> __device__ __forceinline__ int64_t red_init<int64_t, RED_MIN>() { re
 template <> __device__ __forceinline__ int32_t red_init<int32_t, RED_MAX>() { return INT32_MIN; }
 template <> __device__ __forceinline__ int32_t red_init<int32_t, RED_MIN>() { return INT32_MAX; }
 
+template <typename A> __device__ __forceinline__ A quiet_nan() { return (A)NAN; }
+template <> __device__ __forceinline__ int64_t quiet_nan<int64_t>() { return 0; }   // (integers have no NaN)
+template <> __device__ __forceinline__ int32_t quiet_nan<int32_t>() { return 0; }
+
 template <typename A, int KIND> __device__ __forceinline__ A red_step(A acc, A v) {
     switch (KIND) {
     case RED_MAX: return (v != v || v > acc) ? v : acc;
     case RED_MIN: return (v != v || v < acc) ? v : acc;
     case RED_PROD: return acc * v;
+    case RED_L1: return acc + (v < 0 ? -v : v);   // keeps NaN
+    case RED_L2: case RED_SUMSQ: return acc + v * v;
     default: return acc + v;
     }
 }
@@ -80,6 +86,7 @@ __global__ void reduce_thread_kernel(T *y, const T *x, red_geom g, double scale)
         R acc = red_init<R, KIND>();
         for (int64_t r = 0; r < g.n_red; r++) acc = red_step<R, KIND>(acc, (R)ld(x[base + walk_off(g.red, r)]));
         if (KIND == RED_MEAN) acc = (R)(acc * (R)scale);
+        if (KIND == RED_L2) acc = (R)sqrt(acc);
         y[o] = st<T>(acc);
     }
 }
@@ -92,8 +99,15 @@ __global__ void reduce_block_kernel(T *y, const T *x, red_geom g, double scale) 
         R acc = red_init<R, KIND>();
         for (int64_t r = threadIdx.x; r < g.n_red; r += blockDim.x)
             acc = red_step<R, KIND>(acc, (R)ld(x[base + walk_off(g.red, r)]));
-        if (KIND == RED_MAX) acc = block_max(acc);
-        else if (KIND == RED_MIN) acc = -block_max(-acc);
+        if (KIND == RED_MAX || KIND == RED_MIN) {
+            // block_max compares, and a comparison with NaN is false: a NaN would be lost between
+            // threads (the CPU and torch propagate it), so NaNs are counted on their own
+            const int nan = acc != acc;
+            R v = nan ? red_init<R, RED_MAX>() : KIND == RED_MAX ? acc : -acc;
+            v = block_max(v);
+            acc = KIND == RED_MAX ? v : -v;
+            if (block_sum((R)nan) > 0) acc = quiet_nan<R>();
+        }
         else if (KIND == RED_PROD) {   // rare: finish serially through shared memory
             __shared__ R sh[1024];
             sh[threadIdx.x] = acc;
@@ -104,6 +118,7 @@ __global__ void reduce_block_kernel(T *y, const T *x, red_geom g, double scale) 
         } else acc = block_sum(acc);
         if (threadIdx.x == 0) {
             if (KIND == RED_MEAN) acc = (R)(acc * (R)scale);
+            if (KIND == RED_L2) acc = (R)sqrt(acc);
             y[o] = st<T>(acc);
         }
     }
@@ -203,6 +218,9 @@ om_status *omc_reduce(const om_kernel_ctx *ctx, const om_cuda_exec *x, int kind,
     case RED_MEAN: reduce_launch<T, R, RED_MEAN>(g, (T *)dst, (const T *)src, scale, s); break; \
     case RED_MAX: reduce_launch<T, R, RED_MAX>(g, (T *)dst, (const T *)src, scale, s); break;   \
     case RED_MIN: reduce_launch<T, R, RED_MIN>(g, (T *)dst, (const T *)src, scale, s); break;   \
+    case RED_L1: reduce_launch<T, R, RED_L1>(g, (T *)dst, (const T *)src, scale, s); break;     \
+    case RED_L2: reduce_launch<T, R, RED_L2>(g, (T *)dst, (const T *)src, scale, s); break;     \
+    case RED_SUMSQ: reduce_launch<T, R, RED_SUMSQ>(g, (T *)dst, (const T *)src, scale, s); break; \
     default: reduce_launch<T, R, RED_PROD>(g, (T *)dst, (const T *)src, scale, s); break;       \
     }
     switch (in->dtype) {
@@ -262,6 +280,81 @@ static om_status *reduce_mean_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
 static om_status *reduce_max_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MAX); }
 static om_status *reduce_min_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MIN); }
 static om_status *reduce_prod_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_PROD); }
+// L1, L2, SumSquare: float dtypes, summed in fp32 (fp64 for fp64) as reduce.c and torch's norms
+static om_status *reduce_float_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int kind) {
+    om_dtype dt = ctx->in[0].dtype;
+    if (dt != OM_F32 && dt != OM_F64 && dt != OM_F16 && dt != OM_BF16) return omc_err_dtype(ctx, 0, dt);
+    return reduce_run(ctx, x, kind);
+}
+static om_status *reduce_l1_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_float_run(ctx, x, RED_L1); }
+static om_status *reduce_l2_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_float_run(ctx, x, RED_L2); }
+static om_status *reduce_sum_square_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    return reduce_float_run(ctx, x, RED_SUMSQ);
+}
+
+// ReduceLogSumExp as reduce.c (torch.logsumexp): m = max (NaN wins), an infinite m taken as 0,
+// then log(sum exp(x - m)) + m. One thread per output, or one block per output when the
+// innermost axis is reduced; two passes over the reduced set either way.
+template <typename A> __device__ __forceinline__ A lse_shift(A m) { return isinf(m) ? (A)0 : m; }
+
+template <typename T>
+__global__ void lse_thread_kernel(T *y, const T *x, red_geom g) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(o, g.n_out) {
+        int64_t base = walk_off(g.kept, o);
+        A m = -INFINITY;
+        for (int64_t r = 0; r < g.n_red; r++) m = red_step<A, RED_MAX>(m, ld(x[base + walk_off(g.red, r)]));
+        m = lse_shift(m);
+        A s = 0;
+        for (int64_t r = 0; r < g.n_red; r++) s += exp(ld(x[base + walk_off(g.red, r)]) - m);
+        y[o] = st<T>((A)(log(s) + m));
+    }
+}
+
+template <typename T>
+__global__ void lse_block_kernel(T *y, const T *x, red_geom g) {
+    typedef typename acc<T>::t A;
+    for (int64_t o = blockIdx.x; o < g.n_out; o += gridDim.x) {
+        int64_t base = walk_off(g.kept, o);
+        A m = -INFINITY;
+        for (int64_t r = threadIdx.x; r < g.n_red; r += blockDim.x)
+            m = red_step<A, RED_MAX>(m, ld(x[base + walk_off(g.red, r)]));
+        // block_max drops NaN through its comparisons: count NaNs separately
+        const int nan = m != m;
+        m = block_max(nan ? (A)-INFINITY : m);
+        m = block_sum((A)nan) > 0 ? quiet_nan<A>() : lse_shift(m);
+        A s = 0;
+        for (int64_t r = threadIdx.x; r < g.n_red; r += blockDim.x) s += exp(ld(x[base + walk_off(g.red, r)]) - m);
+        s = block_sum(s);
+        if (threadIdx.x == 0) y[o] = st<T>((A)(log(s) + m));
+        __syncthreads();
+    }
+}
+
+static om_status *reduce_log_sum_exp_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *in = &ctx->in[0];
+    uint8_t red[OM_MAX_RANK];
+    OMC_TRY(reduce_mask(ctx, x, 1, in->rank, red));
+    red_geom g;
+    red_geometry(in->rank, in->dims, red, &g);
+    if (g.n_out == 0) return NULL;
+    if (numel(in) == 0) g.n_red = 0;   // log(0) + 0 = -inf, as torch
+    const int row = g.red.n > 0 && g.red.str[g.red.n - 1] == 1 && g.n_red >= 64;
+    const unsigned blocks = (unsigned)(g.n_out < 65535 * 8 ? g.n_out : 65535 * 8);
+    switch (in->dtype) {
+#define LSE_LAUNCH(T)                                                                                     \
+    if (row) lse_block_kernel<T><<<blocks, 256, 0, stream_of(x)>>>((T *)ctx->out[0].data, (const T *)in->data, g); \
+    else lse_thread_kernel<T><<<grid_for(g.n_out), OMC_THREADS, 0, stream_of(x)>>>((T *)ctx->out[0].data, (const T *)in->data, g); \
+    break;
+    case OM_F32: LSE_LAUNCH(float)
+    case OM_F64: LSE_LAUNCH(double)
+    case OM_F16: LSE_LAUNCH(__half)
+    case OM_BF16: LSE_LAUNCH(__nv_bfloat16)
+#undef LSE_LAUNCH
+    default: return omc_err_dtype(ctx, 0, in->dtype);
+    }
+    return omc_launched(ctx);
+}
 
 // ---- ReduceGrad(dy, Shape(x), axes?): dx = broadcast(dy) (* 1/n for a mean) ---------------------
 
@@ -342,6 +435,47 @@ static om_status *reduce_min_max_grad_cuda(const om_kernel_ctx *ctx, const om_cu
     return omc_launched(ctx);
 }
 
+// ReduceValueGrad(dy, Shape(x), x, y, axes?; reduction): the gradients of L1, L2, SumSquare and
+// LogSumExp, with reduce.c's formulas (torch's). One thread per dx element; dy and y are read
+// through the walk that gives the output offset of an element of x.
+enum { VG_L1, VG_L2, VG_SUMSQ, VG_LSE };
+
+template <typename T>
+__global__ void value_grad_kernel(T *dx, const T *dy, const T *x_, const T *y_, walk w, int64_t n, int kind) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(i, n) {
+        const int64_t o = walk_off(w, i);
+        const A xv = ld(x_[i]), yv = ld(y_[o]), g = ld(dy[o]);
+        A d;
+        switch (kind) {
+        case VG_L1: d = (xv > 0 ? (A)1 : xv < 0 ? (A)-1 : (A)0) * g; break;
+        case VG_L2: d = g * (yv == 0 ? (A)0 : xv / yv); break;
+        case VG_SUMSQ: d = g * (xv + xv); break;
+        default: d = g * exp(xv - yv); break;
+        }
+        dx[i] = st<T>(d);
+    }
+}
+
+static om_status *reduce_value_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *dx = &ctx->out[0];
+    uint8_t red[OM_MAX_RANK];
+    OMC_TRY(reduce_mask(ctx, x, 4, dx->rank, red));
+    const char *r = attr_s(ctx, "reduction", "");
+    int kind = !strcmp(r, "ReduceL1") ? VG_L1 : !strcmp(r, "ReduceL2") ? VG_L2 : !strcmp(r, "ReduceSumSquare") ? VG_SUMSQ
+               : !strcmp(r, "ReduceLogSumExp") ? VG_LSE : -1;
+    if (kind < 0) return omc_err_unsupported(ctx, "this reduction");
+    int64_t n = numel(dx);
+    if (!n) return NULL;
+    walk w;
+    grad_walk(dx->rank, dx->dims, red, &w);
+    OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {
+        value_grad_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
+            (T *)dx->data, (const T *)ctx->in[0].data, (const T *)ctx->in[2].data, (const T *)ctx->in[3].data, w, n, kind);
+    });
+    return omc_launched(ctx);
+}
+
 // ArgMax / ArgMin (reduce.c's rule: first extremum, last with select_last_index, NaN wins).
 // x is (outer, n, inner) around the axis, y (outer, inner) int64: one thread per output.
 template <typename A>
@@ -391,6 +525,11 @@ extern const omc_kernel_entry omc_kernels_reduce[] = {
     {"ReduceMax", "", reduce_max_cuda},
     {"ReduceMin", "", reduce_min_cuda},
     {"ReduceProd", "", reduce_prod_cuda},
+    {"ReduceL1", "", reduce_l1_cuda},
+    {"ReduceL2", "", reduce_l2_cuda},
+    {"ReduceSumSquare", "", reduce_sum_square_cuda},
+    {"ReduceLogSumExp", "", reduce_log_sum_exp_cuda},
+    {"ReduceValueGrad", "ortmod", reduce_value_grad_cuda},
     {"ReduceGrad", "ortmod", reduce_grad_cuda},
     {"ReduceMinMaxGrad", "ortmod", reduce_min_max_grad_cuda},
     {"ArgMax", "", arg_max_cuda},

@@ -235,6 +235,28 @@ def _translations():
             weights, _ = op.Dropout(weights, const(dropout_p, ir.DataType.FLOAT), const(True, ir.DataType.BOOL))
         return op.MatMul(weights, value)
 
+    # torch.sort / torch.argsort (argsort decomposes to sort): torchlib's rule gives TopK(k = the
+    # axis size), whose ties eager torch.topk orders differently from eager torch.sort, and it
+    # has none for stable=True; the engine's Sort keeps sort's own order (csrc/ops/topk.c)
+    sort_schema = onnx.defs.OpSchema(
+        "Sort", "ortmod", 1, doc="torch.sort along axis (the engine's op)",
+        inputs=[onnx.defs.OpSchema.FormalParameter("x", "T")],
+        outputs=[onnx.defs.OpSchema.FormalParameter("values", "T"),
+                 onnx.defs.OpSchema.FormalParameter("indices", "I")],
+        type_constraints=[("T", [f"tensor({t})" for t in ("float", "double", "float16", "bfloat16", "int64",
+                                                           "int32")], ""),
+                          ("I", ["tensor(int64)"], "")],
+        attributes=[onnx.defs.OpSchema.Attribute(a, onnx.defs.OpSchema.AttrType.INT, "")
+                    for a in ("axis", "descending", "stable")])
+    sort_op = onnxscript.values.Op(onnxscript.values.Opset("ortmod", 1), "Sort", sort_schema)
+
+    def sort(self: TTensor, dim: int = -1, descending: bool = False) -> Tuple[TTensor, TTensor]:
+        return sort_op(self, axis=dim, descending=int(bool(descending)), stable=0)
+
+    def sort_stable(self: TTensor, stable: Optional[bool] = None, dim: int = -1,
+                    descending: bool = False) -> Tuple[TTensor, TTensor]:
+        return sort_op(self, axis=dim, descending=int(bool(descending)), stable=int(bool(stable)))
+
     from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
 
     def const(v, dt):
@@ -279,6 +301,8 @@ def _translations():
 
     return {
         torch.ops.aten.embedding.default: embedding,
+        torch.ops.aten.sort.default: sort,
+        torch.ops.aten.sort.stable: sort_stable,
         torch.ops.aten.index.Tensor: index,
         torch.ops.aten.scaled_dot_product_attention.default: sdpa,
         torch.ops.ortmod.stop_gradient.default: stop_gradient_onnx,
@@ -747,7 +771,31 @@ def _check_cumsum(node):
     return None
 
 
+def _check_vector_norm(node):
+    ord_ = node.args[1] if len(node.args) > 1 else node.kwargs.get("ord", 2)
+    dtype = node.kwargs.get("dtype")
+    if ord_ not in (1, 2, 1.0, 2.0):
+        return f"vector_norm(ord={ord_}): only ord 1 and 2 (ReduceL1, ReduceL2) are reviewed on this path"
+    if dtype is not None:
+        return "vector_norm(dtype=...) is not reviewed on this path"
+    return None
+
+
+def _check_clamp_min(node):
+    # torchlib: a number or a 0-d bound gives Clip (torch.clamp's rule); a larger bound gives Max,
+    # whose gradient at ties is not clamp_min's
+    if node.target is torch.ops.aten.clamp_min.default:
+        return None
+    bound = node.args[1] if len(node.args) > 1 else None
+    val = bound.meta.get("val") if isinstance(bound, torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dim() == 0:
+        return None
+    return "clamp_min with a tensor bound translates to Max, whose gradient at ties is not clamp_min's"
+
+
 _CHECKS = {
+    "aten::linalg_vector_norm": _check_vector_norm,
+    "aten::clamp_min": _check_clamp_min,
     "aten::cumsum": _check_cumsum,
     "aten::pad": _check_pad,
     "aten::cross_entropy_loss": _check_cross_entropy,
@@ -825,4 +873,6 @@ REVIEWED = frozenset({
     "aten::_log_softmax", "aten::cross_entropy_loss", "aten::embedding", "aten::index.Tensor",
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
+    # selection and norms (TopK, ortmod's Sort, ReduceL1/L2, ReduceLogSumExp; clamp_min is Clip)
+    "aten::topk", "aten::sort", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
 })

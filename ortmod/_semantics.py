@@ -229,6 +229,44 @@ def _relu6_symbolic(g, x):
     return out
 
 
+def _sort_node(g, x, dim, descending, stable):
+    from torch.onnx import symbolic_helper as sh
+    dim, descending = sh._maybe_get_const(dim, "i"), sh._maybe_get_const(descending, "b")
+    stable = sh._maybe_get_const(stable, "b") if stable is not None else False
+    if sh._is_value(dim) or sh._is_value(descending) or sh._is_value(stable):
+        _refuse("torch.sort / torch.argsort with tensor arguments",
+                "ortmod keeps dim, descending and stable only as constants")
+    values, indices = g.op("ortmod::Sort", x, axis_i=int(dim), descending_i=int(bool(descending)),
+                           stable_i=int(bool(stable)), outputs=2)
+    values.setType(x.type())
+    if isinstance(x.type(), torch._C.TensorType):
+        indices.setType(x.type().with_dtype(torch.int64))
+    return values, indices
+
+
+def _sort_symbolic(g, x, *args):
+    """torch.sort as ortmod::Sort. torch's rule gives TopK(k = the axis size), whose equal values
+    eager torch.topk orders differently from eager torch.sort (nth_element + std::sort against
+    std::sort: csrc/ops/sort_order.h); Sort keeps sort's own order, and stable=True, which
+    torch's rule cannot export. aten::sort(self, dim, descending) or
+    aten::sort.stable(self, stable, dim, descending)."""
+    if len(args) == 3:
+        stable, dim, descending = args
+    else:
+        (dim, descending), stable = args[:2], None
+    return _sort_node(g, x, dim, descending, stable)
+
+
+def _argsort_symbolic(g, x, *args):
+    """torch.argsort: Sort's indices. aten::argsort(self, dim, descending) or
+    aten::argsort.stable(self, stable, dim, descending)."""
+    if len(args) == 3:
+        stable, dim, descending = args
+    else:
+        (dim, descending), stable = args[:2], None
+    return _sort_node(g, x, dim, descending, stable)[1]
+
+
 def _normalized(g, x, groups, eps, dtype):
     """(x - mean) / sqrt(var + eps) over each of ``groups`` groups of channels of every sample
     (groups 0: each channel), variance biased and two-pass, as torch's group/instance norm."""
@@ -480,6 +518,8 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             "aten::relu6": _relu6_symbolic,
             "aten::group_norm": _group_norm_symbolic,
             "aten::instance_norm": _instance_norm_symbolic,
+            "aten::sort": _sort_symbolic,
+            "aten::argsort": _argsort_symbolic,
         }
         for name, arg_op in (("aten::max", "ArgMax"), ("aten::min", "ArgMin")):
             if _torch_symbolic(registration, name, opset) is not None:

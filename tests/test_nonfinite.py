@@ -33,6 +33,13 @@ FUNCS = {
     "sum": lambda x: x.view(3, 4).sum(-1), "mean": lambda x: x.view(3, 4).mean(-1),
     "where": lambda x: torch.where(x > 0, x, -x),
     "prelu": lambda x: F.prelu(x, torch.tensor([0.25])),
+    # issue 14: ReduceL2/L1/LogSumExp, TopK and ortmod's Sort on rows with NaN, +-inf and +-0
+    "norm": lambda x: torch.linalg.vector_norm(x.view(3, 4), dim=-1),
+    "norm_1": lambda x: torch.linalg.vector_norm(x.view(3, 4), 1, dim=0),
+    "normalize": lambda x: F.normalize(x.view(3, 4), dim=-1),
+    "logsumexp": lambda x: torch.logsumexp(x.view(3, 4), -1),
+    "topk": lambda x: torch.topk(x.view(3, 4), 2, -1).values,
+    "sort": lambda x: torch.sort(x.view(3, 4), 0, descending=True).values,
 }
 
 
@@ -114,6 +121,11 @@ TIES = {
     "max_dim_keepdim": lambda x: x.max(0, keepdim=True).values,
     # ... amax and a full max share it among the ties
     "amax": lambda x: x.amax(-1), "max_all": lambda x: x.max(),
+    # topk and sort send it where eager's tie order put each value (csrc/ops/sort_order.h)
+    "topk": lambda x: torch.topk(x, 3, -1).values, "topk_smallest": lambda x: torch.topk(x, 2, 0, largest=False).values,
+    "sort": lambda x: torch.sort(x, -1, descending=True).values, "sort_stable": lambda x: torch.sort(x, dim=0, stable=True).values,
+    # a row of zeros: the norm's subgradient there is 0
+    "norm_zero_row": lambda x: torch.norm(x, dim=-1), "normalize_zero_row": lambda x: F.normalize(x, dim=-1),
 }
 
 

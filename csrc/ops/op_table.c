@@ -68,10 +68,18 @@
     X(om_op_reduce_max) \
     X(om_op_reduce_min) \
     X(om_op_reduce_prod) \
+    X(om_op_reduce_l1) \
+    X(om_op_reduce_l2) \
+    X(om_op_reduce_sum_square) \
+    X(om_op_reduce_log_sum_exp) \
+    X(om_op_reduce_value_grad) \
     X(om_op_reduce_grad) \
     X(om_op_reduce_min_max_grad) \
     X(om_op_arg_max) \
     X(om_op_arg_min) \
+    /* topk.c */ \
+    X(om_op_topk) \
+    X(om_op_sort) \
     /* shape.c */ \
     X(om_op_shape) \
     X(om_op_size) \

@@ -6,8 +6,14 @@
  *   om_op_reduce_max           ReduceMax
  *   om_op_reduce_min           ReduceMin
  *   om_op_reduce_prod          ReduceProd          (no gradient rule)
+ *   om_op_reduce_l1            ReduceL1            sum |x|            } float dtypes only; gradients
+ *   om_op_reduce_l2            ReduceL2            sqrt(sum x^2)      } by ReduceValueGrad, with
+ *   om_op_reduce_sum_square    ReduceSumSquare     sum x^2            } torch's rules at 0, inf, NaN
+ *   om_op_reduce_log_sum_exp   ReduceLogSumExp     log sum exp x, max-shifted as torch.logsumexp
  *   om_op_reduce_grad          ReduceGrad          (ortmod) dy broadcast back to Shape(x), / count if mean
  *   om_op_reduce_min_max_grad  ReduceMinMaxGrad    (ortmod) dy routed to the extremal elements, ties share
+ *   om_op_reduce_value_grad    ReduceValueGrad     (ortmod) (dy, Shape(x), x, y [, axes]; reduction): the
+ *                                                  gradients of L1, L2, SumSquare and LogSumExp
  *   om_op_arg_max              ArgMax              axis, keepdims, select_last_index -> int64
  *   om_op_arg_min              ArgMin              (no gradient: an index)
  *
@@ -26,6 +32,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops/op.h"
 
@@ -150,7 +157,7 @@ static om_status *reduce_infer(om_kernel_ctx *ctx) {
 
 /* ---- forward kernels --------------------------------------------------------------- */
 
-enum { RED_SUM, RED_MEAN, RED_MAX, RED_MIN, RED_PROD };
+enum { RED_SUM, RED_MEAN, RED_MAX, RED_MIN, RED_PROD, RED_L1, RED_L2, RED_SUMSQ };
 
 /* Per dtype: fold a run into one output element (row) or elementwise into an output row
  * (vec). Sums of a run use 8 partial accumulators so the loop vectorizes without
@@ -167,6 +174,32 @@ enum { RED_SUM, RED_MEAN, RED_MAX, RED_MIN, RED_PROD };
     }                                                                                              \
     static void sum_vec_##SFX(T *restrict y, const T *restrict x, int64_t n) {                     \
         for (int64_t j = 0; j < n; j++) y[j] += x[j];                                              \
+    }                                                                                              \
+    /* |x| and x*x summed in T, as torch's norms do in float32 (a norm of 1e20s overflows there \
+     * too); |x| as x < 0 ? -x : x keeps NaN */                                                    \
+    static void l1_row_##SFX(T *y, const T *restrict x, int64_t n) {                               \
+        T acc[8] = {0};                                                                            \
+        int64_t j = 0;                                                                             \
+        for (; j + 8 <= n; j += 8)                                                                 \
+            for (int l = 0; l < 8; l++) acc[l] += x[j + l] < 0 ? -x[j + l] : x[j + l];             \
+        T s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));   \
+        for (; j < n; j++) s += x[j] < 0 ? -x[j] : x[j];                                           \
+        *y += s;                                                                                   \
+    }                                                                                              \
+    static void l1_vec_##SFX(T *restrict y, const T *restrict x, int64_t n) {                      \
+        for (int64_t j = 0; j < n; j++) y[j] += x[j] < 0 ? -x[j] : x[j];                           \
+    }                                                                                              \
+    static void sq_row_##SFX(T *y, const T *restrict x, int64_t n) {                               \
+        T acc[8] = {0};                                                                            \
+        int64_t j = 0;                                                                             \
+        for (; j + 8 <= n; j += 8)                                                                 \
+            for (int l = 0; l < 8; l++) acc[l] += x[j + l] * x[j + l];                             \
+        T s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));   \
+        for (; j < n; j++) s += x[j] * x[j];                                                       \
+        *y += s;                                                                                   \
+    }                                                                                              \
+    static void sq_vec_##SFX(T *restrict y, const T *restrict x, int64_t n) {                      \
+        for (int64_t j = 0; j < n; j++) y[j] += x[j] * x[j];                                       \
     }                                                                                              \
     static void prod_row_##SFX(T *y, const T *restrict x, int64_t n) {                             \
         T s = *y;                                                                                  \
@@ -201,6 +234,8 @@ enum { RED_SUM, RED_MEAN, RED_MAX, RED_MIN, RED_PROD };
         case RED_MAX: row = max_row_##SFX, vec = max_vec_##SFX, init = lowest; break;              \
         case RED_MIN: row = min_row_##SFX, vec = min_vec_##SFX, init = highest; break;             \
         case RED_PROD: row = prod_row_##SFX, vec = prod_vec_##SFX, init = 1; break;                \
+        case RED_L1: row = l1_row_##SFX, vec = l1_vec_##SFX, init = 0; break;                      \
+        case RED_L2: case RED_SUMSQ: row = sq_row_##SFX, vec = sq_vec_##SFX, init = 0; break;      \
         default: row = sum_row_##SFX, vec = sum_vec_##SFX, init = 0; break;                        \
         }                                                                                          \
         for (int64_t i = 0; i < n_out; i++) y[i] = init;                                           \
@@ -234,12 +269,16 @@ static om_status *reduce_run(om_kernel_ctx *ctx, int kind) {
         reduce_f32(&p, kind, x->data, yp, n_out, -INFINITY, INFINITY);
         if (kind == RED_MEAN)
             for (int64_t i = 0; i < n_out; i++) yp[i] = (float)((double)yp[i] / (double)p.n_red);
+        if (kind == RED_L2)
+            for (int64_t i = 0; i < n_out; i++) yp[i] = sqrtf(yp[i]);
     } break;
     case OM_F64: {
         double *yp = y->data;
         reduce_f64(&p, kind, x->data, yp, n_out, -INFINITY, INFINITY);
         if (kind == RED_MEAN)
             for (int64_t i = 0; i < n_out; i++) yp[i] /= (double)p.n_red;
+        if (kind == RED_L2)
+            for (int64_t i = 0; i < n_out; i++) yp[i] = sqrt(yp[i]);
     } break;
     case OM_I32: {
         int32_t *yp = y->data;
@@ -263,6 +302,71 @@ static om_status *reduce_mean_cpu(om_kernel_ctx *ctx) { return reduce_run(ctx, R
 static om_status *reduce_max_cpu(om_kernel_ctx *ctx) { return reduce_run(ctx, RED_MAX); }
 static om_status *reduce_min_cpu(om_kernel_ctx *ctx) { return reduce_run(ctx, RED_MIN); }
 static om_status *reduce_prod_cpu(om_kernel_ctx *ctx) { return reduce_run(ctx, RED_PROD); }
+static om_status *reduce_l1_cpu(om_kernel_ctx *ctx) { return reduce_run(ctx, RED_L1); }
+static om_status *reduce_l2_cpu(om_kernel_ctx *ctx) { return reduce_run(ctx, RED_L2); }
+static om_status *reduce_sum_square_cpu(om_kernel_ctx *ctx) { return reduce_run(ctx, RED_SUMSQ); }
+
+/* The float reductions (L1, L2, SumSquare, LogSumExp): float dtypes only. */
+static om_status *reduce_float_infer(om_kernel_ctx *ctx) {
+    OM_TRY(om_check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
+    return reduce_infer(ctx);
+}
+
+/* LogSumExp as torch.logsumexp computes it: m = max (NaN wins), an infinite m taken as 0 (so
+ * all -inf gives log 0 = -inf and any +inf gives +inf, never inf - inf), then
+ * log(sum exp(x - m)) + m; the sum of exp (each <= 1) in float64. An empty set gives -inf. */
+#define DEFINE_LSE(T, SFX)                                                                         \
+    static void lse_sum_##SFX(const reduce_plan *p, const T *x, const T *m, double *s) {          \
+        const int inner_red = p->red[p->k - 1];                                                    \
+        int64_t idx[OM_MAX_RANK] = {0}, ooff = 0;                                                  \
+        for (int64_t t = 0; t < p->outer; t++) {                                                   \
+            const T *restrict r = x + t * p->inner;                                                \
+            if (inner_red) {                                                                       \
+                const T mv = m[ooff];                                                              \
+                double acc = 0;                                                                    \
+                for (int64_t j = 0; j < p->inner; j++) acc += exp((double)(T)(r[j] - mv));         \
+                s[ooff] += acc;                                                                    \
+            } else {                                                                               \
+                for (int64_t j = 0; j < p->inner; j++) s[ooff + j] += exp((double)(T)(r[j] - m[ooff + j])); \
+            }                                                                                      \
+            ooff = plan_next(p, idx, ooff);                                                        \
+        }                                                                                          \
+    }
+DEFINE_LSE(float, f32)
+DEFINE_LSE(double, f64)
+
+// x is (d0, ..., dr-1); y has the reduced dims removed (or kept as 1)
+static om_status *reduce_log_sum_exp_cpu(om_kernel_ctx *ctx) {
+    const om_tensor *x = &ctx->in[0];
+    om_tensor *y = &ctx->out[0];
+    int red[OM_MAX_RANK];
+    OM_TRY(reduce_mask(ctx, 1, x->rank, red));
+    reduce_plan p;
+    reduce_plan_init(&p, x->rank, x->dims, red);
+    const int64_t n_out = om_tensor_numel(y);
+    if (om_tensor_numel(x) == 0) p.outer = 0;
+    double *s = calloc((size_t)(n_out ? n_out : 1), sizeof *s);
+    if (!s) return om_error(OM_OUT_OF_MEMORY, "out of memory in %s", ctx->node->name);
+    switch (x->dtype) {
+    case OM_F32: {
+        float *m = y->data;
+        reduce_f32(&p, RED_MAX, x->data, m, n_out, -INFINITY, INFINITY);
+        for (int64_t i = 0; i < n_out; i++) if (isinf(m[i])) m[i] = 0;
+        lse_sum_f32(&p, x->data, m, s);
+        for (int64_t i = 0; i < n_out; i++) m[i] = (float)(log(s[i]) + (double)m[i]);
+    } break;
+    case OM_F64: {
+        double *m = y->data;
+        reduce_f64(&p, RED_MAX, x->data, m, n_out, -INFINITY, INFINITY);
+        for (int64_t i = 0; i < n_out; i++) if (isinf(m[i])) m[i] = 0;
+        lse_sum_f64(&p, x->data, m, s);
+        for (int64_t i = 0; i < n_out; i++) m[i] = log(s[i]) + m[i];
+    } break;
+    default: free(s); return om_err_dtype(ctx->node, 0, x->dtype);
+    }
+    free(s);
+    return NULL;
+}
 
 /* ---- gradient rules ---------------------------------------------------------------- */
 
@@ -299,6 +403,14 @@ static om_status *reduce_grad_common(om_grad_ctx *c, const char *op_type, int me
 static om_status *reduce_sum_grad(om_grad_ctx *c) { return reduce_grad_common(c, "ReduceGrad", 0, 0); }
 static om_status *reduce_mean_grad(om_grad_ctx *c) { return reduce_grad_common(c, "ReduceGrad", 1, 0); }
 static om_status *reduce_min_max_grad(om_grad_ctx *c) { return reduce_grad_common(c, "ReduceMinMaxGrad", 0, 1); }
+/* L1, L2, SumSquare, LogSumExp: ReduceValueGrad(dy, Shape(x), x, y [, axes]) with the forward's
+ * op name in "reduction" */
+static om_status *reduce_value_grad(om_grad_ctx *c) {
+    const char *op = c->g->nodes[c->node].op->name;   /* a static string: stays valid */
+    OM_TRY(reduce_grad_common(c, "ReduceValueGrad", 0, 1));
+    if (c->dx[0] >= 0) om_emit_attr_string(c, "reduction", op);
+    return NULL;
+}
 
 /* ---- ReduceGrad: dx = broadcast(dy) (/ n for a mean) ------------------------------- */
 
@@ -417,6 +529,66 @@ static om_status *reduce_min_max_grad_cpu(om_kernel_ctx *ctx) {
     return NULL;
 }
 
+/* ---- ReduceValueGrad: dx from dy, x and y, elementwise ------------------------------
+ * torch's formulas (FunctionsManual.cpp), in torch's order of operations:
+ *   ReduceL1         dx = sgn(x) * dy          sgn(NaN) = 0, as torch.sgn
+ *   ReduceL2         dx = dy * (x / y), 0 where y == 0 (norm_backward's subgradient at 0)
+ *   ReduceSumSquare  dx = dy * (x + x)
+ *   ReduceLogSumExp  dx = dy * exp(x - y)      (logsumexp_backward) */
+
+enum { VG_L1, VG_L2, VG_SUMSQ, VG_LSE };
+
+static int value_grad_kind(const om_node *n) {
+    const char *r = om_attr_string(n, "reduction", "");
+    if (strcmp(r, "ReduceL1") == 0) return VG_L1;
+    if (strcmp(r, "ReduceL2") == 0) return VG_L2;
+    if (strcmp(r, "ReduceSumSquare") == 0) return VG_SUMSQ;
+    if (strcmp(r, "ReduceLogSumExp") == 0) return VG_LSE;
+    return -1;
+}
+
+static om_status *reduce_value_grad_infer(om_kernel_ctx *ctx) {
+    if (value_grad_kind(ctx->node) < 0)
+        return node_error(ctx->node, OM_UNSUPPORTED_OP, "reduction '%s' has no gradient here",
+                          om_attr_string(ctx->node, "reduction", ""));
+    return reduce_min_max_grad_infer(ctx);
+}
+
+#define VALUE_GRAD(T, kind, xv, yv, g)                                                           \
+    ((kind) == VG_L1    ? (T)(((xv) > 0 ? (T)1 : (xv) < 0 ? (T)-1 : (T)0) * (g))                 \
+     : (kind) == VG_L2  ? (T)((g) * ((yv) == 0 ? (T)0 : (T)((xv) / (yv))))                       \
+     : (kind) == VG_SUMSQ ? (T)((g) * (T)((xv) + (xv)))                                           \
+                        : (T)((g) * (T)exp((double)(T)((xv) - (yv)))))
+
+// dy, y are the reduction's output (n_out elements), x and dx are (d0, ..., dr-1)
+static om_status *reduce_value_grad_cpu(om_kernel_ctx *ctx) {
+    om_tensor *dx = &ctx->out[0];
+    int red[OM_MAX_RANK];
+    OM_TRY(reduce_mask(ctx, 4, dx->rank, red));
+    reduce_plan p;
+    reduce_plan_init(&p, dx->rank, dx->dims, red);
+    if (om_tensor_numel(dx) == 0) return NULL;
+    const int kind = value_grad_kind(ctx->node);
+    OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
+        const T *dy = ctx->in[0].data;
+        const T *x = ctx->in[2].data;
+        const T *y = ctx->in[3].data;
+        T *d = dx->data;
+        int64_t idx[OM_MAX_RANK] = {0};
+        int64_t ooff = 0;
+        const int step = !p.red[p.k - 1];   /* output advances with the run when kept */
+        for (int64_t t = 0; t < p.outer; t++) {
+            const int64_t base = t * p.inner;
+            for (int64_t j = 0; j < p.inner; j++) {
+                const int64_t o = ooff + j * step;
+                d[base + j] = VALUE_GRAD(T, kind, x[base + j], y[o], dy[o]);
+            }
+            ooff = plan_next(&p, idx, ooff);
+        }
+    });
+    return NULL;
+}
+
 /* ---- ArgMax / ArgMin ------------------------------------------------------------------
  * The index of the first extremum along one axis (the last with select_last_index), as
  * torch.argmax and torch.max(dim) give it. NaN is the extremum, as in torch: the first NaN
@@ -521,6 +693,32 @@ const om_op_def om_op_reduce_prod = {
     .name = "ReduceProd", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
     .infer = reduce_infer, .grad = NULL, .cpu = reduce_prod_cpu, .diff_inputs = 1,
     .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
+};
+const om_op_def om_op_reduce_l1 = {
+    .name = "ReduceL1", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
+    .infer = reduce_float_infer, .grad = reduce_value_grad, .cpu = reduce_l1_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
+};
+const om_op_def om_op_reduce_l2 = {
+    .name = "ReduceL2", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
+    .infer = reduce_float_infer, .grad = reduce_value_grad, .cpu = reduce_l2_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
+};
+const om_op_def om_op_reduce_sum_square = {
+    .name = "ReduceSumSquare", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
+    .infer = reduce_float_infer, .grad = reduce_value_grad, .cpu = reduce_sum_square_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
+};
+const om_op_def om_op_reduce_log_sum_exp = {
+    .name = "ReduceLogSumExp", .domain = "", .min_in = 1, .max_in = 2, .min_out = 1, .max_out = 1,
+    .infer = reduce_float_infer, .grad = reduce_value_grad, .cpu = reduce_log_sum_exp_cpu, .diff_inputs = 1,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int",
+};
+const om_op_def om_op_reduce_value_grad = {
+    .name = "ReduceValueGrad", .domain = "ortmod", .min_in = 4, .max_in = 5, .min_out = 1, .max_out = 1,
+    .infer = reduce_value_grad_infer, .cpu = reduce_value_grad_cpu, .diff_inputs = 0,
+    .attrs = "axes:ints keepdims:int noop_with_empty_axes:int "
+             "reduction:string=ReduceL1|ReduceL2|ReduceSumSquare|ReduceLogSumExp",
 };
 const om_op_def om_op_reduce_grad = {
     .name = "ReduceGrad", .domain = "ortmod", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 1,

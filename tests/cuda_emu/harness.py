@@ -291,6 +291,8 @@ def cases_ops_fp32():
         yield f"{op}-{i}", lambda c=(op, inputs, attrs, domain, grad): M.test_op_matches_cpu(*c)
     for name, *c in M.NEW_CASES:
         yield name, lambda c=c: M.test_new_op_matches_cpu(*c)
+    for name, *c in M.SELECT_CASES:
+        yield name, lambda c=c: M.test_select_op_matches_cpu(*c)
     yield "softmax-cross-entropy", M.test_softmax_cross_entropy_matches_cpu
     yield "dropout-masks", M.test_dropout_masks_match_cpu
     yield "maxpool-nan", M.test_maxpool_nan_wins_its_window_as_on_cpu
@@ -317,6 +319,9 @@ def cases_ops_fp64():
     M = ops_module()
     for name, *c in M.F64_CASES:
         yield name, lambda c=c: M.test_new_op_float64_matches_cpu(*c[:6])
+    for name, op, inputs, attrs, domain, grad, n_out, const in M.SELECT_CASES:
+        yield f"{name}-f64", lambda c=(op, _as_f64(inputs), attrs, domain, grad, n_out, const): M.check(
+            c[0], c[1], c[2], c[3], c[4], n_outputs=c[5], const_inputs=c[6], rtol=1e-9, atol=1e-10)
     for i, (op, inputs, attrs, domain, grad) in enumerate(M.CASES):
         if op == "Cast":
             continue   # casts to double: no float64 variant
@@ -350,6 +355,11 @@ def cases_half():
                 continue
             scale = 4 if op in ("LSTM", "GRU") else 1
             yield f"{tag}-{name}", lambda c=(op, inputs, dt, attrs, "", grad, const, n_out): H.check(*c, scale=scale)
+        for name, op, inputs, attrs, domain, grad, n_out, const in M.SELECT_CASES:
+            if op == "TopK" and inputs["x"].dtype.kind != "f":
+                continue
+            yield f"{tag}-{name}", lambda c=(op, inputs, dt, attrs, domain, grad, const, n_out): H.check(
+                *c, equal_nan=True)
         for cell in ("LSTM", "GRU"):
             yield f"{tag}-{cell}-dR-over-1024-steps", lambda cell=cell, dt=dt: recurrent_gradient_rounds_once(cell, dt)
 

@@ -110,13 +110,14 @@ def run_pair(op, inputs, dt, attrs=None, domain="", grad=(), const=(), n_outputs
     return outs_cpu, outs_gpu, grads_cpu, grads_gpu
 
 
-def check(op, inputs, dt, attrs=None, domain="", grad=(), const=(), n_outputs=1, scale=1.0):
+def check(op, inputs, dt, attrs=None, domain="", grad=(), const=(), n_outputs=1, scale=1.0, equal_nan=False):
     rtol, atol = TOL[dt]
     oc, og, gc, gg = run_pair(op, inputs, dt, attrs, domain, grad, const, n_outputs)
     for i, (a, b) in enumerate(zip(oc, og)):
         assert a.shape == b.shape, f"{op} output {i}: {tuple(a.shape)} vs {tuple(b.shape)}"
         if a.is_floating_point():
-            torch.testing.assert_close(b, a, rtol=rtol * scale, atol=atol * scale, msg=f"{op} {dt} output {i}")
+            torch.testing.assert_close(b, a, rtol=rtol * scale, atol=atol * scale, equal_nan=equal_nan,
+                                       msg=f"{op} {dt} output {i}")
         else:
             assert torch.equal(a, b), f"{op} {dt} output {i}"
     if gc is not None:
@@ -125,6 +126,8 @@ def check(op, inputs, dt, attrs=None, domain="", grad=(), const=(), n_outputs=1,
             if a is not None:
                 torch.testing.assert_close(b, a, rtol=rtol * scale, atol=atol * scale, msg=f"{op} {dt} grad {i}")
 
+
+_R14 = np.random.default_rng(14)   # the norms' own draws: the other cases' stay as they were
 
 CASES = [
     # GEMMs (fp32 accumulation), the batch-reduced gradient of a broadcast operand included
@@ -156,6 +159,14 @@ CASES = [
     ("SimplifiedLayerNormalization", {"x": f32(6, 64), "s": f32(64)}, None, "ortmod", ("x", "s"), (), 2),
     ("ReduceSum", {"x": f32(3, 40, 5), "axes": np.array([1], np.int64)}, None, "", ("x",), ("axes",), 2),
     ("ReduceMean", {"x": f32(3, 4, 50), "axes": np.array([0, 2], np.int64)}, {"keepdims": 0}, "", ("x",), ("axes",), 1),
+    ("ReduceL2", {"x": _R14.standard_normal((3, 40, 5)).astype(np.float32), "axes": np.array([1], np.int64)}, None,
+     "", ("x",), ("axes",), 2),
+    ("ReduceL1", {"x": _R14.standard_normal((3, 200)).astype(np.float32), "axes": np.array([1], np.int64)}, None,
+     "", ("x",), ("axes",), 2),
+    ("ReduceLogSumExp", {"x": _R14.standard_normal((3, 300)).astype(np.float32) * 4, "axes": np.array([1], np.int64)},
+     {"keepdims": 0}, "", ("x",), ("axes",), 2),
+    ("ReduceLogSumExp", {"x": _R14.standard_normal((3, 4, 5)).astype(np.float32), "axes": np.array([0], np.int64)},
+     None, "", ("x",), ("axes",), 1),
     # data movement
     ("Transpose", {"x": f32(2, 3, 4)}, {"perm": [2, 0, 1]}, "", ("x",), (), 1),
     ("Concat", {"a": f32(2, 3), "b": f32(2, 5)}, {"axis": 1}, "", ("a", "b"), (), 1),

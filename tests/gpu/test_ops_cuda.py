@@ -23,6 +23,13 @@ def pos(*shape):
     return (np.abs(R.standard_normal(shape)) + 0.5).astype(np.float32)
 
 
+R14 = np.random.default_rng(14)   # the reductions' and selections' own draws: the others' stay as they were
+
+
+def f32b(*shape):
+    return R14.standard_normal(shape).astype(np.float32)
+
+
 def run_both(op, inputs, attrs=None, domain="", grad=(), n_outputs=1, const_inputs=(), dtype=torch.float32,
              training=True):
     model = make_model(op, inputs, attrs, domain, 20, n_outputs, const_inputs)
@@ -120,6 +127,25 @@ CASES = [
     ("ReduceSum", {"x": f32(3, 4, 5), "axes": np.array([1], np.int64)}, None, "", ("x",)),
     ("ReduceMean", {"x": f32(3, 4, 5), "axes": np.array([0, 2], np.int64)}, {"keepdims": 0}, "", ("x",)),
     ("ReduceMax", {"x": f32(3, 400)}, None, "", ("x",)),
+    # a NaN in a long row: the block reduction keeps it (it dropped it before issue 14)
+    ("ReduceMax", {"x": np.where(np.arange(400) == 123, np.nan, f32b(2, 400))}, None, "", ()),
+    ("ReduceMin", {"x": np.where(np.arange(300) == 7, np.nan, f32b(2, 300))}, {"keepdims": 0}, "", ()),
+    # L1/L2/SumSquare/LogSumExp: a thread per output (leading or mixed axes), a block per output
+    # (a long innermost axis), zero norms and non-finite values
+    ("ReduceL1", {"x": f32b(3, 4, 5), "axes": np.array([1], np.int64)}, None, "", ("x",)),
+    ("ReduceL2", {"x": f32b(3, 4, 5), "axes": np.array([0, 2], np.int64)}, {"keepdims": 0}, "", ("x",)),
+    ("ReduceL2", {"x": f32b(3, 400)}, None, "", ("x",)),
+    ("ReduceL2", {"x": np.array([[0.0, 0.0, 0.0], [3.0, -4.0, 0.0], [np.inf, 1.0, 2.0], [np.nan, 1.0, 0.0]],
+                                np.float32), "axes": np.array([-1], np.int64)}, None, "", ("x",)),
+    ("ReduceL1", {"x": np.array([[0.0, -0.0, 2.0], [np.nan, 1.0, -1.0]], np.float32),
+                  "axes": np.array([1], np.int64)}, {"keepdims": 0}, "", ("x",)),
+    ("ReduceSumSquare", {"x": f32b(3, 4, 5), "axes": np.array([2], np.int64)}, {"keepdims": 0}, "", ("x",)),
+    ("ReduceLogSumExp", {"x": f32b(3, 4, 5) * 10, "axes": np.array([0], np.int64)}, None, "", ("x",)),
+    ("ReduceLogSumExp", {"x": f32b(3, 400) * 30}, {"keepdims": 0}, "", ("x",)),
+    ("ReduceLogSumExp", {"x": np.array([[-np.inf, -np.inf, -np.inf], [np.inf, 1.0, -np.inf], [np.nan, 1.0, 2.0],
+                                        [1e30, 1e30, -1e30]], np.float32), "axes": np.array([1], np.int64)},
+     None, "", ("x",)),
+    ("ReduceLogSumExp", {"x": np.where(np.arange(400) == 123, np.nan, f32b(2, 400))}, None, "", ()),
     ("ArgMax", {"x": np.round(f32(3, 7, 5))}, {"axis": 1, "keepdims": 0}, "", ()),
     ("ArgMin", {"x": np.round(f32(3, 7, 5))}, {"axis": -1, "select_last_index": 1}, "", ()),
     ("ArgMax", {"x": np.array([[1.0, np.nan, 3.0, np.nan], [2.0, 2.0, -1.0, 0.0]], np.float32)}, None, "", ()),
@@ -322,6 +348,43 @@ NEW_CASES = [
     ("gru-minimal", "GRU", _rnn_inputs("GRU", 5, 3, 4, 6, 1, full=False), {"hidden_size": 6, "linear_before_reset": 1},
      ("X", "W", "R"), 2, (), LOOSE),
 ]
+
+
+def _ties(*shape, levels=4):
+    """Small integers (exact in fp16/bf16 too): rows full of ties."""
+    return R14.integers(0, levels, shape).astype(np.float32)
+
+
+def _ties_nan(*shape):
+    x = _ties(*shape)
+    x.reshape(-1)[::7] = np.nan
+    x.reshape(-1)[3::11] = -0.0
+    return x
+
+
+# TopK / Sort: the indices must be the CPU's exactly, ties and NaN included (cuda/sort.cu replays
+# the CPU's order). (name, op, inputs, attrs, domain, grad, n_outputs, const)
+SELECT_CASES = [
+    ("topk-largest-sorted", "TopK", {"x": _ties_nan(4, 37), "k": np.array([5], np.int64)}, {"axis": 1}, "", ("x",), 2,
+     ("k",)),
+    ("topk-partial-sort-path", "TopK", {"x": _ties(3, 300), "k": np.array([4], np.int64)}, {"axis": -1}, "", ("x",),
+     2, ("k",)),
+    ("topk-smallest-unsorted-axis0", "TopK", {"x": _ties_nan(20, 3, 2), "k": np.array([7], np.int64)},
+     {"axis": 0, "largest": 0, "sorted": 0}, "", ("x",), 2, ("k",)),
+    ("topk-all", "TopK", {"x": f32b(5, 9), "k": np.array([9], np.int64)}, {"axis": 1, "largest": 1}, "", ("x",), 2,
+     ("k",)),
+    ("topk-int64", "TopK", {"x": R14.integers(-3, 3, (4, 30)), "k": np.array([6], np.int64)}, None, "", (), 2,
+     ("k",)),
+    ("sort-descending", "Sort", {"x": _ties_nan(3, 50)}, {"axis": -1, "descending": 1}, "ortmod", ("x",), 2, ()),
+    ("sort-ascending-axis1", "Sort", {"x": _ties(2, 40, 3)}, {"axis": 1}, "ortmod", ("x",), 2, ()),
+    ("sort-stable", "Sort", {"x": _ties_nan(3, 70)}, {"axis": 1, "stable": 1}, "ortmod", ("x",), 2, ()),
+]
+
+
+@pytest.mark.parametrize("op,inputs,attrs,domain,grad,n_out,const", [c[1:] for c in SELECT_CASES],
+                         ids=[c[0] for c in SELECT_CASES])
+def test_select_op_matches_cpu(op, inputs, attrs, domain, grad, n_out, const):
+    check(op, inputs, attrs, domain, grad, n_outputs=n_out, const_inputs=const)
 
 
 @pytest.mark.parametrize("op,inputs,attrs,grad,n_out,const,tol", [c[1:] for c in NEW_CASES],
