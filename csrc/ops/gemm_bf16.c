@@ -120,6 +120,57 @@ TARGET static uint32_t pack_cols(const pack_job *j, int64_t c0, uint32_t *o) {
     return bad | m;
 }
 
+/* r[t][q] -> r[q][t] for 16 x 16 uint32 (t: row of the input, q: its element). After the 32- and
+ * 64-bit unpacks, v[m] of rows 4g..4g+3 holds in its 128-bit lane L the element 4L+m of those four
+ * rows; two rounds of lane shuffles then gather lane L of the four groups. */
+TARGET static void transpose16(__m512i r[16]) {
+    __m512i t[16], v[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; g++) {   /* v[4g + m]: rows 4g..4g+3, elements 4L + m */
+        v[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        v[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        v[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        v[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int m = 0; m < 4; m++) {
+        const __m512i s_lo = _mm512_shuffle_i32x4(v[m], v[4 + m], 0x44), s_hi = _mm512_shuffle_i32x4(v[m], v[4 + m], 0xee);
+        const __m512i t_lo = _mm512_shuffle_i32x4(v[8 + m], v[12 + m], 0x44);
+        const __m512i t_hi = _mm512_shuffle_i32x4(v[8 + m], v[12 + m], 0xee);
+        r[m] = _mm512_shuffle_i32x4(s_lo, t_lo, 0x88);
+        r[4 + m] = _mm512_shuffle_i32x4(s_lo, t_lo, 0xdd);
+        r[8 + m] = _mm512_shuffle_i32x4(s_hi, t_hi, 0x88);
+        r[12 + m] = _mm512_shuffle_i32x4(s_hi, t_hi, 0xdd);
+    }
+}
+
+/* A panel of B when B is stored transposed (N x K: its columns j are rows of X): 16 rows and 16
+ * pairs at a time, converted along each row, then transposed to the panel's [q][t] layout. */
+TARGET static uint32_t pack_panel_of_rows(const pack_job *j, int64_t j0, uint32_t *o) {
+    __mmask16 bad = 0;
+    for (int64_t g = 0; g < j->width; g += 16)
+        for (int64_t q0 = 0; q0 < j->Kp; q0 += 16) {
+            const int64_t left = j->K - 2 * q0;   /* floats of each row from 2*q0 */
+            const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            const __mmask16 m1 = left >= 32 ? 0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+            __m512i r[16];
+            for (int t = 0; t < 16; t++) {
+                const int64_t row = j0 + g + t;
+                if (row >= j->rows) { r[t] = _mm512_setzero_si512(); continue; }
+                const float *x = j->X + row * j->ld + 2 * q0;
+                const __m512i lo = _mm512_maskz_loadu_epi32(m0, x), hi = _mm512_maskz_loadu_epi32(m1, x + 16);
+                bad |= not_bf16(lo) | not_bf16(hi);
+                r[t] = (__m512i)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
+            }
+            transpose16(r);
+            const int64_t n = j->Kp - q0 < 16 ? j->Kp - q0 : 16;
+            for (int64_t s = 0; s < n; s++) _mm512_storeu_si512(o + (q0 + s) * j->width + g, r[s]);
+        }
+    return bad;
+}
+
 /* Blocks [lo, hi) of `width` rows of X (rows of A, or columns of B seen as rows of B^T). */
 TARGET static void pack_blocks(void *ctx, int64_t lo, int64_t hi) {
     pack_job *j = ctx;
@@ -128,6 +179,10 @@ TARGET static void pack_blocks(void *ctx, int64_t lo, int64_t hi) {
         uint32_t *o = j->out + (size_t)b * (size_t)j->Kp * (size_t)j->width;
         if (j->trans) {   /* pairs from two rows of X, contiguous over the block's columns */
             bad |= pack_cols(j, b * j->width, o);
+            continue;
+        }
+        if (!j->row_major && j->width % 16 == 0) {   /* B's panels, B stored N x K */
+            bad |= pack_panel_of_rows(j, b * j->width, o);
             continue;
         }
         for (int64_t r = 0; r < j->width; r++) {
