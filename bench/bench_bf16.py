@@ -4,6 +4,7 @@ Two ways users train in bf16 on a CPU, each measured for every benchmark model:
 - autocast: fp32 parameters, `torch.autocast("cpu", dtype=torch.bfloat16)` around the forward
   (eager, torch.compile and ORTModule, all three under autocast);
 - a bf16 model: `model.bfloat16()` (eager and ORTModule; inductor's bf16 CPU backward is left out).
+And, for scale, the fp32 step of eager and ORTModule (what bf16 buys, or costs, on this CPU).
 
 Every mode steps with torch's SGD, so the figures compare forward + backward. Modes run interleaved,
 one step of each in turn, so a load change slows all alike. Prints the median step time per mode
@@ -25,7 +26,7 @@ import torch  # noqa: E402
 
 import models  # noqa: E402
 
-MODES = ("eager-ac", "compile-ac", "ortmod-ac", "eager-bf16", "ortmod-bf16")
+MODES = ("eager-ac", "compile-ac", "ortmod-ac", "eager-bf16", "ortmod-bf16", "eager-fp32", "ortmod-fp32")
 
 
 def build(mode, ctor):
@@ -88,7 +89,7 @@ def main():
     torch.set_num_threads(a.threads)
     print(f"bf16 training step, median ms over {a.steps} interleaved steps, {a.threads} threads, torch {torch.__version__}")
     print(f"{'model':8s}" + "".join(f"{m:>13s}" for m in MODES) +
-          "   ortmod/eager(ac)  ortmod/compile(ac)  ortmod/eager(bf16)")
+          "   ortmod/eager(ac)  ortmod/compile(ac)  ortmod/eager(bf16)  ortmod bf16/fp32")
     for name in a.models.split(","):
         r = run(name, a.steps, a.warmup)
         cells = "".join(f"{r[m]:13.1f}" if isinstance(r[m], float) else f"{'error':>13s}" for m in MODES)
@@ -96,7 +97,7 @@ def main():
         def ratio(x, y):
             return f"{r[x] / r[y]:.2f}x" if isinstance(r[x], float) and isinstance(r[y], float) else "-"
         print(f"{name:8s}{cells}   {ratio('eager-ac', 'ortmod-ac'):>16s}  {ratio('compile-ac', 'ortmod-ac'):>18s}"
-              f"  {ratio('eager-bf16', 'ortmod-bf16'):>18s}")
+              f"  {ratio('eager-bf16', 'ortmod-bf16'):>18s}  {ratio('ortmod-fp32', 'ortmod-bf16'):>16s}")
         for m in MODES:
             if not isinstance(r[m], float):
                 print(f"    {m}: {r[m]}")

@@ -202,3 +202,14 @@ def test_float32_gemm_of_bf16_values_takes_the_bf16_kernel_exactly(M, N, K, ta, 
         assert used == (1 if case == "bf16" and bf16_avx512() else 0), (case, used)
         err = ((y - want).abs() / scale).max().item()
         assert err < 2e-6 * max(1, K ** 0.5 / 8), (case, err)
+
+
+def test_autocast_bf16_cnn_trains_on_the_cpu_like_eager():
+    """CPU autocast runs conv in bf16 and keeps batch_norm mixed (bf16 input, fp32 parameters and
+    running statistics): the engine takes that form, and the fp32 buffers are updated in place."""
+    from test_models_cnn import TinyResNet, make_batches
+
+    batches = [{"x": x, "y": y} for x, y in make_batches()]
+    ort = half_parity(TinyResNet, batches, lambda m, b: m(b["x"], b["y"]), torch.bfloat16, autocast=True)
+    stats = {n: b for n, b in ort.module.named_buffers() if n.endswith("running_var")}
+    assert stats and all(b.dtype == torch.float32 and not torch.equal(b, torch.ones_like(b)) for b in stats.values())

@@ -49,15 +49,31 @@ static om_status *bn_check_vec(const om_node *n, const om_tensor *t, int i, om_d
     return NULL;
 }
 
+/* scale, B, mean and var share X's dtype, or are all float32 for an fp16/bf16 X: eager's
+ * mixed-type batch_norm, which CPU autocast runs (it keeps batch_norm out of its casts); the
+ * statistics and the parameters' gradients are then float32. */
+static om_dtype bn_param_dtype(om_dtype x, const om_tensor *scale) {
+    return om_dtype_is_half(x) && scale->dtype == OM_F32 ? OM_F32 : x;
+}
+
+/* Y (dX) in X's dtype; the statistics (the parameters' gradients) in scale's */
+static om_dtype bn_dtype(const om_graph *g, const om_node *n, int j) {
+    return g->values[n->in[j == 0 ? 0 : 1]].dtype;
+}
+static om_dtype bn_grad_dtype(const om_graph *g, const om_node *n, int j) {
+    return g->values[n->in[j == 0 ? 0 : 2]].dtype;
+}
+
 static om_status *bn_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
     int64_t N = 0, C = 0, S = 0;
     OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));
     OM_TRY(bn_geometry(n, x, &N, &C, &S));
-    for (int i = 1; i < 5; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, x->dtype, C));
+    const om_dtype pdt = bn_param_dtype(x->dtype, &ctx->in[1]);
+    for (int i = 1; i < 5; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, pdt, C));
     om_set_shape(&ctx->out[0], x, x->dtype);
-    for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[1], x->dtype);
+    for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[1], pdt);
     return NULL;
 }
 
@@ -213,7 +229,7 @@ static om_status *bn_grad(om_grad_ctx *c) {
     const float eps = om_attr_float(n, "epsilon", 1e-5f);
     int stat0 = n->in[3], stat1 = n->in[4];
     if (train) {
-        const om_dtype dt = c->g->values[x].dtype;
+        const om_dtype dt = c->g->values[scale].dtype;   /* the statistics' dtype: the parameters' */
         stat0 = om_node_ensure_output(c->g, node, 3, dt);
         stat1 = om_node_ensure_output(c->g, node, 4, dt);
         if (stat0 < 0 || stat1 < 0)
@@ -237,9 +253,10 @@ static om_status *bn_grad_infer(om_kernel_ctx *ctx) {
     if (x->dtype != dy->dtype || !om_shape_equal(dy, x))
         return om_error(OM_INVALID_ARGUMENT, "BatchNormalizationGrad node '%s': dY and X differ", nm(n));
     OM_TRY(bn_geometry(n, x, &N, &C, &S));
-    for (int i = 2; i < 5; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, x->dtype, C));
+    const om_dtype pdt = bn_param_dtype(x->dtype, &ctx->in[2]);
+    for (int i = 2; i < 5; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, pdt, C));
     om_set_shape(&ctx->out[0], x, x->dtype);
-    for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[2], x->dtype);
+    for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[2], pdt);
     return NULL;
 }
 
@@ -310,12 +327,12 @@ static om_status *bn_grad_cpu(om_kernel_ctx *ctx) {
 
 const om_op_def om_op_batch_norm = {
     .name = "BatchNormalization", .domain = "", .min_in = 5, .max_in = 5, .min_out = 1, .max_out = 5,
-    .infer = bn_infer, .grad = bn_grad, .cpu = bn_cpu, .diff_inputs = 0x7,
+    .dtype = bn_dtype, .infer = bn_infer, .grad = bn_grad, .cpu = bn_cpu, .diff_inputs = 0x7,
     .attrs = "epsilon:float momentum:float training_mode:int",
 };
 
 const om_op_def om_op_batch_norm_grad = {
     .name = "BatchNormalizationGrad", .domain = "ortmod", .min_in = 5, .max_in = 5, .min_out = 1, .max_out = 3,
-    .infer = bn_grad_infer, .cpu = bn_grad_cpu,
+    .dtype = bn_grad_dtype, .infer = bn_grad_infer, .cpu = bn_grad_cpu,
     .attrs = "epsilon:float training_mode:int",
 };
