@@ -48,7 +48,12 @@ om_status *om_error_context(om_status *st, const char *fmt, ...) {
     char *ctx = vformat(fmt, ap);
     va_end(ap);
     if (!ctx) return st;
-    size_t n = strlen(ctx) + strlen(st->msg) + 3;
+    const size_t c = strlen(ctx);
+    if (!strncmp(st->msg, ctx, c) && st->msg[c] == ':') {   /* the message already says it (a kernel named its node) */
+        free(ctx);
+        return st;
+    }
+    size_t n = c + strlen(st->msg) + 3;
     char *m = malloc(n);
     if (m) {
         snprintf(m, n, "%s: %s", ctx, st->msg);

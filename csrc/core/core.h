@@ -8,7 +8,8 @@
 
 /* Creates an error; the message is printf-formatted. Returns a new status the caller owns. */
 om_status *om_error(om_code code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Prefixes context to an existing error ("in node 'x': ..."), returns the same status. */
+/* Prefixes context to an existing error ("in node 'x': ..."), returns the same status; a message
+ * that already starts with the same context is left as it is. */
 om_status *om_error_context(om_status *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define OM_TRY(expr)                        \
