@@ -51,6 +51,8 @@ class StopGradientMode(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.nn.functional.gaussian_nll_loss and torch.jit.is_tracing():
+            args, kwargs = _gaussian_nll_var_lifted(args, kwargs)
         out = func(*args, **kwargs)
         if torch.is_grad_enabled() or not torch.jit.is_tracing() or _pyop._inside_function():
             return out
@@ -66,6 +68,26 @@ class StopGradientMode(torch.overrides.TorchFunctionMode):
                 "place, or outside torch.no_grad()")
         return torch.utils._pytree.tree_map(
             lambda t: t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+
+
+def _gaussian_nll_var_lifted(args, kwargs):
+    """F.gaussian_nll_loss clamps ``var`` to eps in place under ``torch.no_grad()``: eager autograd
+    differentiates log(var) and .../var as if var were unclamped. A Python function that
+    dispatches through ``__torch_function__`` runs its body with this mode disabled, so the trace
+    held a plain clamp, whose gradient is 0 below eps (GaussianNLLLoss's var gradient was silently
+    wrong there). ``var`` is lifted to eps beforehand with the gradient of var itself, as
+    eps + (var - var.detach()); the function's own clamp then changes nothing. Its check of
+    negative entries is made first, on the real var (eager raises ValueError)."""
+    names = ("input", "target", "var", "full", "eps", "reduction")
+    bound = dict(zip(names, args), **kwargs)
+    var, eps = bound.get("var"), bound.get("eps", 1e-6)
+    if not isinstance(var, torch.Tensor) or not var.requires_grad or not isinstance(eps, (int, float)):
+        return args, kwargs
+    if torch.any(var < 0):
+        raise ValueError("var has negative entry/entries")
+    bound["var"] = torch.where(var < eps, (var - var.detach()) + eps, var)
+    n = min(len(args), len(names))
+    return tuple(bound.pop(k) for k in names[:n]), bound
 
 
 def _detach_symbolic(g, input):
