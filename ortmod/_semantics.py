@@ -613,6 +613,40 @@ def _triplet_margin_loss_symbolic(g, anchor, positive, negative, margin, p, eps,
     return _loss_reduction(g, out, reduction, what)
 
 
+# Loss.cpp's EPSILON: a C++ float, so 1e-12 rounded to float32 whatever the inputs' dtype
+_COSINE_EMBEDDING_EPS = float(torch.tensor(1e-12, dtype=torch.float32))
+
+
+def _cosine_embedding_loss_symbolic(g, input1, input2, target, margin, reduction):
+    """eager (Loss.cpp): over dim d = target.dim(), cos = sum(x1 x2) / sqrt((sum x1^2 + E)(sum x2^2 + E));
+    the loss is 1 - cos where target == 1, clamp_min(cos - margin, 0) where target == -1, else 0.
+    torch's exporter has no rule."""
+    from torch.onnx import symbolic_helper as sh
+    from torch.onnx._internal.torchscript_exporter import _type_utils
+    what = "cosine_embedding_loss"
+    dt = _same_float_dtype(what, input1, input2)
+    t_rank, x_rank = _input_rank_or_none(target), _input_rank_or_none(input1)
+    if t_rank not in (0, 1) or x_rank != t_rank + 1 or _input_rank_or_none(input2) != x_rank:
+        _refuse(what, "ortmod takes a target of rank 0 or 1 and inputs of one rank more, known at export")
+    margin_v = _float_const_arg(margin, what, "margin")
+    try:
+        t_dtype = _type_utils.JitScalarType.from_value(target).dtype()
+    except Exception:   # torch's SymbolicValueError: no dtype recorded
+        _refuse(what, "ortmod needs the target's dtype at export")
+    ax = _const(g, [t_rank], torch.int64)
+    eps = _const(g, _COSINE_EMBEDDING_EPS, dt)
+    prod = g.op("ReduceSum", g.op("Mul", input1, input2), ax, keepdims_i=0)
+    mag1 = g.op("Add", g.op("ReduceSum", g.op("Mul", input1, input1), ax, keepdims_i=0), eps)
+    mag2 = g.op("Add", g.op("ReduceSum", g.op("Mul", input2, input2), ax, keepdims_i=0), eps)
+    cos = g.op("Div", prod, g.op("Sqrt", g.op("Mul", mag1, mag2)))
+    zero = _const(g, 0.0, dt)
+    pos = g.op("Sub", _const(g, 1.0, dt), cos)
+    neg = g.op("Clip", g.op("Sub", cos, _const(g, margin_v, dt)), zero)
+    out = g.op("Add", g.op("Where", g.op("Equal", target, _const(g, 1, t_dtype)), pos, zero),
+               g.op("Where", g.op("Equal", target, _const(g, -1, t_dtype)), neg, zero))
+    return _loss_reduction(g, out, reduction, what)
+
+
 _CDIST_MM_ROWS = 25   # Distance.cpp: "use_mm_for_euclid_dist_if_necessary" takes the mm path above it
 
 
@@ -891,6 +925,7 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             "aten::frobenius_norm": _frobenius_norm_symbolic,
             "aten::triplet_margin_loss": _triplet_margin_loss_symbolic,
             "aten::cdist": _cdist_symbolic,
+            "aten::cosine_embedding_loss": _cosine_embedding_loss_symbolic,
         }
         matrix_norm = _torch_symbolic(registration, "aten::linalg_matrix_norm", opset)
         if matrix_norm is not None:

@@ -334,3 +334,28 @@ def test_export_capture_path_matches_eager_or_refuses_by_name(name):
         yo.backward(dy)
         for go, ge in zip(_grads(xo), _grads(xe)):
             torch.testing.assert_close(go, ge, rtol=1e-8, atol=1e-12)
+
+
+# ---- cosine_embedding_loss ------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["mean", "zero_vector", "margin_none", "sum_float_target", "target_zero",
+                                  "unbatched", "tie_at_margin", "module"])
+def test_cosine_embedding_loss(case):
+    # torch's exporter has no rule; ortmod's is Loss.cpp's formula (its EPSILON a float32 1e-12)
+    a, b = _rows(4, 6), _rows(4, 6)
+    t = torch.tensor([1, -1, 1, -1])
+    zero = a.clone()
+    zero[1] = 0
+    fn, inputs = {
+        "mean": (lambda x, y: F.cosine_embedding_loss(x, y, t), (a, b)),
+        "zero_vector": (lambda x, y: F.cosine_embedding_loss(x, y, torch.tensor([1, 1, -1, -1])), (zero, b)),
+        "margin_none": (lambda x, y: F.cosine_embedding_loss(x, y, t, margin=-0.2, reduction="none"), (a, b)),
+        "sum_float_target": (lambda x, y: F.cosine_embedding_loss(x, y, t.double(), reduction="sum"), (a, b)),
+        "target_zero": (lambda x, y: F.cosine_embedding_loss(x, y, torch.tensor([1, 0, -1, 0]), reduction="none"),
+                        (a, b)),
+        "unbatched": (lambda x, y: F.cosine_embedding_loss(x, y, torch.tensor(-1)), (_rows(6), _rows(6))),
+        "tie_at_margin": (lambda x, y: F.cosine_embedding_loss(x, y, -torch.ones(4, dtype=torch.long), margin=0.5,
+                                                              reduction="none"), (a, a * 0.5 + b * 0.1)),
+        "module": (lambda x, y: nn.CosineEmbeddingLoss(margin=0.3)(x, y, t), (a, b)),
+    }[case]
+    check_against_eager(fn, *inputs)
