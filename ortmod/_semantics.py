@@ -8,9 +8,10 @@ Four mechanisms, each general rather than one fix per pattern:
   forward, no gradient rule), so autodiff stops exactly where eager autograd does.
 * **No argument is dropped.** torch's symbolics ignore some arguments (``padding_idx``,
   ``divisor_override``, Softplus's ``threshold``) or approximate them (``kl_div`` for
-  non-positive targets). ortmod's own symbolics, registered only while ortmod exports, keep
-  them as faithful decompositions, or refuse by name what the engine cannot reproduce
-  (``max_norm``'s in-place renormalisation, ``scale_grad_by_freq``).
+  non-positive targets, ``pairwise_distance``'s eps in the exponent, ``cosine_similarity``'s
+  clamp, the NaN gradient of a p-norm at a zero row). ortmod's own symbolics, registered only
+  while ortmod exports, keep them as faithful decompositions, or refuse by name what the engine
+  cannot reproduce (``max_norm``'s in-place renormalisation, ``scale_grad_by_freq``).
 * **What the trace froze is guarded.** Python values computed from tensors while tracing
   (``.item()``, ``if t:``, ``float(x.size(-1))``, ``len(x)``) become constants in the graph.
   ``TraceGuards`` records each such tensor, makes it an extra graph output and keeps the value
@@ -723,6 +724,21 @@ def _inf_norm_ties_whole(g, diff):
     return g.op("Add", g.op("Squeeze", m, ax), g.op("ReduceSum", picked, ax, keepdims_i=0))
 
 
+def _dist_symbolic(g, self, other, p):
+    """torch.dist: eager's at::norm(self - other, p) over every element (derivatives.yaml:
+    norm_backward of the difference). torch's exporter has no rule."""
+    what = "torch.dist"
+    _same_float_dtype(what, self, other)
+    d = g.op("Sub", self, other)
+    rank = _input_rank_or_none(d)
+    if rank is None:
+        r1, r2 = _input_rank_or_none(self), _input_rank_or_none(other)
+        rank = None if r1 is None or r2 is None else max(r1, r2)
+    if rank is None:
+        _refuse(what, "ortmod needs the inputs' ranks at export")
+    return _p_norm(g, d, _float_const_arg(p, what, "p"), list(range(rank)), False, what)
+
+
 def _clamped_min_straight_through(g, n, eps):
     """max(n, eps) in value with the gradient of n itself: eager clamps the norms in place under
     NoGradGuard, so autograd differentiates them as if unclamped. eps + (n - n) keeps the value
@@ -926,6 +942,7 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             "aten::triplet_margin_loss": _triplet_margin_loss_symbolic,
             "aten::cdist": _cdist_symbolic,
             "aten::cosine_embedding_loss": _cosine_embedding_loss_symbolic,
+            "aten::dist": _dist_symbolic,
         }
         matrix_norm = _torch_symbolic(registration, "aten::linalg_matrix_norm", opset)
         if matrix_norm is not None:

@@ -359,3 +359,23 @@ def test_cosine_embedding_loss(case):
         "module": (lambda x, y: nn.CosineEmbeddingLoss(margin=0.3)(x, y, t), (a, b)),
     }[case]
     check_against_eager(fn, *inputs)
+
+
+# ---- torch.dist, triplet_margin_with_distance_loss ----------------------------------------
+
+@pytest.mark.parametrize("p", [2, 1, 3, 0.5, math.inf, -math.inf])
+@pytest.mark.parametrize("case", ["random", "equal", "broadcast", "scalar"])
+def test_dist(case, p):
+    # torch's exporter has no rule for aten::dist (p = 2 came through another path)
+    a = _rows(4, 6)
+    x, y = {"random": (a, _rows(4, 6)), "equal": (a, a.clone()), "broadcast": (a, _rows(1, 6)),
+            "scalar": (_rows(()), _rows(()))}[case]
+    check_against_eager(lambda u, v: torch.dist(u, v, p), x, y)
+
+
+def test_triplet_margin_with_distance_loss():
+    a, pos, neg = _rows(4, 6), _rows(4, 6), _rows(4, 6)
+    a[1] = 0
+    check_against_eager(lambda x, y, z: F.triplet_margin_with_distance_loss(x, y, z), a, pos, neg)
+    check_against_eager(lambda x, y, z: F.triplet_margin_with_distance_loss(
+        x, y, z, distance_function=lambda u, v: 1 - F.cosine_similarity(u, v), swap=True), a, pos, neg)
