@@ -658,10 +658,10 @@ def _euclidean_dist_mm(g, x1, x2, dt):
     ax = _const(g, [-1], torch.int64)
     n1 = g.op("ReduceSum", g.op("Mul", x1, x1), ax, keepdims_i=1)
     n2 = g.op("ReduceSum", g.op("Mul", x2, x2), ax, keepdims_i=1)
-    one1 = g.op("Add", g.op("Mul", n1, _const(g, 0.0, dt)), _const(g, 1.0, dt))
-    one2 = g.op("Add", g.op("Mul", n2, _const(g, 0.0, dt)), _const(g, 1.0, dt))
-    a = g.op("Concat", g.op("Mul", x1, _const(g, -2.0, dt)), n1, _stop_gradient(g, one1), axis_i=-1)
-    b = g.op("Concat", x2, _stop_gradient(g, one2), n2, axis_i=-1)
+    one1 = g.op("Expand", _const(g, 1.0, dt), g.op("Shape", n1))
+    one2 = g.op("Expand", _const(g, 1.0, dt), g.op("Shape", n2))
+    a = g.op("Concat", g.op("Mul", x1, _const(g, -2.0, dt)), n1, one1, axis_i=-1)
+    b = g.op("Concat", x2, one2, n2, axis_i=-1)
     rank = _input_rank_or_none(x2)
     perm = list(range(rank - 2)) + [rank - 1, rank - 2]
     sq = g.op("MatMul", a, g.op("Transpose", b, perm_i=perm))
@@ -689,28 +689,32 @@ def _cdist_symbolic(g, x1, x2, p, compute_mode=None):
     if sh._is_value(mode):
         _refuse(what, "ortmod keeps compute_mode only as a constant")
     mode = mode or 0
-    direct = None
-    if p_v != 2.0 or mode != 1:
+
+    def direct(x1, x2):
         diff = g.op("Sub", g.op("Unsqueeze", x1, _const(g, [-2], torch.int64)),
                     g.op("Unsqueeze", x2, _const(g, [-3], torch.int64)))
         if math.isinf(p_v):
-            direct = _inf_norm_ties_whole(g, diff)
-        else:
-            direct = _p_norm(g, diff, p_v, [-1], False, what)
+            return _inf_norm_ties_whole(g, diff)
+        return _p_norm(g, diff, p_v, [-1], False, what)
+
     if p_v != 2.0 or mode == 2:
-        return direct
+        return direct(x1, x2)
     if mode == 1:
         return _euclidean_dist_mm(g, x1, x2, dt)
     rows1, rows2 = sh._get_tensor_dim_size(x1, -2), sh._get_tensor_dim_size(x2, -2)
     if rows1 is not None and rows2 is not None:
         if rows1 > _CDIST_MM_ROWS or rows2 > _CDIST_MM_ROWS:
             return _euclidean_dist_mm(g, x1, x2, dt)
-        return direct
-    # row counts dynamic in the graph: eager's choice made on the run's shapes
+        return direct(x1, x2)
+    # row counts dynamic in the graph: eager's choice made on the run's shapes. Each path reads
+    # zeros where it is not taken, so its backward (0 * inf at an infinite input) adds nothing
     limit = _const(g, [_CDIST_MM_ROWS], torch.int64)
     rows = lambda x: g.op("Slice", g.op("Shape", x), _const(g, [-2], torch.int64), _const(g, [-1], torch.int64))
     use_mm = g.op("Or", g.op("Greater", rows(x1), limit), g.op("Greater", rows(x2), limit))
-    return g.op("Where", use_mm, _euclidean_dist_mm(g, x1, x2, dt), direct)
+    zero = _const(g, 0.0, dt)
+    only = lambda x, on_mm: g.op("Where", use_mm, x, zero) if on_mm else g.op("Where", use_mm, zero, x)
+    return g.op("Where", use_mm, _euclidean_dist_mm(g, only(x1, True), only(x2, True), dt),
+                direct(only(x1, False), only(x2, False)))
 
 
 def _inf_norm_ties_whole(g, diff):
@@ -718,10 +722,14 @@ def _inf_norm_ties_whole(g, diff):
     element equal to the maximum (linalg_vector_norm's shares dy among them instead)."""
     a = g.op("Abs", diff)
     ax = _const(g, [-1], torch.int64)
-    m = _stop_gradient(g, g.op("ReduceMax", a, ax, keepdims_i=1))
+    raw = g.op("ReduceMax", a, ax, keepdims_i=1)
+    m = _stop_gradient(g, raw)
     hit = g.op("Cast", g.op("Equal", a, m), to_i=_onnx_dtype(_dtype_of(diff)))
     picked = g.op("Mul", _stop_gradient(g, hit), g.op("Sub", a, _stop_gradient(g, a)))
-    return g.op("Add", g.op("Squeeze", m, ax), g.op("ReduceSum", picked, ax, keepdims_i=0))
+    ties_whole = g.op("Add", m, g.op("ReduceSum", picked, ax, keepdims_i=1))
+    # a - a is NaN at an infinite element: rows whose max is not finite keep ReduceMax itself
+    finite = g.op("Equal", g.op("Sub", m, m), _const(g, 0.0, _dtype_of(diff)))
+    return g.op("Squeeze", g.op("Where", finite, ties_whole, raw), ax)
 
 
 def _dist_symbolic(g, self, other, p):

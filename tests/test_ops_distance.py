@@ -379,3 +379,36 @@ def test_triplet_margin_with_distance_loss():
     check_against_eager(lambda x, y, z: F.triplet_margin_with_distance_loss(x, y, z), a, pos, neg)
     check_against_eager(lambda x, y, z: F.triplet_margin_with_distance_loss(
         x, y, z, distance_function=lambda u, v: 1 - F.cosine_similarity(u, v), swap=True), a, pos, neg)
+
+
+# ---- non-finite inputs ----------------------------------------------------------------------
+
+def _non_finite():
+    x = _rows(4, 6)
+    x[0, 1], x[2, 0], x[1, 2] = math.inf, -math.inf, math.nan
+    return x
+
+
+@pytest.mark.parametrize("name", ["pairwise_p2", "pairwise_p1", "pairwise_p3", "pairwise_half", "pairwise_inf",
+                                  "cosine", "vector_norm_3", "cdist_p2", "cdist_p3", "cdist_inf_no_nan_no_inf"])
+def test_non_finite_inputs(name):
+    # NaN and infinities where eager has them, forward and backward. Not here (they differ):
+    # cdist p = inf, whose eager max over a row skips a NaN (ortmod's is NaN) and whose gradient
+    # at an infinite element is NaN (ortmod's 0); cdist p = 1's gradient at a NaN element (eager
+    # NaN, ortmod's sign(NaN) 0); cdist's matrix-product path, where the NaN of an infinite input
+    # spreads differently through eager's _euclidean_dist_backward and the engine's MatMul
+    # gradient
+    fn = {
+        "pairwise_p2": lambda x, y: F.pairwise_distance(x, y),
+        "pairwise_p1": lambda x, y: F.pairwise_distance(x, y, p=1),
+        "pairwise_p3": lambda x, y: F.pairwise_distance(x, y, p=3),
+        "pairwise_half": lambda x, y: F.pairwise_distance(x, y, p=0.5),
+        "pairwise_inf": lambda x, y: F.pairwise_distance(x, y, p=math.inf),
+        "cosine": lambda x, y: F.cosine_similarity(x, y),
+        "vector_norm_3": lambda x, y: torch.linalg.vector_norm(x - y, 3, dim=1),
+        "cdist_p2": lambda x, y: torch.cdist(x, y),
+        "cdist_p3": lambda x, y: torch.cdist(x, y, p=3),
+        "cdist_inf_no_nan_no_inf": lambda x, y: torch.cdist(x, y, p=math.inf),
+    }[name]
+    x = _non_finite() if name != "cdist_inf_no_nan_no_inf" else _rows(4, 6) * 1e300   # large, finite
+    check_against_eager(fn, x, _rows(4, 6))
