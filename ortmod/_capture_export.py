@@ -299,7 +299,27 @@ def _translations():
             out = op.Where(is_pad, stop_gradient_op(out), out)
         return out
 
+    def cosine_similarity(x1: TFloat, x2: TFloat, dim: int = 1, eps: float = 1e-8) -> TFloat:
+        # eager (Distance.cpp): x1, x2 expanded to one shape, each 2-norm over dim clamped to eps
+        # in place under no_grad, so autograd differentiates the norm as if unclamped; the
+        # decomposition clamps with a gradient (0 below eps) instead. Here the clamped norm is
+        # eps + (n - n) there: the value exactly eps, the gradient n's (as ortmod's TorchScript rule).
+        dt = x1.dtype
+        x1e = op.Expand(x1, op.Shape(x2))
+        x2e = op.Expand(x2, op.Shape(x1))
+        axes = const([dim], ir.DataType.INT64)
+        eps_c = const(eps, dt)
+
+        def clamped(n):
+            lifted = op.Add(op.Sub(n, stop_gradient_op(n)), eps_c)
+            return op.Where(op.Less(n, eps_c), lifted, n)
+
+        n1 = clamped(op.ReduceL2(x1e, axes, keepdims=1))
+        n2 = clamped(op.ReduceL2(x2e, axes, keepdims=1))
+        return op.ReduceSum(op.Mul(op.Div(x1e, n1), op.Div(x2e, n2)), axes, keepdims=0)
+
     return {
+        torch.ops.aten.cosine_similarity.default: cosine_similarity,
         torch.ops.aten.embedding.default: embedding,
         torch.ops.aten.sort.default: sort,
         torch.ops.aten.sort.stable: sort_stable,
@@ -875,4 +895,5 @@ REVIEWED = frozenset({
     "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
     # selection and norms (TopK, ortmod's Sort, ReduceL1/L2, ReduceLogSumExp; clamp_min is Clip)
     "aten::topk", "aten::sort", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
+    "aten::cosine_similarity",     # ortmod's rule (eager's straight-through clamp of the norms)
 })

@@ -8,9 +8,10 @@ Four mechanisms, each general rather than one fix per pattern:
   forward, no gradient rule), so autodiff stops exactly where eager autograd does.
 * **No argument is dropped.** torch's symbolics ignore some arguments (``padding_idx``,
   ``divisor_override``, Softplus's ``threshold``) or approximate them (``kl_div`` for
-  non-positive targets). ortmod's own symbolics, registered only while ortmod exports, keep
-  them as faithful decompositions, or refuse by name what the engine cannot reproduce
-  (``max_norm``'s in-place renormalisation, ``scale_grad_by_freq``).
+  non-positive targets, ``pairwise_distance``'s eps in the exponent, ``cosine_similarity``'s
+  clamp, the NaN gradient of a p-norm at a zero row). ortmod's own symbolics, registered only
+  while ortmod exports, keep them as faithful decompositions, or refuse by name what the engine
+  cannot reproduce (``max_norm``'s in-place renormalisation, ``scale_grad_by_freq``).
 * **What the trace froze is guarded.** Python values computed from tensors while tracing
   (``.item()``, ``if t:``, ``float(x.size(-1))``, ``len(x)``) become constants in the graph.
   ``TraceGuards`` records each such tensor, makes it an extra graph output and keeps the value
@@ -51,6 +52,8 @@ class StopGradientMode(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.nn.functional.gaussian_nll_loss and torch.jit.is_tracing():
+            args, kwargs = _gaussian_nll_var_lifted(args, kwargs)
         out = func(*args, **kwargs)
         if torch.is_grad_enabled() or not torch.jit.is_tracing() or _pyop._inside_function():
             return out
@@ -66,6 +69,26 @@ class StopGradientMode(torch.overrides.TorchFunctionMode):
                 "place, or outside torch.no_grad()")
         return torch.utils._pytree.tree_map(
             lambda t: t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+
+
+def _gaussian_nll_var_lifted(args, kwargs):
+    """F.gaussian_nll_loss clamps ``var`` to eps in place under ``torch.no_grad()``: eager autograd
+    differentiates log(var) and .../var as if var were unclamped. A Python function that
+    dispatches through ``__torch_function__`` runs its body with this mode disabled, so the trace
+    held a plain clamp, whose gradient is 0 below eps (GaussianNLLLoss's var gradient was silently
+    wrong there). ``var`` is lifted to eps beforehand with the gradient of var itself, as
+    eps + (var - var.detach()); the function's own clamp then changes nothing. Its check of
+    negative entries is made first, on the real var (eager raises ValueError)."""
+    names = ("input", "target", "var", "full", "eps", "reduction")
+    bound = dict(zip(names, args), **kwargs)
+    var, eps = bound.get("var"), bound.get("eps", 1e-6)
+    if not isinstance(var, torch.Tensor) or not var.requires_grad or not isinstance(eps, (int, float)):
+        return args, kwargs
+    if torch.any(var < 0):
+        raise ValueError("var has negative entry/entries")
+    bound["var"] = torch.where(var < eps, (var - var.detach()) + eps, var)
+    n = min(len(args), len(names))
+    return tuple(bound.pop(k) for k in names[:n]), bound
 
 
 def _detach_symbolic(g, input):
@@ -355,6 +378,405 @@ def _extremum_symbolic(arg_op, original):
     return symbolic
 
 
+# ---- p-norms, pairwise_distance, cosine_similarity ------------------------------------------
+
+def _stop_gradient(g, x):
+    out = g.op("ortmod::StopGradient", x)
+    out.setType(x.type())
+    return out
+
+
+def _float_const_arg(value, what, name):
+    from torch.onnx import symbolic_helper as sh
+    v = sh._maybe_get_const(value, "f")
+    if sh._is_value(v) or not isinstance(v, (int, float)):
+        _refuse(what, f"ortmod keeps {name} only as a constant")
+    return float(v)
+
+
+def _p_norm(g, x, p, axes, keepdim, what):
+    """at::norm / linalg_vector_norm of ``x`` of order ``p`` over ``axes``, forward and gradient
+    as eager's norm_backward (FunctionsManual.cpp) gives them:
+
+    * p 2 and 1: ReduceL2 (dy * x / norm, 0 where the norm is 0) and ReduceL1 (dy * sgn(x));
+    * p +-inf: ReduceMax / ReduceMin of |x| (ties share dy equally, as eager's mask.sum);
+    * p 0: the count of non-zeros, no gradient;
+    * any other p: (sum |x|^p)^(1/p), with eager's masks: 0 where the norm is 0 (p > 0), where an
+      element is 0 (p < 1, whose |x|^(p-1) is inf there), and on rows holding a zero (p < 0: their
+      norm is 0, eager's norm^(1-p) factor zeroes the row). torch's rule has none of them: its
+      gradient at a zero row is inf * 0 = NaN.
+    A 0-d ``x`` is a 1-element vector (eager's dim -1 of a 0-d tensor)."""
+    dt = _dtype_of(x)
+    if _input_rank_or_none(x) == 0:
+        x = g.op("Reshape", x, _const(g, [1], torch.int64))
+        axes, keepdim = [0], False
+    ax = _const(g, list(axes), torch.int64)
+    k = int(bool(keepdim))
+    if p == 2.0:
+        return g.op("ReduceL2", x, ax, keepdims_i=k)
+    if p == 1.0:
+        return g.op("ReduceL1", x, ax, keepdims_i=k)
+    if math.isinf(p):
+        return g.op("ReduceMax" if p > 0 else "ReduceMin", g.op("Abs", x), ax, keepdims_i=k)
+    zero, one = _const(g, 0.0, dt), _const(g, 1.0, dt)
+    if p == 0.0:
+        nonzero = g.op("Cast", g.op("Not", g.op("Equal", x, zero)), to_i=_onnx_dtype(dt))
+        return g.op("ReduceSum", _stop_gradient(g, nonzero), ax, keepdims_i=k)
+    a = g.op("Abs", x)
+    a_zero = g.op("Equal", a, zero)
+    a_safe = g.op("Where", a_zero, one, a)               # pow's gradient stays finite where a == 0
+    powed = g.op("Pow", a_safe, _const(g, p, dt))
+    if p > 0:
+        powed = g.op("Where", a_zero, zero, powed)       # 0^p = 0, gradient 0
+        total = g.op("ReduceSum", powed, ax, keepdims_i=k)
+        t_zero = g.op("Equal", total, zero)
+        root = g.op("Pow", g.op("Where", t_zero, one, total), _const(g, 1.0 / p, dt))
+        return g.op("Where", t_zero, zero, root)
+    # p < 0: a zero element makes the norm 0 (0^p = inf, inf^(1/p) = 0); the gradient is 0 there
+    total = g.op("ReduceSum", powed, ax, keepdims_i=k)
+    has_zero = g.op("Equal", g.op("ReduceMin", a, ax, keepdims_i=k), zero)
+    root = g.op("Pow", g.op("Where", has_zero, one, total), _const(g, 1.0 / p, dt))
+    return g.op("Where", has_zero, zero, root)
+
+
+def _input_rank_or_none(x):
+    from torch.onnx import symbolic_helper as sh
+    return sh._get_tensor_rank(x)
+
+
+def _onnx_dtype(dtype):
+    from torch.onnx._internal.torchscript_exporter import _type_utils
+    return _type_utils.JitScalarType.from_dtype(dtype).onnx_type()
+
+
+def _same_float_dtype(what, *xs):
+    dts = {_dtype_of(x, None) for x in xs}
+    if len(dts) != 1 or None in dts:
+        _refuse(what, "ortmod takes it only on floating tensors of one dtype (cast them first)")
+    return dts.pop()
+
+
+def _pairwise_distance_symbolic(g, x1, x2, p, eps, keepdim):
+    """eager (Distance.cpp): at::norm(x1 - x2 + eps, p, -1, keepdim). torch's rule computes
+    (sum (x1 - x2)^p)^(1 / (p + eps)): eps in the exponent and no abs (odd p is wrong)."""
+    from torch.onnx import symbolic_helper as sh
+    what = "pairwise_distance"
+    dt = _same_float_dtype(what, x1, x2)
+    p = _float_const_arg(p, what, "p")
+    eps = _float_const_arg(eps, what, "eps")
+    keep = sh._maybe_get_const(keepdim, "b")
+    if sh._is_value(keep):
+        _refuse(what, "ortmod keeps keepdim only as a constant")
+    if _input_rank_or_none(x1) is None or _input_rank_or_none(x2) is None:
+        _refuse(what, "ortmod needs the inputs' ranks at export")
+    d = g.op("Add", g.op("Sub", x1, x2), _const(g, eps, dt))
+    return _p_norm(g, d, p, [-1], bool(keep), what)
+
+
+def _string_const(v):
+    """The value of a string constant argument, else None."""
+    node = v.node() if v is not None else None
+    if node is None or node.kind() not in ("prim::Constant", "onnx::Constant") or not node.hasAttribute("value"):
+        return None
+    return node.s("value") if node.kindOf("value") == "s" else None
+
+
+def _norm_dims(dim, rank, what):
+    from torch.onnx import symbolic_helper as sh
+    if dim is None or sh._is_none(dim):
+        if rank is None:
+            _refuse(what, "ortmod needs the input's rank at export")
+        return list(range(rank))
+    dims = sh._maybe_get_const(dim, "is")
+    if sh._is_value(dims):
+        _refuse(what, "ortmod keeps dim only as a constant")
+    return [dims] if isinstance(dims, int) else list(dims)
+
+
+def _with_dtype(g, x, dtype, what):
+    from torch.onnx import symbolic_helper as sh
+    if dtype is None or sh._is_none(dtype):
+        return x
+    d = sh._maybe_get_const(dtype, "i")
+    if sh._is_value(d):
+        _refuse(what, "ortmod keeps dtype only as a constant")
+    from torch.onnx._internal.torchscript_exporter import _type_utils
+    return g.op("Cast", x, to_i=_type_utils.JitScalarType(d).onnx_type())
+
+
+def _vector_norm(g, x, ord, dim, keepdim, dtype, what):
+    from torch.onnx import symbolic_helper as sh
+    p = 2.0 if ord is None or sh._is_none(ord) else _float_const_arg(ord, what, "ord")
+    keep = sh._maybe_get_const(keepdim, "b")
+    if sh._is_value(keep):
+        _refuse(what, "ortmod keeps keepdim only as a constant")
+    axes = _norm_dims(dim, _input_rank_or_none(x), what)
+    return _p_norm(g, _with_dtype(g, x, dtype, what), p, axes, bool(keep), what)
+
+
+def _vector_norm_symbolic(g, self, ord, dim, keepdim, dtype=None):
+    """linalg.vector_norm, torch.norm(p, dim): _p_norm, which keeps eager's zero-row gradient for
+    every order (torch's rule: NaN for orders other than 1, 2, inf) and keepdim with dim=None
+    (torch's rule drops it)."""
+    return _vector_norm(g, self, ord, dim, keepdim, dtype, "linalg.vector_norm")
+
+
+def _norm_symbolic(g, self, p, dim=None, keepdim=None, dtype=None):
+    """aten::norm (at::norm, as C++ callers such as triplet_margin_loss reach it): torch's rule
+    takes p 1 and 2 only."""
+    from torch.onnx import symbolic_helper as sh
+    if _string_const(p) is not None:
+        _refuse("torch.norm(p=<str>)", "ortmod takes string orders through torch.linalg.matrix_norm only")
+    keepdim = keepdim if keepdim is not None else _const(g, 0, torch.int64)
+    return _vector_norm(g, self, p, dim, keepdim, dtype, "torch.norm")
+
+
+def _frobenius(g, x, dim, keepdim, what):
+    from torch.onnx import symbolic_helper as sh
+    keep = sh._maybe_get_const(keepdim, "b")
+    axes = _norm_dims(dim, _input_rank_or_none(x), what)
+    return _p_norm(g, x, 2.0, axes, bool(keep), what)
+
+
+def _frobenius_norm_symbolic(g, self, dim=None, keepdim=None):
+    """ReduceL2 (eager's linalg_vector_norm(2) gradient, 0 at a zero matrix); torch's rule is
+    Sqrt(ReduceSum(x * x)), NaN there."""
+    keepdim = keepdim if keepdim is not None else _const(g, 0, torch.int64)
+    return _frobenius(g, self, dim, keepdim, "frobenius_norm")
+
+
+def _matrix_norm_symbolic(original):
+    def symbolic(g, self, ord, dim, keepdim, dtype=None):
+        """'fro' as ReduceL2 (see _frobenius_norm_symbolic); other orders keep torch's rule."""
+        from torch.onnx import symbolic_helper as sh
+        if _string_const(ord) == "fro":
+            return _frobenius(g, _with_dtype(g, self, dtype, "linalg.matrix_norm"), dim, keepdim,
+                              "linalg.matrix_norm")
+        return original(g, self, ord, dim, keepdim, dtype)
+    return symbolic
+
+
+def _linalg_norm_symbolic(original_matrix):
+    matrix = _matrix_norm_symbolic(original_matrix)
+
+    def symbolic(g, self, ord, dim, keepdim, dtype=None):
+        """eager's linalg_norm dispatch (LinearAlgebra.cpp): a given ord with two dims (or none,
+        on a matrix) is a matrix norm, anything else a vector norm (ord None: 2)."""
+        from torch.onnx import symbolic_helper as sh
+        given = not sh._is_none(ord)
+        dims = None if sh._is_none(dim) else _norm_dims(dim, None, "linalg.norm")
+        if given and ((dims is not None and len(dims) == 2) or (dims is None and _input_rank_or_none(self) == 2)):
+            if dims is None:
+                dim = _const(g, [0, 1], torch.int64)
+            return matrix(g, self, ord, dim, keepdim, dtype)
+        if given and _string_const(ord) is not None:
+            _refuse("linalg.norm", "a string order takes two dims")
+        return _vector_norm(g, self, ord, dim, keepdim, dtype, "linalg.norm")
+    return symbolic
+
+
+_LOSS_REDUCTIONS = {0: None, 1: "ReduceMean", 2: "ReduceSum"}
+
+
+def _loss_reduction(g, out, reduction, what):
+    from torch.onnx import symbolic_helper as sh
+    r = sh._maybe_get_const(reduction, "i")
+    if r not in _LOSS_REDUCTIONS:
+        _refuse(what, f"reduction {r!r} is not one of none, mean, sum")
+    return out if r == 0 else g.op(_LOSS_REDUCTIONS[r], out, keepdims_i=0)
+
+
+def _triplet_margin_loss_symbolic(g, anchor, positive, negative, margin, p, eps, swap, reduction):
+    """eager (Loss.cpp): d(a, b) = pairwise_distance(a, b, p, eps); with swap the negative distance
+    is min(d(anchor, negative), d(positive, negative)) (torch.minimum: ties share dy, as the
+    engine's Min); clamp_min(margin + d_pos - d_neg, 0), reduced. torch's exporter has no rule
+    (it inlines p 1 and 2 without swap through aten::norm and fails on the rest)."""
+    from torch.onnx import symbolic_helper as sh
+    what = "triplet_margin_loss"
+    dt = _same_float_dtype(what, anchor, positive, negative)
+    ranks = {_input_rank_or_none(v) for v in (anchor, positive, negative)}
+    if len(ranks) != 1 or None in ranks:
+        _refuse(what, "ortmod needs anchor, positive and negative of one known rank")
+    p_v, eps_v = _float_const_arg(p, what, "p"), _float_const_arg(eps, what, "eps")
+    margin_v = _float_const_arg(margin, what, "margin")
+    swap_v = sh._maybe_get_const(swap, "b")
+    if sh._is_value(swap_v):
+        _refuse(what, "ortmod keeps swap only as a constant")
+
+    def dist(a, b):
+        return _p_norm(g, g.op("Add", g.op("Sub", a, b), _const(g, eps_v, dt)), p_v, [-1], False, what)
+
+    d_pos, d_neg = dist(anchor, positive), dist(anchor, negative)
+    if swap_v:
+        d_neg = g.op("Min", d_neg, dist(positive, negative))
+    out = g.op("Sub", g.op("Add", _const(g, margin_v, dt), d_pos), d_neg)
+    out = g.op("Clip", out, _const(g, 0.0, dt))
+    return _loss_reduction(g, out, reduction, what)
+
+
+# Loss.cpp's EPSILON: a C++ float, so 1e-12 rounded to float32 whatever the inputs' dtype
+_COSINE_EMBEDDING_EPS = float(torch.tensor(1e-12, dtype=torch.float32))
+
+
+def _cosine_embedding_loss_symbolic(g, input1, input2, target, margin, reduction):
+    """eager (Loss.cpp): over dim d = target.dim(), cos = sum(x1 x2) / sqrt((sum x1^2 + E)(sum x2^2 + E));
+    the loss is 1 - cos where target == 1, clamp_min(cos - margin, 0) where target == -1, else 0.
+    torch's exporter has no rule."""
+    from torch.onnx import symbolic_helper as sh
+    from torch.onnx._internal.torchscript_exporter import _type_utils
+    what = "cosine_embedding_loss"
+    dt = _same_float_dtype(what, input1, input2)
+    t_rank, x_rank = _input_rank_or_none(target), _input_rank_or_none(input1)
+    if t_rank not in (0, 1) or x_rank != t_rank + 1 or _input_rank_or_none(input2) != x_rank:
+        _refuse(what, "ortmod takes a target of rank 0 or 1 and inputs of one rank more, known at export")
+    margin_v = _float_const_arg(margin, what, "margin")
+    try:
+        t_dtype = _type_utils.JitScalarType.from_value(target).dtype()
+    except Exception:   # torch's SymbolicValueError: no dtype recorded
+        _refuse(what, "ortmod needs the target's dtype at export")
+    ax = _const(g, [t_rank], torch.int64)
+    eps = _const(g, _COSINE_EMBEDDING_EPS, dt)
+    prod = g.op("ReduceSum", g.op("Mul", input1, input2), ax, keepdims_i=0)
+    mag1 = g.op("Add", g.op("ReduceSum", g.op("Mul", input1, input1), ax, keepdims_i=0), eps)
+    mag2 = g.op("Add", g.op("ReduceSum", g.op("Mul", input2, input2), ax, keepdims_i=0), eps)
+    cos = g.op("Div", prod, g.op("Sqrt", g.op("Mul", mag1, mag2)))
+    zero = _const(g, 0.0, dt)
+    pos = g.op("Sub", _const(g, 1.0, dt), cos)
+    neg = g.op("Clip", g.op("Sub", cos, _const(g, margin_v, dt)), zero)
+    out = g.op("Add", g.op("Where", g.op("Equal", target, _const(g, 1, t_dtype)), pos, zero),
+               g.op("Where", g.op("Equal", target, _const(g, -1, t_dtype)), neg, zero))
+    return _loss_reduction(g, out, reduction, what)
+
+
+_CDIST_MM_ROWS = 25   # Distance.cpp: "use_mm_for_euclid_dist_if_necessary" takes the mm path above it
+
+
+def _euclidean_dist_mm(g, x1, x2, dt):
+    """eager's _euclidean_dist: x1_ = [-2 x1, |x1|^2, 1], x2_ = [x2, 1, |x2|^2],
+    sqrt(clamp_min(x1_ @ x2_^T, 0)); its backward (_euclidean_dist_backward) divides by the result
+    and takes 0 where it is 0, which the Where around Sqrt gives (Sqrt's own is inf there)."""
+    ax = _const(g, [-1], torch.int64)
+    n1 = g.op("ReduceSum", g.op("Mul", x1, x1), ax, keepdims_i=1)
+    n2 = g.op("ReduceSum", g.op("Mul", x2, x2), ax, keepdims_i=1)
+    one1 = g.op("Expand", _const(g, 1.0, dt), g.op("Shape", n1))
+    one2 = g.op("Expand", _const(g, 1.0, dt), g.op("Shape", n2))
+    a = g.op("Concat", g.op("Mul", x1, _const(g, -2.0, dt)), n1, one1, axis_i=-1)
+    b = g.op("Concat", x2, one2, n2, axis_i=-1)
+    rank = _input_rank_or_none(x2)
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    sq = g.op("MatMul", a, g.op("Transpose", b, perm_i=perm))
+    zero, one = _const(g, 0.0, dt), _const(g, 1.0, dt)
+    nonpos = g.op("LessOrEqual", sq, zero)                # clamp_min(0) and the 0 of the subgradient
+    return g.op("Where", nonpos, zero, g.op("Sqrt", g.op("Where", nonpos, one, sq)))
+
+
+def _cdist_symbolic(g, x1, x2, p, compute_mode=None):
+    """torch.cdist as eager computes it (Distance.cpp): p 2 through _euclidean_dist (a matrix
+    product) with compute_mode 'use_mm_for_euclid_dist', or by default where either input has
+    more than 25 rows; otherwise the norm of every difference, with _cdist_backward's gradient
+    (for p = inf every tie gets the whole dy). torch's rule reuses its pairwise_distance rule:
+    eps in the exponent, no abs (NaN for odd p), and the mm path whatever the mode."""
+    from torch.onnx import symbolic_helper as sh
+    what = "torch.cdist"
+    dt = _same_float_dtype(what, x1, x2)
+    p_v = _float_const_arg(p, what, "p")
+    r1, r2 = _input_rank_or_none(x1), _input_rank_or_none(x2)
+    if r1 is None or r2 is None or r1 < 2 or r1 != r2:
+        _refuse(what, "ortmod needs inputs of one known rank, at least 2")
+    if p_v < 0:
+        _refuse(what, "p must be non-negative")
+    mode = None if compute_mode is None or sh._is_none(compute_mode) else sh._maybe_get_const(compute_mode, "i")
+    if sh._is_value(mode):
+        _refuse(what, "ortmod keeps compute_mode only as a constant")
+    mode = mode or 0
+
+    def direct(x1, x2):
+        diff = g.op("Sub", g.op("Unsqueeze", x1, _const(g, [-2], torch.int64)),
+                    g.op("Unsqueeze", x2, _const(g, [-3], torch.int64)))
+        if math.isinf(p_v):
+            return _inf_norm_ties_whole(g, diff)
+        return _p_norm(g, diff, p_v, [-1], False, what)
+
+    if p_v != 2.0 or mode == 2:
+        return direct(x1, x2)
+    if mode == 1:
+        return _euclidean_dist_mm(g, x1, x2, dt)
+    rows1, rows2 = sh._get_tensor_dim_size(x1, -2), sh._get_tensor_dim_size(x2, -2)
+    if rows1 is not None and rows2 is not None:
+        if rows1 > _CDIST_MM_ROWS or rows2 > _CDIST_MM_ROWS:
+            return _euclidean_dist_mm(g, x1, x2, dt)
+        return direct(x1, x2)
+    # row counts dynamic in the graph: eager's choice made on the run's shapes. Each path reads
+    # zeros where it is not taken, so its backward (0 * inf at an infinite input) adds nothing
+    limit = _const(g, [_CDIST_MM_ROWS], torch.int64)
+    rows = lambda x: g.op("Slice", g.op("Shape", x), _const(g, [-2], torch.int64), _const(g, [-1], torch.int64))
+    use_mm = g.op("Or", g.op("Greater", rows(x1), limit), g.op("Greater", rows(x2), limit))
+    zero = _const(g, 0.0, dt)
+    only = lambda x, on_mm: g.op("Where", use_mm, x, zero) if on_mm else g.op("Where", use_mm, zero, x)
+    return g.op("Where", use_mm, _euclidean_dist_mm(g, only(x1, True), only(x2, True), dt),
+                direct(only(x1, False), only(x2, False)))
+
+
+def _inf_norm_ties_whole(g, diff):
+    """max |diff| over the last axis with _cdist_backward's gradient: sign(diff) * dy at every
+    element equal to the maximum (linalg_vector_norm's shares dy among them instead)."""
+    a = g.op("Abs", diff)
+    ax = _const(g, [-1], torch.int64)
+    raw = g.op("ReduceMax", a, ax, keepdims_i=1)
+    m = _stop_gradient(g, raw)
+    hit = g.op("Cast", g.op("Equal", a, m), to_i=_onnx_dtype(_dtype_of(diff)))
+    picked = g.op("Mul", _stop_gradient(g, hit), g.op("Sub", a, _stop_gradient(g, a)))
+    ties_whole = g.op("Add", m, g.op("ReduceSum", picked, ax, keepdims_i=1))
+    # a - a is NaN at an infinite element: rows whose max is not finite keep ReduceMax itself
+    finite = g.op("Equal", g.op("Sub", m, m), _const(g, 0.0, _dtype_of(diff)))
+    return g.op("Squeeze", g.op("Where", finite, ties_whole, raw), ax)
+
+
+def _dist_symbolic(g, self, other, p):
+    """torch.dist: eager's at::norm(self - other, p) over every element (derivatives.yaml:
+    norm_backward of the difference). torch's exporter has no rule."""
+    what = "torch.dist"
+    _same_float_dtype(what, self, other)
+    d = g.op("Sub", self, other)
+    rank = _input_rank_or_none(d)
+    if rank is None:
+        r1, r2 = _input_rank_or_none(self), _input_rank_or_none(other)
+        rank = None if r1 is None or r2 is None else max(r1, r2)
+    if rank is None:
+        _refuse(what, "ortmod needs the inputs' ranks at export")
+    return _p_norm(g, d, _float_const_arg(p, what, "p"), list(range(rank)), False, what)
+
+
+def _clamped_min_straight_through(g, n, eps):
+    """max(n, eps) in value with the gradient of n itself: eager clamps the norms in place under
+    NoGradGuard, so autograd differentiates them as if unclamped. eps + (n - n) keeps the value
+    exactly eps and the gradient 1."""
+    below = g.op("Less", n, eps)
+    lifted = g.op("Add", g.op("Sub", n, _stop_gradient(g, n)), eps)
+    return g.op("Where", below, lifted, n)
+
+
+def _cosine_similarity_symbolic(g, x1, x2, dim, eps):
+    """eager (Distance.cpp, torch 2.x): x1, x2 expanded to one shape; n_i = ||x_i||_2 over dim
+    (keepdim), each clamped to eps in place under no_grad; sum((x1 / n1) * (x2 / n2), dim).
+    torch's rule divides by max(sqrt(|x1|^2 |x2|^2), eps): Sqrt's gradient at a zero vector is
+    inf * 0 = NaN, and its gradient below eps is a true clamp's, not eager's."""
+    from torch.onnx import symbolic_helper as sh
+    what = "cosine_similarity"
+    dt = _same_float_dtype(what, x1, x2)
+    dim = sh._maybe_get_const(dim, "i")
+    if sh._is_value(dim) or not isinstance(dim, int):
+        _refuse(what, "ortmod keeps dim only as a constant")
+    eps_c = _const(g, _float_const_arg(eps, what, "eps"), dt)
+    s1, s2 = sh._get_tensor_sizes(x1), sh._get_tensor_sizes(x2)
+    if not (s1 is not None and s1 == s2 and None not in s1):
+        x1, x2 = g.op("Expand", x1, g.op("Shape", x2)), g.op("Expand", x2, g.op("Shape", x1))
+    ax = _const(g, [dim], torch.int64)
+    n1 = _clamped_min_straight_through(g, g.op("ReduceL2", x1, ax, keepdims_i=1), eps_c)
+    n2 = _clamped_min_straight_through(g, g.op("ReduceL2", x2, ax, keepdims_i=1), eps_c)
+    return g.op("ReduceSum", g.op("Mul", g.op("Div", x1, n1), g.op("Div", x2, n2)), ax, keepdims_i=0)
+
+
 _INT64_MAX = 2**63 - 1
 
 
@@ -520,7 +942,20 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             "aten::instance_norm": _instance_norm_symbolic,
             "aten::sort": _sort_symbolic,
             "aten::argsort": _argsort_symbolic,
+            "aten::pairwise_distance": _pairwise_distance_symbolic,
+            "aten::cosine_similarity": _cosine_similarity_symbolic,
+            "aten::linalg_vector_norm": _vector_norm_symbolic,
+            "aten::norm": _norm_symbolic,
+            "aten::frobenius_norm": _frobenius_norm_symbolic,
+            "aten::triplet_margin_loss": _triplet_margin_loss_symbolic,
+            "aten::cdist": _cdist_symbolic,
+            "aten::cosine_embedding_loss": _cosine_embedding_loss_symbolic,
+            "aten::dist": _dist_symbolic,
         }
+        matrix_norm = _torch_symbolic(registration, "aten::linalg_matrix_norm", opset)
+        if matrix_norm is not None:
+            symbolics["aten::linalg_matrix_norm"] = _matrix_norm_symbolic(matrix_norm)
+            symbolics["aten::linalg_norm"] = _linalg_norm_symbolic(matrix_norm)
         for name, arg_op in (("aten::max", "ArgMax"), ("aten::min", "ArgMin")):
             if _torch_symbolic(registration, name, opset) is not None:
                 symbolics[name] = _extremum_symbolic(arg_op, _torch_symbolic(registration, name, opset))

@@ -75,6 +75,10 @@ NORMS = {
     "logsumexp_keepdim": lambda x: torch.logsumexp(x, dim=(0, 1), keepdim=True),
     "pairwise_distance": lambda x: F.pairwise_distance(x, x.flip(0)),
     "cosine_similarity": lambda x: F.cosine_similarity(x, x.flip(0)),
+    "normalize_p3": lambda x: F.normalize(x, p=3, dim=-1),
+    "vector_norm_3": lambda x: torch.linalg.vector_norm(x, 3, dim=1),
+    "vector_norm_half": lambda x: torch.linalg.vector_norm(x, 0.5, dim=1),
+    "matrix_norm_fro": lambda x: torch.linalg.matrix_norm(x),
 }
 
 
@@ -87,26 +91,11 @@ class Fn(nn.Module):
         return self.fn(x)
 
 
-# what torch's TorchScript exporter writes differs from eager (not ortmod's ops)
-DIFFERS = {
-    "pairwise_distance": "torch's symbolic adds eps to the exponent, (sum d^p)^(1/(p + eps)), where eager "
-                         "adds it to the difference, ||x1 - x2 + eps||_p",
-}
-# exported as decompositions of other ops, whose gradient at a zero row is not eager's
-ZERO_ROW_DIFFERS = {
-    "cosine_similarity": "exported as Mul/ReduceSum/Sqrt/Max/Div: Sqrt's gradient at the zero product is "
-                         "inf * 0 = NaN, where eager's cosine_similarity backward gives a finite value",
-}
-
-
 @pytest.mark.parametrize("zero_row", [False, True])
 @pytest.mark.parametrize("name", sorted(NORMS))
-def test_norm_functions_match_eager(name, zero_row, request):
-    # rows of zeros: the norm's subgradient at 0 is eager's 0
-    if zero_row and name in ZERO_ROW_DIFFERS:
-        request.applymarker(pytest.mark.xfail(reason=ZERO_ROW_DIFFERS[name], strict=True))
-    if name in DIFFERS:
-        request.applymarker(pytest.mark.xfail(reason=DIFFERS[name], strict=True))
+def test_norm_functions_match_eager(name, zero_row):
+    # rows of zeros: the norm's subgradient at 0 is eager's 0 (pairwise_distance, cosine_similarity
+    # and the other orders: ortmod's own export rules, tests/test_ops_distance.py)
     x = torch.randn(4, 6, dtype=torch.float64)
     if zero_row:
         x[1] = 0

@@ -174,6 +174,36 @@ def test_kl_div_nonpositive_targets():
     run_both(KL(), x, t)
 
 
+class GaussianNLL(nn.Module):
+    def __init__(self, var_shape=None, **kwargs):
+        super().__init__()
+        self.loss, self.var_shape = nn.GaussianNLLLoss(**kwargs), var_shape
+
+    def forward(self, x, t, v):
+        return self.loss(x, t, v)
+
+
+@pytest.mark.parametrize("kwargs,homoscedastic", [({}, False), ({"eps": 0.1, "full": True, "reduction": "sum"}, False),
+                                                  ({}, True), ({"reduction": "none"}, False)],
+                         ids=["default", "eps-full-sum", "homoscedastic", "none"])
+def test_gaussian_nll_var_below_eps(kwargs, homoscedastic):
+    # eager clamps var to eps in place under no_grad: the gradient below eps is var's own,
+    # not a clamp's 0 (F.gaussian_nll_loss's body ran unseen by the stop-gradient mode)
+    x, t = torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64)
+    v = torch.rand(4, 6, dtype=torch.float64) + 0.5
+    v[1] *= 1e-8
+    v[2, :3] = 0.0
+    if homoscedastic:
+        v = v[:, 0]
+    run_both(GaussianNLL(**kwargs), x, t, v)
+
+
+def test_gaussian_nll_negative_var_raises_as_eager():
+    x = torch.randn(3, 4)
+    with pytest.raises(ValueError, match="negative"):
+        ORTModule(GaussianNLL())(x, x.clone(), -torch.ones(3, 4, requires_grad=True))
+
+
 # ---- dtypes ---------------------------------------------------------------------------------------
 
 class ScalarLosses(nn.Module):

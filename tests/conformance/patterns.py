@@ -485,6 +485,59 @@ def _():
     return _fn(forward, a=nn.Linear(4, 5)), (_r(2, 4),)
 
 
+@pattern("pairwise_distance_orders")
+def _():
+    """nn.PairwiseDistance of orders 3 and 1 (keepdim) and inf between two embeddings"""
+    def forward(s, x, y):
+        a, b = s.a(x), s.a(y)
+        return s.d3(a, b) + s.d1(a, b).squeeze(-1) + F.pairwise_distance(a, b.flip(0), p=math.inf)
+    m = _fn(forward, a=nn.Linear(5, 6), d3=nn.PairwiseDistance(p=3), d1=nn.PairwiseDistance(p=1, keepdim=True))
+    return m, (_r(4, 5), _r(4, 5))
+
+
+@pattern("triplet_margin_swap")
+def _():
+    """nn.TripletMarginLoss(p=3, swap=True) on a shared embedding net"""
+    loss = nn.TripletMarginLoss(margin=1.0, p=3, swap=True)
+    m = _fn(lambda s, a, p, n: s.loss(s.a(a), s.a(p), s.a(n)), a=nn.Linear(5, 6), loss=loss)
+    return m, (_r(6, 5), _r(6, 5), _r(6, 5))
+
+
+@pattern("cosine_similarity_zero_vector")
+def _():
+    """nn.CosineSimilarity where one embedding is a zero vector (ReLU of a negative row)"""
+    def forward(s, x, y):
+        return s.cos(torch.relu(s.a(x) - 10.0 * (x[:, :1] < 0)), s.a(y))
+    m = _fn(forward, a=nn.Linear(5, 6), cos=nn.CosineSimilarity(dim=1))
+    x = _r(4, 5)
+    x[1, 0] = -1.0
+    return m, (x, _r(4, 5))
+
+
+@pattern("cdist_orders")
+def _():
+    """torch.cdist of orders 1, 2 and 3 between a batch and learned prototypes"""
+    def forward(s, x):
+        h = s.a(x)
+        return torch.cdist(h, s.w, p=1) + torch.cdist(h, s.w) + torch.cdist(h, s.w, p=3)
+    m = _fn(forward, a=nn.Linear(5, 6))
+    m.w = nn.Parameter(torch.randn(3, 6))
+    return m, (_r(4, 5),)
+
+
+@pattern("normalize_p3_zero_row")
+def _():
+    """F.normalize(p=3) of rows one of which is zero (the norm's subgradient at 0)"""
+    def forward(s, x):
+        h = s.a(x) * (x[:, :1] > -1.0)
+        return F.normalize(h, p=3, dim=-1) * s.g
+    m = _fn(forward, a=nn.Linear(5, 6))
+    m.g = nn.Parameter(torch.randn(6))
+    x = _r(4, 5)
+    x[2, 0] = -2.0
+    return m, (x,)
+
+
 def main(argv=None):
     from . import runner
     return runner.main(argv, source="patterns")
