@@ -9,9 +9,10 @@ Four mechanisms, each general rather than one fix per pattern:
 * **No argument is dropped.** torch's symbolics ignore some arguments (``padding_idx``,
   ``divisor_override``, Softplus's ``threshold``) or approximate them (``kl_div`` for
   non-positive targets, ``pairwise_distance``'s eps in the exponent, ``cosine_similarity``'s
-  clamp, the NaN gradient of a p-norm at a zero row). ortmod's own symbolics, registered only
-  while ortmod exports, keep them as faithful decompositions, or refuse by name what the engine
-  cannot reproduce (``max_norm``'s in-place renormalisation, ``scale_grad_by_freq``).
+  clamp, the NaN gradient of a p-norm at a zero row, ``index_put``'s ``accumulate`` with repeated
+  indices). ortmod's own symbolics, registered only while ortmod exports, keep them as faithful
+  decompositions, or refuse by name what the engine cannot reproduce (``max_norm``'s in-place
+  renormalisation, ``scale_grad_by_freq``).
 * **What the trace froze is guarded.** Python values computed from tensors while tracing
   (``.item()``, ``if t:``, ``float(x.size(-1))``, ``len(x)``) become constants in the graph.
   ``TraceGuards`` records each such tensor, makes it an extra graph output and keeps the value
@@ -209,6 +210,31 @@ def _index_add_symbolic(g, self, dim, index, source, alpha=None):
     idx = g.op("Reshape", index, _const(g, shape, torch.int64))
     idx = g.op("Expand", idx, g.op("Shape", source))
     return g.op("ScatterElements", self, idx, source, axis_i=dim, reduction_s="add")
+
+
+def _index_put_symbolic(original):
+    """index_put with accumulate=True: one ScatterND with reduction add, so that repeated indices
+    add up as in eager. torch's rule scatters the values into zeros without a reduction and adds
+    the result to self (a repeated index keeps only its last value), and with a boolean mask it
+    ignores accumulate (masked_fill/masked_scatter replace). accumulate=False is torch's rule."""
+    def symbolic(g, self, indices_list_value, values, accumulate=False):
+        from torch.onnx import symbolic_helper as sh
+        acc = sh._maybe_get_const(accumulate, "b")
+        if not isinstance(acc, (bool, int)):
+            _refuse("index_put", "accumulate must be a constant")
+        if not acc:
+            return original(g, self, indices_list_value, values, accumulate)
+        indices = (sh._unpack_list(indices_list_value) if sh._is_packed_list(indices_list_value)
+                   else [indices_list_value])
+        if any(sh._is_bool(i) for i in indices):
+            _refuse("index_put", "accumulate=True with a boolean mask index")
+        out = original(g, self, indices_list_value, values, False)
+        node = out.node()
+        if node.kind() != "onnx::ScatterND":
+            _refuse("index_put", f"accumulate=True exported as {node.kind()}, not one ScatterND")
+        node.s_("reduction", "add")
+        return out
+    return symbolic
 
 
 def _avg_pool_symbolic(rank, original):
@@ -959,6 +985,11 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
         for name, arg_op in (("aten::max", "ArgMax"), ("aten::min", "ArgMin")):
             if _torch_symbolic(registration, name, opset) is not None:
                 symbolics[name] = _extremum_symbolic(arg_op, _torch_symbolic(registration, name, opset))
+        # torch registers its opset-11 index_put (the one that scatters) when that module is
+        # imported, which its exporter does lazily: before it, the registry holds opset 9's stub
+        from torch.onnx._internal.torchscript_exporter import symbolic_opset11  # noqa: F401
+        if _torch_symbolic(registration, "aten::index_put", opset) is not None:
+            symbolics["aten::index_put"] = _index_put_symbolic(_torch_symbolic(registration, "aten::index_put", opset))
         for rank in (1, 2, 3):
             name = f"aten::avg_pool{rank}d"
             if _torch_symbolic(registration, name, opset) is not None:

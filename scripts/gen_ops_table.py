@@ -78,6 +78,20 @@ MODEL_FAMILIES = [
       "LessOrEqual", "MatMul", "Mul", "Neg", "Pad", "Pow", "Range", "Reshape", "Shape", "Sin",
       "Slice", "Softmax", "SoftmaxCrossEntropyLoss", "Sqrt", "StopGradient", "Sub", "Tanh",
       "Transpose", "Unsqueeze", "Where"]),
+    ("T5 (`transformers.T5ForConditionalGeneration`)", "`input_ids`, `attention_mask`, `labels`",
+     "tests/test_models_seq2seq.py",
+     ["Abs", "Add", "And", "Cast", "Concat", "Constant", "ConstantOfShape", "Div", "Dropout",
+      "Equal", "Expand", "Flatten", "Gather", "Greater", "GreaterOrEqual", "Less", "Log",
+      "MatMul", "Min", "Mul", "Neg", "Pow", "Range", "ReduceMean", "Relu", "Reshape",
+      "ScatterND", "Shape", "Slice", "Softmax", "SoftmaxCrossEntropyLoss", "Sqrt", "Squeeze",
+      "StopGradient", "Sub", "Transpose", "Unsqueeze", "Where"]),
+    ("BART (`transformers.BartForConditionalGeneration`)", "`input_ids`, `attention_mask`, `labels`",
+     "tests/test_models_seq2seq.py",
+     ["Add", "And", "Cast", "Concat", "Constant", "ConstantOfShape", "Dropout", "Equal",
+      "Expand", "Flatten", "Gather", "Gelu", "Greater", "GreaterOrEqual", "IsNaN",
+      "LayerNormalization", "LessOrEqual", "MatMul", "Mul", "Range", "Reshape", "ScatterND",
+      "Shape", "Slice", "Softmax", "SoftmaxCrossEntropyLoss", "StopGradient", "Sub",
+      "Transpose", "Unsqueeze", "Where"]),
 ]
 
 

@@ -205,6 +205,7 @@ REFUSED = [
     ("NegativeLogLikelihoodLoss", [("reduction", "")], "attribute 'reduction' = ''"),
     ("Gelu", [("approximate", "erf")], "attribute 'approximate' = 'erf'"),
     ("ScatterElements", [("reduction", "mul")], "attribute 'reduction' = 'mul'"),
+    ("ScatterND", [("reduction", "max")], "attribute 'reduction' = 'max'"),
     ("Range", [("stash_type", 11)], "attribute 'stash_type' = 11"),
     ("Dropout", [("seed", 7)], "attribute 'seed' is not implemented"),
     ("Constant", [("value_string", "hi")], "attribute 'value_string' is not implemented"),
@@ -337,6 +338,7 @@ ONNX_VALUES = {
     ("NegativeLogLikelihoodLoss", "reduction"): ["mean", "sum", "none"],
     ("Pad", "mode"): ["constant", "reflect", "edge", "wrap"],
     ("ScatterElements", "reduction"): ["none", "add", "mul", "max", "min"],
+    ("ScatterND", "reduction"): ["none", "add", "mul", "max", "min"],
     ("LSTM", "direction"): ["forward", "reverse", "bidirectional"],
     ("GRU", "direction"): ["forward", "reverse", "bidirectional"],
     **{(op, "auto_pad"): ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]

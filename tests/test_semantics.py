@@ -378,3 +378,35 @@ class IndexAdd(nn.Module):
 @pytest.mark.parametrize("alpha", [1, 0.5])
 def test_index_add_with_repeated_indices(alpha):
     run_both(IndexAdd(alpha), torch.randn(5, 3), torch.randn(6, 3))
+
+
+class IndexPutAccumulate(nn.Module):
+    def __init__(self, two_dims=False):
+        super().__init__()
+        self.two_dims = two_dims
+        self.l = nn.Linear(3, 3)
+
+    def forward(self, x, src):
+        if self.two_dims:                                  # (row, col) pairs, one repeated
+            rows, cols = torch.tensor([0, 2, 0, 4, 0, 1]), torch.tensor([1, 1, 1, 0, 2, 1])
+            return x.index_put((rows, cols), self.l(src).sum(1), accumulate=True)
+        index = torch.tensor([0, 2, 0, 4, 2, 2])          # repeated rows add up
+        return x.index_put((index,), self.l(src), accumulate=True)
+
+
+@pytest.mark.parametrize("two_dims", [False, True], ids=["rows", "pairs"])
+def test_index_put_accumulate_with_repeated_indices(two_dims):
+    """torch's symbolic scatters into zeros without a reduction and adds: a repeated index kept
+    only its last value. ortmod's gives one ScatterND with reduction add."""
+    run_both(IndexPutAccumulate(two_dims), torch.randn(5, 3), torch.randn(6, 3))
+
+
+class MaskedAccumulate(nn.Module):
+    def forward(self, x):
+        return x.index_put((x > 0,), torch.tensor(1.0), accumulate=True)
+
+
+def test_index_put_accumulate_with_a_mask_is_refused_by_name():
+    """torch's symbolic exports it as masked_fill, which replaces where eager adds."""
+    with pytest.raises(ortmod.UnsupportedModelError, match="index_put: accumulate=True with a boolean mask"):
+        ORTModule(MaskedAccumulate())(torch.randn(4, 3))

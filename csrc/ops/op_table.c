@@ -164,6 +164,10 @@
     X(om_op_gather_elements) \
     X(om_op_gather_elements_grad) \
     X(om_op_scatter_elements) \
+    /* gather_nd.c */ \
+    X(om_op_gather_nd) \
+    X(om_op_gather_nd_grad) \
+    X(om_op_scatter_nd) \
     /* rnn.c */ \
     X(om_op_lstm) \
     X(om_op_gru) \

@@ -347,6 +347,26 @@ NEW_CASES = [
      LOOSE),
     ("gru-minimal", "GRU", _rnn_inputs("GRU", 5, 3, 4, 6, 1, full=False), {"hidden_size": 6, "linear_before_reset": 1},
      ("X", "W", "R"), 2, (), LOOSE),
+    # GatherND / GatherNDGrad / ScatterND (cuda/gather_nd.cu; last: their draws from R leave the earlier
+    # cases' inputs as they were): tuples are data, negative entries wrap,
+    # repeats accumulate (GatherNDGrad, add) or the last one wins (none)
+    ("gather-nd-slices", "GatherND", {"x": f32(4, 5, 3), "i": np.array([[[0, 4], [-1, 2]], [[3, -5], [0, 4]]])},
+     None, ("x",), 1, (), {}),
+    ("gather-nd-elements", "GatherND", {"x": f32(3, 4, 5), "i": R.integers(-3, 3, (7, 3))}, None, ("x",), 1, (), {}),
+    ("gather-nd-batch-dims", "GatherND", {"x": f32(2, 3, 4), "i": np.array([[[2], [0], [2]], [[1], [1], [-3]]])},
+     {"batch_dims": 1}, ("x",), 1, (), {}),
+    ("gather-nd-int64-data-int32-idx", "GatherND", {"x": R.integers(0, 9, (4, 3)).astype(np.int64),
+     "i": np.array([[1], [3], [1]], np.int32)}, None, (), 1, (), {}),
+    ("scatter-nd-dups", "ScatterND", {"x": f32(5, 3), "i": np.array([[1], [3], [1], [4], [1]]), "u": f32(5, 3)},
+     None, ("x", "u"), 1, (), {}),
+    ("scatter-nd-slice-assign", "ScatterND", {"x": f32(2, 6, 3), "i": np.stack(np.meshgrid(
+        np.arange(2), np.arange(1, 6), indexing="ij"), -1).astype(np.int64), "u": f32(2, 5, 3)},
+     None, ("x", "u"), 1, (), {}),
+    ("scatter-nd-add", "ScatterND", {"x": f32(4, 3), "i": np.array([[[0, 2]], [[0, 2]], [[-1, -3]], [[3, 0]]]),
+     "u": f32(4, 1)}, {"reduction": "add"}, ("x", "u"), 1, (), {}),
+    ("scatter-nd-int64-labels", "ScatterND", {"x": np.zeros((2, 5), np.int64), "i": np.stack(np.meshgrid(
+        np.arange(2), np.arange(1, 5), indexing="ij"), -1).astype(np.int64),
+     "u": R.integers(0, 64, (2, 4)).astype(np.int64)}, None, (), 1, (), {}),
 ]
 
 
@@ -397,7 +417,8 @@ def test_new_op_matches_cpu(op, inputs, attrs, grad, n_out, const, tol):
 F64_CASES = [c for c in NEW_CASES if c[0] in ("conv2d-groups-dilation-same", "conv2d-pads-strides-bias", "bn-train-4d",
                                               "convt2d-strides-outpad-groups-bias",
                                               "avgpool2d-include-pad-ceil", "einsum-attn-scores", "cumsum-rows",
-                                              "pad-reflect", "scatter-elements-add", "lstm-bidirectional",
+                                              "pad-reflect", "scatter-elements-add", "scatter-nd-add",
+                                              "gather-nd-batch-dims", "lstm-bidirectional",
                                               "gru-bidirectional-no-lbr")]
 
 
