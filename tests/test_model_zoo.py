@@ -324,7 +324,7 @@ ZOO = {
                 'Equal', 'Flatten', 'Gather', 'Gemm', 'GlobalAveragePool', 'HardTanh', 'Mul', 'Pad', 'Reshape',
                 'Shape', 'Slice', 'SoftmaxCrossEntropyLoss', 'StopGradient', 'Sub', 'Transpose'],
         "bug": ('fp32 conditioning, not an engine bug: 17 blocks of conv+BatchNorm over a batch of 4 down'
-                " to 1x1 spatial amplify step 0's gradients to |g|~250 at the stem, where eager fp32 "
+                " to 1x1 spatial amplify step 0's gradients to a max abs ~250 at the stem, where eager fp32 "
                 'itself is as far from an fp64 referee as ORTModule (worst gradient error relative to '
                 "fp64's max: eager 1.3e-4, ORTModule 1.2e-4; logits 3.0e-5 and 1.9e-5), so rtol 1e-4 / "
                 'atol 1e-5 between the two cannot hold (first conv weight off by 2.0e-2 of 250)'),
