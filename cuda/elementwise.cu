@@ -199,7 +199,7 @@ COMPARE(xor_cuda, L_XOR)
 enum {
     U_NEG, U_RELU, U_ABS, U_TANH, U_SIGMOID, U_GELU_ERF, U_GELU_TANH, U_ERF, U_SQRT, U_EXP, U_LOG, U_RECIP,
     U_LEAKY, U_SOFTPLUS, U_ELU, U_SELU, U_HARD_SIGMOID, U_HARD_SWISH, U_MISH, U_SOFTSIGN, U_CELU, U_NOT,
-    U_SIN, U_COS, U_SIGN,
+    U_SIN, U_COS, U_SIGN, U_FLOOR, U_CEIL, U_ROUND,
 };
 
 struct act_params { float a, b, g; };
@@ -237,6 +237,9 @@ template <typename A> __device__ __forceinline__ A unary_op(int op, A v, act_par
     case U_SIN: return sin(v);
     case U_COS: return cos(v);
     case U_SIGN: return (A)((v > 0) - (v < 0));   // torch.sign(NaN) is 0
+    case U_FLOOR: return floor(v);
+    case U_CEIL: return ceil(v);
+    case U_ROUND: return rint(v);   // halves to even, as ONNX Round and torch.round
     default: return v;
     }
 }
@@ -283,6 +286,9 @@ UNARY(erf_cuda, U_ERF)
 UNARY(sin_cuda, U_SIN)
 UNARY(cos_cuda, U_COS)
 UNARY(sign_cuda, U_SIGN)
+UNARY(floor_cuda, U_FLOOR)
+UNARY(ceil_cuda, U_CEIL)
+UNARY(round_cuda, U_ROUND)
 UNARY(sqrt_cuda, U_SQRT)
 UNARY(exp_cuda, U_EXP)
 UNARY(log_cuda, U_LOG)
@@ -646,7 +652,7 @@ extern const omc_kernel_entry omc_kernels_elementwise[] = {
     {"Neg", "", neg_cuda}, {"Relu", "", relu_cuda}, {"Abs", "", abs_cuda}, {"Tanh", "", tanh_cuda},
     {"Sigmoid", "", sigmoid_cuda}, {"Gelu", "", gelu_cuda}, {"Erf", "", erf_cuda}, {"Sqrt", "", sqrt_cuda},
     {"Exp", "", exp_cuda}, {"Log", "", log_cuda}, {"Reciprocal", "", reciprocal_cuda},
-    {"Sin", "", sin_cuda}, {"Cos", "", cos_cuda}, {"Sign", "", sign_cuda}, {"Mod", "", mod_cuda},
+    {"Sin", "", sin_cuda}, {"Cos", "", cos_cuda}, {"Sign", "", sign_cuda}, {"Floor", "", floor_cuda}, {"Ceil", "", ceil_cuda}, {"Round", "", round_cuda}, {"Mod", "", mod_cuda},
     {"LeakyRelu", "", activation_cuda}, {"Softplus", "", activation_cuda}, {"Elu", "", activation_cuda},
     {"Selu", "", activation_cuda}, {"HardSigmoid", "", activation_cuda}, {"HardSwish", "", activation_cuda},
     {"Mish", "", activation_cuda}, {"Softsign", "", activation_cuda}, {"Celu", "", activation_cuda},

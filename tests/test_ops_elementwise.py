@@ -192,6 +192,20 @@ def test_sign_of_zero_and_nan_and_its_zero_gradient():
     assert grads[0] is not None and np.all(grads[0] == 0)
 
 
+@pytest.mark.parametrize("name,fn", [("Floor", torch.floor), ("Ceil", torch.ceil), ("Round", torch.round)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_floor_ceil_round_like_torch_with_zero_gradient(name, fn, dtype):
+    """Round takes halves to even (ONNX and torch.round); NaN, infinities and -0 pass through; the
+    gradient is 0 everywhere, a tensor of zeros, as torch's."""
+    X = np.array([-2.5, -1.5, -0.5, -0.0, 0.5, 1.5, 2.5, 0.49999997, -3.7, 3.7, 1e20, np.inf, -np.inf, np.nan],
+                 dtype)
+    check_op(name, {"X": X}, lambda X: fn(torch.from_numpy(X)).numpy(), atol=0)
+    from oputil import make_model
+    x = X[:10].astype(np.float64)
+    _, grads, _ = run(make_model(name, {"X": x}, None, "", 20, 1, ()), [x], grad=[True])
+    assert grads[0] is not None and np.all(grads[0] == 0)
+
+
 @pytest.mark.parametrize("fmod", [0, 1])
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
 def test_mod_int(fmod, dtype):

@@ -23,6 +23,7 @@
  *   om_op_reciprocal      Reciprocal
  *   om_op_sin, om_op_cos  Sin, Cos                         (rotary position embeddings)
  *   om_op_sign            Sign                             gradient 0, as torch's
+ *   om_op_floor, om_op_ceil, om_op_round  Floor, Ceil, Round (halves to even)  gradient 0, as torch's
  *   om_op_mod             Mod                              fmod = 0: sign of the divisor (Python's %),
  *                                                          1: sign of the dividend (C's fmod)
  *   om_op_abs             Abs
@@ -617,6 +618,10 @@ UNARY_FLOAT_KERNEL(cos_cpu, cos(x))
 /* NaN stays NaN (torch.sign) */
 /* torch.sign(NaN) is 0 */
 UNARY_ARITH_KERNEL(sign_cpu, (T)((x > 0) - (x < 0)))
+UNARY_FLOAT_KERNEL(floor_cpu, floor(x))
+UNARY_FLOAT_KERNEL(ceil_cpu, ceil(x))
+/* rint: halves to even in the default rounding mode, as ONNX Round and torch.round */
+UNARY_FLOAT_KERNEL(round_cpu, rint(x))
 UNARY_FLOAT_KERNEL2(exp_cpu, exp_f32(x), exp(x))
 UNARY_FLOAT_KERNEL(log_cpu, log(x))
 UNARY_FLOAT_KERNEL(reciprocal_cpu, (T)1 / x)
@@ -789,7 +794,7 @@ static om_status *cos_grad(om_grad_ctx *c) {
     return NULL;
 }
 
-/* sign' = 0 everywhere: zeros of x's shape (a gradient, as torch gives one, not "none";
+/* sign' = 0 everywhere (and floor', ceil', round', as torch defines them): zeros of x's shape (a gradient, as torch gives one, not "none";
  * Where of two zeros rather than 0 * dy, which an inf in dy would turn into NaN) */
 static om_status *sign_grad(om_grad_ctx *c) {
     int in[1], out[1];
@@ -1247,6 +1252,9 @@ UN(om_op_reciprocal, "Reciprocal", infer_unary_float, reciprocal_grad, reciproca
 UN(om_op_sin, "Sin", infer_unary_float, sin_grad, sin_cpu)
 UN(om_op_cos, "Cos", infer_unary_float, cos_grad, cos_cpu)
 UN(om_op_sign, "Sign", infer_unary_arith, sign_grad, sign_cpu)
+UN(om_op_floor, "Floor", infer_unary_float, sign_grad, floor_cpu)
+UN(om_op_ceil, "Ceil", infer_unary_float, sign_grad, ceil_cpu)
+UN(om_op_round, "Round", infer_unary_float, sign_grad, round_cpu)
 
 const om_op_def om_op_identity = {.name = "Identity", .domain = "", .min_in = 1, .max_in = 1, .min_out = 1,
                                   .max_out = 1, .flags = OM_OP_ALIAS | OM_OP_ANY_DTYPE, .infer = infer_identity,

@@ -33,6 +33,9 @@
     X(om_op_sin) \
     X(om_op_cos) \
     X(om_op_sign) \
+    X(om_op_floor) \
+    X(om_op_ceil) \
+    X(om_op_round) \
     X(om_op_mod) \
     X(om_op_identity) \
     X(om_op_stop_gradient) \

@@ -114,6 +114,9 @@ CASES = [
     ("Sin", {"x": f32(4, 5)}, None, "", ("x",)),
     ("Cos", {"x": f32(4, 5)}, None, "", ("x",)),
     ("Sign", {"x": f32(4, 5)}, None, "", ("x",)),
+    # fixed values (no draw from R: later cases keep their data): halves round to even
+    *[(op, {"x": np.array([[-2.5, -1.5, -0.5, 0.5], [1.5, 2.5, -3.7, 3.7]], np.float32)}, None, "", ())
+      for op in ("Floor", "Ceil", "Round")],
     ("Mod", {"a": f32(3, 4), "b": pos(4)}, {"fmod": 1}, "", ("a",)),
     ("Mod", {"a": f32(3, 4), "b": pos(4)}, {"fmod": 0}, "", ()),
     ("Mod", {"a": np.array([[7, -7, 5]], np.int64), "b": np.array([3, 3, -2], np.int64)}, None, "", ()),
