@@ -6,6 +6,7 @@ No torch op computes anything here: the reference is numpy (or torch, by the cal
 """
 import numpy as np
 import onnx
+import torch.nn as nn
 from onnx import TensorProto, helper, numpy_helper
 
 from ortmod import _C
@@ -133,3 +134,14 @@ def check_op(op_type, inputs, ref=None, attrs=None, grad=(), domain="", opset=20
         np.testing.assert_allclose(g, num, rtol=grad_rtol, atol=grad_atol,
                                    err_msg=f"{op_type}: gradient of '{name}' vs finite differences")
     return outs
+
+
+class Fn(nn.Module):
+    """A function as an nn.Module, what ORTModule wraps: ORTModule(Fn(torch.sin))(x)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)

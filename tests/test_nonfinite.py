@@ -7,11 +7,11 @@ NaN, +-inf and +-0, forward and backward (with non-finite output gradients too),
 eager's exact pattern of non-finite values."""
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import ortmod
 from ortmod import ORTModule
+from oputil import Fn
 
 NAN, INF = float("nan"), float("inf")
 SPECIAL = [NAN, INF, -INF, 0.0, -0.0, 1.5, -1.5, 3.0, -3.0, 7.0, -7.0, 0.25]
@@ -48,15 +48,6 @@ ELEMENTWISE = {"relu", "relu6", "leaky_relu", "elu", "selu", "celu", "hardsigmoi
                "softplus", "gelu", "gelu_tanh", "silu", "mish", "sigmoid", "tanh", "abs", "sign", "neg", "exp",
                "log", "sqrt", "reciprocal", "square", "sin", "cos", "erf", "clamp", "clamp_bounds",
                "hardtanh_bounds", "clamp_min", "pow_half", "pow_2", "where", "prelu"}
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def same_values(what, got, want, alt=None):

@@ -20,17 +20,9 @@ import torch.nn.functional as F
 
 import ortmod
 from ortmod import ORTModule
+from oputil import Fn
 
 D = torch.float64
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def _grads(xs):

@@ -9,11 +9,10 @@ tests/test_nonfinite.py has NaN and infinities).
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from ortmod import ORTModule
-from oputil import check_op, make_model, run
+from oputil import Fn, check_op, make_model, run
 
 RNG = np.random.default_rng(14)
 
@@ -80,15 +79,6 @@ NORMS = {
     "vector_norm_half": lambda x: torch.linalg.vector_norm(x, 0.5, dim=1),
     "matrix_norm_fro": lambda x: torch.linalg.matrix_norm(x),
 }
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 @pytest.mark.parametrize("zero_row", [False, True])

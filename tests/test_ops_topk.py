@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 import ortmod
 from ortmod import DebugOptions, ORTModule
-from oputil import check_op, make_model, run
+from oputil import Fn, check_op, make_model, run
 
 RNG = np.random.default_rng(14)
 
@@ -186,15 +186,6 @@ def test_gradients_land_where_eager_puts_them_among_ties():
     sum((t * torch.randn(t.shape, generator=torch.Generator().manual_seed(i))).nansum()
         for i, t in enumerate(yo)).backward()
     torch.testing.assert_close(xo.grad, xe.grad, rtol=1e-6, atol=1e-6)
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 # ---- whole modules, both capture paths ----------------------------------------------------------
