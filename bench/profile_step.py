@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="0: torch's default")
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--bf16", action="store_true", help="a bf16 model (model.bfloat16()) and bf16 inputs")
+    ap.add_argument("--sgd", action="store_true", help="step with torch SGD instead of AdamW")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -39,7 +40,7 @@ def main():
     ctor, batch_fn = models.BENCH_MODELS[a.model]
     model = ORTModule(ctor().bfloat16() if a.bf16 else ctor())
     data = [d.bfloat16() if a.bf16 and d.is_floating_point() else d for d in batch_fn()]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4) if a.sgd else torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step():
         loss = model(*data)
