@@ -27,6 +27,7 @@
 
 #define MR 8
 #define NR 32
+_Static_assert(NR % 16 == 0, "B panels pack 16 columns at a time (pack_panel_of_rows, pack_cols)");
 #define KC 128   /* k pairs per pass over C: a B panel's slice (KC x NR pairs, 16 KiB) stays in L1 */
 
 static int64_t bf16_calls;   /* products this path computed (om_gemm_bf16_count) */
@@ -77,23 +78,21 @@ TARGET static inline __m512i pair_rows(__m512i x0, __m512i x1) {
     return _mm512_or_si512(_mm512_and_si512(x1, _mm512_set1_epi32((int)0xffff0000u)), _mm512_srli_epi32(x0, 16));
 }
 
-/* One row i of X: its k pairs to o[q * step], q in [0, Kp) (step 1: contiguous, vectorized). */
-TARGET static uint32_t pack_row(const pack_job *j, int64_t i, uint32_t *o, int64_t step) {
+/* One row i of X: its k pairs to o[q], q in [0, Kp). */
+TARGET static uint32_t pack_row(const pack_job *j, int64_t i, uint32_t *o) {
     uint32_t bad = 0;
     const float *x = j->X + i * j->ld;
     int64_t q = 0;
-    if (step == 1) {
-        __mmask16 m = 0;
-        for (; 2 * q + 32 <= j->K; q += 16) {
-            const __m512i lo = _mm512_loadu_si512(x + 2 * q), hi = _mm512_loadu_si512(x + 2 * q + 16);
-            m |= not_bf16(lo) | not_bf16(hi);
-            _mm512_storeu_si512(o + q, (__m512i)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo));   /* exact: no rounding */
-        }
-        bad |= m;
+    __mmask16 m = 0;
+    for (; 2 * q + 32 <= j->K; q += 16) {
+        const __m512i lo = _mm512_loadu_si512(x + 2 * q), hi = _mm512_loadu_si512(x + 2 * q + 16);
+        m |= not_bf16(lo) | not_bf16(hi);
+        _mm512_storeu_si512(o + q, (__m512i)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo));   /* exact: no rounding */
     }
+    bad |= m;
     for (; q < j->Kp; q++) {
         const float x1 = 2 * q + 1 < j->K ? x[2 * q + 1] : 0.0f;
-        o[q * step] = bf16_bits(x[2 * q], &bad) | bf16_bits(x1, &bad) << 16;
+        o[q] = bf16_bits(x[2 * q], &bad) | bf16_bits(x1, &bad) << 16;
     }
     return bad;
 }
@@ -177,20 +176,16 @@ TARGET static void pack_blocks(void *ctx, int64_t lo, int64_t hi) {
     uint32_t bad = 0;
     for (int64_t b = lo; b < hi && !bad; b++) {
         uint32_t *o = j->out + (size_t)b * (size_t)j->Kp * (size_t)j->width;
-        if (j->trans) {   /* pairs from two rows of X, contiguous over the block's columns */
+        if (j->trans) {              /* pairs from two rows of X, contiguous over the block's columns */
             bad |= pack_cols(j, b * j->width, o);
-            continue;
-        }
-        if (!j->row_major && j->width % 16 == 0) {   /* B's panels, B stored N x K */
+        } else if (!j->row_major) {  /* B's panels, B stored N x K (NR is a multiple of 16) */
             bad |= pack_panel_of_rows(j, b * j->width, o);
-            continue;
-        }
-        for (int64_t r = 0; r < j->width; r++) {
-            const int64_t i = b * j->width + r;
-            uint32_t *orow = j->row_major ? o + r * j->Kp : o + r;
-            const int64_t step = j->row_major ? 1 : j->width;
-            if (i < j->rows) bad |= pack_row(j, i, orow, step);
-            else for (int64_t q = 0; q < j->Kp; q++) orow[q * step] = 0;
+        } else {                     /* A's blocks, row by row */
+            for (int64_t r = 0; r < j->width; r++) {
+                const int64_t i = b * j->width + r;
+                if (i < j->rows) bad |= pack_row(j, i, o + r * j->Kp);
+                else memset(o + r * j->Kp, 0, sizeof(uint32_t) * (size_t)j->Kp);
+            }
         }
     }
     if (bad) __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
