@@ -58,6 +58,17 @@ size_t om_cpu_twin_bytes(const om_node *n, const om_tensor *in, const om_tensor 
     return total;
 }
 
+/* *twin = t, or t's fp32 twin placed at base + *at (advanced past it) when t needs one and has
+ * data; 1 when it placed one. */
+static int place_twin(const om_tensor *t, int present, char *base, size_t *at, om_tensor *twin) {
+    *twin = *t;
+    if (!needs_twin(t, present) || !t->data) return 0;
+    twin->dtype = OM_F32;
+    twin->data = base + *at;
+    *at += twin_size(t);
+    return 1;
+}
+
 int om_kernel_nothing_to_do(const om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     if (n->op->flags & OM_OP_CALLBACK) return 0;
@@ -87,22 +98,12 @@ om_status *om_cpu_run(om_kernel_ctx *ctx, void *scratch, size_t scratch_bytes) {
     }
     om_tensor in[FOLD_MAX_IO], out[FOLD_MAX_IO];
     size_t at = 0;
-    for (int i = 0; i < ctx->n_in; i++) {
-        in[i] = ctx->in[i];
-        if (!needs_twin(&in[i], n->in[i] >= 0) || !in[i].data) continue;
-        in[i].dtype = OM_F32;
-        in[i].data = base + at;
-        at += twin_size(&ctx->in[i]);
-        convert_job j = {ctx->in[i].dtype, ctx->in[i].data, in[i].data};
-        om_pool_for(om_tensor_numel(&in[i]), OM_GRAIN, widen_range, &j);
-    }
-    for (int k = 0; k < ctx->n_out; k++) {
-        out[k] = ctx->out[k];
-        if (!needs_twin(&out[k], n->out[k] >= 0) || !out[k].data) continue;
-        out[k].dtype = OM_F32;
-        out[k].data = base + at;
-        at += twin_size(&ctx->out[k]);
-    }
+    for (int i = 0; i < ctx->n_in; i++)
+        if (place_twin(&ctx->in[i], n->in[i] >= 0, base, &at, &in[i])) {
+            convert_job j = {ctx->in[i].dtype, ctx->in[i].data, in[i].data};
+            om_pool_for(om_tensor_numel(&in[i]), OM_GRAIN, widen_range, &j);
+        }
+    for (int k = 0; k < ctx->n_out; k++) place_twin(&ctx->out[k], n->out[k] >= 0, base, &at, &out[k]);
     om_kernel_ctx c32 = *ctx;
     c32.in = in;
     c32.out = out;
