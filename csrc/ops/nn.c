@@ -327,15 +327,8 @@ static om_status *ln_geometry(const om_node *n, const om_tensor *x, int64_t axis
     return NULL;
 }
 
-/* Scale and B are in X's dtype, or float32 for an fp16/bf16 X: eager's mixed-type layer_norm,
- * which CPU autocast runs (it keeps layer_norm out of its casts), computes with the float32
- * parameters and gives their gradients in float32. */
-static om_dtype ln_param_dtype(om_dtype x, const om_tensor *p) {
-    return om_dtype_is_half(x) && p->dtype == OM_F32 ? OM_F32 : x;
-}
-
 static om_status *ln_check_param(const om_node *n, const om_tensor *p, int i, om_dtype x_dtype, int64_t D) {
-    OM_TRY(om_check_float(n, p, i, ln_param_dtype(x_dtype, p)));
+    OM_TRY(om_check_float(n, p, i, om_norm_param_dtype(x_dtype, p)));
     if (om_tensor_numel(p) != D) {
         char buf[128];
         om_shape_str(p, buf, sizeof buf);

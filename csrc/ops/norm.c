@@ -49,13 +49,6 @@ static om_status *bn_check_vec(const om_node *n, const om_tensor *t, int i, om_d
     return NULL;
 }
 
-/* scale, B, mean and var share X's dtype, or are all float32 for an fp16/bf16 X: eager's
- * mixed-type batch_norm, which CPU autocast runs (it keeps batch_norm out of its casts); the
- * statistics and the parameters' gradients are then float32. */
-static om_dtype bn_param_dtype(om_dtype x, const om_tensor *scale) {
-    return om_dtype_is_half(x) && scale->dtype == OM_F32 ? OM_F32 : x;
-}
-
 /* Y (dX) in X's dtype; the statistics (the parameters' gradients) in scale's */
 static om_dtype bn_dtype(const om_graph *g, const om_node *n, int j) {
     return g->values[n->in[j == 0 ? 0 : 1]].dtype;
@@ -70,7 +63,7 @@ static om_status *bn_infer(om_kernel_ctx *ctx) {
     int64_t N = 0, C = 0, S = 0;
     OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));
     OM_TRY(bn_geometry(n, x, &N, &C, &S));
-    const om_dtype pdt = bn_param_dtype(x->dtype, &ctx->in[1]);
+    const om_dtype pdt = om_norm_param_dtype(x->dtype, &ctx->in[1]);
     for (int i = 1; i < 5; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, pdt, C));
     om_set_shape(&ctx->out[0], x, x->dtype);
     for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[1], pdt);
@@ -253,7 +246,7 @@ static om_status *bn_grad_infer(om_kernel_ctx *ctx) {
     if (x->dtype != dy->dtype || !om_shape_equal(dy, x))
         return om_error(OM_INVALID_ARGUMENT, "BatchNormalizationGrad node '%s': dY and X differ", nm(n));
     OM_TRY(bn_geometry(n, x, &N, &C, &S));
-    const om_dtype pdt = bn_param_dtype(x->dtype, &ctx->in[2]);
+    const om_dtype pdt = om_norm_param_dtype(x->dtype, &ctx->in[2]);
     for (int i = 2; i < 5; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, pdt, C));
     om_set_shape(&ctx->out[0], x, x->dtype);
     for (int j = 1; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], &ctx->in[2], pdt);

@@ -153,6 +153,13 @@ static inline int om_dtype_is_half(om_dtype d) { return d == OM_F16 || d == OM_B
 /* The dtype statistics of a float tensor are kept in (LayerNorm's Mean/InvStdDev, ...):
  * fp32 for fp32 and fp16/bf16 inputs, fp64 for fp64. */
 static inline om_dtype om_dtype_stat(om_dtype d) { return d == OM_F64 ? OM_F64 : OM_F32; }
+/* The dtype a normalization's parameters (scale, bias, running statistics) must have for input
+ * dtype x, given the first of them, p: x's, or float32 for an fp16/bf16 x — eager's mixed-type
+ * layer_norm and batch_norm, which CPU autocast runs (it leaves them out of its casts); their
+ * statistics and the parameters' gradients are then float32 too. */
+static inline om_dtype om_norm_param_dtype(om_dtype x, const om_tensor *p) {
+    return om_dtype_is_half(x) && p->dtype == OM_F32 ? OM_F32 : x;
+}
 
 /* The fp16/bf16 dtype that node n's CPU kernel would have to compute in, given its input
  * and output tensors (absent ones have dtype OM_UNDEFINED / out value -1); OM_UNDEFINED when
