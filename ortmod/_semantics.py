@@ -994,6 +994,11 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             name = f"aten::avg_pool{rank}d"
             if _torch_symbolic(registration, name, opset) is not None:
                 symbolics[name] = _avg_pool_symbolic(rank, _torch_symbolic(registration, name, opset))
+        # rules kept in their own modules: losses, and the nn layers (pools, norms) whose
+        # stock rules are missing or narrower than eager
+        from . import _export_losses, _export_nn
+        for rules in (_export_losses, _export_nn):
+            symbolics.update(rules.symbolics(registration, opset))
         for name, fn in symbolics.items():
             torch.onnx.register_custom_op_symbolic(name, fn, opset)
         run_symbolic = exporter._run_symbolic_function
