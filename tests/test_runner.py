@@ -372,6 +372,82 @@ def test_bad_model_files(binary, task, tmp_path):
     fails(run_cli(binary, "--model", cut, "--train_data_dir", task / "train"), "truncated.onnx")
 
 
+def external_copy(src, dst_dir, location="weights.data"):
+    """src's model with every initializer's bytes in one external file beside it."""
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    m = onnx.load(str(src))
+    onnx.save_model(m, str(dst_dir / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=location, size_threshold=0)
+    return dst_dir / "model.onnx"
+
+
+def test_external_data_trains_as_the_same_model_inline(binary, task, tmp_path):
+    ext = external_copy(task / "mlp.onnx", tmp_path / "ext")
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL
+               for t in onnx.load(str(ext), load_external_data=False).graph.initializer)
+    args = ["--train_data_dir", task / "train", "--num_train_steps", "8", "--train_batch_size", "16"]
+    inline = run_cli(binary, "--model", task / "mlp.onnx", "--output_dir", tmp_path / "a", *args)
+    external = run_cli(binary, "--model", ext, "--output_dir", tmp_path / "b", *args)
+    assert inline.returncode == 0 and external.returncode == 0, inline.stderr + external.stderr
+    wa, wb = weights(tmp_path / "a" / "trained_model.onnx"), weights(tmp_path / "b" / "trained_model.onnx")
+    assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)
+
+
+def test_torch_default_export_trains(binary, task, tmp_path):
+    """torch.onnx.export's defaults on torch 2.13 (the torch.export path, weights as external data)."""
+    import torch
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.ReLU(), torch.nn.Linear(H, C))
+    path = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (torch.zeros(2, D),), str(path), input_names=["x"], output_names=["logits"],
+                          dynamic_shapes=({0: torch.export.Dim("batch")},))
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL
+               for t in onnx.load(str(path), load_external_data=False).graph.initializer):
+        pytest.skip("this torch's default export wrote no external data")
+    r = run_cli(binary, "--model", path, "--train_data_dir", task / "train", "--output_dir", tmp_path / "out",
+                "--num_train_steps", "30", "--train_batch_size", "32", "--learning_rate", "0.05")
+    assert r.returncode == 0, r.stderr
+    trained = weights(tmp_path / "out" / "trained_model.onnx")
+    start = {k: v.detach().numpy() for k, v in m.state_dict().items()}
+    assert set(start) <= set(trained) and max(np.abs(trained[k] - start[k]).max() for k in start) > 1e-3
+
+
+def test_external_data_stays_inside_the_model_directory(binary, task, tmp_path):
+    """The locations, offsets and lengths come from the file: each way out is refused by name."""
+    ext = external_copy(task / "mlp.onnx", tmp_path / "good")
+    data = (tmp_path / "good" / "weights.data").read_bytes()
+    (tmp_path / "secret.data").write_bytes(data)
+    os.symlink(tmp_path / "secret.data", tmp_path / "good" / "link.data")
+
+    def crafted(name, **entries):
+        m = onnx.load(str(ext), load_external_data=False)
+        t = m.graph.initializer[0]
+        kv = {e.key: e.value for e in t.external_data}
+        kv.update(entries)
+        del t.external_data[:]
+        for k, v in kv.items():
+            if v is not None:
+                t.external_data.add(key=k, value=v)
+        path = tmp_path / "good" / f"{name}.onnx"
+        path.write_bytes(m.SerializeToString())
+        return run_cli(binary, "--model", path, "--train_data_dir", task / "train", "--num_train_steps", "1")
+
+    fails(crafted("up", location="../secret.data"), "leaves the model's directory")
+    fails(crafted("abs", location=str(tmp_path / "secret.data")), "absolute path")
+    fails(crafted("link", location="link.data"), "outside the model's directory")
+    fails(crafted("missing", location="nothing.data"), "nothing.data", "No such file")
+    fails(crafted("past", offset=str(len(data) - 4)), "past its end")
+    fails(crafted("long", length=str(len(data) + 1)), "past its end")
+    fails(crafted("huge", offset="99999999999999999999"), "not a size")
+    fails(crafted("neg", offset="-4"), "not a size")
+    fails(crafted("key", basepath="/"), "basepath")
+    fails(crafted("noloc", location=None), "names no location")
+    fails(crafted("short", length="8"), "holds 8 bytes of raw data")
+
+
 def test_mismatched_shards(binary, task, tmp_path):
     data = read_shards(task / "train")
     write_shards(tmp_path / "names", {"inputs": data["x"], "labels": data["labels"]})

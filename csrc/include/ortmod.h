@@ -138,6 +138,13 @@ om_engine_options om_engine_default_options(void);
 typedef struct om_engine om_engine;   /* a compiled model: forward + backward graphs, plans per shape */
 typedef struct om_stash om_stash;     /* what one forward leaves for its backward */
 
+/* Reads an ONNX file and the external data its tensors name (torch.onnx.export's default
+ * for models it exports to a file), returning bytes that hold everything, for om_engine_create.
+ * External data is read only from files inside the model's directory: a location that is
+ * absolute, holds '..' or resolves outside it, or bytes past a file's end, are refused by name.
+ * *bytes is om_alloc'd; the caller om_frees it. */
+om_status *om_onnx_read_model_file(const char *path, void **bytes, size_t *n);
+
 /* Parses, optimizes and differentiates. On success *out is owned by the caller (om_engine_free). */
 om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engine_options *opt,
                             om_engine **out);

@@ -187,7 +187,7 @@ void om_runner_free(om_runner *r) {
     }
     free(r->w);
     if (r->mp) onnx__model_proto__free_unpacked(r->mp, NULL);
-    free(r->model_bytes);
+    om_free(r->model_bytes);
     free(r->loss_input);
     om_engine_free(r->eng);
     free(r->feed_kind);

@@ -46,8 +46,10 @@ static uint64_t fnv_str(uint64_t h, const char *s) { return fnv(h, s ? s : "", s
 
 om_status *rn_model_load(om_runner *r) {
     const char *path = r->p.model_path;
-    om_status *st = rn_read_file(path, &r->model_bytes, &r->model_len);
-    if (st) return om_error_context(st, "model");
+    void *bytes;
+    om_status *st = om_onnx_read_model_file(path, &bytes, &r->model_len);   /* with its external data */
+    r->model_bytes = bytes;
+    if (st) return st;   /* (each message names the file) */
     if (r->model_len == 0) return om_error(OM_INVALID_MODEL, "model '%s' is empty", path);
     r->mp = onnx__model_proto__unpack(NULL, r->model_len, r->model_bytes);
     if (!r->mp) return om_error(OM_INVALID_MODEL, "model '%s' is not a valid ONNX model (protobuf parsing failed)", path);
