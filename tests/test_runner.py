@@ -630,3 +630,60 @@ def test_c_api(binary, task, tmp_path):
                        capture_output=True, text=True, timeout=60)
     print(r.stdout)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+HEADER_EXAMPLE_HARNESS = r"""
+#include <stdio.h>
+#include "ortmod.h"
+#define N_IN 1
+#define N_OUT 1
+/* the example's free names: path, needs_grad, inputs, n_inputs, dout */
+static int example(const char *path, const bool *needs_grad, const om_tensor *inputs, int n_inputs,
+                   const om_tensor *dout, om_tensor *grad_x) {
+%s
+    grad_x[0] = grads[0];
+    for (int i = 0; i < N_OUT; i++) om_free(out[i].data);
+    return 0;
+}
+int main(int argc, char **argv) {
+    float x[2 * 12], ones[2 * 4];
+    for (int i = 0; i < 2 * 12; i++) x[i] = (float)((i * 7) %% 11) / 5.0f - 1.0f;
+    for (int i = 0; i < 2 * 4; i++) ones[i] = 1.0f;
+    om_tensor in = {OM_F32, 2, {2, 12}, x, OM_CPU, 0}, dout = {OM_F32, 2, {2, 4}, ones, OM_CPU, 0}, g;
+    bool needs_grad[1] = {true};
+    if (example(argv[1], needs_grad, &in, 1, &dout, &g)) return 1;
+    for (int i = 0; i < 2 * 12; i++) printf("%%.9g\n", ((float *)g.data)[i]);
+    om_free(g.data);
+    return 0;
+}
+"""
+
+
+def test_header_example(binary, task, tmp_path):
+    """ortmod.h's worked example, as written there, compiles, links and takes a correct step."""
+    import torch
+
+    header = open(os.path.join(ROOT, "csrc", "include", "ortmod.h")).read()
+    body = header[header.index(" * example begin\n") + len(" * example begin\n"):header.index(" * example end")]
+    body = "\n".join(line[3:] if line.startswith(" * ") else line[2:] for line in body.splitlines())
+    src = tmp_path / "example.c"
+    src.write_text(HEADER_EXAMPLE_HARNESS % body)
+    objdir = os.path.join(ROOT, "build", "runner-obj")
+    objs = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(objdir) for f in fs
+                  if f.endswith(".o") and "runner" not in os.path.relpath(dp, objdir)
+                  and os.path.exists(os.path.join(ROOT, "csrc", os.path.relpath(os.path.join(dp, f[:-2] + ".c"), objdir))))
+    exe = tmp_path / "example"
+    cc = subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", "-I", os.path.join(ROOT, "csrc", "include"), "-o",
+                         str(exe), str(src), *objs, "-lprotobuf-c", "-lopenblas", "-lm", "-lpthread"],
+                        capture_output=True, text=True)
+    assert cc.returncode == 0, cc.stderr
+    ext = external_copy(task / "mlp.onnx", tmp_path / "ext")   # om_onnx_read_model_file reads its data too
+    r = subprocess.run([str(exe), str(ext)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = np.array([float(v) for v in r.stdout.split()], dtype=np.float32).reshape(2, D)
+    w = weights(task / "mlp.onnx")
+    m = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.ReLU(), torch.nn.Linear(H, C))
+    m.load_state_dict({k: torch.tensor(v) for k, v in w.items()})
+    x = ((torch.arange(2 * D) * 7 % 11).float() / 5 - 1).reshape(2, D).requires_grad_()
+    m(x).sum().backward()
+    np.testing.assert_allclose(got, x.grad.numpy(), rtol=1e-5, atol=1e-6)

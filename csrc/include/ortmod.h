@@ -1,20 +1,31 @@
 /* ortmod.h — the engine's public API: the one interface both clients use
  * (the CPython binding in python/ and the native runner in csrc/runner/).
  *
- * Worked example: compile an ONNX model once, then train.
+ * Worked example: compile an ONNX model once, then take one training step. The text between
+ * the "example" marks is compiled and run by tests/test_runner.py (test_header_example).
  *
+ * example begin
+ *     void *onnx = NULL;
+ *     size_t onnx_len = 0;
+ *     om_status *st = om_onnx_read_model_file(path, &onnx, &onnx_len);
  *     om_engine *eng = NULL;
  *     om_engine_options opt = om_engine_default_options();
- *     opt.grad_inputs = needs_grad;            // bool per graph input
- *     om_status *st = om_engine_create(onnx_bytes, onnx_len, &opt, &eng);
- *     if (st) { fprintf(stderr, "%s\n", om_status_message(st)); om_status_free(st); }
+ *     opt.grad_inputs = needs_grad;             // bool per graph input
+ *     opt.n_grad_inputs = n_inputs;
+ *     if (!st) st = om_engine_create(onnx, onnx_len, &opt, &eng);
+ *     om_free(onnx);
+ *     if (st) { fprintf(stderr, "%s\n", om_status_message(st)); om_status_free(st); return 1; }
  *
  *     om_tensor out[N_OUT];                     // filled by the engine; data is om_alloc'd
  *     om_stash *stash = NULL;                   // what backward needs from this forward
- *     st = om_engine_forward(eng, inputs, n_inputs, true, out, &stash);
- *     st = om_engine_backward(eng, stash, dout, grads);   // grads[i].data NULL where not needed
+ *     st = om_engine_forward(eng, inputs, n_inputs, true, out, &stash, NULL, NULL);
+ *     // ... a loss from out[] gives dout[], one per output ...
+ *     om_tensor grads[N_IN];                    // filled where needs_grad is set
+ *     if (!st) st = om_engine_backward(eng, stash, dout, grads);
  *     om_stash_free(stash);
  *     om_engine_free(eng);
+ *     if (st) { fprintf(stderr, "%s\n", om_status_message(st)); om_status_free(st); return 1; }
+ * example end
  *
  * Ownership: every function that creates something documents who frees it.
  * Errors: every fallible function returns om_status* — NULL on success, otherwise an
