@@ -12,7 +12,7 @@
 #include <dlpack/dlpack.h>
 #include <stdatomic.h>
 
-#include "dlpack_in.h"
+#include "binding.h"
 
 #include "ortmod.h"
 #include "ops/op.h"
@@ -43,6 +43,10 @@ static PyObject *raise_status(module_state *ms, om_status *st) {
     PyErr_SetString(type, om_status_message(st));
     om_status_free(st);
     return NULL;
+}
+
+PyObject *om_py_raise_status(PyObject *module, om_status *st) {
+    return raise_status(PyModule_GetState(module), st);
 }
 
 /* ---- DLPack in ------------------------------------------------------------------ */

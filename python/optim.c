@@ -10,7 +10,7 @@
 #include <Python.h>
 #include <dlpack/dlpack.h>
 
-#include "dlpack_in.h"
+#include "binding.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -116,24 +116,6 @@ static int read_list(PyObject *seq_obj, const char *what, Py_ssize_t n_expect, t
     return 0;
 }
 
-/* Raises the module's exception for st (InvalidInputError, a ValueError, for bad
- * arguments; EngineError otherwise) and frees st. Returns NULL. */
-static PyObject *raise_status(PyObject *module, om_status *st) {
-    const char *name = "EngineError";
-    PyObject *fallback = PyExc_RuntimeError;
-    switch (om_status_code(st)) {
-    case OM_INVALID_ARGUMENT: name = "InvalidInputError"; fallback = PyExc_ValueError; break;
-    case OM_OUT_OF_MEMORY: name = NULL; fallback = PyExc_MemoryError; break;
-    default: break;
-    }
-    PyObject *type = name && module ? PyObject_GetAttrString(module, name) : NULL;
-    if (!type) PyErr_Clear();
-    PyErr_SetString(type ? type : fallback, om_status_message(st));
-    Py_XDECREF(type);
-    om_status_free(st);
-    return NULL;
-}
-
 PyDoc_STRVAR(adam_step_doc,
 "adam_step(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, eps, weight_decay,\n"
 "          bias_correction, mode, step, grad_scale=1.0, stream=0)\n\n"
@@ -169,7 +151,7 @@ static PyObject *py_adam_step(PyObject *module, PyObject *args, PyObject *kwargs
     Py_BEGIN_ALLOW_THREADS
     st = om_adam_step_d_on(&h, (int)p.n, p.t, g.t, m.t, v.t, (void *)(uintptr_t)stream);
     Py_END_ALLOW_THREADS
-    if (st) { raise_status(module, st); goto out; }
+    if (st) { om_py_raise_status(module, st); goto out; }
     ret = Py_NewRef(Py_None);
 out:
     tensor_list_free(&p);
@@ -201,7 +183,7 @@ static PyObject *py_grads_check_and_norm(PyObject *module, PyObject *args, PyObj
     st = om_grads_check_and_norm_on((int)g.n, g.t, scale, &found_inf, &sq, (void *)(uintptr_t)stream);
     Py_END_ALLOW_THREADS
     tensor_list_free(&g);
-    if (st) return raise_status(module, st);
+    if (st) return om_py_raise_status(module, st);
     return Py_BuildValue("(Od)", found_inf ? Py_True : Py_False, sq);
 }
 
@@ -220,7 +202,7 @@ static PyObject *py_grads_scale(PyObject *module, PyObject *args, PyObject *kwar
     st = om_grads_scale_on((int)g.n, g.t, factor, (void *)(uintptr_t)stream);
     Py_END_ALLOW_THREADS
     tensor_list_free(&g);
-    if (st) return raise_status(module, st);
+    if (st) return om_py_raise_status(module, st);
     Py_RETURN_NONE;
 }
 
@@ -243,7 +225,7 @@ static PyObject *py_grads_copy_scaled(PyObject *module, PyObject *args, PyObject
     Py_END_ALLOW_THREADS
     tensor_list_free(&s);
     tensor_list_free(&d);
-    if (st) return raise_status(module, st);
+    if (st) return om_py_raise_status(module, st);
     Py_RETURN_NONE;
 }
 

@@ -119,7 +119,7 @@ int om_emit_scalar(om_grad_ctx *c, om_dtype dt, double v);
 /* Records an error for the rule (returns it for convenience). */
 om_status *om_grad_fail(om_grad_ctx *c, om_status *st);
 
-/* ---- helpers for kernels and shape rules (ops/broadcast.c, ops/util.c) -------------- */
+/* ---- helpers for kernels and shape rules (ops/broadcast.c) -------------- */
 /* ONNX multidirectional broadcasting of a and b into out (rank, dims). */
 om_status *om_broadcast_shape(const om_tensor *a, const om_tensor *b, om_tensor *out);
 /* Sets out's rank/dims = t's, dtype = dt. */

@@ -1,5 +1,5 @@
-/* dlpack_in.c — see dlpack_in.h. */
-#include "dlpack_in.h"
+/* binding.c — tensors from Python through DLPack (binding.h). */
+#include "binding.h"
 
 DLManagedTensor *om_py_take_dlpack(PyObject *obj, const char *label) {
     PyObject *cap;
