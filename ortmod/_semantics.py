@@ -1060,8 +1060,20 @@ class Guard:
         return f"{self.where} ({self.kind} = {self.value!r})"
 
     def holds(self, tensor):
+        """The engine's value, converted as Python converted the traced one, gives what Python
+        saw: int(2.5) froze 2, and 2.5 from the engine still means 2."""
         got = tensor.tolist()
+        convert = _GUARD_CONVERSIONS.get(self.kind)
+        if convert is not None and not isinstance(got, list):
+            try:
+                got = convert(got)
+            except (ValueError, OverflowError):   # int(nan), int(inf): Python would have raised
+                return False
         return _same(got, self.value)
+
+
+# the conversions whose result is not the tensor's value itself (kinds of recording_guards)
+_GUARD_CONVERSIONS = {"int(tensor)": int, "tensor as an index": int, "bool(tensor)": bool}
 
 
 def _same(a, b):

@@ -322,6 +322,22 @@ def test_number_from_shape_follows_the_length():
                  make_inputs=lambda i: (torch.randn(*shapes[i]), torch.randn(*shapes[i])))
 
 
+class HalfTheLength(nn.Module):
+    def forward(self, x):
+        return x[:, :int(x.size(1) * 0.5)] * 2   # int() of a traced 2.5 froze 2
+
+
+def test_int_of_a_fraction_is_guarded_by_what_int_gives():
+    """The guard compares int(engine value) with what Python's int() gave: the engine's 2.5 is
+    still 2, so the graph stays valid (it is not 'a value that differs'); a length whose half
+    truncates to another integer re-exports."""
+    shapes = [(2, 5), (2, 5), (2, 9)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ort = run_both(HalfTheLength(), calls=3, make_inputs=lambda i: (torch.randn(*shapes[i]),))
+    assert ort._ortmod_export_count == 2
+
+
 def test_strict_trace_refuses():
     ort = ORTModule(ItemScale(), debug_options=DebugOptions(strict_trace=True))
     with pytest.raises(ortmod.UnsupportedModelError, match=r"test_semantics\.py:\d+"):
