@@ -307,6 +307,7 @@ class _FlatWrapper(torch.nn.Module):
         self.out_leaves = None          # output leaves: constants, None at tensor slots
         self.out_tensor_positions = None
         self.guards = None              # a _semantics.TraceGuards while ortmod exports
+        self.eager_out = None           # the output of the eager run before the trace
 
     def forward(self, *tensors):
         if self.guards is not None:
@@ -316,7 +317,14 @@ class _FlatWrapper(torch.nn.Module):
             leaves[i] = t
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
         out = self.module(*args, **kwargs)
-        out_leaves, self.out_spec = pytree.tree_flatten(expand_objects(out))
+        tracing = torch.jit.is_tracing()
+        if tracing and self.guards is not None and self.eager_out is not None:
+            expanded = expand_objects(out, reference=self.eager_out, guards=self.guards)
+        else:
+            expanded = expand_objects(out)
+            if not tracing:
+                self.eager_out = out      # what the trace's output objects are compared with
+        out_leaves, self.out_spec = pytree.tree_flatten(expanded)
         self.out_leaves = list(out_leaves)
         self.out_tensor_positions = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
         for i in self.out_tensor_positions:
@@ -341,12 +349,14 @@ class _ObjectNode:
 
     __slots__ = ("template", "keys", "values")
 
-    def __init__(self, obj, children):
+    def __init__(self, obj, children, numbers=None):
         self.keys = list(children)
         self.values = [children[k] for k in self.keys]
         self.template = copy.copy(obj)
         for k in self.keys:                 # the template keeps no traced tensor alive
             self.template.__dict__[k] = None
+        for k, v in (numbers or {}).items():
+            self.template.__dict__[k] = v
 
 
 def _object_flatten(node):
@@ -377,16 +387,42 @@ def _holds_tensor(v, depth=0):
     return isinstance(d, dict) and any(_holds_tensor(x, depth + 1) for x in d.values())
 
 
-def expand_objects(tree, depth=0):
+_NUMBER_TYPES = (bool, int, float)
+
+
+def expand_objects(tree, depth=0, reference=None, guards=None):
     """``tree`` with every leaf that is a plain object holding tensors replaced by an
-    _ObjectNode, recursively (a DynamicCache's list of layers, each with keys and values)."""
-    def expand(leaf):
+    _ObjectNode, recursively (a DynamicCache's list of layers, each with keys and values).
+
+    While tracing, ``reference`` is the same output from the eager run: an attribute that eager
+    kept as a Python number but the trace made a 0-d tensor (a size: jit tracing returns
+    ``x.shape[-2]`` as a tensor, so ``self.cumulative_length += key_states.shape[-2]`` is one) is
+    given back as eager's number, and its traced tensor is guarded on ``guards`` (checked against
+    that number after every call: another value means a new export, never a stale one)."""
+    def expand(leaf, ref=None):
         if isinstance(leaf, (torch.Tensor,) + _CONSTANT_OUTPUT_TYPES) or depth > 6:
             return leaf
         d = getattr(leaf, "__dict__", None)
         if not isinstance(d, dict) or isinstance(leaf, (type, torch.nn.Module)) or not _holds_tensor(leaf):
             return leaf
-        return _ObjectNode(leaf, {k: expand_objects(v, depth + 1) for k, v in d.items() if _holds_tensor(v)})
+        ref_d = getattr(ref, "__dict__", None) if type(ref) is type(leaf) else None
+        ref_d = ref_d if isinstance(ref_d, dict) else {}
+        numbers = {}
+        for k, v in d.items():
+            r = ref_d.get(k)
+            if (guards is not None and isinstance(v, torch.Tensor) and v.dim() == 0
+                    and isinstance(r, _NUMBER_TYPES)):
+                numbers[k] = r
+                guards.records.append((v, "a number traced as a tensor", r,
+                                       f"output attribute {type(leaf).__name__}.{k}", True))
+        children = {k: expand_objects(v, depth + 1, ref_d.get(k), guards) for k, v in d.items()
+                    if k not in numbers and _holds_tensor(v)}
+        return _ObjectNode(leaf, children, numbers)
+    if reference is not None:
+        try:
+            return pytree.tree_map(expand, tree, reference)
+        except (ValueError, TypeError, KeyError):   # structures differ: nothing to compare with
+            pass
     return pytree.tree_map(expand, tree)
 
 

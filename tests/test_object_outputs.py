@@ -45,7 +45,45 @@ def test_plain_object_output_is_rebuilt():
         m.zero_grad(); o.zero_grad()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+class Counter:
+    """Like transformers' DynamicSlidingWindowLayer: tensors and an int grown by a size."""
+
+    def __init__(self):
+        self.seen, self.keys = 0, None
+
+    def update(self, k):
+        self.seen += k.shape[-2]      # jit tracing returns the size as a 0-d tensor
+        self.keys = k
+        return k
+
+
+class ReturnsCounter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        c = Counter()
+        h = c.update(self.l(x))
+        return h.sum(), c
+
+
+def test_number_attribute_traced_as_a_tensor_comes_back_as_eagers_number():
+    """The trace makes Counter.seen a tensor where eager keeps an int: the output gives eager's
+    int back, and a guard on the traced value exports again when the length changes."""
+    torch.manual_seed(0)
+    m = ReturnsCounter()
+    o = ORTModule(copy.deepcopy(m))
+    for n in (3, 3, 5):
+        x = torch.randn(2, n, 4)
+        (le, ce), (lo, co) = m(x), o(x)
+        assert type(co.seen) is int and co.seen == ce.seen == n
+        rel_close("keys", co.keys, ce.keys)
+        rel_close("loss", lo, le)
+    assert o._ortmod_export_count == 2
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral"])
 def test_transformers_default_call_returns_its_cache(family):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -53,9 +91,10 @@ def test_transformers_default_call_returns_its_cache(family):
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
             n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=32, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))
     else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=32))
+        make, config = {"llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+                        "mistral": (transformers.MistralForCausalLM, transformers.MistralConfig)}[family]
+        model = make(config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
     assert model.config.use_cache            # the default: the model returns its cache
     ort = ORTModule(copy.deepcopy(model))
     ids = torch.randint(0, 50, (2, 9))
@@ -66,6 +105,9 @@ def test_transformers_default_call_returns_its_cache(family):
     for i, (le, lo) in enumerate(zip(ce.layers, co.layers)):
         rel_close(f"layer {i} keys", lo.keys, le.keys)
         rel_close(f"layer {i} values", lo.values, le.values)
+        for k, v in vars(le).items():    # the numbers a layer keeps (Mistral's cumulative_length)
+            if isinstance(v, (bool, int, float)):
+                assert type(vars(lo)[k]) is type(v) and vars(lo)[k] == v, (i, k)
     assert co.get_seq_length() == ce.get_seq_length() == 9
     out_e.loss.backward(); out_o.loss.backward()
     for (n, pe), (_, po) in zip(model.named_parameters(), ort.named_parameters()):
