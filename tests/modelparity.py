@@ -3,7 +3,8 @@
 ``train_parity`` trains two copies of one model from identical weights — one eager, one
 wrapped in ORTModule — for a number of optimizer steps and checks (fp32, rtol 1e-4 /
 atol 1e-5): the gradients of the first step (identical weights), every step's loss, the
-final parameters and the final buffers. It prints the max differences, llm.c style.
+final parameters and the final buffers. It prints the max differences, llm.c style. Where
+fp32 eager and ORTModule disagree, an fp64 eager run referees (``referee_holds``).
 
 A model whose export needs an op the engine does not have yet is reported as an expected
 failure naming the op (``pytest.xfail``), so the suite stays green while the op table
@@ -72,11 +73,50 @@ def assert_close(what, got, want, rtol=RTOL, atol=ATOL):
         raise AssertionError(f"{what}: max abs diff {max_diff(got, want):.3e}\n{e}") from None
 
 
+def _double(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch.double() if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return {k: _double(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_double(v) for v in batch)
+    return batch
+
+
+def _train_eager(model, batches, loss_of, steps, lr, momentum, double=False):
+    """Train ``model`` as train_parity trains its copies; returns (step 0 grads, losses)."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    grads0, losses = None, []
+    for step in range(steps):
+        batch = batches[step % len(batches)]
+        loss = loss_of(model, _double(batch) if double else batch)
+        loss.backward()
+        if step == 0:
+            grads0 = [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return grads0, losses
+
+
+def referee_holds(got, want, ref):
+    """fp64 decides an fp32 disagreement: ORTModule's error against the fp64 run is no worse
+    than twice eager fp32's own (both rounding the same exact answer differently)."""
+    ref = ref.detach().double()
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    return max_diff(got, ref) <= 2 * max_diff(want, ref) + 1e-7 * scale
+
+
 def train_parity(make_model, batches, loss_of, steps=10, lr=0.05, momentum=0.9, on_wrap=None):
     """Train eager and ORTModule copies of ``make_model()`` on ``batches`` for ``steps``
     SGD steps; compare as described above. Returns (eager, ort, losses). ``on_wrap`` is
     called with the ORTModule before its first call (so a caller can inspect its export
-    even when the first call ends in an expected failure)."""
+    even when the first call ends in an expected failure).
+
+    Where fp32 eager and ORTModule disagree beyond rtol/atol, an fp64 eager copy trained the
+    same way referees (only then: it costs a second training): the values pass when ORTModule
+    is as close to fp64 as eager fp32 is (an ill-conditioned model, e.g. MobileNetV2's BatchNorm
+    over a batch of 4, amplifies rounding far past any fixed tolerance)."""
     torch.manual_seed(0)
     base = make_model()
     eager = copy.deepcopy(base).train()
@@ -88,6 +128,7 @@ def train_parity(make_model, batches, loss_of, steps=10, lr=0.05, momentum=0.9, 
     names = [n for n, _ in eager.named_parameters()]
     assert names == [n for n, _ in ort.named_parameters()]
     losses_e, losses_o = [], []
+    checks = []     # (what, ORTModule's, eager's, key of the referee's value)
     for step in range(steps):
         batch = batches[step % len(batches)]
         loss_o = loss_of(ort, batch) if step else call_or_xfail(lambda: loss_of(ort, batch))
@@ -98,12 +139,13 @@ def train_parity(make_model, batches, loss_of, steps=10, lr=0.05, momentum=0.9, 
             worst = max((max_diff(po.grad, pe.grad), n) for n, pe, po in
                         zip(names, eager.parameters(), ort.parameters()) if pe.grad is not None)
             print(f"step 0 gradients: max abs diff {worst[0]:.3e} ({worst[1]})")
-            for n, pe, po in zip(names, eager.parameters(), ort.parameters()):
+            for k, (n, pe, po) in enumerate(zip(names, eager.parameters(), ort.parameters())):
                 if pe.grad is None:
                     assert po.grad is None, f"{n}: eager has no gradient, ORTModule has one"
                 else:
                     assert po.grad is not None, f"{n}: no gradient through ORTModule"
-                    assert_close(f"step 0 grad of {n}", po.grad, pe.grad)
+                    checks.append((f"step 0 grad of {n}", po.grad.detach().clone(), pe.grad.detach().clone(),
+                                   ("grad", k)))
         opt_e.step()
         opt_o.step()
         opt_e.zero_grad(set_to_none=True)
@@ -112,13 +154,32 @@ def train_parity(make_model, batches, loss_of, steps=10, lr=0.05, momentum=0.9, 
         losses_o.append(loss_o.item())
     print("losses eager   ", " ".join(f"{v:.6f}" for v in losses_e))
     print("losses ortmod  ", " ".join(f"{v:.6f}" for v in losses_o))
-    assert_close("per-step losses", torch.tensor(losses_o), torch.tensor(losses_e))
+    checks.append(("per-step losses", torch.tensor(losses_o), torch.tensor(losses_e), ("losses", 0)))
     worst = max((max_diff(po, pe), n) for n, pe, po in zip(names, eager.parameters(), ort.parameters()))
     print(f"final parameters: max abs diff {worst[0]:.3e} ({worst[1]})")
-    for n, pe, po in zip(names, eager.parameters(), ort.parameters()):
-        assert_close(f"final {n}", po, pe)
-    for (n, be), bo in zip(eager.named_buffers(), ort.buffers()):
-        assert_close(f"final buffer {n}", bo, be)
+    for k, (n, pe, po) in enumerate(zip(names, eager.parameters(), ort.parameters())):
+        checks.append((f"final {n}", po, pe, ("param", k)))
+    for k, ((n, be), bo) in enumerate(zip(eager.named_buffers(), ort.buffers())):
+        checks.append((f"final buffer {n}", bo, be, ("buffer", k)))
+    failed = []
+    for what, got, want, key in checks:
+        try:
+            assert_close(what, got, want)
+        except AssertionError as e:
+            failed.append((what, got, want, key, e))
+    if failed:
+        ref = copy.deepcopy(base).double().train()
+        grads, losses = _train_eager(ref, batches, loss_of, steps, lr, momentum, double=True)
+        values = {("losses", 0): torch.tensor(losses, dtype=torch.float64)}
+        values.update({("grad", k): g for k, g in enumerate(grads)})
+        values.update({("param", k): p for k, p in enumerate(ref.parameters())})
+        values.update({("buffer", k): b for k, b in enumerate(ref.buffers())})
+        for what, got, want, key, e in failed:
+            r = values[key]
+            if not got.is_floating_point() or not referee_holds(got, want, r):
+                raise e
+            print(f"{what}: fp32 differs by {max_diff(got, want):.3e}; against fp64 ORTModule "
+                  f"{max_diff(got, r):.3e}, eager {max_diff(want, r):.3e}: held by the referee")
     assert ort._ortmod_export_count == 1, f"{ort._ortmod_export_count} exports for one schema"
     return eager, ort, losses_o
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from modelparity import assert_close, exported_op_types, train_parity
+from modelparity import assert_close, exported_op_types, referee_holds, train_parity
 
 transformers = pytest.importorskip("transformers")
 
@@ -320,11 +320,12 @@ ZOO = {
         "ops": ['Add', 'BatchNormalization', 'Cast', 'Concat', 'Constant', 'ConstantOfShape', 'Conv', 'Dropout',
                 'Equal', 'Flatten', 'Gather', 'Gemm', 'GlobalAveragePool', 'HardTanh', 'Mul', 'Pad', 'Reshape',
                 'Shape', 'Slice', 'SoftmaxCrossEntropyLoss', 'StopGradient', 'Sub', 'Transpose'],
-        "bug": ('fp32 conditioning, not an engine bug: 17 blocks of conv+BatchNorm over a batch of 4 down'
-                " to 1x1 spatial amplify step 0's gradients to a max abs ~250 at the stem, where eager fp32 "
-                'itself is as far from an fp64 referee as ORTModule (worst gradient error relative to '
-                "fp64's max: eager 1.3e-4, ORTModule 1.2e-4; logits 3.0e-5 and 1.9e-5), so rtol 1e-4 / "
-                'atol 1e-5 between the two cannot hold (first conv weight off by 2.0e-2 of 250)'),
+        "bug": None,
+        # fp32 training of this config is chaotic: 17 conv+BatchNorm blocks over a batch of 4
+        # amplify rounding so that eager fp32 and an fp64 run part after step 1 at any lr
+        # (losses 0.995 vs 1.093 at step 2, lr 5e-4); one step is what fp32 can be held to, with
+        # the fp64 referee (modelparity.train_parity) deciding the step-0 gradients
+        "steps": 1,
         "exporter": None,
     },
     'nn.Transformer-bf': {
@@ -799,7 +800,8 @@ def test_zoo_parity(name):
     wrapped = []
     first = FirstOutputs(loss_of)
     try:
-        eager, ort, _ = train_parity(make, batches(), first, steps=STEPS, on_wrap=wrapped.append)
+        eager, ort, _ = train_parity(make, batches(), first, steps=ZOO[name].get("steps", STEPS),
+                                     on_wrap=wrapped.append)
     finally:
         if wrapped and wrapped[0]._ortmod_exports:
             print(f"{name} export ops: {exported_op_types(wrapped[0])}")
@@ -810,7 +812,14 @@ def test_zoo_parity(name):
         # step 0, identical weights: the whole output (logits, hidden states, caches) as eager's
         got, want = _tensors(first.outputs[id(ort)]), _tensors(first.outputs[id(eager)])
         assert len(got) == len(want), f"ORTModule's first output holds {len(got)} tensors, eager's {len(want)}"
+        # the fp64 referee's first output, when train_parity needed one (it trains through `first`)
+        ref = [_tensors(v) for k, v in first.outputs.items() if k not in (id(ort), id(eager))]
         for i, (g, w) in enumerate(zip(got, want)):
             assert g.shape == w.shape, f"output tensor {i}: shape {tuple(g.shape)} != eager's {tuple(w.shape)}"
-            assert_close(f"first output tensor {i}", g, w)
+            try:
+                assert_close(f"first output tensor {i}", g, w)
+            except AssertionError:
+                if not ref or not g.is_floating_point() or not referee_holds(g, w, ref[0][i]):
+                    raise
+                print(f"first output tensor {i}: held by the fp64 referee")
         print(f"{name}: first output: {len(got)} tensors match eager's")
