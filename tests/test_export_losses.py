@@ -1,0 +1,95 @@
+"""Losses torch's TorchScript exporter cannot export at opset 20, through ORTModule against eager
+autograd (ortmod/_export_losses.py's rules).
+
+Everything in float64 against eager: the forward value and the gradients of every input that
+eager differentiates, for one random output gradient, at the kinks eager's backward formulas
+decide (l1's sgn(0) = 0, smooth_l1 and huber at |d| = beta, smooth_l1 with beta 0 at d = 0, the
+margin losses at z == 0, binary_cross_entropy's clamped log at 0 and 1), for each reduction,
+with weights, ignored targets and unbatched inputs; and the refusals, which name the loss.
+"""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ortmod
+from ortmod import ORTModule
+from oputil import Fn
+
+D = torch.float64
+REDUCTIONS = ["none", "mean", "sum"]
+
+
+def _grads(xs):
+    return [torch.zeros_like(x) if x.grad is None else x.grad for x in xs]
+
+
+def check_against_eager(fn, *inputs, rtol=1e-10, atol=1e-12, grad=None):
+    """fn through ORTModule and eagerly: the output, then the gradients of the float inputs
+    (those flagged in ``grad``, default all float inputs) for one random output gradient."""
+    grad = grad if grad is not None else [x.is_floating_point() for x in inputs]
+    xe = [x.clone().requires_grad_(r) for x, r in zip(inputs, grad)]
+    xo = [x.clone().requires_grad_(r) for x, r in zip(inputs, grad)]
+    ye, yo = fn(*xe), ORTModule(Fn(fn))(*xo)
+    torch.testing.assert_close(yo, ye, rtol=rtol, atol=atol, equal_nan=True)
+    dy = torch.randn(ye.shape, dtype=ye.dtype)
+    ye.backward(dy)
+    yo.backward(dy)
+    for k, (go, ge, r) in enumerate(zip(_grads(xo), _grads(xe), grad)):
+        if r:
+            torch.testing.assert_close(go, ge, rtol=rtol, atol=atol, equal_nan=True,
+                                       msg=lambda m: f"input {k}: {m}")
+
+
+def _kinked(shape, points):
+    """A random tensor whose first elements are ``points`` (the kinks to test)."""
+    x = torch.randn(*shape, dtype=D)
+    p = torch.tensor(points, dtype=D)
+    x.view(-1)[: p.numel()] = p
+    return x
+
+
+# ---- l1, smooth_l1, huber -----------------------------------------------------------------
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_l1_loss(reduction):
+    t = torch.randn(4, 5, dtype=D)
+    x = t + _kinked((4, 5), [0.0, 0.0, 1.0, -1.0])          # ties: d == 0, sgn(0) = 0
+    check_against_eager(lambda a, b: F.l1_loss(a, b, reduction=reduction), x, t)
+
+
+def test_l1_loss_broadcast_and_module():
+    check_against_eager(nn.L1Loss(), torch.randn(3, 4, dtype=D), torch.randn(3, 4, dtype=D))
+    check_against_eager(lambda a, b: F.l1_loss(a, b.expand_as(a)), torch.randn(3, 4, dtype=D), torch.randn(4, dtype=D))
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("beta", [1.0, 0.5, 2.0, 1e-3])
+def test_smooth_l1_loss(beta, reduction):
+    t = torch.randn(4, 5, dtype=D)
+    d = _kinked((4, 5), [0.0, beta, -beta, beta / 2, -beta / 2, 3 * beta, -3 * beta])
+    check_against_eager(lambda a, b: F.smooth_l1_loss(a, b, reduction=reduction, beta=beta), t + d, t)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_smooth_l1_loss_beta_zero(reduction):
+    # F.smooth_l1_loss calls l1_loss for beta 0 (gradient 0 at d == 0); aten's smooth_l1_loss
+    # itself gives -1 there, for the input and the target alike
+    t = torch.randn(4, 5, dtype=D)
+    x = t + _kinked((4, 5), [0.0, 0.0, 1.0, -1.0])
+    check_against_eager(lambda a, b: F.smooth_l1_loss(a, b, reduction=reduction, beta=0.0), x, t)
+    check_against_eager(lambda a, b: torch._C._nn.smooth_l1_loss(a, b, {"none": 0, "mean": 1, "sum": 2}[reduction], 0.0), x, t)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("delta", [1.0, 0.5, 3.0])
+def test_huber_loss(delta, reduction):
+    t = torch.randn(4, 5, dtype=D)
+    d = _kinked((4, 5), [0.0, delta, -delta, delta / 2, -3 * delta, 3 * delta])
+    check_against_eager(lambda a, b: F.huber_loss(a, b, reduction=reduction, delta=delta), t + d, t)
+
+
+def test_huber_loss_module_float32():
+    x, t = torch.randn(6, 3), torch.randn(6, 3)
+    check_against_eager(nn.HuberLoss(delta=0.7), x, t, rtol=1e-5, atol=1e-6)
+    check_against_eager(nn.SmoothL1Loss(beta=0.7), x, t, rtol=1e-5, atol=1e-6)
