@@ -15,8 +15,8 @@ a term that is exactly 0 forward: ``(x - StopGradient(x)) * StopGradient(g)``.
 """
 import torch
 
-from ._semantics import (_const, _float_const_arg, _input_rank_or_none, _loss_reduction, _refuse,
-                         _same_float_dtype, _stop_gradient)
+from ._semantics import (_const, _dtype_of, _float_const_arg, _input_rank_or_none, _loss_reduction,
+                         _onnx_dtype, _refuse, _same_float_dtype, _stop_gradient)
 
 
 def _sh():
@@ -47,18 +47,24 @@ def _int_arg(value, what, name):
     return int(v)
 
 
-def _requires_grad(v):
-    t = v.type()
-    try:
-        return bool(t.requiresGrad())
-    except Exception:   # not a tensor type, or nothing recorded: assume it may
-        return True
-
-
 def _grad_term(g, x, grad):
-    """(x - StopGradient(x)) * StopGradient(grad): exactly 0 forward (where grad is finite),
-    gradient ``grad`` with respect to x."""
-    return g.op("Mul", g.op("Sub", x, _stop_gradient(g, x)), _stop_gradient(g, grad))
+    """Pow(1 + (x - StopGradient(x)), StopGradient(grad)) - 1: exactly 0 forward (1^y is 1 for
+    every y, inf and NaN included), gradient ``grad`` with respect to x (Pow's b * a^(b - 1)
+    at a = 1), also where ``grad`` is infinite or NaN, as eager's is at some inputs. A product
+    (x - x) * grad would make the forward NaN there."""
+    dt = _dtype_of(x)
+    one = _const(g, 1.0, dt)
+    base = g.op("Add", one, g.op("Sub", x, _stop_gradient(g, x)))
+    return g.op("Sub", g.op("Pow", base, _stop_gradient(g, grad)), one)
+
+
+def _with_gradients(g, value, *terms):
+    """``value``'s forward, stopped, plus the gradient terms (each exactly 0 forward): what eager
+    gives where its backward is not the derivative of its forward."""
+    out = _stop_gradient(g, value)
+    for x, grad in terms:
+        out = g.op("Add", out, _grad_term(g, x, grad))
+    return out
 
 
 # ---- l1, smooth_l1, huber -------------------------------------------------------------------
@@ -125,10 +131,113 @@ def _huber_loss_symbolic(g, input, target, reduction, delta):
     return _loss_reduction(g, _piecewise(g, d, k, k, quad, dt), reduction, what)
 
 
+# ---- binary_cross_entropy, margin_ranking, hinge_embedding, soft_margin ---------------------
+
+# Loss.cpp's EPSILON in binary_cross_entropy_backward, max((1 - x) x, EPSILON): a C++ float, so
+# 1e-12 rounded to float32 whatever the input's dtype (float64 inputs showed it: 4e-9 relative)
+_BCE_EPS = float(torch.tensor(1e-12, dtype=torch.float32))
+
+
+def _log1p(g, u, dt):
+    """log1p(u) to a few ulps from Log alone (Goldberg): w = 1 + u; u where w == 1, else
+    log(w) * u / (w - 1). Forward only (its gradient is not log1p's)."""
+    one = _const(g, 1.0, dt)
+    w = g.op("Add", one, u)
+    return g.op("Where", g.op("Equal", w, one), u, g.op("Div", g.op("Mul", g.op("Log", w), u), g.op("Sub", w, one)))
+
+
+def _binary_cross_entropy_symbolic(g, input, target, weight, reduction):
+    """eager (Loss.cpp): w * ((t - 1) max(log1p(-x), -100) - t max(log(x), -100)), reduced (mean:
+    over the elements, weights or not). Its backward is not the clamped forward's derivative:
+    input dy w (x - t) / max((1 - x) x, 1e-12), target dy w (-logit(x)) (inf at x 0 or 1); both
+    are given exactly, as gradient terms on a stopped forward (_with_gradients)."""
+    sh = _sh()
+    what = "binary_cross_entropy"
+    has_w = not (weight is None or sh._is_none(weight))
+    dt = _same_float_dtype(what, input, target, *([weight] if has_w else []))
+    _reduction_arg(reduction, what)
+    one, lo = _const(g, 1.0, dt), _const(g, -100.0, dt)
+    log1m = g.op("Max", _log1p(g, g.op("Neg", input), dt), lo)
+    logx = g.op("Max", g.op("Log", input), lo)
+    loss = g.op("Sub", g.op("Mul", g.op("Sub", target, one), log1m), g.op("Mul", target, logx))
+    one_minus = g.op("Sub", one, input)
+    gx = g.op("Div", g.op("Sub", input, target), g.op("Max", g.op("Mul", one_minus, input), _const(g, _BCE_EPS, dt)))
+    gt = g.op("Neg", g.op("Log", g.op("Div", input, one_minus)))
+    if has_w:
+        loss, gx, gt = (g.op("Mul", v, weight) for v in (loss, gx, gt))
+    out = _with_gradients(g, loss, (input, gx), (target, gt))
+    return _loss_reduction(g, out, reduction, what)
+
+
+def _margin_ranking_loss_symbolic(g, input1, input2, target, margin, reduction):
+    """eager (Loss.cpp): clamp_min(-target (input1 - input2) + margin, 0), reduced; clamp_min's
+    gradient passes at the bound (x >= 0), as Clip's."""
+    what = "margin_ranking_loss"
+    dt = _same_float_dtype(what, input1, input2)
+    target = _target_as(g, target, dt, what)
+    _reduction_arg(reduction, what)
+    m = _float_const_arg(margin, what, "margin")
+    out = g.op("Add", g.op("Mul", g.op("Neg", target), g.op("Sub", input1, input2)), _const(g, m, dt))
+    return _loss_reduction(g, g.op("Clip", out, _const(g, 0.0, dt)), reduction, what)
+
+
+def _target_dtype(target, what):
+    from torch.onnx._internal.torchscript_exporter import _type_utils
+    try:
+        return _type_utils.JitScalarType.from_value(target).dtype()
+    except Exception:   # torch's SymbolicValueError: no dtype recorded
+        _refuse(what, "ortmod needs the target's dtype at export")
+
+
+def _target_as(g, target, dt, what):
+    """An integer target cast to the inputs' float dtype ``dt`` (eager's type promotion, exact
+    for any label); a float target must be of dtype ``dt``."""
+    t_dt = _target_dtype(target, what)
+    if t_dt == dt:
+        return target
+    if t_dt.is_floating_point or t_dt.is_complex:
+        _refuse(what, "ortmod takes the target in the inputs' dtype or an integer dtype (cast it first)")
+    return g.op("Cast", target, to_i=_onnx_dtype(dt))
+
+
+def _hinge_embedding_loss_symbolic(g, input, target, margin, reduction):
+    """eager (Loss.cpp): where(t != 1, clamp_min(margin - x, 0), 0) + where(t != -1, x, 0),
+    reduced (a target other than 1 and -1 takes both terms, as eager's)."""
+    what = "hinge_embedding_loss"
+    dt = _same_float_dtype(what, input)
+    t_dt = _target_dtype(target, what)
+    _reduction_arg(reduction, what)
+    m = _float_const_arg(margin, what, "margin")
+    zero = _const(g, 0.0, dt)
+    clamped = g.op("Clip", g.op("Sub", _const(g, m, dt), input), zero)
+    out_margin = g.op("Where", g.op("Not", g.op("Equal", target, _const(g, 1, t_dt))), clamped, zero)
+    out_self = g.op("Where", g.op("Not", g.op("Equal", target, _const(g, -1, t_dt))), input, zero)
+    return _loss_reduction(g, g.op("Add", out_margin, out_self), reduction, what)
+
+
+def _soft_margin_loss_symbolic(g, input, target, reduction):
+    """eager (Loss.cpp): log1p(exp(-x t)), reduced; inf where exp overflows (kept: Softplus alone
+    would be finite there). Its backward, -t z / (1 + z) with z = exp(-x t) (NaN where z is inf),
+    is given exactly as a gradient term. (A target that requires grad: eager raises while
+    ortmod traces.)"""
+    what = "soft_margin_loss"
+    dt = _same_float_dtype(what, input, target)
+    _reduction_arg(reduction, what)
+    v = g.op("Mul", g.op("Neg", input), target)
+    z = g.op("Exp", v)
+    loss = g.op("Where", g.op("IsInf", z), z, g.op("Softplus", v))
+    gx = g.op("Div", g.op("Mul", g.op("Neg", target), z), g.op("Add", _const(g, 1.0, dt), z))
+    return _loss_reduction(g, _with_gradients(g, loss, (input, gx)), reduction, what)
+
+
 _RULES = {
     "aten::l1_loss": _l1_loss_symbolic,
     "aten::smooth_l1_loss": _smooth_l1_loss_symbolic,
     "aten::huber_loss": _huber_loss_symbolic,
+    "aten::binary_cross_entropy": _binary_cross_entropy_symbolic,
+    "aten::margin_ranking_loss": _margin_ranking_loss_symbolic,
+    "aten::hinge_embedding_loss": _hinge_embedding_loss_symbolic,
+    "aten::soft_margin_loss": _soft_margin_loss_symbolic,
 }
 
 

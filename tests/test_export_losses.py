@@ -7,6 +7,8 @@ decide (l1's sgn(0) = 0, smooth_l1 and huber at |d| = beta, smooth_l1 with beta 
 margin losses at z == 0, binary_cross_entropy's clamped log at 0 and 1), for each reduction,
 with weights, ignored targets and unbatched inputs; and the refusals, which name the loss.
 """
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -30,7 +32,8 @@ def check_against_eager(fn, *inputs, rtol=1e-10, atol=1e-12, grad=None):
     grad = grad if grad is not None else [x.is_floating_point() for x in inputs]
     xe = [x.clone().requires_grad_(r) for x, r in zip(inputs, grad)]
     xo = [x.clone().requires_grad_(r) for x, r in zip(inputs, grad)]
-    ye, yo = fn(*xe), ORTModule(Fn(fn))(*xo)
+    # a module of its own for ORTModule: it takes over the module's buffers (a loss's weight)
+    ye, yo = fn(*xe), ORTModule(Fn(copy.deepcopy(fn) if isinstance(fn, nn.Module) else fn))(*xo)
     torch.testing.assert_close(yo, ye, rtol=rtol, atol=atol, equal_nan=True)
     dy = torch.randn(ye.shape, dtype=ye.dtype)
     ye.backward(dy)
@@ -93,3 +96,80 @@ def test_huber_loss_module_float32():
     x, t = torch.randn(6, 3), torch.randn(6, 3)
     check_against_eager(nn.HuberLoss(delta=0.7), x, t, rtol=1e-5, atol=1e-6)
     check_against_eager(nn.SmoothL1Loss(beta=0.7), x, t, rtol=1e-5, atol=1e-6)
+
+
+# ---- binary_cross_entropy ------------------------------------------------------------------
+
+def _probabilities(shape, points=()):
+    x = torch.rand(*shape, dtype=D) * 0.98 + 0.01
+    p = torch.tensor(points, dtype=D)
+    x.view(-1)[: p.numel()] = p
+    return x
+
+
+# 0 and 1 (log clamped at -100; input gradient divided by max((1 - x) x, 1e-12), target
+# gradient -logit(x) = +-inf), tiny inputs (log1p(-x), not log(1 - x)), t == x
+BCE_POINTS = [0.0, 1.0, 1e-9, 1 - 1e-9, 1e-50, 0.5, 0.3]
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_binary_cross_entropy(reduction, weighted):
+    x = _probabilities((4, 7), BCE_POINTS)
+    t = _probabilities((4, 7), [0.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.3])
+    w = torch.randn(7, dtype=D).abs()
+    if weighted:
+        fn = lambda a, b, c: F.binary_cross_entropy(a, b, weight=c, reduction=reduction)
+        check_against_eager(fn, x, t, w, grad=[True, True, False])   # eager does not differentiate weight
+    else:
+        check_against_eager(lambda a, b: F.binary_cross_entropy(a, b, reduction=reduction), x, t)
+
+
+def test_binary_cross_entropy_saturated_hard_targets():
+    # the usual case: 0/1 targets that do not require grad, inputs saturated at 0 and 1
+    x = _probabilities((3, 5), [0.0, 1.0, 0.0, 1.0])
+    t = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0]] * 3, dtype=D)
+    check_against_eager(nn.BCELoss(), x, t, grad=[True, False])
+    check_against_eager(nn.BCELoss(weight=torch.tensor(2.5, dtype=D), reduction="sum"), x, t, grad=[True, False])
+
+
+def test_binary_cross_entropy_float32_tiny():
+    # eager's log1p(-x): 1e-9 as a loss, where log(1 - x) would give 0
+    x = torch.tensor([1e-9, 1e-7, 0.25, 1.0 - 2 ** -24])
+    t = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    check_against_eager(lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), x, t, rtol=1e-6, atol=0)
+
+
+# ---- margin_ranking, hinge_embedding, soft_margin -----------------------------------------
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("margin", [0.0, 0.5])
+def test_margin_ranking_loss(reduction, margin):
+    x1, x2 = torch.randn(12, dtype=D), torch.randn(12, dtype=D)
+    y = torch.tensor([1, -1] * 6, dtype=D)
+    x1[:4] = x2[:4] + y[:4] * margin            # on the kink: clamp_min's gradient passes there
+    check_against_eager(lambda a, b, c: F.margin_ranking_loss(a, b, c, margin=margin, reduction=reduction), x1, x2, y)
+    check_against_eager(lambda a, b, c: F.margin_ranking_loss(a, b, c, margin=margin, reduction=reduction),
+                        x1, x2, y.long(), grad=[True, True, False])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("margin", [1.0, 0.5])
+def test_hinge_embedding_loss(reduction, margin):
+    x = _kinked((3, 4), [margin, margin, 0.0, -1.0, 2 * margin])
+    y = torch.tensor([[1, -1, -1, 1], [-1, -1, 1, 1], [1, -1, 2, 0]], dtype=D)   # 2 and 0: both terms
+    check_against_eager(lambda a, b: F.hinge_embedding_loss(a, b, margin=margin, reduction=reduction), x, y,
+                        grad=[True, False])
+    check_against_eager(lambda a, b: F.hinge_embedding_loss(a, b, margin=margin, reduction=reduction), x, y.long(),
+                        grad=[True, False])
+    check_against_eager(nn.HingeEmbeddingLoss(margin=margin, reduction=reduction), x[0, 0], y[0, 1], grad=[True, False])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_soft_margin_loss(reduction):
+    x = _kinked((3, 5), [0.0, 30.0, -30.0, 800.0, -800.0, 1e-3])   # exp overflows at 800: inf, NaN gradient
+    y = torch.tensor([1.0, -1.0, 1.0] * 5, dtype=D).view(3, 5)
+    check_against_eager(lambda a, b: F.soft_margin_loss(a, b, reduction=reduction), x, y, grad=[True, False])
+    check_against_eager(nn.SoftMarginLoss(reduction=reduction), x.float(), y.float(), grad=[True, False],
+                        rtol=1e-5, atol=1e-6)
+
