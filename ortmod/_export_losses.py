@@ -230,6 +230,120 @@ def _soft_margin_loss_symbolic(g, input, target, reduction):
     return _loss_reduction(g, _with_gradients(g, loss, (input, gx)), reduction, what)
 
 
+# ---- multi_margin, multilabel_margin -------------------------------------------------------
+
+def _class_count(g, x, dt):
+    """(C as a 0-d int64, C as a 0-d float of dtype dt, arange(C)) for x of shape (N, C)."""
+    c = g.op("Gather", g.op("Shape", x), _const(g, 1, torch.int64), axis_i=0)
+    classes = g.op("Range", _const(g, 0, torch.int64), c, _const(g, 1, torch.int64))
+    return c, g.op("Cast", c, to_i=_onnx_dtype(dt)), classes
+
+
+def _batched(g, x, what):
+    """x as (N, C): a vector (C,) becomes a batch of one (eager's dim <= 1 case); returns
+    (x2, rank). Other ranks are refused."""
+    rank = _input_rank_or_none(x)
+    if rank not in (1, 2):
+        _refuse(what, "ortmod takes an input of rank 1 or 2, known at export")
+    if rank == 1:
+        x = g.op("Unsqueeze", x, _const(g, [0], torch.int64))
+    return x, rank
+
+
+def _multi_margin_loss_symbolic(g, input, target, p, margin, weight, reduction):
+    """eager (MultiMarginCriterion.cpp): per sample, sum over classes d != y of
+    w[y] * max(0, margin - x[y] + x[d])^p, divided by C; mean over samples (weights or not).
+    Its backward is g * w[y] (p 1) or 2 g z w[y] (p 2) where z > 0 strictly: Relu's gradient,
+    0 at z == 0."""
+    sh = _sh()
+    what = "multi_margin_loss"
+    has_w = not (weight is None or sh._is_none(weight))
+    dt = _same_float_dtype(what, input, *([weight] if has_w else []))
+    r = _reduction_arg(reduction, what)
+    p_v = _float_const_arg(p, what, "p")
+    if p_v not in (1.0, 2.0):
+        _refuse(what, "only p 1 and 2 are supported (as eager)")
+    m = _float_const_arg(margin, what, "margin")
+    if _target_dtype(target, what).is_floating_point:
+        _refuse(what, "the target must hold class indices (an integer tensor)")
+    x, _ = _batched(g, input, what)
+    y = g.op("Reshape", target, _const(g, [-1, 1], torch.int64))                  # (N, 1)
+    x_y = g.op("GatherElements", x, y, axis_i=1)
+    z = g.op("Add", g.op("Sub", _const(g, m, dt), x_y), x)                          # margin - x[y] + x[d]
+    h = g.op("Relu", z)
+    if p_v == 2.0:
+        h = g.op("Mul", h, h)
+    if has_w:
+        h = g.op("Mul", h, g.op("Gather", weight, y, axis_i=0))
+    _, c_f, classes = _class_count(g, x, dt)
+    h = g.op("Where", g.op("Equal", classes, y), _const(g, 0.0, dt), h)             # d != y
+    out = g.op("Div", g.op("ReduceSum", h, _const(g, [1], torch.int64), keepdims_i=0), c_f)
+    if r == 0:
+        # eager: (N,) for a 2-d input or a 1-element target vector, 0-d for a 0-d target
+        return g.op("Reshape", out, g.op("Shape", target))
+    return _loss_reduction(g, out, reduction, what)
+
+
+def _multilabel_margin_loss_symbolic(g, input, target, reduction):
+    """eager (MultilabelMarginCriterion.cpp): per sample, the targets are y[0..k) up to the first
+    negative entry; is_target marks them; loss = sum over target slots k (a repeated class
+    counts again, as eager's loop) and non-target classes i of max(0, 1 - x[y[k]] + x[i]), / C.
+    Backward: -g at y[k], +g at i where z > 0 strictly (Relu's gradient)."""
+    what = "multilabel_margin_loss"
+    dt = _same_float_dtype(what, input)
+    r = _reduction_arg(reduction, what)
+    if _target_dtype(target, what).is_floating_point:
+        _refuse(what, "the target must hold class indices (an integer tensor)")
+    if _input_rank_or_none(target) != _input_rank_or_none(input):
+        _refuse(what, "ortmod takes a target of the input's rank")
+    x, rank = _batched(g, input, what)
+    y = target if rank == 2 else g.op("Unsqueeze", target, _const(g, [0], torch.int64))      # (N, K)
+    zero_i = _const(g, 0, torch.int64)
+    stopped = g.op("CumSum", g.op("Cast", g.op("Less", y, zero_i), to_i=_onnx_dtype(torch.int64)),
+                   _const(g, 1, torch.int64))
+    valid = g.op("Equal", stopped, zero_i)                                          # before the first y < 0
+    ys = g.op("Where", valid, y, zero_i)
+    _, c_f, classes = _class_count(g, x, dt)
+    hit = g.op("And", g.op("Equal", g.op("Unsqueeze", ys, _const(g, [2], torch.int64)), classes),
+               g.op("Unsqueeze", valid, _const(g, [2], torch.int64)))                # (N, K, C)
+    is_target = g.op("Greater", g.op("ReduceMax", g.op("Cast", hit, to_i=_onnx_dtype(dt)),
+                                     _const(g, [1], torch.int64), keepdims_i=0), _const(g, 0.0, dt))
+    x_y = g.op("GatherElements", x, ys, axis_i=1)                                   # (N, K)
+    z = g.op("Add", g.op("Sub", _const(g, 1.0, dt), g.op("Unsqueeze", x_y, _const(g, [2], torch.int64))),
+             g.op("Unsqueeze", x, _const(g, [1], torch.int64)))                      # (N, K, C)
+    mask = g.op("And", g.op("Unsqueeze", valid, _const(g, [2], torch.int64)),
+                g.op("Unsqueeze", g.op("Not", is_target), _const(g, [1], torch.int64)))
+    h = g.op("Where", mask, g.op("Relu", z), _const(g, 0.0, dt))
+    out = g.op("Div", g.op("ReduceSum", h, _const(g, [1, 2], torch.int64), keepdims_i=0), c_f)
+    if r == 0:
+        return out if rank == 2 else g.op("Squeeze", out, _const(g, [0], torch.int64))
+    return _loss_reduction(g, out, reduction, what)
+
+
+# ---- poisson_nll ---------------------------------------------------------------------------
+
+def _poisson_nll_loss_symbolic(g, input, target, log_input, full, eps, reduction):
+    """eager (Loss.cpp), composite: log_input ? exp(x) - t x : x - t log(x + eps); full adds
+    Stirling's t log(t) - t + 0.5 log(2 pi t), masked to 0 where t <= 1; reduced."""
+    import math
+    what = "poisson_nll_loss"
+    dt = _same_float_dtype(what, input, target)
+    _reduction_arg(reduction, what)
+    log_in, full_v = _bool_arg(log_input, what, "log_input"), _bool_arg(full, what, "full")
+    eps_v = _float_const_arg(eps, what, "eps")
+    if log_in:
+        loss = g.op("Sub", g.op("Exp", input), g.op("Mul", target, input))
+    else:
+        loss = g.op("Sub", input, g.op("Mul", target, g.op("Log", g.op("Add", input, _const(g, eps_v, dt)))))
+    if full_v:
+        stirling = g.op("Add", g.op("Sub", g.op("Mul", target, g.op("Log", target)), target),
+                        g.op("Mul", _const(g, 0.5, dt),
+                             g.op("Log", g.op("Mul", _const(g, 2 * math.pi, dt), target))))
+        stirling = g.op("Where", g.op("LessOrEqual", target, _const(g, 1.0, dt)), _const(g, 0.0, dt), stirling)
+        loss = g.op("Add", loss, stirling)
+    return _loss_reduction(g, loss, reduction, what)
+
+
 _RULES = {
     "aten::l1_loss": _l1_loss_symbolic,
     "aten::smooth_l1_loss": _smooth_l1_loss_symbolic,
@@ -238,6 +352,9 @@ _RULES = {
     "aten::margin_ranking_loss": _margin_ranking_loss_symbolic,
     "aten::hinge_embedding_loss": _hinge_embedding_loss_symbolic,
     "aten::soft_margin_loss": _soft_margin_loss_symbolic,
+    "aten::multi_margin_loss": _multi_margin_loss_symbolic,
+    "aten::multilabel_margin_loss": _multilabel_margin_loss_symbolic,
+    "aten::poisson_nll_loss": _poisson_nll_loss_symbolic,
 }
 
 

@@ -173,3 +173,74 @@ def test_soft_margin_loss(reduction):
     check_against_eager(nn.SoftMarginLoss(reduction=reduction), x.float(), y.float(), grad=[True, False],
                         rtol=1e-5, atol=1e-6)
 
+
+
+# ---- multi_margin, multilabel_margin ----------------------------------------------------------
+
+def _margin_scores(margin):
+    """Scores with z = margin - x[y] + x[d] exactly 0 in places (eager's z > 0: no gradient)."""
+    x = torch.randn(5, 4, dtype=D)
+    y = torch.tensor([2, 0, 3, 1, 1])
+    x[0, 1] = x[0, 2] - margin          # z == 0
+    x[1, :] = 0.25                      # ties with the target: z == margin
+    x[3, 0] = x[3, 1] - margin
+    return x, y
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("margin", [1.0, 0.5])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_multi_margin_loss(reduction, p, margin, weighted):
+    x, y = _margin_scores(margin)
+    w = torch.rand(4, dtype=D) + 0.5 if weighted else None
+    check_against_eager(lambda a, b: F.multi_margin_loss(a, b, p=p, margin=margin, weight=w, reduction=reduction), x, y)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_multi_margin_loss_unbatched(reduction):
+    x, y = _margin_scores(1.0)
+    check_against_eager(lambda a, b: F.multi_margin_loss(a, b, reduction=reduction), x[0], y[0])          # target ()
+    check_against_eager(lambda a, b: F.multi_margin_loss(a, b, p=2, reduction=reduction), x[0], y[:1])   # target (1,)
+    check_against_eager(nn.MultiMarginLoss(weight=torch.rand(4, dtype=D), reduction=reduction), x, y)
+
+
+def _multilabel_targets():
+    # -1 terminates each row; what follows it is ignored (row 2); a repeated class counts twice
+    # (row 3); row 4 has no targets; row 1 every class (no non-target: loss 0)
+    return torch.tensor([[3, 0, -1, 1], [0, 1, 2, 3], [1, -1, 0, 2], [2, 2, -1, 0], [-1, 1, 2, 3]])
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_multilabel_margin_loss(reduction):
+    x = torch.randn(5, 4, dtype=D)
+    x[0, 1] = x[0, 3] - 1.0             # z == 0 for the pair (3, 1)
+    x[2, 2] = x[2, 1] - 1.0
+    check_against_eager(lambda a, b: F.multilabel_margin_loss(a, b, reduction=reduction), x, _multilabel_targets())
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_multilabel_margin_loss_unbatched(reduction):
+    x = torch.randn(6, dtype=D)
+    check_against_eager(nn.MultiLabelMarginLoss(reduction=reduction), x, torch.tensor([4, 1, -1, 0, 0, 0]))
+    check_against_eager(nn.MultiLabelMarginLoss(reduction=reduction), x, torch.tensor([5, 4, 3, 2, 1, 0]))
+
+
+# ---- poisson_nll -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("log_input", [True, False])
+@pytest.mark.parametrize("full", [False, True])
+def test_poisson_nll_loss(reduction, log_input, full):
+    x = torch.randn(4, 5, dtype=D) if log_input else torch.rand(4, 5, dtype=D) * 3
+    if not log_input:
+        x[0, 0] = 0.0                   # log(0 + eps)
+    t = torch.tensor([0.0, 0.5, 1.0, 1.0 + 1e-9, 2.0, 7.0, 3.5] * 3 * 1, dtype=D)[:20].view(4, 5)   # Stirling for t > 1
+    check_against_eager(lambda a, b: F.poisson_nll_loss(a, b, log_input=log_input, full=full, eps=1e-3,
+                                                        reduction=reduction), x, t)
+
+
+def test_poisson_nll_loss_module_defaults():
+    x, t = torch.rand(3, 4, dtype=D), torch.poisson(torch.rand(3, 4, dtype=D) * 4)
+    check_against_eager(nn.PoissonNLLLoss(), x, t, grad=[True, False])
+    check_against_eager(nn.PoissonNLLLoss(log_input=False, full=True), x, t, grad=[True, False])
