@@ -344,6 +344,140 @@ def _poisson_nll_loss_symbolic(g, input, target, log_input, full, eps, reduction
     return _loss_reduction(g, loss, reduction, what)
 
 
+# ---- cross_entropy ---------------------------------------------------------------------------
+
+_REDUCTION_NAMES = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _static_dim(x, axis):
+    sizes = _sh()._get_tensor_sizes(x)
+    v = sizes[axis] if sizes is not None and len(sizes) > axis else None
+    return v if isinstance(v, int) else None
+
+
+def _max_shifted(g, x):
+    """x - StopGradient(max over classes): the engine's LogSoftmax and SoftmaxCrossEntropyLoss
+    kernels compute x - (m + log(sum)), which rounds m + log(sum) at the scale of the largest
+    logit; eager's (x - m) - log(sum) does not (a confident prediction's loss ~1e-6 came out 30%
+    off in float32). With the max already subtracted, the kernel's m is 0 and its result is
+    eager's. The shift takes no gradient: log_softmax is invariant to it."""
+    m = g.op("ReduceMax", x, _const(g, [1], torch.int64), keepdims_i=1)
+    return g.op("Sub", x, _stop_gradient(g, m))
+
+
+def _class_weight(g, weight, rank):
+    """weight (C,) as (1, C, 1, ..) for an input of rank ``rank`` (eager's expand_weight)."""
+    return g.op("Reshape", weight, _const(g, [1, -1] + [1] * (rank - 2), torch.int64))
+
+
+def _cross_entropy_symbolic(stock):
+    def symbolic(g, self, target, weight, reduction, ignore_index, label_smoothing):
+        """eager (LossNLL.cpp cross_entropy_loss), where torch's rule refuses label_smoothing, takes
+        no probability targets and no unbatched input (its SoftmaxCrossEntropyLoss wants (N, C)):
+
+        * class targets, label_smoothing 0: torch's rule (SoftmaxCrossEntropyLoss);
+        * class targets, label_smoothing ls: (1 - ls) nll_loss(log_softmax(x)) + ls / C * smooth,
+          smooth = -sum_c w_c log_softmax(x)_c, 0 at ignored targets, its mean divided by the
+          summed weights of the targets not ignored (their count without weights), as eager's
+          cross_entropy_loss_label_smoothing (composite: the gradient is autodiff's);
+        * probability targets: -sum_c w_c t_c log_softmax(x)_c, t smoothed to t (1 - ls) + ls / C,
+          mean over the numel / C positions (cross_entropy_loss_prob_target);
+        * an unbatched input (C,) with target () or (C,): a batch of one, the batch axis removed
+          again for reduction none (exact: eager's class_dim 0 is the same computation)."""
+        sh = _sh()
+        what = "cross_entropy"
+        has_w = not (weight is None or sh._is_none(weight))
+        dt = _same_float_dtype(what, self, *([weight] if has_w else []))
+        r = _reduction_arg(reduction, what)
+        ls = _float_const_arg(label_smoothing, what, "label_smoothing")
+        ignore = _int_arg(ignore_index, what, "ignore_index")
+        rank = _input_rank_or_none(self)
+        if rank is None or rank == 0:
+            _refuse(what, "ortmod needs the input's rank at export (1 or more)")
+        prob = _target_dtype(target, what).is_floating_point
+        if prob and _target_dtype(target, what) != dt:
+            _refuse(what, "probability targets must have the input's dtype")
+        unbatched = rank == 1
+        if unbatched:
+            self = g.op("Unsqueeze", self, _const(g, [0], torch.int64))
+            target = g.op("Unsqueeze", target, _const(g, [0], torch.int64))
+            rank = 2
+        if not prob and ls == 0.0:
+            if unbatched:   # torch's rule on a batch of one: its rounding fixed while the cost is one row
+                self = _max_shifted(g, self)
+            out = stock(g, self, target, weight, reduction, ignore_index, label_smoothing)
+        elif prob:
+            out = _cross_entropy_probabilities(g, self, target, weight if has_w else None, r, ls, ignore, rank, dt)
+        else:
+            out = _cross_entropy_smoothed(g, self, target, weight if has_w else None, r, ls, ignore, rank, dt)
+        if unbatched and r == 0:
+            out = g.op("Squeeze", out, _const(g, [0], torch.int64))
+        return out
+    return symbolic
+
+
+def _class_count_f(g, x, dt):
+    """(C as a float constant when known at export (ls / C then divides in double, as eager's
+    Python-number arithmetic), else None, C as a 0-d float value)."""
+    c = _static_dim(x, 1)
+    _, c_f, _ = _class_count(g, x, dt)
+    return c, c_f
+
+
+def _smoothing_factor(g, ls, c, c_f, dt):
+    return _const(g, ls / c, dt) if c is not None else g.op("Div", _const(g, ls, dt), c_f)
+
+
+def _cross_entropy_smoothed(g, x, target, weight, r, ls, ignore, rank, dt):
+    what = "cross_entropy"
+    if not ls <= 1.0:
+        _refuse(what, "label_smoothing must be in [0, 1]")
+    logp = g.op("LogSoftmax", _max_shifted(g, x), axis_i=1)
+    nll_in = [logp, target] + ([weight] if weight is not None else [])
+    nll = g.op("NegativeLogLikelihoodLoss", *nll_in, reduction_s=_REDUCTION_NAMES[r], ignore_index_i=ignore)
+    axis1 = _const(g, [1], torch.int64)
+    per_class = logp if weight is None else g.op("Mul", logp, _class_weight(g, weight, rank))
+    smooth = g.op("Neg", g.op("ReduceSum", per_class, axis1, keepdims_i=0))
+    ignored = g.op("Equal", target, _const(g, ignore, _target_dtype(target, what)))
+    zero = _const(g, 0.0, dt)
+    smooth = g.op("Where", ignored, zero, smooth)
+    if r == 1:
+        if weight is not None:
+            safe = g.op("Where", ignored, _const(g, 0, _target_dtype(target, what)), target)
+            counted = g.op("Where", ignored, zero, g.op("Gather", weight, safe, axis_i=0))
+        else:
+            counted = g.op("Cast", g.op("Not", ignored), to_i=_onnx_dtype(dt))
+        smooth = g.op("Div", g.op("ReduceSum", smooth, keepdims_i=0), g.op("ReduceSum", counted, keepdims_i=0))
+    elif r == 2:
+        smooth = g.op("ReduceSum", smooth, keepdims_i=0)
+    c, c_f = _class_count_f(g, x, dt)
+    return g.op("Add", g.op("Mul", _const(g, 1.0 - ls, dt), nll),
+                g.op("Mul", smooth, _smoothing_factor(g, ls, c, c_f, dt)))
+
+
+def _cross_entropy_probabilities(g, x, target, weight, r, ls, ignore, rank, dt):
+    what = "cross_entropy"
+    if ignore >= 0:
+        _refuse(what, "ignore_index is not supported for probability targets (eager raises)")
+    if not ls <= 1.0:
+        _refuse(what, "label_smoothing must be in [0, 1]")
+    logp = g.op("LogSoftmax", _max_shifted(g, x), axis_i=1)
+    c, c_f = _class_count_f(g, x, dt)
+    if ls > 0.0:
+        target = g.op("Add", g.op("Mul", target, _const(g, 1.0 - ls, dt)), _smoothing_factor(g, ls, c, c_f, dt))
+    prod = g.op("Mul", logp, target)
+    if weight is not None:
+        prod = g.op("Mul", prod, _class_weight(g, weight, rank))
+    if r == 0:
+        return g.op("Neg", g.op("ReduceSum", prod, _const(g, [1], torch.int64), keepdims_i=0))
+    total = g.op("Neg", g.op("ReduceSum", prod, keepdims_i=0))
+    if r == 2:
+        return total
+    c_i, _, _ = _class_count(g, x, dt)
+    positions = g.op("Div", g.op("Size", x), c_i)                                   # numel / C, integer
+    return g.op("Div", total, g.op("Cast", positions, to_i=_onnx_dtype(dt)))
+
+
 _RULES = {
     "aten::l1_loss": _l1_loss_symbolic,
     "aten::smooth_l1_loss": _smooth_l1_loss_symbolic,
@@ -359,4 +493,12 @@ _RULES = {
 
 
 def symbolics(registration, opset):
-    return dict(_RULES)
+    from ._semantics import _torch_symbolic
+    # torch registers its opset-12 rules (cross_entropy_loss's) when that module is imported,
+    # which its exporter does lazily
+    from torch.onnx._internal.torchscript_exporter import symbolic_opset12  # noqa: F401
+    rules = dict(_RULES)
+    stock = _torch_symbolic(registration, "aten::cross_entropy_loss", opset)
+    if stock is not None:
+        rules["aten::cross_entropy_loss"] = _cross_entropy_symbolic(stock)
+    return rules

@@ -244,3 +244,89 @@ def test_poisson_nll_loss_module_defaults():
     x, t = torch.rand(3, 4, dtype=D), torch.poisson(torch.rand(3, 4, dtype=D) * 4)
     check_against_eager(nn.PoissonNLLLoss(), x, t, grad=[True, False])
     check_against_eager(nn.PoissonNLLLoss(log_input=False, full=True), x, t, grad=[True, False])
+
+
+# ---- cross_entropy ------------------------------------------------------------------------------
+
+def _class_targets(shape, classes, ignore=None, n_ignored=2):
+    t = torch.randint(0, classes, shape)
+    if ignore is not None:
+        t.view(-1)[:n_ignored] = ignore                 # pad-like positions
+    return t
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("ls", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("ignore_index", [-100, 1])
+def test_cross_entropy_class_targets(reduction, ls, weighted, ignore_index):
+    x = torch.randn(6, 4, dtype=D)
+    t = _class_targets((6,), 4, ignore=ignore_index)
+    w = torch.rand(4, dtype=D) + 0.5 if weighted else None
+    check_against_eager(lambda a, b: F.cross_entropy(a, b, weight=w, reduction=reduction, ignore_index=ignore_index,
+                                                     label_smoothing=ls), x, t)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("ls", [0.0, 0.25])
+def test_cross_entropy_spatial(reduction, ls):
+    x = torch.randn(2, 3, 4, 5, dtype=D)
+    t = _class_targets((2, 4, 5), 3, ignore=-100, n_ignored=3)
+    w = torch.rand(3, dtype=D) + 0.5
+    check_against_eager(nn.CrossEntropyLoss(weight=w, reduction=reduction, label_smoothing=ls), x, t)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("ls", [0.0, 0.1])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cross_entropy_unbatched(reduction, ls, weighted):
+    x = torch.randn(5, dtype=D)
+    w = torch.rand(5, dtype=D) + 0.5 if weighted else None
+    fn = lambda a, b: F.cross_entropy(a, b, weight=w, reduction=reduction, label_smoothing=ls)
+    check_against_eager(fn, x, torch.tensor(3))
+    check_against_eager(fn, x, torch.softmax(torch.randn(5, dtype=D), 0))       # probability target (C,)
+
+
+def test_cross_entropy_unbatched_confident_float32():
+    # the module_db case: a loss of ~5e-6 from logits ~8, where the engine's m + log(sum)
+    # rounding (without the max shift) was 30% off
+    x = torch.tensor([-7.2750, 8.2008, -6.3643])
+    w = torch.tensor([-5.2724, -7.0859, -3.1733])
+    m = nn.CrossEntropyLoss(weight=w, reduction="sum")
+    torch.testing.assert_close(ORTModule(copy.deepcopy(m))(x, torch.tensor(1)), m(x, torch.tensor(1)), rtol=1e-6, atol=0)
+    # the gradient (softmax - 1) w at the target cancels: 1 ulp of exp near 1 is 8% of it
+    check_against_eager(m, x, torch.tensor(1), rtol=1e-5, atol=5e-7)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("ls", [0.0, 0.3])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cross_entropy_probability_targets(reduction, ls, weighted):
+    x = torch.randn(3, 4, 2, dtype=D)
+    t = torch.softmax(torch.randn(3, 4, 2, dtype=D), 1)
+    w = torch.rand(4, dtype=D) + 0.5 if weighted else None
+    check_against_eager(lambda a, b: F.cross_entropy(a, b, weight=w, reduction=reduction, label_smoothing=ls), x, t)
+
+
+def test_cross_entropy_everything_ignored():
+    # mean over no targets: 0 / 0 = NaN, as eager (with and without smoothing)
+    x, t = torch.randn(3, 4, dtype=D), torch.full((3,), -100)
+    for ls in (0.0, 0.2):
+        check_against_eager(lambda a, b: F.cross_entropy(a, b, label_smoothing=ls), x, t)
+
+
+# ---- refusals ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, fn, inputs", [
+    ("l1_loss", lambda a, b: F.l1_loss(a, b), (torch.randn(3), torch.randn(3, dtype=D))),
+    ("smooth_l1_loss", lambda a, b: F.smooth_l1_loss(a, b), (torch.randn(3), torch.randn(3, dtype=D))),
+    ("margin_ranking_loss", lambda a, b, c: F.margin_ranking_loss(a, b, c),
+     (torch.randn(3), torch.randn(3), torch.ones(3, dtype=D))),
+    ("cross_entropy", lambda a, b: F.cross_entropy(a, b, label_smoothing=0.1),
+     (torch.randn(3, 4), torch.softmax(torch.randn(3, 4, dtype=D), 1))),
+])
+def test_refused_variants_name_the_loss(name, fn, inputs):
+    # mixed dtypes (eager promotes): refused by name rather than computed in the wrong dtype
+    xs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs]
+    with pytest.raises(ortmod.UnsupportedModelError, match=f"^{name}: "):
+        ORTModule(Fn(fn))(*xs)
