@@ -181,12 +181,19 @@ def _margin_ranking_loss_symbolic(g, input1, input2, target, margin, reduction):
     return _loss_reduction(g, g.op("Clip", out, _const(g, 0.0, dt)), reduction, what)
 
 
-def _target_dtype(target, what):
+def _target_dtype_or_none(target):
     from torch.onnx._internal.torchscript_exporter import _type_utils
     try:
         return _type_utils.JitScalarType.from_value(target).dtype()
-    except Exception:   # torch's SymbolicValueError: no dtype recorded
+    except Exception:
+        return None
+
+
+def _target_dtype(target, what):
+    dt = _target_dtype_or_none(target)
+    if dt is None:
         _refuse(what, "ortmod needs the target's dtype at export")
+    return dt
 
 
 def _target_as(g, target, dt, what):
@@ -386,16 +393,20 @@ def _cross_entropy_symbolic(stock):
           again for reduction none (exact: eager's class_dim 0 is the same computation)."""
         sh = _sh()
         what = "cross_entropy"
+        ls = _float_const_arg(label_smoothing, what, "label_smoothing")
+        rank = _input_rank_or_none(self)
+        t_dt = _target_dtype_or_none(target)
+        prob = t_dt is not None and (t_dt.is_floating_point or t_dt.is_complex)
+        if not prob and ls == 0.0 and rank != 1:
+            return stock(g, self, target, weight, reduction, ignore_index, label_smoothing)
         has_w = not (weight is None or sh._is_none(weight))
         dt = _same_float_dtype(what, self, *([weight] if has_w else []))
         r = _reduction_arg(reduction, what)
-        ls = _float_const_arg(label_smoothing, what, "label_smoothing")
         ignore = _int_arg(ignore_index, what, "ignore_index")
-        rank = _input_rank_or_none(self)
         if rank is None or rank == 0:
             _refuse(what, "ortmod needs the input's rank at export (1 or more)")
-        prob = _target_dtype(target, what).is_floating_point
-        if prob and _target_dtype(target, what) != dt:
+        t_dt = _target_dtype(target, what)
+        if prob and t_dt != dt:
             _refuse(what, "probability targets must have the input's dtype")
         unbatched = rank == 1
         if unbatched:
@@ -417,8 +428,8 @@ def _cross_entropy_symbolic(stock):
 
 
 def _class_count_f(g, x, dt):
-    """(C as a float constant when known at export (ls / C then divides in double, as eager's
-    Python-number arithmetic), else None, C as a 0-d float value)."""
+    """(C as a Python int when known at export, else None; C as a 0-d float value). With C known,
+    ls / C divides in double, as eager's arithmetic on Python numbers."""
     c = _static_dim(x, 1)
     _, c_f, _ = _class_count(g, x, dt)
     return c, c_f
