@@ -8,10 +8,11 @@ registers them only while ortmod exports.
 Gradients come from the engine's autodiff of the emitted ops, so each decomposition is chosen
 so that its gradient is eager's backward formula (derivatives.yaml, Loss.cpp), kinks included:
 Abs' gradient is sgn (0 at 0, as l1_loss's), Clip's passes dy at its bound (clamp_min's
-``x >= min``), Relu's is 0 at 0 (the ``z > 0`` tests of the margin kernels), Where gives dy to
-the branch it selects. Where eager's backward is not the derivative of its forward
-(binary_cross_entropy's clamped log), the forward is a stopped value and the gradient comes from
-a term that is exactly 0 forward: ``(x - StopGradient(x)) * StopGradient(g)``.
+``x >= min``), Where gives dy to the branch it selects (the ``z > 0`` tests of the margin
+kernels, which also drop a NaN z where Relu would propagate it). Where eager's backward is not
+the derivative of its forward (binary_cross_entropy's clamped log, soft_margin_loss), the
+forward is a stopped value and eager's gradient g enters through a term that is exactly 0
+forward: ``Pow(1 + (x - StopGradient(x)), StopGradient(g)) - 1`` (_grad_term).
 """
 import torch
 
@@ -260,8 +261,8 @@ def _batched(g, x, what):
 def _multi_margin_loss_symbolic(g, input, target, p, margin, weight, reduction):
     """eager (MultiMarginCriterion.cpp): per sample, sum over classes d != y of
     w[y] * max(0, margin - x[y] + x[d])^p, divided by C; mean over samples (weights or not).
-    Its backward is g * w[y] (p 1) or 2 g z w[y] (p 2) where z > 0 strictly: Relu's gradient,
-    0 at z == 0."""
+    Its backward is g * w[y] (p 1) or 2 g z w[y] (p 2) where z > 0 strictly. Where(z > 0, ...)
+    gives both, and eager's 0 for a NaN z (its test fails; Relu would propagate the NaN)."""
     sh = _sh()
     what = "multi_margin_loss"
     has_w = not (weight is None or sh._is_none(weight))
@@ -277,13 +278,14 @@ def _multi_margin_loss_symbolic(g, input, target, p, margin, weight, reduction):
     y = g.op("Reshape", target, _const(g, [-1, 1], torch.int64))                  # (N, 1)
     x_y = g.op("GatherElements", x, y, axis_i=1)
     z = g.op("Add", g.op("Sub", _const(g, m, dt), x_y), x)                          # margin - x[y] + x[d]
-    h = g.op("Relu", z)
+    zero = _const(g, 0.0, dt)
+    _, c_f, classes = _class_count(g, x, dt)
+    counted = g.op("And", g.op("Greater", z, zero), g.op("Not", g.op("Equal", classes, y)))   # z > 0, d != y
+    h = g.op("Where", counted, z, zero)        # before squaring: 0 * NaN would reach the gradient
     if p_v == 2.0:
         h = g.op("Mul", h, h)
     if has_w:
         h = g.op("Mul", h, g.op("Gather", weight, y, axis_i=0))
-    _, c_f, classes = _class_count(g, x, dt)
-    h = g.op("Where", g.op("Equal", classes, y), _const(g, 0.0, dt), h)             # d != y
     out = g.op("Div", g.op("ReduceSum", h, _const(g, [1], torch.int64), keepdims_i=0), c_f)
     if r == 0:
         # eager: (N,) for a 2-d input or a 1-element target vector, 0-d for a 0-d target
@@ -295,7 +297,7 @@ def _multilabel_margin_loss_symbolic(g, input, target, reduction):
     """eager (MultilabelMarginCriterion.cpp): per sample, the targets are y[0..k) up to the first
     negative entry; is_target marks them; loss = sum over target slots k (a repeated class
     counts again, as eager's loop) and non-target classes i of max(0, 1 - x[y[k]] + x[i]), / C.
-    Backward: -g at y[k], +g at i where z > 0 strictly (Relu's gradient)."""
+    Backward: -g at y[k], +g at i where z > 0 strictly (Where's gradient)."""
     what = "multilabel_margin_loss"
     dt = _same_float_dtype(what, input)
     r = _reduction_arg(reduction, what)
@@ -320,7 +322,8 @@ def _multilabel_margin_loss_symbolic(g, input, target, reduction):
              g.op("Unsqueeze", x, _const(g, [1], torch.int64)))                      # (N, K, C)
     mask = g.op("And", g.op("Unsqueeze", valid, _const(g, [2], torch.int64)),
                 g.op("Unsqueeze", g.op("Not", is_target), _const(g, [1], torch.int64)))
-    h = g.op("Where", mask, g.op("Relu", z), _const(g, 0.0, dt))
+    mask = g.op("And", mask, g.op("Greater", z, _const(g, 0.0, dt)))                # eager's z > 0 (NaN: 0)
+    h = g.op("Where", mask, z, _const(g, 0.0, dt))
     out = g.op("Div", g.op("ReduceSum", h, _const(g, [1, 2], torch.int64), keepdims_i=0), c_f)
     if r == 0:
         return out if rank == 2 else g.op("Squeeze", out, _const(g, [0], torch.int64))

@@ -330,3 +330,13 @@ def test_refused_variants_name_the_loss(name, fn, inputs):
     xs = [x.requires_grad_() if x.is_floating_point() else x for x in inputs]
     with pytest.raises(ortmod.UnsupportedModelError, match=f"^{name}: "):
         ORTModule(Fn(fn))(*xs)
+
+
+def test_margin_kernels_skip_nan_scores():
+    # eager's kernels test z > 0: a NaN score outside the target contributes nothing
+    x = torch.randn(3, 4, dtype=D)
+    x[0, 1] = float("nan")
+    check_against_eager(lambda a, b: F.multi_margin_loss(a, b, reduction="none"), x, torch.tensor([2, 0, 3]))
+    check_against_eager(lambda a, b: F.multi_margin_loss(a, b, p=2, reduction="sum"), x, torch.tensor([2, 0, 3]))
+    check_against_eager(lambda a, b: F.multilabel_margin_loss(a, b, reduction="none"), x,
+                        torch.tensor([[2, -1, 0, 0], [0, 3, -1, 0], [3, -1, 0, 0]]))
