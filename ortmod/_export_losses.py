@@ -3,8 +3,516 @@
 checked against eager, or a refusal that names what it cannot reproduce.
 
 ``symbolics(registration, opset)`` returns {aten name: symbolic}; ``semantic_export``
-registers them only while ortmod exports."""
+registers them only while ortmod exports.
+
+Gradients come from the engine's autodiff of the emitted ops, so each decomposition is chosen
+so that its gradient is eager's backward formula (derivatives.yaml, Loss.cpp), kinks included:
+Abs' gradient is sgn (0 at 0, as l1_loss's), Clip's passes dy at its bound (clamp_min's
+``x >= min``), Where gives dy to the branch it selects (the ``z > 0`` tests of the margin
+kernels, which also drop a NaN z where Relu would propagate it). Where eager's backward is not
+the derivative of its forward (binary_cross_entropy's clamped log, soft_margin_loss), the
+forward is a stopped value and eager's gradient g enters through a term that is exactly 0
+forward: ``Pow(1 + (x - StopGradient(x)), StopGradient(g)) - 1`` (_grad_term).
+"""
+import torch
+
+from ._semantics import (_const, _dtype_of, _float_const_arg, _input_rank_or_none, _loss_reduction,
+                         _onnx_dtype, _refuse, _same_float_dtype, _stop_gradient)
+
+
+def _sh():
+    from torch.onnx import symbolic_helper as sh
+    return sh
+
+
+def _reduction_arg(reduction, what):
+    r = _sh()._maybe_get_const(reduction, "i")
+    if r not in (0, 1, 2):
+        _refuse(what, f"reduction {r!r} is not one of none, mean, sum")
+    return r
+
+
+def _bool_arg(value, what, name):
+    sh = _sh()
+    v = sh._maybe_get_const(value, "b")
+    if sh._is_value(v):
+        _refuse(what, f"ortmod keeps {name} only as a constant")
+    return bool(v)
+
+
+def _int_arg(value, what, name):
+    sh = _sh()
+    v = sh._maybe_get_const(value, "i")
+    if sh._is_value(v) or not isinstance(v, int):
+        _refuse(what, f"ortmod keeps {name} only as a constant")
+    return int(v)
+
+
+def _grad_term(g, x, grad):
+    """Pow(1 + (x - StopGradient(x)), StopGradient(grad)) - 1: exactly 0 forward (1^y is 1 for
+    every y, inf and NaN included), gradient ``grad`` with respect to x (Pow's b * a^(b - 1)
+    at a = 1), also where ``grad`` is infinite or NaN, as eager's is at some inputs. A product
+    (x - x) * grad would make the forward NaN there."""
+    dt = _dtype_of(x)
+    one = _const(g, 1.0, dt)
+    base = g.op("Add", one, g.op("Sub", x, _stop_gradient(g, x)))
+    return g.op("Sub", g.op("Pow", base, _stop_gradient(g, grad)), one)
+
+
+def _with_gradients(g, value, *terms):
+    """``value``'s forward, stopped, plus the gradient terms (each exactly 0 forward): what eager
+    gives where its backward is not the derivative of its forward."""
+    out = _stop_gradient(g, value)
+    for x, grad in terms:
+        out = g.op("Add", out, _grad_term(g, x, grad))
+    return out
+
+
+# ---- l1, smooth_l1, huber -------------------------------------------------------------------
+
+def _l1_loss_symbolic(g, input, target, reduction):
+    """eager (Loss.cpp): apply_loss_reduction((input - target).abs(), reduction); abs' gradient
+    sgn(d) is 0 at d == 0, as the engine's Abs."""
+    what = "l1_loss"
+    _same_float_dtype(what, input, target)
+    _reduction_arg(reduction, what)
+    return _loss_reduction(g, g.op("Abs", g.op("Sub", input, target)), reduction, what)
+
+
+def _piecewise(g, d, k, scale, quadratic, dt):
+    """Where(d <= -k, scale * (-d - k/2), Where(d >= k, scale * (d - k/2), quadratic)): the
+    branches eager's smooth_l1/huber backward kernels take (x <= -k, x >= k, else), each with
+    the forward's value there (|d| = -d or d exactly)."""
+    half = _const(g, 0.5 * k, dt)
+    neg, pos = g.op("Sub", g.op("Neg", d), half), g.op("Sub", d, half)
+    if scale != 1.0:
+        sc = _const(g, scale, dt)
+        neg, pos = g.op("Mul", sc, neg), g.op("Mul", sc, pos)
+    kk = _const(g, k, dt)
+    out = g.op("Where", g.op("GreaterOrEqual", d, kk), pos, quadratic)
+    return g.op("Where", g.op("LessOrEqual", d, g.op("Neg", kk)), neg, out)
+
+
+def _smooth_l1_loss_symbolic(g, input, target, reduction, beta):
+    """eager (Loss.cpp): z = |x - y|, z < beta ? 0.5 z^2 / beta : z - beta / 2; its backward
+    (smooth_l1_backward kernel) is -1 for d <= -beta, 1 for d >= beta, d / beta between, for
+    the input and, with d = y - x, for the target.
+
+    beta == 0 (reached only through torch._C._nn.smooth_l1_loss: F.smooth_l1_loss calls
+    l1_loss then): |d|, but with eager's gradient at d == 0, -1 for both input and target
+    (the kernel's first test, d <= -0, holds for both)."""
+    what = "smooth_l1_loss"
+    dt = _same_float_dtype(what, input, target)
+    _reduction_arg(reduction, what)
+    b = _float_const_arg(beta, what, "beta")
+    if b < 0:
+        _refuse(what, "beta must be non-negative")
+    d = g.op("Sub", input, target)
+    if b == 0.0:
+        zero, one = _const(g, 0.0, dt), _const(g, 1.0, dt)
+        at_zero = g.op("Neg", g.op("Add", _grad_term(g, input, one), _grad_term(g, target, one)))
+        out = g.op("Where", g.op("Less", d, zero), g.op("Neg", d),
+                   g.op("Where", g.op("Greater", d, zero), d, at_zero))
+        return _loss_reduction(g, out, reduction, what)
+    quad = g.op("Div", g.op("Mul", g.op("Mul", _const(g, 0.5, dt), d), d), _const(g, b, dt))
+    return _loss_reduction(g, _piecewise(g, d, b, 1.0, quad, dt), reduction, what)
+
+
+def _huber_loss_symbolic(g, input, target, reduction, delta):
+    """eager (Loss.cpp): z = |x - y|, z < delta ? 0.5 z^2 : delta (z - delta / 2); backward
+    -delta for d <= -delta, delta for d >= delta, d between (huber_backward kernel)."""
+    what = "huber_loss"
+    dt = _same_float_dtype(what, input, target)
+    _reduction_arg(reduction, what)
+    k = _float_const_arg(delta, what, "delta")
+    if not k > 0:
+        _refuse(what, "delta must be positive")
+    d = g.op("Sub", input, target)
+    quad = g.op("Mul", g.op("Mul", _const(g, 0.5, dt), d), d)
+    return _loss_reduction(g, _piecewise(g, d, k, k, quad, dt), reduction, what)
+
+
+# ---- binary_cross_entropy, margin_ranking, hinge_embedding, soft_margin ---------------------
+
+# Loss.cpp's EPSILON in binary_cross_entropy_backward, max((1 - x) x, EPSILON): a C++ float, so
+# 1e-12 rounded to float32 whatever the input's dtype (float64 inputs showed it: 4e-9 relative)
+_BCE_EPS = float(torch.tensor(1e-12, dtype=torch.float32))
+
+
+def _log1p(g, u, dt):
+    """log1p(u) to a few ulps from Log alone (Goldberg): w = 1 + u; u where w == 1, else
+    log(w) * u / (w - 1). Forward only (its gradient is not log1p's)."""
+    one = _const(g, 1.0, dt)
+    w = g.op("Add", one, u)
+    return g.op("Where", g.op("Equal", w, one), u, g.op("Div", g.op("Mul", g.op("Log", w), u), g.op("Sub", w, one)))
+
+
+def _binary_cross_entropy_symbolic(g, input, target, weight, reduction):
+    """eager (Loss.cpp): w * ((t - 1) max(log1p(-x), -100) - t max(log(x), -100)), reduced (mean:
+    over the elements, weights or not). Its backward is not the clamped forward's derivative:
+    input dy w (x - t) / max((1 - x) x, 1e-12), target dy w (-logit(x)) (inf at x 0 or 1); both
+    are given exactly, as gradient terms on a stopped forward (_with_gradients)."""
+    sh = _sh()
+    what = "binary_cross_entropy"
+    has_w = not (weight is None or sh._is_none(weight))
+    dt = _same_float_dtype(what, input, target, *([weight] if has_w else []))
+    _reduction_arg(reduction, what)
+    one, lo = _const(g, 1.0, dt), _const(g, -100.0, dt)
+    log1m = g.op("Max", _log1p(g, g.op("Neg", input), dt), lo)
+    logx = g.op("Max", g.op("Log", input), lo)
+    loss = g.op("Sub", g.op("Mul", g.op("Sub", target, one), log1m), g.op("Mul", target, logx))
+    one_minus = g.op("Sub", one, input)
+    gx = g.op("Div", g.op("Sub", input, target), g.op("Max", g.op("Mul", one_minus, input), _const(g, _BCE_EPS, dt)))
+    gt = g.op("Neg", g.op("Log", g.op("Div", input, one_minus)))
+    if has_w:
+        loss, gx, gt = (g.op("Mul", v, weight) for v in (loss, gx, gt))
+    out = _with_gradients(g, loss, (input, gx), (target, gt))
+    return _loss_reduction(g, out, reduction, what)
+
+
+def _margin_ranking_loss_symbolic(g, input1, input2, target, margin, reduction):
+    """eager (Loss.cpp): clamp_min(-target (input1 - input2) + margin, 0), reduced; clamp_min's
+    gradient passes at the bound (x >= 0), as Clip's."""
+    what = "margin_ranking_loss"
+    dt = _same_float_dtype(what, input1, input2)
+    target = _target_as(g, target, dt, what)
+    _reduction_arg(reduction, what)
+    m = _float_const_arg(margin, what, "margin")
+    out = g.op("Add", g.op("Mul", g.op("Neg", target), g.op("Sub", input1, input2)), _const(g, m, dt))
+    return _loss_reduction(g, g.op("Clip", out, _const(g, 0.0, dt)), reduction, what)
+
+
+def _target_dtype_or_none(target):
+    from torch.onnx._internal.torchscript_exporter import _type_utils
+    try:
+        return _type_utils.JitScalarType.from_value(target).dtype()
+    except Exception:
+        return None
+
+
+def _target_dtype(target, what):
+    dt = _target_dtype_or_none(target)
+    if dt is None:
+        _refuse(what, "ortmod needs the target's dtype at export")
+    return dt
+
+
+def _target_as(g, target, dt, what):
+    """An integer target cast to the inputs' float dtype ``dt`` (eager's type promotion, exact
+    for any label); a float target must be of dtype ``dt``."""
+    t_dt = _target_dtype(target, what)
+    if t_dt == dt:
+        return target
+    if t_dt.is_floating_point or t_dt.is_complex:
+        _refuse(what, "ortmod takes the target in the inputs' dtype or an integer dtype (cast it first)")
+    return g.op("Cast", target, to_i=_onnx_dtype(dt))
+
+
+def _hinge_embedding_loss_symbolic(g, input, target, margin, reduction):
+    """eager (Loss.cpp): where(t != 1, clamp_min(margin - x, 0), 0) + where(t != -1, x, 0),
+    reduced (a target other than 1 and -1 takes both terms, as eager's)."""
+    what = "hinge_embedding_loss"
+    dt = _same_float_dtype(what, input)
+    t_dt = _target_dtype(target, what)
+    _reduction_arg(reduction, what)
+    m = _float_const_arg(margin, what, "margin")
+    zero = _const(g, 0.0, dt)
+    clamped = g.op("Clip", g.op("Sub", _const(g, m, dt), input), zero)
+    out_margin = g.op("Where", g.op("Not", g.op("Equal", target, _const(g, 1, t_dt))), clamped, zero)
+    out_self = g.op("Where", g.op("Not", g.op("Equal", target, _const(g, -1, t_dt))), input, zero)
+    return _loss_reduction(g, g.op("Add", out_margin, out_self), reduction, what)
+
+
+def _soft_margin_loss_symbolic(g, input, target, reduction):
+    """eager (Loss.cpp): log1p(exp(-x t)), reduced; inf where exp overflows (kept: Softplus alone
+    would be finite there). Its backward, -t z / (1 + z) with z = exp(-x t) (NaN where z is inf),
+    is given exactly as a gradient term. (A target that requires grad: eager raises while
+    ortmod traces.)"""
+    what = "soft_margin_loss"
+    dt = _same_float_dtype(what, input, target)
+    _reduction_arg(reduction, what)
+    v = g.op("Mul", g.op("Neg", input), target)
+    z = g.op("Exp", v)
+    loss = g.op("Where", g.op("IsInf", z), z, g.op("Softplus", v))
+    gx = g.op("Div", g.op("Mul", g.op("Neg", target), z), g.op("Add", _const(g, 1.0, dt), z))
+    return _loss_reduction(g, _with_gradients(g, loss, (input, gx)), reduction, what)
+
+
+# ---- multi_margin, multilabel_margin -------------------------------------------------------
+
+def _class_count(g, x, dt):
+    """(C as a 0-d int64, C as a 0-d float of dtype dt, arange(C)) for x of shape (N, C)."""
+    c = g.op("Gather", g.op("Shape", x), _const(g, 1, torch.int64), axis_i=0)
+    classes = g.op("Range", _const(g, 0, torch.int64), c, _const(g, 1, torch.int64))
+    return c, g.op("Cast", c, to_i=_onnx_dtype(dt)), classes
+
+
+def _batched(g, x, what):
+    """x as (N, C): a vector (C,) becomes a batch of one (eager's dim <= 1 case); returns
+    (x2, rank). Other ranks are refused."""
+    rank = _input_rank_or_none(x)
+    if rank not in (1, 2):
+        _refuse(what, "ortmod takes an input of rank 1 or 2, known at export")
+    if rank == 1:
+        x = g.op("Unsqueeze", x, _const(g, [0], torch.int64))
+    return x, rank
+
+
+def _multi_margin_loss_symbolic(g, input, target, p, margin, weight, reduction):
+    """eager (MultiMarginCriterion.cpp): per sample, sum over classes d != y of
+    w[y] * max(0, margin - x[y] + x[d])^p, divided by C; mean over samples (weights or not).
+    Its backward is g * w[y] (p 1) or 2 g z w[y] (p 2) where z > 0 strictly. Where(z > 0, ...)
+    gives both, and eager's 0 for a NaN z (its test fails; Relu would propagate the NaN)."""
+    sh = _sh()
+    what = "multi_margin_loss"
+    has_w = not (weight is None or sh._is_none(weight))
+    dt = _same_float_dtype(what, input, *([weight] if has_w else []))
+    r = _reduction_arg(reduction, what)
+    p_v = _float_const_arg(p, what, "p")
+    if p_v not in (1.0, 2.0):
+        _refuse(what, "only p 1 and 2 are supported (as eager)")
+    m = _float_const_arg(margin, what, "margin")
+    if _target_dtype(target, what).is_floating_point:
+        _refuse(what, "the target must hold class indices (an integer tensor)")
+    x, _ = _batched(g, input, what)
+    y = g.op("Reshape", target, _const(g, [-1, 1], torch.int64))                  # (N, 1)
+    x_y = g.op("GatherElements", x, y, axis_i=1)
+    z = g.op("Add", g.op("Sub", _const(g, m, dt), x_y), x)                          # margin - x[y] + x[d]
+    zero = _const(g, 0.0, dt)
+    _, c_f, classes = _class_count(g, x, dt)
+    counted = g.op("And", g.op("Greater", z, zero), g.op("Not", g.op("Equal", classes, y)))   # z > 0, d != y
+    h = g.op("Where", counted, z, zero)        # before squaring: 0 * NaN would reach the gradient
+    if p_v == 2.0:
+        h = g.op("Mul", h, h)
+    if has_w:
+        h = g.op("Mul", h, g.op("Gather", weight, y, axis_i=0))
+    out = g.op("Div", g.op("ReduceSum", h, _const(g, [1], torch.int64), keepdims_i=0), c_f)
+    if r == 0:
+        # eager: (N,) for a 2-d input or a 1-element target vector, 0-d for a 0-d target
+        return g.op("Reshape", out, g.op("Shape", target))
+    return _loss_reduction(g, out, reduction, what)
+
+
+def _multilabel_margin_loss_symbolic(g, input, target, reduction):
+    """eager (MultilabelMarginCriterion.cpp): per sample, the targets are y[0..k) up to the first
+    negative entry; is_target marks them; loss = sum over target slots k (a repeated class
+    counts again, as eager's loop) and non-target classes i of max(0, 1 - x[y[k]] + x[i]), / C.
+    Backward: -g at y[k], +g at i where z > 0 strictly (Where's gradient)."""
+    what = "multilabel_margin_loss"
+    dt = _same_float_dtype(what, input)
+    r = _reduction_arg(reduction, what)
+    if _target_dtype(target, what).is_floating_point:
+        _refuse(what, "the target must hold class indices (an integer tensor)")
+    if _input_rank_or_none(target) != _input_rank_or_none(input):
+        _refuse(what, "ortmod takes a target of the input's rank")
+    x, rank = _batched(g, input, what)
+    y = target if rank == 2 else g.op("Unsqueeze", target, _const(g, [0], torch.int64))      # (N, K)
+    zero_i = _const(g, 0, torch.int64)
+    stopped = g.op("CumSum", g.op("Cast", g.op("Less", y, zero_i), to_i=_onnx_dtype(torch.int64)),
+                   _const(g, 1, torch.int64))
+    valid = g.op("Equal", stopped, zero_i)                                          # before the first y < 0
+    ys = g.op("Where", valid, y, zero_i)
+    _, c_f, classes = _class_count(g, x, dt)
+    hit = g.op("And", g.op("Equal", g.op("Unsqueeze", ys, _const(g, [2], torch.int64)), classes),
+               g.op("Unsqueeze", valid, _const(g, [2], torch.int64)))                # (N, K, C)
+    is_target = g.op("Greater", g.op("ReduceMax", g.op("Cast", hit, to_i=_onnx_dtype(dt)),
+                                     _const(g, [1], torch.int64), keepdims_i=0), _const(g, 0.0, dt))
+    x_y = g.op("GatherElements", x, ys, axis_i=1)                                   # (N, K)
+    z = g.op("Add", g.op("Sub", _const(g, 1.0, dt), g.op("Unsqueeze", x_y, _const(g, [2], torch.int64))),
+             g.op("Unsqueeze", x, _const(g, [1], torch.int64)))                      # (N, K, C)
+    mask = g.op("And", g.op("Unsqueeze", valid, _const(g, [2], torch.int64)),
+                g.op("Unsqueeze", g.op("Not", is_target), _const(g, [1], torch.int64)))
+    mask = g.op("And", mask, g.op("Greater", z, _const(g, 0.0, dt)))                # eager's z > 0 (NaN: 0)
+    h = g.op("Where", mask, z, _const(g, 0.0, dt))
+    out = g.op("Div", g.op("ReduceSum", h, _const(g, [1, 2], torch.int64), keepdims_i=0), c_f)
+    if r == 0:
+        return out if rank == 2 else g.op("Squeeze", out, _const(g, [0], torch.int64))
+    return _loss_reduction(g, out, reduction, what)
+
+
+# ---- poisson_nll ---------------------------------------------------------------------------
+
+def _poisson_nll_loss_symbolic(g, input, target, log_input, full, eps, reduction):
+    """eager (Loss.cpp), composite: log_input ? exp(x) - t x : x - t log(x + eps); full adds
+    Stirling's t log(t) - t + 0.5 log(2 pi t), masked to 0 where t <= 1; reduced."""
+    import math
+    what = "poisson_nll_loss"
+    dt = _same_float_dtype(what, input, target)
+    _reduction_arg(reduction, what)
+    log_in, full_v = _bool_arg(log_input, what, "log_input"), _bool_arg(full, what, "full")
+    eps_v = _float_const_arg(eps, what, "eps")
+    if log_in:
+        loss = g.op("Sub", g.op("Exp", input), g.op("Mul", target, input))
+    else:
+        loss = g.op("Sub", input, g.op("Mul", target, g.op("Log", g.op("Add", input, _const(g, eps_v, dt)))))
+    if full_v:
+        stirling = g.op("Add", g.op("Sub", g.op("Mul", target, g.op("Log", target)), target),
+                        g.op("Mul", _const(g, 0.5, dt),
+                             g.op("Log", g.op("Mul", _const(g, 2 * math.pi, dt), target))))
+        stirling = g.op("Where", g.op("LessOrEqual", target, _const(g, 1.0, dt)), _const(g, 0.0, dt), stirling)
+        loss = g.op("Add", loss, stirling)
+    return _loss_reduction(g, loss, reduction, what)
+
+
+# ---- cross_entropy ---------------------------------------------------------------------------
+
+_REDUCTION_NAMES = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _static_dim(x, axis):
+    sizes = _sh()._get_tensor_sizes(x)
+    v = sizes[axis] if sizes is not None and len(sizes) > axis else None
+    return v if isinstance(v, int) else None
+
+
+def _max_shifted(g, x):
+    """x - StopGradient(max over classes): the engine's LogSoftmax and SoftmaxCrossEntropyLoss
+    kernels compute x - (m + log(sum)), which rounds m + log(sum) at the scale of the largest
+    logit; eager's (x - m) - log(sum) does not (a confident prediction's loss ~1e-6 came out 30%
+    off in float32). With the max already subtracted, the kernel's m is 0 and its result is
+    eager's. The shift takes no gradient: log_softmax is invariant to it."""
+    m = g.op("ReduceMax", x, _const(g, [1], torch.int64), keepdims_i=1)
+    return g.op("Sub", x, _stop_gradient(g, m))
+
+
+def _class_weight(g, weight, rank):
+    """weight (C,) as (1, C, 1, ..) for an input of rank ``rank`` (eager's expand_weight)."""
+    return g.op("Reshape", weight, _const(g, [1, -1] + [1] * (rank - 2), torch.int64))
+
+
+def _cross_entropy_symbolic(stock):
+    def symbolic(g, self, target, weight, reduction, ignore_index, label_smoothing):
+        """eager (LossNLL.cpp cross_entropy_loss), where torch's rule refuses label_smoothing, takes
+        no probability targets and no unbatched input (its SoftmaxCrossEntropyLoss wants (N, C)):
+
+        * class targets, label_smoothing 0: torch's rule (SoftmaxCrossEntropyLoss);
+        * class targets, label_smoothing ls: (1 - ls) nll_loss(log_softmax(x)) + ls / C * smooth,
+          smooth = -sum_c w_c log_softmax(x)_c, 0 at ignored targets, its mean divided by the
+          summed weights of the targets not ignored (their count without weights), as eager's
+          cross_entropy_loss_label_smoothing (composite: the gradient is autodiff's);
+        * probability targets: -sum_c w_c t_c log_softmax(x)_c, t smoothed to t (1 - ls) + ls / C,
+          mean over the numel / C positions (cross_entropy_loss_prob_target);
+        * an unbatched input (C,) with target () or (C,): a batch of one, the batch axis removed
+          again for reduction none (exact: eager's class_dim 0 is the same computation)."""
+        sh = _sh()
+        what = "cross_entropy"
+        ls = _float_const_arg(label_smoothing, what, "label_smoothing")
+        rank = _input_rank_or_none(self)
+        t_dt = _target_dtype_or_none(target)
+        prob = t_dt is not None and (t_dt.is_floating_point or t_dt.is_complex)
+        if not prob and ls == 0.0 and rank != 1:
+            return stock(g, self, target, weight, reduction, ignore_index, label_smoothing)
+        has_w = not (weight is None or sh._is_none(weight))
+        dt = _same_float_dtype(what, self, *([weight] if has_w else []))
+        r = _reduction_arg(reduction, what)
+        ignore = _int_arg(ignore_index, what, "ignore_index")
+        if rank is None or rank == 0:
+            _refuse(what, "ortmod needs the input's rank at export (1 or more)")
+        t_dt = _target_dtype(target, what)
+        if prob and t_dt != dt:
+            _refuse(what, "probability targets must have the input's dtype")
+        unbatched = rank == 1
+        if unbatched:
+            self = g.op("Unsqueeze", self, _const(g, [0], torch.int64))
+            target = g.op("Unsqueeze", target, _const(g, [0], torch.int64))
+            rank = 2
+        if not prob and ls == 0.0:
+            if unbatched:   # torch's rule on a batch of one: its rounding fixed while the cost is one row
+                self = _max_shifted(g, self)
+            out = stock(g, self, target, weight, reduction, ignore_index, label_smoothing)
+        elif prob:
+            out = _cross_entropy_probabilities(g, self, target, weight if has_w else None, r, ls, ignore, rank, dt)
+        else:
+            out = _cross_entropy_smoothed(g, self, target, weight if has_w else None, r, ls, ignore, rank, dt)
+        if unbatched and r == 0:
+            out = g.op("Squeeze", out, _const(g, [0], torch.int64))
+        return out
+    return symbolic
+
+
+def _class_count_f(g, x, dt):
+    """(C as a Python int when known at export, else None; C as a 0-d float value). With C known,
+    ls / C divides in double, as eager's arithmetic on Python numbers."""
+    c = _static_dim(x, 1)
+    _, c_f, _ = _class_count(g, x, dt)
+    return c, c_f
+
+
+def _smoothing_factor(g, ls, c, c_f, dt):
+    return _const(g, ls / c, dt) if c is not None else g.op("Div", _const(g, ls, dt), c_f)
+
+
+def _cross_entropy_smoothed(g, x, target, weight, r, ls, ignore, rank, dt):
+    what = "cross_entropy"
+    if not ls <= 1.0:
+        _refuse(what, "label_smoothing must be in [0, 1]")
+    logp = g.op("LogSoftmax", _max_shifted(g, x), axis_i=1)
+    nll_in = [logp, target] + ([weight] if weight is not None else [])
+    nll = g.op("NegativeLogLikelihoodLoss", *nll_in, reduction_s=_REDUCTION_NAMES[r], ignore_index_i=ignore)
+    axis1 = _const(g, [1], torch.int64)
+    per_class = logp if weight is None else g.op("Mul", logp, _class_weight(g, weight, rank))
+    smooth = g.op("Neg", g.op("ReduceSum", per_class, axis1, keepdims_i=0))
+    ignored = g.op("Equal", target, _const(g, ignore, _target_dtype(target, what)))
+    zero = _const(g, 0.0, dt)
+    smooth = g.op("Where", ignored, zero, smooth)
+    if r == 1:
+        if weight is not None:
+            safe = g.op("Where", ignored, _const(g, 0, _target_dtype(target, what)), target)
+            counted = g.op("Where", ignored, zero, g.op("Gather", weight, safe, axis_i=0))
+        else:
+            counted = g.op("Cast", g.op("Not", ignored), to_i=_onnx_dtype(dt))
+        smooth = g.op("Div", g.op("ReduceSum", smooth, keepdims_i=0), g.op("ReduceSum", counted, keepdims_i=0))
+    elif r == 2:
+        smooth = g.op("ReduceSum", smooth, keepdims_i=0)
+    c, c_f = _class_count_f(g, x, dt)
+    return g.op("Add", g.op("Mul", _const(g, 1.0 - ls, dt), nll),
+                g.op("Mul", smooth, _smoothing_factor(g, ls, c, c_f, dt)))
+
+
+def _cross_entropy_probabilities(g, x, target, weight, r, ls, ignore, rank, dt):
+    what = "cross_entropy"
+    if ignore >= 0:
+        _refuse(what, "ignore_index is not supported for probability targets (eager raises)")
+    if not ls <= 1.0:
+        _refuse(what, "label_smoothing must be in [0, 1]")
+    logp = g.op("LogSoftmax", _max_shifted(g, x), axis_i=1)
+    c, c_f = _class_count_f(g, x, dt)
+    if ls > 0.0:
+        target = g.op("Add", g.op("Mul", target, _const(g, 1.0 - ls, dt)), _smoothing_factor(g, ls, c, c_f, dt))
+    prod = g.op("Mul", logp, target)
+    if weight is not None:
+        prod = g.op("Mul", prod, _class_weight(g, weight, rank))
+    if r == 0:
+        return g.op("Neg", g.op("ReduceSum", prod, _const(g, [1], torch.int64), keepdims_i=0))
+    total = g.op("Neg", g.op("ReduceSum", prod, keepdims_i=0))
+    if r == 2:
+        return total
+    c_i, _, _ = _class_count(g, x, dt)
+    positions = g.op("Div", g.op("Size", x), c_i)                                   # numel / C, integer
+    return g.op("Div", total, g.op("Cast", positions, to_i=_onnx_dtype(dt)))
+
+
+_RULES = {
+    "aten::l1_loss": _l1_loss_symbolic,
+    "aten::smooth_l1_loss": _smooth_l1_loss_symbolic,
+    "aten::huber_loss": _huber_loss_symbolic,
+    "aten::binary_cross_entropy": _binary_cross_entropy_symbolic,
+    "aten::margin_ranking_loss": _margin_ranking_loss_symbolic,
+    "aten::hinge_embedding_loss": _hinge_embedding_loss_symbolic,
+    "aten::soft_margin_loss": _soft_margin_loss_symbolic,
+    "aten::multi_margin_loss": _multi_margin_loss_symbolic,
+    "aten::multilabel_margin_loss": _multilabel_margin_loss_symbolic,
+    "aten::poisson_nll_loss": _poisson_nll_loss_symbolic,
+}
 
 
 def symbolics(registration, opset):
-    return {}
+    from ._semantics import _torch_symbolic
+    # torch registers its opset-12 rules (cross_entropy_loss's) when that module is imported,
+    # which its exporter does lazily
+    from torch.onnx._internal.torchscript_exporter import symbolic_opset12  # noqa: F401
+    rules = dict(_RULES)
+    stock = _torch_symbolic(registration, "aten::cross_entropy_loss", opset)
+    if stock is not None:
+        rules["aten::cross_entropy_loss"] = _cross_entropy_symbolic(stock)
+    return rules
