@@ -178,7 +178,7 @@ def _windows(length, out):
 def _adaptive_pool(rank, kind, max_pool_with_indices):
     """adaptive_{avg,max}_pool{1,2,3}d, unbatched or not, for any output size.
 
-    * every output size 1 (avg): ReduceMean over the spatial dims, no sizes needed;
+    * every output size 1 (avg): GlobalAveragePool, as torch's rule; no sizes needed;
     * every output size 1 (max): ArgMax over the flattened plane (the first maximum, eager's
       element) and GatherElements, so the gradient goes to that one element;
     * output sizes dividing the input's: AveragePool, or torch's max_pool_with_indices rule
@@ -226,7 +226,7 @@ def _adaptive_pool(rank, kind, max_pool_with_indices):
 
 def _global(g, x, rank, kind):
     if kind == "avg":
-        return g.op("ReduceMean", x, _axes(g, range(2, 2 + rank)), keepdims_i=1)
+        return g.op("GlobalAveragePool", x)       # torch's rule for it
     flat = g.op("Reshape", x, _axes(g, [0, 0, -1]))
     k = g.op("ArgMax", flat, axis_i=2, keepdims_i=1, select_last_index_i=0)
     v = g.op("GatherElements", flat, k, axis_i=2)
@@ -273,12 +273,80 @@ def _separable(g, x, spatial, out, kind):
     return vals, flat
 
 
+# ---- constant pad: pads as a constant ---------------------------------------------------------
+
+def _pad_symbolic(g, input, pad, mode, value):
+    """F.pad in constant mode with constant pads: torch's rule (constant_pad_nd), but the pads
+    as one Constant instead of the Concat / Slice / Transpose chain torch computes them with
+    at run time. The values are the same; the difference is that ONNX shape inference then
+    knows the padded shape: local_response_norm pads a dim of 1, and squeeze(1) of a dim
+    whose size is unknown is exported as an If (squeeze only if it is 1), which the engine
+    does not run. Every other F.pad is _semantics' rule, which this one overrides for
+    aten::pad and runs."""
+    from torch.onnx import symbolic_helper as sh
+    from . import _semantics
+    pads = _int_list(pad, "F.pad", "pad") if sh._parse_arg(mode, "s") == "constant" else None
+    rank = _input_rank_or_none(input)
+    if pads is None or None in pads or len(pads) % 2 or rank is None or len(pads) // 2 > rank:
+        return _semantics._pad_symbolic(g, input, pad, mode, value)
+    begin, end = [0] * rank, [0] * rank
+    for k in range(len(pads) // 2):          # pad's first pair pads the last dim
+        begin[rank - 1 - k], end[rank - 1 - k] = pads[2 * k], pads[2 * k + 1]
+    value = sh._if_scalar_type_as(sh._maybe_get_scalar(value), input)
+    return g.op("Pad", input, _const(g, begin + end, _I64), value, mode_s="constant")
+
+
+def _shape_keeping(original):
+    """view / reshape: torch's rule, and where the target shape is a list whose elements are
+    partly constant (x.view(x.size(0), 1, x.size(1), -1)), the constant dims written into the
+    output's type. ONNX shape inference leaves every dim of a Reshape to a computed shape
+    unknown, and a later squeeze of such a dim is exported as an If (local_response_norm on
+    a 4-d or 5-d input). Only the type changes: a positive element k of Reshape's shape is
+    that dim's size, whatever the others are."""
+    def symbolic(g, self, size):
+        out = original(g, self, size)
+        try:
+            wanted = _shape_list_partly_const(size)
+            have = _sizes(out)
+        except Exception:   # anything unexpected: torch's rule as it is
+            return out
+        if wanted is None or not isinstance(out.type(), torch._C.TensorType):
+            return out
+        if have is None:
+            have = [None] * len(wanted)
+        if len(have) != len(wanted):
+            return out
+        merged = [h if h is not None else (w if w is not None and w > 0 else None) for h, w in zip(have, wanted)]
+        if merged != have:
+            out.setType(out.type().with_sizes(merged))
+        return out
+    return symbolic
+
+
+def _shape_list_partly_const(size):
+    """A shape list's elements: the constant ones as ints, the computed ones as None; None when
+    the shape is not a list."""
+    from torch.onnx import symbolic_helper as sh
+    if not sh._is_value(size) or not sh._is_packed_list(size):
+        return None
+    out = []
+    for e in sh._unpack_list(size):
+        c = sh._maybe_get_const(e, "i")
+        out.append(None if sh._is_value(c) else int(c))
+    return out
+
+
 def symbolics(registration, opset):
     rules = {
         "aten::rms_norm": _rms_norm_symbolic,
         "aten::threshold": _threshold_symbolic,
         "aten::bilinear": _bilinear_symbolic,
+        "aten::pad": _pad_symbolic,
     }
+    for name in ("aten::view", "aten::reshape"):
+        original = _torch_symbolic(registration, name, opset)
+        if original is not None:
+            rules[name] = _shape_keeping(original)
     for rank in (1, 2, 3):
         avg = f"aten::avg_pool{rank}d"
         original = _torch_symbolic(registration, avg, opset)
