@@ -179,17 +179,23 @@ def _adaptive_pool(rank, kind, max_pool_with_indices):
     """adaptive_{avg,max}_pool{1,2,3}d, unbatched or not, for any output size.
 
     * every output size 1 (avg): GlobalAveragePool, as torch's rule; no sizes needed;
-    * every output size 1 (max): ArgMax over the flattened plane (the first maximum, eager's
-      element) and GatherElements, so the gradient goes to that one element;
+    * every output size 1 (max): ArgMax over the flattened plane (the first maximum, or the
+      last NaN: eager's element, _eager_argmax) and GatherElements, so the gradient goes to
+      that one element;
     * output sizes dividing the input's: AveragePool, or torch's max_pool_with_indices rule
       (MaxPool), with kernel = stride = L / out: eager's windows exactly; MaxPool's gradient
       goes to the first maximum of a window, as eager's;
     * else, with static spatial sizes, eager's windows one axis at a time, innermost first
       (a window is a product of intervals): per window a Slice and ReduceMean (avg), or ArgMax
-      and GatherElements (max: the first maximum along the axis, so that nested over the axes
-      it is the first maximum of the box in row-major order, the element eager's kernel picks
-      and sends the gradient to; ReduceMax would share the gradient among ties). Indices are
-      carried along and returned flat over each plane, as eager's.
+      and GatherElements (max: the first maximum along the axis, or its last NaN, so that
+      nested over the axes it is the first maximum (last NaN) of the box in row-major order,
+      the element eager's kernel picks and sends the gradient to; ReduceMax would share the
+      gradient among ties). Indices are carried along and returned flat over each plane, as
+      eager's.
+
+    The divisible case's MaxPool is the engine's: where a window holds NaN it keeps the first
+    NaN, eager's max_pool the last (values agree, NaN; the index and gradient do not), as for
+    nn.MaxPool*d.
 
     Sizes unknown at export (dynamic input dims) make ortmod export again with static ones."""
     what = f"adaptive_{kind}_pool{rank}d"
@@ -224,11 +230,21 @@ def _adaptive_pool(rank, kind, max_pool_with_indices):
     return symbolic
 
 
+def _eager_argmax(g, x, axis):
+    """The index eager's max-pool kernels keep along ``axis`` (``val > max || isnan(val)``):
+    the first maximum, or the last NaN where there is one. The engine's ArgMax keeps the first
+    NaN (torch.argmax's rule), with select_last_index the last NaN but also the last maximum."""
+    first = g.op("ArgMax", x, axis_i=axis, keepdims_i=1, select_last_index_i=0)
+    last = g.op("ArgMax", x, axis_i=axis, keepdims_i=1, select_last_index_i=1)
+    nan = g.op("IsNaN", g.op("GatherElements", x, first, axis_i=axis))
+    return g.op("Where", nan, last, first)
+
+
 def _global(g, x, rank, kind):
     if kind == "avg":
         return g.op("GlobalAveragePool", x)       # torch's rule for it
     flat = g.op("Reshape", x, _axes(g, [0, 0, -1]))
-    k = g.op("ArgMax", flat, axis_i=2, keepdims_i=1, select_last_index_i=0)
+    k = _eager_argmax(g, flat, 2)
     v = g.op("GatherElements", flat, k, axis_i=2)
     if rank == 1:
         return v, k
@@ -257,7 +273,7 @@ def _separable(g, x, spatial, out, kind):
             if kind == "avg":
                 pv.append(g.op("ReduceMean", win, _axes(g, [axis]), keepdims_i=1))
                 continue
-            k = g.op("ArgMax", win, axis_i=axis, keepdims_i=1, select_last_index_i=0)
+            k = _eager_argmax(g, win, axis)
             pv.append(g.op("GatherElements", win, k, axis_i=axis))
             for b, ib in idx.items():
                 pi[b].append(g.op("GatherElements", _slice(g, ib, axis, start, end), k, axis_i=axis))

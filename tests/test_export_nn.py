@@ -220,3 +220,17 @@ def test_adaptive_pool_second_call_other_size():
 ])
 def test_local_response_norm(args, shape):
     check(nn.LocalResponseNorm(*args), _x(*shape))
+
+
+@pytest.mark.parametrize("cls,size,shape", [
+    (nn.AdaptiveMaxPool1d, 4, (1, 2, 6)), (nn.AdaptiveMaxPool1d, 1, (1, 2, 6)),
+    (nn.AdaptiveMaxPool2d, (2, 3), (1, 2, 3, 5)), (nn.AdaptiveMaxPool3d, (2, 1, 3), (2, 3, 3, 5)),
+    (nn.AdaptiveMaxPool2d, 1, (1, 2, 3, 5)),
+])
+def test_adaptive_max_pool_nan(cls, size, shape):
+    # eager's kernel keeps the last NaN of a window (val > max || isnan(val)): its index and
+    # the gradient go there
+    x = _x(*shape)
+    x.view(-1)[::3] = float("nan")
+    x.view(-1)[1::7] = float("nan")
+    check(cls(size, return_indices=True), x)
