@@ -112,7 +112,9 @@ def _threshold_symbolic(g, x, threshold, value):
     th, v = sh._maybe_get_const(threshold, "f"), sh._maybe_get_const(value, "f")
     if sh._is_value(th) or sh._is_value(v):
         _refuse("threshold", "ortmod keeps threshold and value only as constants")
-    dt = _dtype_of(x)
+    dt = _dtype_of(x, None)
+    if dt is None:
+        _refuse("threshold", "ortmod exports it for a floating input of known dtype only")
     below = g.op("LessOrEqual", x, _const(g, float(th), dt))
     return g.op("Where", below, _const(g, float(v), dt), x)
 
@@ -318,7 +320,8 @@ def _shape_keeping(original):
     output's type. ONNX shape inference leaves every dim of a Reshape to a computed shape
     unknown, and a later squeeze of such a dim is exported as an If (local_response_norm on
     a 4-d or 5-d input). Only the type changes: a positive element k of Reshape's shape is
-    that dim's size, whatever the others are."""
+    that dim's size, whatever the others are. (The dims left unknown get fresh symbols, as
+    torch's inference gave them for such a Reshape.)"""
     def symbolic(g, self, size):
         out = original(g, self, size)
         try:
