@@ -234,3 +234,20 @@ def test_adaptive_max_pool_nan(cls, size, shape):
     x.view(-1)[::3] = float("nan")
     x.view(-1)[1::7] = float("nan")
     check(cls(size, return_indices=True), x)
+
+
+# ---- F.pad (constant) and view: the rules LocalResponseNorm needs ---------------------------
+
+@pytest.mark.parametrize("pad,value", [((1, 2), 0.0), ((0, 0, 2, 1), 1.5), ((1, -1, -2, 3), -2.0),
+                                       ((1, 1, 1, 1, 1, 1), 0.25)])
+def test_constant_pad(pad, value):
+    check(lambda v: F.pad(v, pad, value=value), _x(2, 3, 4, 5))
+
+
+def test_constant_pad_and_view_other_sizes():
+    # the pads are constants, the shapes computed: one export serves other sizes
+    m = ORTModule(Fn(lambda v: F.pad(v.view(v.size(0), 1, v.size(1), -1), (1, 2, 0, 1)).squeeze(1)))
+    for shape in [(2, 3, 4), (3, 5, 2), (1, 2, 6, 2)]:
+        x = _x(*shape)
+        want = F.pad(x.view(x.size(0), 1, x.size(1), -1), (1, 2, 0, 1)).squeeze(1)
+        torch.testing.assert_close(m(x), want, rtol=0, atol=0)
