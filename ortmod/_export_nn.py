@@ -203,7 +203,6 @@ def _adaptive_pool(rank, kind, max_pool_with_indices):
     what = f"adaptive_{kind}_pool{rank}d"
 
     def pool(g, x, output_size):
-        from torch.onnx import symbolic_helper as sh
         out = _int_list(output_size, what, "output_size")
         if out is None:
             raise _NeedsStaticSizes(f"{what}: output_size is not a constant at export")
