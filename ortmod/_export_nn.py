@@ -7,16 +7,354 @@ that names what it cannot reproduce.
 registers them only while ortmod exports."""
 import torch
 
+from ._semantics import _avg_pool_symbolic, _const, _dtype_of, _input_rank_or_none, _refuse, _torch_symbolic
 
-def symbolics(registration, opset):
-    rules = {}
-    rules["aten::fractional_max_pool2d"] = _fractional_max_pool_symbolic(2)
-    rules["aten::fractional_max_pool3d"] = _fractional_max_pool_symbolic(3)
-    return rules
+_I64 = torch.int64
+_HALF = (torch.float16, torch.bfloat16)
 
 
-# ---------------------------------------------------------------------------------------------
-# fractional max pooling
+class _NeedsStaticSizes(RuntimeError):
+    """Raised while input dims are exported dynamic: ortmod's export (``_capture.export``) takes
+    any error but a refusal as "export again with static input dims", which these rules need.
+    Should the static export still lack the sizes, it surfaces as ortmod's ExportError, naming
+    the op."""
+
+
+def _sizes(x):
+    from torch.onnx import symbolic_helper as sh
+    return sh._get_tensor_sizes(x)
+
+
+def _axes(g, axes):
+    return _const(g, list(axes), _I64)
+
+
+def _slice(g, x, axis, start, end):
+    return g.op("Slice", x, _axes(g, [start]), _axes(g, [end]), _axes(g, [axis]))
+
+
+def _int_list(value, what, name):
+    """A constant int or int list argument as a list (elements may be None); None if it is
+    not constant."""
+    from torch.onnx import symbolic_helper as sh
+    if sh._is_none(value):
+        return None
+    v = sh._maybe_get_const(value, "is")
+    if sh._is_value(v):
+        if not sh._is_packed_list(v):
+            return None
+        out = []
+        for e in sh._unpack_list(v):
+            if sh._is_none(e):
+                out.append(None)
+                continue
+            c = sh._maybe_get_const(e, "i")
+            if sh._is_value(c):
+                return None
+            out.append(int(c))
+        return out
+    return [int(v)] if isinstance(v, int) else [int(e) for e in v]
+
+
+# ---- rms_norm --------------------------------------------------------------------------------
+
+def _rms_norm_symbolic(g, x, normalized_shape, weight, eps):
+    """torch.rms_norm as eager's composite (layer_norm.cpp, rms_norm_symint): in the op-math
+    dtype (float32 for half/bfloat16 inputs, else the input's own), x * rsqrt(mean(x^2 over the
+    normalized dims) + eps), cast back to the input dtype, then times weight. eps None is the
+    op-math dtype's machine epsilon. Eager differentiates those same ops (pow, mean, add,
+    rsqrt, mul), so the engine's gradient is eager's."""
+    from torch.onnx import symbolic_helper as sh
+    shape = _int_list(normalized_shape, "rms_norm", "normalized_shape")
+    if shape is None or None in shape:
+        _refuse("rms_norm", "ortmod keeps normalized_shape only as a constant")
+    dt = _dtype_of(x, None)
+    if dt is None:
+        _refuse("rms_norm", "the input's floating dtype must be known at export")
+    op_dt = torch.float32 if dt in _HALF else dt
+    if sh._is_none(eps):
+        eps_v = torch.finfo(op_dt).eps
+    else:
+        eps_v = sh._maybe_get_const(eps, "f")
+        if sh._is_value(eps_v):
+            _refuse("rms_norm", "ortmod keeps eps only as a constant")
+    xs = x if op_dt == dt else g.op("Cast", x, to_i=_onnx_type(op_dt))
+    axes = _axes(g, range(-len(shape), 0))
+    ms = g.op("ReduceMean", g.op("Mul", xs, xs), axes, keepdims_i=1)
+    root = g.op("Sqrt", g.op("Add", ms, _const(g, float(eps_v), op_dt)))
+    if op_dt == torch.float64 and float(torch.tensor(eps_v, dtype=torch.float32)) != float(eps_v):
+        # the engine fuses x * Reciprocal(Sqrt(mean + eps)) * weight into one
+        # SimplifiedLayerNormalization whose epsilon is a float32 attribute: a float64 eps
+        # that float32 cannot hold would be rounded. 1 / sqrt is the same value, not fused.
+        inv = g.op("Div", _const(g, 1.0, op_dt), root)
+    else:
+        inv = g.op("Reciprocal", root)
+    y = g.op("Mul", xs, inv)
+    if op_dt != dt:
+        y = g.op("Cast", y, to_i=_onnx_type(dt))
+    if not sh._is_none(weight):
+        y = g.op("Mul", y, weight)
+    return y
+
+
+def _onnx_type(dtype):
+    from ._semantics import _onnx_dtype
+    return _onnx_dtype(dtype)
+
+
+# ---- threshold, bilinear ---------------------------------------------------------------------
+
+def _threshold_symbolic(g, x, threshold, value):
+    """threshold(x, th, v) = v where x <= th, else x (NaN passes: NaN <= th is false), and the
+    gradient dy where x > th or NaN, 0 elsewhere: eager's threshold and threshold_backward
+    both test x <= th. torch's rule exports only th = v = 0 (as Relu)."""
+    from torch.onnx import symbolic_helper as sh
+    th, v = sh._maybe_get_const(threshold, "f"), sh._maybe_get_const(value, "f")
+    if sh._is_value(th) or sh._is_value(v):
+        _refuse("threshold", "ortmod keeps threshold and value only as constants")
+    dt = _dtype_of(x, None)
+    if dt is None:
+        _refuse("threshold", "ortmod exports it for a floating input of known dtype only")
+    below = g.op("LessOrEqual", x, _const(g, float(th), dt))
+    return g.op("Where", below, _const(g, float(v), dt), x)
+
+
+def _bilinear_symbolic(g, x1, x2, weight, bias):
+    """bilinear: y[..., o] = sum_ij x1[..., i] W[o, i, j] x2[..., j] + b[o], as two Einsums
+    (the engine's Einsum takes two operands): x1 W first, then its product with x2. Eager's
+    _trilinear sums in another order, so values agree to rounding."""
+    from torch.onnx import symbolic_helper as sh
+    r1, r2 = _input_rank_or_none(x1), _input_rank_or_none(x2)
+    if r1 is None or r2 is None or r1 != r2 or r1 < 1:
+        _refuse("bilinear", "ortmod needs both inputs' ranks, equal, at export")
+    t = g.op("Einsum", x1, weight, equation_s="...i,oij->...oj")
+    y = g.op("Einsum", t, x2, equation_s="...oj,...j->...o")
+    if bias is not None and not sh._is_none(bias):
+        y = g.op("Add", y, bias)
+    return y
+
+
+# ---- pools on unbatched inputs ---------------------------------------------------------------
+
+def _batched(g, x, spatial, pool, n_outputs=1):
+    """Runs ``pool`` (the rule for a batched (N, C, *spatial) input) on ``x``; an unbatched
+    input (C, *spatial) gets a batch dim of 1 for it and loses it after: exact, as eager's
+    pools treat an unbatched input as a batch of one. Outputs that are None stay None."""
+    rank = _input_rank_or_none(x)
+    if rank is None:
+        _refuse(f"{spatial}-d pooling", "ortmod needs the input's rank at export")
+    if rank == spatial + 2:
+        return pool(x)
+    if rank != spatial + 1:
+        _refuse(f"{spatial}-d pooling", f"an input of rank {rank} (eager takes {spatial + 1} or {spatial + 2})")
+    out = pool(g.op("Unsqueeze", x, _axes(g, [0])))
+    if n_outputs == 1 and not isinstance(out, (tuple, list)):
+        return g.op("Squeeze", out, _axes(g, [0]))
+    return tuple(None if o is None else g.op("Squeeze", o, _axes(g, [0])) for o in out)
+
+
+def _avg_pool_unbatched(rank, inner):
+    """avg_pool{1,2,3}d: ``inner`` is _semantics' rule (which keeps divisor_override, over
+    torch's), run on a batched input; this rule, registered over it, adds the unbatched case."""
+    def symbolic(g, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None):
+        return _batched(g, input, rank, lambda x: inner(g, x, kernel_size, stride, padding, ceil_mode,
+                                                        count_include_pad, divisor_override))
+    return symbolic
+
+
+def _max_pool_unbatched(rank, original, with_indices):
+    """max_pool{1,2,3}d(_with_indices): torch's rule on a batched input. Its indices are flat
+    over each (n, c) plane, as eager's, so dropping the batch dim of 1 keeps them right."""
+    def symbolic(g, input, *args):
+        return _batched(g, input, rank, lambda x: original(g, x, *args), 2 if with_indices else 1)
+    return symbolic
+
+
+# ---- adaptive pools --------------------------------------------------------------------------
+
+def _windows(length, out):
+    """Eager's adaptive windows: [floor(i L / out), ceil((i + 1) L / out)) for i < out."""
+    return [((i * length) // out, -((-(i + 1) * length) // out)) for i in range(out)]
+
+
+def _adaptive_pool(rank, kind, max_pool_with_indices):
+    """adaptive_{avg,max}_pool{1,2,3}d, unbatched or not, for any output size.
+
+    * every output size 1 (avg): GlobalAveragePool, as torch's rule; no sizes needed;
+    * every output size 1 (max): ArgMax over the flattened plane (the first maximum, or the
+      last NaN: eager's element, _eager_argmax) and GatherElements, so the gradient goes to
+      that one element;
+    * output sizes dividing the input's: AveragePool, or torch's max_pool_with_indices rule
+      (MaxPool), with kernel = stride = L / out: eager's windows exactly; MaxPool's gradient
+      goes to the first maximum of a window, as eager's;
+    * else, with static spatial sizes, eager's windows one axis at a time, innermost first
+      (a window is a product of intervals): per window a Slice and ReduceMean (avg), or ArgMax
+      and GatherElements (max: the first maximum along the axis, or its last NaN, so that
+      nested over the axes it is the first maximum (last NaN) of the box in row-major order,
+      the element eager's kernel picks and sends the gradient to; ReduceMax would share the
+      gradient among ties). Indices are carried along and returned flat over each plane, as
+      eager's.
+
+    The divisible case's MaxPool is the engine's: where a window holds NaN it keeps the first
+    NaN, eager's max_pool the last (values agree, NaN; the index and gradient do not), as for
+    nn.MaxPool*d.
+
+    Sizes unknown at export (dynamic input dims) make ortmod export again with static ones."""
+    what = f"adaptive_{kind}_pool{rank}d"
+
+    def pool(g, x, output_size):
+        out = _int_list(output_size, what, "output_size")
+        if out is None:
+            raise _NeedsStaticSizes(f"{what}: output_size is not a constant at export")
+        if len(out) == 1:
+            out = out * rank
+        if len(out) != rank:
+            _refuse(what, f"output_size {out} has not {rank} values")
+        sizes = _sizes(x)
+        spatial = None if sizes is None else sizes[2:]
+        if all(o == 1 for o in out):
+            return _global(g, x, rank, kind)
+        if spatial is None or None in spatial:
+            raise _NeedsStaticSizes(f"{what}: the input's spatial sizes are not known at export")
+        out = [L if o is None else o for o, L in zip(out, spatial)]
+        if all(o > 0 and L % o == 0 for o, L in zip(out, spatial)):
+            if kind == "avg":
+                k = [L // o for o, L in zip(out, spatial)]
+                return g.op("AveragePool", x, kernel_shape_i=k, strides_i=k, pads_i=[0] * (2 * rank),
+                            ceil_mode_i=0, count_include_pad_i=0)
+            k = [L // o for o, L in zip(out, spatial)]
+            return max_pool_with_indices(g, x, k, k, [0] * rank, [1] * rank, False)
+        return _separable(g, x, spatial, out, kind)
+
+    def symbolic(g, input, output_size):
+        return _batched(g, input, rank, lambda x: pool(g, x, output_size), 1 if kind == "avg" else 2)
+    return symbolic
+
+
+def _eager_argmax(g, x, axis):
+    """The index eager's max-pool kernels keep along ``axis`` (``val > max || isnan(val)``):
+    the first maximum, or the last NaN where there is one. The engine's ArgMax keeps the first
+    NaN (torch.argmax's rule), with select_last_index the last NaN but also the last maximum."""
+    first = g.op("ArgMax", x, axis_i=axis, keepdims_i=1, select_last_index_i=0)
+    last = g.op("ArgMax", x, axis_i=axis, keepdims_i=1, select_last_index_i=1)
+    nan = g.op("IsNaN", g.op("GatherElements", x, first, axis_i=axis))
+    return g.op("Where", nan, last, first)
+
+
+def _global(g, x, rank, kind):
+    if kind == "avg":
+        return g.op("GlobalAveragePool", x)       # torch's rule for it
+    flat = g.op("Reshape", x, _axes(g, [0, 0, -1]))
+    k = _eager_argmax(g, flat, 2)
+    v = g.op("GatherElements", flat, k, axis_i=2)
+    if rank == 1:
+        return v, k
+    extra = _axes(g, range(3, 2 + rank))    # (N, C, 1) -> (N, C, 1, ..., 1)
+    return g.op("Unsqueeze", v, extra), g.op("Unsqueeze", k, extra)
+
+
+def _separable(g, x, spatial, out, kind):
+    rank = len(spatial)
+    vals = x
+    idx = {}                                   # axis -> absolute index along it, shaped as vals
+    for a in reversed(range(rank)):
+        axis, length, o = 2 + a, spatial[a], out[a]
+        if o == length:                        # windows of one element: nothing to reduce
+            if kind == "max":
+                shape = [1] * (2 + rank)
+                shape[axis] = length
+                rng = _const(g, torch.arange(length).reshape(shape).tolist(), _I64)
+                idx[a] = g.op("Expand", rng, g.op("Shape", vals))
+            continue
+        if o <= 0:
+            _refuse(f"adaptive_{kind}_pool{rank}d", f"output size {o}")
+        pv, pi = [], {b: [] for b in list(idx) + [a]}
+        for start, end in _windows(length, o):
+            win = _slice(g, vals, axis, start, end)
+            if kind == "avg":
+                pv.append(g.op("ReduceMean", win, _axes(g, [axis]), keepdims_i=1))
+                continue
+            k = _eager_argmax(g, win, axis)
+            pv.append(g.op("GatherElements", win, k, axis_i=axis))
+            for b, ib in idx.items():
+                pi[b].append(g.op("GatherElements", _slice(g, ib, axis, start, end), k, axis_i=axis))
+            pi[a].append(g.op("Add", k, _const(g, start, _I64)) if start else k)
+        vals = g.op("Concat", *pv, axis_i=axis) if len(pv) > 1 else pv[0]
+        if kind == "max":
+            idx = {b: (g.op("Concat", *p, axis_i=axis) if len(p) > 1 else p[0]) for b, p in pi.items()}
+    if kind == "avg":
+        return vals
+    flat = None
+    for a in range(rank):                     # row-major over the plane
+        flat = idx[a] if flat is None else g.op("Add", g.op("Mul", flat, _const(g, spatial[a], _I64)), idx[a])
+    return vals, flat
+
+
+# ---- constant pad: pads as a constant ---------------------------------------------------------
+
+def _pad_symbolic(g, input, pad, mode, value):
+    """F.pad in constant mode with constant pads: torch's rule (constant_pad_nd), but the pads
+    as one Constant instead of the Concat / Slice / Transpose chain torch computes them with
+    at run time. The values are the same; the difference is that ONNX shape inference then
+    knows the padded shape: local_response_norm pads a dim of 1, and squeeze(1) of a dim
+    whose size is unknown is exported as an If (squeeze only if it is 1), which the engine
+    does not run. Every other F.pad is _semantics' rule, which this one overrides for
+    aten::pad and runs."""
+    from torch.onnx import symbolic_helper as sh
+    from . import _semantics
+    pads = _int_list(pad, "F.pad", "pad") if sh._parse_arg(mode, "s") == "constant" else None
+    rank = _input_rank_or_none(input)
+    if pads is None or None in pads or len(pads) % 2 or rank is None or len(pads) // 2 > rank:
+        return _semantics._pad_symbolic(g, input, pad, mode, value)
+    begin, end = [0] * rank, [0] * rank
+    for k in range(len(pads) // 2):          # pad's first pair pads the last dim
+        begin[rank - 1 - k], end[rank - 1 - k] = pads[2 * k], pads[2 * k + 1]
+    value = sh._if_scalar_type_as(sh._maybe_get_scalar(value), input)
+    return g.op("Pad", input, _const(g, begin + end, _I64), value, mode_s="constant")
+
+
+def _shape_keeping(original):
+    """view / reshape: torch's rule, and where the target shape is a list whose elements are
+    partly constant (x.view(x.size(0), 1, x.size(1), -1)), the constant dims written into the
+    output's type. ONNX shape inference leaves every dim of a Reshape to a computed shape
+    unknown, and a later squeeze of such a dim is exported as an If (local_response_norm on
+    a 4-d or 5-d input). Only the type changes: a positive element k of Reshape's shape is
+    that dim's size, whatever the others are. (The dims left unknown get fresh symbols, as
+    torch's inference gave them for such a Reshape.)"""
+    def symbolic(g, self, size):
+        out = original(g, self, size)
+        try:
+            wanted = _shape_list_partly_const(size)
+            have = _sizes(out)
+        except Exception:   # anything unexpected: torch's rule as it is
+            return out
+        if wanted is None or not isinstance(out.type(), torch._C.TensorType):
+            return out
+        if have is None:
+            have = [None] * len(wanted)
+        if len(have) != len(wanted):
+            return out
+        merged = [h if h is not None else (w if w is not None and w > 0 else None) for h, w in zip(have, wanted)]
+        if merged != have:
+            out.setType(out.type().with_sizes(merged))
+        return out
+    return symbolic
+
+
+def _shape_list_partly_const(size):
+    """A shape list's elements: the constant ones as ints, the computed ones as None; None when
+    the shape is not a list."""
+    from torch.onnx import symbolic_helper as sh
+    if not sh._is_value(size) or not sh._is_packed_list(size):
+        return None
+    out = []
+    for e in sh._unpack_list(size):
+        c = sh._maybe_get_const(e, "i")
+        out.append(None if sh._is_value(c) else int(c))
+    return out
+
+
+# ---- fractional max pooling ------------------------------------------------------------------
 
 # which entry of a plane's random samples places the windows along each spatial dim (found
 # against eager: 2-D takes W from sample 0 and H from sample 1; 3-D takes T, H, W in order)
@@ -29,24 +367,17 @@ def _fractional_starts(g, x, samples, axis, d, length_k, o, k, dtype):
     float(o - 1); start j = int((j + u) * alpha) - int(u * alpha) for j < o - 1 (floor: every
     term is >= 0); the last window starts at L - k. The samples are a graph input (the module's
     ``_random_samples``), so new samples need no new export."""
-    from ._semantics import _const
-    import torch as _t
-    u = g.op("Gather", samples, _const(g, _FRACTIONAL_SAMPLE_OF_DIM[len(k)][d], _t.int64), axis_i=2)   # (N, C)
-    u = g.op("Unsqueeze", u, _const(g, [2], _t.int64))                                                  # (N, C, 1)
-    last = g.op("Expand", g.op("Reshape", length_k, _const(g, [1, 1, 1], _t.int64)), g.op("Shape", u))
+    u = g.op("Gather", samples, _const(g, _FRACTIONAL_SAMPLE_OF_DIM[len(k)][d], _I64), axis_i=2)   # (N, C)
+    u = g.op("Unsqueeze", u, _const(g, [2], _I64))                                                  # (N, C, 1)
+    last = g.op("Expand", g.op("Reshape", length_k, _const(g, [1, 1, 1], _I64)), g.op("Shape", u))
     if o[d] == 1:
         return last
     alpha = g.op("Div", g.op("Cast", length_k, to_i=_onnx_type(dtype)), _const(g, float(o[d] - 1), dtype))
     j = _const(g, [float(v) for v in range(o[d] - 1)], dtype)
     first = g.op("Floor", g.op("Mul", g.op("Add", u, j), alpha))
     shift = g.op("Floor", g.op("Mul", u, alpha))
-    starts = g.op("Cast", g.op("Sub", first, shift), to_i=_onnx_type(_t.int64))
+    starts = g.op("Cast", g.op("Sub", first, shift), to_i=_onnx_type(_I64))
     return g.op("Concat", starts, last, axis_i=2)
-
-
-def _onnx_type(dtype):
-    from ._semantics import _onnx_dtype
-    return _onnx_dtype(dtype)
 
 
 def _fractional_max_pool_symbolic(rank):
@@ -63,7 +394,6 @@ def _fractional_max_pool_symbolic(rank):
 
     def symbolic(g, x, kernel_size, output_size, random_samples):
         from torch.onnx import symbolic_helper as sh
-        from ._semantics import _const, _refuse, _dtype_of, _input_rank_or_none
         kernel = sh._maybe_get_const(kernel_size, "is")
         out_size = sh._maybe_get_const(output_size, "is")
         if sh._is_value(kernel) or sh._is_value(out_size):
@@ -78,40 +408,70 @@ def _fractional_max_pool_symbolic(rank):
         dtype = _dtype_of(x)
         if _dtype_of(random_samples, None) != dtype:
             _refuse(what, "ortmod needs the random samples in the input's dtype (as eager's kernel reads them)")
-        i64 = torch.int64
         if x_rank == rank + 1:   # unbatched: eager takes the samples' batch of one
-            x = g.op("Unsqueeze", x, _const(g, [0], i64))
+            x = g.op("Unsqueeze", x, _const(g, [0], _I64))
         shape = g.op("Shape", x)
         # eager reads the samples of plane (n, c) and ignores any beyond the input's (an
         # unbatched input takes batch entry 0)
-        random_samples = g.op("Slice", random_samples, _const(g, [0, 0], i64),
-                              g.op("Slice", shape, _const(g, [0], i64), _const(g, [2], i64)), _const(g, [0, 1], i64))
-        lengths = [g.op("Gather", shape, _const(g, [2 + d], i64), axis_i=0) for d in range(rank)]
+        random_samples = g.op("Slice", random_samples, _const(g, [0, 0], _I64),
+                              g.op("Slice", shape, _const(g, [0], _I64), _const(g, [2], _I64)), _const(g, [0, 1], _I64))
+        lengths = [g.op("Gather", shape, _const(g, [2 + d], _I64), axis_i=0) for d in range(rank)]
         table = None
-        stride = _const(g, [1], i64)
+        stride = _const(g, [1], _I64)
         for d in reversed(range(rank)):   # tap (n, c, o1, p1, ..., ok, pk) -> flat index in its plane
             starts = _fractional_starts(g, x, random_samples, 2 + d, d,
-                                        g.op("Sub", lengths[d], _const(g, [k[d]], i64)), o, k, dtype)
+                                        g.op("Sub", lengths[d], _const(g, [k[d]], _I64)), o, k, dtype)
             spread = [a for a in range(2, 2 + 2 * rank) if a != 2 + 2 * d]   # (N, C, .., o_d, ..)
             taps = [1] * (2 * rank)
             taps[2 * d + 1] = k[d]
-            pos = g.op("Add", g.op("Unsqueeze", starts, _const(g, spread, i64)),
-                       _const(g, torch.arange(k[d]).reshape([1, 1] + taps), i64))
+            pos = g.op("Add", g.op("Unsqueeze", starts, _const(g, spread, _I64)),
+                       _const(g, torch.arange(k[d]).reshape([1, 1] + taps), _I64))
             term = g.op("Mul", pos, stride)
             table = term if table is None else g.op("Add", term, table)
             stride = g.op("Mul", stride, lengths[d])
         # the table is built in ONNX broadcasting: (N, C, o1, p1, ...) once both sides met
-        flat = g.op("Reshape", x, _const(g, [0, 0, -1], i64))
-        table = g.op("Reshape", table, _const(g, [0, 0, -1], i64))
+        flat = g.op("Reshape", x, _const(g, [0, 0, -1], _I64))
+        table = g.op("Reshape", table, _const(g, [0, 0, -1], _I64))
         gathered = g.op("GatherElements", flat, table, axis_i=2)
-        blocks = g.op("Concat", g.op("Slice", shape, _const(g, [0], i64), _const(g, [2], i64)),
-                      _const(g, [a * b for a, b in zip(o, k)], i64), axis_i=0)
+        blocks = g.op("Concat", g.op("Slice", shape, _const(g, [0], _I64), _const(g, [2], _I64)),
+                      _const(g, [a * b for a, b in zip(o, k)], _I64), axis_i=0)
         gathered = g.op("Reshape", gathered, blocks)
         y, idx = g.op("MaxPool", gathered, kernel_shape_i=k, strides_i=k, outputs=2)
-        idx = g.op("Gather", g.op("Reshape", table, _const(g, [-1], i64)), idx, axis_i=0)
+        idx = g.op("Gather", g.op("Reshape", table, _const(g, [-1], _I64)), idx, axis_i=0)
         if x_rank == rank + 1:
-            y = g.op("Squeeze", y, _const(g, [0], i64))
-            idx = g.op("Squeeze", idx, _const(g, [0], i64))
+            y = g.op("Squeeze", y, _const(g, [0], _I64))
+            idx = g.op("Squeeze", idx, _const(g, [0], _I64))
         return y, idx
 
     return symbolic
+
+
+def symbolics(registration, opset):
+    rules = {
+        "aten::rms_norm": _rms_norm_symbolic,
+        "aten::threshold": _threshold_symbolic,
+        "aten::bilinear": _bilinear_symbolic,
+        "aten::pad": _pad_symbolic,
+    }
+    for name in ("aten::view", "aten::reshape"):
+        original = _torch_symbolic(registration, name, opset)
+        if original is not None:
+            rules[name] = _shape_keeping(original)
+    for rank in (1, 2, 3):
+        avg = f"aten::avg_pool{rank}d"
+        original = _torch_symbolic(registration, avg, opset)
+        if original is not None:
+            # over _semantics' own avg_pool rule (divisor_override), which this one runs
+            rules[avg] = _avg_pool_unbatched(rank, _avg_pool_symbolic(rank, original))
+        for suffix, with_indices in (("", False), ("_with_indices", True)):
+            name = f"aten::max_pool{rank}d{suffix}"
+            original = _torch_symbolic(registration, name, opset)
+            if original is not None:
+                rules[name] = _max_pool_unbatched(rank, original, with_indices)
+        for kind in ("avg", "max"):
+            name = f"aten::adaptive_{kind}_pool{rank}d"
+            rules[name] = _adaptive_pool(
+                rank, kind, _torch_symbolic(registration, f"aten::max_pool{rank}d_with_indices", opset))
+    rules["aten::fractional_max_pool2d"] = _fractional_max_pool_symbolic(2)
+    rules["aten::fractional_max_pool3d"] = _fractional_max_pool_symbolic(3)
+    return rules
