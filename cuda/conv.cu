@@ -480,7 +480,7 @@ __global__ void max_pool_kernel(T *y, int64_t *idx, const T *x, om_window w, int
                     if (iw < 0 || iw >= w.in[2]) continue;
                     const int64_t at = (id * w.in[1] + ih) * w.in[2] + iw;
                     const A v = ld(xc[at]);
-                    if ((bi < 0 || v > best || v != v) && !(best != best)) {
+                    if (bi < 0 || v > best || v != v) {   // eager's rule: a later NaN wins
                         best = v;
                         bi = at;
                     }

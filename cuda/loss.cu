@@ -51,16 +51,16 @@ __global__ void sce_forward_kernel(const T *x, T *logp, const void *lab, int lab
         if (m == -INFINITY) m = 0;
         A sum = 0;
         for (int64_t c = threadIdx.x; c < g.C; c += blockDim.x) sum += exp(ld(xr[c * g.S]) - m);
-        A lse = m + log(block_sum(sum));
+        A ls = log(block_sum(sum));   // log p = (x - m) - ls, as eager: exact near the max
         if (logp) {
             T *lr = logp + i * g.C * g.S + s;
-            for (int64_t c = threadIdx.x; c < g.C; c += blockDim.x) lr[c * g.S] = st<T>(ld(xr[c * g.S]) - lse);
+            for (int64_t c = threadIdx.x; c < g.C; c += blockDim.x) lr[c * g.S] = st<T>((ld(xr[c * g.S]) - m) - ls);
         }
         if (threadIdx.x == 0) {
             int64_t l = label_at(lab, lab64, pos);
             int skip = (a.has_ignore && l == a.ignore) || l < 0 || l >= g.C;
             A wl = skip ? (A)0 : w ? ld(w[l]) : (A)1;
-            A li = skip ? (A)0 : -wl * (ld(xr[l * g.S]) - lse);
+            A li = skip ? (A)0 : -wl * ((ld(xr[l * g.S]) - m) - ls);
             if (loss_none) loss_none[pos] = st<T>(li);
             else { li_buf[pos] = (float)li; wl_buf[pos] = (float)wl; }
         }

@@ -195,9 +195,8 @@ def _adaptive_pool(rank, kind, max_pool_with_indices):
       gradient among ties). Indices are carried along and returned flat over each plane, as
       eager's.
 
-    The divisible case's MaxPool is the engine's: where a window holds NaN it keeps the first
-    NaN, eager's max_pool the last (values agree, NaN; the index and gradient do not), as for
-    nn.MaxPool*d.
+    The divisible case's MaxPool is the engine's, which keeps eager's max_pool rule (the first
+    maximum, or the last NaN of a window).
 
     Sizes unknown at export (dynamic input dims) make ortmod export again with static ones."""
     what = f"adaptive_{kind}_pool{rank}d"

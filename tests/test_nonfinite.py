@@ -133,3 +133,42 @@ def test_ties(name):
     ye.backward(g)
     yo.backward(g)
     same_values(f"{name} gradient", xo.grad, xe.grad)
+
+
+@pytest.mark.parametrize("pool", [
+    lambda x: F.max_pool2d(x, 2),
+    lambda x: F.max_pool2d(x, 3, stride=1, padding=1),
+    lambda x: F.max_pool2d(x, 2, return_indices=True)[1].float(),
+    lambda x: F.max_pool1d(x.flatten(2), 3),
+], ids=["k2", "k3_padded", "indices", "1d"])
+def test_max_pool_window_with_two_nans_takes_the_last(pool):
+    """eager's max-pool kernels keep (v > max) || isnan(v): the last NaN of a window wins, and
+    the gradient goes there."""
+    x = torch.arange(2 * 6 * 6, dtype=torch.float32).reshape(1, 2, 6, 6) % 7
+    x[0, 0, 0, 0] = x[0, 0, 1, 1] = x[0, 1, 2, 3] = x[0, 1, 3, 2] = x[0, 1, 5, 5] = float("nan")
+    xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yo = Fn(pool)(xe), ORTModule(Fn(pool))(xo)
+    same_values("forward", yo, ye)
+    if ye.requires_grad:
+        g = torch.arange(1.0, ye.numel() + 1).view_as(ye)
+        ye.backward(g)
+        yo.backward(g)
+        same_values("gradient", xo.grad, xe.grad)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: F.log_softmax(x, dim=-1),
+    lambda x: F.log_softmax(x.transpose(0, 1), dim=0),             # softmax over a strided axis
+    lambda x: F.cross_entropy(x, torch.zeros(x.shape[0], dtype=torch.long), reduction="none"),
+    lambda x: F.cross_entropy(x.unsqueeze(-1), torch.zeros(x.shape[0], 1, dtype=torch.long)),  # (N, C, d)
+], ids=["log_softmax", "log_softmax_strided", "cross_entropy", "cross_entropy_spatial"])
+def test_confident_logits_keep_their_tiny_loss(fn):
+    """log p = (x - max) - log(sum exp(x - max)), as eager computes it: near the max the result
+    keeps a confident prediction's small loss (3e-6 here) to float32's precision, where
+    max + log(sum) rounded it at the scale of the max (ulp(30) = 2e-6: 15% off)."""
+    top = torch.tensor([30.0, 25.0, 28.0])
+    x = (top - 14.0).unsqueeze(1).repeat(1, 5)
+    x[:, 0] = top
+    ye, yo = fn(x), ORTModule(Fn(fn))(x)
+    torch.testing.assert_close(yo, ye, rtol=1e-5, atol=0)
+    assert ye.abs().min() > 0

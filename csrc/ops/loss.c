@@ -187,7 +187,7 @@ static int64_t sce_grain(int64_t C, int64_t S) {
             const int64_t i = t / nch, s0 = (t % nch) * LS_CHUNK;                                   \
             const int64_t w = S - s0 < LS_CHUNK ? S - s0 : LS_CHUNK;                                \
             const T *restrict xr = xp + i * C * S + s0;                                             \
-            T lse[LS_CHUNK];                                                                        \
+            T mx[LS_CHUNK], ls[LS_CHUNK]; /* log p = (x - mx) - ls, as eager: exact near the max */ \
             if (S == 1) {                                                                           \
                 /* contiguous row: the common (N, C) case */                                        \
                 /* 16 lanes: -O3 vectorizes the max, exp and sum (a serial chain would not) */ \
@@ -203,7 +203,7 @@ static int64_t sce_grain(int64_t C, int64_t S) {
                     for (int j = 0; j < 16; j++) sl[j] += EXP_T(xr[c0 + j] - m);                   \
                 for (int64_t c = c0; c < C; c++) sum += EXP_T(xr[c] - m);                          \
                 for (int j = 0; j < 16; j++) sum += sl[j];                                         \
-                lse[0] = m + LOG_T(sum);                                                            \
+                mx[0] = m, ls[0] = LOG_T(sum);                                                      \
             } else {                                                                                \
                 T m[LS_CHUNK], sum[LS_CHUNK];                                                       \
                 for (int64_t j = 0; j < w; j++) { m[j] = -INFINITY; sum[j] = 0; }                   \
@@ -212,16 +212,16 @@ static int64_t sce_grain(int64_t C, int64_t S) {
                 for (int64_t j = 0; j < w; j++) m[j] = m[j] == -INFINITY ? 0 : m[j];                \
                 for (int64_t c = 0; c < C; c++)                                                     \
                     for (int64_t j = 0; j < w; j++) sum[j] += EXP_T(xr[c * S + j] - m[j]);          \
-                for (int64_t j = 0; j < w; j++) lse[j] = m[j] + LOG_T(sum[j]);                      \
+                for (int64_t j = 0; j < w; j++) mx[j] = m[j], ls[j] = LOG_T(sum[j]);                \
             }                                                                                       \
             if (lpp) {                                                                              \
                 T *restrict lr = lpp + i * C * S + s0;                                              \
                 if (S == 1) { /* one unit-stride loop: the nest below would run its inner loop once */ \
-                    const T l0 = lse[0];                                                            \
-                    for (int64_t c = 0; c < C; c++) lr[c] = xr[c] - l0;                             \
+                    const T m0 = mx[0], l0 = ls[0];                                                 \
+                    for (int64_t c = 0; c < C; c++) lr[c] = (xr[c] - m0) - l0;                      \
                 } else {                                                                            \
                     for (int64_t c = 0; c < C; c++)                                                 \
-                        for (int64_t j = 0; j < w; j++) lr[c * S + j] = xr[c * S + j] - lse[j];     \
+                        for (int64_t j = 0; j < w; j++) lr[c * S + j] = (xr[c * S + j] - mx[j]) - ls[j]; \
                 }                                                                                   \
             }                                                                                       \
             for (int64_t j = 0; j < w; j++) {                                                       \
@@ -231,7 +231,7 @@ static int64_t sce_grain(int64_t C, int64_t S) {
                     continue;                                                                       \
                 }                                                                                   \
                 const T wl = wp ? wp[l] : (T)1;                                                     \
-                const T li = -wl * (xr[l * S + j] - lse[j]);                                        \
+                const T li = -wl * ((xr[l * S + j] - mx[j]) - ls[j]);                               \
                 if (red == RED_NONE) lossp[pos] = li;                                               \
                 else { tot += li; wsum += wl; }                                                     \
             }                                                                                       \

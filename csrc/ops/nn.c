@@ -142,8 +142,8 @@ SM_REDUCERS(double, f64)
                 if (LOG) {                                                                  \
                     for (int64_t d = 0; d < D_; d++) y[d] = EXP_T(x[d] - m);                \
                     sum = SM_SUM(T, y, D_);                                                 \
-                    const T lse = m + LOG_T(sum);                                           \
-                    for (int64_t d = 0; d < D_; d++) y[d] = x[d] - lse;                     \
+                    const T ls = LOG_T(sum); /* (x - m) - ls, as eager: exact near m */     \
+                    for (int64_t d = 0; d < D_; d++) y[d] = (x[d] - m) - ls;                \
                 } else {                                                                    \
                     for (int64_t d = 0; d < D_; d++) y[d] = EXP_T(x[d] - m);                \
                     sum = SM_SUM(T, y, D_);                                                 \
@@ -166,9 +166,10 @@ SM_REDUCERS(double, f64)
                 for (int64_t d = 0; d < D_; d++)                                            \
                     for (int64_t j = 0; j < w; j++) sum[j] += EXP_T(x[d * I_ + j] - m[j]);  \
                 if (LOG) {                                                                  \
-                    for (int64_t j = 0; j < w; j++) m[j] += LOG_T(sum[j]);                  \
+                    for (int64_t j = 0; j < w; j++) sum[j] = LOG_T(sum[j]);                 \
                     for (int64_t d = 0; d < D_; d++)                                        \
-                        for (int64_t j = 0; j < w; j++) y[d * I_ + j] = x[d * I_ + j] - m[j]; \
+                        for (int64_t j = 0; j < w; j++)                                     \
+                            y[d * I_ + j] = (x[d * I_ + j] - m[j]) - sum[j];                \
                 } else {                                                                    \
                     for (int64_t j = 0; j < w; j++) sum[j] = (T)1 / sum[j];                 \
                     for (int64_t d = 0; d < D_; d++)                                        \

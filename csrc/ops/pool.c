@@ -143,13 +143,12 @@ static om_status *pool_setup(const om_node *n, int rank, const int64_t *dims, po
     return NULL;
 }
 
-/* The first tap wins a tie; NaN wins the window (and then stays). */
+/* The first tap wins a tie; NaN wins the window, and a later NaN replaces an earlier one:
+ * eager's rule, (v > max) || isnan(v), which decides where the gradient goes. */
 #define MAX_TAP(T, xc, best, bi, at)                                                           \
     do {                                                                                       \
         const T v_ = (xc)[at];                                                                 \
-        if (bi < 0 || v_ > best || v_ != v_) {                                                 \
-            if (!(best != best)) { best = v_; bi = (at); }                                     \
-        }                                                                                      \
+        if (bi < 0 || v_ > best || v_ != v_) { best = v_; bi = (at); }                         \
     } while (0)
 
 /* One tap over n interior positions of a row, position i reading src[i * S]: the same
@@ -159,14 +158,14 @@ static om_status *pool_setup(const om_node *n, int rank, const int64_t *dims, po
 #define MAX_ROW_PASS(T, S, yr, src, n)                                                         \
     for (int64_t i = 0; i < (n); i++) {                                                        \
         const T v = (src)[i * (S)], b = (yr)[i];                                               \
-        const int take = (v > b) | ((v != v) & (b == b));                                      \
+        const int take = (v > b) | (v != v);                                                \
         (yr)[i] = take ? v : b;                                                                \
     }
 /* the same, keeping the winning offset (an int64 Indices entry) */
 #define MAX_ROW_PASS_AT(T, S, yr, ir, src, n, at0, pIS)                                        \
     for (int64_t i = 0; i < (n); i++) {                                                        \
         const T v = (src)[i * (S)], b = (yr)[i];                                               \
-        const int take = (v > b) | ((v != v) & (b == b));                                      \
+        const int take = (v > b) | (v != v);                                                \
         (yr)[i] = take ? v : b;                                                                \
         (ir)[i] = take ? (pIS) + (at0) + i * (S) : (ir)[i];                                    \
     }
@@ -209,7 +208,7 @@ static om_status *pool_setup(const om_node *n, int rank, const int64_t *dims, po
             const T *restrict src = xb + (it)->tap_off[t];                                     \
             for (int64_t i = 0; i < m; i++) {                                                  \
                 const T v = src[i * (S)], b = yc[i];                                           \
-                const int take = (v > b) | ((v != v) & (b == b));                              \
+                const int take = (v > b) | (v != v);                                        \
                 yc[i] = take ? v : b;                                                          \
                 tid[i] = take ? t : tid[i];                                                    \
             }                                                                                  \
