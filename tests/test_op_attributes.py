@@ -218,6 +218,11 @@ REFUSED = [
     ("Constant", [("value_strings", ["a", "b"])], "attribute 'value_strings' is not implemented"),
     ("Softplus", [("alpha", 2.0)], "attribute 'alpha' is not implemented"),      # Softplus has none
     ("LeakyRelu", [("beta", 2.0)], "attribute 'beta' is not implemented"),       # read by no LeakyRelu
+    ("RNN", [("hidden_size", 3), ("activations", ["Tanh", "Sigmoid"])],
+     "attribute 'activations' = [..., 'Sigmoid', ...] is not implemented by ortmod (it implements Tanh|Relu)"),
+    ("RNN", [("hidden_size", 3), ("clip", 5.0)], "attribute 'clip' is not implemented"),
+    ("RNN", [("hidden_size", 3), ("layout", 1)], "attribute 'layout' = 1"),
+    ("RNN", [("hidden_size", 3), ("activation_alpha", [1.0])], "attribute 'activation_alpha' is not implemented"),
     ("GRU", [("hidden_size", 3), ("activations", ["Sigmoid", "Tanh"])], "attribute 'activations' is not implemented"),
 ]
 

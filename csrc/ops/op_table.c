@@ -174,8 +174,10 @@
     /* rnn.c */ \
     X(om_op_lstm) \
     X(om_op_gru) \
+    X(om_op_rnn) \
     X(om_op_lstm_grad) \
     X(om_op_gru_grad) \
+    X(om_op_rnn_grad) \
     /* callback.c */ \
     X(om_op_python_op) \
     X(om_op_python_op_grad) \
