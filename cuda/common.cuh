@@ -60,6 +60,7 @@ static inline double attr_real(const om_kernel_ctx *ctx, const char *name, doubl
 }
 static inline const char *attr_s(const om_kernel_ctx *ctx, const char *name, const char *d) { return g_host.attr_string(ctx->node, name, d); }
 static inline int attr_is(const om_kernel_ctx *ctx, const char *name, const int64_t **v) { return g_host.attr_ints(ctx->node, name, v); }
+static inline int attr_ss(const om_kernel_ctx *ctx, const char *name, const char *const **v) { return g_host.attr_strings(ctx->node, name, v); }
 
 // ---- tensors -------------------------------------------------------------------------------
 static inline int64_t numel(const om_tensor *t) {

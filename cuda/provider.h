@@ -29,7 +29,7 @@
 extern "C" {
 #endif
 
-#define OM_CUDA_ABI 2
+#define OM_CUDA_ABI 3
 
 typedef struct om_cuda_host {
     int abi;
@@ -38,6 +38,7 @@ typedef struct om_cuda_host {
     float (*attr_float)(const om_node *n, const char *name, float dflt);
     const char *(*attr_string)(const om_node *n, const char *name, const char *dflt);
     int (*attr_ints)(const om_node *n, const char *name, const int64_t **vals);
+    int (*attr_strings)(const om_node *n, const char *name, const char *const **vals);   /* ABI 3: RNN's activations */
 } om_cuda_host;
 
 typedef struct om_cuda_exec {

@@ -1,7 +1,8 @@
-// rnn.cu — LSTM and GRU (ONNX layout 0, as torch.onnx exports nn.LSTM / nn.GRU) and their
-// backward ops LSTMGrad / GRUGrad (rnn.c: the same saved state, the same step order).
+// rnn.cu — LSTM, GRU and the plain RNN (ONNX layout 0, as torch.onnx exports nn.LSTM / nn.GRU /
+// nn.RNN) and their backward ops LSTMGrad / GRUGrad / RNNGrad (rnn.c: the same saved state, the
+// same step order; RNN saves only Y, its f' a function of h: tanh 1 - h^2, relu h > 0).
 //
-//   X (T, B, I)  W (D, G*H, I)  R (D, G*H, H)  B (D, 2*G*H) = [Wb, Rb]
+//   X (T, B, I)  W (D, G*H, I)  R (D, G*H, H)  B (D, 2*G*H) = [Wb, Rb]   (G = 4, 3, 1)
 //   initial_h/c, Y_h, Y_c (D, B, H)   Y (T, D, B, H)   gates (D, T, B, G*H)   cells / hr (D, T, B, H)
 //
 // Per direction the forward does one cuBLAS GEMM X W^T for every time step (plus the biases),
@@ -17,7 +18,7 @@
 
 #include "common.cuh"
 
-enum { CELL_LSTM = 0, CELL_GRU = 1 };
+enum { CELL_LSTM = 0, CELL_GRU = 1, CELL_RNN = 2 };
 
 // ---- cuBLAS with leading dimensions ----------------------------------------------------------------
 
@@ -73,8 +74,25 @@ struct rnn_cfg {
     int D;          // directions
     int reverse0;   // direction 0 runs backwards in time ("reverse")
     int lbr;        // GRU linear_before_reset
+    int relu[2];    // RNN, per direction: the activation is Relu (else Tanh)
     int64_t T, B, In, H;
 };
+
+// RNN's activations (as rnn.c): one per direction, Tanh (the default) or Relu; one direction
+// given two (ONNX's default list) takes the first, as onnxruntime does.
+static om_status *rnn_activations(const om_kernel_ctx *ctx, rnn_cfg *c) {
+    const char *const *acts = NULL;
+    const int na = attr_ss(ctx, "activations", &acts);
+    if (na <= 0) return NULL;
+    if (na != c->D && !(c->D == 1 && na == 2))
+        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': activations lists %d functions, expected %d (one per "
+                       "direction)", omc_op_name(ctx), omc_node_name(ctx), na, c->D);
+    for (int d = 0; d < c->D; d++) {
+        if (!strcmp(acts[d], "Relu")) c->relu[d] = 1;
+        else if (strcmp(acts[d], "Tanh")) return omc_err_unsupported(ctx, "RNN activations other than Tanh and Relu");
+    }
+    return NULL;
+}
 
 static om_status *shape_error(const om_kernel_ctx *ctx, int i, const char *what, int rank, const int64_t *dims) {
     char want[160];
@@ -97,7 +115,7 @@ static om_status *expect_shape(const om_kernel_ctx *ctx, int i, const char *what
 static om_status *rnn_config(const om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
     memset(c, 0, sizeof *c);
     c->cell = cell;
-    c->G = cell == CELL_LSTM ? 4 : 3;
+    c->G = cell == CELL_LSTM ? 4 : cell == CELL_GRU ? 3 : 1;
     const char *dir = attr_s(ctx, "direction", "forward");
     if (!strcmp(dir, "forward")) c->D = 1;
     else if (!strcmp(dir, "reverse")) c->D = 1, c->reverse0 = 1;
@@ -106,6 +124,11 @@ static om_status *rnn_config(const om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
     if (attr_i(ctx, "layout", 0) != 0) return omc_err_unsupported(ctx, "layout = 1 (batch-major)");
     if (!isnan(attr_f(ctx, "clip", NAN))) return omc_err_unsupported(ctx, "the clip attribute");
     if (cell == CELL_LSTM && attr_i(ctx, "input_forget", 0) != 0) return omc_err_unsupported(ctx, "input_forget = 1");
+    if (cell == CELL_RNN) OMC_TRY(rnn_activations(ctx, c));
+    else {
+        const char *const *acts = NULL;
+        if (attr_ss(ctx, "activations", &acts) >= 0) return omc_err_unsupported(ctx, "the activations attribute");
+    }
     c->lbr = cell == CELL_GRU ? attr_i(ctx, "linear_before_reset", 0) != 0 : 0;
     c->H = attr_i(ctx, "hidden_size", -1);
     const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *R = &ctx->in[2];
@@ -225,6 +248,16 @@ __global__ void gru_out_kernel(T *g, T *saved, T *h, const T *rec, const T *Rb, 
     }
 }
 
+// One RNN step: g (B, H) the pre-activations x W^T + h R^T + biases; h = f(g) (NaN stays NaN)
+template <typename T>
+__global__ void elman_cell_kernel(const T *g, T *h, int64_t n, int relu) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(k, n) {
+        const A v = ld(g[k]);
+        h[k] = st<T>(relu ? (v < (A)0 ? (A)0 : v) : tanh(v));
+    }
+}
+
 // ---- forward --------------------------------------------------------------------------------------------
 
 template <typename T>
@@ -264,7 +297,7 @@ static om_status *rnn_forward(const om_kernel_ctx *ctx, const om_cuda_exec *x, c
         st = gemm_ld(ctx, x, dt, 0, 1, nT * B, GH, In, X, In, Wd, In, 0.0, gates, GH);
         if (!st && Bias && nT * B > 0) {
             gate_bias_kernel<T><<<grid_for(nT * B * GH), OMC_THREADS, 0, s>>>(gates, Wb, Rb, nT * B, GH,
-                                                                              lstm ? GH : 2 * H);
+                                                                              c->cell == CELL_GRU ? 2 * H : GH);
             st = omc_launched(ctx);
         }
         const T *hprev = h0 ? h0 + d * B * H : zeros, *cprev = c0 ? c0 + d * B * H : zeros;
@@ -277,6 +310,11 @@ static om_status *rnn_forward(const om_kernel_ctx *ctx, const om_cuda_exec *x, c
                 if (st) break;
                 lstm_cell_kernel<T><<<grid_for(B * H), OMC_THREADS, 0, s>>>(g, sv, h, cprev, B, H);
                 cprev = sv;
+            } else if (c->cell == CELL_RNN) {
+                // g (B, H) += hprev (B, H) @ Rd^T (H, H); h = f(g)
+                st = gemm_ld(ctx, x, dt, 0, 1, B, GH, H, hprev, H, Rd, H, 1.0, g, GH);
+                if (st) break;
+                elman_cell_kernel<T><<<grid_for(B * H), OMC_THREADS, 0, s>>>(g, h, B * H, c->relu[d]);
             } else {
                 // rec (B, 3H) = hprev @ Rd^T; without linear_before_reset only the z, r part now
                 st = gemm_ld(ctx, x, dt, 0, 1, B, c->lbr ? GH : 2 * H, H, hprev, H, Rd, H, 0.0, rec, GH);
@@ -309,6 +347,7 @@ static om_status *rnn_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x, int 
 }
 static om_status *lstm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_LSTM); }
 static om_status *gru_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_GRU); }
+static om_status *elman_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_RNN); }
 
 // ---- backward kernels -----------------------------------------------------------------------------------
 
@@ -370,9 +409,21 @@ __global__ void gru_grad_reset_kernel(T *dg, T *dgr, T *dhn, const T *drh, const
     }
 }
 
+// One RNN step backwards: dg (B, H) = (dh_next + dy_t) f'(pre), from the step's output h = f(pre):
+// tanh 1 - h^2, relu h > 0 (relu'(0) = 0, as torch)
+template <typename T>
+__global__ void elman_grad_cell_kernel(T *dg, const T *h, const T *dhn, const T *dyt, int64_t n, int relu) {
+    typedef typename acc<T>::t A;
+    GRID_STRIDE(k, n) {
+        const A dh = ld(dhn[k]) + (dyt ? ld(dyt[k]) : (A)0), hk = ld(h[k]);
+        dg[k] = st<T>(relu ? (hk > (A)0 ? dh : (A)0) : dh * ((A)1 - hk * hk));
+    }
+}
+
 // ---- backward --------------------------------------------------------------------------------------------
 
-// LSTMGrad / GRUGrad inputs: X, W, R, initial_h?, initial_c?, Y, gates, cells|hr, dY?, dY_h?, dY_c?
+// LSTMGrad / GRUGrad / RNNGrad inputs: X, W, R, initial_h?, initial_c?, Y, gates, cells|hr, dY?, dY_h?, dY_c?
+// (RNNGrad: no gates, no saved state)
 static om_status *rnn_grad_check(const om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
     OMC_TRY(rnn_config(ctx, cell, c));
     const om_dtype dt = ctx->in[0].dtype;
@@ -380,6 +431,7 @@ static om_status *rnn_grad_check(const om_kernel_ctx *ctx, int cell, rnn_cfg *c)
     const int64_t gd[4] = {c->D, c->T, c->B, c->G * c->H}, sd[4] = {c->D, c->T, c->B, c->H};
     static const char *names[11] = {"X", "W", "R", "initial_h", "initial_c", "Y", "gates", "saved", "dY", "dY_h", "dY_c"};
     for (int i = 3; i < 11; i++) {
+        if (cell == CELL_RNN && (i == 6 || i == 7)) continue;   // RNN saves only Y
         if (!present(ctx, i)) {
             if (i >= 5 && i <= 7)
                 return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': input %d (%s) is required", omc_op_name(ctx),
@@ -396,14 +448,15 @@ static om_status *rnn_grad_check(const om_kernel_ctx *ctx, int cell, rnn_cfg *c)
 template <typename T>
 static om_status *rnn_backward(const om_kernel_ctx *ctx, const om_cuda_exec *x, const rnn_cfg *c) {
     const om_dtype dt = ctx->in[0].dtype;
-    const int lstm = c->cell == CELL_LSTM, lbr = c->lbr;
+    const int lstm = c->cell == CELL_LSTM, elman = c->cell == CELL_RNN, lbr = c->lbr;
     const int64_t nT = c->T, B = c->B, In = c->In, H = c->H, D = c->D, GH = c->G * c->H, BH = B * H;
     const cudaStream_t s = stream_of(x);
     const size_t bh_bytes = sizeof(T) * (size_t)BH;
     const T *X = (const T *)ctx->in[0].data, *W = (const T *)ctx->in[1].data, *R = (const T *)ctx->in[2].data;
     const T *h0 = present(ctx, 3) ? (const T *)ctx->in[3].data : NULL;
     const T *c0 = lstm && present(ctx, 4) ? (const T *)ctx->in[4].data : NULL;
-    const T *Y = (const T *)ctx->in[5].data, *Sg = (const T *)ctx->in[6].data, *Ss = (const T *)ctx->in[7].data;
+    const T *Y = (const T *)ctx->in[5].data;
+    const T *Sg = elman ? NULL : (const T *)ctx->in[6].data, *Ss = elman ? NULL : (const T *)ctx->in[7].data;
     const T *dY = present(ctx, 8) ? (const T *)ctx->in[8].data : NULL;
     const T *dYh = present(ctx, 9) ? (const T *)ctx->in[9].data : NULL;
     const T *dYc = lstm && present(ctx, 10) ? (const T *)ctx->in[10].data : NULL;
@@ -411,11 +464,12 @@ static om_status *rnn_backward(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
     T *dR = wanted(ctx, 2) ? (T *)ctx->out[2].data : NULL, *dB = wanted(ctx, 3) ? (T *)ctx->out[3].data : NULL;
     T *dh0 = wanted(ctx, 4) ? (T *)ctx->out[4].data : NULL, *dc0 = lstm && wanted(ctx, 5) ? (T *)ctx->out[5].data : NULL;
     // scratch: dG (T,B,GH) input-side pre-activation gradients; dGR (T,B,GH) recurrent-side ones (GRU;
-    // LSTM's are the same); dh_next, dc_next, zeros and GRU's d(r hprev) (B,H) each
-    const int64_t need = (lstm ? 1 : 2) * nT * B * GH + 4 * BH;
+    // LSTM's and RNN's are the same); dh_next, dc_next, zeros and GRU's d(r hprev) (B,H) each
+    const int gru = !lstm && !elman;
+    const int64_t need = (gru ? 2 : 1) * nT * B * GH + 4 * BH;
     T *scratch = NULL;
     OMC_TRY(omc_temp_alloc(x, sizeof(T) * (size_t)need, (void **)&scratch));
-    T *dG = scratch, *dGR = lstm ? dG : scratch + nT * B * GH;
+    T *dG = scratch, *dGR = gru ? scratch + nT * B * GH : dG;
     T *dhn = dGR + nT * B * GH, *dcn = dhn + BH, *zeros = dcn + BH, *drh = zeros + BH;
     // dR sums one GEMM per time step: fp16/bf16 sum them in fp32 and round once at the end (a half
     // running sum would round at every step and lose the late, small terms)
@@ -430,7 +484,7 @@ static om_status *rnn_backward(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
     for (int64_t d = 0; d < D && !st; d++) {
         const int rev = d == 1 || c->reverse0;
         const T *Wd = W + d * GH * In, *Rd = R + d * GH * H;
-        const T *gates = Sg + d * nT * B * GH, *states = Ss + d * nT * B * H;
+        const T *gates = Sg ? Sg + d * nT * B * GH : NULL, *states = Ss ? Ss + d * nT * B * H : NULL;
         char *dRd = dR ? (char *)dR_sum + (size_t)(d * GH * H) * r_es : NULL;
         st = dYh ? copy_d2d(dhn, dYh + d * BH, bh_bytes, x) : omc_cuda(cudaMemsetAsync(dhn, 0, bh_bytes, s), "cudaMemsetAsync");
         if (!st && lstm)
@@ -439,13 +493,18 @@ static om_status *rnn_backward(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
             const int64_t t = rev ? nT - 1 - step : step;
             const int64_t tp = rev ? t + 1 : t - 1;   // the step before, in processing order
             const T *hprev = step > 0 ? Y + (tp * D + d) * BH : h0 ? h0 + d * BH : zeros;
-            const T *g = gates + t * B * GH, *dyt = dY ? dY + (t * D + d) * BH : NULL;
+            const T *g = gates ? gates + t * B * GH : NULL, *dyt = dY ? dY + (t * D + d) * BH : NULL;
             T *dg = dG + t * B * GH, *dgr = dGR + t * B * GH;
             if (lstm) {
                 const T *cprev = step > 0 ? states + tp * BH : c0 ? c0 + d * BH : zeros;
                 lstm_grad_cell_kernel<T><<<grid_for(BH), OMC_THREADS, 0, s>>>(dg, dcn, g, states + t * BH, cprev, dhn,
                                                                               dyt, B, H);
                 // dh_next (B, H) = dg (B, 4H) @ Rd (4H, H)
+                st = gemm_ld(ctx, x, dt, 0, 0, B, H, GH, dg, GH, Rd, H, 0.0, dhn, H);
+            } else if (elman) {
+                elman_grad_cell_kernel<T><<<grid_for(BH), OMC_THREADS, 0, s>>>(dg, Y + (t * D + d) * BH, dhn, dyt, BH,
+                                                                               c->relu[d]);
+                // dh_next (B, H) = dg (B, H) @ Rd (H, H)
                 st = gemm_ld(ctx, x, dt, 0, 0, B, H, GH, dg, GH, Rd, H, 0.0, dhn, H);
             } else {
                 gru_grad_cell_kernel<T><<<grid_for(BH), OMC_THREADS, 0, s>>>(dg, dgr, dhn, g, states + t * BH, hprev,
@@ -464,7 +523,7 @@ static om_status *rnn_backward(const om_kernel_ctx *ctx, const om_cuda_exec *x, 
                 }
             }
             if (!st && dRd && (step > 0 || h0)) {   // h_{t-1} = 0 adds nothing to dR
-                if (!lstm && !lbr) {
+                if (gru && !lbr) {
                     // dR[0:2H] += (dz, dr)^T @ hprev; dRh += dh~pre^T @ (r hprev)
                     st = gemm_ld_to(ctx, x, dt, 1, 0, 2 * H, H, B, dgr, GH, hprev, H, 1.0, dRd, H, r32);
                     if (!st) {
@@ -508,11 +567,14 @@ static om_status *rnn_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x,
 }
 static om_status *lstm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_LSTM); }
 static om_status *gru_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_GRU); }
+static om_status *elman_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_RNN); }
 
 extern const omc_kernel_entry omc_kernels_rnn[] = {
     {"LSTM", "", lstm_cuda},
     {"GRU", "", gru_cuda},
     {"LSTMGrad", "ortmod", lstm_grad_cuda},
     {"GRUGrad", "ortmod", gru_grad_cuda},
+    {"RNN", "", elman_cuda},
+    {"RNNGrad", "ortmod", elman_grad_cuda},
     OMC_TABLE_END,
 };

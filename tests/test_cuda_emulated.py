@@ -24,11 +24,11 @@ crash in its cases, and names them:
   in fp32, NEW_CASES in bf16/fp16 as well (no GPU test runs those in half; conv and pools
   included, whose constant weights are stored in the half type too), its flash-attention cases
   (cuda/flash.cu's WMMA kernels, run on include/mma.h's emulation of the warp matrix functions)
-  and flash against the materialized cuBLAS path, its scatter-adds summed in fp32, and LSTM/GRU's
+  and flash against the materialized cuBLAS path, its scatter-adds summed in fp32, and LSTM/GRU/RNN's
   recurrent-weight gradient over 1024 steps (summed in fp32, not in a half running sum). Not run: its two whole-model tests (they compare
   with eager torch on a GPU).
 - models: one training step each of TinyResNet, a tiny GPT-2 (with and without attention_mask),
-  BERT and LSTM/GRU classifiers against the CPU (loss, logits, BatchNorm's running statistics and
+  BERT and LSTM/GRU/RNN classifiers against the CPU (loss, logits, BatchNorm's running statistics and
   every parameter's gradient), and of the GPT-2 in bf16 and in fp16 against the CPU in fp32 from
   the same rounded weights (loss, and each gradient's direction and size).
 - streams: issue 8's "no CPU<->GPU synchronization inside a step, kernels on torch's current

@@ -1,12 +1,14 @@
-"""LSTM and GRU classifiers (nn.LSTM / nn.GRU, batch_first) through the engine.
+"""LSTM, GRU and RNN classifiers (nn.LSTM / nn.GRU / nn.RNN, batch_first) through the engine.
 
-The TorchScript exporter emits one ONNX LSTM/GRU node per layer and direction set (with
-the weights re-packed by Slice/Concat/Unsqueeze, Transpose/Squeeze around it); the engine
-runs them with csrc/ops/rnn.c (forward with GEMMs per time step, BPTT in LSTMGrad/GRUGrad).
-Stacked (2 layers) and bidirectional (1 layer) models are compared with eager over 10
-steps — SGD with momentum as the other model suites, and AdamW.
+The TorchScript exporter emits one ONNX LSTM/GRU/RNN node per layer and direction set (with
+the weights re-packed by Slice/Concat/Unsqueeze, Transpose/Squeeze around it; nn.RNN's
+nonlinearity arrives as the RNN node's activations, ["Tanh"] or ["Relu"] per direction); the
+engine runs them with csrc/ops/rnn.c (forward with GEMMs per time step, BPTT in
+LSTMGrad/GRUGrad/RNNGrad). Stacked (2 layers) and bidirectional (1 layer) models are compared
+with eager over 10 steps — SGD with momentum as the other model suites, and AdamW.
 """
 import copy
+import functools
 
 import pytest
 import torch
@@ -95,3 +97,37 @@ def test_rnn_interlayer_dropout_is_a_clear_export_error():
     model = ORTModule(model)
     with pytest.raises(ortmod.ExportError, match="torch.onnx.export failed.*dropout in training mode"):
         model(*make_batches(1)[0])
+
+
+ELMAN = [pytest.param("tanh", id="tanh"), pytest.param("relu", id="relu")]
+
+
+@pytest.mark.parametrize("layers, bidir", SHAPES)
+@pytest.mark.parametrize("nonlinearity", ELMAN)
+def test_elman_rnn_parity_10_steps(nonlinearity, layers, bidir):
+    cell = functools.partial(nn.RNN, nonlinearity=nonlinearity)
+    train_parity(lambda: RNNClassifier(cell, num_layers=layers, bidirectional=bidir), make_batches(), ce)
+
+
+def test_relu_rnn_gradient_at_the_kink_matches_eager():
+    """relu'(0) = 0 in eager: a hidden unit held at pre-activation 0 (its weight rows and biases
+    zero, in both layers' first direction) passes no gradient, and the engine agrees exactly;
+    every other gradient matches eager."""
+    torch.manual_seed(0)
+    base = RNNClassifier(functools.partial(nn.RNN, nonlinearity="relu"), num_layers=2, bidirectional=True)
+    with torch.no_grad():
+        for layer in (0, 1):
+            for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                getattr(base.rnn, f"{k}_l{layer}")[3] = 0
+    eager, ort = copy.deepcopy(base).train(), ORTModule(copy.deepcopy(base)).train()
+    batch = make_batches(1)[0]
+    eager(*batch).backward()
+    ort(*batch).backward()
+    for layer in (0, 1):
+        for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            name = f"{k}_l{layer}"
+            ge, go = getattr(eager.rnn, name).grad, getattr(ort.rnn, name).grad
+            assert torch.all(ge[3] == 0), f"eager {name}[3]"
+            assert torch.all(go[3] == 0), f"ORTModule {name}[3]: {go[3]}"
+    for (n, pe), po in zip(eager.named_parameters(), ort.parameters()):
+        assert_close(f"gradient of {n} (max abs diff {max_diff(po.grad, pe.grad):.2e})", po.grad, pe.grad)

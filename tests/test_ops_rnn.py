@@ -1,6 +1,7 @@
-"""LSTM and GRU (ONNX semantics, layout 0): float32 parity against a numpy transcription of
-the ONNX equations and float64 finite-difference checks of BPTT (LSTMGrad / GRUGrad) for
-every differentiable input — X, W, R, B, initial_h, initial_c — in each direction."""
+"""LSTM, GRU and RNN (ONNX semantics, layout 0): float32 parity against a numpy transcription of
+the ONNX equations and float64 finite-difference checks of BPTT (LSTMGrad / GRUGrad / RNNGrad)
+for every differentiable input — X, W, R, B, initial_h, initial_c — in each direction (RNN: with
+Tanh and Relu, and the attributes it does not implement refused by name)."""
 import numpy as np
 import pytest
 
@@ -129,4 +130,141 @@ def test_lstm_bad_weight_shape_is_named():
     feeds = {"X": randn(T, B, I), "W": randn(1, 4 * H, I + 1), "R": randn(1, 4 * H, H)}
     m = make_model("LSTM", feeds, {"hidden_size": H}, n_outputs=1)
     with pytest.raises(ValueError, match=r"input 1 \(W\)"):
+        run(m, list(feeds.values()))
+
+
+# ---- RNN (the plain Elman cell: H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)) -----------------------
+
+ACT = {"Tanh": np.tanh, "Relu": lambda v: np.maximum(v, 0)}
+
+
+def rnn_ref(X, W, R, B=None, initial_h=None, direction="forward", activations=("Tanh", "Tanh")):
+    revs = directions(direction)
+    D, nT, nB, Hh = len(revs), X.shape[0], X.shape[1], R.shape[-1]
+    Y = np.zeros((nT, D, nB, Hh), X.dtype)
+    Yh = np.zeros((D, nB, Hh), X.dtype)
+    for d, rev in enumerate(revs):
+        f = ACT[activations[d]]
+        b = B[d, :Hh] + B[d, Hh:] if B is not None else 0
+        h = initial_h[d] if initial_h is not None else np.zeros((nB, Hh), X.dtype)
+        for t in (reversed(range(nT)) if rev else range(nT)):
+            h = f(X[t] @ W[d].T + h @ R[d].T + b)
+            Y[t, d] = h
+        Yh[d] = h
+    return Y, Yh
+
+
+def rnn_inputs(D, full=True, nT=T, nB=B, nI=I, nH=H, scale=0.5):
+    inputs = {"X": randn(nT, nB, nI), "W": randn(D, nH, nI, scale=scale), "R": randn(D, nH, nH, scale=scale)}
+    if full:
+        inputs.update({"B": randn(D, 2 * nH), "sequence_lens": None, "initial_h": randn(D, nB, nH)})
+    return inputs
+
+
+@pytest.mark.parametrize("direction", DIRS)
+@pytest.mark.parametrize("act", ["Tanh", "Relu"])
+def test_rnn(direction, act):
+    D = 2 if direction == "bidirectional" else 1
+    acts = [act] * D
+    check_op("RNN", rnn_inputs(D),
+             lambda X, W, R, B, sequence_lens, initial_h: rnn_ref(X, W, R, B, initial_h, direction, acts),
+             attrs={"hidden_size": H, "direction": direction, "activations": acts}, n_outputs=2,
+             grad=["X", "W", "R", "B", "initial_h"])
+
+
+def test_rnn_bidirectional_with_a_different_activation_per_direction():
+    acts = ["Relu", "Tanh"]
+    check_op("RNN", rnn_inputs(2),
+             lambda X, W, R, B, sequence_lens, initial_h: rnn_ref(X, W, R, B, initial_h, "bidirectional", acts),
+             attrs={"hidden_size": H, "direction": "bidirectional", "activations": acts}, n_outputs=2,
+             grad=["X", "W", "R", "B", "initial_h"])
+
+
+def test_rnn_default_activation_is_tanh_and_minimal_inputs():
+    """No activations attribute, no B, no initial_h; only Y_h is an output."""
+    check_op("RNN", rnn_inputs(1, full=False), lambda X, W, R: (None, rnn_ref(X, W, R)[1]), attrs={"hidden_size": H},
+             n_outputs=2, grad=["X", "W", "R"])
+
+
+def test_rnn_one_direction_takes_the_first_of_the_onnx_default_pair():
+    """ONNX's default activations list is ["Tanh", "Tanh"] whatever the direction; one direction
+    given two uses the first (as onnxruntime)."""
+    check_op("RNN", rnn_inputs(1, full=False), lambda X, W, R: rnn_ref(X, W, R, activations=("Relu",)),
+             attrs={"hidden_size": H, "activations": ["Relu", "Tanh"]}, n_outputs=2, grad=["X", "W", "R"])
+
+
+def test_rnn_full_length_sequence_lens_is_accepted_shorter_is_refused():
+    inputs = rnn_inputs(1)
+    inputs["sequence_lens"] = np.full(B, T, np.int32)
+    check_op("RNN", inputs, lambda X, W, R, B, sequence_lens, initial_h: rnn_ref(X, W, R, B, initial_h),
+             attrs={"hidden_size": H}, n_outputs=2, const_inputs=("sequence_lens",),
+             grad=["X", "W", "R", "B", "initial_h"])
+    inputs["sequence_lens"] = np.array([T, T - 1], np.int32)
+    feeds = {k: v for k, v in inputs.items() if v is not None and k != "sequence_lens"}
+    m = make_model("RNN", inputs, {"hidden_size": H}, n_outputs=2, const_inputs=("sequence_lens",))
+    with pytest.raises(_C.UnsupportedOpError, match="sequence_lens shorter than seq_length"):
+        run(m, list(feeds.values()))
+
+
+def test_rnn_relu_gradient_at_the_kink_is_zero():
+    """relu'(0) = 0, as in torch: a hidden unit whose pre-activation is exactly 0 at every step
+    (its rows of W and R and its biases zero) passes no gradient to its weights or inputs."""
+    inputs = rnn_inputs(1)
+    for k in ("W", "R"):
+        inputs[k][0, 1] = 0
+    inputs["B"][0, [1, H + 1]] = 0
+    x64 = {k: (None if v is None else v.astype(np.float64)) for k, v in inputs.items()}
+    feeds = [x64[k] for k in ("X", "W", "R", "B", "initial_h")]
+    m = make_model("RNN", x64, {"hidden_size": H, "activations": ["Relu"]}, n_outputs=2)
+    outs, grads, dys = run(m, feeds, grad=[True] * 5)
+    assert np.all(outs[0][:, 0, :, 1] == 0)
+    dX, dW, dR, dB, dh0 = grads
+    assert np.all(dW[0, 1] == 0) and np.all(dR[0, 1] == 0) and dB[0, 1] == 0 and dB[0, H + 1] == 0
+    # and the rest of the gradient is torch's
+    import torch
+    t = [torch.tensor(f, requires_grad=True) for f in feeds]
+    X, W, R, Bb, h0 = t
+    h, ys = h0[0], []
+    for step in range(T):
+        h = torch.relu(X[step] @ W[0].T + h @ R[0].T + Bb[0, :H] + Bb[0, H:])
+        ys.append(h)
+    Y = torch.stack(ys)[:, None]
+    loss = (Y * torch.from_numpy(dys[0])).sum() + (h[None] * torch.from_numpy(dys[1])).sum()
+    loss.backward()
+    for name, ours, ref in zip(("X", "W", "R", "B", "initial_h"), grads, t):
+        np.testing.assert_allclose(ours, ref.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=f"d{name}")
+
+
+def test_rnn_larger_float32_parity():
+    """A size where the per-step GEMMs are real GEMMs (float32 parity only)."""
+    acts = ["Relu", "Relu"]
+    check_op("RNN", rnn_inputs(2, nT=9, nB=5, nI=16, nH=24, scale=0.2),
+             lambda X, W, R, B, sequence_lens, initial_h: rnn_ref(X, W, R, B, initial_h, "bidirectional", acts),
+             attrs={"hidden_size": 24, "direction": "bidirectional", "activations": acts}, n_outputs=2)
+
+
+@pytest.mark.parametrize("attrs, what", [
+    ({"layout": 1}, "attribute 'layout' = 1"), ({"clip": 3.0}, "attribute 'clip' is not implemented"),
+    ({"activations": ["Sigmoid"]}, "attribute 'activations' = \\[..., 'Sigmoid', ...\\] is not implemented"),
+    ({"activations": ["LeakyRelu"], "activation_alpha": [0.1]}, "attribute 'activation"),
+    ({"activation_beta": [0.5]}, "attribute 'activation_beta' is not implemented")])
+def test_rnn_unsupported_attributes_are_named(attrs, what):
+    feeds = {"X": randn(T, B, I), "W": randn(1, H, I), "R": randn(1, H, H)}
+    m = make_model("RNN", feeds, {"hidden_size": H, **attrs}, n_outputs=1)
+    with pytest.raises(_C.UnsupportedOpError, match=what):
+        run(m, list(feeds.values()))
+
+
+def test_rnn_activations_count_must_match_the_directions():
+    feeds = {"X": randn(T, B, I), "W": randn(2, H, I), "R": randn(2, H, H)}
+    m = make_model("RNN", feeds, {"hidden_size": H, "direction": "bidirectional", "activations": ["Tanh"]},
+                   n_outputs=1)
+    with pytest.raises(ValueError, match="activations lists 1 functions, expected 2"):
+        run(m, list(feeds.values()))
+
+
+def test_gru_activations_are_refused_by_name():
+    feeds = {"X": randn(T, B, I), "W": randn(1, 3 * H, I), "R": randn(1, 3 * H, H)}
+    m = make_model("GRU", feeds, {"hidden_size": H, "activations": ["Sigmoid", "Tanh"]}, n_outputs=1)
+    with pytest.raises(_C.UnsupportedOpError, match="attribute 'activations' is not implemented"):
         run(m, list(feeds.values()))

@@ -63,7 +63,7 @@ static void cuda_load(void) {
     }
     static const om_cuda_host host = {
         .abi = OM_CUDA_ABI, .error = host_error, .attr_int = om_attr_int, .attr_float = om_attr_float,
-        .attr_string = om_attr_string, .attr_ints = om_attr_ints,
+        .attr_string = om_attr_string, .attr_ints = om_attr_ints, .attr_strings = om_attr_strings,
     };
     om_status *st = p->init(&host);
     if (st) {

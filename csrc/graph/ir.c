@@ -12,6 +12,9 @@ static void attr_clear(om_attr *a) {
     free(a->s);
     free(a->ints);
     free(a->floats);
+    if (a->strs)
+        for (int i = 0; i < a->n; i++) free(a->strs[i]);
+    free(a->strs);
     om_free(a->t.data);
 }
 
@@ -146,6 +149,13 @@ int om_attr_ints(const om_node *n, const char *name, const int64_t **vals) {
     return a->n;
 }
 
+int om_attr_strings(const om_node *n, const char *name, const char *const **vals) {
+    const om_attr *a = om_attr_find(n, name);
+    if (!a || a->type != OM_ATTR_STRINGS) return -1;
+    *vals = (const char *const *)a->strs;
+    return a->n;
+}
+
 /* Returns the attr slot named `name` on node, replacing an existing one. */
 static om_attr *attr_slot(om_graph *g, int node, const char *name) {
     om_node *n = &g->nodes[node];
@@ -202,6 +212,18 @@ om_status *om_node_set_string(om_graph *g, int node, const char *name, const cha
     a->type = OM_ATTR_STRING;
     a->s = om_strdup(s);
     return a->s ? NULL : ATTR_OOM;
+}
+
+om_status *om_node_set_strings(om_graph *g, int node, const char *name, const char *const *s, int n) {
+    om_attr *a = attr_slot(g, node, name);
+    if (!a) return ATTR_OOM;
+    a->type = OM_ATTR_STRINGS;
+    a->strs = calloc((size_t)(n ? n : 1), sizeof(char *));
+    if (!a->strs) return ATTR_OOM;
+    a->n = n;
+    for (int i = 0; i < n; i++)
+        if (!(a->strs[i] = om_strdup(s[i]))) return ATTR_OOM;
+    return NULL;
 }
 
 om_status *om_node_set_tensor(om_graph *g, int node, const char *name, const om_tensor *t) {

@@ -18,7 +18,7 @@ struct om_op_def;
 
 typedef enum om_attr_type {
     OM_ATTR_FLOAT = 1, OM_ATTR_INT = 2, OM_ATTR_STRING = 3, OM_ATTR_TENSOR = 4,
-    OM_ATTR_FLOATS = 6, OM_ATTR_INTS = 7,   /* numbering as in ONNX AttributeProto */
+    OM_ATTR_FLOATS = 6, OM_ATTR_INTS = 7, OM_ATTR_STRINGS = 8,   /* numbering as in ONNX AttributeProto */
 } om_attr_type;
 
 typedef struct om_attr {
@@ -27,9 +27,10 @@ typedef struct om_attr {
     int64_t i;
     float f;
     char *s;
-    int n;               /* length of ints / floats */
+    int n;               /* length of ints / floats / strs */
     int64_t *ints;
     float *floats;
+    char **strs;         /* OM_ATTR_STRINGS: n strings (RNN's activations) */
     om_tensor t;         /* OM_ATTR_TENSOR: t.data is owned by the attr */
 } om_attr;
 
@@ -105,11 +106,14 @@ static inline double om_float_decimal(float f) {
 const char *om_attr_string(const om_node *n, const char *name, const char *dflt);
 /* Returns the count (-1 when absent); *vals points into the attr. */
 int         om_attr_ints(const om_node *n, const char *name, const int64_t **vals);
+/* A strings attribute: the count (-1 when absent or not strings); *vals points into the attr. */
+int         om_attr_strings(const om_node *n, const char *name, const char *const **vals);
 
 om_status *om_node_set_int(om_graph *g, int node, const char *name, int64_t v);
 om_status *om_node_set_float(om_graph *g, int node, const char *name, float v);
 om_status *om_node_set_ints(om_graph *g, int node, const char *name, const int64_t *v, int n);
 om_status *om_node_set_string(om_graph *g, int node, const char *name, const char *s);
+om_status *om_node_set_strings(om_graph *g, int node, const char *name, const char *const *s, int n);
 /* Copies t (including its data) into a tensor attribute. */
 om_status *om_node_set_tensor(om_graph *g, int node, const char *name, const om_tensor *t);
 

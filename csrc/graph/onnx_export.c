@@ -20,6 +20,7 @@ typedef struct export_state {
     Onnx__TensorShapeProto *shapes;
     Onnx__TensorShapeProto__Dimension *dims, **dim_ptrs;
     char (*dim_names)[24];
+    ProtobufCBinaryData *strs;   /* strings attributes' elements, pointing into the attrs */
     int n_in_vi;
     char ***node_io;   /* per node: one array of name pointers for inputs then outputs */
 } export_state;
@@ -76,12 +77,17 @@ static void free_state(export_state *s, int n_nodes) {
     free(s->vis); free(s->vi_ptrs);
     free(s->types); free(s->ttypes);
     free(s->shapes); free(s->dims); free(s->dim_ptrs); free(s->dim_names);
+    free(s->strs);
 }
 
 om_status *om_graph_export_onnx(const om_graph *g, const char *graph_name, void **bytes, size_t *n) {
     export_state s = {0};
-    int n_attr = 0, n_const = 0, n_vi = g->n_inputs + g->n_outputs;
-    for (int i = 0; i < g->n_nodes; i++) n_attr += g->nodes[i].n_attr;
+    int n_attr = 0, n_const = 0, n_strs = 0, n_vi = g->n_inputs + g->n_outputs;
+    for (int i = 0; i < g->n_nodes; i++) {
+        n_attr += g->nodes[i].n_attr;
+        for (int k = 0; k < g->nodes[i].n_attr; k++)
+            if (g->nodes[i].attr[k].type == OM_ATTR_STRINGS) n_strs += g->nodes[i].attr[k].n;
+    }
     for (int i = 0; i < g->n_values; i++) n_const += g->values[i].constant != NULL;
     s.nodes = calloc((size_t)g->n_nodes + 1, sizeof *s.nodes);
     s.node_ptrs = calloc((size_t)g->n_nodes + 1, sizeof *s.node_ptrs);
@@ -98,14 +104,15 @@ om_status *om_graph_export_onnx(const om_graph *g, const char *graph_name, void 
     s.dims = calloc((size_t)(n_vi + 1) * OM_MAX_RANK, sizeof *s.dims);
     s.dim_ptrs = calloc((size_t)(n_vi + 1) * OM_MAX_RANK, sizeof *s.dim_ptrs);
     s.dim_names = calloc((size_t)(n_vi + 1) * OM_MAX_RANK, sizeof *s.dim_names);
+    s.strs = calloc((size_t)n_strs + 1, sizeof *s.strs);
     s.n_in_vi = g->n_inputs;
     if (!s.nodes || !s.node_ptrs || !s.node_io || !s.attrs || !s.attr_ptrs || !s.tensors || !s.tensor_ptrs ||
-        !s.vis || !s.vi_ptrs || !s.types || !s.ttypes || !s.shapes || !s.dims || !s.dim_ptrs || !s.dim_names) {
+        !s.vis || !s.vi_ptrs || !s.types || !s.ttypes || !s.shapes || !s.dims || !s.dim_ptrs || !s.dim_names || !s.strs) {
         free_state(&s, g->n_nodes);
         return om_error(OM_OUT_OF_MEMORY, "out of memory exporting ONNX");
     }
     static char empty[] = "";
-    int ai = 0, ti = 0;
+    int ai = 0, ti = 0, si = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const om_node *nd = &g->nodes[i];
         Onnx__NodeProto *np = &s.nodes[i];
@@ -138,6 +145,14 @@ om_status *om_graph_export_onnx(const om_graph *g, const char *graph_name, void 
             case OM_ATTR_STRING: ap->has_s = 1; ap->s.data = (uint8_t *)a->s; ap->s.len = strlen(a->s); break;
             case OM_ATTR_INTS: ap->n_ints = (size_t)a->n; ap->ints = a->ints; break;
             case OM_ATTR_FLOATS: ap->n_floats = (size_t)a->n; ap->floats = a->floats; break;
+            case OM_ATTR_STRINGS:
+                ap->n_strings = (size_t)a->n;
+                ap->strings = &s.strs[si];
+                for (int e = 0; e < a->n; e++, si++) {
+                    s.strs[si].data = (uint8_t *)a->strs[e];
+                    s.strs[si].len = strlen(a->strs[e]);
+                }
+                break;
             case OM_ATTR_TENSOR:
                 tensor_proto(&s.tensors[n_const + ti], &a->t, empty);
                 ap->t = &s.tensors[n_const + ti++];

@@ -141,8 +141,21 @@ static om_status *import_attr(const Onnx__AttributeProto *ap, const char *node, 
         if (!a->floats) return om_error(OM_OUT_OF_MEMORY, "out of memory");
         if (ap->n_floats) memcpy(a->floats, ap->floats, sizeof(float) * ap->n_floats);
         break;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRINGS:
+        /* RNN's activations; which values an op takes is its attrs list's business */
+        a->type = OM_ATTR_STRINGS;
+        a->strs = calloc(ap->n_strings + 1, sizeof(char *));
+        if (!a->strs) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+        for (size_t i = 0; i < ap->n_strings; i++) {
+            a->strs[i] = malloc(ap->strings[i].len + 1);
+            if (!a->strs[i]) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+            a->n = (int)i + 1;   /* (attr_clear frees the first n) */
+            if (ap->strings[i].len) memcpy(a->strs[i], ap->strings[i].data, ap->strings[i].len);
+            a->strs[i][ap->strings[i].len] = 0;
+        }
+        break;
     default:
-        /* strings, graphs, sparse tensors: no op of the table reads one (LSTM's activations) */
+        /* graphs, sparse tensors: no op of the table reads one */
         return om_error(OM_UNSUPPORTED_OP, "node '%s' (%s): attribute '%s' is not implemented by ortmod (it has "
                         "ONNX attribute type %d, which no ortmod op reads)", node, op, a->name, (int)ap->type);
     }

@@ -36,6 +36,8 @@ static void clear_attrs(om_node *n) {
         free(n->attr[a].s);
         free(n->attr[a].ints);
         free(n->attr[a].floats);
+        for (int k = 0; n->attr[a].strs && k < n->attr[a].n; k++) free(n->attr[a].strs[k]);
+        free(n->attr[a].strs);
         om_free(n->attr[a].t.data);
     }
     free(n->attr);

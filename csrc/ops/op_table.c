@@ -174,8 +174,10 @@
     /* rnn.c */ \
     X(om_op_lstm) \
     X(om_op_gru) \
+    X(om_op_rnn) \
     X(om_op_lstm_grad) \
     X(om_op_gru_grad) \
+    X(om_op_rnn_grad) \
     /* callback.c */ \
     X(om_op_python_op) \
     X(om_op_python_op_grad) \
@@ -239,12 +241,32 @@ static const char *attr_type_name(om_attr_type t) {
     case OM_ATTR_TENSOR: return "tensor";
     case OM_ATTR_FLOATS: return "floats";
     case OM_ATTR_INTS: return "ints";
+    case OM_ATTR_STRINGS: return "strings";
     }
     return "?";
 }
 
-/* 1 when a's value is one of e's '|'-separated values (int, float or string entries). */
+/* 1 when s is one of e's '|'-separated values. */
+static int string_listed(const char *s, const attr_entry *e) {
+    const char *p = e->vals, *stop = e->vals + e->vals_len;
+    const size_t n = strlen(s);
+    while (p <= stop) {
+        const char *bar = memchr(p, '|', (size_t)(stop - p));
+        const char *end = bar ? bar : stop;
+        if ((size_t)(end - p) == n && memcmp(p, s, n) == 0) return 1;
+        p = end + 1;
+    }
+    return 0;
+}
+
+/* 1 when a's value is one of e's '|'-separated values (int, float or string entries; a
+ * strings attribute: each of its elements). */
 static int attr_value_listed(const om_attr *a, const attr_entry *e) {
+    if (a->type == OM_ATTR_STRINGS) {
+        for (int i = 0; i < a->n; i++)
+            if (!string_listed(a->strs[i], e)) return 0;
+        return 1;
+    }
     const char *p = e->vals, *stop = e->vals + e->vals_len;
     while (p <= stop) {
         const char *bar = memchr(p, '|', (size_t)(stop - p));
@@ -296,6 +318,13 @@ om_status *om_node_check_attrs(const om_node *n) {
         case OM_ATTR_INT: snprintf(v, sizeof v, "%lld", (long long)a->i); break;
         case OM_ATTR_FLOAT: snprintf(v, sizeof v, "%g", (double)a->f); break;
         case OM_ATTR_STRING: snprintf(v, sizeof v, "'%s'", a->s ? a->s : ""); break;
+        case OM_ATTR_STRINGS:   /* the first element not listed */
+            for (int k = 0; k < a->n; k++)
+                if (!string_listed(a->strs[k], &e)) {
+                    snprintf(v, sizeof v, "[..., '%s', ...]", a->strs[k]);
+                    break;
+                }
+            break;
         default: snprintf(v, sizeof v, "this value"); break;
         }
         return om_error(OM_UNSUPPORTED_OP, "node '%s' (%s): attribute '%s' = %s is not implemented by ortmod "

@@ -1,21 +1,26 @@
-/* rnn.c — recurrent layers: LSTM and GRU (ONNX opset 14+, as torch.onnx exports nn.LSTM /
- * nn.GRU) and their backward ops (backpropagation through time).
+/* rnn.c — recurrent layers: LSTM, GRU and the plain (Elman) RNN (ONNX opset 14+, as torch.onnx
+ * exports nn.LSTM / nn.GRU / nn.RNN) and their backward ops (backpropagation through time).
  *
  * Exports (rnn.list):
  *   om_op_lstm        LSTM       (X, W, R, B?, sequence_lens?, initial_h?, initial_c?, P?)
  *                                -> Y?, Y_h?, Y_c?, gates?, cells?
  *   om_op_gru         GRU        (X, W, R, B?, sequence_lens?, initial_h?)
  *                                -> Y?, Y_h?, gates?, hr?
+ *   om_op_rnn         RNN        (X, W, R, B?, sequence_lens?, initial_h?) -> Y?, Y_h?
  *   om_op_lstm_grad   LSTMGrad   (domain ortmod) (X, W, R, initial_h?, initial_c?, Y, gates, cells,
  *                                dY?, dY_h?, dY_c?) -> dX, dW, dR, dB, dinitial_h, dinitial_c
  *   om_op_gru_grad    GRUGrad    (domain ortmod) (X, W, R, initial_h?, -, Y, gates, hr,
  *                                dY?, dY_h?, -) -> dX, dW, dR, dB, dinitial_h
+ *   om_op_rnn_grad    RNNGrad    (domain ortmod) (X, W, R, initial_h?, -, Y, -, -, dY?, dY_h?, -)
+ *                                -> dX, dW, dR, dB, dinitial_h
  *
  * Shapes (ONNX layout 0, which the exporter uses; D = 2 when bidirectional, else 1;
- * G = 4 gates for LSTM, 3 for GRU):
+ * G = 4 gates for LSTM, 3 for GRU, 1 for RNN):
  *   X (T, B, I)  W (D, G*H, I)  R (D, G*H, H)  B (D, 2*G*H) = [Wb, Rb]
  *   initial_h, initial_c, Y_h, Y_c (D, B, H)  Y (T, D, B, H)
  * Gate order is ONNX's: LSTM i, o, f, c; GRU z, r, h (the exporter reorders torch's).
+ * RNN: H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb), f per direction from `activations` (Tanh, the
+ * default, or Relu: nn.RNN's nonlinearity).
  *
  * Saved state for the backward — outputs ONNX does not define, reserved by max_out:
  *   LSTM output 3  gates (D, T, B, 4H): i, o, f, c~ after their activations
@@ -23,7 +28,9 @@
  *   GRU  output 2  gates (D, T, B, 3H): z, r, h~ after their activations
  *   GRU  output 3  hr    (D, T, B, H):  H_{t-1} Rh^T + Rbh (the reset-gated recurrent term)
  * The gradient rules add them (and Y, which holds every h_t) with om_node_ensure_output;
- * the forward writes them only when they exist, so inference pays nothing.
+ * the forward writes them only when they exist, so inference pays nothing. RNN saves only Y:
+ * f'(pre) is a function of h_t = f(pre) (tanh: 1 - h^2; relu: h > 0, so relu'(0) = 0 as in
+ * torch).
  *
  * Forward per direction: one GEMM X W^T for all time steps (plus the biases), then per
  * step one GEMM H_{t-1} R^T and the gate nonlinearities. Backward walks the steps in
@@ -31,10 +38,12 @@
  * step for dH_{t-1} = dG_t R and dR += dG_t^T H_{t-1}; then dX = dG W and dW = dG^T X are
  * one GEMM each, dB a column sum.
  *
- * Supported: directions forward/reverse/bidirectional, default activations, GRU with
- * linear_before_reset = 1 (torch's GRU) or 0. Not supported (UnsupportedOpError naming the
- * node): layout = 1, clip, input_forget, peepholes P, sequence_lens other than all T
- * (activations/activation_alpha are string lists, refused by the importer).
+ * Supported: directions forward/reverse/bidirectional, default activations (RNN: Tanh or Relu
+ * per direction), GRU with linear_before_reset = 1 (torch's GRU) or 0. Not supported
+ * (UnsupportedOpError naming the node and the attribute): layout = 1, clip, input_forget,
+ * peepholes P, sequence_lens other than all T, activation_alpha/activation_beta, LSTM/GRU
+ * activations, RNN activations other than Tanh/Relu (the attrs lists below refuse the
+ * attributes at import; rnn_attrs again, for graphs built otherwise).
  */
 #include <math.h>
 #include <stdio.h>
@@ -50,7 +59,9 @@
     default: return om_err_dtype((node), 0, (dt));                              \
     }
 
-enum { CELL_LSTM = 0, CELL_GRU = 1 };
+enum { CELL_LSTM = 0, CELL_GRU = 1, CELL_RNN = 2 };
+
+static const char *cell_name(int cell) { return cell == CELL_LSTM ? "LSTM" : cell == CELL_GRU ? "GRU" : "RNN"; }
 
 static const char *nm(const om_node *n) { return n && n->name ? n->name : ""; }
 
@@ -72,13 +83,34 @@ typedef struct rnn_cfg {
     int D;                 /* directions */
     int reverse0;          /* direction 0 runs backwards in time ("reverse") */
     int lbr;               /* GRU linear_before_reset */
+    int relu[2];           /* RNN, per direction: the activation is Relu (else Tanh) */
     int64_t T, B, In, H;
 } rnn_cfg;
+
+/* RNN's activations: one per direction, Tanh (the default) or Relu. ONNX's default lists two
+ * whatever the direction, so one direction given two takes the first, as onnxruntime does. */
+static om_status *rnn_activations(const om_node *n, rnn_cfg *c) {
+    const char *const *acts = NULL;
+    const int na = om_attr_strings(n, "activations", &acts);
+    if (na <= 0) return NULL;
+    if (na != c->D && !(c->D == 1 && na == 2))
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': activations lists %d functions, expected %d (one per "
+                        "direction)", n->op->name, nm(n), na, (int)c->D);
+    for (int d = 0; d < c->D; d++) {
+        if (strcmp(acts[d], "Relu") == 0) c->relu[d] = 1;
+        else if (strcmp(acts[d], "Tanh") != 0) {
+            char what[96];
+            snprintf(what, sizeof what, "activation '%.40s' (Tanh and Relu are implemented)", acts[d]);
+            return om_err_unsupported(n, what);
+        }
+    }
+    return NULL;
+}
 
 static om_status *rnn_attrs(const om_node *n, int cell, rnn_cfg *c) {
     memset(c, 0, sizeof *c);
     c->cell = cell;
-    c->G = cell == CELL_LSTM ? 4 : 3;
+    c->G = cell == CELL_LSTM ? 4 : cell == CELL_GRU ? 3 : 1;
     const char *dir = om_attr_string(n, "direction", "forward");
     if (strcmp(dir, "forward") == 0) c->D = 1;
     else if (strcmp(dir, "reverse") == 0) c->D = 1, c->reverse0 = 1;
@@ -89,6 +121,8 @@ static om_status *rnn_attrs(const om_node *n, int cell, rnn_cfg *c) {
     if (om_attr_find(n, "activation_alpha") || om_attr_find(n, "activation_beta"))
         return om_err_unsupported(n, "activation_alpha/activation_beta");
     if (cell == CELL_LSTM && om_attr_int(n, "input_forget", 0) != 0) return om_err_unsupported(n, "input_forget = 1");
+    if (cell == CELL_RNN) OM_TRY(rnn_activations(n, c));
+    else if (om_attr_find(n, "activations")) return om_err_unsupported(n, "the activations attribute");
     c->lbr = cell == CELL_GRU ? om_attr_int(n, "linear_before_reset", 0) != 0 : 0;
     c->H = om_attr_int(n, "hidden_size", -1);
     return NULL;
@@ -184,6 +218,7 @@ static om_status *rnn_infer(om_kernel_ctx *ctx, int cell) {
 
 static om_status *lstm_infer(om_kernel_ctx *ctx) { return rnn_infer(ctx, CELL_LSTM); }
 static om_status *gru_infer(om_kernel_ctx *ctx) { return rnn_infer(ctx, CELL_GRU); }
+static om_status *elman_infer(om_kernel_ctx *ctx) { return rnn_infer(ctx, CELL_RNN); }
 
 static void *out_data(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out ? ctx->out[j].data : NULL; }
 
@@ -259,6 +294,13 @@ static om_status *rnn_cpu(om_kernel_ctx *ctx, int cell) {
                         }
                     }
                     cprev = st;
+                } else if (cell == CELL_RNN) {
+                    // g (B, H) += hprev (B, H) @ Rd^T (H, H); h = f(g)   (NaN stays NaN through either)
+                    gemm(f32, 0, 1, B, GH, H, 1.0, hprev, H, Rd, H, 1.0, g, GH);
+                    if (c.relu[d])
+                        for (int64_t k = 0; k < B * H; k++) h[k] = g[k] < 0 ? (T)0 : g[k];
+                    else
+                        for (int64_t k = 0; k < B * H; k++) h[k] = (T)tanh((double)g[k]);
                 } else {
                     // rec (B, 3H) = hprev (B, H) @ Rd^T (H, 3H)   (+ Rbh on the h part when linear_before_reset)
                     if (c.lbr) {
@@ -306,13 +348,14 @@ static om_status *rnn_cpu(om_kernel_ctx *ctx, int cell) {
 
 static om_status *lstm_cpu(om_kernel_ctx *ctx) { return rnn_cpu(ctx, CELL_LSTM); }
 static om_status *gru_cpu(om_kernel_ctx *ctx) { return rnn_cpu(ctx, CELL_GRU); }
+static om_status *elman_cpu(om_kernel_ctx *ctx) { return rnn_cpu(ctx, CELL_RNN); }
 
 /* ---- gradient rules ---------------------------------------------------------------------- */
 
 static om_status *rnn_grad(om_grad_ctx *c, int cell) {
     const int node = c->node;
     const om_node *n = &c->g->nodes[node];
-    const int ny = cell == CELL_LSTM ? 3 : 2;   /* ONNX outputs; saved state follows */
+    const int ny = cell == CELL_LSTM ? 3 : 2;   /* ONNX outputs; saved state follows (none for RNN) */
     int any_dy = 0;
     for (int j = 0; j < ny && j < n->n_out; j++) any_dy |= c->dy[j] >= 0;
     const int diff[6] = {0, 1, 2, 3, 5, 6};
@@ -330,20 +373,27 @@ static om_status *rnn_grad(om_grad_ctx *c, int cell) {
     const char *name = n->name;
     const om_dtype dt = c->g->values[x].dtype;
     const int y = om_node_ensure_output(c->g, node, 0, dt);
-    const int s1 = om_node_ensure_output(c->g, node, ny, dt);
-    const int s2 = om_node_ensure_output(c->g, node, ny + 1, dt);
-    if (y < 0 || s1 < 0 || s2 < 0)
+    const int s1 = cell == CELL_RNN ? -1 : om_node_ensure_output(c->g, node, ny, dt);
+    const int s2 = cell == CELL_RNN ? -1 : om_node_ensure_output(c->g, node, ny + 1, dt);
+    if (y < 0 || (cell != CELL_RNN && (s1 < 0 || s2 < 0)))
         return om_grad_fail(c, om_error(OM_INTERNAL, "%s node '%s': cannot add the outputs saved for the backward",
-                                        cell == CELL_LSTM ? "LSTM" : "GRU", name));
+                                        cell_name(cell), name));
     int in[11] = {x, w, r, h0, c0, y, s1, s2, dy0, dy1, dy2};
     int out[6] = {-1, -1, -1, -1, -1, -1};
     const int nout = cell == CELL_LSTM ? 6 : 5;
-    if (om_emit_node(c, cell == CELL_LSTM ? "LSTMGrad" : "GRUGrad", in, 11, out, nout, NULL) < 0) return NULL;
+    static const char *grad_op[3] = {"LSTMGrad", "GRUGrad", "RNNGrad"};
+    if (om_emit_node(c, grad_op[cell], in, 11, out, nout, NULL) < 0) return NULL;
     const int last = om_emit_last(c);
     om_grad_fail(c, om_node_set_string(c->g, last, "direction", dir_copy));
     om_emit_attr_int(c, "hidden_size", hidden);
     if (cell == CELL_GRU) om_emit_attr_int(c, "linear_before_reset", lbr);
     const om_node *fn = &c->g->nodes[node];
+    if (cell == CELL_RNN) {   /* (the forward's attr array stays put while nodes are emitted) */
+        const char *const *acts = NULL;
+        const int na = om_attr_strings(fn, "activations", &acts);
+        if (na > 0) om_grad_fail(c, om_node_set_strings(c->g, last, "activations", acts, na));
+        fn = &c->g->nodes[node];
+    }
     for (int k = 0; k < nout; k++) {
         const int i = diff[k];
         if (i < fn->n_in && fn->in[i] >= 0 && c->need_dx[i]) c->dx[i] = out[k];
@@ -353,6 +403,7 @@ static om_status *rnn_grad(om_grad_ctx *c, int cell) {
 
 static om_status *lstm_grad(om_grad_ctx *c) { return rnn_grad(c, CELL_LSTM); }
 static om_status *gru_grad(om_grad_ctx *c) { return rnn_grad(c, CELL_GRU); }
+static om_status *elman_grad(om_grad_ctx *c) { return rnn_grad(c, CELL_RNN); }
 
 /* ---- backward ops ------------------------------------------------------------------------ */
 
@@ -365,6 +416,7 @@ static om_status *rnn_grad_check(om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
     const int64_t gd[4] = {c->D, c->T, c->B, c->G * c->H}, sd[4] = {c->D, c->T, c->B, c->H};
     static const char *names[11] = {"X", "W", "R", "initial_h", "initial_c", "Y", "gates", "saved", "dY", "dY_h", "dY_c"};
     for (int i = 3; i < 11; i++) {
+        if (cell == CELL_RNN && (i == 6 || i == 7)) continue;   /* RNN saves only Y */
         if (!present(ctx, i)) {
             if (i >= 5 && i <= 7)
                 return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d (%s) is required", n->op->name, nm(n), i,
@@ -392,6 +444,7 @@ static om_status *rnn_grad_infer(om_kernel_ctx *ctx, int cell) {
 
 static om_status *lstm_grad_infer(om_kernel_ctx *ctx) { return rnn_grad_infer(ctx, CELL_LSTM); }
 static om_status *gru_grad_infer(om_kernel_ctx *ctx) { return rnn_grad_infer(ctx, CELL_GRU); }
+static om_status *elman_grad_infer(om_kernel_ctx *ctx) { return rnn_grad_infer(ctx, CELL_RNN); }
 
 #define BWD_H(t) (Y + ((t) * D + d) * B * H)
 
@@ -405,7 +458,8 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
         const T *X = ctx->in[0].data, *W = ctx->in[1].data, *R = ctx->in[2].data;
         const T *h0 = present(ctx, 3) ? ctx->in[3].data : NULL;
         const T *c0 = cell == CELL_LSTM && present(ctx, 4) ? ctx->in[4].data : NULL;
-        const T *Y = ctx->in[5].data, *Sg = ctx->in[6].data, *Ss = ctx->in[7].data;
+        const T *Y = ctx->in[5].data;
+        const T *Sg = cell == CELL_RNN ? NULL : ctx->in[6].data, *Ss = cell == CELL_RNN ? NULL : ctx->in[7].data;
         const T *dY = present(ctx, 8) ? ctx->in[8].data : NULL;
         const T *dYh = present(ctx, 9) ? ctx->in[9].data : NULL;
         const T *dYc = cell == CELL_LSTM && present(ctx, 10) ? ctx->in[10].data : NULL;
@@ -423,7 +477,7 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
         for (int64_t d = 0; d < D; d++) {
             const int rev = d == 1 || c.reverse0;
             const T *Wd = W + d * GH * In, *Rd = R + d * GH * H;
-            const T *gates = Sg + d * nT * B * GH, *states = Ss + d * nT * B * H;
+            const T *gates = Sg ? Sg + d * nT * B * GH : NULL, *states = Ss ? Ss + d * nT * B * H : NULL;
             T *dRd = dR ? dR + d * GH * H : NULL;
             for (int64_t k = 0; k < B * H; k++) {
                 dhn[k] = dYh ? dYh[d * B * H + k] : 0;
@@ -433,7 +487,7 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
                 const int64_t t = rev ? nT - 1 - s : s;
                 const int64_t tp = rev ? t + 1 : t - 1;   /* the step before, in processing order */
                 const T *hprev = s > 0 ? BWD_H(tp) : h0 ? h0 + d * B * H : zeros;
-                const T *g = gates + t * B * GH;
+                const T *g = gates ? gates + t * B * GH : NULL;
                 T *dg = dG + t * B * GH, *dgr = dGR + t * B * GH;
                 const T *dyt = dY ? dY + (t * D + d) * B * H : NULL;
                 for (int64_t k = 0; k < B * H; k++) dh[k] = dhn[k] + (dyt ? dyt[k] : 0);
@@ -458,6 +512,15 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
                         }
                     }
                     // dh_next (B, H) = dg (B, 4H) @ Rd (4H, H)
+                    gemm(f32, 0, 0, B, H, GH, 1.0, dg, GH, Rd, H, 0.0, dhn, H);
+                } else if (cell == CELL_RNN) {
+                    // dg = dh f'(pre), from h_t = f(pre): tanh 1 - h^2; relu h > 0 (relu'(0) = 0, as torch)
+                    const T *restrict ht = BWD_H(t);
+                    if (c.relu[d])
+                        for (int64_t k = 0; k < B * H; k++) dg[k] = ht[k] > 0 ? dh[k] : (T)0;
+                    else
+                        for (int64_t k = 0; k < B * H; k++) dg[k] = dh[k] * (1 - ht[k] * ht[k]);
+                    // dh_next (B, H) = dg (B, H) @ Rd (H, H)
                     gemm(f32, 0, 0, B, H, GH, 1.0, dg, GH, Rd, H, 0.0, dhn, H);
                 } else {
                     const T *hr = states + t * B * H;
@@ -531,10 +594,11 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
 
 static om_status *lstm_grad_cpu(om_kernel_ctx *ctx) { return rnn_grad_cpu(ctx, CELL_LSTM); }
 static om_status *gru_grad_cpu(om_kernel_ctx *ctx) { return rnn_grad_cpu(ctx, CELL_GRU); }
+static om_status *elman_grad_cpu(om_kernel_ctx *ctx) { return rnn_grad_cpu(ctx, CELL_RNN); }
 
 /* ---- definitions ----------------------------------------------------------------------- */
 
-/* max_out 5 / 4: the ONNX outputs plus the saved state the gradient rule adds */
+/* max_out 5 / 4: the ONNX outputs plus the saved state the gradient rule adds (RNN: none, Y is enough) */
 const om_op_def om_op_lstm = {
     .name = "LSTM", .domain = "", .min_in = 3, .max_in = 8, .min_out = 0, .max_out = 5,
     .infer = lstm_infer, .grad = lstm_grad, .cpu = lstm_cpu, .diff_inputs = 0x6F,
@@ -545,6 +609,12 @@ const om_op_def om_op_gru = {
     .infer = gru_infer, .grad = gru_grad, .cpu = gru_cpu, .diff_inputs = 0x2F,
     .attrs = "direction:string=forward|reverse|bidirectional hidden_size:int layout:int=0 linear_before_reset:int",
 };
+const om_op_def om_op_rnn = {
+    .name = "RNN", .domain = "", .min_in = 3, .max_in = 6, .min_out = 0, .max_out = 2,
+    .infer = elman_infer, .grad = elman_grad, .cpu = elman_cpu, .diff_inputs = 0x2F,
+    .attrs = "activations:strings=Tanh|Relu direction:string=forward|reverse|bidirectional hidden_size:int "
+             "layout:int=0",
+};
 const om_op_def om_op_lstm_grad = {
     .name = "LSTMGrad", .domain = "ortmod", .min_in = 8, .max_in = 11, .min_out = 1, .max_out = 6,
     .infer = lstm_grad_infer, .cpu = lstm_grad_cpu,
@@ -554,4 +624,9 @@ const om_op_def om_op_gru_grad = {
     .name = "GRUGrad", .domain = "ortmod", .min_in = 8, .max_in = 11, .min_out = 1, .max_out = 5,
     .infer = gru_grad_infer, .cpu = gru_grad_cpu,
     .attrs = "direction:string=forward|reverse|bidirectional hidden_size:int linear_before_reset:int",
+};
+const om_op_def om_op_rnn_grad = {
+    .name = "RNNGrad", .domain = "ortmod", .min_in = 6, .max_in = 11, .min_out = 1, .max_out = 5,
+    .infer = elman_grad_infer, .cpu = elman_grad_cpu,
+    .attrs = "activations:strings=Tanh|Relu direction:string=forward|reverse|bidirectional hidden_size:int",
 };

@@ -16,6 +16,11 @@ static int attrs_equal(const om_node *a, const om_node *b) {
         case OM_ATTR_STRING: if (strcmp(x->s, y->s)) return 0; break;
         case OM_ATTR_INTS: if (x->n != y->n || memcmp(x->ints, y->ints, sizeof(int64_t) * (size_t)x->n)) return 0; break;
         case OM_ATTR_FLOATS: if (x->n != y->n || memcmp(x->floats, y->floats, sizeof(float) * (size_t)x->n)) return 0; break;
+        case OM_ATTR_STRINGS:
+            if (x->n != y->n) return 0;
+            for (int k = 0; k < x->n; k++)
+                if (strcmp(x->strs[k], y->strs[k])) return 0;
+            break;
         case OM_ATTR_TENSOR:
             if (x->t.dtype != y->t.dtype || !om_shape_equal(&x->t, &y->t) ||
                 memcmp(x->t.data, y->t.data, om_tensor_nbytes(&x->t)))

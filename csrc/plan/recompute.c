@@ -40,6 +40,7 @@ static om_status *copy_attrs(om_node *dst, const om_node *src) {
         d->s = om_strdup(s->s);
         d->ints = NULL;
         d->floats = NULL;
+        d->strs = NULL;
         d->t.data = NULL;
         if (s->ints) {
             d->ints = malloc(sizeof(int64_t) * (size_t)(s->n + 1));
@@ -48,6 +49,15 @@ static om_status *copy_attrs(om_node *dst, const om_node *src) {
         if (s->floats) {
             d->floats = malloc(sizeof(float) * (size_t)(s->n + 1));
             if (d->floats) memcpy(d->floats, s->floats, sizeof(float) * (size_t)s->n);
+        }
+        if (s->strs) {   /* (n strings; d->n = 0 until all are copied, for the caller's cleanup) */
+            d->n = 0;
+            d->strs = calloc((size_t)s->n + 1, sizeof(char *));
+            for (int k = 0; d->strs && k < s->n; k++) {
+                if (!(d->strs[k] = om_strdup(s->strs[k]))) return om_error(OM_OUT_OF_MEMORY, "out of memory in recompute");
+                d->n = k + 1;
+            }
+            if (!d->strs) return om_error(OM_OUT_OF_MEMORY, "out of memory in recompute");
         }
         if (s->type == OM_ATTR_TENSOR && s->t.data) {
             d->t.data = om_alloc(om_tensor_nbytes(&s->t));

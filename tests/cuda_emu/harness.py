@@ -19,6 +19,7 @@ a warm-up make no host-blocking call and enqueue everything on the stream they a
 """
 import ctypes
 import faulthandler
+import functools
 import json
 import os
 import sys
@@ -335,8 +336,10 @@ def cases_ops_fp64():
 def cases_half():
     """test_half_cuda's cases, and test_ops_cuda's NEW_CASES (conv.cu, misc.cu, rnn.cu's ops) in
     fp16/bf16 too, which no GPU test runs in half precision: each against the CPU in fp32 with
-    test_half_cuda's tolerances (x4 for LSTM/GRU, whose states are stored in half at every step
-    and whose weight gradients sum ~40 rounded terms of magnitude up to ~8)."""
+    test_half_cuda's tolerances (x4 for LSTM/GRU/RNN, whose states are stored in half at every step
+    and whose weight gradients sum ~40 rounded terms of magnitude up to ~8). Not the Relu RNN
+    cases: half rounding can move a pre-activation near 0 across the kink, which changes its
+    gradient by a whole dh, not by a rounding error."""
     H, M = half_module(), ops_module()
     for dt, tag in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         for i, c in enumerate(H.CASES):
@@ -353,14 +356,16 @@ def cases_half():
         for name, op, inputs, attrs, grad, n_out, const, _ in M.NEW_CASES:
             if not any(isinstance(v, np.ndarray) and v.dtype.kind == "f" for v in inputs.values()):
                 continue
-            scale = 4 if op in ("LSTM", "GRU") else 1
+            if op == "RNN" and "Relu" in (attrs or {}).get("activations", ()):
+                continue
+            scale = 4 if op in ("LSTM", "GRU", "RNN") else 1
             yield f"{tag}-{name}", lambda c=(op, inputs, dt, attrs, "", grad, const, n_out): H.check(*c, scale=scale)
         for name, op, inputs, attrs, domain, grad, n_out, const in M.SELECT_CASES:
             if op == "TopK" and inputs["x"].dtype.kind != "f":
                 continue
             yield f"{tag}-{name}", lambda c=(op, inputs, dt, attrs, domain, grad, const, n_out): H.check(
                 *c, equal_nan=True)
-        for cell in ("LSTM", "GRU"):
+        for cell in ("LSTM", "GRU", "RNN"):
             yield f"{tag}-{cell}-dR-over-1024-steps", lambda cell=cell, dt=dt: recurrent_gradient_rounds_once(cell, dt)
 
 
@@ -384,7 +389,7 @@ def recurrent_gradient_rounds_once(cell, dt):
     Over 1024 steps the half running sum is 4-36x worse than dW; fp32 accumulation keeps the
     relative error within 4 units of the format's rounding."""
     rng = np.random.default_rng(9)
-    g, steps, hidden = 4 if cell == "LSTM" else 3, 1024, 4
+    g, steps, hidden = {"LSTM": 4, "GRU": 3, "RNN": 1}[cell], 1024, 4
     inputs = {"X": rng.standard_normal((steps, 1, 2)).astype(np.float32),
               "W": (0.5 * rng.standard_normal((1, g * hidden, 2))).astype(np.float32),
               "R": (0.5 * rng.standard_normal((1, g * hidden, hidden))).astype(np.float32)}
@@ -420,6 +425,9 @@ def cases_models():
     yield "GRU-bidirectional", lambda: models.run_and_compare(models.rnn_classifier(torch.nn.GRU, True), me)
     yield "GPT-2-bf16-vs-cpu-fp32", lambda: models.half_step_close_to_fp32(torch.bfloat16, me)
     yield "GPT-2-fp16-vs-cpu-fp32", lambda: models.half_step_close_to_fp32(torch.float16, me)
+    yield "RNN-relu-2-layers", lambda: models.run_and_compare(
+        models.rnn_classifier(functools.partial(torch.nn.RNN, nonlinearity="relu"), False), me)
+    yield "RNN-tanh-bidirectional", lambda: models.run_and_compare(models.rnn_classifier(torch.nn.RNN, True), me)
 
 
 def cases_streams():

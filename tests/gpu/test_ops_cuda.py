@@ -30,6 +30,13 @@ def f32b(*shape):
     return R14.standard_normal(shape).astype(np.float32)
 
 
+R23 = np.random.default_rng(23)   # the RNN cases' own draws (last in NEW_CASES): the others' stay as they were
+
+
+def f32r(*shape):
+    return R23.standard_normal(shape).astype(np.float32)
+
+
 def run_both(op, inputs, attrs=None, domain="", grad=(), n_outputs=1, const_inputs=(), dtype=torch.float32,
              training=True):
     model = make_model(op, inputs, attrs, domain, 20, n_outputs, const_inputs)
@@ -218,17 +225,17 @@ def test_matmul_half_precision(dt):
 
 # ---- conv.cu, misc.cu, rnn.cu: every op of the table that runs as a kernel -------------------------
 # (id, op, inputs, attrs, grad, n_outputs, const_inputs, tolerance). Backward ops (ConvGradX/W,
-# MaxPoolGrad, PadGrad, LSTMGrad, ...) run through the forward op's gradient.
+# MaxPoolGrad, PadGrad, LSTMGrad, RNNGrad, ...) run through the forward op's gradient.
 
 def i64(*vals):
     return np.array(vals, np.int64)
 
 
-def _rnn_inputs(cell, T, B, I, H, D, full=True, scale=1.0):
-    G = 4 if cell == "LSTM" else 3
-    inp = {"X": f32(T, B, I), "W": f32(D, G * H, I) * scale, "R": f32(D, G * H, H) * scale}
+def _rnn_inputs(cell, T, B, I, H, D, full=True, scale=1.0, draw=f32):
+    G = {"LSTM": 4, "GRU": 3, "RNN": 1}[cell]
+    inp = {"X": draw(T, B, I), "W": draw(D, G * H, I) * scale, "R": draw(D, G * H, H) * scale}
     if full:
-        inp.update({"B": f32(D, 2 * G * H), "sequence_lens": None, "initial_h": f32(D, B, H)})
+        inp.update({"B": draw(D, 2 * G * H), "sequence_lens": None, "initial_h": draw(D, B, H)})
         if cell == "LSTM":
             inp["initial_c"] = f32(D, B, H)
     return inp
@@ -370,6 +377,19 @@ NEW_CASES = [
     ("scatter-nd-int64-labels", "ScatterND", {"x": np.zeros((2, 5), np.int64), "i": np.stack(np.meshgrid(
         np.arange(2), np.arange(1, 5), indexing="ij"), -1).astype(np.int64),
      "u": R.integers(0, 64, (2, 4)).astype(np.int64)}, None, (), 1, (), {}),
+    # RNN / RNNGrad (tanh and relu; drawn from R23)
+    ("rnn-tanh-forward", "RNN", _rnn_inputs("RNN", 5, 3, 4, 6, 1, draw=f32r), {"hidden_size": 6},
+     ("X", "W", "R", "B", "initial_h"), 2, (), LOOSE),
+    ("rnn-relu-reverse", "RNN", _rnn_inputs("RNN", 5, 3, 4, 6, 1, draw=f32r),
+     {"hidden_size": 6, "direction": "reverse", "activations": ["Relu"]}, ("X", "W", "R", "B", "initial_h"), 2, (),
+     LOOSE),
+    ("rnn-bidirectional-relu-tanh", "RNN", _rnn_inputs("RNN", 5, 3, 4, 6, 2, draw=f32r),
+     {"hidden_size": 6, "direction": "bidirectional", "activations": ["Relu", "Tanh"]},
+     ("X", "W", "R", "B", "initial_h"), 2, (), LOOSE),
+    ("rnn-minimal-relu", "RNN", _rnn_inputs("RNN", 5, 3, 4, 6, 1, full=False, draw=f32r),
+     {"hidden_size": 6, "activations": ["Relu"]}, ("X", "W", "R"), 2, (), LOOSE),
+    ("rnn-larger-tanh", "RNN", _rnn_inputs("RNN", 9, 5, 16, 24, 2, scale=0.2, draw=f32r),
+     {"hidden_size": 24, "direction": "bidirectional"}, ("X", "W", "R", "B"), 2, (), LOOSE),
 ]
 
 
@@ -422,7 +442,7 @@ F64_CASES = [c for c in NEW_CASES if c[0] in ("conv2d-groups-dilation-same", "co
                                               "avgpool2d-include-pad-ceil", "einsum-attn-scores", "cumsum-rows",
                                               "pad-reflect", "scatter-elements-add", "scatter-nd-add",
                                               "gather-nd-batch-dims", "lstm-bidirectional",
-                                              "gru-bidirectional-no-lbr")]
+                                              "gru-bidirectional-no-lbr", "rnn-bidirectional-relu-tanh")]
 
 
 @pytest.mark.parametrize("op,inputs,attrs,grad,n_out,const", [c[1:7] for c in F64_CASES],
