@@ -30,6 +30,7 @@ __device__ __forceinline__ int64_t ctc_int(const void *p, int is64, int64_t i) {
 struct ctc_ints {
     const void *tg, *il, *tl;
     int tg64, il64, tl64;
+    const int64_t *count;   // with a targets mask: how many targets it selected (device), else NULL
 };
 
 // Sample b's offset into the targets, or -1 when its lengths or labels are not valid.
@@ -37,14 +38,17 @@ __device__ int64_t ctc_offset(const ctc_ints &in, const ctc_dims &d, int64_t b) 
     const int64_t il = ctc_int(in.il, in.il64, b), tl = ctc_int(in.tl, in.tl64, b);
     if (il < 0 || il > d.T || tl < 0) return -1;
     int64_t off = b * d.S;
-    if (d.concat) {
-        off = 0;
-        for (int64_t k = 0; k < b; k++) {
+    if (d.concat) {   // eager refuses the call unless the lengths add up to the targets' count
+        const int64_t M = in.count ? *in.count : d.S;
+        int64_t total = 0;
+        off = -1;
+        for (int64_t k = 0; k < d.N; k++) {
             const int64_t v = ctc_int(in.tl, in.tl64, k);
-            if (v < 0) return -1;
-            off += v;
+            if (v < 0 || v > M - total) return -1;
+            if (k == b) off = total;
+            total += v;
         }
-        if (off > d.S || tl > d.S - off) return -1;
+        if (total != M) return -1;
     } else if (tl > d.S) {
         return -1;
     }
@@ -57,6 +61,16 @@ __device__ int64_t ctc_offset(const ctc_ints &in, const ctc_dims &d, int64_t b) 
 
 __device__ __forceinline__ int64_t ctc_prime(const ctc_ints &in, const ctc_dims &d, int64_t off, int64_t s) {
     return s % 2 == 0 ? d.blank : ctc_int(in.tg, in.tg64, off + s / 2);
+}
+
+// targets, mask (any shape, numel n): flat = targets[mask] in row-major order, *count = its length.
+// One thread: the targets of a CTC batch are few (a block-wide scan is not worth it here).
+__global__ void ctc_compact_kernel(ctc_ints in, const uint8_t *mask, int64_t n, int64_t *flat, int64_t *count) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (mask[i]) flat[k++] = ctc_int(in.tg, in.tg64, i);
+    *count = k;
 }
 
 // offs (N): each sample's target offset, or -1 (ctc_offset)
@@ -222,7 +236,7 @@ __global__ void ctc_grad_kernel(const T *dl, const T *lp, ctc_ints in, ctc_dims 
 }
 
 // log_probs (T, N, C) or (T, C); targets (N, S) or (S); lengths (N); the dims of a node
-static om_status *ctc_dims_of(const om_kernel_ctx *ctx, int in0, ctc_dims *d, ctc_ints *ints) {
+static om_status *ctc_dims_of(const om_kernel_ctx *ctx, int in0, int mask_in, ctc_dims *d, ctc_ints *ints) {
     const om_tensor *lp = &ctx->in[in0], *tg = &ctx->in[in0 + 1], *il = &ctx->in[in0 + 2], *tl = &ctx->in[in0 + 3];
     if (lp->rank != 2 && lp->rank != 3) return omc_err_unsupported(ctx, "log_probs rank");
     if (lp->dtype != OM_F32 && lp->dtype != OM_F64) return omc_err_dtype(ctx, in0, lp->dtype);
@@ -233,8 +247,10 @@ static om_status *ctc_dims_of(const om_kernel_ctx *ctx, int in0, ctc_dims *d, ct
     d->T = lp->dims[0];
     d->N = lp->rank == 3 ? lp->dims[1] : 1;
     d->C = lp->dims[lp->rank - 1];
-    d->concat = tg->rank == 1;
-    d->S = d->concat ? tg->dims[0] : tg->dims[1];
+    const int masked = present(ctx, mask_in);
+    if (masked && ctx->in[mask_in].dtype != OM_BOOL) return omc_err_dtype(ctx, mask_in, ctx->in[mask_in].dtype);
+    d->concat = masked || tg->rank == 1;
+    d->S = masked ? numel(tg) : d->concat ? tg->dims[0] : tg->dims[1];
     d->L = 2 * d->S + 1;
     d->blank = attr_i(ctx, "blank", 0);
     if (d->blank < 0 || d->blank >= d->C) return omc_err_unsupported(ctx, "blank outside the label range");
@@ -245,7 +261,19 @@ static om_status *ctc_dims_of(const om_kernel_ctx *ctx, int in0, ctc_dims *d, ct
     ints->tg64 = tg->dtype == OM_I64;
     ints->il64 = il->dtype == OM_I64;
     ints->tl64 = tl->dtype == OM_I64;
+    ints->count = NULL;
     return NULL;
+}
+
+// With a targets mask: compacts the targets into tmp (numel + 1 int64: the targets, then their
+// count) and points ints at them.
+static void ctc_compact(const om_kernel_ctx *ctx, const om_cuda_exec *x, int tg_in, int mask_in, int64_t *tmp,
+                        ctc_ints *ints) {
+    const int64_t n = numel(&ctx->in[tg_in]);
+    ctc_compact_kernel<<<1, 1, 0, stream_of(x)>>>(*ints, (const uint8_t *)ctx->in[mask_in].data, n, tmp, tmp + n);
+    ints->tg = tmp;
+    ints->tg64 = 1;
+    ints->count = tmp + n;
 }
 
 static int ctc_threads(int64_t L) { return L > 512 ? 1024 : L > 128 ? 256 : 128; }
@@ -253,15 +281,18 @@ static int ctc_threads(int64_t L) { return L > 512 ? 1024 : L > 128 ? 256 : 128;
 static om_status *ctc_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     ctc_dims d;
     ctc_ints in;
-    OMC_TRY(ctc_dims_of(ctx, 0, &d, &in));
+    OMC_TRY(ctc_dims_of(ctx, 0, 4, &d, &in));
     if (d.N == 0) return NULL;
     const int zero_inf = attr_i(ctx, "zero_infinity", 0) != 0;
     const size_t esz = dtype_size(ctx->in[0].dtype);
-    void *la = wanted(ctx, 1) ? ctx->out[1].data : NULL, *la_tmp = NULL;
-    if (!la) {
-        OMC_TRY(omc_temp_alloc(x, esz * (size_t)(d.N * d.T * d.L) + 8, &la_tmp));
-        la = la_tmp;
-    }
+    const int masked = present(ctx, 4);
+    const size_t la_bytes = wanted(ctx, 1) ? 0 : (esz * (size_t)(d.N * d.T * d.L) + 7) / 8 * 8;
+    const size_t flat_bytes = masked ? sizeof(int64_t) * (size_t)(d.S + 1) : 0;
+    void *la = wanted(ctx, 1) ? ctx->out[1].data : NULL;
+    char *tmp = NULL;
+    if (la_bytes + flat_bytes) OMC_TRY(omc_temp_alloc(x, la_bytes + flat_bytes, (void **)&tmp));
+    if (!la) la = tmp;
+    if (masked) ctc_compact(ctx, x, 1, 4, (int64_t *)(tmp + la_bytes), &in);
     switch (ctx->in[0].dtype) {
     case OM_F32:
         ctc_alpha_kernel<float><<<(unsigned)d.N, ctc_threads(d.L), 0, stream_of(x)>>>(
@@ -273,7 +304,7 @@ static om_status *ctc_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
         break;
     }
     om_status *st = omc_launched(ctx);
-    if (la_tmp) omc_temp_free(x, la_tmp);
+    if (tmp) omc_temp_free(x, tmp);
     return st;
 }
 
@@ -281,15 +312,18 @@ static om_status *ctc_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 static om_status *ctc_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     ctc_dims d;
     ctc_ints in;
-    OMC_TRY(ctc_dims_of(ctx, 1, &d, &in));
+    OMC_TRY(ctc_dims_of(ctx, 1, 6, &d, &in));
     if (d.N == 0 || d.T == 0) return NULL;
+    const int masked = present(ctx, 6);
     const int zero_inf = attr_i(ctx, "zero_infinity", 0) != 0;
     const size_t esz = dtype_size(ctx->in[1].dtype);
     const size_t beta_bytes = (esz * (size_t)(d.N * d.T * d.L) + 7) / 8 * 8;
     char *tmp = NULL;
-    // log_beta (N, T, L), then the N target offsets
-    OMC_TRY(omc_temp_alloc(x, beta_bytes + sizeof(int64_t) * (size_t)d.N, (void **)&tmp));
+    // log_beta (N, T, L), the N target offsets, then the compacted targets and their count
+    const size_t flat_n = masked ? (size_t)(d.S + 1) : 0;
+    OMC_TRY(omc_temp_alloc(x, beta_bytes + sizeof(int64_t) * ((size_t)d.N + flat_n), (void **)&tmp));
     int64_t *offs = (int64_t *)(tmp + beta_bytes);
+    if (masked) ctc_compact(ctx, x, 2, 6, offs + d.N, &in);
     const int threads = ctc_threads(d.L), cthreads = d.C >= 256 ? 256 : 64;
     const unsigned blocks_bt = grid_for(d.N * d.T, 1);
     ctc_offsets_kernel<<<grid_for(d.N), OMC_THREADS, 0, stream_of(x)>>>(in, d, offs);

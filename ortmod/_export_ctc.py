@@ -45,6 +45,26 @@ def _lengths(g, what, v):
     return v if dt in _INDEX_DTYPES else g.op("Cast", v, to_i=_onnx_dtype(torch.int64))
 
 
+def _masked_select_parts(targets):
+    """(x, mask) when targets is torch.masked_select(x, mask) as torch's rule exports it
+    (GatherND(x, Transpose(NonZero(Expand(mask, Shape(x)))))), else None. CTCLoss reads such
+    targets through its mask input: NonZero's output length is data, which a planned engine
+    cannot have (Wav2Vec2ForCTC's labels.masked_select(labels >= 0))."""
+    from torch.onnx import symbolic_helper as sh
+    node = targets.node()
+    if node.kind() != "onnx::GatherND" or (node.hasAttribute("batch_dims") and sh._node_get(node, "batch_dims") != 0):
+        return None
+    x, idx = list(node.inputs())
+    tr = idx.node()
+    if tr.kind() != "onnx::Transpose" or list(sh._node_get(tr, "perm")) != [1, 0]:
+        return None
+    nz = next(tr.inputs()).node()
+    if nz.kind() != "onnx::NonZero":
+        return None
+    mask = next(nz.inputs())
+    return x, mask
+
+
 def _ctc_loss_symbolic(g, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
     from torch.onnx import symbolic_helper as sh
     from ._semantics import _const, _dtype_of, _onnx_dtype, _refuse
@@ -58,12 +78,17 @@ def _ctc_loss_symbolic(g, log_probs, targets, input_lengths, target_lengths, bla
     dtype = _dtype_of(log_probs, None)
     if dtype not in (torch.float32, torch.float64):
         _refuse("ctc_loss", f"log_probs of dtype {dtype}: eager's ctc_loss takes float32 or float64")
+    mask_parts = _masked_select_parts(targets)
+    extra = ()
+    if mask_parts is not None:
+        targets, mask = mask_parts
+        extra = (g.op("Cast", mask, to_i=_onnx_dtype(torch.bool)),)
     # eager moves the targets to int64 (targets.to(kLong)); int32 is read as it is
     if _dtype_of(targets, None) not in _INDEX_DTYPES:
         targets = g.op("Cast", targets, to_i=_onnx_dtype(torch.int64))
     il = _lengths(g, "input_lengths", input_lengths)
     tl = _lengths(g, "target_lengths", target_lengths)
-    loss = g.op("ortmod::CTCLoss", log_probs, targets, il, tl, blank_i=int(blank),
+    loss = g.op("ortmod::CTCLoss", log_probs, targets, il, tl, *extra, blank_i=int(blank),
                 zero_infinity_i=int(bool(zero_infinity)))
     rank = sh._get_tensor_rank(log_probs)
     if isinstance(log_probs.type(), torch._C.TensorType) and rank in (2, 3):

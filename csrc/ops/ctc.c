@@ -4,10 +4,11 @@
  * per-sample losses and gradients are eager's to the last bit where libm agrees.
  *
  * Exports:
- *   om_op_ctc_loss       CTCLoss      (ortmod) (log_probs, targets, input_lengths, target_lengths;
- *                                       blank, zero_infinity) -> loss, log_alpha?
+ *   om_op_ctc_loss       CTCLoss      (ortmod) (log_probs, targets, input_lengths, target_lengths,
+ *                                       targets_mask?; blank, zero_infinity) -> loss, log_alpha?
  *   om_op_ctc_loss_grad  CTCLossGrad  (ortmod) (dloss, log_probs, targets, input_lengths,
- *                                       target_lengths, log_alpha; blank, zero_infinity) -> dlog_probs
+ *                                       target_lengths, log_alpha, targets_mask?; blank, zero_infinity)
+ *                                       -> dlog_probs
  *
  * Shapes: log_probs (T, N, C) float32/float64, or (T, C) for one unbatched sample (N = 1, loss
  * of rank 0); targets (N, S) padded or (sum of target_lengths,) concatenated, int32/int64;
@@ -17,6 +18,11 @@
  * the targets' length for concatenated ones (a bound of every sample's target length: the plan
  * needs the shape before the lengths are read); entries past a sample's input and target
  * lengths are -inf and never read.
+ *
+ * targets_mask (bool, targets' shape): the concatenated targets are targets[targets_mask] in
+ * row-major order — torch.masked_select's result, which the export passes this way instead of
+ * through NonZero (its length is data: the engine plans static shapes). S' is then the
+ * targets' element count.
  *
  * zero_infinity: a sample whose loss is +inf (no alignment fits its input length) has loss 0
  * and gradient 0 (eager: where(loss == inf, 0, loss) after _ctc_loss, whose backward zeroes
@@ -48,10 +54,11 @@ typedef struct ctc_geom {
     int64_t L;            /* 2 S + 1: states of the extended target l' */
     int batched, concat;
     int64_t blank;
+    int64_t M;            /* concatenated targets: how many there are (S, or the mask's count) */
 } ctc_geom;
 
 static om_status *ctc_geometry(const om_node *n, const om_tensor *lp, const om_tensor *tg, const om_tensor *il,
-                               const om_tensor *tl, int in0, ctc_geom *g) {
+                               const om_tensor *tl, const om_tensor *mask, int in0, int mask_in, ctc_geom *g) {
     char b1[160], b2[160];
     if (!om_dtype_in(lp->dtype, OM_DT_BIT(OM_F32) | OM_DT_BIT(OM_F64))) {
         if (om_dtype_is_half(lp->dtype))
@@ -72,7 +79,19 @@ static om_status *ctc_geometry(const om_node *n, const om_tensor *lp, const om_t
     g->T = lp->dims[0];
     g->N = g->batched ? lp->dims[1] : 1;
     g->C = lp->dims[lp->rank - 1];
-    if (tg->rank == 1) {
+    if (mask) {
+        OM_TRY(om_check_dtype(n, mask, mask_in, OM_DT_BIT(OM_BOOL)));
+        int same = mask->rank == tg->rank;
+        for (int i = 0; same && i < tg->rank; i++) same = mask->dims[i] == tg->dims[i];
+        if (!same) {
+            om_shape_str(tg, b1, sizeof b1);
+            om_shape_str(mask, b2, sizeof b2);
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': targets %s and targets_mask %s must have one shape",
+                            n->op->name, nm(n), b1, b2);
+        }
+        g->concat = 1;
+        g->S = om_tensor_numel(tg);
+    } else if (tg->rank == 1) {
         g->concat = 1;
         g->S = tg->dims[0];
     } else if (tg->rank == 2 && tg->dims[0] == g->N) {
@@ -85,6 +104,7 @@ static om_status *ctc_geometry(const om_node *n, const om_tensor *lp, const om_t
                         "log_probs %s, got %s", n->op->name, nm(n), b1, b2);
     }
     g->L = 2 * g->S + 1;
+    g->M = g->S;
     if (il->rank > 1 || tl->rank > 1 || om_tensor_numel(il) != g->N || om_tensor_numel(tl) != g->N)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input_lengths and target_lengths must have batch size "
                         "%lld elements, got %lld and %lld", n->op->name, nm(n), (long long)g->N,
@@ -116,16 +136,16 @@ static om_status *ctc_check_lengths(const om_node *n, const ctc_geom *g, const o
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': target_lengths[%lld] = %lld is larger than the padded "
                             "targets' width %lld (eager: Expected tensor to have size at least %lld at dimension 1)",
                             n->op->name, nm(n), (long long)b, (long long)tb, (long long)g->S, (long long)tb);
-        if (g->concat && tb > g->S - pos)
+        if (g->concat && tb > g->M - pos)
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': the target lengths add up to more than the %lld "
-                            "concatenated targets", n->op->name, nm(n), (long long)g->S);
+                            "concatenated targets", n->op->name, nm(n), (long long)g->M);
         if (off) off[b] = g->concat ? pos : b * g->S;
         pos += tb;
     }
-    if (g->concat && pos != g->S)
+    if (g->concat && pos != g->M)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': %lld concatenated targets, but the target lengths add up "
                         "to %lld (eager: Expected tensor to have size %lld at dimension 0)", n->op->name, nm(n),
-                        (long long)g->S, (long long)pos, (long long)pos);
+                        (long long)g->M, (long long)pos, (long long)pos);
     return NULL;
 }
 
@@ -142,14 +162,29 @@ static om_status *ctc_check_labels(const om_node *n, const ctc_geom *g, const om
     return NULL;
 }
 
+static const om_tensor *opt_in(const om_kernel_ctx *ctx, int i) {
+    return ctx->n_in > i && ctx->in[i].dtype != OM_UNDEFINED ? &ctx->in[i] : NULL;
+}
+
+static int64_t mask_count(const om_tensor *mask) {
+    const uint8_t *m = mask->data;
+    int64_t k = 0;
+    for (int64_t i = 0, n = om_tensor_numel(mask); i < n; i++) k += m[i] != 0;
+    return k;
+}
+
 /* ---- CTCLoss ------------------------------------------------------------------------ */
 
 static om_status *ctc_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     ctc_geom g = {0};
-    OM_TRY(ctc_geometry(n, &ctx->in[0], &ctx->in[1], &ctx->in[2], &ctx->in[3], 0, &g));
+    const om_tensor *mask = opt_in(ctx, 4);
+    OM_TRY(ctc_geometry(n, &ctx->in[0], &ctx->in[1], &ctx->in[2], &ctx->in[3], mask, 0, 4, &g));
     /* lengths known at plan time (python lists in the trace): refused before the first step */
-    if (ctx->in[2].data && ctx->in[3].data) OM_TRY(ctc_check_lengths(n, &g, &ctx->in[2], &ctx->in[3], NULL));
+    if (ctx->in[2].data && ctx->in[3].data && (!mask || mask->data)) {
+        if (mask) g.M = mask_count(mask);
+        OM_TRY(ctc_check_lengths(n, &g, &ctx->in[2], &ctx->in[3], NULL));
+    }
     om_tensor *loss = &ctx->out[0];
     loss->dtype = ctx->in[0].dtype;
     loss->rank = g.batched ? 1 : 0;
@@ -174,6 +209,7 @@ typedef struct ctc_job {
     const void *lp, *dl;
     void *loss, *la, *dlp;
     void *beta;           /* CTCLossGrad: two rows of L per sample */
+    om_tensor flat;       /* targets[targets_mask], when there is a mask */
 } ctc_job;
 
 /* The label of state s of sample b's extended target l' = blank l_0 blank l_1 ... blank. */
@@ -318,14 +354,26 @@ static inline int64_t ctc_prime(const ctc_job *j, int64_t b, int64_t s) {
 CTC_KERNELS(f32, float, expf, logf)
 CTC_KERNELS(f64, double, exp, log)
 
-/* Validates the data and fills the job common to both kernels (off is N entries, caller-owned). */
-static om_status *ctc_job_init(const om_kernel_ctx *ctx, int in0, ctc_job *j, int64_t **off) {
+/* Validates the data and fills the job common to both kernels. *off (N offsets, then the
+ * compacted targets when there is a mask) is the caller's to free. */
+static om_status *ctc_job_init(const om_kernel_ctx *ctx, int in0, int mask_in, ctc_job *j, int64_t **off) {
     const om_node *n = ctx->node;
     const om_tensor *lp = &ctx->in[in0], *tg = &ctx->in[in0 + 1], *il = &ctx->in[in0 + 2], *tl = &ctx->in[in0 + 3];
+    const om_tensor *mask = opt_in(ctx, mask_in);
     memset(j, 0, sizeof *j);
-    OM_TRY(ctc_geometry(n, lp, tg, il, tl, in0, &j->g));
-    *off = malloc((size_t)(j->g.N > 0 ? j->g.N : 1) * sizeof(int64_t));
+    OM_TRY(ctc_geometry(n, lp, tg, il, tl, mask, in0, mask_in, &j->g));
+    const int64_t N = j->g.N > 0 ? j->g.N : 1, flat_n = mask ? om_tensor_numel(tg) : 0;
+    *off = malloc((size_t)(N + flat_n) * sizeof(int64_t));
     if (!*off) return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", n->op->name, nm(n));
+    if (mask) {   /* targets[mask], row-major: masked_select's order */
+        int64_t *flat = *off + N, k = 0;
+        const uint8_t *m = mask->data;
+        for (int64_t i = 0; i < flat_n; i++)
+            if (m[i]) flat[k++] = int_at(tg, i);
+        j->g.M = k;
+        j->flat = (om_tensor){.dtype = OM_I64, .rank = 1, .dims = {k}, .data = flat};
+        tg = &j->flat;
+    }
     om_status *st = ctc_check_lengths(n, &j->g, il, tl, *off);
     if (!st) st = ctc_check_labels(n, &j->g, tg, tl, *off);
     if (st) {
@@ -352,7 +400,7 @@ static int64_t ctc_grain(const ctc_geom *g) {
 static om_status *ctc_cpu(om_kernel_ctx *ctx) {
     ctc_job j;
     int64_t *off = NULL;
-    OM_TRY(ctc_job_init(ctx, 0, &j, &off));
+    OM_TRY(ctc_job_init(ctx, 0, 4, &j, &off));
     void *la_scratch = NULL;
     j.loss = ctx->out[0].data;
     j.la = ctx->n_out > 1 && ctx->out[1].data ? ctx->out[1].data : NULL;
@@ -376,11 +424,12 @@ static om_status *ctc_grad(om_grad_ctx *c) {
     const om_dtype dt = c->g->values[n->in[0]].dtype;
     const int64_t blank = om_attr_int(n, "blank", 0), zero_inf = om_attr_int(n, "zero_infinity", 0);
     const int lp = n->in[0], tg = n->in[1], il = n->in[2], tl = n->in[3], dloss = c->dy[0];
+    const int mask = n->n_in > 4 ? n->in[4] : -1;
     /* keep log_alpha for the backward (n may move: not used below) */
     const int la = om_node_ensure_output(c->g, node, 1, dt);
     if (la < 0) return om_grad_fail(c, om_error(OM_INTERNAL, "CTCLoss: cannot add the log_alpha output"));
-    int in[6] = {dloss, lp, tg, il, tl, la};
-    int v = om_emit(c, "CTCLossGrad", in, 6);
+    int in[7] = {dloss, lp, tg, il, tl, la, mask};
+    int v = om_emit(c, "CTCLossGrad", in, mask >= 0 ? 7 : 6);
     if (v < 0) return NULL;
     om_emit_attr_int(c, "blank", blank);
     om_emit_attr_int(c, "zero_infinity", zero_inf);
@@ -393,7 +442,7 @@ static om_status *ctc_grad(om_grad_ctx *c) {
 static om_status *ctc_grad_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     ctc_geom g = {0};
-    OM_TRY(ctc_geometry(n, &ctx->in[1], &ctx->in[2], &ctx->in[3], &ctx->in[4], 1, &g));
+    OM_TRY(ctc_geometry(n, &ctx->in[1], &ctx->in[2], &ctx->in[3], &ctx->in[4], opt_in(ctx, 6), 1, 6, &g));
     const om_tensor *dl = &ctx->in[0], *la = &ctx->in[5];
     if (dl->dtype != ctx->in[1].dtype) return om_err_dtype(n, 0, dl->dtype);
     if (la->dtype != ctx->in[1].dtype) return om_err_dtype(n, 5, la->dtype);
@@ -411,7 +460,7 @@ static om_status *ctc_grad_infer(om_kernel_ctx *ctx) {
 static om_status *ctc_grad_cpu(om_kernel_ctx *ctx) {
     ctc_job j;
     int64_t *off = NULL;
-    OM_TRY(ctc_job_init(ctx, 1, &j, &off));
+    OM_TRY(ctc_job_init(ctx, 1, 6, &j, &off));
     j.dl = ctx->in[0].data;
     j.la = (void *)ctx->in[5].data;
     j.dlp = ctx->out[0].data;
@@ -429,13 +478,13 @@ static om_status *ctc_grad_cpu(om_kernel_ctx *ctx) {
 /* ---- the defs ------------------------------------------------------------------------- */
 
 const om_op_def om_op_ctc_loss = {
-    .name = "CTCLoss", .domain = "ortmod", .min_in = 4, .max_in = 4, .min_out = 1, .max_out = 2,
+    .name = "CTCLoss", .domain = "ortmod", .min_in = 4, .max_in = 5, .min_out = 1, .max_out = 2,
     .infer = ctc_infer, .grad = ctc_grad, .cpu = ctc_cpu, .diff_inputs = 0x1,
     .attrs = "blank:int zero_infinity:int",
 };
 
 const om_op_def om_op_ctc_loss_grad = {
-    .name = "CTCLossGrad", .domain = "ortmod", .min_in = 6, .max_in = 6, .min_out = 1, .max_out = 1,
+    .name = "CTCLossGrad", .domain = "ortmod", .min_in = 6, .max_in = 7, .min_out = 1, .max_out = 1,
     .infer = ctc_grad_infer, .grad = NULL, .cpu = ctc_grad_cpu, .diff_inputs = 0,
     .attrs = "blank:int zero_infinity:int",
 };

@@ -490,6 +490,9 @@ CTC_CASES = [
                                         "tl": _i64(4)}, None, ("lp",), ("il", "tl")),
     ("ctc-int32-empty-target-zero-input", {"lp": _log_probs(6, 3, 4), "tg": np.array([[1, 2], [0, 0], [3, 1]], np.int32),
                                            "il": _i64(6, 5, 0), "tl": _i64(2, 0, 1)}, None, ("lp",), ()),
+    ("ctc-masked-targets", {"lp": _log_probs(10, 3, 5), "tg": _i64([1, 2, -1, 3], [-1, 4, 4, -1], [2, -1, -1, -1]),
+                            "il": _i64(10, 9, 6), "tl": _i64(3, 2, 1),
+                            "mask": np.array([[1, 1, 0, 1], [0, 1, 1, 0], [1, 0, 0, 0]], bool)}, None, ("lp",), ()),
 ]
 
 
