@@ -268,12 +268,13 @@ int bcast_init(bcast *b, const om_tensor *space, const om_tensor *const *ops, in
 extern const omc_kernel_entry omc_kernels_matmul[], omc_kernels_elementwise[], omc_kernels_nn[],
     omc_kernels_loss[], omc_kernels_shape[], omc_kernels_reduce[], omc_kernels_fused[], omc_kernels_attention[];
 extern const omc_kernel_entry omc_kernels_conv[], omc_kernels_misc[], omc_kernels_rnn[], omc_kernels_sort[],
-    omc_kernels_gather_nd[];
+    omc_kernels_gather_nd[], omc_kernels_ctc[];
 
 static const omc_kernel_entry *const tables[] = {
     omc_kernels_matmul, omc_kernels_elementwise, omc_kernels_nn, omc_kernels_loss, omc_kernels_shape,
     omc_kernels_reduce, omc_kernels_fused, omc_kernels_attention,
     omc_kernels_conv, omc_kernels_misc, omc_kernels_rnn, omc_kernels_sort, omc_kernels_gather_nd,
+    omc_kernels_ctc,
 };
 
 static om_cuda_kernel_fn p_find_kernel(const char *name, const char *domain) {

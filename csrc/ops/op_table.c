@@ -181,6 +181,9 @@
     /* callback.c */ \
     X(om_op_python_op) \
     X(om_op_python_op_grad) \
+    /* ctc.c */ \
+    X(om_op_ctc_loss) \
+    X(om_op_ctc_loss_grad) \
     /* end */
 
 #define OM_DECLARE(sym) extern const om_op_def sym;

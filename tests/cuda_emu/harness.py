@@ -298,6 +298,8 @@ def cases_ops_fp32():
     yield "dropout-masks", M.test_dropout_masks_match_cpu
     yield "maxpool-nan", M.test_maxpool_nan_wins_its_window_as_on_cpu
     yield "gather-elements-out-of-range-reads-zero", lambda: gather_elements_out_of_range(M)
+    for name, *c in M.CTC_CASES:
+        yield name, lambda c=c: M.test_ctc_op_matches_cpu(*c)
 
 
 def gather_elements_out_of_range(M):
@@ -331,6 +333,9 @@ def cases_ops_fp64():
                       and not (op == "SimplifiedLayerNormalization" and k == "s"))
         yield f"{op}-{i}", lambda c=(op, _as_f64(inputs), attrs, domain, grad, n_out, const): M.check(
             c[0], c[1], c[2], c[3], c[4], n_outputs=c[5], const_inputs=c[6], rtol=1e-9, atol=1e-10)
+    for name, inputs, attrs, grad, const in M.CTC_CASES:
+        yield f"{name}-f64", lambda c=(_as_f64(inputs), attrs, grad, const): M.check(
+            "CTCLoss", c[0], c[1], "ortmod", c[2], const_inputs=c[3], rtol=1e-12, atol=1e-12)
 
 
 def cases_half():

@@ -478,3 +478,44 @@ def test_gather_elements_out_of_range_index_reads_zero_on_the_gpu():
                           torch.cuda.current_stream().cuda_stream)
     y = torch.from_dlpack(caps[0]).cpu().numpy()
     np.testing.assert_array_equal(y, [[0.0, x[0, 1]]])
+
+
+# CTCLoss / CTCLossGrad (cuda/ctc.cu against csrc/ops/ctc.c): log-probabilities from their own
+# draws; lengths as device inputs or as plan-time constants; NaN gradients of an impossible
+# alignment compare equal. (name, inputs, attrs, grad, const)
+R31 = np.random.default_rng(31)
+
+
+def _log_probs(*shape):
+    x = R31.standard_normal(shape).astype(np.float32)
+    m = x.max(-1, keepdims=True)
+    return (x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))).astype(np.float32)
+
+
+def _i64(*v):
+    return np.array(v, np.int64)
+
+
+CTC_CASES = [
+    ("ctc-padded-varying-lengths", {"lp": _log_probs(16, 3, 6), "tg": _i64([1, 2, 2, 3, 1], [4, 4, 4, 1, 0],
+                                                                           [2, 3, 0, 0, 0]),
+                                    "il": _i64(16, 12, 7), "tl": _i64(5, 4, 2)}, None, ("lp",), ()),
+    ("ctc-concatenated-blank-last", {"lp": _log_probs(12, 2, 5), "tg": _i64(0, 1, 1, 2, 3, 3, 0),
+                                     "il": _i64(12, 9), "tl": _i64(4, 3)}, {"blank": 4}, ("lp",), ()),
+    ("ctc-impossible", {"lp": _log_probs(8, 2, 5), "tg": _i64([1, 1, 1, 1], [2, 3, 0, 0]),
+                        "il": _i64(5, 8), "tl": _i64(4, 2)}, None, ("lp",), ()),
+    ("ctc-impossible-zero-infinity", {"lp": _log_probs(8, 2, 5), "tg": _i64([1, 1, 1, 1], [2, 3, 0, 0]),
+                                      "il": _i64(5, 8), "tl": _i64(4, 2)}, {"zero_infinity": 1}, ("lp",), ()),
+    ("ctc-unbatched-constant-lengths", {"lp": _log_probs(10, 5), "tg": _i64(2, 4, 4, 1), "il": _i64(10),
+                                        "tl": _i64(4)}, None, ("lp",), ("il", "tl")),
+    ("ctc-int32-empty-target-zero-input", {"lp": _log_probs(6, 3, 4), "tg": np.array([[1, 2], [0, 0], [3, 1]], np.int32),
+                                           "il": _i64(6, 5, 0), "tl": _i64(2, 0, 1)}, None, ("lp",), ()),
+    ("ctc-masked-targets", {"lp": _log_probs(10, 3, 5), "tg": _i64([1, 2, -1, 3], [-1, 4, 4, -1], [2, -1, -1, -1]),
+                            "il": _i64(10, 9, 6), "tl": _i64(3, 2, 1),
+                            "mask": np.array([[1, 1, 0, 1], [0, 1, 1, 0], [1, 0, 0, 0]], bool)}, None, ("lp",), ()),
+]
+
+
+@pytest.mark.parametrize("inputs,attrs,grad,const", [c[1:] for c in CTC_CASES], ids=[c[0] for c in CTC_CASES])
+def test_ctc_op_matches_cpu(inputs, attrs, grad, const):
+    check("CTCLoss", inputs, attrs, "ortmod", grad, const_inputs=const, rtol=1e-5, atol=1e-6)
