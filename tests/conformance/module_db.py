@@ -31,6 +31,9 @@ FAST = [
     "nn.Softplus", "nn.LogSoftmax", "nn.CrossEntropyLoss", "nn.NLLLoss", "nn.KLDivLoss", "nn.BCEWithLogitsLoss",
     "nn.GaussianNLLLoss", "nn.LSTM", "nn.GRUCell", "nn.MultiheadAttention", "nn.Transformer",
     "nn.ReflectionPad2d", "nn.ReplicationPad3d",
+    # issue 14's export rules and ops
+    "nn.RNN", "nn.RMSNorm", "nn.SmoothL1Loss", "nn.BCELoss", "nn.MultiMarginLoss", "nn.CTCLoss",
+    "nn.FractionalMaxPool2d", "nn.AdaptiveMaxPool2d", "nn.LocalResponseNorm", "nn.Bilinear",
 ]
 
 
