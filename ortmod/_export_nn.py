@@ -496,7 +496,12 @@ def _upsample_call(g, what, rank, x, output_size, scale_args, align_corners=None
     out = _int_list(output_size, what, "output_size")
     from torch.onnx import symbolic_helper as sh
     if out is None and not sh._is_none(output_size):
-        raise _NeedsStaticSizes(f"{what}: output_size is not a constant at export")
+        # computed from sizes (recompute_scale_factor, size=y.shape[2:]): the traced output's
+        # sizes, but only while every graph input is static (the export the graph then holds
+        # only for); else export again so
+        out = _traced_output_sizes(g) if _all_inputs_static(g) else None
+        if out is None:
+            raise _NeedsStaticSizes(f"{what}: output_size is not a constant at export")
     if out is None:
         if scales is None or None in scales:
             _refuse(what, "neither output_size nor scale_factors is given")
@@ -513,6 +518,27 @@ def _upsample_call(g, what, rank, x, output_size, scale_args, align_corners=None
         extra = [align_corners] if align_corners is not None else []
         out = list(vec(torch.zeros([1, 1] + spatial), None, *extra, scales).shape[2:])
     return spatial, out, scales
+
+
+def _all_inputs_static(g):
+    for v in g.graph.inputs():
+        t = v.type()
+        if isinstance(t, torch._C.TensorType):
+            s = t.varyingSizes()
+            if s is None or None in s:
+                return False
+    return True
+
+
+def _traced_output_sizes(g):
+    node = getattr(g, "original_node", None)
+    if node is None or node.outputsSize() != 1:
+        return None
+    t = node.output().type()
+    s = t.varyingSizes() if isinstance(t, torch._C.TensorType) else None
+    if s is None or len(s) < 3 or None in s:
+        return None
+    return list(s[2:])
 
 
 def _is_list_value(v):
