@@ -141,3 +141,18 @@ def test_refused(kwargs, name):
     m = ORTModule(Fn(lambda v: F.interpolate(v, **kwargs)))
     with pytest.raises(ortmod.UnsupportedModelError, match=f"^{name}"):
         m(torch.randn(1, 2, 4, 6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kwargs", [dict(size=(7, 9), mode="bilinear"), dict(scale_factor=1.5, mode="nearest")])
+def test_half(kwargs, dtype):
+    # computed in float32 and rounded once, as eager's op math: within a rounding of eager's
+    x = torch.randn(1, 2, 4, 5, dtype=dtype)
+    xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yo = F.interpolate(xe, **kwargs), ORTModule(Fn(lambda v: F.interpolate(v, **kwargs)))(xo)
+    dy = torch.randn_like(ye)
+    (ye * dy).sum().backward()
+    (yo * dy).sum().backward()
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(yo.float(), ye.float(), rtol=2 * eps, atol=2 * eps * _scale(ye.float()))
+    torch.testing.assert_close(xo.grad.float(), xe.grad.float(), rtol=2 * eps, atol=2 * eps * _scale(xe.grad.float()))
