@@ -445,6 +445,266 @@ def _fractional_max_pool_symbolic(rank):
     return symbolic
 
 
+# ---- upsampling ------------------------------------------------------------------------------
+
+_UPSAMPLE_RANK = {"1d": 1, "2d": 2, "3d": 3}
+_AXIS_NAMES = {1: ("W",), 2: ("H", "W"), 3: ("D", "H", "W")}
+
+
+def _float_or_none(value, what):
+    from torch.onnx import symbolic_helper as sh
+    if value is None or sh._is_none(value):
+        return None
+    v = sh._maybe_get_const(value, "f")
+    if sh._is_value(v):
+        raise _NeedsStaticSizes(f"{what}: a scale is not a constant at export")
+    return float(v)
+
+
+def _float_list_or_none(value, what):
+    from torch.onnx import symbolic_helper as sh
+    if value is None or sh._is_none(value):
+        return None
+    v = sh._maybe_get_const(value, "fs")
+    if sh._is_value(v):
+        if not sh._is_packed_list(v):
+            raise _NeedsStaticSizes(f"{what}: scale_factors are not constants at export")
+        return [_float_or_none(e, what) for e in sh._unpack_list(v)]
+    return [float(v)] if isinstance(v, (int, float)) else [float(e) for e in v]
+
+
+def _upsample_call(g, what, rank, x, output_size, scale_args, align_corners=None):
+    """The eager call this node makes, replayable on probes: (spatial sizes, op, args after the
+    input) for the default overload (output_size, [align_corners], per-axis scales), as the .vec
+    overload reduces to. Raises _NeedsStaticSizes while sizes are not constants."""
+    sizes = _sizes(x)
+    if sizes is None or len(sizes) != rank + 2:
+        if _input_rank_or_none(x) not in (None, rank + 2):
+            _refuse(what, f"an input of rank {_input_rank_or_none(x)} (eager takes {rank + 2})")
+        raise _NeedsStaticSizes(f"{what}: the input's rank is not known at export")
+    spatial = sizes[2:]
+    if None in spatial:
+        raise _NeedsStaticSizes(f"{what}: the input's spatial sizes are not known at export")
+    if len(scale_args) == 1 and rank > 1 or (len(scale_args) == 1 and _is_list_value(scale_args[0])):
+        scales = _float_list_or_none(scale_args[0], what)         # the .vec overload
+        if scales is not None and len(scales) == 1:
+            scales = scales * rank
+    else:
+        scales = [_float_or_none(s, what) for s in scale_args]    # the default overload
+    if scales is not None and len(scales) != rank:
+        _refuse(what, f"{len(scales)} scales for {rank} spatial dims")
+    out = _int_list(output_size, what, "output_size")
+    from torch.onnx import symbolic_helper as sh
+    if out is None and not sh._is_none(output_size):
+        # computed from sizes (recompute_scale_factor, size=y.shape[2:]): the traced output's
+        # sizes, but only while every graph input is static (the export the graph then holds
+        # only for); else export again so
+        out = _traced_output_sizes(g) if _all_inputs_static(g) else None
+        if out is None:
+            raise _NeedsStaticSizes(f"{what}: output_size is not a constant at export")
+    if out is None:
+        if scales is None or None in scales:
+            _refuse(what, "neither output_size nor scale_factors is given")
+        out = None                                                # eager's, from the scales
+    elif len(out) == 1:
+        out = out * rank
+    if out is not None and (None in out or len(out) != rank):
+        raise _NeedsStaticSizes(f"{what}: output_size is not a constant at export")
+    if scales is None:
+        scales = [None] * rank
+    spatial = list(spatial)
+    if out is None:   # eager's compute_output_size, read off eager on a probe
+        vec = getattr(torch.ops.aten, what).vec
+        extra = [align_corners] if align_corners is not None else []
+        out = list(vec(torch.zeros([1, 1] + spatial), None, *extra, scales).shape[2:])
+    return spatial, out, scales
+
+
+def _all_inputs_static(g):
+    for v in g.graph.inputs():
+        t = v.type()
+        if isinstance(t, torch._C.TensorType):
+            s = t.varyingSizes()
+            if s is None or None in s:
+                return False
+    return True
+
+
+def _traced_output_sizes(g):
+    node = getattr(g, "original_node", None)
+    if node is None or node.outputsSize() != 1:
+        return None
+    t = node.output().type()
+    s = t.varyingSizes() if isinstance(t, torch._C.TensorType) else None
+    if s is None or len(s) < 3 or None in s:
+        return None
+    return list(s[2:])
+
+
+def _is_list_value(v):
+    t = v.type()
+    return isinstance(t, torch._C.ListType) or (v.node().kind() == "prim::ListConstruct")
+
+
+def _probe_nearest(op, spatial, out, scales, what):
+    """Eager's source index along each axis, read off eager's own output for a probe whose
+    elements hold their flat index (float64: exact); checked to be separable."""
+    n = 1
+    for L in spatial:
+        n *= L
+    if n >= 2 ** 53:
+        _refuse(what, "the input plane is too large to probe")
+    probe = torch.arange(n, dtype=torch.float64).reshape([1, 1] + spatial)
+    y = op(probe, out, *scales)
+    if list(y.shape[2:]) != out:
+        _refuse(what, f"eager gives output sizes {list(y.shape[2:])}, not {out}")
+    flat = y[0, 0].to(torch.int64)
+    coords, rest = [], flat
+    for L in reversed(spatial):
+        coords.append(rest % L)
+        rest = rest // L
+    coords.reverse()
+    idx = []
+    for a in range(len(spatial)):
+        sel = [0] * len(spatial)
+        sel[a] = slice(None)
+        idx.append(coords[a][tuple(sel)].clone())
+    # separable: every output's source is (idx_0[o_0], ..., idx_k[o_k])
+    rebuilt = torch.zeros(out, dtype=torch.int64)
+    for a, v in enumerate(idx):
+        shape = [1] * len(spatial)
+        shape[a] = out[a]
+        rebuilt = rebuilt * spatial[a] + v.reshape(shape)
+    if not torch.equal(rebuilt, flat):
+        _refuse(what, "eager's source indices are not one per axis (cannot be gathered axis by axis)")
+    return idx
+
+
+def _nearest_symbolic(rank, exact):
+    what = f"{'_upsample_nearest_exact' if exact else 'upsample_nearest'}{rank}d"
+    op = getattr(torch.ops.aten, what).default
+
+    def symbolic(g, input, output_size, *scale_args):
+        """nearest / nearest-exact: per spatial axis a Gather with eager's own source indices
+        (probed, _probe_nearest); Gather's gradient is a scatter-add, as eager's backward."""
+        spatial, out, scales = _upsample_call(g, what, rank, input, output_size, scale_args)
+        y = input
+        for a, idx in enumerate(_probe_nearest(op, spatial, out, scales, what)):
+            if out[a] == spatial[a] and torch.equal(idx, torch.arange(out[a])):
+                continue
+            y = g.op("Gather", y, _const(g, idx.tolist(), _I64), axis_i=2 + a)
+        return y
+    return symbolic
+
+
+def _linear_table(L, O, align_corners, scale, dtype):
+    """Eager's (UpSampleKernel.cpp, compute_indices_weights_linear) indices and weights along
+    one axis: in the op-math dtype, the source index area_pixel_compute_source_index; i0 its
+    floor (floorf) clamped to L - 1, i1 = i0 + 1 unless i0 is the last; lambda1 = clamp(real -
+    i0, 0, 1) and lambda0 = 1 - lambda1, both in the input's dtype. O == L copies (1, 0)."""
+    op_dt = torch.float32 if dtype in _HALF else dtype
+    T = lambda v: torch.tensor(v, dtype=op_dt)
+    i0, i1, l0, l1 = [], [], [], []
+    if align_corners:
+        ratio = T(L - 1) / T(O - 1) if O > 1 else T(0.0)
+    elif scale is not None and scale > 0:
+        ratio = T(1.0 / scale)
+    else:
+        ratio = T(L) / T(O)
+    for d in range(O):
+        if O == L:
+            i0.append(d), i1.append(d), l0.append(1.0), l1.append(0.0)
+            continue
+        if align_corners:
+            real = ratio * T(d)
+        else:
+            real = ratio * (T(d) + T(0.5)) - T(0.5)
+            if real < 0:
+                real = T(0.0)
+        k = min(int(torch.floor(real.to(torch.float32))), L - 1)
+        lam1 = torch.clamp(real - T(k), 0, 1).to(dtype)
+        lam0 = (torch.tensor(1.0, dtype=dtype) - lam1)
+        i0.append(k), i1.append(k + 1 if k < L - 1 else k), l0.append(float(lam0)), l1.append(float(lam1))
+    return i0, i1, l0, l1
+
+
+def _linear_apply(x, tables, dtype):
+    """The decomposition, in torch: each axis innermost first, w0 * x[i0] + w1 * x[i1]."""
+    op_dt = torch.float32 if dtype in _HALF else dtype
+    y = x.to(op_dt)
+    rank = len(tables)
+    for a in reversed(range(rank)):
+        i0, i1, w0, w1 = tables[a]
+        shape = [len(i0)] + [1] * (rank - 1 - a)
+        w0 = torch.tensor(w0, dtype=op_dt).reshape(shape)
+        w1 = torch.tensor(w1, dtype=op_dt).reshape(shape)
+        y = torch.index_select(y, 2 + a, torch.tensor(i0)) * w0 + torch.index_select(y, 2 + a, torch.tensor(i1)) * w1
+    return y.to(dtype)
+
+
+def _linear_symbolic(rank):
+    what = {1: "upsample_linear1d", 2: "upsample_bilinear2d", 3: "upsample_trilinear3d"}[rank]
+    op = getattr(torch.ops.aten, what).default
+
+    def symbolic(g, input, output_size, align_corners, *scale_args):
+        """linear / bilinear / trilinear: separable, W first, then H, then D, as eager's kernel
+        nests them (out = h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11)): along each axis
+        w0 * x[i0] + w1 * x[i1] with eager's constant indices and weights (_linear_table), in
+        the op-math dtype (float32 for half inputs, cast back at the end, as eager's kernel).
+        The tables are checked against eager on a random probe and on NaN probes (which
+        elements each output reads), refused on any difference."""
+        from torch.onnx import symbolic_helper as sh
+        ac = sh._maybe_get_const(align_corners, "b")
+        if sh._is_value(ac):
+            _refuse(what, "ortmod keeps align_corners only as a constant")
+        ac = bool(ac)
+        dtype = _dtype_of(input, None)
+        if dtype is None or not dtype.is_floating_point:
+            _refuse(what, "ortmod exports it for a floating input of known dtype only")
+        spatial, out, scales = _upsample_call(g, what, rank, input, output_size, scale_args, ac)
+        tables = [_linear_table(L, O, ac, s, dtype) for L, O, s in zip(spatial, out, scales)]
+        _check_linear(op, what, spatial, out, ac, scales, tables, dtype)
+        op_dt = torch.float32 if dtype in _HALF else dtype
+        y = input if op_dt == dtype else g.op("Cast", input, to_i=_onnx_type(op_dt))
+        for a in reversed(range(rank)):
+            i0, i1, w0, w1 = tables[a]
+            shape = [len(i0)] + [1] * (rank - 1 - a)
+            g0 = g.op("Gather", y, _const(g, i0, _I64), axis_i=2 + a)
+            g1 = g.op("Gather", y, _const(g, i1, _I64), axis_i=2 + a)
+            y = g.op("Add", g.op("Mul", g0, _const(g, torch.tensor(w0).reshape(shape).tolist(), op_dt)),
+                     g.op("Mul", g1, _const(g, torch.tensor(w1).reshape(shape).tolist(), op_dt)))
+        if op_dt != dtype:
+            y = g.op("Cast", y, to_i=_onnx_type(dtype))
+        return y
+    return symbolic
+
+
+def _check_linear(op, what, spatial, out, ac, scales, tables, dtype):
+    gen = torch.Generator().manual_seed(0)
+    shape = [2, 1] + spatial
+    x = torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+    want = op(x, out, ac, *scales)
+    have = _linear_apply(x, tables, dtype)
+    eps = torch.finfo(dtype).eps
+    if want.shape != have.shape or not torch.allclose(have.double(), want.double(), rtol=16 * eps, atol=16 * eps):
+        _refuse(what, "ortmod's indices and weights do not reproduce eager's here")
+    # which inputs each output reads, per axis: probe k holds a NaN at index k along the axis
+    for a, L in enumerate(spatial):
+        p = torch.zeros([L, 1] + spatial, dtype=dtype)
+        for k in range(L):
+            idx = [k, 0] + [slice(None)] * len(spatial)
+            idx[2 + a] = k
+            p[tuple(idx)] = float("nan")
+        if not torch.equal(torch.isnan(op(p, out, ac, *scales)), torch.isnan(_linear_apply(p, tables, dtype))):
+            _refuse(what, "ortmod's indices do not read the elements eager's do")
+
+
+def _upsample_refused(what, why):
+    def symbolic(g, *args):
+        _refuse(what, why)
+    return symbolic
+
+
 def symbolics(registration, opset):
     rules = {
         "aten::rms_norm": _rms_norm_symbolic,
@@ -473,4 +733,15 @@ def symbolics(registration, opset):
                 rank, kind, _torch_symbolic(registration, f"aten::max_pool{rank}d_with_indices", opset))
     rules["aten::fractional_max_pool2d"] = _fractional_max_pool_symbolic(2)
     rules["aten::fractional_max_pool3d"] = _fractional_max_pool_symbolic(3)
+    for rank in (1, 2, 3):
+        rules[f"aten::upsample_nearest{rank}d"] = _nearest_symbolic(rank, exact=False)
+        rules[f"aten::_upsample_nearest_exact{rank}d"] = _nearest_symbolic(rank, exact=True)
+    rules["aten::upsample_linear1d"] = _linear_symbolic(1)
+    rules["aten::upsample_bilinear2d"] = _linear_symbolic(2)
+    rules["aten::upsample_trilinear3d"] = _linear_symbolic(3)
+    rules["aten::upsample_bicubic2d"] = _upsample_refused(
+        "upsample_bicubic2d (mode='bicubic')", "ortmod does not decompose bicubic interpolation")
+    for name in ("_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"):
+        rules[f"aten::{name}"] = _upsample_refused(
+            f"{name} (antialias=True)", "ortmod does not decompose antialiased interpolation")
     return rules

@@ -1,0 +1,158 @@
+"""F.interpolate / nn.Upsample through ORTModule against eager autograd (ortmod/_export_nn.py's
+upsampling rules: nearest and nearest-exact as per-axis Gathers of eager's source indices,
+linear / bilinear / trilinear separable with eager's indices and weights; bicubic and
+antialias refused).
+
+Each case: forward and input gradients for one random output gradient, ORTModule against
+eager, relative to each tensor's size, in float64 and float32."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ortmod
+from ortmod import ORTModule
+from oputil import Fn
+
+TOL = {torch.float64: (1e-10, 1e-12), torch.float32: (1e-5, 1e-6)}
+
+
+def _scale(t):
+    return max(t.abs().max().item(), 1.0) if t.numel() else 1.0
+
+
+def check(module, x):
+    if not isinstance(module, nn.Module):
+        module = Fn(module)
+    rtol, atol = TOL[x.dtype]
+    ort = ORTModule(copy.deepcopy(module))
+    xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yo = module(xe), ort(xo)
+    assert ye.shape == yo.shape and ye.dtype == yo.dtype
+    torch.testing.assert_close(yo, ye, rtol=rtol, atol=atol * _scale(ye))
+    dy = torch.randn(ye.shape, dtype=ye.dtype)
+    (ye * dy).sum().backward()
+    (yo * dy).sum().backward()
+    torch.testing.assert_close(xo.grad, xe.grad, rtol=rtol, atol=atol * _scale(xe.grad))
+
+
+CASES = [
+    # (rank, kwargs, spatial input shape)
+    (2, dict(scale_factor=2, mode="nearest"), (5, 6)),
+    (2, dict(scale_factor=1.5, mode="nearest"), (5, 7)),
+    (2, dict(scale_factor=0.5, mode="nearest"), (7, 6)),
+    (2, dict(scale_factor=(1.5, 0.7), mode="nearest", recompute_scale_factor=True), (5, 7)),
+    (2, dict(size=(7, 3), mode="nearest"), (4, 6)),
+    (1, dict(scale_factor=2.5, mode="nearest"), (7,)),
+    (3, dict(size=(3, 5, 4), mode="nearest"), (2, 3, 5)),
+    (1, dict(scale_factor=1.5, mode="nearest-exact"), (5,)),
+    (2, dict(size=(7, 3), mode="nearest-exact"), (4, 6)),
+    (3, dict(scale_factor=(2, 0.5, 1.5), mode="nearest-exact"), (2, 4, 3)),
+    (1, dict(scale_factor=2, mode="linear", align_corners=False), (5,)),
+    (1, dict(size=9, mode="linear", align_corners=True), (4,)),
+    (2, dict(scale_factor=2, mode="bilinear", align_corners=False), (4, 5)),
+    (2, dict(scale_factor=1.5, mode="bilinear", align_corners=False), (5, 7)),
+    (2, dict(scale_factor=0.5, mode="bilinear", align_corners=False), (7, 6)),
+    (2, dict(scale_factor=1.5, mode="bilinear", align_corners=True), (5, 7)),
+    (2, dict(size=(7, 5), mode="bilinear", align_corners=False), (4, 6)),
+    (2, dict(size=(9, 4), mode="bilinear", align_corners=True), (4, 6)),
+    (2, dict(size=(1, 5), mode="bilinear", align_corners=True), (4, 6)),
+    (2, dict(size=(4, 9), mode="bilinear", align_corners=False), (4, 6)),   # H copied
+    (2, dict(scale_factor=(1.3, 2.0), mode="bilinear", recompute_scale_factor=True), (5, 7)),
+    (3, dict(scale_factor=2, mode="trilinear", align_corners=False), (2, 3, 4)),
+    (3, dict(size=(3, 5, 2), mode="trilinear", align_corners=True), (2, 3, 4)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("rank,kwargs,spatial", CASES, ids=[f"{k['mode']}{r}d-{i}" for i, (r, k, _) in enumerate(CASES)])
+def test_interpolate(rank, kwargs, spatial, dtype):
+    check(lambda v: F.interpolate(v, **kwargs), torch.randn(2, 3, *spatial, dtype=dtype))
+
+
+@pytest.mark.parametrize("module", [
+    nn.Upsample(scale_factor=2), nn.Upsample(size=(5, 9), mode="bilinear"),
+    nn.Upsample(scale_factor=1.5, mode="bilinear", align_corners=True),
+    nn.UpsamplingNearest2d(scale_factor=3), nn.UpsamplingBilinear2d(size=(7, 3)),
+])
+def test_upsample_modules(module):
+    check(module, torch.randn(2, 2, 4, 6, dtype=torch.float64))
+
+
+def test_nonfinite_inputs():
+    # eager multiplies every neighbour by its weight, 0 too: an inf or NaN reaches the outputs
+    # that read it with weight 0 as NaN
+    x = torch.randn(1, 2, 4, 5, dtype=torch.float64)
+    x[0, 0, 1, 2] = float("inf")
+    x[0, 1, 3, 0] = float("nan")
+    for kw in (dict(size=(7, 9), mode="bilinear"), dict(size=(7, 9), mode="bilinear", align_corners=True),
+               dict(scale_factor=2, mode="nearest")):
+        want = F.interpolate(x, **kw)
+        have = ORTModule(Fn(lambda v: F.interpolate(v, **kw)))(x)
+        torch.testing.assert_close(have, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def test_other_input_size_reexports():
+    # the indices hold only for the traced sizes: another size must give eager's result too
+    m = ORTModule(Fn(lambda v: F.interpolate(v, scale_factor=1.5, mode="bilinear")))
+    for shape in [(1, 2, 4, 6), (1, 2, 5, 3), (2, 2, 4, 6)]:
+        x = torch.randn(*shape, dtype=torch.float64)
+        torch.testing.assert_close(m(x), F.interpolate(x, scale_factor=1.5, mode="bilinear"), rtol=1e-12, atol=1e-12)
+
+
+class _Decoder(nn.Module):
+    """A UNet-like decoder stage: conv, upsample, concat with a skip, conv."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.down = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.up = nn.Upsample(scale_factor=2, mode=mode, **({} if mode == "nearest" else {"align_corners": False}))
+        self.out = nn.Conv2d(4 + 3, 2, 3, padding=1)
+
+    def forward(self, x):
+        return self.out(torch.cat([self.up(torch.relu(self.down(x))), x], 1))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_decoder_trains(mode):
+    torch.manual_seed(0)
+    eager = _Decoder(mode).double()
+    ort = ORTModule(copy.deepcopy(eager))
+    oe = torch.optim.SGD(eager.parameters(), lr=0.1)
+    oo = torch.optim.SGD(ort.parameters(), lr=0.1)
+    for _ in range(3):
+        x, t = torch.randn(2, 3, 8, 10, dtype=torch.float64), torch.randn(2, 2, 8, 10, dtype=torch.float64)
+        for m, o in ((eager, oe), (ort, oo)):
+            o.zero_grad()
+            F.mse_loss(m(x), t).backward()
+            o.step()
+    for (n, a), b in zip(eager.named_parameters(), ort.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12, msg=lambda m: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(size=(7, 5), mode="bicubic"), "upsample_bicubic2d"),
+    (dict(size=(3, 3), mode="bilinear", antialias=True), "_upsample_bilinear2d_aa"),
+    (dict(size=(3, 3), mode="bicubic", antialias=True), "_upsample_bicubic2d_aa"),
+])
+def test_refused(kwargs, name):
+    m = ORTModule(Fn(lambda v: F.interpolate(v, **kwargs)))
+    with pytest.raises(ortmod.UnsupportedModelError, match=f"^{name}"):
+        m(torch.randn(1, 2, 4, 6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kwargs", [dict(size=(7, 9), mode="bilinear"), dict(scale_factor=1.5, mode="nearest")])
+def test_half(kwargs, dtype):
+    # computed in float32 and rounded once, as eager's op math: within a rounding of eager's
+    x = torch.randn(1, 2, 4, 5, dtype=dtype)
+    xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yo = F.interpolate(xe, **kwargs), ORTModule(Fn(lambda v: F.interpolate(v, **kwargs)))(xo)
+    dy = torch.randn_like(ye)
+    (ye * dy).sum().backward()
+    (yo * dy).sum().backward()
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(yo.float(), ye.float(), rtol=2 * eps, atol=2 * eps * _scale(ye.float()))
+    torch.testing.assert_close(xo.grad.float(), xe.grad.float(), rtol=2 * eps, atol=2 * eps * _scale(xe.grad.float()))
