@@ -44,7 +44,7 @@ def _lstm_symbolic(stock):
         from torch.onnx import symbolic_helper as sh
         packed = sh._is_tensor_list(args[3])
         weights = sh._unpack_list(args[3] if packed else args[2])
-        has_biases, num_layers, bidirectional = (args[5], args[6], args[9]) if packed else (args[3], args[4], args[7])
+        has_biases, num_layers, bidirectional = (args[4], args[5], args[8]) if packed else (args[3], args[4], args[7])
         has_biases = _const_arg(has_biases, "b", "bias")
         num_layers = _const_arg(num_layers, "i", "num_layers")
         bidirectional = _const_arg(bidirectional, "b", "bidirectional")
