@@ -32,6 +32,9 @@ from ._semantics import _const, _refuse, _torch_symbolic
 MAX_UNROLL = 512
 _I64 = torch.int64
 _WHAT = "nn.LSTM(proj_size>0)"
+# the engine differentiates a node's first 32 inputs only (csrc/autodiff/autodiff.c: a 32-bit
+# diff_inputs mask; a Concat's later inputs got no gradient, silently) and takes 64 at most
+_MAX_CONCAT = 32
 
 
 def symbolics(registration, opset):
@@ -133,9 +136,16 @@ def _unrolled(g, input, h0, c0, weights, has_biases, num_layers, directions, bat
             c_n.append(c)
         x = outs[0] if directions == 1 else g.op("Concat", *outs, axis_i=2)
     out = g.op("Transpose", x, perm_i=[1, 0, 2]) if batch_first else x
-    h_n = h_n[0] if len(h_n) == 1 else g.op("Concat", *h_n, axis_i=0)
-    c_n = c_n[0] if len(c_n) == 1 else g.op("Concat", *c_n, axis_i=0)
-    return out, h_n, c_n
+    return out, _concat(g, h_n, 0), _concat(g, c_n, 0)
+
+
+def _concat(g, xs, axis):
+    """Concat of any number of values, in chunks of at most ``_MAX_CONCAT`` inputs, then the
+    chunks (the engine gives no gradient to a node's inputs past the 32nd)."""
+    while len(xs) > 1:
+        xs = [x[0] if len(x) == 1 else g.op("Concat", *x, axis_i=axis)
+              for x in (xs[j:j + _MAX_CONCAT] for j in range(0, len(xs), _MAX_CONCAT))]
+    return xs[0]
 
 
 def _slice(g, k, x, axis, i, width=1):
@@ -160,5 +170,4 @@ def _direction(g, k, x, h, c, w_ih, w_hh, b_ih, b_hh, w_hr, hidden, steps, rever
         c = g.op("Add", g.op("Mul", f, c), g.op("Mul", i, g.op("Tanh", gg)))
         h = g.op("MatMul", g.op("Mul", o, g.op("Tanh", c)), p)
         hs[t] = h
-    seq = hs[0] if steps == 1 else g.op("Concat", *hs, axis_i=0)
-    return seq, h, c
+    return _concat(g, hs, 0), h, c

@@ -107,6 +107,15 @@ def test_lstm_proj_dropout_one_layer_trains():
     check(Flat(lstm), torch.randn(T, B, I, dtype=D))
 
 
+def test_lstm_proj_long_sequence_and_many_layers():
+    """More steps, and more layers x directions, than one engine node takes inputs (64; the
+    Concats of h_t and of h_n/c_n are joined in chunks)."""
+    torch.manual_seed(10)
+    check(Flat(nn.LSTM(2, 3, bidirectional=True, proj_size=2).to(D)), torch.randn(70, 1, 2, dtype=D))
+    check(Flat(nn.LSTM(2, 3, num_layers=32, bidirectional=True, proj_size=2).to(D)),
+          torch.randn(1, 1, 2, dtype=D))
+
+
 def test_lstm_proj_sequence_length_changes():
     torch.manual_seed(5)
     m = Flat(nn.LSTM(I, H, num_layers=2, bidirectional=True, proj_size=P).to(D))
