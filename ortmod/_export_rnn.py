@@ -48,15 +48,15 @@ def _lstm_symbolic(stock):
         packed = sh._is_tensor_list(args[3])
         weights = sh._unpack_list(args[3] if packed else args[2])
         has_biases, num_layers, bidirectional = (args[4], args[5], args[8]) if packed else (args[3], args[4], args[7])
-        has_biases = _const_arg(has_biases, "b", "bias")
-        num_layers = _const_arg(num_layers, "i", "num_layers")
-        bidirectional = _const_arg(bidirectional, "b", "bidirectional")
+        consts = [sh._maybe_get_const(v, kind) for v, kind in
+                  ((has_biases, "b"), (num_layers, "i"), (bidirectional, "b"))]
+        if any(sh._is_value(c) for c in consts):
+            return _stock(stock, g, args)   # not ortmod's to tell apart: torch's rule answers
+        has_biases, num_layers, bidirectional = consts
         directions = 2 if bidirectional else 1
         per = 4 if has_biases else 2
         if len(weights) == num_layers * directions * per:
-            if stock is None:
-                _refuse("aten::lstm", "torch's exporter has no rule for it at this opset")
-            return stock(g, *args)
+            return _stock(stock, g, args)
         if len(weights) != num_layers * directions * (per + 1):
             _refuse("aten::lstm", f"{len(weights)} weights for {num_layers} layer(s), {directions} "
                                   f"direction(s), bias={bool(has_biases)}")
@@ -73,6 +73,12 @@ def _lstm_symbolic(stock):
         return _unrolled(g, input, h0, c0, weights, bool(has_biases), int(num_layers), directions,
                          bool(batch_first))
     return symbolic
+
+
+def _stock(stock, g, args):
+    if stock is None:
+        _refuse("aten::lstm", "torch's exporter has no rule for it at this opset")
+    return stock(g, *args)
 
 
 def _const_arg(v, kind, name):
