@@ -996,8 +996,8 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
                 symbolics[name] = _avg_pool_symbolic(rank, _torch_symbolic(registration, name, opset))
         # rules kept in their own modules: losses, and the nn layers (pools, norms) whose
         # stock rules are missing or narrower than eager
-        from . import _export_ctc, _export_losses, _export_nn
-        for rules in (_export_losses, _export_nn, _export_ctc):
+        from . import _export_ctc, _export_losses, _export_nn, _export_rnn
+        for rules in (_export_losses, _export_nn, _export_ctc, _export_rnn):
             symbolics.update(rules.symbolics(registration, opset))
         for name, fn in symbolics.items():
             torch.onnx.register_custom_op_symbolic(name, fn, opset)
