@@ -241,3 +241,16 @@ def test_batchnorm_output_far_from_zero_mean():
     x = torch.randn(4, 8, 5, 5) + 1000.0
     got, want = ORTModule(bn)(x), ref(x.double())
     assert rel(got, want) < 2.2e-5, f"output differs from float64 by {rel(got, want):.2e}"
+
+
+def test_every_input_of_a_wide_concat_gets_its_gradient():
+    """diff_inputs' bits name inputs 0..31; Concat (and PythonOp) differentiate every input:
+    inputs 32..39 of a 40-way cat used to get no gradient, silently."""
+    class Cat(nn.Module):
+        def forward(self, *xs):
+            return torch.cat(xs, 0) * torch.arange(1.0, 41.0).unsqueeze(1)
+
+    xs = [torch.randn(1, 2, requires_grad=True) for _ in range(40)]
+    ORTModule(Cat())(*xs).sum().backward()
+    for i, x in enumerate(xs):
+        assert x.grad is not None and torch.equal(x.grad, torch.full((1, 2), float(i + 1))), i

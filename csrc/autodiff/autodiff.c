@@ -11,6 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* Input i of op can carry a gradient. diff_inputs' bits name inputs 0..31; ~0u (variadic ops:
+ * Concat, PythonOp) means every input, however many, so input 40 of a 40-way Concat gets its
+ * gradient instead of none. */
+static int input_differentiable(const om_op_def *op, int i) {
+    if (op->diff_inputs == ~0u) return 1;
+    return i < 32 && (op->diff_inputs >> i & 1u);
+}
+
 typedef struct contrib {   /* gradient contributions to one value, summed lazily */
     int *ids;
     int n, cap;
@@ -69,7 +77,7 @@ om_status *om_autodiff(om_graph *g, const bool *grad_inputs) {
         const om_node *n = &g->nodes[k];
         int flows = 0;
         for (int i = 0; i < n->n_in; i++)
-            if (n->in[i] >= 0 && requires[n->in[i]] && i < 32 && (n->op->diff_inputs >> i & 1u)) flows = 1;
+            if (n->in[i] >= 0 && requires[n->in[i]] && input_differentiable(n->op, i)) flows = 1;
         if (!flows) continue;
         for (int j = 0; j < n->n_out; j++)
             if (n->out[j] >= 0 && om_dtype_is_float(g->values[n->out[j]].dtype)) requires[n->out[j]] = 1;
@@ -110,7 +118,7 @@ om_status *om_autodiff(om_graph *g, const bool *grad_inputs) {
         n = &g->nodes[k];
         for (int i = 0; i < n_in; i++) {
             int v = n->in[i];
-            need[i] = v >= 0 && requires[v] && i < 32 && (n->op->diff_inputs >> i & 1u);
+            need[i] = v >= 0 && requires[v] && input_differentiable(n->op, i);
             any_need |= need[i];
             dx[i] = -1;
         }

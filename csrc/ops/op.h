@@ -64,7 +64,8 @@ typedef struct om_op_def {
     om_status *(*infer)(om_kernel_ctx *ctx);
     om_status *(*grad)(om_grad_ctx *ctx);     /* NULL: not differentiable (error if needed) */
     om_status *(*cpu)(om_kernel_ctx *ctx);
-    /* which inputs can carry a gradient: bit i set = input i differentiable.
+    /* which inputs can carry a gradient: bit i set = input i differentiable (inputs 0..31);
+     * ~0u: every input, however many (variadic ops: Concat, PythonOp).
      * 0 with grad==NULL: the op blocks gradients (Shape, Equal, ...). */
     unsigned diff_inputs;
     /* The attributes the op implements; a node carrying any other is refused by name when
