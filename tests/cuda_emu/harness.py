@@ -14,7 +14,8 @@ handled the error.
 
 Groups: selftest (the emulator's own checks, and that a wrong result is detected), ops-fp32,
 ops-fp64, half (bf16/fp16 on CUDA against the CPU in fp32), models (whole training steps, fp32
-against the CPU, and GPT-2 in bf16/fp16 against the CPU in fp32), streams (training steps after
+against the CPU, and GPT-2 in bf16/fp16 against the CPU in fp32), zoo (tests/test_model_zoo.py's
+architectures, one training step each against the CPU; ORTMOD_EMU_ZOO=all for all 38), streams (training steps after
 a warm-up make no host-blocking call and enqueue everything on the stream they are given).
 """
 import ctypes

@@ -128,8 +128,23 @@ def run_and_compare(exported, harness, perturb=None):
 
 
 # tests/test_model_zoo.py's CASES under the emulator (harness.py's "zoo" group): one per
-# family kind by default, all of them with ORTMOD_EMU_ZOO=all
+# family kind by default (~70 s on 2 cores), all 38 with ORTMOD_EMU_ZOO=all (~5 min, MobileNetV2
+# alone ~105 s)
 ZOO_DEFAULT = ["llama", "gpt2", "bert", "t5", "whisper", "vit", "resnet", "wav2vec2-ctc", "nn.Transformer-bf"]
+
+# Known failures on the CUDA provider, as strict expected failures: the case passes only when it
+# fails with this text, and fails once it passes (then remove it here).
+ZOO_KNOWN = {
+    # multi-query attention: K/V of shape (B, 1, S, D) against Q's (B, H, L, D); the CPU runs it
+    "falcon": "FusedAttention): unsupported on CUDA: Q, K or V broadcast over part of the batch",
+    # a trained position bias added to the scores (T5's relative attention bias, Swin's
+    # relative position bias table) is a mask input whose gradient is wanted; the CPU computes it
+    "t5": "FusedAttentionGrad): unsupported on CUDA: a gradient for the attention mask",
+    "swin": "FusedAttentionGrad): unsupported on CUDA: a gradient for the attention mask",
+    # BatchNorm over a batch of 4 amplifies the fp32 sum-order differences: one logit off by
+    # 1.4e-5 (3.4e-4 relative); test_model_zoo's parity needs its fp64 referee for the same reason
+    "mobilenet-v2": "output 1",
+}
 
 
 def zoo_names(selection=None):
@@ -165,8 +180,16 @@ def zoo_model(name):
 
 def run_zoo_case(name, harness):
     """One training step of a zoo case on the CPU and the emulated CUDA provider, compared with
-    compare(): every output and every parameter gradient the graph has."""
-    run_and_compare(zoo_model(name), harness)
+    compare(): every output and every parameter gradient the graph has. A ZOO_KNOWN case must
+    fail with its known message."""
+    known = ZOO_KNOWN.get(name)
+    try:
+        run_and_compare(zoo_model(name), harness)
+    except Exception as e:   # noqa: BLE001 - a known failure is the expected outcome
+        if known is None or known not in str(e):
+            raise
+        return
+    assert known is None, f"{name} now passes on the emulated CUDA provider: remove it from models.ZOO_KNOWN"
 
 
 def tiny_resnet():
