@@ -14,7 +14,8 @@ handled the error.
 
 Groups: selftest (the emulator's own checks, and that a wrong result is detected), ops-fp32,
 ops-fp64, half (bf16/fp16 on CUDA against the CPU in fp32), models (whole training steps, fp32
-against the CPU, and GPT-2 in bf16/fp16 against the CPU in fp32), streams (training steps after
+against the CPU, and GPT-2 in bf16/fp16 against the CPU in fp32), zoo (tests/test_model_zoo.py's
+architectures, one training step each against the CPU; ORTMOD_EMU_ZOO=all for all 38), streams (training steps after
 a warm-up make no host-blocking call and enqueue everything on the stream they are given).
 """
 import ctypes
@@ -178,6 +179,28 @@ def from_device(cap):
     if n and LIB.cudaMemcpy(out.data_ptr(), t.data + t.byte_offset, n, D2H) != 0:
         raise RuntimeError("emulated cudaMemcpy (device to host) failed: " + take_emulator_errors())
     return out
+
+
+def _device_tensor_of(cap):
+    t = _DLManaged.from_address(_capsule_ptr(cap, b"dltensor")).dl_tensor
+    assert t.device_type == KDL_CUDA, f"the provider passed a tensor on device type {t.device_type}"
+    return t, tuple(t.shape[i] for i in range(t.ndim)), TORCH_TYPES[(t.dtype.code, t.dtype.bits)]
+
+
+def empty_like_device(cap):
+    """An uninitialized CPU torch tensor of a kDLCUDA capsule's shape and dtype (its contents unread)."""
+    _, shape, dtype = _device_tensor_of(cap)
+    return torch.empty(shape, dtype=dtype)
+
+
+def into_device(cap, t):
+    """Copies CPU tensor t into the emulated device memory of a kDLCUDA capsule of its shape and dtype."""
+    d, shape, dtype = _device_tensor_of(cap)
+    assert (shape, dtype) == (tuple(t.shape), t.dtype), f"{tuple(t.shape)} {t.dtype} into {shape} {dtype}"
+    t = t.contiguous()
+    n = t.numel() * t.element_size()
+    if n and LIB.cudaMemcpy(d.data + d.byte_offset, t.data_ptr(), n, H2D) != 0:
+        raise RuntimeError("emulated cudaMemcpy (host to device) failed: " + take_emulator_errors())
 
 
 def cpu_out(cap):
@@ -435,6 +458,15 @@ def cases_models():
     yield "RNN-tanh-bidirectional", lambda: models.run_and_compare(models.rnn_classifier(torch.nn.RNN, True), me)
 
 
+def cases_zoo():
+    """tests/test_model_zoo.py's architectures (models.ZOO_DEFAULT; ORTMOD_EMU_ZOO=all for all
+    38, or a comma-separated list of names)."""
+    import models
+    me = sys.modules[__name__]
+    for name in models.zoo_names(os.environ.get("ORTMOD_EMU_ZOO")):
+        yield f"zoo-{name}", lambda name=name: models.run_zoo_case(name, me)
+
+
 def cases_streams():
     import models
     me = sys.modules[__name__]
@@ -454,7 +486,7 @@ def cases_optim():
 
 
 GROUPS = {"selftest": cases_selftest, "ops-fp32": cases_ops_fp32, "ops-fp64": cases_ops_fp64, "half": cases_half,
-          "models": cases_models, "streams": cases_streams, "optim": cases_optim}
+          "models": cases_models, "zoo": cases_zoo, "streams": cases_streams, "optim": cases_optim}
 
 
 def run_case(fn):
