@@ -6,7 +6,8 @@
 //   dK = scale dS^T Q.
 // Memory is O(batch L S) per call (temporary, from the pool). fp16/bf16 calls with head dims up to
 // 128 go to flash.cu instead, whose tensor-core kernels never materialize S. Needs: scale factors and the dropout
-// ratio known at plan time, Q/K/V each stacked or shared over the batch, no mask gradient.
+// ratio known at plan time, Q/K/V each stacked or shared over the batch. A mask gradient takes the
+// materialized path.
 #include <cublas_v2.h>
 #include <math.h>
 #include <stdlib.h>
@@ -300,11 +301,24 @@ __global__ void attn_ds_kernel(T *dS, const float *P, const float *dPd, const fl
     }
 }
 
+// dmask += dS, summed over the dims the mask is broadcast along (a relative-position bias shared by
+// the batch, T5's and Swin's): fp32 atomics into the mask-sized accumulator of an omc_scatter
+__global__ void attn_dmask_kernel(float *acc, const float *P, const float *dPd, const float *Di, soft_args a,
+                                  const int64_t *seedp, int64_t n) {
+    uint64_t seed = seedp ? (uint64_t)*seedp : 0;
+    GRID_STRIDE(k, n) {
+        int64_t row = k / a.S, j = k % a.S, t = row / a.L, i = row % a.L;
+        float kp = a.dropout ? (rand_uniform(seed, (uint64_t)k) >= a.ratio ? a.dscale : 0.0f) : 1.0f;
+        atomic_acc(acc + mask_base(a, t) + i * a.m_row + j * a.m_col, P[k] * (dPd[k] * kp - Di[row]));
+    }
+}
+
 // FusedAttentionGrad(dO, Q, K, V, O, lse, mask?, f0?, f1?, f2?, ratio?, training_mode?, seed?) -> (dQ?, dK?, dV?, dmask?)
 static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     attn_geom g;
     OMC_TRY(attn_geometry(ctx, x, 1, 6, 7, 10, 11, &g));
-    if (wanted(ctx, 3)) return omc_err_unsupported(ctx, "a gradient for the attention mask");
+    const int want_dmask = wanted(ctx, 3) && g.has_mask;
+    if (want_dmask && ctx->out[3].dtype == OM_F64) return omc_err_dtype(ctx, 6, ctx->out[3].dtype);
     om_dtype dt = ctx->in[1].dtype;
     cudaDataType t;
     if (blas_type(dt, &t) || dt == OM_F64) return omc_err_dtype(ctx, 1, dt);
@@ -325,7 +339,7 @@ static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_ex
     const int64_t *seedp = g.dropout && present(ctx, 12) ? (const int64_t *)ctx->in[12].data : NULL;
     if (g.dropout && !seedp) return OMC_ERR(OM_INTERNAL, "FusedAttentionGrad node '%s': the dropout seed is missing", omc_node_name(ctx));
     flash_args f;
-    if (use_flash(dt, g, &f)) {
+    if (!want_dmask && use_flash(dt, g, &f)) {   // (flash never materializes dS, which dmask sums)
         float *Di = NULL;
         OMC_TRY(omc_temp_alloc(x, sizeof(float) * (size_t)(B * L), (void **)&Di));
         OMC_DISPATCH_FLOAT(dt, ctx, 1, {
@@ -369,6 +383,16 @@ static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_ex
                                                                                           (int64_t)nls);
         });
         st = omc_launched(ctx);
+    }
+    if (!st && want_dmask) {   // from P (Sc, fp32) before anything overwrites it
+        omc_scatter sc;
+        st = omc_scatter_start(ctx, x, ctx->out[3].dtype, ctx->out[3].data, numel(&ctx->out[3]), NULL, &sc);
+        if (!st) {
+            attn_dmask_kernel<<<grid_for((int64_t)nls), OMC_THREADS, 0, stream_of(x)>>>((float *)sc.acc, Sc, dPd, Di, a,
+                                                                                      seedp, (int64_t)nls);
+            st = omc_launched(ctx);
+        }
+        st = omc_scatter_finish(ctx, x, &sc, st);
     }
     // dQ = scale dS K: (L, S) x (S, D) — K^T (D, S) read transposed when k_transposed
     if (!st && wanted(ctx, 0))

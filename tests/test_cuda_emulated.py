@@ -43,9 +43,9 @@ crash in its cases, and names them:
   file's per-group timeout of 300 s on 2 shared cores, so run it alone:
   `ORTMOD_EMU_ZOO=all ORTMOD_EMU_TIMEOUT=900 pytest tests/test_cuda_emulated.py -k zoo`), or
   a comma-separated list of names. models.ZOO_KNOWN lists the known CUDA failures (falcon's
-  multi-query attention, t5's and swin's trained attention bias, mobilenet-v2's ill-conditioned
-  BatchNorm), each a strict expected failure: it must fail with that message, and fails the
-  group once it passes.
+  multi-query attention, mobilenet-v2's ill-conditioned BatchNorm), each a strict expected
+  failure: it must fail with that message, and fails the group once it passes. (t5's and swin's
+  trained attention bias, a mask whose gradient is wanted, run since FusedAttentionGrad's dmask.)
 - streams: issue 8's "no CPU<->GPU synchronization inside a step, kernels on torch's current
   stream". An MLP, TinyResNet and the tiny GPT-2 each take a warm-up training step on the
   default stream (planning: constant uploads, cuBLAS handles), whose blocking calls the

@@ -137,10 +137,6 @@ ZOO_DEFAULT = ["llama", "gpt2", "bert", "t5", "whisper", "vit", "resnet", "wav2v
 ZOO_KNOWN = {
     # multi-query attention: K/V of shape (B, 1, S, D) against Q's (B, H, L, D); the CPU runs it
     "falcon": "FusedAttention): unsupported on CUDA: Q, K or V broadcast over part of the batch",
-    # a trained position bias added to the scores (T5's relative attention bias, Swin's
-    # relative position bias table) is a mask input whose gradient is wanted; the CPU computes it
-    "t5": "FusedAttentionGrad): unsupported on CUDA: a gradient for the attention mask",
-    "swin": "FusedAttentionGrad): unsupported on CUDA: a gradient for the attention mask",
     # BatchNorm over a batch of 4 amplifies the fp32 sum-order differences: one logit off by
     # 1.4e-5 (3.4e-4 relative); test_model_zoo's parity needs its fp64 referee for the same reason
     "mobilenet-v2": "output 1",
