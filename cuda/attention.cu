@@ -6,7 +6,8 @@
 //   dK = scale dS^T Q.
 // Memory is O(batch L S) per call (temporary, from the pool). fp16/bf16 calls with head dims up to
 // 128 go to flash.cu instead, whose tensor-core kernels never materialize S. Needs: scale factors and the dropout
-// ratio known at plan time, Q/K/V each stacked or shared over the batch. A mask gradient takes the
+// ratio known at plan time, Q/K/V each stacked or shared over the batch, or K/V shared by the
+// inner batch dims (multi-query: one K/V per group of heads). A mask gradient takes the
 // materialized path.
 #include <cublas_v2.h>
 #include <math.h>
@@ -19,6 +20,7 @@ struct attn_geom {
     int nb;
     int64_t batch[OM_MAX_RANK], m_str[OM_MAX_RANK];
     int64_t q_bs, k_bs, v_bs;        // batch strides over the flattened batch (0 = shared)
+    int64_t kv_inner;                // K and V shared by this many consecutive batch items (1: none)
     int64_t m_row, m_col;
     int has_mask, causal, kt, nan_to_zero, dropout;
     double scale, ratio;
@@ -31,6 +33,24 @@ static int64_t flat_stride(const om_tensor *t, const attn_geom *g, int64_t mat) 
     if (all_one) return 0;
     for (int i = 0; same && i < br; i++) same = t->dims[i] == g->batch[i];
     return same ? mat : -1;
+}
+
+// K or V stacked over the outer batch dims and shared (size 1) over the inner ones, as multi-query
+// and grouped attention pass them (B, 1, S, D) against Q's (B, H, L, D): the number of batch items
+// that share one matrix, or 0 when t is not of that form
+static int64_t inner_shared(const om_tensor *t, const attn_geom *g) {
+    int br = t->rank - 2, p = g->nb;
+    int64_t inner = 1;
+    while (p > 0) {
+        int j = p - 1 - (g->nb - br);
+        if ((j >= 0 ? t->dims[j] : 1) != 1) break;
+        inner *= g->batch[--p];
+    }
+    for (int i = 0; i < p; i++) {
+        int j = i - (g->nb - br);
+        if (j < 0 || t->dims[j] != g->batch[i]) return 0;
+    }
+    return p > 0 && inner > 1 ? inner : 0;
 }
 
 static om_status *attn_geometry(const om_kernel_ctx *ctx, const om_cuda_exec *x, int q, int mi, int f, int r, int tm,
@@ -67,6 +87,12 @@ static om_status *attn_geometry(const om_kernel_ctx *ctx, const om_cuda_exec *x,
     g->q_bs = flat_stride(Q, g, g->L * g->D);
     g->k_bs = flat_stride(K, g, g->S * g->D);
     g->v_bs = flat_stride(V, g, g->S * g->Dv);
+    g->kv_inner = 1;
+    if ((g->k_bs < 0 || g->v_bs < 0) && g->q_bs == g->L * g->D) {
+        // the GEMMs take each group of kv_inner batch items as one matrix of kv_inner*L rows
+        int64_t ik = inner_shared(K, g), iv = inner_shared(V, g);
+        if (ik && ik == iv) g->kv_inner = ik, g->k_bs = g->S * g->D, g->v_bs = g->S * g->Dv;
+    }
     if (g->q_bs < 0 || g->k_bs < 0 || g->v_bs < 0)
         return omc_err_unsupported(ctx, "Q, K or V broadcast over part of the batch");
     if (M) {
@@ -177,6 +203,7 @@ static soft_args soft_of(const attn_geom &g) {
 static int use_flash(om_dtype dt, const attn_geom &g, flash_args *f) {
     const char *env = getenv("ORTMOD_CUDA_ATTENTION");
     if (env && !strcmp(env, "materialized")) return 0;
+    if (g.kv_inner != 1) return 0;   // (flash reads one K/V matrix per batch item)
     if ((dt != OM_F16 && dt != OM_BF16) || g.D > FLASH_MAX_D || g.Dv > FLASH_MAX_D || g.nbatch > 65535) return 0;
     memset(f, 0, sizeof *f);
     f->a = soft_of(g);
@@ -226,9 +253,11 @@ static om_status *attention_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x
     void *P = NULL;
     OMC_TRY(omc_temp_alloc(x, sizeof(float) * (size_t)(B * L * S), (void **)&Sc));
     om_status *st = omc_temp_alloc(x, es * (size_t)(B * L * S), &P);
+    // K and V shared by kv_inner consecutive batch items: those items' queries are one matrix
+    const int64_t fi = g.kv_inner, Bf = B / fi, Lf = L * fi;
     if (!st)   // S = Q K^T (K^T given when k_transposed)
-        st = bgemm(ctx, x, t, CUDA_R_32F, 0, !g.kt, L, S, g.D, 1.0, ctx->in[0].data, g.q_bs, ctx->in[1].data, g.k_bs, 0.0,
-                   Sc, L * S, B);
+        st = bgemm(ctx, x, t, CUDA_R_32F, 0, !g.kt, Lf, S, g.D, 1.0, ctx->in[0].data, g.q_bs * fi, ctx->in[1].data, g.k_bs,
+                   0.0, Sc, Lf * S, Bf);
     if (!st) {
         soft_args a = soft_of(g);
         const int64_t *seedp = NULL;
@@ -251,7 +280,8 @@ static om_status *attention_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x
         if (dseed) omc_temp_free(x, dseed);
     }
     if (!st)   // O = P V
-        st = bgemm(ctx, x, t, t, 0, 0, L, g.Dv, S, 1.0, P, L * S, ctx->in[2].data, g.v_bs, 0.0, ctx->out[0].data, L * g.Dv, B);
+        st = bgemm(ctx, x, t, t, 0, 0, Lf, g.Dv, S, 1.0, P, Lf * S, ctx->in[2].data, g.v_bs, 0.0, ctx->out[0].data,
+                   Lf * g.Dv, Bf);
     omc_temp_free(x, Sc);
     if (P) omc_temp_free(x, P);
     return st;
@@ -362,7 +392,8 @@ static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_ex
     if (!st) st = omc_temp_alloc(x, sizeof(float) * (size_t)(B * L), (void **)&Di);
     if (!st) st = omc_temp_alloc(x, es * nls, &Pd);
     soft_args a = soft_of(g);
-    if (!st) st = bgemm(ctx, x, t, CUDA_R_32F, 0, !g.kt, L, S, D, 1.0, Q, g.q_bs, K, g.k_bs, 0.0, Sc, L * S, B);
+    const int64_t fi = g.kv_inner, Bf = B / fi, Lf = L * fi;   // as in the forward
+    if (!st) st = bgemm(ctx, x, t, CUDA_R_32F, 0, !g.kt, Lf, S, D, 1.0, Q, g.q_bs * fi, K, g.k_bs, 0.0, Sc, Lf * S, Bf);
     if (!st) {
         OMC_DISPATCH_FLOAT(dt, ctx, 1, {
             attn_recompute_kernel<T><<<rows_grid(B * L), 256, 0, stream_of(x)>>>(
@@ -374,9 +405,9 @@ static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_ex
     }
     // dV = Pd^T dO: (S, L) x (L, Dv)
     if (!st && wanted(ctx, 2))
-        st = bgemm(ctx, x, t, t, 1, 0, S, Dv, L, 1.0, Pd, L * S, dO, L * Dv, 0.0, ctx->out[2].data, S * Dv, B);
+        st = bgemm(ctx, x, t, t, 1, 0, S, Dv, Lf, 1.0, Pd, Lf * S, dO, Lf * Dv, 0.0, ctx->out[2].data, S * Dv, Bf);
     // dPd = dO V^T: (L, Dv) x (Dv, S), fp32
-    if (!st) st = bgemm(ctx, x, t, CUDA_R_32F, 0, 1, L, S, Dv, 1.0, dO, L * Dv, V, g.v_bs, 0.0, dPd, L * S, B);
+    if (!st) st = bgemm(ctx, x, t, CUDA_R_32F, 0, 1, Lf, S, Dv, 1.0, dO, Lf * Dv, V, g.v_bs, 0.0, dPd, Lf * S, Bf);
     if (!st) {   // dS into Pd's buffer (Pd is no longer needed)
         OMC_DISPATCH_FLOAT(dt, ctx, 1, {
             attn_ds_kernel<T><<<grid_for((int64_t)nls), OMC_THREADS, 0, stream_of(x)>>>((T *)Pd, Sc, dPd, Di, a, seedp,
@@ -396,11 +427,13 @@ static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_ex
     }
     // dQ = scale dS K: (L, S) x (S, D) — K^T (D, S) read transposed when k_transposed
     if (!st && wanted(ctx, 0))
-        st = bgemm(ctx, x, t, t, 0, g.kt, L, D, S, g.scale, Pd, L * S, K, g.k_bs, 0.0, ctx->out[0].data, L * D, B);
+        st = bgemm(ctx, x, t, t, 0, g.kt, Lf, D, S, g.scale, Pd, Lf * S, K, g.k_bs, 0.0, ctx->out[0].data, Lf * D, Bf);
     // dK = scale dS^T Q: (S, L) x (L, D); with k_transposed dK^T = scale Q^T dS: (D, L) x (L, S)
     if (!st && wanted(ctx, 1)) {
-        if (!g.kt) st = bgemm(ctx, x, t, t, 1, 0, S, D, L, g.scale, Pd, L * S, Q, g.q_bs, 0.0, ctx->out[1].data, S * D, B);
-        else st = bgemm(ctx, x, t, t, 1, 0, D, S, L, g.scale, Q, g.q_bs, Pd, L * S, 0.0, ctx->out[1].data, S * D, B);
+        if (!g.kt)
+            st = bgemm(ctx, x, t, t, 1, 0, S, D, Lf, g.scale, Pd, Lf * S, Q, g.q_bs * fi, 0.0, ctx->out[1].data, S * D, Bf);
+        else
+            st = bgemm(ctx, x, t, t, 1, 0, D, S, Lf, g.scale, Q, g.q_bs * fi, Pd, Lf * S, 0.0, ctx->out[1].data, S * D, Bf);
     }
     if (Sc) omc_temp_free(x, Sc);
     if (dPd) omc_temp_free(x, dPd);

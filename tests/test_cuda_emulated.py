@@ -38,14 +38,14 @@ crash in its cases, and names them:
   "models" (cuda_emu/models.py's run_zoo_case). A torch.autograd.Function kept as a PythonOp
   (Bloom's GELU) runs through ORTModule's FunctionRunner, on host copies of the device
   tensors. By default one architecture per family kind (models.ZOO_DEFAULT: llama, gpt2,
-  bert, t5, whisper, vit, resnet, wav2vec2-ctc, nn.Transformer-bf; ~70 s of the group's time
+  bert, t5, whisper, vit, resnet, wav2vec2-ctc, nn.Transformer-bf, falcon; ~70 s of the group's time
   on 2 cores); ORTMOD_EMU_ZOO=all runs all 38 (~5 min, MobileNetV2 alone ~105 s; past this
   file's per-group timeout of 300 s on 2 shared cores, so run it alone:
   `ORTMOD_EMU_ZOO=all ORTMOD_EMU_TIMEOUT=900 pytest tests/test_cuda_emulated.py -k zoo`), or
-  a comma-separated list of names. models.ZOO_KNOWN lists the known CUDA failures (falcon's
-  multi-query attention, mobilenet-v2's ill-conditioned BatchNorm), each a strict expected
-  failure: it must fail with that message, and fails the group once it passes. (t5's and swin's
-  trained attention bias, a mask whose gradient is wanted, run since FusedAttentionGrad's dmask.)
+  a comma-separated list of names. models.ZOO_KNOWN lists the known CUDA failures
+  (mobilenet-v2's ill-conditioned BatchNorm), each a strict expected failure: it must fail with
+  that message, and fails the group once it passes. (t5's and swin's trained attention bias, a
+  mask whose gradient is wanted, and falcon's multi-query K/V run since attention.cu takes them.)
 - streams: issue 8's "no CPU<->GPU synchronization inside a step, kernels on torch's current
   stream". An MLP, TinyResNet and the tiny GPT-2 each take a warm-up training step on the
   default stream (planning: constant uploads, cuBLAS handles), whose blocking calls the
