@@ -777,7 +777,7 @@ __global__ void bn_stats_kernel(typename acc<T>::t *coef, T *rmean, T *rvar, T *
             coef[3 * c] = (A)(inv * sc);
             coef[3 * c + 1] = (A)(to_f64(bias[c]) - (mean - (double)m) * inv * sc);
             coef[3 * c + 2] = m;
-            if (train) {
+            if (train && cnt) {   // an empty batch leaves them as they were, as eager does
                 const double uvar = cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var;
                 if (rmean) rmean[c] = st<T>((A)(to_f64(in_mean[c]) * mom + mean * (1 - mom)));
                 if (rvar) rvar[c] = st<T>((A)(to_f64(in_var[c]) * mom + uvar * (1 - mom)));

@@ -254,3 +254,20 @@ def test_every_input_of_a_wide_concat_gets_its_gradient():
     ORTModule(Cat())(*xs).sum().backward()
     for i, x in enumerate(xs):
         assert x.grad is not None and torch.equal(x.grad, torch.full((1, 2), float(i + 1))), i
+
+
+@pytest.mark.parametrize("bn", [nn.BatchNorm1d, nn.BatchNorm2d])
+def test_batchnorm_on_an_empty_batch_keeps_its_running_statistics(bn):
+    """eager's batch_norm returns before updating the running statistics of an empty batch (its
+    counter still counts it); the engine updated them from a mean and variance of nothing."""
+    shape = (0, 3) if bn is nn.BatchNorm1d else (0, 3, 4, 4)
+    torch.manual_seed(0)
+    e = bn(3)
+    e.running_mean.uniform_(-1, 1)
+    e.running_var.uniform_(0.5, 2)
+    o = ORTModule(copy.deepcopy(e))
+    x = torch.randn(shape, requires_grad=True)
+    e(x).sum().backward()
+    o(x.detach().clone().requires_grad_()).sum().backward()
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.equal(getattr(o.module, name), getattr(e, name)), name

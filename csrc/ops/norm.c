@@ -175,7 +175,9 @@ typedef struct bn_args {
                 T *restrict y = yp + (b * C + c) * S;                                       \
                 for (int64_t i = 0; i < S; i++) y[i] = (r[i] - m) * a + bb;                 \
             }                                                                               \
-            if (j->train) {                                                                 \
+            /* an empty batch leaves the running statistics as they were: eager's batch_norm \
+             * returns before updating them */                                             \
+            if (j->train && cnt) {                                                          \
                 const double uvar = cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var; \
                 if (rmean) rmean[c] = (T)(in_mean[c] * j->mom + mean * (1 - j->mom));       \
                 if (rvar) rvar[c] = (T)(in_var[c] * j->mom + uvar * (1 - j->mom));          \
