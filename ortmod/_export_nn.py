@@ -7,7 +7,8 @@ that names what it cannot reproduce.
 registers them only while ortmod exports."""
 import torch
 
-from ._semantics import _avg_pool_symbolic, _const, _dtype_of, _input_rank_or_none, _refuse, _torch_symbolic
+from ._semantics import (_avg_pool_symbolic, _const, _dtype_of, _input_rank_or_none, _onnx_dtype, _refuse,
+                         _torch_symbolic)
 
 _I64 = torch.int64
 _HALF = (torch.float16, torch.bfloat16)
@@ -78,7 +79,7 @@ def _rms_norm_symbolic(g, x, normalized_shape, weight, eps):
         eps_v = sh._maybe_get_const(eps, "f")
         if sh._is_value(eps_v):
             _refuse("rms_norm", "ortmod keeps eps only as a constant")
-    xs = x if op_dt == dt else g.op("Cast", x, to_i=_onnx_type(op_dt))
+    xs = x if op_dt == dt else g.op("Cast", x, to_i=_onnx_dtype(op_dt))
     axes = _axes(g, range(-len(shape), 0))
     ms = g.op("ReduceMean", g.op("Mul", xs, xs), axes, keepdims_i=1)
     root = g.op("Sqrt", g.op("Add", ms, _const(g, float(eps_v), op_dt)))
@@ -91,15 +92,10 @@ def _rms_norm_symbolic(g, x, normalized_shape, weight, eps):
         inv = g.op("Reciprocal", root)
     y = g.op("Mul", xs, inv)
     if op_dt != dt:
-        y = g.op("Cast", y, to_i=_onnx_type(dt))
+        y = g.op("Cast", y, to_i=_onnx_dtype(dt))
     if not sh._is_none(weight):
         y = g.op("Mul", y, weight)
     return y
-
-
-def _onnx_type(dtype):
-    from ._semantics import _onnx_dtype
-    return _onnx_dtype(dtype)
 
 
 # ---- threshold, bilinear ---------------------------------------------------------------------
@@ -371,11 +367,11 @@ def _fractional_starts(g, x, samples, axis, d, length_k, o, k, dtype):
     last = g.op("Expand", g.op("Reshape", length_k, _const(g, [1, 1, 1], _I64)), g.op("Shape", u))
     if o[d] == 1:
         return last
-    alpha = g.op("Div", g.op("Cast", length_k, to_i=_onnx_type(dtype)), _const(g, float(o[d] - 1), dtype))
+    alpha = g.op("Div", g.op("Cast", length_k, to_i=_onnx_dtype(dtype)), _const(g, float(o[d] - 1), dtype))
     j = _const(g, [float(v) for v in range(o[d] - 1)], dtype)
     first = g.op("Floor", g.op("Mul", g.op("Add", u, j), alpha))
     shift = g.op("Floor", g.op("Mul", u, alpha))
-    starts = g.op("Cast", g.op("Sub", first, shift), to_i=_onnx_type(_I64))
+    starts = g.op("Cast", g.op("Sub", first, shift), to_i=_onnx_dtype(_I64))
     return g.op("Concat", starts, last, axis_i=2)
 
 
@@ -665,7 +661,7 @@ def _linear_symbolic(rank):
         tables = [_linear_table(L, O, ac, s, dtype) for L, O, s in zip(spatial, out, scales)]
         _check_linear(op, what, spatial, out, ac, scales, tables, dtype)
         op_dt = torch.float32 if dtype in _HALF else dtype
-        y = input if op_dt == dtype else g.op("Cast", input, to_i=_onnx_type(op_dt))
+        y = input if op_dt == dtype else g.op("Cast", input, to_i=_onnx_dtype(op_dt))
         for a in reversed(range(rank)):
             i0, i1, w0, w1 = tables[a]
             shape = [len(i0)] + [1] * (rank - 1 - a)
@@ -674,7 +670,7 @@ def _linear_symbolic(rank):
             y = g.op("Add", g.op("Mul", g0, _const(g, torch.tensor(w0).reshape(shape).tolist(), op_dt)),
                      g.op("Mul", g1, _const(g, torch.tensor(w1).reshape(shape).tolist(), op_dt)))
         if op_dt != dtype:
-            y = g.op("Cast", y, to_i=_onnx_type(dtype))
+            y = g.op("Cast", y, to_i=_onnx_dtype(dtype))
         return y
     return symbolic
 
