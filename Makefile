@@ -1,14 +1,19 @@
-# make setup: Debian packages, .venv, the extension build (idempotent; seconds when done).
+# make setup: Debian packages, .venv, the build (idempotent; seconds when done).
 # make test / make demo / make conformance run setup first.
 PY      := .venv/bin/python
 STAMP   := .venv/.ortmod-deps
-APT_PKGS := protobuf-c-compiler libprotobuf-c-dev libopenblas-dev libdlpack-dev
-PY_PKGS  := torch==2.13.0 onnx onnxscript onnxruntime numpy pytest setuptools transformers expecttest
+APT_PKGS := cmake ninja-build protobuf-c-compiler libprotobuf-c-dev libopenblas-dev libdlpack-dev
+PY_PKGS  := torch==2.13.0 onnx onnxscript onnxruntime numpy pytest scikit-build-core transformers expecttest
+# the one build (CMakeLists.txt), configured once into BUILD_DIR; CMAKE_ARGS add -D options there
+BUILD_DIR  := build/cmake
+CMAKE_ARGS ?=
+# where nvcc is found, the cuBLAS headers and libraries the CUDA provider builds against come from
+# this wheel, installed into .venv (torch's CUDA wheels install the same one)
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUBLAS_PKG := $(if $(findstring release 12.,$(shell $(NVCC) --version 2>/dev/null)),nvidia-cublas-cu12,nvidia-cublas==13.10.0.20)
 
-.PHONY: setup apt venv build test test-deepspeed conformance demo bench clean
+.PHONY: setup apt venv build runner cuda test test-deepspeed test-wheel conformance demo bench clean
 
--include runner.mk
--include cuda/cuda.mk
 -include bench/bench.mk
 -include tests/fuzz/fuzz.mk
 
@@ -26,13 +31,22 @@ venv: $(STAMP)
 $(STAMP): Makefile
 	@test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --disable-pip-version-check $(PY_PKGS)
+	@if [ -n "$(NVCC)" ]; then $(PY) -m pip install -q --disable-pip-version-check --no-deps "$(CUBLAS_PKG)" \
+	  || echo "cuBLAS wheel not installed: the CUDA provider will be skipped"; fi
 	@touch $(STAMP)
 
+# configure once (CMake reconfigures itself when CMakeLists.txt or a source list changes), build
+# everything, install into the source tree: ortmod/_C*.so, ortmod/bin/ortmod-train and, where
+# nvcc and cuBLAS are found, ortmod/libortmod_cuda.so (all ignored by git)
 build: venv
-	@$(PY) setup.py -q build_ext --inplace 2>&1 | grep -v -E "^(running|copying|creating)" || true
-	@$(PY) -c "import ortmod._C" || (echo "build failed"; exit 1)
-	@$(MAKE) -s --no-print-directory runner
-	@if [ -f cuda/cuda.mk ]; then $(MAKE) -s --no-print-directory cuda; fi
+	@test -f $(BUILD_DIR)/build.ninja || cmake -S . -B $(BUILD_DIR) -G Ninja \
+	  -DPython_EXECUTABLE=$(abspath $(PY)) $(CMAKE_ARGS) > $(BUILD_DIR).configure.log 2>&1 \
+	  || { cat $(BUILD_DIR).configure.log; rm -f $(BUILD_DIR)/build.ninja; exit 1; }
+	@grep -h "CUDA provider" $(BUILD_DIR).configure.log 2>/dev/null || true
+	@cmake --build $(BUILD_DIR)
+	@cmake --install $(BUILD_DIR) --prefix . > /dev/null
+	@$(PY) -c "import ortmod._C" || (echo "build failed: ortmod._C does not import"; exit 1)
+runner cuda: build
 
 # tests/test_deepspeed.py is make test-deepspeed's (it installs DeepSpeed; .ci/run runs both)
 test: setup
@@ -51,6 +65,12 @@ test-deepspeed: setup
 	ORTMOD_REQUIRE_DEEPSPEED=1 DS_ACCELERATOR=cpu timeout 900 $(PY) -m pytest -q tests/test_deepspeed.py \
 	  tests/test_optim_fp16.py
 
+# the product as a user installs it (tests/wheel/check.sh): a fresh venv, `pip install .` (the
+# isolated build through scikit-build-core), then ortmod-train and the demo from outside the
+# checkout, against the installed package. ~5-10 min: it compiles everything once more.
+test-wheel: apt
+	timeout 1800 bash tests/wheel/check.sh
+
 # torch's own module test database and training-code patterns, eager vs ORTModule, with the
 # scoreboards (tests/conformance/; ~10-30 min). Records go to build/conformance-*.json.
 conformance: setup
@@ -62,4 +82,4 @@ demo: setup
 	$(PY) demo/train_mlp.py
 
 clean:
-	rm -rf build csrc/graph/gen ortmod/_C*.so
+	rm -rf build ortmod/_C*.so ortmod/bin ortmod/libortmod_cuda.so

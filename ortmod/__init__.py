@@ -21,7 +21,7 @@ except ImportError as _e:  # pragma: no cover - only without a built extension
             raise ImportError(
                 f"ortmod.{name} comes from the C extension ortmod._C, which is not built or failed "
                 f"to load ({_C_IMPORT_ERROR}). Build it with `make setup` "
-                "(or `python setup.py build_ext --inplace`).") from _C_IMPORT_ERROR
+                "(or `pip install .`).") from _C_IMPORT_ERROR
         raise AttributeError(f"module 'ortmod' has no attribute {name!r}")
 
 __all__ = ["ORTModule", "DebugOptions", "LogLevel", "EngineError", "InvalidInputError", "UnsupportedOpError",

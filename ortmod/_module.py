@@ -309,7 +309,7 @@ def _load_C():
     except ImportError as e:
         raise ImportError(
             "ortmod's C extension (ortmod._C) is not built or failed to load: "
-            f"{e}. Build it with `make setup` (or `python setup.py build_ext --inplace`).") from e
+            f"{e}. Build it with `make setup` (or `pip install .`).") from e
     _threads.share_torch_threads(_C)
     return _C
 

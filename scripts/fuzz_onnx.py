@@ -3,10 +3,10 @@
 the kernels of one forward and backward).
 
     python scripts/fuzz_onnx.py --seconds 300 --out /tmp/fuzz           # the normal build
-    ORTMOD_HOSTILE_SO=build/san/ortmod/_C...so \\
+    ORTMOD_HOSTILE_SO=build/san/_C...so \\
       LD_PRELOAD=$(gcc -print-file-name=libasan.so) \\
       ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:max_allocation_size_mb=4096 \\
-      python scripts/fuzz_onnx.py --seconds 300 --out /tmp/fuzz-asan   # under ASan/UBSan
+      python scripts/fuzz_onnx.py --seconds 300 --out /tmp/fuzz-asan   # under ASan/UBSan (build/san: make test-asan)
     python scripts/fuzz_onnx.py --replay /tmp/fuzz-asan/crash_*.onnx       # after a fix
 
 Seeds are small valid models written with onnx.helper (no torch). Each input is a seed

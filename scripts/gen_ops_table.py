@@ -150,7 +150,7 @@ def ops_by_family(ops):
     syms = table_symbols()
     if len(syms) != len(ops):
         raise SystemExit(f"csrc/ops/op_table.c lists {len(syms)} ops, the built extension {len(ops)}: "
-                         "rebuild it (python setup.py build_ext --inplace) and run again")
+                         "rebuild it (make build) and run again")
     families = symbol_families()
     grouped = {}
     for sym, (name, domain, has_grad) in zip(syms, ops):

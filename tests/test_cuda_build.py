@@ -1,7 +1,8 @@
 """The CUDA execution provider compiles (every .cu in cuda/), exports its vtable, covers the
 op table's priority ops, and — on a machine without a GPU — fails cleanly when a CUDA tensor
 reaches the engine. Skipped, with the reason, where nvcc or the cuBLAS headers are missing.
-`make cuda` is incremental: objects are rebuilt only when a .cu or a header changed."""
+The build (`make build`, CMakeLists.txt) is incremental: objects are rebuilt only when a .cu or a
+header it includes changed."""
 import ctypes
 import os
 import re
@@ -11,8 +12,10 @@ import sys
 import numpy as np
 import pytest
 
+import buildpaths
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SO = os.path.join(ROOT, "ortmod", "libortmod_cuda.so")
+SO = buildpaths.CUDA_SO
 
 PRIORITY_OPS = [
     "MatMul", "Gemm", "FusedMatMul", "MatMulGrad", "MatMulBias", "MatMulBiasGrad",
@@ -29,14 +32,12 @@ PRIORITY_OPS = [
 
 @pytest.fixture(scope="module")
 def built():
-    r = subprocess.run(["make", "-s", "--no-print-directory", "-f", "cuda/cuda.mk", "cuda"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=1800,
-                       env=dict(os.environ, PY=sys.executable))
+    r = buildpaths.build()
     out = r.stdout + r.stderr
-    assert r.returncode == 0, f"make cuda failed:\n{out}"
-    if "cuda: skipped:" in out:
-        pytest.skip(out.strip().splitlines()[-1])
-    assert os.path.isfile(SO), f"make cuda succeeded but {SO} is missing:\n{out}"
+    assert r.returncode == 0, f"make build failed:\n{out}"
+    if "CUDA provider skipped:" in out:   # the configure's reason (nvcc or cuBLAS missing)
+        pytest.skip(next(line for line in out.splitlines() if "CUDA provider skipped:" in line))
+    assert os.path.isfile(SO), f"make build succeeded but {SO} is missing:\n{out}"
     return SO
 
 

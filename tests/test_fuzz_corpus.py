@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+import buildpaths
+
 from test_hostile_input import CASES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +25,7 @@ def replay():
         assert f"replay: {len(os.listdir(os.path.join(CORPUS, target)))} inputs ran" in r.stdout, r.stdout
 
     def run(target, name):
-        p = subprocess.run([os.path.join(ROOT, "build", "fuzz", f"replay_{target}"), os.path.join(CORPUS, target, name)],
+        p = subprocess.run([os.path.join(buildpaths.BUILD_DIR, f"replay_{target}"), os.path.join(CORPUS, target, name)],
                            capture_output=True, text=True, timeout=300, cwd=ROOT,
                            env=dict(os.environ, FUZZ_VERBOSE="1", FUZZ_RUNNER_DIR="tests/fuzz/runner"))
         assert p.returncode == 0, (name, p.returncode, p.stdout[-2000:], p.stderr[-3000:])

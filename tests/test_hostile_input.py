@@ -8,14 +8,14 @@ that a segfault fails the case that caused it instead of killing pytest. The chi
 only the extension (no torch), from ``ORTMOD_HOSTILE_SO`` when set: point it at an
 ASan/UBSan build to run these cases under the sanitizers, e.g.
 
-    ORTMOD_DEBUG=1 python setup.py build_ext --build-lib build/san --build-temp build/san-tmp
-    ORTMOD_HOSTILE_SO=$(ls build/san/ortmod/_C*.so) \
+    cmake -S . -B build/san -G Ninja -DORTMOD_SANITIZE=ON -DORTMOD_CUDA=OFF && cmake --build build/san
+    ORTMOD_HOSTILE_SO=$(ls build/san/_C*.so) \
     LD_PRELOAD=$(gcc -print-file-name=libasan.so) \
     ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1:max_allocation_size_mb=4096 \
     python -m pytest tests/test_hostile_input.py -k crafted
 
-(ORTMOD_TRAIN_BINARY, a runner built with -fsanitize=address,undefined, does the same for the
-runner cases.)
+(ORTMOD_TRAIN_BINARY=build/san/ortmod-train does the same for the runner cases; `make test-asan`
+runs all of it.)
 """
 import json
 import os
@@ -32,8 +32,10 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+import buildpaths
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BINARY = os.environ.get("ORTMOD_TRAIN_BINARY") or os.path.join(ROOT, "build", "ortmod-train")
+BINARY = os.environ.get("ORTMOD_TRAIN_BINARY") or buildpaths.RUNNER
 I64_MIN, I64_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
@@ -538,8 +540,7 @@ def test_threads_on_one_stash_through_the_engine_api():
 def binary():
     if os.environ.get("ORTMOD_TRAIN_BINARY"):   # one built elsewhere (with sanitizers)
         return BINARY
-    r = subprocess.run(["make", "-s", "-f", "runner.mk", "runner", f"-j{os.cpu_count() or 2}"], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = buildpaths.build()
     assert r.returncode == 0, r.stdout + r.stderr
     return BINARY
 

@@ -17,6 +17,8 @@ import onnx
 import pytest
 from onnx import AttributeProto, TensorProto, defs, helper
 
+import buildpaths
+
 from ortmod import _C
 
 TYPES = {"int": AttributeProto.INT, "float": AttributeProto.FLOAT, "string": AttributeProto.STRING,
@@ -316,8 +318,7 @@ def test_native_runner_refuses_the_attribute_by_name(tmp_path):
     import torch
     from ortmod.runner import write_shards
 
-    r = subprocess.run(["make", "-s", "-f", "runner.mk", "runner", f"-j{os.cpu_count() or 2}"], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = buildpaths.build()
     assert r.returncode == 0, r.stdout + r.stderr
     path = tmp_path / "mlp.onnx"
     m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
@@ -333,7 +334,7 @@ def test_native_runner_refuses_the_attribute_by_name(tmp_path):
     rng = np.random.default_rng(0)
     write_shards(tmp_path / "train", {"x": rng.standard_normal((16, 6)).astype(np.float32),
                                       "labels": rng.integers(0, 3, 16).astype(np.int64)})
-    r = subprocess.run([os.path.join(ROOT, "build", "ortmod-train"), "--model", str(path), "--train_data_dir",
+    r = subprocess.run([buildpaths.RUNNER, "--model", str(path), "--train_data_dir",
                         str(tmp_path / "train"), "--output_dir", str(tmp_path / "out"), "--num_train_steps", "1"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0

@@ -2,7 +2,7 @@
 gradient accumulation, SIGKILL + resume, the saved ONNX in onnxruntime, TensorBoard
 events, the profile, loss scaling, and clear errors on bad input.
 
-The binary is built with `make -f runner.mk runner` (incremental, seconds when done)."""
+The binary is built by `make build` (incremental, seconds when done)."""
 import json
 import os
 import re
@@ -18,17 +18,18 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+import buildpaths
+
 from ortmod.runner import read_shards, write_shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BINARY = os.path.join(ROOT, "build", "ortmod-train")
+BINARY = buildpaths.RUNNER
 D, H, C = 12, 32, 4
 
 
 @pytest.fixture(scope="module")
 def binary():
-    r = subprocess.run(["make", "-s", "-f", "runner.mk", "runner", f"-j{os.cpu_count() or 2}"], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = buildpaths.build()
     assert r.returncode == 0, r.stdout + r.stderr
     return BINARY
 
@@ -618,13 +619,9 @@ def test_c_api(binary, task, tmp_path):
     """The runner as a C library: validation messages name the field; create/initialize/evaluate/run."""
     src = tmp_path / "use_runner.c"
     src.write_text(C_API_PROGRAM)
-    objdir = os.path.join(ROOT, "build", "runner-obj")
-    objs = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(objdir) for f in fs
-                  if f.endswith(".o") and f != "main.o"   # only objects of sources that still exist
-                  and os.path.exists(os.path.join(ROOT, "csrc", os.path.relpath(os.path.join(dp, f[:-2] + ".c"), objdir))))
     exe = tmp_path / "use_runner"
     cc = subprocess.run(["gcc", "-std=c11", "-I", os.path.join(ROOT, "csrc", "include"), "-o", str(exe), str(src),
-                         *objs, "-lprotobuf-c", "-lopenblas", "-lm", "-lpthread"], capture_output=True, text=True)
+                         *buildpaths.ENGINE_LINK], capture_output=True, text=True)
     assert cc.returncode == 0, cc.stderr
     r = subprocess.run([str(exe), str(task / "mlp.onnx"), str(task / "train"), str(task / "test")],
                        capture_output=True, text=True, timeout=60)
@@ -668,14 +665,9 @@ def test_header_example(binary, task, tmp_path):
     body = "\n".join(line[3:] if line.startswith(" * ") else line[2:] for line in body.splitlines())
     src = tmp_path / "example.c"
     src.write_text(HEADER_EXAMPLE_HARNESS % body)
-    objdir = os.path.join(ROOT, "build", "runner-obj")
-    objs = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(objdir) for f in fs
-                  if f.endswith(".o") and "runner" not in os.path.relpath(dp, objdir)
-                  and os.path.exists(os.path.join(ROOT, "csrc", os.path.relpath(os.path.join(dp, f[:-2] + ".c"), objdir))))
     exe = tmp_path / "example"
     cc = subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", "-I", os.path.join(ROOT, "csrc", "include"), "-o",
-                         str(exe), str(src), *objs, "-lprotobuf-c", "-lopenblas", "-lm", "-lpthread"],
-                        capture_output=True, text=True)
+                         str(exe), str(src), *buildpaths.ENGINE_LINK], capture_output=True, text=True)
     assert cc.returncode == 0, cc.stderr
     ext = external_copy(task / "mlp.onnx", tmp_path / "ext")   # om_onnx_read_model_file reads its data too
     r = subprocess.run([str(exe), str(ext)], capture_output=True, text=True, timeout=60)

@@ -91,14 +91,11 @@ def read_shards(directory):
 
 
 def find_binary():
-    """The path of the compiled ortmod-train: next to this package (an installed build),
-    then the source tree's build/ (``make runner``). None when neither exists."""
+    """The path of the compiled ortmod-train: ``ORTMOD_TRAIN_BINARY``, else ortmod/bin/ (where the
+    build installs it: a wheel, or ``make build`` into the source tree). None when missing."""
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
     for cand in (os.environ.get("ORTMOD_TRAIN_BINARY"),
-                 os.path.join(here, "ortmod-train"),
-                 os.path.join(os.path.dirname(here), "ortmod-train"),
-                 os.path.join(root, "build", "ortmod-train")):
+                 os.path.join(os.path.dirname(here), "bin", "ortmod-train")):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None

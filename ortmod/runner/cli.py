@@ -10,8 +10,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     binary = find_binary()
     if binary is None:
-        sys.stderr.write("ortmod-train: the compiled runner was not found (looked next to the ortmod.runner "
-                         "package and in build/); build it with 'make runner'\n")
+        sys.stderr.write("ortmod-train: the compiled runner was not found (looked in ortmod/bin/ and "
+                         "ORTMOD_TRAIN_BINARY); build it with 'make build' or 'pip install .'\n")
         return 1
     sys.stdout.flush()
     sys.stderr.flush()

@@ -12,7 +12,7 @@ the cases or the checkpoint format):
                               up, so the header checks are what answers); shards, good and bad
   found_*                     inputs make fuzz found, kept as they are (this script leaves them)
 
-    .venv/bin/python tests/fuzz/make_corpus.py       (needs build/ortmod-train: make runner)
+    .venv/bin/python tests/fuzz/make_corpus.py       (needs ortmod/bin/ortmod-train: make build)
 """
 import os
 import shutil
@@ -105,7 +105,7 @@ def with_counter(state, index, value):
 def checkpoint_corpus(rdir):
     d = os.path.join(HERE, "corpus", "checkpoint")
     fresh(d)
-    binary = os.path.join(ROOT, "build", "ortmod-train")
+    binary = os.path.join(ROOT, "ortmod", "bin", "ortmod-train")
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck")
         r = subprocess.run([binary, "--model", os.path.join(rdir, "model.onnx"), "--train_data_dir",

@@ -17,7 +17,7 @@ def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         reason = "no CUDA device"
     elif not os.path.isfile(SO):
-        reason = "ortmod/libortmod_cuda.so is not built (make cuda)"
+        reason = "ortmod/libortmod_cuda.so is not built (make build, where nvcc and cuBLAS are found)"
     if reason:
         for it in items:
             if str(it.fspath).startswith(HERE):

@@ -4,33 +4,29 @@
 # build/gpu-carry/ (~13 MB, xz-compressed; the tree that travels is limited to 64 MiB): the
 # extension built for this venv's CPython and for 3.12 / 3.13 where found here (the GPU image's
 # python3 has been 3.12), the shared libraries it links that are not part of a base system
-# (protobuf-c, OpenBLAS + gfortran), the headers to build it there for any other CPython, the
-# CUDA provider built for sm_90, and the cuBLAS headers (to rebuild the provider there when nvcc
-# exists).
-# Then: run(command="bash tests/gpu/run.sh", carry=["build/gpu-carry", "csrc/graph/gen"]).
+# (protobuf-c, OpenBLAS + gfortran), the headers and generated code to build it there for any
+# other CPython (where cmake exists), and the CUDA provider built for sm_90.
+# Then: run(command="bash tests/gpu/run.sh", carry=["build/gpu-carry"]).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 C=build/gpu-carry
 rm -rf "$C"; mkdir -p "$C/lib" "$C/include"
-"$PY" setup.py -q build_ext --inplace >/dev/null
-CUDA_ARCHS=${CUDA_ARCHS:-90} bash cuda/build.sh
+make -s --no-print-directory build CMAKE_ARGS="-DORTMOD_CUDA_ARCHS=${CUDA_ARCHS:-90}" >/dev/null
 cp ortmod/_C*.so "$C/"
 [ -f ortmod/libortmod_cuda.so ] && cp ortmod/libortmod_cuda.so "$C/"
+cp -r build/cmake/gen "$C/gen"   # the protobuf-c code, for a build there (no onnx or protoc-c needed)
 # the extension for the other CPythons found here (the GPU image's python3 has been 3.12), each
-# from a small venv with setuptools, built out of tree
+# the one build configured for that interpreter, only its _C target
 for v in 3.12 3.13; do
     exe=""   # a real interpreter (pyenv's shims exist for versions it does not select)
     for c in "$HOME"/.pyenv/versions/"$v".*/bin/"python$v" /usr/bin/"python$v" /usr/local/bin/"python$v"; do
         [ -x "$c" ] && "$c" -c "" 2>/dev/null && { exe=$c; break; }
     done
     [ -n "$exe" ] || continue
-    venv=build/py$v-venv
-    if [ ! -x "$venv/bin/python" ]; then
-        "$exe" -m venv "$venv" && "$venv/bin/pip" install -q setuptools || { echo "no venv for python$v"; continue; }
-    fi
-    "$venv/bin/python" setup.py -q build_ext --build-lib "build/py$v-lib" --build-temp "build/py$v-tmp" >/dev/null \
-        && cp "build/py$v-lib"/ortmod/_C*.so "$C/" || echo "extension build for python$v failed"
+    { cmake -S . -B "build/py$v" -G Ninja -DPython_EXECUTABLE="$exe" -DORTMOD_CUDA=OFF -DORTMOD_TEST_HARNESSES=OFF \
+        -DORTMOD_ONNX_GEN="$PWD/build/cmake/gen" >/dev/null && cmake --build "build/py$v" --target _C >/dev/null \
+        && cp "build/py$v"/_C*.so "$C/"; } || echo "extension build for python$v failed"
 done
 # headers, so that run.sh can build the extension there for any other CPython (with the
 # libraries below; the machine's gcc and Python.h)
@@ -47,7 +43,6 @@ for so in "$C"/_C*.so; do
         esac
     done
 done
-cp build/cuda-deps/include/*.h "$C/include/" 2>/dev/null || true
 # xz (~55 MB -> ~8 MB: the working tree that travels is limited to 64 MiB); run.sh unpacks with
 # Python's lzma, which every CPython has
 "$PY" - "$C" <<'PYXZ'

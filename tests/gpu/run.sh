@@ -4,10 +4,11 @@
 # GPT-2 124M benchmark, and writes everything to $OUT (or ./gpu-results) within ~5 minutes.
 #
 #   extension: ortmod/_C*.so if it imports; else the prebuilt ones carried in build/gpu-carry
-#              (tests/gpu/prepare.sh: one per CPython found there) with their libraries; else a
-#              build with setup.py against the carried headers and libraries
-#   provider:  rebuilt with nvcc when the toolkit is there (cuBLAS headers: carried or from the
-#              nvidia wheels next to torch); else the carried prebuilt libortmod_cuda.so
+#              (tests/gpu/prepare.sh: one per CPython found there) with their libraries; else the
+#              one build (CMakeLists.txt, where cmake exists) against the carried headers,
+#              libraries and generated code
+#   provider:  the carried libortmod_cuda.so (built for sm_90 by prepare.sh); else built there
+#              when cmake and nvcc exist (cuBLAS from the nvidia wheels next to torch)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 RES=${OUT:-gpu-results}
@@ -58,20 +59,26 @@ if ! "$PY" -c "import ortmod._C" 2>/dev/null; then
             case "$l" in *.xz) continue ;; esac
             [ -e "$l" ] && ln -sf "$(basename "$l")" "${l%%.so.*}.so"
         done
+        command -v cmake >/dev/null 2>&1 || { echo "no carried extension for this Python, and no cmake to build one"; exit 1; }
         echo "building the extension"
-        "$PY" setup.py -q build_ext --inplace -I "$CARRY/include" -L "$CARRY/lib" || { echo "extension build failed"; exit 1; }
+        cmake -S . -B build/gpu -DPython_EXECUTABLE="$PY" -DORTMOD_CUDA=OFF -DORTMOD_TEST_HARNESSES=OFF \
+            -DORTMOD_ONNX_GEN="$PWD/$CARRY/gen" -DCMAKE_INCLUDE_PATH="$PWD/$CARRY/include" \
+            -DCMAKE_LIBRARY_PATH="$PWD/$CARRY/lib" >/dev/null && cmake --build build/gpu --target _C \
+            && cp build/gpu/_C*.so ortmod/ || { echo "extension build failed"; exit 1; }
     fi
 fi
 "$PY" -c "import ortmod._C" || { echo "ortmod._C does not import"; exit 1; }
 
-if command -v nvcc >/dev/null 2>&1 || ls /usr/local/cuda*/bin/nvcc >/dev/null 2>&1; then
-    if [ -f "$CARRY/include/cublas_v2.h" ]; then
-        mkdir -p build/cuda-deps/include && cp "$CARRY"/include/*.h build/cuda-deps/include/
-        [ -n "$NV" ] && ln -sfn "$NV/lib" build/cuda-deps/lib
-    fi
-    CUBLAS_NO_INSTALL=1 CUDA_ARCHS=${CUDA_ARCHS:-90} PY="$PY" bash cuda/build.sh || echo "provider build failed"
+if [ -f "$CARRY/libortmod_cuda.so" ]; then
+    cp "$CARRY/libortmod_cuda.so" ortmod/
+elif command -v cmake >/dev/null 2>&1; then
+    echo "building the CUDA provider"
+    cmake -S . -B build/gpu-cuda -DPython_EXECUTABLE="$PY" -DORTMOD_CUDA=ON -DORTMOD_TEST_HARNESSES=OFF \
+        -DORTMOD_CUDA_ARCHS="${CUDA_ARCHS:-90}" -DORTMOD_ONNX_GEN="$PWD/$CARRY/gen" ${NV:+-DCUBLAS_ROOT="$NV"} \
+        -DCMAKE_INCLUDE_PATH="$PWD/$CARRY/include" -DCMAKE_LIBRARY_PATH="$PWD/$CARRY/lib" >/dev/null \
+        && cmake --build build/gpu-cuda --target ortmod_cuda && cp build/gpu-cuda/libortmod_cuda.so ortmod/ \
+        || echo "provider build failed"
 fi
-if [ ! -f ortmod/libortmod_cuda.so ] && [ -f "$CARRY/libortmod_cuda.so" ]; then cp "$CARRY/libortmod_cuda.so" ortmod/; fi
 ls -la ortmod/libortmod_cuda.so || echo "NO CUDA PROVIDER: the GPU tests will skip"
 
 echo "== GPU tests ($(( $(date +%s) - T0 ))s)"
