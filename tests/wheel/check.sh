@@ -11,12 +11,18 @@ V=${WHEEL_VENV:-$ROOT/build/wheel-venv}
 rm -rf "$V"
 python3 -m venv "$V"
 "$V/bin/pip" install -q --disable-pip-version-check torch==2.13.0
+# where nvcc is here and the checkout's .venv holds the cuBLAS wheel (make setup installs it), the
+# isolated build is pointed at it, so that the wheel must carry the CUDA provider
+NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+CUBLAS=$(ls -d "$ROOT"/.venv/lib/python3*/site-packages/nvidia/cu*/include/cublas_v2.h 2>/dev/null | head -1 || true)
+WANT_CUDA=0
+if [ -n "$NVCC" ] && [ -n "$CUBLAS" ]; then export CUBLAS_ROOT=$(dirname "$(dirname "$CUBLAS")"); WANT_CUDA=1; fi
 "$V/bin/pip" install -q --disable-pip-version-check "$ROOT"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 cd "$W"
 "$V/bin/ortmod-train" --help | head -3
-"$V/bin/python" - "$ROOT" <<'PY'
+"$V/bin/python" - "$ROOT" "$WANT_CUDA" <<'PY'
 import os, sys, glob
 import ortmod, ortmod._C
 from ortmod.runner import find_binary
@@ -25,6 +31,8 @@ pkg = os.path.dirname(ortmod.__file__)
 assert not pkg.startswith(root + os.sep + "ortmod"), f"imported the source tree's ortmod: {pkg}"
 binary = find_binary()
 assert binary == os.path.join(pkg, "bin", "ortmod-train"), binary
+if sys.argv[2] == "1":
+    assert os.path.isfile(os.path.join(pkg, "libortmod_cuda.so")), "nvcc and cuBLAS were there, the CUDA provider is not"
 print("installed:", sorted(os.path.relpath(p, pkg) for p in glob.glob(os.path.join(pkg, "**", "*"), recursive=True)
                            if p.endswith(".so") or "/bin/" in p))
 PY
