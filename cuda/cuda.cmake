@@ -78,14 +78,18 @@ message(STATUS "CUDA provider: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, cuBLAS from 
 file(GLOB CUDA_SOURCES CONFIGURE_DEPENDS cuda/*.cu)
 add_library(ortmod_cuda SHARED ${CUDA_SOURCES})
 target_include_directories(ortmod_cuda PRIVATE cuda csrc csrc/include "${CUBLAS_INCLUDE_DIR}")
+set(cuda_rpath "$ORIGIN/../nvidia/cu${CUDA_MAJOR}/lib;$ORIGIN/../nvidia/cublas/lib")
+if(NOT SKBUILD)
+    list(APPEND cuda_rpath "${cublas_libdir}")
+endif()
 set_target_properties(ortmod_cuda PROPERTIES
     CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_VISIBILITY_PRESET hidden
     CUDA_RUNTIME_LIBRARY Static
     # cuBLAS is found at run time next to the package (site-packages/nvidia/..., where torch's CUDA
-    # wheels put it; a process that loaded torch's cuBLAS already reuses it by soname), then where
-    # it was found at build time
+    # wheels put it; a process that loaded torch's cuBLAS already reuses it by soname), then, but
+    # not in a wheel, where it was found at build time
     BUILD_RPATH "${cublas_libdir}"
-    INSTALL_RPATH "$ORIGIN/../nvidia/cu${CUDA_MAJOR}/lib;$ORIGIN/../nvidia/cublas/lib;${cublas_libdir}")
+    INSTALL_RPATH "${cuda_rpath}")
 target_compile_options(ortmod_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcudafe --diag_suppress=177>)
 target_link_libraries(ortmod_cuda PRIVATE "${CUBLAS_LIB}" "${CUBLASLT_LIB}" Threads::Threads)
 target_link_options(ortmod_cuda PRIVATE "LINKER:--no-undefined")
