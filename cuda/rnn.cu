@@ -345,9 +345,9 @@ static om_status *rnn_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x, int 
     OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, return rnn_forward<T>(ctx, x, &c));
     return NULL;
 }
-static om_status *lstm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_LSTM); }
-static om_status *gru_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_GRU); }
-static om_status *elman_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_RNN); }
+om_status *lstm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_LSTM); }
+om_status *gru_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_GRU); }
+om_status *elman_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_RNN); }
 
 // ---- backward kernels -----------------------------------------------------------------------------------
 
@@ -565,16 +565,6 @@ static om_status *rnn_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x,
     OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, return rnn_backward<T>(ctx, x, &c));
     return NULL;
 }
-static om_status *lstm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_LSTM); }
-static om_status *gru_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_GRU); }
-static om_status *elman_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_RNN); }
-
-extern const omc_kernel_entry omc_kernels_rnn[] = {
-    {"LSTM", "", lstm_cuda},
-    {"GRU", "", gru_cuda},
-    {"LSTMGrad", "ortmod", lstm_grad_cuda},
-    {"GRUGrad", "ortmod", gru_grad_cuda},
-    {"RNN", "", elman_cuda},
-    {"RNNGrad", "ortmod", elman_grad_cuda},
-    OMC_TABLE_END,
-};
+om_status *lstm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_LSTM); }
+om_status *gru_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_GRU); }
+om_status *elman_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_RNN); }
