@@ -19,12 +19,14 @@
 // spatial.h (window geometry: kernel, strides, dilations, pads, auto_pad, ceil_mode, shared with
 // conv.c and pool.c) calls the engine's attribute and error functions. The provider reaches the
 // engine only through om_cuda_host (the extension's symbols are hidden), so this file maps those
-// names onto the host table: both providers resolve a window with the same code.
+// names onto the host table: both providers resolve a window, and check a convolution's channels
+// and groups (conv_geom.h), with the same code.
 #define om_error(...) g_host.error(__VA_ARGS__)
 #define om_attr_int(n, name, d) g_host.attr_int((n), (name), (d))
 #define om_attr_ints(n, name, v) g_host.attr_ints((n), (name), (v))
 #define om_attr_string(n, name, d) g_host.attr_string((n), (name), (d))
 #include "ops/spatial.h"
+#include "ops/conv_geom.h"
 #include "window.cuh"
 
 // scratch for im2col is taken in chunks of images of at most this many bytes (the CUDA emulator
@@ -42,41 +44,6 @@ static int64_t images_per_chunk(int64_t N, size_t per_image) {
     int64_t nb = per_image ? (int64_t)(CONV_SCRATCH_BYTES / per_image) : N;
     if (nb < 1) nb = 1;
     return nb < N ? nb : N;
-}
-
-// ---- geometry (as conv.c) ------------------------------------------------------------------
-
-struct conv_geom {
-    om_window w;
-    int64_t M, G, Cg, Mg, KS, IS, OS;
-};
-
-// x dims (xr, xd) and W's shape: checks channels and groups
-static om_status *conv_geometry(const om_kernel_ctx *ctx, int xr, const int64_t *xd, int wr, const int64_t *wd,
-                                conv_geom *g) {
-    const om_node *n = ctx->node;
-    if (wr != xr || xr < 3)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': X has rank %d and W rank %d (they must match, >= 3)",
-                       omc_op_name(ctx), omc_node_name(ctx), xr, wr);
-    OMC_TRY(om_window_init(n, xr, xd, wd + 2, 0, &g->w));
-    g->G = attr_i(ctx, "group", 1);
-    g->M = wd[0];
-    if (g->G < 1 || xd[1] % g->G || g->M % g->G || wd[1] * g->G != xd[1])
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': X has %lld channels, W is (%lld, %lld, ...) with group %lld: "
-                       "need C == W.dims[1] * group and M divisible by group", omc_op_name(ctx), omc_node_name(ctx),
-                       (long long)xd[1], (long long)wd[0], (long long)wd[1], (long long)g->G);
-    g->Cg = wd[1];
-    g->Mg = g->M / g->G;
-    g->KS = om_window_k_size(&g->w);
-    g->IS = om_window_in_size(&g->w);
-    g->OS = om_window_out_size(&g->w);
-    return NULL;
-}
-
-static int window_trivial(const om_window *w) {
-    for (int i = 0; i < OM_SP; i++)
-        if (w->k[i] != 1 || w->s[i] != 1 || w->pb[i] || w->pe[i]) return 0;
-    return 1;
 }
 
 // ---- im2col / col2im --------------------------------------------------------------------------
@@ -210,12 +177,12 @@ om_status *conv_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *Y = &ctx->out[0];
     if (W->dtype != X->dtype) return omc_err_dtype(ctx, 1, W->dtype);
     conv_geom g;
-    OMC_TRY(conv_geometry(ctx, X->rank, X->dims, W->rank, W->dims, &g));
+    OMC_TRY(om_conv_geometry(ctx->node, X->rank, X->dims, W->rank, W->dims, &g));
     if (!numel(Y)) return NULL;
     const om_dtype dt = X->dtype;
     const size_t es = dtype_size(dt);
     const int64_t N = g.w.N, C = g.w.C, CK = g.Cg * g.KS, col_img = C * g.KS * g.OS;
-    const int trivial = window_trivial(&g.w);
+    const int trivial = om_conv_window_trivial(&g.w);
     int64_t nb = trivial ? N : images_per_chunk(N, (size_t)col_img * es);
     const int has_b = present(ctx, 2);
     if (has_b) {
@@ -253,7 +220,7 @@ static om_status *conv_data_grad(const om_kernel_ctx *ctx, const om_cuda_exec *x
                                  const void *dy, const void *w, const void *b, void *dx) {
     const size_t es = dtype_size(dt);
     const int64_t N = g.w.N, C = g.w.C, CK = g.Cg * g.KS, col_img = C * g.KS * g.OS;
-    const int trivial = window_trivial(&g.w), no_tap = !trivial && (g.OS == 0 || CK == 0);   // no tap reaches dx
+    const int trivial = om_conv_window_trivial(&g.w), no_tap = !trivial && (g.OS == 0 || CK == 0);   // no tap reaches dx
     if (no_tap && !b) return zero_fill(dx, (size_t)(N * C * g.IS) * es, x);
     if (b && (trivial || no_tap)) {   // dx = b, then the GEMM adds (beta 1)
         const int64_t n = N * C * g.IS;
@@ -296,34 +263,12 @@ om_status *conv_grad_x_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dY = &ctx->in[0], *W = &ctx->in[1], *dX = &ctx->out[0];
     if (W->dtype != dY->dtype) return omc_err_dtype(ctx, 1, W->dtype);
     conv_geom g;
-    OMC_TRY(conv_geometry(ctx, dX->rank, dX->dims, W->rank, W->dims, &g));
+    OMC_TRY(om_conv_geometry(ctx->node, dX->rank, dX->dims, W->rank, W->dims, &g));
     if (!numel(dX)) return NULL;
     return conv_data_grad(ctx, x, dY->dtype, g, dY->data, W->data, NULL, dX->data);
 }
 
 // ---- ConvTranspose ------------------------------------------------------------------------------
-
-// as conv.c: the geometry of the convolution whose input gradient ConvTranspose is (M = C_in,
-// Cg = C_out / group; its input is y, its output x)
-static om_status *convt_geometry(const om_kernel_ctx *ctx, int xr, const int64_t *xd, int wr, const int64_t *wd,
-                                 conv_geom *g) {
-    if (wr != xr || xr < 3)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': X has rank %d and W rank %d (they must match, "
-                       ">= 3)", omc_node_name(ctx), xr, wr);
-    g->G = attr_i(ctx, "group", 1);
-    if (g->G < 1 || xd[1] != wd[0] || wd[0] % g->G)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': X has %lld channels, W is (%lld, %lld, ...) with "
-                       "group %lld: need C == W.dims[0], divisible by group", omc_node_name(ctx), (long long)xd[1],
-                       (long long)wd[0], (long long)wd[1], (long long)g->G);
-    OMC_TRY(om_window_init_transposed(ctx->node, xr, xd, wd + 2, wd[1] * g->G, &g->w));
-    g->M = wd[0];
-    g->Cg = wd[1];
-    g->Mg = g->M / g->G;
-    g->KS = om_window_k_size(&g->w);
-    g->IS = om_window_in_size(&g->w);
-    g->OS = om_window_out_size(&g->w);
-    return NULL;
-}
 
 // x is (N, C_in, *S), w is (C_in, C_out/G, *K), b is (C_out), y is (N, C_out, *O): ConvGradX's pass, x as dy
 om_status *conv_transpose_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
@@ -332,7 +277,7 @@ om_status *conv_transpose_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) 
     const int has_b = present(ctx, 2);
     if (has_b && ctx->in[2].dtype != X->dtype) return omc_err_dtype(ctx, 2, ctx->in[2].dtype);
     conv_geom g;
-    OMC_TRY(convt_geometry(ctx, X->rank, X->dims, W->rank, W->dims, &g));
+    OMC_TRY(om_convt_geometry(ctx->node, X->rank, X->dims, W->rank, W->dims, &g));
     if (!numel(Y)) return NULL;
     return conv_data_grad(ctx, x, X->dtype, g, X->data, W->data, has_b ? ctx->in[2].data : NULL, Y->data);
 }
@@ -357,7 +302,7 @@ om_status *conv_grad_w_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
         const om_tensor *dW = &ctx->out[0];
         if (X->dtype != dt) return omc_err_dtype(ctx, 1, X->dtype);
         conv_geom g;
-        OMC_TRY(conv_geometry(ctx, X->rank, X->dims, dW->rank, dW->dims, &g));
+        OMC_TRY(om_conv_geometry(ctx->node, X->rank, X->dims, dW->rank, dW->dims, &g));
         const int64_t N = g.w.N, C = g.w.C, CK = g.Cg * g.KS;
         if (N == 0 || g.OS == 0) {
             OMC_TRY(zero_fill(dW->data, nbytes(dW), x));
