@@ -1,4 +1,7 @@
-// misc.cu — misc.c's ops on the CUDA provider: Pad / PadGrad, Einsum.
+// misc.cu — misc.c's ops on the CUDA provider: the comparisons and logic (Less .. Xor, Not, IsNaN,
+// IsInf) and the activations (LeakyRelu .. Celu, ActivationGrad), which run through
+// elementwise.cu's pointwise kernels (pointwise.cuh); Clip / ClipGrad / HardTanh; Pad / PadGrad;
+// Einsum; Tile / TileGrad and Trilu.
 //
 // Pad is one thread per output element (the source index per dim: pad_geom.h's om_pad_src); its
 // backward gathers in constant mode (each input element has one source) and scatter-adds with
