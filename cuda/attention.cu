@@ -216,7 +216,7 @@ static int use_flash(om_dtype dt, const attn_geom &g, flash_args *f) {
 static unsigned rows_grid(int64_t rows) { return (unsigned)(rows < 65535 * 16 ? (rows > 0 ? rows : 1) : 65535 * 16); }
 
 // Q (batch..., L, D), K (batch..., S, D) or K^T, V (batch..., S, Dv), mask -> (L, S); O (batch..., L, Dv), lse, seed
-static om_status *attention_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *attention_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     attn_geom g;
     OMC_TRY(attn_geometry(ctx, x, 0, 3, 4, 7, 8, &g));
     om_dtype dt = ctx->in[0].dtype;
@@ -344,7 +344,7 @@ __global__ void attn_dmask_kernel(float *acc, const float *P, const float *dPd, 
 }
 
 // FusedAttentionGrad(dO, Q, K, V, O, lse, mask?, f0?, f1?, f2?, ratio?, training_mode?, seed?) -> (dQ?, dK?, dV?, dmask?)
-static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     attn_geom g;
     OMC_TRY(attn_geometry(ctx, x, 1, 6, 7, 10, 11, &g));
     const int want_dmask = wanted(ctx, 3) && g.has_mask;
@@ -441,9 +441,3 @@ static om_status *attention_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_ex
     if (Pd) omc_temp_free(x, Pd);
     return st;
 }
-
-extern const omc_kernel_entry omc_kernels_attention[] = {
-    {"FusedAttention", "ortmod", attention_cuda},
-    {"FusedAttentionGrad", "ortmod", attention_grad_cuda},
-    OMC_TABLE_END,
-};

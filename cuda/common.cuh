@@ -68,6 +68,17 @@ static inline int64_t numel(const om_tensor *t) {
     for (int i = 0; i < t->rank; i++) n *= t->dims[i];
     return n;
 }
+// str = the row-major strides of dims
+static inline void dense_strides(int rank, const int64_t *dims, int64_t *str) {
+    int64_t s = 1;
+    for (int d = rank - 1; d >= 0; d--) { str[d] = s; s *= dims[d]; }
+}
+// d[from] * ... * d[to - 1]
+static inline int64_t dims_prod(const int64_t *d, int from, int to) {
+    int64_t p = 1;
+    for (int i = from; i < to; i++) p *= d[i];
+    return p;
+}
 static inline size_t dtype_size(om_dtype d) {
     switch (d) {
     case OM_F64: case OM_I64: return 8;
@@ -198,6 +209,9 @@ static inline unsigned grid_for(int64_t n, int threads = OMC_THREADS) {
     if (b > 65535LL * 32) b = 65535LL * 32;   // grid-stride loops cover the rest
     return (unsigned)b;
 }
+// one block per channel for per-channel statistics (dB, BatchNorm), at most 65535 (the kernels
+// stride over the rest)
+static inline unsigned channel_blocks(int64_t C) { return (unsigned)(C < 65535 ? (C > 0 ? C : 1) : 65535); }
 #define GRID_STRIDE(i, n) \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
@@ -326,14 +340,6 @@ om_status *omc_column_sum(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dt
                           int64_t M, int64_t N, int to_scalar);
 om_status *omc_reduce(const om_kernel_ctx *ctx, const om_cuda_exec *x, int kind, const om_tensor *in, const void *src,
                       const uint8_t *reduce_axis, void *dst, double scale);
-
-// ---- the per-file kernel tables ------------------------------------------------------------------
-struct omc_kernel_entry {
-    const char *name;
-    const char *domain;
-    om_cuda_kernel_fn fn;
-};
-#define OMC_TABLE_END {NULL, NULL, NULL}
 
 // Copies bytes on the stream (device to device); the common "output is the input" case.
 static inline om_status *copy_d2d(void *dst, const void *src, size_t n, const om_cuda_exec *x) {

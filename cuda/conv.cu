@@ -1,7 +1,6 @@
-// conv.cu — the windowed and per-channel ops of conv.c, pool.c and norm.c: Conv and its backward
-// ops ConvGradX / ConvGradW, MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool and their
-// backward ops, BatchNormalization and BatchNormalizationGrad; ConvTranspose, which is ConvGradX's
-// pass (the input gradient of the convolution whose geometry om_window_init_transposed gives).
+// conv.cu — conv.c's ops on the CUDA provider: Conv and its backward ops ConvGradX / ConvGradW;
+// ConvTranspose, which is ConvGradX's pass (the input gradient of the convolution whose geometry
+// om_window_init_transposed gives). The pooling ops are in pool.cu, BatchNormalization in norm.cu.
 //
 // Convolution is im2col + cuBLAS, as on the CPU, but over a chunk of images at a time:
 //   col   (nb, C*KS, OS)      = im2col(x)                     KS = kernel size, OS = output size
@@ -11,10 +10,8 @@
 //                                                            transposed to (M, nb*OS): the batch
 //                                                            sum happens inside the GEMM
 // A 1x1 kernel with stride 1 and no padding needs no im2col in the forward and ConvGradX.
-// col2im and the pooling backward ops are gathers (each input element sums the outputs whose
-// window holds it), so they need no atomics and no zero fill; MaxPoolGrad scatters through
-// the saved argmax with atomics. Per-channel statistics (BatchNorm, dB) use one block per
-// channel; elementwise passes are grid-stride loops.
+// col2im is a gather (each input element sums the outputs whose window holds it), so it needs no
+// atomics and no zero fill; dB uses one block per channel; elementwise passes are grid-stride loops.
 #include <math.h>
 
 #include "common.cuh"
@@ -22,12 +19,15 @@
 // spatial.h (window geometry: kernel, strides, dilations, pads, auto_pad, ceil_mode, shared with
 // conv.c and pool.c) calls the engine's attribute and error functions. The provider reaches the
 // engine only through om_cuda_host (the extension's symbols are hidden), so this file maps those
-// names onto the host table: both providers resolve a window with the same code.
+// names onto the host table: both providers resolve a window, and check a convolution's channels
+// and groups (conv_geom.h), with the same code.
 #define om_error(...) g_host.error(__VA_ARGS__)
 #define om_attr_int(n, name, d) g_host.attr_int((n), (name), (d))
 #define om_attr_ints(n, name, v) g_host.attr_ints((n), (name), (v))
 #define om_attr_string(n, name, d) g_host.attr_string((n), (name), (d))
 #include "ops/spatial.h"
+#include "ops/conv_geom.h"
+#include "window.cuh"
 
 // scratch for im2col is taken in chunks of images of at most this many bytes (the CUDA emulator
 // test builds with a few KiB, so that small convolutions take several chunks)
@@ -44,49 +44,6 @@ static int64_t images_per_chunk(int64_t N, size_t per_image) {
     int64_t nb = per_image ? (int64_t)(CONV_SCRATCH_BYTES / per_image) : N;
     if (nb < 1) nb = 1;
     return nb < N ? nb : N;
-}
-
-// ---- geometry (as conv.c) ------------------------------------------------------------------
-
-struct conv_geom {
-    om_window w;
-    int64_t M, G, Cg, Mg, KS, IS, OS;
-};
-
-// x dims (xr, xd) and W's shape: checks channels and groups
-static om_status *conv_geometry(const om_kernel_ctx *ctx, int xr, const int64_t *xd, int wr, const int64_t *wd,
-                                conv_geom *g) {
-    const om_node *n = ctx->node;
-    if (wr != xr || xr < 3)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': X has rank %d and W rank %d (they must match, >= 3)",
-                       omc_op_name(ctx), omc_node_name(ctx), xr, wr);
-    OMC_TRY(om_window_init(n, xr, xd, wd + 2, 0, &g->w));
-    g->G = attr_i(ctx, "group", 1);
-    g->M = wd[0];
-    if (g->G < 1 || xd[1] % g->G || g->M % g->G || wd[1] * g->G != xd[1])
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': X has %lld channels, W is (%lld, %lld, ...) with group %lld: "
-                       "need C == W.dims[1] * group and M divisible by group", omc_op_name(ctx), omc_node_name(ctx),
-                       (long long)xd[1], (long long)wd[0], (long long)wd[1], (long long)g->G);
-    g->Cg = wd[1];
-    g->Mg = g->M / g->G;
-    g->KS = om_window_k_size(&g->w);
-    g->IS = om_window_in_size(&g->w);
-    g->OS = om_window_out_size(&g->w);
-    return NULL;
-}
-
-static int window_trivial(const om_window *w) {
-    for (int i = 0; i < OM_SP; i++)
-        if (w->k[i] != 1 || w->s[i] != 1 || w->pb[i] || w->pe[i]) return 0;
-    return 1;
-}
-
-// o (< OS) into its (od, oh, ow)
-__device__ __forceinline__ void out_coords(const om_window &w, int64_t o, int64_t *od, int64_t *oh, int64_t *ow) {
-    *ow = o % w.out[2];
-    int64_t t = o / w.out[2];
-    *oh = t % w.out[1];
-    *od = t / w.out[1];
 }
 
 // ---- im2col / col2im --------------------------------------------------------------------------
@@ -124,32 +81,6 @@ static om_status *im2col(const om_kernel_ctx *ctx, const om_cuda_exec *x, size_t
                                                                         row_stride);
     });
     return omc_launched(ctx);
-}
-
-// Calls f(k, od, oh, ow) for every window that holds input position (id, ih, iw): k is the tap
-// ((kd * KH + kh) * KW + kw), (od, oh, ow) the window's output position. The gather col2im and
-// AveragePoolGrad run instead of scattering with atomics.
-template <typename F>
-__device__ __forceinline__ void for_windows_of(const om_window &w, int64_t id, int64_t ih, int64_t iw, F f) {
-    for (int64_t kd = 0; kd < w.k[0]; kd++) {
-        const int64_t td = id + w.pb[0] - kd * w.d[0];
-        if (td < 0 || td % w.s[0]) continue;
-        const int64_t od = td / w.s[0];
-        if (od >= w.out[0]) continue;
-        for (int64_t kh = 0; kh < w.k[1]; kh++) {
-            const int64_t th = ih + w.pb[1] - kh * w.d[1];
-            if (th < 0 || th % w.s[1]) continue;
-            const int64_t oh = th / w.s[1];
-            if (oh >= w.out[1]) continue;
-            for (int64_t kw = 0; kw < w.k[2]; kw++) {
-                const int64_t tw = iw + w.pb[2] - kw * w.d[2];
-                if (tw < 0 || tw % w.s[2]) continue;
-                const int64_t ow = tw / w.s[2];
-                if (ow >= w.out[2]) continue;
-                f((kd * w.k[1] + kh) * w.k[2] + kw, od, oh, ow);
-            }
-        }
-    }
 }
 
 // dcol is (nb, C*KS, OS) in T's math type (fp32 for fp16/bf16: the GEMM's sums are rounded once,
@@ -229,8 +160,6 @@ __global__ void channel_sum_kernel(T *out, const T *dy, int64_t N, int64_t M, in
     }
 }
 
-static unsigned channel_blocks(int64_t C) { return (unsigned)(C < 65535 ? (C > 0 ? C : 1) : 65535); }
-
 // dy (N, M, S) -> db (M)
 static om_status *channel_sum(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *db, const void *dy,
                               int64_t N, int64_t M, int64_t S) {
@@ -244,16 +173,16 @@ static om_status *channel_sum(const om_kernel_ctx *ctx, const om_cuda_exec *x, o
 // ---- Conv --------------------------------------------------------------------------------------
 
 // x is (N, C, *S), w is (M, C/G, *K), b is (M), y is (N, M, *O)
-static om_status *conv_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *conv_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *Y = &ctx->out[0];
     if (W->dtype != X->dtype) return omc_err_dtype(ctx, 1, W->dtype);
     conv_geom g;
-    OMC_TRY(conv_geometry(ctx, X->rank, X->dims, W->rank, W->dims, &g));
+    OMC_TRY(om_conv_geometry(ctx->node, X->rank, X->dims, W->rank, W->dims, &g));
     if (!numel(Y)) return NULL;
     const om_dtype dt = X->dtype;
     const size_t es = dtype_size(dt);
     const int64_t N = g.w.N, C = g.w.C, CK = g.Cg * g.KS, col_img = C * g.KS * g.OS;
-    const int trivial = window_trivial(&g.w);
+    const int trivial = om_conv_window_trivial(&g.w);
     int64_t nb = trivial ? N : images_per_chunk(N, (size_t)col_img * es);
     const int has_b = present(ctx, 2);
     if (has_b) {
@@ -291,7 +220,7 @@ static om_status *conv_data_grad(const om_kernel_ctx *ctx, const om_cuda_exec *x
                                  const void *dy, const void *w, const void *b, void *dx) {
     const size_t es = dtype_size(dt);
     const int64_t N = g.w.N, C = g.w.C, CK = g.Cg * g.KS, col_img = C * g.KS * g.OS;
-    const int trivial = window_trivial(&g.w), no_tap = !trivial && (g.OS == 0 || CK == 0);   // no tap reaches dx
+    const int trivial = om_conv_window_trivial(&g.w), no_tap = !trivial && (g.OS == 0 || CK == 0);   // no tap reaches dx
     if (no_tap && !b) return zero_fill(dx, (size_t)(N * C * g.IS) * es, x);
     if (b && (trivial || no_tap)) {   // dx = b, then the GEMM adds (beta 1)
         const int64_t n = N * C * g.IS;
@@ -330,47 +259,25 @@ static om_status *conv_data_grad(const om_kernel_ctx *ctx, const om_cuda_exec *x
 }
 
 // ConvGradX(dY, W, Shape(X)): dy is (N, M, *O), w is (M, C/G, *K), dx is (N, C, *S)
-static om_status *conv_grad_x_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *conv_grad_x_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dY = &ctx->in[0], *W = &ctx->in[1], *dX = &ctx->out[0];
     if (W->dtype != dY->dtype) return omc_err_dtype(ctx, 1, W->dtype);
     conv_geom g;
-    OMC_TRY(conv_geometry(ctx, dX->rank, dX->dims, W->rank, W->dims, &g));
+    OMC_TRY(om_conv_geometry(ctx->node, dX->rank, dX->dims, W->rank, W->dims, &g));
     if (!numel(dX)) return NULL;
     return conv_data_grad(ctx, x, dY->dtype, g, dY->data, W->data, NULL, dX->data);
 }
 
 // ---- ConvTranspose ------------------------------------------------------------------------------
 
-// as conv.c: the geometry of the convolution whose input gradient ConvTranspose is (M = C_in,
-// Cg = C_out / group; its input is y, its output x)
-static om_status *convt_geometry(const om_kernel_ctx *ctx, int xr, const int64_t *xd, int wr, const int64_t *wd,
-                                 conv_geom *g) {
-    if (wr != xr || xr < 3)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': X has rank %d and W rank %d (they must match, "
-                       ">= 3)", omc_node_name(ctx), xr, wr);
-    g->G = attr_i(ctx, "group", 1);
-    if (g->G < 1 || xd[1] != wd[0] || wd[0] % g->G)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': X has %lld channels, W is (%lld, %lld, ...) with "
-                       "group %lld: need C == W.dims[0], divisible by group", omc_node_name(ctx), (long long)xd[1],
-                       (long long)wd[0], (long long)wd[1], (long long)g->G);
-    OMC_TRY(om_window_init_transposed(ctx->node, xr, xd, wd + 2, wd[1] * g->G, &g->w));
-    g->M = wd[0];
-    g->Cg = wd[1];
-    g->Mg = g->M / g->G;
-    g->KS = om_window_k_size(&g->w);
-    g->IS = om_window_in_size(&g->w);
-    g->OS = om_window_out_size(&g->w);
-    return NULL;
-}
-
 // x is (N, C_in, *S), w is (C_in, C_out/G, *K), b is (C_out), y is (N, C_out, *O): ConvGradX's pass, x as dy
-static om_status *conv_transpose_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *conv_transpose_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *Y = &ctx->out[0];
     if (W->dtype != X->dtype) return omc_err_dtype(ctx, 1, W->dtype);
     const int has_b = present(ctx, 2);
     if (has_b && ctx->in[2].dtype != X->dtype) return omc_err_dtype(ctx, 2, ctx->in[2].dtype);
     conv_geom g;
-    OMC_TRY(convt_geometry(ctx, X->rank, X->dims, W->rank, W->dims, &g));
+    OMC_TRY(om_convt_geometry(ctx->node, X->rank, X->dims, W->rank, W->dims, &g));
     if (!numel(Y)) return NULL;
     return conv_data_grad(ctx, x, X->dtype, g, X->data, W->data, has_b ? ctx->in[2].data : NULL, Y->data);
 }
@@ -385,7 +292,7 @@ __global__ void images_to_columns_kernel(U *dyT, const U *dy, int64_t nb, int64_
 }
 
 // ConvGradW(dY, X?, Shape(W)) -> dW, dB?: dy is (N, M, *O), x is (N, C, *S), dw is (M, C/G, *K), db is (M)
-static om_status *conv_grad_w_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *conv_grad_w_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dY = &ctx->in[0], *X = &ctx->in[1];
     const om_dtype dt = dY->dtype;
     const size_t es = dtype_size(dt);
@@ -395,7 +302,7 @@ static om_status *conv_grad_w_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
         const om_tensor *dW = &ctx->out[0];
         if (X->dtype != dt) return omc_err_dtype(ctx, 1, X->dtype);
         conv_geom g;
-        OMC_TRY(conv_geometry(ctx, X->rank, X->dims, dW->rank, dW->dims, &g));
+        OMC_TRY(om_conv_geometry(ctx->node, X->rank, X->dims, dW->rank, dW->dims, &g));
         const int64_t N = g.w.N, C = g.w.C, CK = g.Cg * g.KS;
         if (N == 0 || g.OS == 0) {
             OMC_TRY(zero_fill(dW->data, nbytes(dW), x));
@@ -449,467 +356,3 @@ static om_status *conv_grad_w_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
     }
     return NULL;
 }
-
-// ---- MaxPool / MaxPoolGrad --------------------------------------------------------------------------
-
-static om_status *pool_window(const om_kernel_ctx *ctx, int xr, const int64_t *xd, om_window *w) {
-    return om_window_init(ctx->node, xr, xd, NULL, (int)attr_i(ctx, "ceil_mode", 0), w);
-}
-
-// x is (P, *S) planes, y and idx are (P, *O); idx is ONNX's flat index into x (-1: no tap inside).
-// NaN wins a window, the first one found stays (as pool.c).
-template <typename T>
-__global__ void max_pool_kernel(T *y, int64_t *idx, const T *x, om_window w, int64_t P) {
-    typedef typename acc<T>::t A;
-    const int64_t OS = w.out[0] * w.out[1] * w.out[2], IS = w.in[0] * w.in[1] * w.in[2];
-    GRID_STRIDE(i, P * OS) {
-        const int64_t p = i / OS;
-        int64_t od, oh, ow;
-        out_coords(w, i - p * OS, &od, &oh, &ow);
-        const T *xc = x + p * IS;
-        A best = -INFINITY;
-        int64_t bi = -1;
-        for (int64_t kd = 0; kd < w.k[0]; kd++) {
-            const int64_t id = od * w.s[0] - w.pb[0] + kd * w.d[0];
-            if (id < 0 || id >= w.in[0]) continue;
-            for (int64_t kh = 0; kh < w.k[1]; kh++) {
-                const int64_t ih = oh * w.s[1] - w.pb[1] + kh * w.d[1];
-                if (ih < 0 || ih >= w.in[1]) continue;
-                for (int64_t kw = 0; kw < w.k[2]; kw++) {
-                    const int64_t iw = ow * w.s[2] - w.pb[2] + kw * w.d[2];
-                    if (iw < 0 || iw >= w.in[2]) continue;
-                    const int64_t at = (id * w.in[1] + ih) * w.in[2] + iw;
-                    const A v = ld(xc[at]);
-                    if (bi < 0 || v > best || v != v) {   // eager's rule: a later NaN wins
-                        best = v;
-                        bi = at;
-                    }
-                }
-            }
-        }
-        y[i] = st<T>(best);
-        if (idx) idx[i] = bi < 0 ? -1 : p * IS + bi;
-    }
-}
-
-static om_status *max_pool_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *X = &ctx->in[0];
-    om_window w;
-    OMC_TRY(pool_window(ctx, X->rank, X->dims, &w));
-    if (attr_i(ctx, "storage_order", 0) != 0) return omc_err_unsupported(ctx, "storage_order = 1 (column-major indices)");
-    const int64_t P = w.N * w.C, n = P * om_window_out_size(&w);
-    if (!n) return NULL;
-    int64_t *idx = wanted(ctx, 1) ? (int64_t *)ctx->out[1].data : NULL;
-    OMC_DISPATCH_FLOAT(X->dtype, ctx, 0, {
-        max_pool_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)ctx->out[0].data, idx, (const T *)X->data,
-                                                                          w, P);
-    });
-    return omc_launched(ctx);
-}
-
-// dy, idx are (P, OS), dx is (P, IS) from zero in dy's math type (omc_scatter): dx[idx] += dy. An index outside its plane (only a
-// corrupted Indices tensor has one) contributes nothing: the CPU reports it, the GPU cannot without
-// a synchronization.
-template <typename T>
-__global__ void max_pool_grad_kernel(typename acc<T>::t *dx, const T *dy, const int64_t *idx, int64_t P, int64_t IS, int64_t OS) {
-    GRID_STRIDE(i, P * OS) {
-        const int64_t p = i / OS, at = idx[i] - p * IS;
-        if (at >= 0 && at < IS) atomic_acc(&dx[p * IS + at], ld(dy[i]));
-    }
-}
-
-// MaxPoolGrad(dY, Indices, Shape(X)) -> dX
-static om_status *max_pool_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *dY = &ctx->in[0], *dX = &ctx->out[0];
-    if (ctx->in[1].dtype != OM_I64) return omc_err_dtype(ctx, 1, ctx->in[1].dtype);
-    if (dX->rank < 2) return omc_err_unsupported(ctx, "dX of rank < 2");
-    const int64_t P = dX->dims[0] * dX->dims[1];
-    const int64_t IS = P ? numel(dX) / P : 0, OS = P ? numel(dY) / P : 0;
-    if (!om_dtype_is_float(dY->dtype)) return omc_err_dtype(ctx, 0, dY->dtype);
-    omc_scatter sc;
-    OMC_TRY(omc_scatter_start(ctx, x, dY->dtype, dX->data, numel(dX), NULL, &sc));
-    if (!P || !OS || !IS) return omc_scatter_finish(ctx, x, &sc, NULL);
-    OMC_DISPATCH_FLOAT(dY->dtype, ctx, 0, {
-        max_pool_grad_kernel<T><<<grid_for(P * OS), OMC_THREADS, 0, stream_of(x)>>>(
-            (A *)sc.acc, (const T *)dY->data, (const int64_t *)ctx->in[1].data, P, IS, OS);
-    });
-    return omc_scatter_finish(ctx, x, &sc, omc_launched(ctx));
-}
-
-// ---- AveragePool / AveragePoolGrad ------------------------------------------------------------------
-
-// The divisor of output position (od, oh, ow): taps inside the input, or (count_include_pad) taps
-// inside the padded input — PyTorch's rule, as pool.c.
-__device__ __forceinline__ int64_t avg_divisor(const om_window &w, int incl, int64_t od, int64_t oh, int64_t ow) {
-    const int64_t o[OM_SP] = {od, oh, ow};
-    int64_t div = 1;
-    for (int i = 0; i < OM_SP; i++) {
-        const int64_t lo = incl ? -w.pb[i] : 0, hi = incl ? w.in[i] + w.pe[i] : w.in[i];
-        int64_t cnt = 0;
-        for (int64_t k = 0; k < w.k[i]; k++) {
-            const int64_t pos = o[i] * w.s[i] - w.pb[i] + k * w.d[i];
-            cnt += pos >= lo && pos < hi;
-        }
-        div *= cnt;
-    }
-    return div;
-}
-
-// x is (P, *S), y is (P, *O)
-template <typename T>
-__global__ void average_pool_kernel(T *y, const T *x, om_window w, int incl, int64_t P) {
-    typedef typename acc<T>::t A;
-    const int64_t OS = w.out[0] * w.out[1] * w.out[2], IS = w.in[0] * w.in[1] * w.in[2];
-    GRID_STRIDE(i, P * OS) {
-        const int64_t p = i / OS;
-        int64_t od, oh, ow;
-        out_coords(w, i - p * OS, &od, &oh, &ow);
-        const T *xc = x + p * IS;
-        A s = 0;
-        for (int64_t kd = 0; kd < w.k[0]; kd++) {
-            const int64_t id = od * w.s[0] - w.pb[0] + kd * w.d[0];
-            if (id < 0 || id >= w.in[0]) continue;
-            for (int64_t kh = 0; kh < w.k[1]; kh++) {
-                const int64_t ih = oh * w.s[1] - w.pb[1] + kh * w.d[1];
-                if (ih < 0 || ih >= w.in[1]) continue;
-                for (int64_t kw = 0; kw < w.k[2]; kw++) {
-                    const int64_t iw = ow * w.s[2] - w.pb[2] + kw * w.d[2];
-                    if (iw >= 0 && iw < w.in[2]) s += ld(xc[(id * w.in[1] + ih) * w.in[2] + iw]);
-                }
-            }
-        }
-        const int64_t div = avg_divisor(w, incl, od, oh, ow);
-        y[i] = st<T>(div > 0 ? s / (A)div : (A)0);
-    }
-}
-
-static om_status *average_pool_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *X = &ctx->in[0];
-    om_window w;
-    OMC_TRY(pool_window(ctx, X->rank, X->dims, &w));
-    const int incl = attr_i(ctx, "count_include_pad", 0) != 0;
-    const int64_t P = w.N * w.C, n = P * om_window_out_size(&w);
-    if (!n) return NULL;
-    OMC_DISPATCH_FLOAT(X->dtype, ctx, 0, {
-        average_pool_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)ctx->out[0].data, (const T *)X->data,
-                                                                              w, incl, P);
-    });
-    return omc_launched(ctx);
-}
-
-// dy is (P, *O), dx is (P, *S): each input position sums dy / divisor over the windows that hold it
-template <typename T>
-__global__ void average_pool_grad_kernel(T *dx, const T *dy, om_window w, int incl, int64_t P) {
-    typedef typename acc<T>::t A;
-    const int64_t OS = w.out[0] * w.out[1] * w.out[2], IS = w.in[0] * w.in[1] * w.in[2];
-    GRID_STRIDE(i, P * IS) {
-        const int64_t s = i % IS, p = i / IS;
-        const int64_t iw = s % w.in[2], ih = (s / w.in[2]) % w.in[1], id = s / (w.in[2] * w.in[1]);
-        const T *g = dy + p * OS;
-        A sum = 0;
-        for_windows_of(w, id, ih, iw, [&](int64_t, int64_t od, int64_t oh, int64_t ow) {
-            const int64_t div = avg_divisor(w, incl, od, oh, ow);
-            if (div > 0) sum += ld(g[(od * w.out[1] + oh) * w.out[2] + ow]) / (A)div;
-        });
-        dx[i] = st<T>(sum);
-    }
-}
-
-// AveragePoolGrad(dY, Shape(X)) -> dX
-static om_status *average_pool_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *dX = &ctx->out[0];
-    om_window w;
-    OMC_TRY(pool_window(ctx, dX->rank, dX->dims, &w));
-    const int incl = attr_i(ctx, "count_include_pad", 0) != 0;
-    const int64_t P = w.N * w.C, n = P * om_window_in_size(&w);
-    if (!n) return NULL;
-    OMC_DISPATCH_FLOAT(dX->dtype, ctx, 0, {
-        average_pool_grad_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)dX->data,
-                                                                                   (const T *)ctx->in[0].data, w, incl, P);
-    });
-    return omc_launched(ctx);
-}
-
-// ---- GlobalAveragePool / GlobalMaxPool / GlobalPoolGrad: one warp per (n, c) plane ------------------
-
-// max that keeps a NaN: once either side is NaN the result is (as pool.c's running max)
-template <typename A> __device__ __forceinline__ A nan_max(A a, A b) { return a != a ? a : b != b ? b : b > a ? b : a; }
-
-// x is (P, S), y is (P)
-template <typename T>
-__global__ void global_pool_kernel(T *y, const T *x, int64_t P, int64_t S, int is_max) {
-    typedef typename acc<T>::t A;
-    const int lane = threadIdx.x & 31;
-    const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
-    for (int64_t p = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; p < P; p += warps) {
-        const T *r = x + p * S;
-        if (is_max) {
-            A m = -INFINITY;
-            for (int64_t i = lane; i < S; i += 32) m = nan_max(m, ld(r[i]));
-            for (int o = 16; o > 0; o >>= 1) m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, o));
-            if (lane == 0) y[p] = st<T>(m);
-        } else {
-            A s = 0;
-            for (int64_t i = lane; i < S; i += 32) s += ld(r[i]);
-            s = warp_sum(s);
-            if (lane == 0) y[p] = st<T>(S ? s / (A)S : (A)0);
-        }
-    }
-}
-
-static om_status *global_pool_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *X = &ctx->in[0];
-    if (X->rank < 2) return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': X must have rank >= 2", omc_op_name(ctx),
-                                    omc_node_name(ctx));
-    const int is_max = !strcmp(omc_op_name(ctx), "GlobalMaxPool");
-    const int64_t P = X->dims[0] * X->dims[1], S = P ? numel(X) / P : 0;
-    if (!P) return NULL;
-    OMC_DISPATCH_FLOAT(X->dtype, ctx, 0, {
-        global_pool_kernel<T><<<grid_for(P * 32), OMC_THREADS, 0, stream_of(x)>>>((T *)ctx->out[0].data,
-                                                                                  (const T *)X->data, P, S, is_max);
-    });
-    return omc_launched(ctx);
-}
-
-// dy is (P); x (P, S) and y (P) for the max (else NULL); dx is (P, S). Max: dy goes to the first
-// position equal to the max (a NaN max: the first NaN), as PyTorch's max reduction; average: dy / S.
-template <typename T>
-__global__ void global_pool_grad_kernel(T *dx, const T *dy, const T *x, const T *y, int64_t P, int64_t S) {
-    typedef typename acc<T>::t A;
-    const int lane = threadIdx.x & 31;
-    const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
-    for (int64_t p = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; p < P; p += warps) {
-        const A g = ld(dy[p]);
-        T *d = dx + p * S;
-        if (x) {
-            const A m = ld(y[p]);
-            int64_t at = INT64_MAX;
-            for (int64_t i = lane; i < S; i += 32) {
-                const A v = ld(x[p * S + i]);
-                if (v == m || (m != m && v != v)) { at = i; break; }
-            }
-            for (int o = 16; o > 0; o >>= 1) {
-                const int64_t other = __shfl_xor_sync(0xffffffffu, at, o);
-                at = other < at ? other : at;
-            }
-            for (int64_t i = lane; i < S; i += 32) d[i] = st<T>(i == at ? g : (A)0);
-        } else {
-            const A v = S ? g / (A)S : (A)0;
-            for (int64_t i = lane; i < S; i += 32) d[i] = st<T>(v);
-        }
-    }
-}
-
-// GlobalPoolGrad(dY, X?, Y?, Shape(X)) -> dX
-static om_status *global_pool_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *dX = &ctx->out[0];
-    if (dX->rank < 2) return omc_err_unsupported(ctx, "dX of rank < 2");
-    const int is_max = present(ctx, 1);
-    if (is_max && !present(ctx, 2)) return OMC_ERR(OM_INVALID_ARGUMENT, "GlobalPoolGrad node '%s': X given without Y",
-                                                   omc_node_name(ctx));
-    const int64_t P = dX->dims[0] * dX->dims[1], S = P ? numel(dX) / P : 0;
-    if (!P || !S) return NULL;
-    OMC_DISPATCH_FLOAT(dX->dtype, ctx, 0, {
-        global_pool_grad_kernel<T><<<grid_for(P * 32), OMC_THREADS, 0, stream_of(x)>>>(
-            (T *)dX->data, (const T *)ctx->in[0].data, is_max ? (const T *)ctx->in[1].data : NULL,
-            is_max ? (const T *)ctx->in[2].data : NULL, P, S);
-    });
-    return omc_launched(ctx);
-}
-
-// ---- BatchNormalization / BatchNormalizationGrad -------------------------------------------------------
-
-static om_status *bn_geometry(const om_kernel_ctx *ctx, const om_tensor *t, int64_t *N, int64_t *C, int64_t *S) {
-    if (t->rank < 2)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': X must have rank >= 2 (N, C, ...)", omc_op_name(ctx),
-                       omc_node_name(ctx));
-    *N = t->dims[0];
-    *C = t->dims[1];
-    *S = 1;
-    for (int i = 2; i < t->rank; i++) *S *= t->dims[i];
-    return NULL;
-}
-
-static om_status *bn_check_vec(const om_kernel_ctx *ctx, int i, om_dtype dt, int64_t C) {
-    if (ctx->in[i].dtype != dt) return omc_err_dtype(ctx, i, ctx->in[i].dtype);
-    if (numel(&ctx->in[i]) != C)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': input %d must have %lld elements (the channels of X)",
-                       omc_op_name(ctx), omc_node_name(ctx), i, (long long)C);
-    return NULL;
-}
-
-// x is (N, C, S); scale, bias, mean, var and the optional outputs are (C); coef (C, 3) receives
-// y = (x - m) a + b per channel (centred first, as norm.c: x a - mean a cancels where
-// |mean| >> std; m is the mean rounded to A, b takes what that rounding left out). Training: the batch mean and biased variance in two passes in double
-// (as norm.c), running = input * momentum + batch * (1 - momentum) with the unbiased variance.
-// One block per channel.
-template <typename T>
-__global__ void bn_stats_kernel(typename acc<T>::t *coef, T *rmean, T *rvar, T *smean, T *sinv, const T *x,
-                                const T *scale, const T *bias, const T *in_mean, const T *in_var, int64_t N, int64_t C,
-                                int64_t S, double eps, double mom, int train) {
-    typedef typename acc<T>::t A;
-    const int64_t cnt = N * S;
-    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
-        double mean, var;
-        if (train) {
-            double s = 0;
-            for (int64_t i = threadIdx.x; i < cnt; i += blockDim.x) {
-                const int64_t n = i / S, k = i - n * S;
-                s += (double)ld(x[(n * C + c) * S + k]);
-            }
-            s = block_sum(s);
-            mean = cnt ? s / (double)cnt : 0.0;
-            double ss = 0;
-            for (int64_t i = threadIdx.x; i < cnt; i += blockDim.x) {
-                const int64_t n = i / S, k = i - n * S;
-                const double v = (double)ld(x[(n * C + c) * S + k]) - mean;
-                ss += v * v;
-            }
-            ss = block_sum(ss);
-            var = cnt ? ss / (double)cnt : 0.0;
-        } else {
-            mean = to_f64(in_mean[c]);
-            var = to_f64(in_var[c]);
-        }
-        if (threadIdx.x == 0) {
-            const double inv = 1.0 / sqrt(var + eps), sc = to_f64(scale[c]);
-            const A m = (A)mean;
-            coef[3 * c] = (A)(inv * sc);
-            coef[3 * c + 1] = (A)(to_f64(bias[c]) - (mean - (double)m) * inv * sc);
-            coef[3 * c + 2] = m;
-            if (train && cnt) {   // an empty batch leaves them as they were, as eager does
-                const double uvar = cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var;
-                if (rmean) rmean[c] = st<T>((A)(to_f64(in_mean[c]) * mom + mean * (1 - mom)));
-                if (rvar) rvar[c] = st<T>((A)(to_f64(in_var[c]) * mom + uvar * (1 - mom)));
-            } else {
-                if (rmean) rmean[c] = in_mean[c];
-                if (rvar) rvar[c] = in_var[c];
-            }
-            if (smean) smean[c] = st<T>((A)mean);
-            if (sinv) sinv[c] = st<T>((A)inv);
-        }
-    }
-}
-
-// x, y are (N, C, S): y = (x - m[c]) a[c] + b[c]
-template <typename T>
-__global__ void bn_apply_kernel(T *y, const T *x, const typename acc<T>::t *coef, int64_t C, int64_t S, int64_t n) {
-    GRID_STRIDE(i, n) {
-        const typename acc<T>::t *k = coef + 3 * ((i / S) % C);
-        y[i] = st<T>((ld(x[i]) - k[2]) * k[0] + k[1]);
-    }
-}
-
-// BatchNormalization(X, scale, B, mean, var) -> Y, running_mean?, running_var?, saved_mean?, saved_invstd?
-static om_status *batch_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *X = &ctx->in[0];
-    int64_t N = 0, C = 0, S = 0;
-    OMC_TRY(bn_geometry(ctx, X, &N, &C, &S));
-    for (int i = 1; i < 5; i++) OMC_TRY(bn_check_vec(ctx, i, X->dtype, C));
-    if (!C) return NULL;
-    const double eps = attr_real(ctx, "epsilon", 1e-5), mom = attr_real(ctx, "momentum", 0.9);
-    const int train = attr_i(ctx, "training_mode", 0) != 0;
-    const int64_t n = numel(X);
-    om_status *st = NULL;
-    OMC_DISPATCH_FLOAT(X->dtype, ctx, 0, {
-        A *coef = NULL;
-        OMC_TRY(omc_temp_alloc(x, sizeof(A) * (size_t)(3 * C), (void **)&coef));
-        T *outs[4];
-        for (int j = 0; j < 4; j++) outs[j] = wanted(ctx, 1 + j) ? (T *)ctx->out[1 + j].data : NULL;
-        bn_stats_kernel<T><<<channel_blocks(C), 256, 0, stream_of(x)>>>(
-            coef, outs[0], outs[1], outs[2], outs[3], (const T *)X->data, (const T *)ctx->in[1].data,
-            (const T *)ctx->in[2].data, (const T *)ctx->in[3].data, (const T *)ctx->in[4].data, N, C, S, eps, mom, train);
-        if (n) bn_apply_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)ctx->out[0].data,
-                                                                                 (const T *)X->data, coef, C, S, n);
-        st = omc_launched(ctx);
-        omc_temp_free(x, coef);
-    });
-    return st;
-}
-
-// dy, x are (N, C, S); scale, mean, stat (training: invstd, else var) are (C). Per channel, with
-// xhat = (x - mean) invstd: dB = sum dy, dScale = sum dy xhat (written when wanted), and
-// coef (C, 4) = (k, a, bq, mean) for dx = k (dy - a - (x - mean) bq): training k = scale invstd,
-// a = dB / cnt, bq = dScale / cnt * invstd; inference a = bq = 0. One block per channel.
-template <typename T>
-__global__ void bn_grad_stats_kernel(typename acc<T>::t *coef, T *dscale, T *dbias, const T *dy, const T *x,
-                                     const T *scale, const T *meanp, const T *statp, int64_t N, int64_t C, int64_t S,
-                                     double eps, int train) {
-    typedef typename acc<T>::t A;
-    const int64_t cnt = N * S;
-    for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
-        const A m = ld(meanp[c]);
-        const A inv = train ? ld(statp[c]) : (A)(1.0 / sqrt(to_f64(statp[c]) + eps));
-        double sdy = 0, sdyx = 0;
-        for (int64_t i = threadIdx.x; i < cnt; i += blockDim.x) {
-            const int64_t n = i / S, k = i - n * S, at = (n * C + c) * S + k;
-            const double g = (double)ld(dy[at]);
-            sdy += g;
-            sdyx += g * (double)(ld(x[at]) - m);
-        }
-        sdy = block_sum(sdy);
-        sdyx = block_sum(sdyx) * (double)inv;
-        if (threadIdx.x == 0) {
-            if (dscale) dscale[c] = st<T>((A)sdyx);
-            if (dbias) dbias[c] = st<T>((A)sdy);
-            coef[4 * c] = ld(scale[c]) * inv;
-            coef[4 * c + 1] = train && cnt ? (A)(sdy / (double)cnt) : (A)0;
-            coef[4 * c + 2] = train && cnt ? (A)(sdyx / (double)cnt) * inv : (A)0;
-            coef[4 * c + 3] = m;
-        }
-    }
-}
-
-template <typename T>
-__global__ void bn_grad_apply_kernel(T *dx, const T *dy, const T *x, const typename acc<T>::t *coef, int64_t C,
-                                     int64_t S, int64_t n) {
-    GRID_STRIDE(i, n) {
-        const typename acc<T>::t *k = coef + 4 * ((i / S) % C);
-        dx[i] = st<T>(k[0] * (ld(dy[i]) - k[1] - (ld(x[i]) - k[3]) * k[2]));
-    }
-}
-
-// BatchNormalizationGrad(dY, X, scale, mean, invstd|var) -> dX, dScale, dB
-static om_status *batch_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *dY = &ctx->in[0], *X = &ctx->in[1];
-    int64_t N = 0, C = 0, S = 0;
-    if (X->dtype != dY->dtype) return omc_err_dtype(ctx, 1, X->dtype);
-    OMC_TRY(bn_geometry(ctx, X, &N, &C, &S));
-    for (int i = 2; i < 5; i++) OMC_TRY(bn_check_vec(ctx, i, X->dtype, C));
-    if (!C) return NULL;
-    const int train = attr_i(ctx, "training_mode", 0) != 0;
-    const double eps = attr_real(ctx, "epsilon", 1e-5);
-    const int64_t n = numel(X);
-    om_status *st = NULL;
-    OMC_DISPATCH_FLOAT(X->dtype, ctx, 0, {
-        A *coef = NULL;
-        OMC_TRY(omc_temp_alloc(x, sizeof(A) * (size_t)(4 * C), (void **)&coef));
-        bn_grad_stats_kernel<T><<<channel_blocks(C), 256, 0, stream_of(x)>>>(
-            coef, wanted(ctx, 1) ? (T *)ctx->out[1].data : NULL, wanted(ctx, 2) ? (T *)ctx->out[2].data : NULL,
-            (const T *)dY->data, (const T *)X->data, (const T *)ctx->in[2].data, (const T *)ctx->in[3].data,
-            (const T *)ctx->in[4].data, N, C, S, eps, train);
-        if (n && wanted(ctx, 0))
-            bn_grad_apply_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
-                (T *)ctx->out[0].data, (const T *)dY->data, (const T *)X->data, coef, C, S, n);
-        st = omc_launched(ctx);
-        omc_temp_free(x, coef);
-    });
-    return st;
-}
-
-extern const omc_kernel_entry omc_kernels_conv[] = {
-    {"Conv", "", conv_cuda},
-    {"ConvGradX", "ortmod", conv_grad_x_cuda},
-    {"ConvGradW", "ortmod", conv_grad_w_cuda},
-    {"ConvTranspose", "", conv_transpose_cuda},
-    {"MaxPool", "", max_pool_cuda},
-    {"MaxPoolGrad", "ortmod", max_pool_grad_cuda},
-    {"AveragePool", "", average_pool_cuda},
-    {"AveragePoolGrad", "ortmod", average_pool_grad_cuda},
-    {"GlobalAveragePool", "", global_pool_cuda},
-    {"GlobalMaxPool", "", global_pool_cuda},
-    {"GlobalPoolGrad", "ortmod", global_pool_grad_cuda},
-    {"BatchNormalization", "", batch_norm_cuda},
-    {"BatchNormalizationGrad", "ortmod", batch_norm_grad_cuda},
-    OMC_TABLE_END,
-};

@@ -278,7 +278,7 @@ static void ctc_compact(const om_kernel_ctx *ctx, const om_cuda_exec *x, int tg_
 
 static int ctc_threads(int64_t L) { return L > 512 ? 1024 : L > 128 ? 256 : 128; }
 
-static om_status *ctc_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *ctc_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     ctc_dims d;
     ctc_ints in;
     OMC_TRY(ctc_dims_of(ctx, 0, 4, &d, &in));
@@ -309,7 +309,7 @@ static om_status *ctc_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 }
 
 // dloss (N) or (); log_probs, dlog_probs (T, N, C) or (T, C); log_alpha (N, T, L)
-static om_status *ctc_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *ctc_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     ctc_dims d;
     ctc_ints in;
     OMC_TRY(ctc_dims_of(ctx, 1, 6, &d, &in));
@@ -343,9 +343,3 @@ static om_status *ctc_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x)
     omc_temp_free(x, tmp);
     return st;
 }
-
-extern const omc_kernel_entry omc_kernels_ctc[] = {
-    {"CTCLoss", "ortmod", ctc_cuda},
-    {"CTCLossGrad", "ortmod", ctc_grad_cuda},
-    OMC_TABLE_END,
-};

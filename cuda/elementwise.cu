@@ -1,7 +1,7 @@
-// elementwise.cu — pointwise ops (elementwise.c and the pointwise half of misc.c): broadcast
-// binaries, comparisons and logic, unary math and activations, their fused backward helpers,
-// Where, Cast, Clip, Dropout (the CPU's counter-based RNG: the same masks on both providers)
-// and SumToShape.
+// elementwise.cu — elementwise.c's ops on the CUDA provider: broadcast binaries, Equal, unary math,
+// their fused backward helpers, Where, Cast, Dropout (the CPU's counter-based RNG: the same masks
+// on both providers) and SumToShape; and the pointwise machinery misc.cu's comparisons, logic and
+// activations run through too (pointwise.cuh).
 //
 // One kernel per shape of work, selected by an op code (a switch that every thread of a launch
 // takes the same way): the math is in float for fp16/bf16/fp32 (double for fp64), so the
@@ -10,6 +10,7 @@
 
 #include "common.cuh"
 #include "gelu.cuh"
+#include "pointwise.cuh"
 
 enum { RED_SUM = 0, RED_MEAN, RED_MAX, RED_MIN, RED_PROD };
 
@@ -118,7 +119,7 @@ static om_status *binary_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, in
 }
 
 #define BINARY(name, op) \
-    static om_status *name(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return binary_run(ctx, x, op); }
+    om_status *name(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return binary_run(ctx, x, op); }
 BINARY(add_cuda, B_ADD)
 BINARY(sub_cuda, B_SUB)
 BINARY(mul_cuda, B_MUL)
@@ -127,13 +128,11 @@ BINARY(max_cuda, B_MAX)
 BINARY(min_cuda, B_MIN)
 BINARY(pow_cuda, B_POW)
 BINARY(prelu_cuda, B_PRELU)
-static om_status *mod_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *mod_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     return binary_run(ctx, x, attr_i(ctx, "fmod", 0) ? B_FMOD : B_MOD);
 }
 
-// ---- comparisons and logic: -> bool -----------------------------------------------------------------
-
-enum { C_EQ, C_LT, C_GT, C_LE, C_GE, L_AND, L_OR, L_XOR };
+// ---- comparisons and logic: -> bool (misc.cu's run through omc_compare too) -------------------------
 
 // out (bool), a, b broadcast to out
 template <typename T>
@@ -163,7 +162,7 @@ __global__ void compare_kernel<int64_t>(uint8_t *out, const int64_t *a, const in
     }
 }
 
-static om_status *compare_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int op) {
+om_status *omc_compare(const om_kernel_ctx *ctx, const om_cuda_exec *x, int op) {
     bcast p;
     OMC_TRY(binary_plan(ctx, 3, &p));
     int64_t n = numel(&ctx->out[0]);
@@ -184,25 +183,12 @@ static om_status *compare_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, i
 }
 
 #define COMPARE(name, op) \
-    static om_status *name(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return compare_run(ctx, x, op); }
+    om_status *name(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return omc_compare(ctx, x, op); }
 COMPARE(equal_cuda, C_EQ)
-COMPARE(less_cuda, C_LT)
-COMPARE(greater_cuda, C_GT)
-COMPARE(less_equal_cuda, C_LE)
-COMPARE(greater_equal_cuda, C_GE)
-COMPARE(and_cuda, L_AND)
-COMPARE(or_cuda, L_OR)
-COMPARE(xor_cuda, L_XOR)
 
 // ---- unary -------------------------------------------------------------------------------------------
 
-enum {
-    U_NEG, U_RELU, U_ABS, U_TANH, U_SIGMOID, U_GELU_ERF, U_GELU_TANH, U_ERF, U_SQRT, U_EXP, U_LOG, U_RECIP,
-    U_LEAKY, U_SOFTPLUS, U_ELU, U_SELU, U_HARD_SIGMOID, U_HARD_SWISH, U_MISH, U_SOFTSIGN, U_CELU, U_NOT,
-    U_SIN, U_COS, U_SIGN, U_FLOOR, U_CEIL, U_ROUND,
-};
 
-struct act_params { float a, b, g; };
 
 template <typename A> __device__ __forceinline__ A softplus_(A v) { return v > 0 ? v + log1p(exp(-v)) : log1p(exp(v)); }
 template <typename A> __device__ __forceinline__ A sigmoid_(A v) {
@@ -258,7 +244,7 @@ __global__ void unary_kernel(T *y, const T *x, int64_t n, int op, act_params p) 
     GRID_STRIDE(i, n) y[i] = st<T>(unary_op(op, ld(x[i]), p));
 }
 
-static om_status *unary_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int op, act_params p = act_params{0, 0, 0}) {
+om_status *omc_unary(const om_kernel_ctx *ctx, const om_cuda_exec *x, int op, act_params p) {
     int64_t n = numel(&ctx->in[0]);
     if (!n) return NULL;
     if (op == U_NEG || op == U_RELU || op == U_ABS || op == U_SIGN) {
@@ -276,7 +262,7 @@ static om_status *unary_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int
 }
 
 #define UNARY(name, op) \
-    static om_status *name(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return unary_run(ctx, x, op); }
+    om_status *name(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return omc_unary(ctx, x, op); }
 UNARY(neg_cuda, U_NEG)
 UNARY(relu_cuda, U_RELU)
 UNARY(abs_cuda, U_ABS)
@@ -299,67 +285,13 @@ static int gelu_mode(const om_kernel_ctx *ctx) {
     return !strcmp(s, "none") ? 0 : !strcmp(s, "tanh") ? 1 : -1;
 }
 
-static om_status *gelu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *gelu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     int m = gelu_mode(ctx);
     if (m < 0) return omc_err_unsupported(ctx, "approximate must be \"none\" or \"tanh\"");
-    return unary_run(ctx, x, m ? U_GELU_TANH : U_GELU_ERF);
+    return omc_unary(ctx, x, m ? U_GELU_TANH : U_GELU_ERF);
 }
-
-static int act_kind(const char *name) {
-    static const char *const names[] = {"LeakyRelu", "Softplus", "Elu", "Selu", "HardSigmoid", "HardSwish", "Mish", "Softsign",
-                                        "Celu"};
-    for (int i = 0; i < 9; i++)
-        if (!strcmp(names[i], name)) return U_LEAKY + i;
-    return -1;
-}
-static act_params act_read(const om_kernel_ctx *ctx, int kind) {
-    static const float dflt_alpha[] = {0.01f, 0, 1.0f, 1.67326319217681884765625f, 0.2f, 0, 0, 0, 1.0f};
-    act_params p;
-    p.a = attr_f(ctx, "alpha", dflt_alpha[kind - U_LEAKY]);
-    p.b = attr_f(ctx, "beta", 0.5f);
-    p.g = attr_f(ctx, "gamma", 1.05070102214813232421875f);
-    return p;
-}
-
-static om_status *activation_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    int k = act_kind(omc_op_name(ctx));
-    if (k < 0) return omc_err_unsupported(ctx, "activation");
-    return unary_run(ctx, x, k, act_read(ctx, k));
-}
-
-// x, y are (n) bool
-__global__ void not_kernel(uint8_t *y, const uint8_t *x, int64_t n) { GRID_STRIDE(i, n) y[i] = !x[i]; }
-static om_status *not_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    int64_t n = numel(&ctx->in[0]);
-    if (!n) return NULL;
-    not_kernel<<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((uint8_t *)ctx->out[0].data, (const uint8_t *)ctx->in[0].data, n);
-    return omc_launched(ctx);
-}
-
-// x is (n) float, y is (n) bool: mode 0 IsNaN, 1 IsInf (pos/neg selected)
-template <typename T>
-__global__ void classify_kernel(uint8_t *y, const T *x, int64_t n, int mode, int pos, int neg) {
-    GRID_STRIDE(i, n) {
-        double v = to_f64(x[i]);
-        y[i] = mode == 0 ? v != v : ((pos && v == INFINITY) || (neg && v == -INFINITY));
-    }
-}
-static om_status *classify_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int mode) {
-    int64_t n = numel(&ctx->in[0]);
-    if (!n) return NULL;
-    int pos = attr_i(ctx, "detect_positive", 1) != 0, neg = attr_i(ctx, "detect_negative", 1) != 0;
-    OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {
-        classify_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((uint8_t *)ctx->out[0].data,
-                                                                          (const T *)ctx->in[0].data, n, mode, pos, neg);
-    });
-    return omc_launched(ctx);
-}
-static om_status *is_nan_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return classify_run(ctx, x, 0); }
-static om_status *is_inf_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return classify_run(ctx, x, 1); }
 
 // ---- fused backward helpers: dx = dy * f'(saved) --------------------------------------------------------
-
-enum { G_RELU, G_TANH, G_SIGMOID, G_ABS, G_GELU_ERF, G_GELU_TANH, G_ACT };
 
 // dx from (g, v) = (dy, x), in eager's form (misc.c's act_grad_cpu): a select where torch selects
 template <typename A> __device__ __forceinline__ A act_grad_of(int kind, A g, A v, act_params p) {
@@ -396,8 +328,7 @@ __global__ void grad2_kernel(T *dx, const T *dy, const T *s_, int64_t n, int op,
     }
 }
 
-static om_status *grad2_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int op, int kind = 0,
-                            act_params p = act_params{0, 0, 0}) {
+om_status *omc_grad2(const om_kernel_ctx *ctx, const om_cuda_exec *x, int op, int kind, act_params p) {
     int64_t n = numel(&ctx->in[0]);
     if (!n) return NULL;
     OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {
@@ -407,71 +338,16 @@ static om_status *grad2_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int
     return omc_launched(ctx);
 }
 #define GRAD2(name, op) \
-    static om_status *name(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return grad2_run(ctx, x, op); }
+    om_status *name(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return omc_grad2(ctx, x, op); }
 GRAD2(relu_grad_cuda, G_RELU)
 GRAD2(tanh_grad_cuda, G_TANH)
 GRAD2(sigmoid_grad_cuda, G_SIGMOID)
 GRAD2(abs_grad_cuda, G_ABS)
 
-static om_status *gelu_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *gelu_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     int m = gelu_mode(ctx);
     if (m < 0) return omc_err_unsupported(ctx, "approximate must be \"none\" or \"tanh\"");
-    return grad2_run(ctx, x, m ? G_GELU_TANH : G_GELU_ERF);
-}
-
-static om_status *activation_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    int k = act_kind(attr_s(ctx, "activation", ""));
-    if (k < 0) return omc_err_unsupported(ctx, "activation");
-    return grad2_run(ctx, x, G_ACT, k, act_read(ctx, k));
-}
-
-// ---- Clip / ClipGrad: bounds are device scalars (absent: unbounded) ------------------------------
-
-// x, y are (n); lo, hi point to one element each or are NULL
-template <typename T>
-__global__ void clip_kernel(T *y, const T *x, const T *lo, const T *hi, int64_t n) {
-    typedef typename acc<T>::t A;
-    A l = lo ? ld(*lo) : (A)0, h = hi ? ld(*hi) : (A)0;
-    GRID_STRIDE(i, n) {
-        A v = ld(x[i]);
-        if (lo) v = v < l ? l : v;
-        if (hi) v = v > h ? h : v;
-        y[i] = st<T>(v);
-    }
-}
-static om_status *clip_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    int64_t n = numel(&ctx->in[0]);
-    if (!n) return NULL;
-    OMC_DISPATCH_ARITH(ctx->in[0].dtype, ctx, 0, {
-        clip_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
-            (T *)ctx->out[0].data, (const T *)ctx->in[0].data, present(ctx, 1) ? (const T *)ctx->in[1].data : NULL,
-            present(ctx, 2) ? (const T *)ctx->in[2].data : NULL, n);
-    });
-    return omc_launched(ctx);
-}
-
-// dy, x, dx are (n): dx = dy where lo <= x <= hi; exclusive (HardTanh's): 0 where x <= lo or
-// x >= hi, else dy (NaN passes)
-template <typename T>
-__global__ void clip_grad_kernel(T *dx, const T *dy, const T *x_, const T *lo, const T *hi, int64_t n, int exclusive) {
-    typedef typename acc<T>::t A;
-    A l = lo ? ld(*lo) : (A)-INFINITY, h = hi ? ld(*hi) : (A)INFINITY;
-    GRID_STRIDE(i, n) {
-        A v = ld(x_[i]);
-        bool pass = exclusive ? !(v <= l || v >= h) : (v >= l && v <= h);
-        dx[i] = pass ? dy[i] : st<T>((A)0);
-    }
-}
-static om_status *clip_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    int64_t n = numel(&ctx->in[0]);
-    if (!n) return NULL;
-    OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {
-        clip_grad_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
-            (T *)ctx->out[0].data, (const T *)ctx->in[0].data, (const T *)ctx->in[1].data,
-            present(ctx, 2) ? (const T *)ctx->in[2].data : NULL, present(ctx, 3) ? (const T *)ctx->in[3].data : NULL, n,
-            attr_i(ctx, "exclusive", 0) != 0);
-    });
-    return omc_launched(ctx);
+    return omc_grad2(ctx, x, m ? G_GELU_TANH : G_GELU_ERF);
 }
 
 // ---- Where: moves elements, so by element size ----------------------------------------------------
@@ -481,7 +357,7 @@ template <typename U>
 __global__ void where_kernel(U *out, const uint8_t *c, const U *a, const U *b, bcast p, int64_t n) {
     GRID_STRIDE(i, n) out[i] = c[bcast_off(p, 1, i)] ? a[bcast_off(p, 2, i)] : b[bcast_off(p, 3, i)];
 }
-static om_status *where_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *where_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     bcast p;
     const om_tensor *ops[4] = {&ctx->out[0], &ctx->in[0], &ctx->in[1], &ctx->in[2]};
     if (bcast_init(&p, &ctx->out[0], ops, 4)) return OMC_ERR(OM_INVALID_ARGUMENT, "Where node '%s': operands do not broadcast", omc_node_name(ctx));
@@ -496,7 +372,7 @@ static om_status *where_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 
 // ---- Identity / Cast -------------------------------------------------------------------------------------
 
-static om_status *identity_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *identity_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     return copy_d2d(ctx->out[0].data, ctx->in[0].data, nbytes(&ctx->in[0]), x);
 }
 
@@ -539,7 +415,7 @@ __global__ void cast_int_kernel(D *y, const int64_t *x, int64_t n, int to_bool) 
     default: return omc_err_unsupported(ctx, "Cast to this dtype");                                     \
     }
 
-static om_status *cast_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *cast_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     om_dtype to = ctx->out[0].dtype, from = ctx->in[0].dtype;
     int64_t n = numel(&ctx->in[0]);
     if (to == from) return copy_d2d(ctx->out[0].data, ctx->in[0].data, nbytes(&ctx->in[0]), x);
@@ -590,7 +466,7 @@ __global__ void dropout_kernel(T *y, uint8_t *mask, const T *x_, int64_t n, uint
 }
 __global__ void fill_u8_kernel(uint8_t *p, uint8_t v, int64_t n) { GRID_STRIDE(i, n) p[i] = v; }
 
-static om_status *dropout_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *dropout_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     double ratio, scale;
     int training;
     OMC_TRY(dropout_params(ctx, x, 1, 2, &ratio, &training, &scale));
@@ -616,7 +492,7 @@ __global__ void dropout_grad_kernel(T *dx, const T *dy, const uint8_t *mask, int
     GRID_STRIDE(i, n) dx[i] = mask[i] ? st<T>(ld(dy[i]) * (A)scale) : st<T>((A)0);
 }
 
-static om_status *dropout_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *dropout_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     double ratio, scale;
     int training;
     OMC_TRY(dropout_params(ctx, x, 2, 3, &ratio, &training, &scale));
@@ -632,7 +508,7 @@ static om_status *dropout_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec
 
 // ---- SumToShape: x summed over the axes where the target has 1 (or no) dim ---------------------------
 
-static om_status *sum_to_shape_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *sum_to_shape_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0], *out = &ctx->out[0];
     if (numel(out) == numel(in)) return copy_d2d(out->data, in->data, nbytes(in), x);
     uint8_t axes[OM_MAX_RANK];
@@ -640,28 +516,3 @@ static om_status *sum_to_shape_cuda(const om_kernel_ctx *ctx, const om_cuda_exec
     for (int d = 0; d < in->rank; d++) axes[d] = d < off || (out->dims[d - off] == 1 && in->dims[d] != 1);
     return omc_reduce(ctx, x, RED_SUM, in, in->data, axes, out->data, 1.0);
 }
-
-extern const omc_kernel_entry omc_kernels_elementwise[] = {
-    {"Add", "", add_cuda}, {"Sub", "", sub_cuda}, {"Mul", "", mul_cuda}, {"Div", "", div_cuda},
-    {"Pow", "", pow_cuda}, {"Max", "", max_cuda}, {"Min", "", min_cuda}, {"PRelu", "", prelu_cuda},
-    {"Equal", "", equal_cuda}, {"Less", "", less_cuda}, {"Greater", "", greater_cuda},
-    {"LessOrEqual", "", less_equal_cuda}, {"GreaterOrEqual", "", greater_equal_cuda},
-    {"And", "", and_cuda}, {"Or", "", or_cuda}, {"Xor", "", xor_cuda}, {"Not", "", not_cuda},
-    {"IsNaN", "", is_nan_cuda}, {"IsInf", "", is_inf_cuda},
-    {"Where", "", where_cuda},
-    {"Neg", "", neg_cuda}, {"Relu", "", relu_cuda}, {"Abs", "", abs_cuda}, {"Tanh", "", tanh_cuda},
-    {"Sigmoid", "", sigmoid_cuda}, {"Gelu", "", gelu_cuda}, {"Erf", "", erf_cuda}, {"Sqrt", "", sqrt_cuda},
-    {"Exp", "", exp_cuda}, {"Log", "", log_cuda}, {"Reciprocal", "", reciprocal_cuda},
-    {"Sin", "", sin_cuda}, {"Cos", "", cos_cuda}, {"Sign", "", sign_cuda}, {"Floor", "", floor_cuda}, {"Ceil", "", ceil_cuda}, {"Round", "", round_cuda}, {"Mod", "", mod_cuda},
-    {"LeakyRelu", "", activation_cuda}, {"Softplus", "", activation_cuda}, {"Elu", "", activation_cuda},
-    {"Selu", "", activation_cuda}, {"HardSigmoid", "", activation_cuda}, {"HardSwish", "", activation_cuda},
-    {"Mish", "", activation_cuda}, {"Softsign", "", activation_cuda}, {"Celu", "", activation_cuda},
-    {"Identity", "", identity_cuda}, {"StopGradient", "ortmod", identity_cuda}, {"Cast", "", cast_cuda},
-    {"Clip", "", clip_cuda}, {"ClipGrad", "ortmod", clip_grad_cuda}, {"HardTanh", "ortmod", clip_cuda},
-    {"Dropout", "", dropout_cuda}, {"DropoutGrad", "ortmod", dropout_grad_cuda},
-    {"SumToShape", "ortmod", sum_to_shape_cuda},
-    {"ReluGrad", "ortmod", relu_grad_cuda}, {"TanhGrad", "ortmod", tanh_grad_cuda},
-    {"SigmoidGrad", "ortmod", sigmoid_grad_cuda}, {"AbsGrad", "ortmod", abs_grad_cuda},
-    {"GeluGrad", "ortmod", gelu_grad_cuda}, {"ActivationGrad", "ortmod", activation_grad_cuda},
-    OMC_TABLE_END,
-};

@@ -1,12 +1,13 @@
 // fused.cu — the fusion passes' ops (fused.c): BiasGelu, BiasDropout (dropout(x + b) + residual,
-// the Dropout RNG stream), SimplifiedLayerNormalization (RMSNorm) and their backward ops.
-// (MatMulBias / MatMulBiasGrad are GEMMs: matmul.cu.) Bias gradients are column sums of the
-// computed dx, read back after it is written (these ops run in place: dx may be dy's buffer).
+// the Dropout RNG stream), SimplifiedLayerNormalization (RMSNorm), MatMulBias and MatMulBiasGelu
+// (GEMMs with the bias and GELU in cuBLASLt's epilogue: gemm.cuh) and their backward ops. Bias
+// gradients are column sums of the computed dx, read back after it is written (these ops run in
+// place: dx may be dy's buffer).
 #include <math.h>
 
 #include "common.cuh"
 #include "gelu.cuh"
-
+#include "gemm.cuh"
 
 static int gelu_tanh_mode(const om_kernel_ctx *ctx) {
     const char *a = attr_s(ctx, "approximate", "none");
@@ -21,7 +22,7 @@ __global__ void bias_gelu_kernel(T *y, const T *x, const T *b, int64_t n, int64_
     }
 }
 
-// y = gelu(x) over n elements (y may be x): MatMulBiasGelu's GELU after its GEMM (matmul.cu)
+// y = gelu(x) over n elements (y may be x): MatMulBiasGelu's GELU after its GEMM
 template <typename T> __global__ void gelu_kernel(T *y, const T *x, int64_t n, int tanh_mode) {
     GRID_STRIDE(i, n) {
         y[i] = st<T>(gelu_of(ld(x[i]), tanh_mode));
@@ -38,7 +39,7 @@ om_status *omc_gelu(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt
 }
 
 // g = g * gelu'(x) over n elements, in place: MatMulBiasGrad's dx when it carries the GELU's
-// gradient and cuBLASLt's DGELU epilogue did not take the GEMM (matmul.cu)
+// gradient and cuBLASLt's DGELU epilogue did not take the GEMM
 template <typename T> __global__ void gelu_grad_in_place_kernel(T *g, const T *x, int64_t n, int tanh_mode) {
     GRID_STRIDE(i, n) g[i] = st<T>(ld(g[i]) * gelu_deriv(ld(x[i]), tanh_mode));
 }
@@ -52,7 +53,7 @@ om_status *omc_gelu_grad_in_place(const om_kernel_ctx *ctx, const om_cuda_exec *
     return omc_launched(ctx);
 }
 
-static om_status *bias_gelu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *bias_gelu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
     int m = gelu_tanh_mode(ctx);
     if (m < 0) return omc_err_unsupported(ctx, "approximate must be \"none\" or \"tanh\"");
@@ -75,7 +76,7 @@ __global__ void bias_gelu_grad_kernel(T *g_out, const T *dy, const T *x, const T
     }
 }
 
-static om_status *bias_gelu_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *bias_gelu_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[1];
     int m = gelu_tanh_mode(ctx);
     if (m < 0) return omc_err_unsupported(ctx, "approximate must be \"none\" or \"tanh\"");
@@ -146,7 +147,7 @@ static om_status *dropout_params(const om_kernel_ctx *ctx, const om_cuda_exec *x
     return NULL;
 }
 
-static om_status *bias_dropout_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *bias_dropout_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
     double ratio;
     int training;
@@ -188,7 +189,7 @@ __global__ void bias_dropout_grad_kernel(T *dx, const T *dy, const uint8_t *mask
 }
 
 // BiasDropoutGrad(dy, mask?, ratio?, training_mode?, Shape(b)?) -> (dx?, db?)
-static om_status *bias_dropout_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *bias_dropout_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dy = &ctx->in[0];
     double ratio;
     int training;
@@ -230,7 +231,7 @@ __global__ void rms_norm_kernel(T *y, typename acc<T>::t *inv_out, const T *x, c
 static unsigned rows_grid(int64_t rows) { return (unsigned)(rows < 65535 * 16 ? (rows > 0 ? rows : 1) : 65535 * 16); }
 static int cols_threads(int64_t c) { return c >= 1024 ? 1024 : c >= 256 ? 256 : 64; }
 
-static om_status *rms_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *rms_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
     if (norm_axis(attr_i(ctx, "axis", -1), in->rank) != in->rank - 1) return omc_err_unsupported(ctx, "only the last axis");
     int64_t cols = in->dims[in->rank - 1], rows = cols ? numel(in) / cols : 0;
@@ -272,7 +273,7 @@ __global__ void rms_norm_ds_kernel(T *ds, const T *dy, const T *x, const typenam
     }
 }
 
-static om_status *rms_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *rms_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[1];
     if (ctx->in[3].dtype != om_dtype_stat(in->dtype)) return omc_err_dtype(ctx, 3, ctx->in[3].dtype);
     int64_t cols = in->dims[in->rank - 1], rows = cols ? numel(in) / cols : 0;
@@ -290,12 +291,99 @@ static om_status *rms_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exe
     return omc_launched(ctx);
 }
 
-extern const omc_kernel_entry omc_kernels_fused[] = {
-    {"BiasGelu", "ortmod", bias_gelu_cuda},
-    {"BiasGeluGrad", "ortmod", bias_gelu_grad_cuda},
-    {"BiasDropout", "ortmod", bias_dropout_cuda},
-    {"BiasDropoutGrad", "ortmod", bias_dropout_grad_cuda},
-    {"SimplifiedLayerNormalization", "ortmod", rms_norm_cuda},
-    {"SimplifiedLayerNormalizationGrad", "ortmod", rms_norm_grad_cuda},
-    OMC_TABLE_END,
-};
+// ---- MatMulBias / MatMulBiasGelu / MatMulBiasGrad: matmul.cu's GEMMs and epilogues -------------------
+
+// x is (M, K) (leading dims flattened), W is (K, N) or (N, K) with transB, b is (N) or (1); y is (M, N)
+om_status *matmul_bias_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *b = &ctx->in[2];
+    int tb = attr_i(ctx, "transB", 0) != 0;
+    int64_t K = X->dims[X->rank - 1], N = tb ? W->dims[0] : W->dims[1], M = 1;
+    for (int d = 0; d + 1 < X->rank; d++) M *= X->dims[d];
+    om_dtype dt = X->dtype;
+    int64_t nb = numel(b);
+    if (nb == N && M > 0 && N > 0) {
+        int done = 0;
+        OMC_TRY(omc_gemm_epilogue(ctx, x, dt, tb, M, N, K, X->data, W->data, b->data, ctx->out[0].data,
+                                 CUBLASLT_EPILOGUE_BIAS, NULL, &done));
+        if (done) return NULL;
+    }
+    OMC_TRY(omc_fill_bias(ctx, x, dt, ctx->out[0].data, b->data, M, N, 0, nb == 1 ? 0 : 1, 1.0));
+    return omc_gemm(ctx, x, dt, 0, tb, M, N, K, 1.0, X->data, 0, W->data, 0, 1.0, ctx->out[0].data, 0, 1);
+}
+
+// MatMulBiasGelu: y = gelu(x op(W) + b), output 1 (when the backward wants it) z = x op(W) + b.
+// approximate="tanh" is one cuBLASLt call: CUBLASLT_EPILOGUE_GELU_AUX_BIAS (GELU_BIAS without z)
+// — cuBLASLt's GELU epilogue is the tanh approximation. approximate="none" (erf), and any shape
+// Lt declines, compute z with MatMulBias's path (Lt's BIAS epilogue) and then run the GELU as
+// one elementwise pass (omc_gelu); without z that pass runs in place on y.
+om_status *matmul_bias_gelu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *b = &ctx->in[2];
+    int tb = attr_i(ctx, "transB", 0) != 0;
+    const char *approx = attr_s(ctx, "approximate", "none");
+    int tanh_mode = !strcmp(approx, "tanh");
+    if (!tanh_mode && strcmp(approx, "none")) return omc_err_unsupported(ctx, "approximate must be \"none\" or \"tanh\"");
+    int64_t K = X->dims[X->rank - 1], N = tb ? W->dims[0] : W->dims[1], M = 1;
+    for (int d = 0; d + 1 < X->rank; d++) M *= X->dims[d];
+    om_dtype dt = X->dtype;
+    int64_t nb = numel(b);
+    void *y = ctx->out[0].data, *z = wanted(ctx, 1) ? ctx->out[1].data : NULL;
+    if (M == 0 || N == 0) return NULL;
+    if (tanh_mode && nb == N) {
+        int done = 0;
+        OMC_TRY(omc_gemm_epilogue(ctx, x, dt, tb, M, N, K, X->data, W->data, b->data, y,
+                                 z ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS, z, &done));
+        if (done) return NULL;
+    }
+    void *pre = z ? z : y;   // the pre-activation's buffer
+    int done = 0;
+    if (nb == N)
+        OMC_TRY(omc_gemm_epilogue(ctx, x, dt, tb, M, N, K, X->data, W->data, b->data, pre, CUBLASLT_EPILOGUE_BIAS, NULL,
+                                 &done));
+    if (!done) {
+        OMC_TRY(omc_fill_bias(ctx, x, dt, pre, b->data, M, N, 0, nb == 1 ? 0 : 1, 1.0));
+        OMC_TRY(omc_gemm(ctx, x, dt, 0, tb, M, N, K, 1.0, X->data, 0, W->data, 0, 1.0, pre, 0, 1));
+    }
+    return omc_gelu(ctx, x, dt, y, pre, M * N, tanh_mode);
+}
+
+// dy is (M, N), x is (M, K), W is (K, N) or (N, K); dx (M, K), dW like W, db (N) or (1)
+om_status *matmul_bias_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    int tb = attr_i(ctx, "transB", 0) != 0;
+    int64_t xs[OM_MAX_RANK], ws[OM_MAX_RANK], bs[OM_MAX_RANK];
+    int xr = host_ints(ctx, x, 3, xs, OM_MAX_RANK), wr = host_ints(ctx, x, 4, ws, OM_MAX_RANK);
+    int br = host_ints(ctx, x, 5, bs, OM_MAX_RANK);
+    if (xr < 1 || wr != 2 || br < 0)
+        return OMC_ERR(OM_INVALID_ARGUMENT, "MatMulBiasGrad node '%s': operand shapes must be known at plan time",
+                       omc_node_name(ctx));
+    int64_t K = xs[xr - 1], N = tb ? ws[0] : ws[1], M = 1, nb = 1;
+    for (int d = 0; d + 1 < xr; d++) M *= xs[d];
+    for (int d = 0; d < br; d++) nb *= bs[d];
+    om_dtype dt = ctx->in[0].dtype;
+    const void *dy = ctx->in[0].data;
+    if (wanted(ctx, 0)) {   // dx = dy op(W)^T
+        if (!present(ctx, 2)) return OMC_ERR(OM_INTERNAL, "MatMulBiasGrad node '%s': dx wanted without W", omc_node_name(ctx));
+        const void *gx = present(ctx, 6) ? ctx->in[6].data : NULL;   // gelu_x: dx becomes GeluGrad(dx, gelu_x)
+        const char *approx = attr_s(ctx, "approximate", "none");
+        const int tanh_mode = !strcmp(approx, "tanh");
+        if (gx && !tanh_mode && strcmp(approx, "none"))
+            return omc_err_unsupported(ctx, "approximate must be \"none\" or \"tanh\"");
+        if (gx && ctx->in[6].dtype != dt) return omc_err_dtype(ctx, 6, ctx->in[6].dtype);
+        int done = 0;
+        // the tanh GELU's gradient in cuBLASLt's epilogue (DGELU reads gelu_x as its aux input):
+        // dx = dy op(W)^T is y = x op(W') with x = dy (M, N) and W' = W read with !transB
+        if (gx && tanh_mode)
+            OMC_TRY(omc_gemm_epilogue(ctx, x, dt, !tb, M, K, N, dy, ctx->in[2].data, NULL, ctx->out[0].data,
+                                     CUBLASLT_EPILOGUE_DGELU, (void *)gx, &done));
+        if (!done) {
+            OMC_TRY(omc_gemm(ctx, x, dt, 0, !tb, M, K, N, 1.0, dy, 0, ctx->in[2].data, 0, 0.0, ctx->out[0].data, 0, 1));
+            if (gx) OMC_TRY(omc_gelu_grad_in_place(ctx, x, dt, ctx->out[0].data, gx, M * K, tanh_mode));
+        }
+    }
+    if (wanted(ctx, 1)) {   // dW: the batch reduction happens inside the GEMM's inner dim M
+        if (!present(ctx, 1)) return OMC_ERR(OM_INTERNAL, "MatMulBiasGrad node '%s': dW wanted without x", omc_node_name(ctx));
+        if (!tb) OMC_TRY(omc_gemm(ctx, x, dt, 1, 0, K, N, M, 1.0, ctx->in[1].data, 0, dy, 0, 0.0, ctx->out[1].data, 0, 1));
+        else OMC_TRY(omc_gemm(ctx, x, dt, 1, 0, N, K, M, 1.0, dy, 0, ctx->in[1].data, 0, 0.0, ctx->out[1].data, 0, 1));
+    }
+    if (wanted(ctx, 2)) OMC_TRY(omc_column_sum(ctx, x, dt, ctx->out[2].data, dy, M, N, nb != N));
+    return NULL;
+}

@@ -54,7 +54,7 @@ __global__ void gather_nd_kernel(U *y, const U *data, const I *idx, om_nd_geom g
     }
 }
 
-static om_status *gather_nd_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *gather_nd_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *X = &ctx->in[0], *ind = &ctx->in[1];
     om_nd_geom g;
     OMC_TRY(nd_init(ctx, X->dims, X->rank, 1, attr_i(ctx, "batch_dims", 0), &g));
@@ -81,7 +81,7 @@ __global__ void nd_add_kernel(typename acc<T>::t *dst, const T *src, const I *id
 }
 
 // GatherNDGrad(dy, Shape(data), indices; batch_dims) -> dx
-static om_status *gather_nd_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *gather_nd_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dY = &ctx->in[0], *ind = &ctx->in[2], *dX = &ctx->out[0];
     om_nd_geom g;
     OMC_TRY(nd_init(ctx, dX->dims, dX->rank, 2, attr_i(ctx, "batch_dims", 0), &g));
@@ -120,7 +120,7 @@ __global__ void nd_write_kernel(U *y, const U *upd, const long long *winner, con
 }
 
 // ScatterND(data, indices, updates; reduction none|add): data and y are (d0..), updates (rows, slice)
-static om_status *scatter_nd_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *scatter_nd_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *X = &ctx->in[0], *ind = &ctx->in[1], *upd = &ctx->in[2], *Y = &ctx->out[0];
     const char *red = attr_s(ctx, "reduction", "none");
     const int add = !strcmp(red, "add");
@@ -182,10 +182,3 @@ static om_status *scatter_nd_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *
     omc_temp_free(x, winner);
     return st;
 }
-
-extern const omc_kernel_entry omc_kernels_gather_nd[] = {
-    {"GatherND", "", gather_nd_cuda},
-    {"GatherNDGrad", "ortmod", gather_nd_grad_cuda},
-    {"ScatterND", "", scatter_nd_cuda},
-    OMC_TABLE_END,
-};

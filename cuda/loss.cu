@@ -100,7 +100,7 @@ static om_status *loss_check(const om_kernel_ctx *ctx, const om_tensor *x, const
 }
 
 // scores, log_prob are (N, C, S); labels (N, S); weights (C); loss () or (N, S)
-static om_status *sce_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *sce_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     loss_attrs a;
     OMC_TRY(loss_attrs_read(ctx, &a));
     const om_tensor *in = &ctx->in[0], *lab = &ctx->in[1];
@@ -143,7 +143,7 @@ __global__ void sce_grad_kernel(T *dx, const T *dl, const T *logp, const void *l
     }
 }
 
-static om_status *sce_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *sce_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     loss_attrs a;
     OMC_TRY(loss_attrs_read(ctx, &a));
     const om_tensor *lp = &ctx->in[1], *lab = &ctx->in[2];
@@ -180,7 +180,7 @@ __global__ void nll_forward_kernel(const T *xp, const void *lab, int lab64, cons
     }
 }
 
-static om_status *nll_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *nll_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     loss_attrs a;
     OMC_TRY(loss_attrs_read(ctx, &a));
     const om_tensor *in = &ctx->in[0], *lab = &ctx->in[1];
@@ -216,7 +216,7 @@ __global__ void nll_grad_kernel(T *dx, const T *dl, const void *lab, int lab64, 
     }
 }
 
-static om_status *nll_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *nll_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     loss_attrs a;
     OMC_TRY(loss_attrs_read(ctx, &a));
     const om_tensor *lab = &ctx->in[1], *out = &ctx->out[0];
@@ -237,11 +237,3 @@ static om_status *nll_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x)
     if (den) omc_temp_free(x, den);
     return st;
 }
-
-extern const omc_kernel_entry omc_kernels_loss[] = {
-    {"SoftmaxCrossEntropyLoss", "", sce_cuda},
-    {"SoftmaxCrossEntropyLossGrad", "ortmod", sce_grad_cuda},
-    {"NegativeLogLikelihoodLoss", "", nll_cuda},
-    {"NegativeLogLikelihoodLossGrad", "ortmod", nll_grad_cuda},
-    OMC_TABLE_END,
-};

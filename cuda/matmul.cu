@@ -1,5 +1,6 @@
-// matmul.cu — every GEMM of the op table on cuBLAS: MatMul, FusedMatMul, MatMulGrad, Gemm,
-// MatMulBias, MatMulBiasGrad and MatMulBiasGelu. Row-major products are computed as their
+// matmul.cu — matmul.c's ops on cuBLAS: MatMul, FusedMatMul, MatMulGrad, Gemm; and the GEMM
+// plumbing the other GEMM ops share (omc_gemm, and gemm.cuh's cuBLASLt epilogues, which fused.cu's
+// MatMulBias, MatMulBiasGrad and MatMulBiasGelu run on). Row-major products are computed as their
 // column-major transposes (Y^T = op(B)^T op(A)^T), so no operand is ever copied or transposed.
 // fp16/bf16 accumulate in fp32 (CUBLAS_COMPUTE_32F); fp32 stays exact fp32 (no TF32, as
 // torch's default); fp64 computes in fp64. MatMulBias adds its bias in cuBLASLt's epilogue
@@ -10,6 +11,7 @@
 #include <pthread.h>
 
 #include "common.cuh"
+#include "gemm.cuh"
 #include "ops/matmul_geom.h"
 
 // ---- cuBLAS plumbing -------------------------------------------------------------------------
@@ -87,9 +89,9 @@ static lt_entry lt_cache[LT_CACHE];
 static int lt_n;
 static pthread_mutex_t lt_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static om_status *lt_epilogue_gemm(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tb, int64_t M,
-                                   int64_t N, int64_t K, const void *X, const void *W, const void *bias, void *Y,
-                                   cublasLtEpilogue_t epi, void *aux, int *done) {
+om_status *omc_gemm_epilogue(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, int tb, int64_t M,
+                             int64_t N, int64_t K, const void *X, const void *W, const void *bias, void *Y,
+                             cublasLtEpilogue_t epi, void *aux, int *done) {
     *done = 0;
     (void)ctx;   // failures here are not errors: the caller takes the plain GEMM path
     cudaDataType t;
@@ -168,8 +170,8 @@ __global__ void broadcast_rows_kernel(T *y, const T *c, int64_t rows, int64_t co
     }
 }
 
-static om_status *fill_bias(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *y, const void *c,
-                            int64_t rows, int64_t cols, int64_t sm, int64_t sn, double beta) {
+om_status *omc_fill_bias(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dtype dt, void *y, const void *c,
+                         int64_t rows, int64_t cols, int64_t sm, int64_t sn, double beta) {
     if (rows * cols == 0) return NULL;
     OMC_DISPATCH_FLOAT(dt, ctx, 0, {
         broadcast_rows_kernel<T><<<grid_for(rows * cols), OMC_THREADS, 0, stream_of(x)>>>((T *)y, (const T *)c, rows,
@@ -276,7 +278,7 @@ static om_status *bgemm_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_
 // ---- MatMul / FusedMatMul -------------------------------------------------------------------------
 
 // A is (batch..., M, K) (or (K) / transposed), B is (batch..., K, N), Y is (batch..., M, N)
-static om_status *matmul_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *matmul_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *a = &ctx->in[0], *b = &ctx->in[1];
     int fused = !strcmp(omc_op_name(ctx), "FusedMatMul");
     int ta = fused && attr_i(ctx, "transA", 0) != 0, tb = fused && attr_i(ctx, "transB", 0) != 0;
@@ -290,7 +292,7 @@ static om_status *matmul_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 
 // MatMulGrad(dY, other, Shape(x); input, transA, transB, alpha) -> dx, batch dims where x was
 // broadcast summed (see matmul.c for the four cases)
-static om_status *matmul_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *matmul_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     int which = (int)attr_i(ctx, "input", 0);
     int ta = attr_i(ctx, "transA", 0) != 0, tb = attr_i(ctx, "transB", 0) != 0;
     double alpha = attr_f(ctx, "alpha", 1.0f);
@@ -318,7 +320,7 @@ static om_status *matmul_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
 // ---- Gemm ---------------------------------------------------------------------------------------------
 
 // A is (M,K) or (K,M), B is (K,N) or (N,K), C broadcasts to (M,N), Y is (M,N)
-static om_status *gemm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *gemm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *a = &ctx->in[0], *b = &ctx->in[1];
     int ta = attr_i(ctx, "transA", 0) != 0, tb = attr_i(ctx, "transB", 0) != 0;
     double alpha = attr_f(ctx, "alpha", 1.0f), beta = attr_f(ctx, "beta", 1.0f);
@@ -331,70 +333,17 @@ static om_status *gemm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
         int64_t cm = c->rank == 2 ? c->dims[0] : 1, cn = c->rank >= 1 ? c->dims[c->rank - 1] : 1;
         if (!ta && alpha == 1.0 && beta == 1.0 && cm == 1 && cn == N) {   // a bias row: the Lt epilogue
             int done = 0;
-            OMC_TRY(lt_epilogue_gemm(ctx, x, dt, tb, M, N, K, a->data, b->data, c->data, y, CUBLASLT_EPILOGUE_BIAS,
+            OMC_TRY(omc_gemm_epilogue(ctx, x, dt, tb, M, N, K, a->data, b->data, c->data, y, CUBLASLT_EPILOGUE_BIAS,
                                      NULL, &done));
             if (done) return NULL;
         }
-        OMC_TRY(fill_bias(ctx, x, dt, y, c->data, M, N, cm == 1 ? 0 : cn, cn == 1 ? 0 : 1, beta));
+        OMC_TRY(omc_fill_bias(ctx, x, dt, y, c->data, M, N, cm == 1 ? 0 : cn, cn == 1 ? 0 : 1, beta));
         return gemm_rm(ctx, x, dt, ta, tb, M, N, K, alpha, a->data, 0, b->data, 0, 1.0, y, 0, 1);
     }
     return gemm_rm(ctx, x, dt, ta, tb, M, N, K, alpha, a->data, 0, b->data, 0, 0.0, y, 0, 1);
 }
 
-// ---- MatMulBias / MatMulBiasGrad (fused.c) --------------------------------------------------------------
-
-// x is (M, K) (leading dims flattened), W is (K, N) or (N, K) with transB, b is (N) or (1); y is (M, N)
-static om_status *matmul_bias_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *b = &ctx->in[2];
-    int tb = attr_i(ctx, "transB", 0) != 0;
-    int64_t K = X->dims[X->rank - 1], N = tb ? W->dims[0] : W->dims[1], M = 1;
-    for (int d = 0; d + 1 < X->rank; d++) M *= X->dims[d];
-    om_dtype dt = X->dtype;
-    int64_t nb = numel(b);
-    if (nb == N && M > 0 && N > 0) {
-        int done = 0;
-        OMC_TRY(lt_epilogue_gemm(ctx, x, dt, tb, M, N, K, X->data, W->data, b->data, ctx->out[0].data,
-                                 CUBLASLT_EPILOGUE_BIAS, NULL, &done));
-        if (done) return NULL;
-    }
-    OMC_TRY(fill_bias(ctx, x, dt, ctx->out[0].data, b->data, M, N, 0, nb == 1 ? 0 : 1, 1.0));
-    return gemm_rm(ctx, x, dt, 0, tb, M, N, K, 1.0, X->data, 0, W->data, 0, 1.0, ctx->out[0].data, 0, 1);
-}
-
-// MatMulBiasGelu: y = gelu(x op(W) + b), output 1 (when the backward wants it) z = x op(W) + b.
-// approximate="tanh" is one cuBLASLt call: CUBLASLT_EPILOGUE_GELU_AUX_BIAS (GELU_BIAS without z)
-// — cuBLASLt's GELU epilogue is the tanh approximation. approximate="none" (erf), and any shape
-// Lt declines, compute z with MatMulBias's path (Lt's BIAS epilogue) and then run the GELU as
-// one elementwise pass (fused.cu); without z that pass runs in place on y.
-static om_status *matmul_bias_gelu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *b = &ctx->in[2];
-    int tb = attr_i(ctx, "transB", 0) != 0;
-    const char *approx = attr_s(ctx, "approximate", "none");
-    int tanh_mode = !strcmp(approx, "tanh");
-    if (!tanh_mode && strcmp(approx, "none")) return omc_err_unsupported(ctx, "approximate must be \"none\" or \"tanh\"");
-    int64_t K = X->dims[X->rank - 1], N = tb ? W->dims[0] : W->dims[1], M = 1;
-    for (int d = 0; d + 1 < X->rank; d++) M *= X->dims[d];
-    om_dtype dt = X->dtype;
-    int64_t nb = numel(b);
-    void *y = ctx->out[0].data, *z = wanted(ctx, 1) ? ctx->out[1].data : NULL;
-    if (M == 0 || N == 0) return NULL;
-    if (tanh_mode && nb == N) {
-        int done = 0;
-        OMC_TRY(lt_epilogue_gemm(ctx, x, dt, tb, M, N, K, X->data, W->data, b->data, y,
-                                 z ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS, z, &done));
-        if (done) return NULL;
-    }
-    void *pre = z ? z : y;   // the pre-activation's buffer
-    int done = 0;
-    if (nb == N)
-        OMC_TRY(lt_epilogue_gemm(ctx, x, dt, tb, M, N, K, X->data, W->data, b->data, pre, CUBLASLT_EPILOGUE_BIAS, NULL,
-                                 &done));
-    if (!done) {
-        OMC_TRY(fill_bias(ctx, x, dt, pre, b->data, M, N, 0, nb == 1 ? 0 : 1, 1.0));
-        OMC_TRY(gemm_rm(ctx, x, dt, 0, tb, M, N, K, 1.0, X->data, 0, W->data, 0, 1.0, pre, 0, 1));
-    }
-    return omc_gelu(ctx, x, dt, y, pre, M * N, tanh_mode);
-}
+// ---- shared with fused.cu, rnn.cu ------------------------------------------------------------------
 
 // db (N) = column sums of dy (M, N), or db[0] = the sum of everything: reduce.cu's reduction
 // (fp32 accumulation, split over row chunks when there are few columns)
@@ -408,48 +357,6 @@ om_status *omc_column_sum(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dt
     t.dims[1] = N;
     const uint8_t axes[2] = {1, (uint8_t)(to_scalar ? 1 : 0)};
     return omc_reduce(ctx, x, 0 /* RED_SUM */, &t, dy, axes, db, 1.0);
-}
-
-// dy is (M, N), x is (M, K), W is (K, N) or (N, K); dx (M, K), dW like W, db (N) or (1)
-static om_status *matmul_bias_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    int tb = attr_i(ctx, "transB", 0) != 0;
-    int64_t xs[OM_MAX_RANK], ws[OM_MAX_RANK], bs[OM_MAX_RANK];
-    int xr = host_ints(ctx, x, 3, xs, OM_MAX_RANK), wr = host_ints(ctx, x, 4, ws, OM_MAX_RANK);
-    int br = host_ints(ctx, x, 5, bs, OM_MAX_RANK);
-    if (xr < 1 || wr != 2 || br < 0)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "MatMulBiasGrad node '%s': operand shapes must be known at plan time",
-                       omc_node_name(ctx));
-    int64_t K = xs[xr - 1], N = tb ? ws[0] : ws[1], M = 1, nb = 1;
-    for (int d = 0; d + 1 < xr; d++) M *= xs[d];
-    for (int d = 0; d < br; d++) nb *= bs[d];
-    om_dtype dt = ctx->in[0].dtype;
-    const void *dy = ctx->in[0].data;
-    if (wanted(ctx, 0)) {   // dx = dy op(W)^T
-        if (!present(ctx, 2)) return OMC_ERR(OM_INTERNAL, "MatMulBiasGrad node '%s': dx wanted without W", omc_node_name(ctx));
-        const void *gx = present(ctx, 6) ? ctx->in[6].data : NULL;   // gelu_x: dx becomes GeluGrad(dx, gelu_x)
-        const char *approx = attr_s(ctx, "approximate", "none");
-        const int tanh_mode = !strcmp(approx, "tanh");
-        if (gx && !tanh_mode && strcmp(approx, "none"))
-            return omc_err_unsupported(ctx, "approximate must be \"none\" or \"tanh\"");
-        if (gx && ctx->in[6].dtype != dt) return omc_err_dtype(ctx, 6, ctx->in[6].dtype);
-        int done = 0;
-        // the tanh GELU's gradient in cuBLASLt's epilogue (DGELU reads gelu_x as its aux input):
-        // dx = dy op(W)^T is y = x op(W') with x = dy (M, N) and W' = W read with !transB
-        if (gx && tanh_mode)
-            OMC_TRY(lt_epilogue_gemm(ctx, x, dt, !tb, M, K, N, dy, ctx->in[2].data, NULL, ctx->out[0].data,
-                                     CUBLASLT_EPILOGUE_DGELU, (void *)gx, &done));
-        if (!done) {
-            OMC_TRY(gemm_rm(ctx, x, dt, 0, !tb, M, K, N, 1.0, dy, 0, ctx->in[2].data, 0, 0.0, ctx->out[0].data, 0, 1));
-            if (gx) OMC_TRY(omc_gelu_grad_in_place(ctx, x, dt, ctx->out[0].data, gx, M * K, tanh_mode));
-        }
-    }
-    if (wanted(ctx, 1)) {   // dW: the batch reduction happens inside the GEMM's inner dim M
-        if (!present(ctx, 1)) return OMC_ERR(OM_INTERNAL, "MatMulBiasGrad node '%s': dW wanted without x", omc_node_name(ctx));
-        if (!tb) OMC_TRY(gemm_rm(ctx, x, dt, 1, 0, K, N, M, 1.0, ctx->in[1].data, 0, dy, 0, 0.0, ctx->out[1].data, 0, 1));
-        else OMC_TRY(gemm_rm(ctx, x, dt, 1, 0, N, K, M, 1.0, dy, 0, ctx->in[1].data, 0, 0.0, ctx->out[1].data, 0, 1));
-    }
-    if (wanted(ctx, 2)) OMC_TRY(omc_column_sum(ctx, x, dt, ctx->out[2].data, dy, M, N, nb != N));
-    return NULL;
 }
 
 // Exposed for other files (Einsum, attention): row-major batched GEMM.
@@ -466,14 +373,3 @@ om_status *omc_gemm_f32_out(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_
                             double beta, float *O, int64_t sO, int64_t batch) {
     return gemm_rm_to(ctx, x, dt, tp, tq, M, N, K, alpha, P, sP, Q, sQ, beta, O, sO, batch, 1);
 }
-
-extern const omc_kernel_entry omc_kernels_matmul[] = {
-    {"MatMul", "", matmul_cuda},
-    {"FusedMatMul", "ortmod", matmul_cuda},
-    {"MatMulGrad", "ortmod", matmul_grad_cuda},
-    {"Gemm", "", gemm_cuda},
-    {"MatMulBias", "ortmod", matmul_bias_cuda},
-    {"MatMulBiasGrad", "ortmod", matmul_bias_grad_cuda},
-    {"MatMulBiasGelu", "ortmod", matmul_bias_gelu_cuda},
-    OMC_TABLE_END,
-};

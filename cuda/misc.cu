@@ -1,25 +1,137 @@
-// misc.cu — the rest of misc.c and scan.c: Pad / PadGrad, Einsum, CumSum, GatherElements /
-// GatherElementsGrad and ScatterElements.
+// misc.cu — misc.c's ops on the CUDA provider: the comparisons and logic (Less .. Xor, Not, IsNaN,
+// IsInf) and the activations (LeakyRelu .. Celu, ActivationGrad), which run through
+// elementwise.cu's pointwise kernels (pointwise.cuh); Clip / ClipGrad / HardTanh; Pad / PadGrad;
+// Einsum; Tile / TileGrad and Trilu.
 //
 // Pad is one thread per output element (the source index per dim: pad_geom.h's om_pad_src); its
 // backward gathers in constant mode (each input element has one source) and scatter-adds with
 // atomics in reflect/edge/wrap mode. Einsum runs the CPU's plan: operands gathered into
 // (batch, I, K) and (batch, K, J), one strided-batched cuBLAS GEMM, the product gathered into the
-// output's label order — a gather is skipped when the operand already has that layout. CumSum
-// scans a row per block (the common last-axis case) or a column per thread. GatherElements and
-// ScatterElements walk the indices one thread each; ScatterElements without reduction lets the
-// last index (in row-major order) win a duplicated target, as the CPU's sequential loop does.
+// output's label order — a gather is skipped when the operand already has that layout.
 //
-// Shape-like inputs (Pad's pads and axes, CumSum's axis) are read from the host copies the planner
-// keeps; indices are data and are never read by the host: an index out of range contributes 0
-// (gathers) or nothing (scatters) on the GPU, where the CPU reports it.
+// Shape-like inputs (Pad's pads and axes) are read from the host copies the planner keeps.
 #include "common.cuh"
+#include "pointwise.cuh"
 
+// ---- comparisons and logic (elementwise.cu's omc_compare) ------------------------------------------
 
-static int64_t dims_prod(const int64_t *d, int from, int to) {
-    int64_t p = 1;
-    for (int i = from; i < to; i++) p *= d[i];
+#define COMPARE(name, op) \
+    om_status *name(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return omc_compare(ctx, x, op); }
+COMPARE(less_cuda, C_LT)
+COMPARE(greater_cuda, C_GT)
+COMPARE(less_equal_cuda, C_LE)
+COMPARE(greater_equal_cuda, C_GE)
+COMPARE(and_cuda, L_AND)
+COMPARE(or_cuda, L_OR)
+COMPARE(xor_cuda, L_XOR)
+
+// x, y are (n) bool
+__global__ void not_kernel(uint8_t *y, const uint8_t *x, int64_t n) { GRID_STRIDE(i, n) y[i] = !x[i]; }
+om_status *not_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    int64_t n = numel(&ctx->in[0]);
+    if (!n) return NULL;
+    not_kernel<<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((uint8_t *)ctx->out[0].data, (const uint8_t *)ctx->in[0].data, n);
+    return omc_launched(ctx);
+}
+
+// x is (n) float, y is (n) bool: mode 0 IsNaN, 1 IsInf (pos/neg selected)
+template <typename T>
+__global__ void classify_kernel(uint8_t *y, const T *x, int64_t n, int mode, int pos, int neg) {
+    GRID_STRIDE(i, n) {
+        double v = to_f64(x[i]);
+        y[i] = mode == 0 ? v != v : ((pos && v == INFINITY) || (neg && v == -INFINITY));
+    }
+}
+static om_status *classify_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int mode) {
+    int64_t n = numel(&ctx->in[0]);
+    if (!n) return NULL;
+    int pos = attr_i(ctx, "detect_positive", 1) != 0, neg = attr_i(ctx, "detect_negative", 1) != 0;
+    OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {
+        classify_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((uint8_t *)ctx->out[0].data,
+                                                                          (const T *)ctx->in[0].data, n, mode, pos, neg);
+    });
+    return omc_launched(ctx);
+}
+om_status *is_nan_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return classify_run(ctx, x, 0); }
+om_status *is_inf_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return classify_run(ctx, x, 1); }
+
+// ---- activations (elementwise.cu's omc_unary and omc_grad2) -------------------------------------------
+
+static int act_kind(const char *name) {
+    static const char *const names[] = {"LeakyRelu", "Softplus", "Elu", "Selu", "HardSigmoid", "HardSwish", "Mish", "Softsign",
+                                        "Celu"};
+    for (int i = 0; i < 9; i++)
+        if (!strcmp(names[i], name)) return U_LEAKY + i;
+    return -1;
+}
+static act_params act_read(const om_kernel_ctx *ctx, int kind) {
+    static const float dflt_alpha[] = {0.01f, 0, 1.0f, 1.67326319217681884765625f, 0.2f, 0, 0, 0, 1.0f};
+    act_params p;
+    p.a = attr_f(ctx, "alpha", dflt_alpha[kind - U_LEAKY]);
+    p.b = attr_f(ctx, "beta", 0.5f);
+    p.g = attr_f(ctx, "gamma", 1.05070102214813232421875f);
     return p;
+}
+
+om_status *activation_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    int k = act_kind(omc_op_name(ctx));
+    if (k < 0) return omc_err_unsupported(ctx, "activation");
+    return omc_unary(ctx, x, k, act_read(ctx, k));
+}
+
+om_status *activation_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    int k = act_kind(attr_s(ctx, "activation", ""));
+    if (k < 0) return omc_err_unsupported(ctx, "activation");
+    return omc_grad2(ctx, x, G_ACT, k, act_read(ctx, k));
+}
+
+// ---- Clip / ClipGrad: bounds are device scalars (absent: unbounded) ------------------------------
+
+// x, y are (n); lo, hi point to one element each or are NULL
+template <typename T>
+__global__ void clip_kernel(T *y, const T *x, const T *lo, const T *hi, int64_t n) {
+    typedef typename acc<T>::t A;
+    A l = lo ? ld(*lo) : (A)0, h = hi ? ld(*hi) : (A)0;
+    GRID_STRIDE(i, n) {
+        A v = ld(x[i]);
+        if (lo) v = v < l ? l : v;
+        if (hi) v = v > h ? h : v;
+        y[i] = st<T>(v);
+    }
+}
+om_status *clip_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    int64_t n = numel(&ctx->in[0]);
+    if (!n) return NULL;
+    OMC_DISPATCH_ARITH(ctx->in[0].dtype, ctx, 0, {
+        clip_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
+            (T *)ctx->out[0].data, (const T *)ctx->in[0].data, present(ctx, 1) ? (const T *)ctx->in[1].data : NULL,
+            present(ctx, 2) ? (const T *)ctx->in[2].data : NULL, n);
+    });
+    return omc_launched(ctx);
+}
+
+// dy, x, dx are (n): dx = dy where lo <= x <= hi; exclusive (HardTanh's): 0 where x <= lo or
+// x >= hi, else dy (NaN passes)
+template <typename T>
+__global__ void clip_grad_kernel(T *dx, const T *dy, const T *x_, const T *lo, const T *hi, int64_t n, int exclusive) {
+    typedef typename acc<T>::t A;
+    A l = lo ? ld(*lo) : (A)-INFINITY, h = hi ? ld(*hi) : (A)INFINITY;
+    GRID_STRIDE(i, n) {
+        A v = ld(x_[i]);
+        bool pass = exclusive ? !(v <= l || v >= h) : (v >= l && v <= h);
+        dx[i] = pass ? dy[i] : st<T>((A)0);
+    }
+}
+om_status *clip_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    int64_t n = numel(&ctx->in[0]);
+    if (!n) return NULL;
+    OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {
+        clip_grad_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
+            (T *)ctx->out[0].data, (const T *)ctx->in[0].data, (const T *)ctx->in[1].data,
+            present(ctx, 2) ? (const T *)ctx->in[2].data : NULL, present(ctx, 3) ? (const T *)ctx->in[3].data : NULL, n,
+            attr_i(ctx, "exclusive", 0) != 0);
+    });
+    return omc_launched(ctx);
 }
 
 // ---- Pad / PadGrad ---------------------------------------------------------------------------------
@@ -86,7 +198,7 @@ __global__ void pad_kernel(U *y, const U *x, const U *value, pad_geom g, int64_t
 }
 
 // Pad(x, pads, value?, axes?; mode)
-static om_status *pad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *pad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *X = &ctx->in[0], *Y = &ctx->out[0];
     pad_geom g;
     OMC_TRY(pad_geometry(ctx, x, X->rank, X->dims, 1, &g));
@@ -129,7 +241,7 @@ __global__ void pad_grad_scatter_kernel(typename acc<T>::t *dx, const T *dy, pad
 }
 
 // PadGrad(dy, Shape(x), pads, axes?; mode) -> dx
-static om_status *pad_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *pad_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dY = &ctx->in[0], *dX = &ctx->out[0];
     pad_geom g;
     OMC_TRY(pad_geometry(ctx, x, dX->rank, dX->dims, 2, &g));
@@ -244,7 +356,7 @@ __global__ void row_sum_kernel(T *y, const T *a, int64_t rows, int64_t K) {
 }
 
 // Einsum(A, B?; equation)
-static om_status *einsum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *einsum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const int nin = ctx->n_in;
     const om_tensor *xs[2] = {&ctx->in[0], nin > 1 ? &ctx->in[1] : NULL};
     if (nin > 1 && xs[1]->dtype != xs[0]->dtype) return omc_err_dtype(ctx, 1, xs[1]->dtype);
@@ -288,318 +400,88 @@ static om_status *einsum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     return st;
 }
 
-// ---- CumSum -----------------------------------------------------------------------------------------
+// ---- Tile / TileGrad -------------------------------------------------------------------------------------------
 
-// x, y are (outer, N, inner): one thread per (outer, inner) column walking N
-template <typename Ti, typename To, typename Acc>
-__global__ void cumsum_cols_kernel(To *y, const Ti *x, int64_t outer, int64_t N, int64_t inner, int excl, int rev) {
-    GRID_STRIDE(c, outer * inner) {
-        const int64_t o = c / inner, j = c - o * inner;
-        Acc a = 0;
-        for (int64_t s = 0; s < N; s++) {
-            const int64_t at = (o * N + (rev ? N - 1 - s : s)) * inner + j;
-            const Acc v = (Acc)ld(x[at]);
-            if (excl) { y[at] = st<To>(a); a += v; }
-            else { a += v; y[at] = st<To>(a); }
+struct tile_geom { int n; int64_t ydims[OM_MAX_RANK], xdims[OM_MAX_RANK], xstr[OM_MAX_RANK]; };
+
+// y (n) = x[idx mod xdims]: y's dims are x's times the repeats
+template <typename U>
+__global__ void tile_kernel(U *y, const U *x_, tile_geom g, int64_t n) {
+    GRID_STRIDE(i, n) {
+        int64_t t = i, off = 0;
+        for (int d = g.n - 1; d >= 0; d--) {
+            int64_t q = t / g.ydims[d], r = t - q * g.ydims[d];
+            off += (r % g.xdims[d]) * g.xstr[d];
+            t = q;
         }
+        y[i] = x_[off];
     }
 }
 
-// x, y are (rows, N) (inner 1): one block per row, a block-wide scan over chunks of blockDim elements
-template <typename Ti, typename To, typename Acc>
-__global__ void cumsum_rows_kernel(To *y, const Ti *x, int64_t rows, int64_t N, int excl, int rev) {
-    __shared__ Acc warp_tot[32];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const Ti *xr = x + r * N;
-        To *yr = y + r * N;
-        Acc carry = 0;
-        for (int64_t base = 0; base < N; base += blockDim.x) {
-            const int64_t k = base + threadIdx.x, at = rev ? N - 1 - k : k;
-            const Acc v = k < N ? (Acc)ld(xr[at]) : (Acc)0;
-            Acc s = v;   // inclusive scan within the warp
-            for (int o = 1; o < 32; o <<= 1) {
-                const Acc t = __shfl_up_sync(0xffffffffu, s, o);
-                if (lane >= o) s += t;
-            }
-            if (lane == 31) warp_tot[w] = s;
-            __syncthreads();
-            if (w == 0) {   // scan of the warp totals
-                Acc t = lane < nw ? warp_tot[lane] : (Acc)0;
-                for (int o = 1; o < 32; o <<= 1) {
-                    const Acc u = __shfl_up_sync(0xffffffffu, t, o);
-                    if (lane >= o) t += u;
-                }
-                warp_tot[lane] = t;
-            }
-            __syncthreads();
-            const Acc before = carry + (w ? warp_tot[w - 1] : (Acc)0);
-            Acc ex = __shfl_up_sync(0xffffffffu, s, 1);
-            if (lane == 0) ex = 0;
-            if (k < N) yr[at] = st<To>(excl ? before + ex : before + s);
-            carry += warp_tot[nw - 1];
-            __syncthreads();
-        }
-    }
-}
-
-template <typename Ti, typename To, typename Acc>
-static void cumsum_launch(To *y, const Ti *x, int64_t outer, int64_t N, int64_t inner, int excl, int rev, cudaStream_t s) {
-    if (inner == 1)
-        cumsum_rows_kernel<Ti, To, Acc><<<(unsigned)(outer < 65535 * 16 ? outer : 65535 * 16), 256, 0, s>>>(y, x, outer,
-                                                                                                          N, excl, rev);
-    else
-        cumsum_cols_kernel<Ti, To, Acc><<<grid_for(outer * inner), OMC_THREADS, 0, s>>>(y, x, outer, N, inner, excl, rev);
-}
-
-// CumSum(x, axis; exclusive, reverse); bool/uint8/int8 sum into int64 (torch's promotion, as scan.c)
-static om_status *cumsum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *X = &ctx->in[0];
-    if (X->rank < 1) return OMC_ERR(OM_INVALID_ARGUMENT, "CumSum node '%s': x must have rank >= 1", omc_node_name(ctx));
-    int64_t av[1] = {0};
-    const om_dtype adt = ctx->in[1].dtype;
-    if (adt != OM_I64 && adt != OM_I32) return omc_err_dtype(ctx, 1, adt);
-    if (numel(&ctx->in[1]) != 1)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "CumSum node '%s': axis must be a scalar", omc_node_name(ctx));
-    if (host_ints(ctx, x, 1, av, 1) != 1)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "CumSum node '%s': axis must be known at plan time", omc_node_name(ctx));
-    const int axis = norm_axis(av[0], X->rank);
-    if (axis < 0)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "CumSum node '%s': axis %lld is out of range for rank %d", omc_node_name(ctx),
-                       (long long)av[0], X->rank);
-    const int excl = attr_i(ctx, "exclusive", 0) != 0, rev = attr_i(ctx, "reverse", 0) != 0;
-    const int64_t N = X->dims[axis], outer = dims_prod(X->dims, 0, axis), inner = dims_prod(X->dims, axis + 1, X->rank);
-    if (!N || !outer || !inner) return NULL;
-    void *y = ctx->out[0].data;
-    const cudaStream_t s = stream_of(x);
-    switch (X->dtype) {
-    case OM_BOOL:
-    case OM_U8: cumsum_launch<uint8_t, int64_t, int64_t>((int64_t *)y, (const uint8_t *)X->data, outer, N, inner, excl, rev, s); break;
-    case OM_I8: cumsum_launch<int8_t, int64_t, int64_t>((int64_t *)y, (const int8_t *)X->data, outer, N, inner, excl, rev, s); break;
-    default:
-        OMC_DISPATCH_ARITH(X->dtype, ctx, 0, {
-            cumsum_launch<T, T, A>((T *)y, (const T *)X->data, outer, N, inner, excl, rev, s);
-        });
-    }
-    return omc_launched(ctx);
-}
-
-// ---- GatherElements / GatherElementsGrad / ScatterElements ---------------------------------------------
-
-// Position p of indices (row-major over idims) addresses data at the same coordinates with the
-// axis coordinate replaced by the (wrapped) index; indices may be smaller than data off the axis.
-struct elem_walk {
-    int rank, axis;
-    int64_t N;                       // data's size along the axis
-    int64_t idims[OM_MAX_RANK];      // indices dims
-    int64_t dstride[OM_MAX_RANK];    // data strides
-};
-
-// data_like: data (or dx, whose shape is data's); ind: indices (input ind_i). The checks of scan.c
-// that need no index values.
-static om_status *elem_walk_init(const om_kernel_ctx *ctx, const om_tensor *data_like, int ind_i, elem_walk *w) {
-    const om_tensor *ind = &ctx->in[ind_i];
-    if (ind->dtype != OM_I64 && ind->dtype != OM_I32) return omc_err_dtype(ctx, ind_i, ind->dtype);
-    if (ind->rank != data_like->rank || data_like->rank < 1)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': indices (rank %d) must have the rank of data (rank %d >= 1)",
-                       omc_op_name(ctx), omc_node_name(ctx), ind->rank, data_like->rank);
-    const int64_t axis_attr = attr_i(ctx, "axis", 0);
-    const int axis = norm_axis(axis_attr, data_like->rank);
-    if (axis < 0)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': axis %lld is out of range for rank %d", omc_op_name(ctx),
-                       omc_node_name(ctx), (long long)axis_attr, data_like->rank);
-    memset(w, 0, sizeof *w);
-    w->rank = ind->rank;
-    w->axis = axis;
-    w->N = data_like->dims[axis];
-    int64_t s = 1;
-    for (int i = w->rank - 1; i >= 0; i--) {
-        if (i != axis && ind->dims[i] > data_like->dims[i])
-            return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': indices dim %d (%lld) exceeds data's (%lld)",
-                           omc_op_name(ctx), omc_node_name(ctx), i, (long long)ind->dims[i],
-                           (long long)data_like->dims[i]);
-        w->idims[i] = ind->dims[i];
-        w->dstride[i] = s;
-        s *= data_like->dims[i];
-    }
-    return NULL;
-}
-
-// data offset for indices position p holding index iv, or -1 when iv is out of range
-__device__ __forceinline__ int64_t elem_off(const elem_walk &w, int64_t p, int64_t iv) {
-    if (iv < 0) iv += w.N;
-    if (iv < 0 || iv >= w.N) return -1;
-    int64_t off = iv * w.dstride[w.axis];
-    for (int d = w.rank - 1; d >= 0; d--) {
-        const int64_t q = p / w.idims[d];
-        if (d != w.axis) off += (p - q * w.idims[d]) * w.dstride[d];
-        p = q;
-    }
-    return off;
-}
-
-#define OMC_DISPATCH_INDEX(dt, ctx, i, ...)                                                  \
-    switch (dt) {                                                                             \
-    case OM_I64: { typedef int64_t I; __VA_ARGS__; } break;                                   \
-    case OM_I32: { typedef int32_t I; __VA_ARGS__; } break;                                   \
-    default: return omc_err_dtype((ctx), (i), (dt));                                          \
-    }
-
-// data is (d0..), indices and y are (i0..): y[p] = data[p with p[axis] = indices[p]]
-template <typename U, typename I>
-__global__ void gather_elements_kernel(U *y, const U *data, const I *idx, elem_walk w, int64_t K) {
-    GRID_STRIDE(p, K) {
-        const int64_t off = elem_off(w, p, (int64_t)idx[p]);
-        y[p] = off >= 0 ? data[off] : (U)0;
-    }
-}
-
-static om_status *gather_elements_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *X = &ctx->in[0], *ind = &ctx->in[1];
-    elem_walk w;
-    OMC_TRY(elem_walk_init(ctx, X, 1, &w));
-    const int64_t K = numel(ind);
-    if (!K) return NULL;
-    OMC_DISPATCH_SIZE(dtype_size(X->dtype), ctx, {
-        OMC_DISPATCH_INDEX(ind->dtype, ctx, 1, {
-            gather_elements_kernel<U, I><<<grid_for(K), OMC_THREADS, 0, stream_of(x)>>>(
-                (U *)ctx->out[0].data, (const U *)X->data, (const I *)ind->data, w, K);
-        });
+om_status *tile_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *in = &ctx->in[0], *out = &ctx->out[0];
+    tile_geom g;
+    memset(&g, 0, sizeof g);
+    g.n = in->rank;
+    dense_strides(in->rank, in->dims, g.xstr);
+    for (int d = 0; d < in->rank; d++) { g.ydims[d] = out->dims[d]; g.xdims[d] = in->dims[d] ? in->dims[d] : 1; }
+    int64_t n = numel(out);
+    if (!n) return NULL;
+    OMC_DISPATCH_SIZE(dtype_size(in->dtype), ctx, {
+        tile_kernel<U><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((U *)out->data, (const U *)in->data, g, n);
     });
     return omc_launched(ctx);
 }
 
-// dy and indices are (i0..), dx is Shape(data) from zero in dy's math type (omc_scatter):
-// dx[p with p[axis] = indices[p]] += dy[p]
-template <typename T, typename I>
-__global__ void gather_elements_grad_kernel(typename acc<T>::t *dx, const T *dy, const I *idx, elem_walk w,
-                                            int64_t K) {
-    GRID_STRIDE(p, K) {
-        const int64_t off = elem_off(w, p, (int64_t)idx[p]);
-        if (off >= 0) atomic_acc(&dx[off], ld(dy[p]));
+// TileGrad(dy, Shape(x)): dx = sum over the tiles. dy viewed as (r0, x0, r1, x1, ...), reduced over the r's
+om_status *tile_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *dy = &ctx->in[0], *dx = &ctx->out[0];
+    int r = dx->rank;
+    if (2 * r > OM_MAX_RANK) {
+        // more than 4 dims: reduce one axis pair at a time is not implemented
+        return omc_err_unsupported(ctx, "TileGrad of rank > 4");
+    }
+    om_tensor v;
+    memset(&v, 0, sizeof v);
+    v.dtype = dy->dtype;
+    v.rank = 2 * r;
+    uint8_t red[OM_MAX_RANK];
+    for (int d = 0; d < r; d++) {
+        int64_t xd = dx->dims[d];
+        v.dims[2 * d] = xd ? dy->dims[d] / xd : 0;
+        v.dims[2 * d + 1] = xd;
+        red[2 * d] = 1;
+        red[2 * d + 1] = 0;
+    }
+    return omc_reduce(ctx, x, 0, &v, dy->data, red, dx->data, 1.0);
+}
+
+// ---- Trilu: x is (batch, R, C); keeps j - i >= k (upper) or j - i <= k (lower) ---------------------
+
+template <typename U>
+__global__ void trilu_kernel(U *y, const U *x_, int64_t n, int64_t R, int64_t C, int64_t k, int upper) {
+    GRID_STRIDE(t, n) {
+        int64_t j = t % C, i = (t / C) % R;
+        int keep = upper ? j - i >= k : j - i <= k;
+        y[t] = keep ? x_[t] : (U)0;
     }
 }
 
-// GatherElementsGrad(dy, Shape(data), indices; axis) -> dx
-static om_status *gather_elements_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *dY = &ctx->in[0], *ind = &ctx->in[2], *dX = &ctx->out[0];
-    elem_walk w;
-    OMC_TRY(elem_walk_init(ctx, dX, 2, &w));
-    if (!om_dtype_in(dY->dtype, OM_DT_ARITH)) return omc_err_dtype(ctx, 0, dY->dtype);
-    if (!om_dtype_in(ind->dtype, OM_DT_INDEX)) return omc_err_dtype(ctx, 2, ind->dtype);
-    omc_scatter sc;
-    OMC_TRY(omc_scatter_start(ctx, x, dY->dtype, dX->data, numel(dX), NULL, &sc));
-    const int64_t K = numel(ind);
-    if (!K) return omc_scatter_finish(ctx, x, &sc, NULL);
-    OMC_DISPATCH_ARITH(dY->dtype, ctx, 0, {
-        OMC_DISPATCH_INDEX(ind->dtype, ctx, 2, {
-            gather_elements_grad_kernel<T, I><<<grid_for(K), OMC_THREADS, 0, stream_of(x)>>>(
-                (A *)sc.acc, (const T *)dY->data, (const I *)ind->data, w, K);
-        });
+om_status *trilu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    const om_tensor *in = &ctx->in[0];
+    if (in->rank < 2) return omc_err_unsupported(ctx, "rank < 2");
+    int64_t k = 0;
+    if (present(ctx, 1)) {
+        int64_t v[1] = {0};
+        if (host_ints(ctx, x, 1, v, 1) != 1) return omc_err_unsupported(ctx, "k that is not known at plan time");
+        k = v[0];
+    }
+    int upper = attr_i(ctx, "upper", 1) != 0;
+    int64_t n = numel(in), R = in->dims[in->rank - 2], C = in->dims[in->rank - 1];
+    if (!n) return NULL;
+    OMC_DISPATCH_SIZE(dtype_size(in->dtype), ctx, {
+        trilu_kernel<U><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((U *)ctx->out[0].data, (const U *)in->data, n, R, C,
+                                                                       k, upper);
     });
-    return omc_scatter_finish(ctx, x, &sc, omc_launched(ctx));
+    return omc_launched(ctx);
 }
-
-// reduction none, pass 1: each target remembers the last position p (row-major) that writes it
-template <typename I>
-__global__ void scatter_claim_kernel(long long *winner, const I *idx, elem_walk w, int64_t K) {
-    GRID_STRIDE(p, K) {
-        const int64_t off = elem_off(w, p, (int64_t)idx[p]);
-        if (off >= 0) atomicMax(&winner[off], (long long)p);
-    }
-}
-
-// pass 2: the winner writes its update
-template <typename U, typename I>
-__global__ void scatter_write_kernel(U *y, const U *upd, const long long *winner, const I *idx, elem_walk w, int64_t K) {
-    GRID_STRIDE(p, K) {
-        const int64_t off = elem_off(w, p, (int64_t)idx[p]);
-        if (off >= 0 && winner[off] == (long long)p) y[off] = upd[p];
-    }
-}
-
-// reduction add: y[target] += updates[p] (y starts as data, in its math type: omc_scatter)
-template <typename T, typename I>
-__global__ void scatter_add_kernel(typename acc<T>::t *y, const T *upd, const I *idx, elem_walk w, int64_t K) {
-    GRID_STRIDE(p, K) {
-        const int64_t off = elem_off(w, p, (int64_t)idx[p]);
-        if (off >= 0) atomic_acc(&y[off], ld(upd[p]));
-    }
-}
-
-// ScatterElements(data, indices, updates; axis, reduction none|add): data and y are (d0..),
-// indices and updates are (i0..)
-static om_status *scatter_elements_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *X = &ctx->in[0], *ind = &ctx->in[1], *upd = &ctx->in[2], *Y = &ctx->out[0];
-    const char *red = attr_s(ctx, "reduction", "none");
-    const int add = !strcmp(red, "add");
-    if (!add && strcmp(red, "none")) return omc_err_unsupported(ctx, "reduction other than none or add");
-    if (upd->dtype != X->dtype) return omc_err_dtype(ctx, 2, upd->dtype);
-    int same = upd->rank == ind->rank;
-    for (int d = 0; same && d < ind->rank; d++) same = upd->dims[d] == ind->dims[d];
-    if (!same)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "ScatterElements node '%s': updates must have the shape of indices",
-                       omc_node_name(ctx));
-    elem_walk w;
-    OMC_TRY(elem_walk_init(ctx, X, 1, &w));
-    OMC_TRY(copy_d2d(Y->data, X->data, nbytes(X), x));
-    const int64_t K = numel(ind);
-    if (!K) return NULL;
-    if (add) {
-        if (!om_dtype_in(X->dtype, OM_DT_ARITH)) return omc_err_dtype(ctx, 0, X->dtype);
-        if (!om_dtype_in(ind->dtype, OM_DT_INDEX)) return omc_err_dtype(ctx, 1, ind->dtype);
-        omc_scatter sc;
-        OMC_TRY(omc_scatter_start(ctx, x, X->dtype, Y->data, numel(X), Y->data, &sc));
-        OMC_DISPATCH_ARITH(X->dtype, ctx, 0, {
-            OMC_DISPATCH_INDEX(ind->dtype, ctx, 1, {
-                scatter_add_kernel<T, I><<<grid_for(K), OMC_THREADS, 0, stream_of(x)>>>(
-                    (A *)sc.acc, (const T *)upd->data, (const I *)ind->data, w, K);
-            });
-        });
-        return omc_scatter_finish(ctx, x, &sc, omc_launched(ctx));
-    }
-    long long *winner = NULL;
-    OMC_TRY(omc_temp_alloc(x, sizeof(long long) * (size_t)numel(X), (void **)&winner));
-    om_status *st = omc_cuda(cudaMemsetAsync(winner, 0xff, sizeof(long long) * (size_t)numel(X), stream_of(x)),
-                             "cudaMemsetAsync");   // every target starts at -1: no writer
-    if (!st) {
-        switch (ind->dtype) {
-        case OM_I64: scatter_claim_kernel<int64_t><<<grid_for(K), OMC_THREADS, 0, stream_of(x)>>>(
-                         winner, (const int64_t *)ind->data, w, K); break;
-        default: scatter_claim_kernel<int32_t><<<grid_for(K), OMC_THREADS, 0, stream_of(x)>>>(
-                     winner, (const int32_t *)ind->data, w, K); break;
-        }
-        st = omc_launched(ctx);
-    }
-    if (!st) {
-        switch (dtype_size(X->dtype)) {
-#define SCATTER_WRITE(U)                                                                                          \
-    if (ind->dtype == OM_I64)                                                                                     \
-        scatter_write_kernel<U, int64_t><<<grid_for(K), OMC_THREADS, 0, stream_of(x)>>>(                          \
-            (U *)Y->data, (const U *)upd->data, winner, (const int64_t *)ind->data, w, K);                        \
-    else                                                                                                          \
-        scatter_write_kernel<U, int32_t><<<grid_for(K), OMC_THREADS, 0, stream_of(x)>>>(                          \
-            (U *)Y->data, (const U *)upd->data, winner, (const int32_t *)ind->data, w, K);
-        case 1: SCATTER_WRITE(uint8_t) break;
-        case 2: SCATTER_WRITE(uint16_t) break;
-        case 4: SCATTER_WRITE(uint32_t) break;
-        case 8: SCATTER_WRITE(uint64_t) break;
-        default: st = omc_err_unsupported(ctx, "element size"); break;
-#undef SCATTER_WRITE
-        }
-        if (!st) st = omc_launched(ctx);
-    }
-    omc_temp_free(x, winner);
-    return st;
-}
-
-extern const omc_kernel_entry omc_kernels_misc[] = {
-    {"Pad", "", pad_cuda},
-    {"PadGrad", "ortmod", pad_grad_cuda},
-    {"Einsum", "", einsum_cuda},
-    {"CumSum", "", cumsum_cuda},
-    {"GatherElements", "", gather_elements_cuda},
-    {"GatherElementsGrad", "ortmod", gather_elements_grad_cuda},
-    {"ScatterElements", "", scatter_elements_cuda},
-    OMC_TABLE_END,
-};

@@ -94,8 +94,8 @@ static om_status *softmax_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, i
     });
     return omc_launched(ctx);
 }
-static om_status *softmax_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return softmax_run(ctx, x, 0); }
-static om_status *log_softmax_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return softmax_run(ctx, x, 1); }
+om_status *softmax_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return softmax_run(ctx, x, 0); }
+om_status *log_softmax_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return softmax_run(ctx, x, 1); }
 
 // dy, y, dx are (rows, D): softmax dx = y (dy - sum(dy y)); log-softmax dx = dy - exp(y) sum(dy)
 template <typename T>
@@ -144,8 +144,8 @@ static om_status *softmax_grad_run(const om_kernel_ctx *ctx, const om_cuda_exec 
     });
     return omc_launched(ctx);
 }
-static om_status *softmax_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return softmax_grad_run(ctx, x, 0); }
-static om_status *log_softmax_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return softmax_grad_run(ctx, x, 1); }
+om_status *softmax_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return softmax_grad_run(ctx, x, 0); }
+om_status *log_softmax_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return softmax_grad_run(ctx, x, 1); }
 
 // ---- LayerNormalization ---------------------------------------------------------------------------------
 
@@ -207,7 +207,7 @@ __global__ void layer_norm_kernel(T *y, void *mean, void *inv, om_dtype sdt, con
 // CPU; CUDA autocast casts layer_norm's input to float32 itself, so it does not meet one.
 static const char *LN_MIXED = "float32 Scale/B with a half-precision X (mixed-type layer_norm: it runs on the CPU)";
 
-static om_status *layer_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *layer_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
     if (ctx->in[1].dtype != in->dtype) return omc_err_unsupported(ctx, LN_MIXED);
     int64_t N = 0, D = 0;
@@ -290,7 +290,7 @@ __global__ void layer_norm_dparam_final(T *ds, T *db, const typename acc<T>::t *
     }
 }
 
-static om_status *layer_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *layer_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[1];
     if (ctx->in[2].dtype != in->dtype) return omc_err_unsupported(ctx, LN_MIXED);
     int64_t N = 0, D = 0;
@@ -323,13 +323,3 @@ static om_status *layer_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_e
     if (part) omc_temp_free(x, part);
     return st;
 }
-
-extern const omc_kernel_entry omc_kernels_nn[] = {
-    {"Softmax", "", softmax_cuda},
-    {"LogSoftmax", "", log_softmax_cuda},
-    {"SoftmaxGrad", "ortmod", softmax_grad_cuda},
-    {"LogSoftmaxGrad", "ortmod", log_softmax_grad_cuda},
-    {"LayerNormalization", "", layer_norm_cuda},
-    {"LayerNormalizationGrad", "ortmod", layer_norm_grad_cuda},
-    OMC_TABLE_END,
-};

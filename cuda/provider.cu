@@ -264,39 +264,33 @@ int bcast_init(bcast *b, const om_tensor *space, const om_tensor *const *ops, in
 }
 
 // ---- the kernel registry -----------------------------------------------------------------------
+// Expanded from the engine's op list (csrc/ops/op_list.h): every OP there names its kernel, a
+// function of cuda/<family>.cu declared here, so a missing one is an undefined symbol and the
+// library (linked --no-undefined) does not build. HOST_OPs have no kernel, by design.
+#include "ops/op_list.h"
 
-extern const omc_kernel_entry omc_kernels_matmul[], omc_kernels_elementwise[], omc_kernels_nn[],
-    omc_kernels_loss[], omc_kernels_shape[], omc_kernels_reduce[], omc_kernels_fused[], omc_kernels_attention[];
-extern const omc_kernel_entry omc_kernels_conv[], omc_kernels_misc[], omc_kernels_rnn[], omc_kernels_sort[],
-    omc_kernels_gather_nd[], omc_kernels_ctc[];
+#define OMC_KERNEL_DECLARE(sym, name, domain, fn) om_status *fn(const om_kernel_ctx *ctx, const om_cuda_exec *x);
+#define OMC_NO_KERNEL(sym, name, domain, why)
+OM_OP_LIST(OMC_KERNEL_DECLARE, OMC_NO_KERNEL)
 
-static const omc_kernel_entry *const tables[] = {
-    omc_kernels_matmul, omc_kernels_elementwise, omc_kernels_nn, omc_kernels_loss, omc_kernels_shape,
-    omc_kernels_reduce, omc_kernels_fused, omc_kernels_attention,
-    omc_kernels_conv, omc_kernels_misc, omc_kernels_rnn, omc_kernels_sort, omc_kernels_gather_nd,
-    omc_kernels_ctc,
+struct omc_kernel_entry {
+    const char *name;
+    const char *domain;
+    om_cuda_kernel_fn fn;
 };
+#define OMC_KERNEL_ENTRY(sym, name, domain, fn) {name, domain, fn},
+static const omc_kernel_entry kernels[] = {OM_OP_LIST(OMC_KERNEL_ENTRY, OMC_NO_KERNEL)};
 
 static om_cuda_kernel_fn p_find_kernel(const char *name, const char *domain) {
     if (!domain) domain = "";
-    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
-        for (const omc_kernel_entry *e = tables[t]; e->name; e++)
-            if (!strcmp(e->name, name) && !strcmp(e->domain, domain)) return e->fn;
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
+        if (!strcmp(kernels[i].name, name) && !strcmp(kernels[i].domain, domain)) return kernels[i].fn;
     return NULL;
 }
 
-static const char *const *p_kernel_names(void) {
-    static const char *names[512];
-    static int done;
-    if (!done) {
-        int n = 0;
-        for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
-            for (const omc_kernel_entry *e = tables[t]; e->name && n < 511; e++) names[n++] = e->name;
-        names[n] = NULL;
-        done = 1;
-    }
-    return names;
-}
+#define OMC_KERNEL_NAME(sym, name, domain, fn) name,
+static const char *const kernel_names[] = {OM_OP_LIST(OMC_KERNEL_NAME, OMC_NO_KERNEL) NULL};
+static const char *const *p_kernel_names(void) { return kernel_names; }
 
 static const om_cuda_provider provider = {
     OM_CUDA_ABI, p_init, p_alloc, p_free, p_alloc_static, p_free_static, p_memcpy_async, p_memset_async,

@@ -275,20 +275,20 @@ static om_status *reduce_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, in
         if (red[d]) n_red *= in->dims[d];
     return omc_reduce(ctx, x, kind, in, in->data, red, ctx->out[0].data, n_red ? 1.0 / (double)n_red : 1.0);
 }
-static om_status *reduce_sum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_SUM); }
-static om_status *reduce_mean_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MEAN); }
-static om_status *reduce_max_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MAX); }
-static om_status *reduce_min_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MIN); }
-static om_status *reduce_prod_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_PROD); }
+om_status *reduce_sum_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_SUM); }
+om_status *reduce_mean_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MEAN); }
+om_status *reduce_max_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MAX); }
+om_status *reduce_min_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_MIN); }
+om_status *reduce_prod_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_run(ctx, x, RED_PROD); }
 // L1, L2, SumSquare: float dtypes, summed in fp32 (fp64 for fp64) as reduce.c and torch's norms
 static om_status *reduce_float_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int kind) {
     om_dtype dt = ctx->in[0].dtype;
     if (dt != OM_F32 && dt != OM_F64 && dt != OM_F16 && dt != OM_BF16) return omc_err_dtype(ctx, 0, dt);
     return reduce_run(ctx, x, kind);
 }
-static om_status *reduce_l1_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_float_run(ctx, x, RED_L1); }
-static om_status *reduce_l2_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_float_run(ctx, x, RED_L2); }
-static om_status *reduce_sum_square_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *reduce_l1_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_float_run(ctx, x, RED_L1); }
+om_status *reduce_l2_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return reduce_float_run(ctx, x, RED_L2); }
+om_status *reduce_sum_square_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     return reduce_float_run(ctx, x, RED_SUMSQ);
 }
 
@@ -331,7 +331,7 @@ __global__ void lse_block_kernel(T *y, const T *x, red_geom g) {
     }
 }
 
-static om_status *reduce_log_sum_exp_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *reduce_log_sum_exp_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
     uint8_t red[OM_MAX_RANK];
     OMC_TRY(reduce_mask(ctx, x, 1, in->rank, red));
@@ -382,7 +382,7 @@ static void grad_walk(int rank, const int64_t *dims, const uint8_t *red, walk *w
     }
 }
 
-static om_status *reduce_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *reduce_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dx = &ctx->out[0];
     uint8_t red[OM_MAX_RANK];
     OMC_TRY(reduce_mask(ctx, x, 2, dx->rank, red));
@@ -421,7 +421,7 @@ __global__ void minmax_grad_kernel(T *dx, const T *dy, const T *x_, const T *y_,
     }
 }
 
-static om_status *reduce_min_max_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *reduce_min_max_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dx = &ctx->out[0];
     uint8_t red[OM_MAX_RANK];
     OMC_TRY(reduce_mask(ctx, x, 4, dx->rank, red));
@@ -457,7 +457,7 @@ __global__ void value_grad_kernel(T *dx, const T *dy, const T *x_, const T *y_, 
     }
 }
 
-static om_status *reduce_value_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *reduce_value_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dx = &ctx->out[0];
     uint8_t red[OM_MAX_RANK];
     OMC_TRY(reduce_mask(ctx, x, 4, dx->rank, red));
@@ -516,23 +516,5 @@ static om_status *arg_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, int i
     });
     return omc_launched(ctx);
 }
-static om_status *arg_max_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return arg_run(ctx, x, 1); }
-static om_status *arg_min_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return arg_run(ctx, x, 0); }
-
-extern const omc_kernel_entry omc_kernels_reduce[] = {
-    {"ReduceSum", "", reduce_sum_cuda},
-    {"ReduceMean", "", reduce_mean_cuda},
-    {"ReduceMax", "", reduce_max_cuda},
-    {"ReduceMin", "", reduce_min_cuda},
-    {"ReduceProd", "", reduce_prod_cuda},
-    {"ReduceL1", "", reduce_l1_cuda},
-    {"ReduceL2", "", reduce_l2_cuda},
-    {"ReduceSumSquare", "", reduce_sum_square_cuda},
-    {"ReduceLogSumExp", "", reduce_log_sum_exp_cuda},
-    {"ReduceValueGrad", "ortmod", reduce_value_grad_cuda},
-    {"ReduceGrad", "ortmod", reduce_grad_cuda},
-    {"ReduceMinMaxGrad", "ortmod", reduce_min_max_grad_cuda},
-    {"ArgMax", "", arg_max_cuda},
-    {"ArgMin", "", arg_min_cuda},
-    OMC_TABLE_END,
-};
+om_status *arg_max_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return arg_run(ctx, x, 1); }
+om_status *arg_min_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return arg_run(ctx, x, 0); }

@@ -18,7 +18,14 @@
 
 #include "common.cuh"
 
-enum { CELL_LSTM = 0, CELL_GRU = 1, CELL_RNN = 2 };
+// rnn_geom.h reports errors and reads attributes through the engine's names, mapped here onto the
+// host table (as conv.cu does for spatial.h)
+#define om_error(...) g_host.error(__VA_ARGS__)
+#define om_attr_int(n, name, d) g_host.attr_int((n), (name), (d))
+#define om_attr_float(n, name, d) g_host.attr_float((n), (name), (d))
+#define om_attr_string(n, name, d) g_host.attr_string((n), (name), (d))
+#define om_attr_strings(n, name, v) g_host.attr_strings((n), (name), (v))
+#include "ops/rnn_geom.h"
 
 // ---- cuBLAS with leading dimensions ----------------------------------------------------------------
 
@@ -66,120 +73,29 @@ static om_status *gemm_ld(const om_kernel_ctx *ctx, const om_cuda_exec *x, om_dt
     return gemm_ld_to(ctx, x, dt, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, 0);
 }
 
-// ---- attributes and geometry (as rnn.c) ---------------------------------------------------------------
-
-struct rnn_cfg {
-    int cell;       // CELL_LSTM / CELL_GRU
-    int G;          // gates
-    int D;          // directions
-    int reverse0;   // direction 0 runs backwards in time ("reverse")
-    int lbr;        // GRU linear_before_reset
-    int relu[2];    // RNN, per direction: the activation is Relu (else Tanh)
-    int64_t T, B, In, H;
-};
-
-// RNN's activations (as rnn.c): one per direction, Tanh (the default) or Relu; one direction
-// given two (ONNX's default list) takes the first, as onnxruntime does.
-static om_status *rnn_activations(const om_kernel_ctx *ctx, rnn_cfg *c) {
-    const char *const *acts = NULL;
-    const int na = attr_ss(ctx, "activations", &acts);
-    if (na <= 0) return NULL;
-    if (na != c->D && !(c->D == 1 && na == 2))
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': activations lists %d functions, expected %d (one per "
-                       "direction)", omc_op_name(ctx), omc_node_name(ctx), na, c->D);
-    for (int d = 0; d < c->D; d++) {
-        if (!strcmp(acts[d], "Relu")) c->relu[d] = 1;
-        else if (strcmp(acts[d], "Tanh")) return omc_err_unsupported(ctx, "RNN activations other than Tanh and Relu");
-    }
-    return NULL;
-}
-
-static om_status *shape_error(const om_kernel_ctx *ctx, int i, const char *what, int rank, const int64_t *dims) {
-    char want[160];
-    int k = snprintf(want, sizeof want, "[");
-    for (int d = 0; d < rank && k < (int)sizeof want - 24; d++)
-        k += snprintf(want + k, sizeof want - (size_t)k, "%s%lld", d ? ", " : "", (long long)dims[d]);
-    snprintf(want + k, sizeof want - (size_t)k, "]");
-    return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': input %d (%s) does not have the expected shape %s",
-                   omc_op_name(ctx), omc_node_name(ctx), i, what, want);
-}
-
-static om_status *expect_shape(const om_kernel_ctx *ctx, int i, const char *what, int rank, const int64_t *dims) {
-    const om_tensor *t = &ctx->in[i];
-    int ok = t->rank == rank;
-    for (int d = 0; ok && d < rank; d++) ok = t->dims[d] == dims[d];
-    return ok ? NULL : shape_error(ctx, i, what, rank, dims);
-}
+// ---- attributes and geometry: ops/rnn_geom.h, shared with rnn.c -------------------------------------
 
 // Attributes, then X, W, R (inputs 0..2): fills T, B, In, H.
 static om_status *rnn_config(const om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
-    memset(c, 0, sizeof *c);
-    c->cell = cell;
-    c->G = cell == CELL_LSTM ? 4 : cell == CELL_GRU ? 3 : 1;
-    const char *dir = attr_s(ctx, "direction", "forward");
-    if (!strcmp(dir, "forward")) c->D = 1;
-    else if (!strcmp(dir, "reverse")) c->D = 1, c->reverse0 = 1;
-    else if (!strcmp(dir, "bidirectional")) c->D = 2;
-    else return omc_err_unsupported(ctx, "direction other than forward, reverse or bidirectional");
-    if (attr_i(ctx, "layout", 0) != 0) return omc_err_unsupported(ctx, "layout = 1 (batch-major)");
-    if (!isnan(attr_f(ctx, "clip", NAN))) return omc_err_unsupported(ctx, "the clip attribute");
-    if (cell == CELL_LSTM && attr_i(ctx, "input_forget", 0) != 0) return omc_err_unsupported(ctx, "input_forget = 1");
-    if (cell == CELL_RNN) OMC_TRY(rnn_activations(ctx, c));
-    else {
-        const char *const *acts = NULL;
-        if (attr_ss(ctx, "activations", &acts) >= 0) return omc_err_unsupported(ctx, "the activations attribute");
-    }
-    c->lbr = cell == CELL_GRU ? attr_i(ctx, "linear_before_reset", 0) != 0 : 0;
-    c->H = attr_i(ctx, "hidden_size", -1);
     const om_tensor *X = &ctx->in[0], *W = &ctx->in[1], *R = &ctx->in[2];
+    OMC_TRY(om_rnn_attrs(ctx->node, cell, c));
     if (W->dtype != X->dtype) return omc_err_dtype(ctx, 1, W->dtype);
     if (R->dtype != X->dtype) return omc_err_dtype(ctx, 2, R->dtype);
-    if (X->rank != 3)
-        return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': X must be (seq_length, batch, input_size)", omc_op_name(ctx),
-                       omc_node_name(ctx));
-    c->T = X->dims[0], c->B = X->dims[1], c->In = X->dims[2];
-    if (c->H < 0) {
-        if (W->rank != 3)
-            return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': W must have rank 3", omc_op_name(ctx), omc_node_name(ctx));
-        c->H = W->dims[1] / c->G;
-    }
-    const int64_t wd[3] = {c->D, c->G * c->H, c->In}, rd[3] = {c->D, c->G * c->H, c->H};
-    OMC_TRY(expect_shape(ctx, 1, "W", 3, wd));
-    OMC_TRY(expect_shape(ctx, 2, "R", 3, rd));
-    return NULL;
+    return om_rnn_geometry(ctx->node, X, W, R, c);
 }
 
-// The forward's optional inputs: B, sequence_lens, initial_h, initial_c, P.
+// The forward's optional inputs: B, sequence_lens, initial_h, initial_c, P. The sequence lengths
+// must be known at plan time: reading them here would synchronize.
 static om_status *rnn_check_optional(const om_kernel_ctx *ctx, const om_cuda_exec *x, const rnn_cfg *c) {
     const om_dtype dt = ctx->in[0].dtype;
-    if (present(ctx, 3)) {
-        const int64_t bd[2] = {c->D, 2 * c->G * c->H};
-        if (ctx->in[3].dtype != dt) return omc_err_dtype(ctx, 3, ctx->in[3].dtype);
-        OMC_TRY(expect_shape(ctx, 3, "B", 2, bd));
+    for (int i = 3; i <= (c->cell == CELL_LSTM ? 6 : 5); i++) {
+        if (!present(ctx, i)) continue;
+        const om_dtype got = ctx->in[i].dtype;
+        if (i == 4 ? got != OM_I32 && got != OM_I64 : got != dt) return omc_err_dtype(ctx, i, got);
     }
-    if (present(ctx, 4)) {
-        // all sequences full length is the same as none; shorter ones are not supported (rnn.c). The
-        // lengths must be known at plan time: reading them here would synchronize.
-        const om_tensor *s = &ctx->in[4];
-        if (s->dtype != OM_I32 && s->dtype != OM_I64) return omc_err_dtype(ctx, 4, s->dtype);
-        if (numel(s) != c->B)
-            return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': sequence_lens must have batch_size elements",
-                           omc_op_name(ctx), omc_node_name(ctx));
-        const void *h = x->in_host ? x->in_host[4] : NULL;
-        if (!h) return omc_err_unsupported(ctx, "sequence_lens that are not known at plan time");
-        for (int64_t b = 0; b < c->B; b++) {
-            const int64_t v = s->dtype == OM_I64 ? ((const int64_t *)h)[b] : ((const int32_t *)h)[b];
-            if (v != c->T) return omc_err_unsupported(ctx, "sequence_lens shorter than seq_length");
-        }
-    }
-    const int64_t hd[3] = {c->D, c->B, c->H};
-    for (int i = 5; i <= (c->cell == CELL_LSTM ? 6 : 5); i++)
-        if (present(ctx, i)) {
-            if (ctx->in[i].dtype != dt) return omc_err_dtype(ctx, i, ctx->in[i].dtype);
-            OMC_TRY(expect_shape(ctx, i, i == 5 ? "initial_h" : "initial_c", 3, hd));
-        }
-    if (c->cell == CELL_LSTM && present(ctx, 7)) return omc_err_unsupported(ctx, "peephole weights P");
-    return NULL;
+    const void *lens = present(ctx, 4) && x->in_host ? x->in_host[4] : NULL;
+    if (present(ctx, 4) && !lens) return omc_err_unsupported(ctx, "sequence_lens that are not known at plan time");
+    return om_rnn_check_optional(ctx, c, lens);
 }
 
 // ---- forward kernels -------------------------------------------------------------------------------------
@@ -345,9 +261,9 @@ static om_status *rnn_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x, int 
     OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, return rnn_forward<T>(ctx, x, &c));
     return NULL;
 }
-static om_status *lstm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_LSTM); }
-static om_status *gru_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_GRU); }
-static om_status *elman_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_RNN); }
+om_status *lstm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_LSTM); }
+om_status *gru_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_GRU); }
+om_status *elman_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_cuda(ctx, x, CELL_RNN); }
 
 // ---- backward kernels -----------------------------------------------------------------------------------
 
@@ -426,23 +342,10 @@ __global__ void elman_grad_cell_kernel(T *dg, const T *h, const T *dhn, const T 
 // (RNNGrad: no gates, no saved state)
 static om_status *rnn_grad_check(const om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
     OMC_TRY(rnn_config(ctx, cell, c));
-    const om_dtype dt = ctx->in[0].dtype;
-    const int64_t hd[3] = {c->D, c->B, c->H}, yd[4] = {c->T, c->D, c->B, c->H};
-    const int64_t gd[4] = {c->D, c->T, c->B, c->G * c->H}, sd[4] = {c->D, c->T, c->B, c->H};
-    static const char *names[11] = {"X", "W", "R", "initial_h", "initial_c", "Y", "gates", "saved", "dY", "dY_h", "dY_c"};
-    for (int i = 3; i < 11; i++) {
-        if (cell == CELL_RNN && (i == 6 || i == 7)) continue;   // RNN saves only Y
-        if (!present(ctx, i)) {
-            if (i >= 5 && i <= 7)
-                return OMC_ERR(OM_INVALID_ARGUMENT, "%s node '%s': input %d (%s) is required", omc_op_name(ctx),
-                               omc_node_name(ctx), i, names[i]);
-            continue;
-        }
-        if (ctx->in[i].dtype != dt) return omc_err_dtype(ctx, i, ctx->in[i].dtype);
-        const int64_t *want = i == 5 || i == 8 ? yd : i == 6 ? gd : i == 7 ? sd : hd;
-        OMC_TRY(expect_shape(ctx, i, names[i], i >= 5 && i <= 8 ? 4 : 3, want));
-    }
-    return NULL;
+    for (int i = 3; i < 11 && i < ctx->n_in; i++)
+        if (present(ctx, i) && !(cell == CELL_RNN && (i == 6 || i == 7)) && ctx->in[i].dtype != ctx->in[0].dtype)
+            return omc_err_dtype(ctx, i, ctx->in[i].dtype);
+    return om_rnn_grad_check(ctx, c);
 }
 
 template <typename T>
@@ -565,16 +468,6 @@ static om_status *rnn_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x,
     OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, return rnn_backward<T>(ctx, x, &c));
     return NULL;
 }
-static om_status *lstm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_LSTM); }
-static om_status *gru_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_GRU); }
-static om_status *elman_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_RNN); }
-
-extern const omc_kernel_entry omc_kernels_rnn[] = {
-    {"LSTM", "", lstm_cuda},
-    {"GRU", "", gru_cuda},
-    {"LSTMGrad", "ortmod", lstm_grad_cuda},
-    {"GRUGrad", "ortmod", gru_grad_cuda},
-    {"RNN", "", elman_cuda},
-    {"RNNGrad", "ortmod", elman_grad_cuda},
-    OMC_TABLE_END,
-};
+om_status *lstm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_LSTM); }
+om_status *gru_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_GRU); }
+om_status *elman_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return rnn_grad_cuda(ctx, x, CELL_RNN); }

@@ -1,4 +1,4 @@
-// shape.cu — the data-moving glue ops (shape.c, and Tile/Trilu/Pad of misc.c): views that the
+// shape.cu — shape.c's ops on the CUDA provider, the data-moving glue: views that the
 // planner did not alias, Transpose, Gather/GatherGrad, Concat/ConcatGrad, Slice/SliceGrad,
 // Expand, Split/SplitGrad, Shape/Size. Everything moves whole elements, so kernels are written
 // per element size. Shape-like inputs (Slice's starts, a Concat's shapes) are read from the
@@ -72,19 +72,9 @@ static om_status *strided_run(const om_kernel_ctx *ctx, const om_cuda_exec *x, s
     return omc_launched(ctx);
 }
 
-static void dense_strides(int rank, const int64_t *dims, int64_t *str) {
-    int64_t s = 1;
-    for (int d = rank - 1; d >= 0; d--) { str[d] = s; s *= dims[d]; }
-}
-static int64_t prod(const int64_t *d, int a, int b) {
-    int64_t p = 1;
-    for (int i = a; i < b; i++) p *= d[i];
-    return p;
-}
-
 // ---- views (Reshape, Flatten, Squeeze, Unsqueeze): a copy when the planner did not alias ---------
 
-static om_status *view_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *view_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     if (!ctx->out[0].data) return NULL;
     return copy_d2d(ctx->out[0].data, ctx->in[0].data, nbytes(&ctx->in[0]), x);
 }
@@ -95,7 +85,7 @@ struct small_ints { int64_t v[OM_MAX_RANK]; };
 __global__ void write_ints_kernel(int64_t *y, small_ints v, int n) {
     if (threadIdx.x < (unsigned)n) y[threadIdx.x] = v.v[threadIdx.x];
 }
-static om_status *shape_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *shape_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     int rank = ctx->in[0].rank;
     int64_t s = attr_i(ctx, "start", 0), e = attr_i(ctx, "end", rank);
     if (s < 0) s += rank;
@@ -109,7 +99,7 @@ static om_status *shape_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     write_ints_kernel<<<1, 32, 0, stream_of(x)>>>((int64_t *)ctx->out[0].data, v, n);
     return omc_launched(ctx);
 }
-static om_status *size_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *size_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     small_ints v;
     v.v[0] = numel(&ctx->in[0]);
     write_ints_kernel<<<1, 32, 0, stream_of(x)>>>((int64_t *)ctx->out[0].data, v, 1);
@@ -119,7 +109,7 @@ static om_status *size_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 // ---- Transpose ------------------------------------------------------------------------------------
 
 // x is (d0..dr-1), y is (d_perm0..d_perm r-1): y[i] = x[permuted index]
-static om_status *transpose_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *transpose_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
     int r = in->rank, perm[OM_MAX_RANK];
     const int64_t *p;
@@ -137,7 +127,7 @@ static om_status *transpose_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x
 
 // ---- Expand: x right-aligned against y, size-1 dims repeat (stride 0) ---------------------------------
 
-static om_status *expand_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *expand_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0], *out = &ctx->out[0];
     int R = out->rank;
     int64_t xd[OM_MAX_RANK], xs[OM_MAX_RANK];
@@ -163,11 +153,11 @@ __global__ void gather_kernel(U *y, const U *x_, const I *idx, int64_t outer, in
     }
 }
 
-static om_status *gather_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *gather_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0], *ind = &ctx->in[1];
     int axis = norm_axis(attr_i(ctx, "axis", 0), in->rank);
     if (axis < 0) return OMC_ERR(OM_INVALID_ARGUMENT, "Gather node '%s': axis out of range", omc_node_name(ctx));
-    int64_t outer = prod(in->dims, 0, axis), N = in->dims[axis], inner = prod(in->dims, axis + 1, in->rank), K = numel(ind);
+    int64_t outer = dims_prod(in->dims, 0, axis), N = in->dims[axis], inner = dims_prod(in->dims, axis + 1, in->rank), K = numel(ind);
     int64_t n = outer * K * inner;
     if (!n) return NULL;
     OMC_DISPATCH_SIZE(dtype_size(in->dtype), ctx, {
@@ -195,13 +185,13 @@ __global__ void gather_grad_kernel(typename acc<T>::t *acc_, const T *dy, const 
     }
 }
 
-static om_status *gather_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *gather_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dy = &ctx->in[0], *ind = &ctx->in[2], *dx = &ctx->out[0];
     int axis = norm_axis(attr_i(ctx, "axis", 0), dx->rank);
     if (axis < 0) return OMC_ERR(OM_INVALID_ARGUMENT, "GatherGrad node '%s': axis out of range", omc_node_name(ctx));
     if (ind->dtype != OM_I64 && ind->dtype != OM_I32) return omc_err_dtype(ctx, 2, ind->dtype);
     if (!om_dtype_is_float(dy->dtype)) return omc_err_dtype(ctx, 0, dy->dtype);
-    int64_t outer = prod(dx->dims, 0, axis), N = dx->dims[axis], inner = prod(dx->dims, axis + 1, dx->rank), K = numel(ind);
+    int64_t outer = dims_prod(dx->dims, 0, axis), N = dx->dims[axis], inner = dims_prod(dx->dims, axis + 1, dx->rank), K = numel(ind);
     const int64_t n = outer * K * inner;
     omc_scatter sc;
     OMC_TRY(omc_scatter_start(ctx, x, dy->dtype, dx->data, numel(dx), NULL, &sc));
@@ -228,12 +218,12 @@ static om_status *copy_2d(const om_cuda_exec *x, void *dst, size_t dpitch, const
 }
 
 // x_k are (outer, n_k, inner), y is (outer, sum n_k, inner)
-static om_status *concat_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *concat_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *y = &ctx->out[0];
     int axis = norm_axis(attr_i(ctx, "axis", 0), y->rank);
     if (axis < 0) return OMC_ERR(OM_INVALID_ARGUMENT, "Concat node '%s': axis out of range", omc_node_name(ctx));
     size_t es = dtype_size(y->dtype);
-    int64_t outer = prod(y->dims, 0, axis), inner_b = prod(y->dims, axis + 1, y->rank) * (int64_t)es;
+    int64_t outer = dims_prod(y->dims, 0, axis), inner_b = dims_prod(y->dims, axis + 1, y->rank) * (int64_t)es;
     int64_t row_b = y->dims[axis] * inner_b, off = 0;
     for (int k = 0; k < ctx->n_in; k++) {
         if (!present(ctx, k)) continue;
@@ -245,7 +235,7 @@ static om_status *concat_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 }
 
 // ConcatGrad(dy, Shape(x_0), ..., Shape(x_n-1); axis, index): dy is (outer, sum n_k, inner), dx (outer, n_index, inner)
-static om_status *concat_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *concat_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dy = &ctx->in[0], *dx = &ctx->out[0];
     int index = (int)attr_i(ctx, "index", 0);
     int axis = norm_axis(attr_i(ctx, "axis", 0), dy->rank);
@@ -257,7 +247,7 @@ static om_status *concat_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec 
         before += d[axis];
     }
     size_t es = dtype_size(dy->dtype);
-    int64_t inner_b = prod(dy->dims, axis + 1, dy->rank) * (int64_t)es, outer = prod(dy->dims, 0, axis);
+    int64_t inner_b = dims_prod(dy->dims, axis + 1, dy->rank) * (int64_t)es, outer = dims_prod(dy->dims, 0, axis);
     int64_t chunk = dx->dims[axis] * inner_b, stride = dy->dims[axis] * inner_b;
     return copy_2d(x, dx->data, (size_t)chunk, (const char *)dy->data + before * inner_b, (size_t)stride, (size_t)chunk,
                    (size_t)outer);
@@ -286,7 +276,7 @@ static om_status *split_sizes(const om_kernel_ctx *ctx, const om_cuda_exec *x, i
 }
 
 // x is (outer, sum n_j, inner), y_j is (outer, n_j, inner)
-static om_status *split_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *split_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
     int axis = norm_axis(attr_i(ctx, "axis", 0), in->rank);
     int n = ctx->n_out;
@@ -294,7 +284,7 @@ static om_status *split_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     int64_t sizes[64];
     OMC_TRY(split_sizes(ctx, x, 1, in->dims[axis], n, sizes));
     size_t es = dtype_size(in->dtype);
-    int64_t inner_b = prod(in->dims, axis + 1, in->rank) * (int64_t)es, outer = prod(in->dims, 0, axis);
+    int64_t inner_b = dims_prod(in->dims, axis + 1, in->rank) * (int64_t)es, outer = dims_prod(in->dims, 0, axis);
     int64_t row_b = in->dims[axis] * inner_b, off = 0;
     for (int j = 0; j < n; j++) {
         int64_t chunk = sizes[j] * inner_b;
@@ -307,7 +297,7 @@ static om_status *split_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 }
 
 // SplitGrad(Shape(x), split?, dy_0..dy_n-1): dy_j (outer, n_j, inner) -> dx (outer, sum n_j, inner), zeros for absent dy_j
-static om_status *split_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *split_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dx = &ctx->out[0];
     int axis = norm_axis(attr_i(ctx, "axis", 0), dx->rank);
     int n = ctx->n_in - 2;
@@ -315,7 +305,7 @@ static om_status *split_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *
     int64_t sizes[64];
     OMC_TRY(split_sizes(ctx, x, 1, dx->dims[axis], n, sizes));
     size_t es = dtype_size(dx->dtype);
-    int64_t inner_b = prod(dx->dims, axis + 1, dx->rank) * (int64_t)es, outer = prod(dx->dims, 0, axis);
+    int64_t inner_b = dims_prod(dx->dims, axis + 1, dx->rank) * (int64_t)es, outer = dims_prod(dx->dims, 0, axis);
     int64_t row_b = dx->dims[axis] * inner_b, off = 0;
     for (int j = 0; j < n; j++) {
         int64_t chunk = sizes[j] * inner_b;
@@ -370,7 +360,7 @@ static strided slice_walk(int rank, const int64_t *dims, const slice_params *sp)
 }
 
 // x is (d0..), y is (count0..)
-static om_status *slice_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *slice_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
     slice_params sp;
     OMC_TRY(slice_params_get(ctx, x, 1, in->rank, in->dims, &sp));
@@ -378,110 +368,10 @@ static om_status *slice_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 }
 
 // SliceGrad(dy, Shape(x), starts, ends, axes?, steps?): zeros with dy scattered into the slice
-static om_status *slice_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *slice_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dx = &ctx->out[0];
     slice_params sp;
     OMC_TRY(slice_params_get(ctx, x, 2, dx->rank, dx->dims, &sp));
     OMC_TRY(omc_cuda(cudaMemsetAsync(dx->data, 0, nbytes(dx), stream_of(x)), "cudaMemsetAsync"));
     return strided_run(ctx, x, dtype_size(dx->dtype), dx->data, ctx->in[0].data, slice_walk(dx->rank, dx->dims, &sp), 1);
 }
-
-// ---- Tile / TileGrad (misc.c) ------------------------------------------------------------------------------
-
-struct tile_geom { int n; int64_t ydims[OM_MAX_RANK], xdims[OM_MAX_RANK], xstr[OM_MAX_RANK]; };
-
-// y (n) = x[idx mod xdims]: y's dims are x's times the repeats
-template <typename U>
-__global__ void tile_kernel(U *y, const U *x_, tile_geom g, int64_t n) {
-    GRID_STRIDE(i, n) {
-        int64_t t = i, off = 0;
-        for (int d = g.n - 1; d >= 0; d--) {
-            int64_t q = t / g.ydims[d], r = t - q * g.ydims[d];
-            off += (r % g.xdims[d]) * g.xstr[d];
-            t = q;
-        }
-        y[i] = x_[off];
-    }
-}
-
-static om_status *tile_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *in = &ctx->in[0], *out = &ctx->out[0];
-    tile_geom g;
-    memset(&g, 0, sizeof g);
-    g.n = in->rank;
-    dense_strides(in->rank, in->dims, g.xstr);
-    for (int d = 0; d < in->rank; d++) { g.ydims[d] = out->dims[d]; g.xdims[d] = in->dims[d] ? in->dims[d] : 1; }
-    int64_t n = numel(out);
-    if (!n) return NULL;
-    OMC_DISPATCH_SIZE(dtype_size(in->dtype), ctx, {
-        tile_kernel<U><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((U *)out->data, (const U *)in->data, g, n);
-    });
-    return omc_launched(ctx);
-}
-
-// TileGrad(dy, Shape(x)): dx = sum over the tiles. dy viewed as (r0, x0, r1, x1, ...), reduced over the r's
-static om_status *tile_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *dy = &ctx->in[0], *dx = &ctx->out[0];
-    int r = dx->rank;
-    if (2 * r > OM_MAX_RANK) {
-        // more than 4 dims: reduce one axis pair at a time is not implemented
-        return omc_err_unsupported(ctx, "TileGrad of rank > 4");
-    }
-    om_tensor v;
-    memset(&v, 0, sizeof v);
-    v.dtype = dy->dtype;
-    v.rank = 2 * r;
-    uint8_t red[OM_MAX_RANK];
-    for (int d = 0; d < r; d++) {
-        int64_t xd = dx->dims[d];
-        v.dims[2 * d] = xd ? dy->dims[d] / xd : 0;
-        v.dims[2 * d + 1] = xd;
-        red[2 * d] = 1;
-        red[2 * d + 1] = 0;
-    }
-    return omc_reduce(ctx, x, 0, &v, dy->data, red, dx->data, 1.0);
-}
-
-// ---- Trilu (misc.c): x is (batch, R, C); keeps j - i >= k (upper) or j - i <= k (lower) ---------------------
-
-template <typename U>
-__global__ void trilu_kernel(U *y, const U *x_, int64_t n, int64_t R, int64_t C, int64_t k, int upper) {
-    GRID_STRIDE(t, n) {
-        int64_t j = t % C, i = (t / C) % R;
-        int keep = upper ? j - i >= k : j - i <= k;
-        y[t] = keep ? x_[t] : (U)0;
-    }
-}
-
-static om_status *trilu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *in = &ctx->in[0];
-    if (in->rank < 2) return omc_err_unsupported(ctx, "rank < 2");
-    int64_t k = 0;
-    if (present(ctx, 1)) {
-        int64_t v[1] = {0};
-        if (host_ints(ctx, x, 1, v, 1) != 1) return omc_err_unsupported(ctx, "k that is not known at plan time");
-        k = v[0];
-    }
-    int upper = attr_i(ctx, "upper", 1) != 0;
-    int64_t n = numel(in), R = in->dims[in->rank - 2], C = in->dims[in->rank - 1];
-    if (!n) return NULL;
-    OMC_DISPATCH_SIZE(dtype_size(in->dtype), ctx, {
-        trilu_kernel<U><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((U *)ctx->out[0].data, (const U *)in->data, n, R, C,
-                                                                       k, upper);
-    });
-    return omc_launched(ctx);
-}
-
-extern const omc_kernel_entry omc_kernels_shape[] = {
-    {"Shape", "", shape_cuda}, {"Size", "", size_cuda},
-    {"Reshape", "", view_cuda}, {"Flatten", "", view_cuda}, {"Squeeze", "", view_cuda}, {"Unsqueeze", "", view_cuda},
-    {"Transpose", "", transpose_cuda},
-    {"Gather", "", gather_cuda}, {"GatherGrad", "ortmod", gather_grad_cuda},
-    {"Concat", "", concat_cuda}, {"ConcatGrad", "ortmod", concat_grad_cuda},
-    {"Slice", "", slice_cuda}, {"SliceGrad", "ortmod", slice_grad_cuda},
-    {"Expand", "", expand_cuda},
-    {"Split", "", split_cuda}, {"SplitGrad", "ortmod", split_grad_cuda},
-    {"Tile", "", tile_cuda}, {"TileGrad", "ortmod", tile_grad_cuda},
-    {"Trilu", "", trilu_cuda},
-    OMC_TABLE_END,
-};

@@ -6,7 +6,7 @@
 
 The op list comes from the built extension (``ortmod._C.op_table()``: name, domain,
 whether the op has a gradient rule), in table order; which family file defines each op
-comes from csrc/ops/op_table.c (the X-macro list, in the same order) and the family
+comes from csrc/ops/op_list.h (the X-macro list, in the same order) and the family
 files themselves. Nothing here is typed by hand except MODEL_FAMILIES below: the ONNX ops
 each tested model family's export uses (torch 2.13 TorchScript exporter, opset 20); its
 status is computed against the op table. The model-zoo table comes from ``ZOO`` in
@@ -123,10 +123,11 @@ def load_op_table():
 
 
 def table_symbols():
-    """The op symbols of csrc/ops/op_table.c's X-macro list, in order."""
-    with open(os.path.join(OPS_DIR, "op_table.c")) as f:
+    """The op symbols of csrc/ops/op_list.h's X-macro list, in order."""
+    with open(os.path.join(OPS_DIR, "op_list.h")) as f:
         text = f.read()
-    return re.findall(r"\bX\(\s*(\w+)\s*\)", text)
+    text = text[text.index("#define OM_OP_LIST("):]   # past the header's worked example
+    return re.findall(r"\b(?:HOST_)?OP\(\s*(om_op_\w+)\s*,", text)
 
 
 def symbol_families():
@@ -149,7 +150,7 @@ def symbol_families():
 def ops_by_family(ops):
     syms = table_symbols()
     if len(syms) != len(ops):
-        raise SystemExit(f"csrc/ops/op_table.c lists {len(syms)} ops, the built extension {len(ops)}: "
+        raise SystemExit(f"csrc/ops/op_list.h lists {len(syms)} ops, the built extension {len(ops)}: "
                          "rebuild it (make build) and run again")
     families = symbol_families()
     grouped = {}

@@ -43,42 +43,9 @@
 #include <stdlib.h>
 
 #include "ops/broadcast.h"
+#include "ops/conv_geom.h"   /* conv_geom, om_conv_geometry, om_convt_geometry: shared with cuda/conv.cu */
 #include "ops/gemm.h"
 #include "ops/spatial.h"
-
-static int window_trivial(const om_window *w) {
-    for (int i = 0; i < OM_SP; i++)
-        if (w->k[i] != 1 || w->s[i] != 1 || w->pb[i] || w->pe[i]) return 0;
-    return 1;
-}
-
-/* ---- geometry ----------------------------------------------------------------------- */
-
-typedef struct conv_geom {
-    om_window w;
-    int64_t M, G, Cg, Mg, KS, IS, OS;
-} conv_geom;
-
-/* x dims (xr, xd) and w dims (wr, wd): checks channels/groups and fills g. */
-static om_status *conv_geometry(const om_node *n, int xr, const int64_t *xd, int wr, const int64_t *wd,
-                                conv_geom *g) {
-    if (wr != xr || xr < 3)
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': X has rank %d and W rank %d (they must match, >= 3)",
-                        n->op->name, om_sp_name(n), xr, wr);
-    OM_TRY(om_window_init(n, xr, xd, wd + 2, 0, &g->w));
-    g->G = om_attr_int(n, "group", 1);
-    g->M = wd[0];
-    if (g->G < 1 || xd[1] % g->G || g->M % g->G || wd[1] * g->G != xd[1])
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': X has %lld channels, W is (%lld, %lld, ...) with "
-                        "group %lld: need C == W.dims[1] * group and M divisible by group", n->op->name,
-                        om_sp_name(n), (long long)xd[1], (long long)wd[0], (long long)wd[1], (long long)g->G);
-    g->Cg = wd[1];
-    g->Mg = g->M / g->G;
-    g->KS = om_window_k_size(&g->w);
-    g->IS = om_window_in_size(&g->w);
-    g->OS = om_window_out_size(&g->w);
-    return NULL;
-}
 
 /* Every float type: fp16/bf16 run on the CUDA provider (the CPU plan refuses them, op.h). */
 static om_status *float_in(const om_node *n, const om_tensor *t, int i, om_dtype want) {
@@ -549,7 +516,7 @@ static om_status *conv_run(const om_node *n, conv_job *j) {
     const int64_t N = g->w.N, OS = g->OS;
     j->es = j->dt == OM_F32 ? sizeof(float) : sizeof(double);
     j->CK = g->Cg * g->KS;
-    j->trivial = window_trivial(&g->w);
+    j->trivial = om_conv_window_trivial(&g->w);
     /* columns per panel: whole images when they are small, else equal parts of one */
     int64_t P = PANEL_BYTES / (j->CK * (int64_t)j->es);
     if (P < PANEL_MIN_COLS) P = PANEL_MIN_COLS;
@@ -599,7 +566,7 @@ static om_status *conv_infer(om_kernel_ctx *ctx) {
     conv_geom g;
     OM_TRY(float_in(n, x, 0, 0));
     OM_TRY(float_in(n, w, 1, x->dtype));
-    OM_TRY(conv_geometry(n, x->rank, x->dims, w->rank, w->dims, &g));
+    OM_TRY(om_conv_geometry(n, x->rank, x->dims, w->rank, w->dims, &g));
     if (ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED) {
         OM_TRY(float_in(n, &ctx->in[2], 2, x->dtype));
         if (om_tensor_numel(&ctx->in[2]) != g.M)
@@ -618,7 +585,7 @@ static om_status *conv_cpu(om_kernel_ctx *ctx) {
     OM_TRY(cpu_float(n, x, 0));
     conv_job j = {.pass = PASS_Y, .dt = x->dtype, .x = x->data, .w = w->data, .b = has_b ? ctx->in[2].data : NULL,
                   .y = ctx->out[0].data};
-    OM_TRY(conv_geometry(n, x->rank, x->dims, w->rank, w->dims, &j.g));
+    OM_TRY(om_conv_geometry(n, x->rank, x->dims, w->rank, w->dims, &j.g));
     if (j.g.w.N * j.g.OS * j.g.M == 0) return NULL;   /* an empty output */
     return conv_run(n, &j);
 }
@@ -660,7 +627,7 @@ static om_status *conv_grad_x_infer(om_kernel_ctx *ctx) {
     OM_TRY(float_in(n, dy, 0, 0));
     OM_TRY(float_in(n, w, 1, dy->dtype));
     OM_TRY(shape_input(n, &ctx->in[2], 2, xd, &xr));
-    OM_TRY(conv_geometry(n, xr, xd, w->rank, w->dims, &g));
+    OM_TRY(om_conv_geometry(n, xr, xd, w->rank, w->dims, &g));
     OM_TRY(check_dy(n, dy, &g));
     ctx->out[0].dtype = dy->dtype;
     ctx->out[0].rank = xr;
@@ -675,7 +642,7 @@ static om_status *conv_grad_x_cpu(om_kernel_ctx *ctx) {
     om_tensor *dx = &ctx->out[0];
     OM_TRY(cpu_float(n, dy, 0));
     conv_job j = {.pass = PASS_DX, .dt = dy->dtype, .w = w->data, .dy = dy->data, .dx = dx->data};
-    OM_TRY(conv_geometry(n, dx->rank, dx->dims, w->rank, w->dims, &j.g));
+    OM_TRY(om_conv_geometry(n, dx->rank, dx->dims, w->rank, w->dims, &j.g));
     if (j.g.w.N * j.g.OS * j.g.M == 0) {   /* no output position reads x: its gradient is 0 */
         memset(dx->data, 0, om_tensor_nbytes(dx));
         return NULL;
@@ -695,7 +662,7 @@ static om_status *conv_grad_w_infer(om_kernel_ctx *ctx) {
     OM_TRY(shape_input(n, &ctx->in[2], 2, wd, &wr));
     if (x->dtype != OM_UNDEFINED) {
         OM_TRY(float_in(n, x, 1, dy->dtype));
-        OM_TRY(conv_geometry(n, x->rank, x->dims, wr, wd, &g));
+        OM_TRY(om_conv_geometry(n, x->rank, x->dims, wr, wd, &g));
         OM_TRY(check_dy(n, dy, &g));
     } else if (dy->rank < 3 || dy->dims[1] != wd[0]) {
         return om_error(OM_INVALID_ARGUMENT, "ConvGradW node '%s': dY does not match W", om_sp_name(n));
@@ -751,7 +718,7 @@ static om_status *conv_grad_w_cpu(om_kernel_ctx *ctx) {
         memset(dw->data, 0, om_tensor_nbytes(dw));
     } else if (dw->data) {
         conv_job j = {.pass = PASS_DW, .dt = dy->dtype, .x = x->data, .dy = dy->data, .dw = dw->data};
-        OM_TRY(conv_geometry(n, x->rank, x->dims, dw->rank, dw->dims, &j.g));
+        OM_TRY(om_conv_geometry(n, x->rank, x->dims, dw->rank, dw->dims, &j.g));
         if (j.g.w.N * j.g.OS * j.g.M == 0) memset(dw->data, 0, om_tensor_nbytes(dw));   /* an empty sum */
         else OM_TRY(conv_run(n, &j));
     }
@@ -766,35 +733,13 @@ static om_status *conv_grad_w_cpu(om_kernel_ctx *ctx) {
 
 /* ---- ConvTranspose(X, W, B?) -> Y ------------------------------------------------------- */
 
-/* The geometry of the convolution whose input gradient ConvTranspose is: its input is Y, its
- * output X, its weight W as it is (C_in, C_out/group, *K): M = C_in, Cg = C_out / group. */
-static om_status *convt_geometry(const om_node *n, int xr, const int64_t *xd, int wr, const int64_t *wd,
-                                 conv_geom *g) {
-    if (wr != xr || xr < 3)
-        return om_error(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': X has rank %d and W rank %d (they must match, "
-                        ">= 3)", om_sp_name(n), xr, wr);
-    g->G = om_attr_int(n, "group", 1);
-    if (g->G < 1 || xd[1] != wd[0] || wd[0] % g->G)
-        return om_error(OM_INVALID_ARGUMENT, "ConvTranspose node '%s': X has %lld channels, W is (%lld, %lld, ...) "
-                        "with group %lld: need C == W.dims[0], divisible by group", om_sp_name(n), (long long)xd[1],
-                        (long long)wd[0], (long long)wd[1], (long long)g->G);
-    OM_TRY(om_window_init_transposed(n, xr, xd, wd + 2, wd[1] * g->G, &g->w));
-    g->M = wd[0];
-    g->Cg = wd[1];
-    g->Mg = g->M / g->G;
-    g->KS = om_window_k_size(&g->w);
-    g->IS = om_window_in_size(&g->w);
-    g->OS = om_window_out_size(&g->w);
-    return NULL;
-}
-
 static om_status *convt_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0], *w = &ctx->in[1];
     conv_geom g;
     OM_TRY(float_in(n, x, 0, 0));
     OM_TRY(float_in(n, w, 1, x->dtype));
-    OM_TRY(convt_geometry(n, x->rank, x->dims, w->rank, w->dims, &g));
+    OM_TRY(om_convt_geometry(n, x->rank, x->dims, w->rank, w->dims, &g));
     if (ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED) {
         OM_TRY(float_in(n, &ctx->in[2], 2, x->dtype));
         if (om_tensor_numel(&ctx->in[2]) != g.w.C)
@@ -840,7 +785,7 @@ static om_status *convt_cpu(om_kernel_ctx *ctx) {
     om_tensor *y = &ctx->out[0];
     OM_TRY(cpu_float(n, x, 0));
     conv_job j = {.pass = PASS_DX, .dt = x->dtype, .w = w->data, .dy = x->data, .dx = y->data};
-    OM_TRY(convt_geometry(n, x->rank, x->dims, w->rank, w->dims, &j.g));
+    OM_TRY(om_convt_geometry(n, x->rank, x->dims, w->rank, w->dims, &j.g));
     if (j.g.w.N * j.g.OS * j.g.M == 0) memset(y->data, 0, om_tensor_nbytes(y));   /* no tap reaches y */
     else OM_TRY(conv_run(n, &j));
     if (ctx->n_in > 2 && ctx->in[2].dtype != OM_UNDEFINED && j.g.IS > 0) {

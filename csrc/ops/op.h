@@ -2,8 +2,8 @@
  *
  * Every op (ONNX or internal) is one om_op_def: its name, arity, dtype rule, shape rule,
  * gradient rule and kernels. A family file (ops/elementwise.c, ops/matmul.c, ...) defines
- * the ops and exports one const om_op_def each; ops/op_table.c lists them — adding an op
- * touches one file and one table line.
+ * the ops and exports one const om_op_def each; ops/op_list.h lists them, with each op's
+ * CUDA kernel — adding an op touches its family file, its cuda/<family>.cu and one list line.
  *
  *   dtype  — at compile time: output dtypes from input dtypes and attributes.
  *   infer  — at plan time, with concrete input shapes: output dtypes and shapes. Input

@@ -51,6 +51,7 @@
 
 #include "ops/gemm.h"
 #include "ops/op.h"
+#include "ops/rnn_geom.h"
 
 #define RNN_FLOAT(dt, node, ...)                                                \
     switch (dt) {                                                               \
@@ -58,8 +59,6 @@
     case OM_F64: { typedef double T; __VA_ARGS__; } break;                      \
     default: return om_err_dtype((node), 0, (dt));                              \
     }
-
-enum { CELL_LSTM = 0, CELL_GRU = 1, CELL_RNN = 2 };
 
 static const char *cell_name(int cell) { return cell == CELL_LSTM ? "LSTM" : cell == CELL_GRU ? "GRU" : "RNN"; }
 
@@ -75,72 +74,15 @@ static void gemm(int f32, int ta, int tb, int64_t M, int64_t N, int64_t K, doubl
     om_gemm(f32 ? OM_F32 : OM_F64, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* ---- attributes and geometry ---------------------------------------------------------- */
+/* ---- attributes and geometry: ops/rnn_geom.h (shared with cuda/rnn.cu) ---------------- */
 
-typedef struct rnn_cfg {
-    int cell;              /* CELL_LSTM / CELL_GRU */
-    int G;                 /* gates */
-    int D;                 /* directions */
-    int reverse0;          /* direction 0 runs backwards in time ("reverse") */
-    int lbr;               /* GRU linear_before_reset */
-    int relu[2];           /* RNN, per direction: the activation is Relu (else Tanh) */
-    int64_t T, B, In, H;
-} rnn_cfg;
-
-/* RNN's activations: one per direction, Tanh (the default) or Relu. ONNX's default lists two
- * whatever the direction, so one direction given two takes the first, as onnxruntime does. */
-static om_status *rnn_activations(const om_node *n, rnn_cfg *c) {
-    const char *const *acts = NULL;
-    const int na = om_attr_strings(n, "activations", &acts);
-    if (na <= 0) return NULL;
-    if (na != c->D && !(c->D == 1 && na == 2))
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': activations lists %d functions, expected %d (one per "
-                        "direction)", n->op->name, nm(n), na, (int)c->D);
-    for (int d = 0; d < c->D; d++) {
-        if (strcmp(acts[d], "Relu") == 0) c->relu[d] = 1;
-        else if (strcmp(acts[d], "Tanh") != 0) {
-            char what[96];
-            snprintf(what, sizeof what, "activation '%.40s' (Tanh and Relu are implemented)", acts[d]);
-            return om_err_unsupported(n, what);
-        }
-    }
-    return NULL;
-}
-
+/* om_rnn_attrs, and the attributes no RNN op implements by any type (the attrs lists refuse them
+ * at import; this, for graphs built otherwise) */
 static om_status *rnn_attrs(const om_node *n, int cell, rnn_cfg *c) {
-    memset(c, 0, sizeof *c);
-    c->cell = cell;
-    c->G = cell == CELL_LSTM ? 4 : cell == CELL_GRU ? 3 : 1;
-    const char *dir = om_attr_string(n, "direction", "forward");
-    if (strcmp(dir, "forward") == 0) c->D = 1;
-    else if (strcmp(dir, "reverse") == 0) c->D = 1, c->reverse0 = 1;
-    else if (strcmp(dir, "bidirectional") == 0) c->D = 2;
-    else return om_err_unsupported(n, "direction other than forward, reverse or bidirectional");
-    if (om_attr_int(n, "layout", 0) != 0) return om_err_unsupported(n, "layout = 1 (batch-major)");
     if (om_attr_find(n, "clip")) return om_err_unsupported(n, "the clip attribute");
     if (om_attr_find(n, "activation_alpha") || om_attr_find(n, "activation_beta"))
         return om_err_unsupported(n, "activation_alpha/activation_beta");
-    if (cell == CELL_LSTM && om_attr_int(n, "input_forget", 0) != 0) return om_err_unsupported(n, "input_forget = 1");
-    if (cell == CELL_RNN) OM_TRY(rnn_activations(n, c));
-    else if (om_attr_find(n, "activations")) return om_err_unsupported(n, "the activations attribute");
-    c->lbr = cell == CELL_GRU ? om_attr_int(n, "linear_before_reset", 0) != 0 : 0;
-    c->H = om_attr_int(n, "hidden_size", -1);
-    return NULL;
-}
-
-static om_status *expect_shape(const om_node *n, const om_tensor *t, int idx, const char *what, int rank,
-                               const int64_t *dims) {
-    int ok = t->rank == rank;
-    for (int i = 0; ok && i < rank; i++) ok = t->dims[i] == dims[i];
-    if (ok) return NULL;
-    char got[128], want[160];
-    om_shape_str(t, got, sizeof got);
-    int k = snprintf(want, sizeof want, "[");
-    for (int i = 0; i < rank && k < (int)sizeof want - 24; i++)
-        k += snprintf(want + k, sizeof want - (size_t)k, "%s%lld", i ? ", " : "", (long long)dims[i]);
-    snprintf(want + k, sizeof want - (size_t)k, "]");
-    return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d (%s) has shape %s, expected %s", n->op->name, nm(n), idx,
-                    what, got, want);
+    return om_rnn_attrs(n, cell, c);
 }
 
 /* Checks X, W, R (inputs 0..2) and fills T, B, In, H. */
@@ -148,17 +90,7 @@ static om_status *rnn_geometry(const om_node *n, const om_tensor *x, const om_te
     OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));
     OM_TRY(om_check_float(n, w, 1, x->dtype));
     OM_TRY(om_check_float(n, r, 2, x->dtype));
-    if (x->rank != 3)
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': X must be (seq_length, batch, input_size)", n->op->name, nm(n));
-    c->T = x->dims[0], c->B = x->dims[1], c->In = x->dims[2];
-    if (c->H < 0) {
-        if (w->rank != 3) return om_error(OM_INVALID_ARGUMENT, "%s node '%s': W must have rank 3", n->op->name, nm(n));
-        c->H = w->dims[1] / c->G;
-    }
-    const int64_t wd[3] = {c->D, c->G * c->H, c->In}, rd[3] = {c->D, c->G * c->H, c->H};
-    OM_TRY(expect_shape(n, w, 1, "W", 3, wd));
-    OM_TRY(expect_shape(n, r, 2, "R", 3, rd));
-    return NULL;
+    return om_rnn_geometry(n, x, w, r, c);
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */
@@ -166,31 +98,12 @@ static om_status *rnn_geometry(const om_node *n, const om_tensor *x, const om_te
 static om_status *rnn_check_optional(const om_kernel_ctx *ctx, const rnn_cfg *c) {
     const om_node *n = ctx->node;
     const om_dtype dt = ctx->in[0].dtype;
-    if (present(ctx, 3)) {
-        const int64_t bd[2] = {c->D, 2 * c->G * c->H};
-        if (ctx->in[3].dtype != dt) return om_err_dtype(n, 3, ctx->in[3].dtype);
-        OM_TRY(expect_shape(n, &ctx->in[3], 3, "B", 2, bd));
+    for (int i = 3; i <= (c->cell == CELL_LSTM ? 6 : 5); i++) {
+        if (!present(ctx, i)) continue;
+        const om_dtype got = ctx->in[i].dtype;
+        if (i == 4 ? got != OM_I32 && got != OM_I64 : got != dt) return om_err_dtype(n, i, got);
     }
-    if (present(ctx, 4)) {
-        const om_tensor *s = &ctx->in[4];
-        if (s->dtype != OM_I32 && s->dtype != OM_I64) return om_err_dtype(n, 4, s->dtype);
-        if (om_tensor_numel(s) != c->B)
-            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': sequence_lens must have batch_size elements", n->op->name,
-                            nm(n));
-        /* all sequences full length is the same as no sequence_lens; anything else is not supported */
-        for (int64_t b = 0; s->data && b < c->B; b++) {
-            int64_t v = s->dtype == OM_I64 ? ((const int64_t *)s->data)[b] : ((const int32_t *)s->data)[b];
-            if (v != c->T) return om_err_unsupported(n, "sequence_lens shorter than seq_length");
-        }
-    }
-    const int64_t hd[3] = {c->D, c->B, c->H};
-    for (int i = 5; i <= (c->cell == CELL_LSTM ? 6 : 5); i++)
-        if (present(ctx, i)) {
-            if (ctx->in[i].dtype != dt) return om_err_dtype(n, i, ctx->in[i].dtype);
-            OM_TRY(expect_shape(n, &ctx->in[i], i, i == 5 ? "initial_h" : "initial_c", 3, hd));
-        }
-    if (c->cell == CELL_LSTM && present(ctx, 7)) return om_err_unsupported(n, "peephole weights P");
-    return NULL;
+    return om_rnn_check_optional(ctx, c, present(ctx, 4) ? ctx->in[4].data : NULL);
 }
 
 static void set_dims(om_tensor *o, om_dtype dt, int rank, int64_t a, int64_t b, int64_t c, int64_t d) {
@@ -411,23 +324,10 @@ static om_status *rnn_grad_check(om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
     const om_node *n = ctx->node;
     OM_TRY(rnn_attrs(n, cell, c));
     OM_TRY(rnn_geometry(n, &ctx->in[0], &ctx->in[1], &ctx->in[2], c));
-    const om_dtype dt = ctx->in[0].dtype;
-    const int64_t hd[3] = {c->D, c->B, c->H}, yd[4] = {c->T, c->D, c->B, c->H};
-    const int64_t gd[4] = {c->D, c->T, c->B, c->G * c->H}, sd[4] = {c->D, c->T, c->B, c->H};
-    static const char *names[11] = {"X", "W", "R", "initial_h", "initial_c", "Y", "gates", "saved", "dY", "dY_h", "dY_c"};
-    for (int i = 3; i < 11; i++) {
-        if (cell == CELL_RNN && (i == 6 || i == 7)) continue;   /* RNN saves only Y */
-        if (!present(ctx, i)) {
-            if (i >= 5 && i <= 7)
-                return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d (%s) is required", n->op->name, nm(n), i,
-                                names[i]);
-            continue;
-        }
-        if (ctx->in[i].dtype != dt) return om_err_dtype(n, i, ctx->in[i].dtype);
-        const int64_t *want = i == 5 || i == 8 ? yd : i == 6 ? gd : i == 7 ? sd : hd;
-        OM_TRY(expect_shape(n, &ctx->in[i], i, names[i], i == 5 || i == 6 || i == 7 || i == 8 ? 4 : 3, want));
-    }
-    return NULL;
+    for (int i = 3; i < 11 && i < ctx->n_in; i++)
+        if (present(ctx, i) && !(cell == CELL_RNN && (i == 6 || i == 7)) && ctx->in[i].dtype != ctx->in[0].dtype)
+            return om_err_dtype(n, i, ctx->in[i].dtype);
+    return om_rnn_grad_check(ctx, c);
 }
 
 static om_status *rnn_grad_infer(om_kernel_ctx *ctx, int cell) {

@@ -15,7 +15,7 @@
  * bits/stl_algo.h and bits/stl_heap.h. The same ties come out in the same places.
  * (tests/test_ops_topk.py checks this against torch on rows full of ties and NaNs.)
  *
- * Plain C that nvcc also compiles (cuda/sort.cu runs one row per thread): the functions are
+ * Plain C that nvcc also compiles (cuda/topk.cu runs one row per thread): the functions are
  * generated per value type by OM_SORT_ORDER_DEFINE(SFX, T, QUAL). The ranges pending in the
  * introsort are kept on a small explicit stack instead of recursion: the sub-ranges are
  * disjoint, so the order they are finished in changes nothing.

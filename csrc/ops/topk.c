@@ -20,7 +20,7 @@
  * torch's value_selecting_reduction_backward gives. Indices carry no gradient.
  *
  * Kernels: float32, float64, int32, int64 on the CPU (fp16/bf16 on the CUDA provider,
- * cuda/sort.cu); rows are shared out over the pool, each with its own copy of the row and a
+ * cuda/topk.cu); rows are shared out over the pool, each with its own copy of the row and a
  * permutation of it.
  */
 #include <stdio.h>

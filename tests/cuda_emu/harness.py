@@ -362,8 +362,9 @@ def cases_ops_fp64():
 
 
 def cases_half():
-    """test_half_cuda's cases, and test_ops_cuda's NEW_CASES (conv.cu, misc.cu, rnn.cu's ops) in
-    fp16/bf16 too, which no GPU test runs in half precision: each against the CPU in fp32 with
+    """test_half_cuda's cases, and test_ops_cuda's NEW_CASES (conv.cu, pool.cu, norm.cu, misc.cu,
+    scan.cu, rnn.cu's ops) in fp16/bf16 too, which no GPU test runs in half precision: each
+    against the CPU in fp32 with
     test_half_cuda's tolerances (x4 for LSTM/GRU/RNN, whose states are stored in half at every step
     and whose weight gradients sum ~40 rounded terms of magnitude up to ~8). Not the Relu RNN
     cases: half rounding can move a pre-activation near 0 across the kink, which changes its

@@ -223,7 +223,7 @@ def test_matmul_half_precision(dt):
     torch.testing.assert_close(y.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-2)
 
 
-# ---- conv.cu, misc.cu, rnn.cu: every op of the table that runs as a kernel -------------------------
+# ---- conv.cu, pool.cu, norm.cu, misc.cu, scan.cu, rnn.cu: every op of the table that runs as a kernel
 # (id, op, inputs, attrs, grad, n_outputs, const_inputs, tolerance). Backward ops (ConvGradX/W,
 # MaxPoolGrad, PadGrad, LSTMGrad, RNNGrad, ...) run through the forward op's gradient.
 
@@ -405,7 +405,7 @@ def _ties_nan(*shape):
     return x
 
 
-# TopK / Sort: the indices must be the CPU's exactly, ties and NaN included (cuda/sort.cu replays
+# TopK / Sort: the indices must be the CPU's exactly, ties and NaN included (cuda/topk.cu replays
 # the CPU's order). (name, op, inputs, attrs, domain, grad, n_outputs, const)
 SELECT_CASES = [
     ("topk-largest-sorted", "TopK", {"x": _ties_nan(4, 37), "k": np.array([5], np.int64)}, {"axis": 1}, "", ("x",), 2,

@@ -1,4 +1,4 @@
-// sort.cu — TopK and ortmod's Sort on the CUDA provider (csrc/ops/topk.c's semantics).
+// topk.cu — topk.c's ops on the CUDA provider: TopK and ortmod's Sort (csrc/ops/topk.c's semantics).
 //
 // Eager torch's order, ties included, is the order libstdc++'s algorithms leave on the CPU
 // (csrc/ops/sort_order.h replays them step by step); the same replay runs here, one row per
@@ -56,7 +56,7 @@ __global__ void select_kernel(T *values, int64_t *indices, const T *x, typename 
     }
 }
 
-static om_status *select_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *select_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *X = &ctx->in[0];
     const int is_topk = !strcmp(omc_op_name(ctx), "TopK");
     if (X->rank == 0) return omc_err_unsupported(ctx, "a scalar input");
@@ -105,9 +105,3 @@ static om_status *select_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     });
     return st;
 }
-
-extern const omc_kernel_entry omc_kernels_sort[] = {
-    {"TopK", "", select_cuda},
-    {"Sort", "ortmod", select_cuda},
-    OMC_TABLE_END,
-};
