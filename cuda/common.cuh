@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "provider.h"
+#include "exec/cuda_provider.h"
 
 // ---- the engine's functions (set by init) -------------------------------------------------
 extern om_cuda_host g_host;

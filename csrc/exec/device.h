@@ -12,7 +12,7 @@
 #ifndef OM_EXEC_DEVICE_H
 #define OM_EXEC_DEVICE_H
 
-#include "../../cuda/provider.h"
+#include "exec/cuda_provider.h"
 
 /* The loaded and initialized CUDA provider, loading it on first use. Thread-safe. On failure
  * the error says why (library missing, no driver, ABI mismatch) and is the same every call. */

@@ -8,7 +8,7 @@
 #ifndef OM_PLAN_H
 #define OM_PLAN_H
 #include "ops/op.h"
-#include "../../cuda/provider.h"
+#include "exec/cuda_provider.h"
 #include <pthread.h>
 
 typedef enum om_storage {
