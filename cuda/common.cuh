@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "provider.h"
+#include "exec/cuda_provider.h"
 
 // ---- the engine's functions (set by init) -------------------------------------------------
 extern om_cuda_host g_host;
@@ -311,7 +311,7 @@ om_status *omc_scatter_finish(const om_kernel_ctx *ctx, const om_cuda_exec *x, o
 // ---- the provider's own (provider.cu) ----------------------------------------------------------
 // counts a call that blocks the host (om_cuda_sync_count)
 void omc_count_blocking_call(void);
-// the optimizer passes (optim.cu): provider.h's adam_step, grads_copy_scaled, grads_check_and_norm
+// the optimizer passes (optim.cu): cuda_provider.h's adam_step, grads_copy_scaled, grads_check_and_norm
 om_status *omc_adam_step(int device, void *stream, const om_adam_consts *c, int n, om_tensor *params,
                          const om_tensor *grads, om_tensor *exp_avg, om_tensor *exp_avg_sq);
 om_status *omc_grads_copy_scaled(int device, void *stream, int n, const om_tensor *src, om_tensor *dst, float factor);

@@ -59,7 +59,7 @@ def _provider_names(so):
 
 def test_cuda_library_compiles_and_exports_the_provider(built):
     abi, names = _provider_names(built)
-    header = open(os.path.join(ROOT, "cuda", "provider.h")).read()
+    header = open(os.path.join(ROOT, "csrc", "exec", "cuda_provider.h")).read()
     assert abi == int(re.search(r"#define OM_CUDA_ABI (\d+)", header).group(1))
     missing = [op for op in PRIORITY_OPS if op not in names]
     assert not missing, f"priority ops without a CUDA kernel: {missing}"

@@ -89,15 +89,25 @@ void om_device_free_data(om_device_type device, int device_id, void *data, void 
     else if (cuda_provider) cuda_provider->free(device_id, data, stream);
 }
 
-/* ---- plans ------------------------------------------------------------------------ */
+/* ---- plans ------------------------------------------------------------------------
+ * A CUDA plan's device part: om_plan holds it as an opaque pointer, so that the planner
+ * depends on no provider. */
+struct om_device_plan {
+    om_cuda_kernel_fn *kernel;    /* per node id, its provider kernel */
+    void **dev_const;             /* per value, the device copy of a CONST value's data (uploaded
+                                     once at plan time; NULL where nothing reads it) */
+};
 
-om_status *om_device_plan_prepare(const om_graph *g, om_plan *p, int n_nodes) {
+om_status *om_device_plan_prepare(const om_graph *g, om_plan *p) {
+    if (p->device != OM_CUDA) return NULL;
     const om_cuda_provider *cu;
     OM_TRY(om_cuda_get(&cu));
-    p->cuda_kernel = calloc((size_t)n_nodes + 1, sizeof(om_cuda_kernel_fn));
-    p->dev_const = calloc((size_t)p->n_values + 1, sizeof(void *));
+    struct om_device_plan *d = p->device_data = calloc(1, sizeof *d);
+    if (!d) return om_error(OM_OUT_OF_MEMORY, "out of memory building a CUDA plan");
+    d->kernel = calloc((size_t)g->n_nodes + 1, sizeof(om_cuda_kernel_fn));
+    d->dev_const = calloc((size_t)p->n_values + 1, sizeof(void *));
     char *read = calloc((size_t)p->n_values + 1, 1);
-    if (!p->cuda_kernel || !p->dev_const || !read) {
+    if (!d->kernel || !d->dev_const || !read) {
         free(read);
         return om_error(OM_OUT_OF_MEMORY, "out of memory building a CUDA plan");
     }
@@ -115,7 +125,7 @@ om_status *om_device_plan_prepare(const om_graph *g, om_plan *p, int n_nodes) {
                                 "the CPU, or add the kernel in cuda/", nd->op->domain[0] ? nd->op->domain : "",
                                 nd->op->domain[0] ? "." : "", nd->op->name, nd->name ? nd->name : "");
             }
-            p->cuda_kernel[prog[s]] = k;
+            d->kernel[prog[s]] = k;
             for (int i = 0; i < nd->n_in; i++)
                 if (nd->in[i] >= 0) read[nd->in[i]] = 1;
         }
@@ -130,23 +140,28 @@ om_status *om_device_plan_prepare(const om_graph *g, om_plan *p, int n_nodes) {
         if (!read[v]) continue;
         int r = v;
         while (p->storage[r] == OM_ST_ALIAS) r = p->alias_of[r];
-        if (p->storage[r] != OM_ST_CONST || p->dev_const[r] || !p->vt[r].data) continue;
+        if (p->storage[r] != OM_ST_CONST || d->dev_const[r] || !p->vt[r].data) continue;
         size_t nb = om_tensor_nbytes(&p->vt[r]);
-        if ((st = cu->alloc_static(p->device_id, nb ? nb : 1, &p->dev_const[r]))) break;
-        if (nb) st = cu->memcpy_sync(p->device_id, p->dev_const[r], p->vt[r].data, nb, OM_COPY_H2D);
+        if ((st = cu->alloc_static(p->device_id, nb ? nb : 1, &d->dev_const[r]))) break;
+        if (nb) st = cu->memcpy_sync(p->device_id, d->dev_const[r], p->vt[r].data, nb, OM_COPY_H2D);
     }
     free(read);
     return st;   /* scratch lives in each call's frame, from the provider's pool */
 }
 
 void om_device_plan_release(om_plan *p) {
+    struct om_device_plan *d = p->device_data;
+    if (!d) return;
     const om_cuda_provider *cu = cuda_provider;
-    if (cu) {
-        for (int v = 0; p->dev_const && v < p->n_values; v++)
-            if (p->dev_const[v]) cu->free_static(p->device_id, p->dev_const[v]);
-    }
-    free(p->dev_const);
-    p->dev_const = NULL;
-    free(p->cuda_kernel);
-    p->cuda_kernel = NULL;
+    if (cu)
+        for (int v = 0; d->dev_const && v < p->n_values; v++)
+            if (d->dev_const[v]) cu->free_static(p->device_id, d->dev_const[v]);
+    free(d->dev_const);
+    free(d->kernel);
+    free(d);
+    p->device_data = NULL;
 }
+
+om_cuda_kernel_fn om_device_plan_kernel(const om_plan *p, int node) { return p->device_data->kernel[node]; }
+
+void *om_device_plan_const(const om_plan *p, int v) { return p->device_data->dev_const[v]; }

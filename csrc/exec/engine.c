@@ -3,6 +3,7 @@
 #include "autodiff/autodiff.h"
 #include "exec/device.h"
 #include "passes/pass.h"
+#include "plan/backward_variants.h"
 #include "plan/plan.h"
 #include "plan/recompute.h"
 
@@ -185,11 +186,29 @@ fail:
     return st;
 }
 
+/* A plan and its device part: the planner builds the device-neutral plan, the device layer
+ * (exec/device.h) adds, and frees, what a provider needs to run it. */
+static void free_plan(om_plan *p) {
+    if (!p) return;
+    om_device_plan_release(p);
+    om_plan_free(p);
+}
+
+static om_status *build_plan(const om_graph *g, const om_tensor *inputs, int n, bool has_backward, om_plan **out) {
+    OM_TRY(om_plan_build(g, inputs, n, has_backward, out));
+    om_status *st = om_device_plan_prepare(g, *out);
+    if (st) {
+        free_plan(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 void om_engine_free(om_engine *e) {
     if (!e) return;
     for (plan_slot *sl = e->newest, *next; sl; sl = next) {   /* stashes never outlive their engine */
         next = sl->older;
-        om_plan_free(sl->plan);
+        free_plan(sl->plan);
         free(sl);
     }
     free(e->buckets);
@@ -331,7 +350,7 @@ static void evict_oldest(om_engine *e) {
         logf_(e, OM_LOG_INFO, "plan cache full (%d shape sets): evicting the least recently used; every new shape set "
               "from now on costs a plan (ORTMOD_MAX_CACHED_PLANS sets the limit)", e->max_plans);
     if (!sl->refs) {
-        om_plan_free(sl->plan);
+        free_plan(sl->plan);
         free(sl);
     }
 }
@@ -351,7 +370,7 @@ static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, plan_s
         }
     plan_slot *sl = calloc(1, sizeof *sl);
     if (!sl) return om_error(OM_OUT_OF_MEMORY, "out of memory");
-    om_status *st = om_plan_build(e->g, inputs, n, e->has_backward, &sl->plan);
+    om_status *st = build_plan(e->g, inputs, n, e->has_backward, &sl->plan);
     if (st) {
         free(sl);
         return st;
@@ -465,7 +484,7 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
         if (f->cu && !(n->op->flags & OM_OP_CALLBACK)) {
             for (int i = 0; i < n->n_in; i++)   /* host copies of what was known at plan time */
                 in_host[i] = n->in[i] >= 0 && f->plan->storage[n->in[i]] == OM_ST_CONST ? f->plan->vt[n->in[i]].data : NULL;
-            st = f->plan->cuda_kernel[prog[s]](&ctx, &x);
+            st = om_device_plan_kernel(f->plan, prog[s])(&ctx, &x);
         } else {
             st = f->cu ? n->op->cpu(&ctx) : om_cpu_run(&ctx, f->twin, f->plan->twin_bytes);
             if (e->prof) profile_add(e, prog[s], &t0);
@@ -507,7 +526,7 @@ static om_status *frame_init(frame *f, om_plan *p, void *stream) {
     f->data = calloc((size_t)p->n_values + 1, sizeof(void *));
     if (!f->data) return om_error(OM_OUT_OF_MEMORY, "out of memory");
     for (int v = 0; v < p->n_values; v++)
-        if (p->storage[v] == OM_ST_CONST) f->data[v] = f->cu ? p->dev_const[v] : p->vt[v].data;
+        if (p->storage[v] == OM_ST_CONST) f->data[v] = f->cu ? om_device_plan_const(p, v) : p->vt[v].data;
     return NULL;
 }
 
@@ -608,105 +627,7 @@ done:
 }
 
 /* ---- backward with absent output gradients ---------------------------------------------
- * Gradients are linear in the output gradients, so a backward node all of whose
- * seed-derived inputs are zero produces zero. For a call where some outputs have no
- * gradient (outputs outside the loss), such nodes are skipped: one whose zero output is
- * still read gets its output buffer zero-filled at its place in the program instead, and
- * an input gradient that is all zero is not returned at all. Variants are cached per plan
- * by the mask of present seeds. */
-typedef struct om_bwd_variant {
-    uint64_t present;       /* bit i: output i has a gradient this call */
-    int *prog;              /* node ids; a negative entry -(k+1) means: zero-fill node k's outputs */
-    int n_prog;
-    char *zero_grad;        /* per graph input: its gradient is zero (hand back none) */
-    struct om_bwd_variant *next;
-} om_bwd_variant;
-
-void om_plan_free_variants(om_plan *p) {
-    for (om_bwd_variant *v = p->variants, *next; v; v = next) {
-        next = v->next;
-        free(v->prog);
-        free(v->zero_grad);
-        free(v);
-    }
-    p->variants = NULL;
-}
-
-static om_status *bwd_variant(const om_graph *g, om_plan *p, uint64_t present, om_bwd_variant **out) {
-    for (om_bwd_variant *v = p->variants; v; v = v->next)
-        if (v->present == present) { *out = v; return NULL; }
-    int nv = p->n_values;
-    char *seedlike = calloc((size_t)nv + 1, 1), *zero = calloc((size_t)nv + 1, 1), *read = calloc((size_t)nv + 1, 1);
-    om_bwd_variant *var = calloc(1, sizeof *var);
-    if (var) {
-        var->prog = malloc(sizeof(int) * ((size_t)p->n_bwd_prog + 1));
-        var->zero_grad = calloc((size_t)g->n_inputs + 1, 1);
-    }
-    if (!seedlike || !zero || !read || !var || !var->prog || !var->zero_grad) {
-        free(seedlike); free(zero); free(read);
-        if (var) { free(var->prog); free(var->zero_grad); free(var); }
-        return om_error(OM_OUT_OF_MEMORY, "out of memory");
-    }
-    for (int i = 0; i < g->n_outputs; i++) {
-        int sv = p->seed_of_output[i];
-        if (sv < 0) continue;
-        seedlike[sv] = 1;
-        zero[sv] = !(present >> (i < 64 ? i : 63) & 1u);
-    }
-    char *skip = calloc((size_t)p->n_bwd_prog + 1, 1);
-    if (!skip) { free(seedlike); free(zero); free(read); free(var->prog); free(var->zero_grad); free(var); return om_error(OM_OUT_OF_MEMORY, "out of memory"); }
-    for (int s = 0; s < p->n_bwd_prog; s++) {
-        const om_node *n = &g->nodes[p->bwd_prog[s]];
-        int any_seed = 0, all_zero = 1;
-        for (int i = 0; i < n->n_in; i++) {
-            int v = n->in[i];
-            if (v < 0) continue;
-            while (p->storage[v] == OM_ST_ALIAS && !seedlike[v]) v = p->alias_of[v];
-            if (!seedlike[n->in[i]] && !seedlike[v]) continue;
-            any_seed = 1;
-            if (!zero[n->in[i]] && !zero[v]) all_zero = 0;
-        }
-        for (int j = 0; j < n->n_out; j++)
-            if (n->out[j] >= 0 && any_seed) {
-                seedlike[n->out[j]] = 1;
-                zero[n->out[j]] = (char)all_zero;
-            }
-        skip[s] = (char)(any_seed && all_zero);
-    }
-    /* which zero values a running node (or the result) still reads */
-    for (int s = 0; s < p->n_bwd_prog; s++) {
-        const om_node *n = &g->nodes[p->bwd_prog[s]];
-        if (skip[s]) continue;
-        for (int i = 0; i < n->n_in; i++)
-            if (n->in[i] >= 0) read[n->in[i]] = 1;
-    }
-    for (int i = 0; i < g->n_inputs; i++) {
-        int v = g->grad_of_input[i];
-        if (v >= 0 && zero[v]) var->zero_grad[i] = 1;
-    }
-    for (int s = 0; s < p->n_bwd_prog; s++) {
-        const om_node *n = &g->nodes[p->bwd_prog[s]];
-        if (!skip[s]) { var->prog[var->n_prog++] = p->bwd_prog[s]; continue; }
-        int needed = 0;
-        for (int j = 0; j < n->n_out; j++)
-            if (n->out[j] >= 0 && read[n->out[j]]) needed = 1;
-        /* aliases of a skipped output read later also need the bytes: zero-fill then too */
-        for (int v = 0; v < nv && !needed; v++)
-            if (read[v] && p->storage[v] == OM_ST_ALIAS)
-                for (int j = 0; j < n->n_out; j++) {
-                    int r = v;
-                    while (p->storage[r] == OM_ST_ALIAS) r = p->alias_of[r];
-                    if (r == n->out[j]) needed = 1;
-                }
-        if (needed) var->prog[var->n_prog++] = -(p->bwd_prog[s] + 1);
-    }
-    free(skip); free(seedlike); free(zero); free(read);
-    var->present = present;
-    var->next = p->variants;
-    p->variants = var;
-    *out = var;
-    return NULL;
-}
+ * The planner picks the program (plan/backward_variants.h); here it runs. */
 
 /* Zero-fills the outputs of node k (a skipped backward node whose zero result is read). */
 static om_status *zero_fill_outputs(frame *f, const om_graph *g, int k) {
@@ -761,11 +682,12 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
     frame f = {0};
     char *given = NULL;
     void **zeros = calloc((size_t)g->n_outputs + 1, sizeof(void *));
+    char *absent = calloc((size_t)g->n_outputs + 1, 1);   /* per output: no gradient given (zeros) */
     if (s && stream_given) s->stream = stream;   /* the stash is freed in order on this stream */
     om_status *st = frame_init(&f, p, s->stream);
     if (st) goto done;
     given = calloc((size_t)p->n_values + 1, 1);
-    if (!given || !zeros) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
+    if (!given || !zeros || !absent) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
     for (int i = 0; i < s->n_inputs; i++) f.data[g->inputs[i]] = s->inputs[i].data;
     for (int i = 0; i < g->n_outputs; i++) {
         int sv = p->seed_of_output[i];
@@ -784,6 +706,7 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
             }
             f.data[sv] = got->data;
         } else {
+            absent[i] = 1;
             size_t nb = om_tensor_nbytes(want);
             zeros[i] = frame_alloc(&f, nb);
             if (!zeros[i]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
@@ -804,19 +727,8 @@ om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor 
             if (!f.data[v]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory for gradients"); goto done; }
         }
     }
-    uint64_t present = 0;
-    int all_present = 1;
-    for (int i = 0; i < g->n_outputs; i++) {
-        int has = p->seed_of_output[i] >= 0 && grad_outputs && grad_outputs[i].data;
-        if (p->seed_of_output[i] >= 0 && !has) all_present = 0;
-        if (has) present |= (uint64_t)1 << (i < 64 ? i : 63);
-    }
-    const om_bwd_variant *var = NULL;
-    if (!all_present && g->n_outputs <= 64) {
-        om_bwd_variant *vv = NULL;
-        if ((st = bwd_variant(g, p, present, &vv))) goto done;
-        var = vv;
-    }
+    const om_bwd_variant *var = NULL;   /* NULL: the whole backward program runs */
+    if ((st = om_plan_backward_variant(g, p, absent, &var))) goto done;
     /* the kernels overwrite stashed values in place (a value's last reader may reuse its
      * memory): from here on the stash is spent, whether or not the backward succeeds. An
      * error above (a gradient of the wrong shape) leaves it usable for a corrected call. */
@@ -841,6 +753,7 @@ done:
     if (zeros)
         for (int i = 0; i < g->n_outputs; i++) frame_release(&f, zeros[i]);
     free(zeros);
+    free(absent);
     free(given);
     pthread_mutex_unlock(&e->lock);
     return st;
@@ -867,7 +780,7 @@ void om_stash_free(om_stash *s) {
     pthread_mutex_unlock(&s->eng->lock);
     om_free(s->buf);
     if (last) {
-        om_plan_free(sl->plan);
+        free_plan(sl->plan);
         free(sl);
     }
     free(s);

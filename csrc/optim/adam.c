@@ -38,7 +38,7 @@ om_adam_hparams om_adam_default_hparams(void) {
 }
 
 /* Per-call constants, computed once in double and rounded to float (as torch does with
- * its Python-float scalars); the CUDA provider gets the same (cuda/provider.h):
+ * its Python-float scalars); the CUDA provider gets the same (exec/cuda_provider.h):
  *   inv_scale = 1 / grad_scale; b1, w1 = beta1, 1 - beta1; b2, w2 likewise; eps, wd;
  *   step_size: modes 0/1 lr * sqrt(bc2) / bc1, mode 2 -lr / bc1; bc2_sqrt (mode 2);
  *   decay: mode 2 1 - lr * wd (before), mode 1 lr * wd (after). */

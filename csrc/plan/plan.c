@@ -1,7 +1,7 @@
 /* plan.c — shape inference, plan-time folding, dead-node removal, storage and arena
  * offsets for one set of input shapes. */
 #include "plan/plan.h"
-#include "exec/device.h"
+#include "plan/backward_variants.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +10,6 @@
 
 void om_plan_free(om_plan *p) {
     if (!p) return;
-    if (p->device == OM_CUDA) om_device_plan_release(p);   /* frees the device constants */
     for (int v = 0; p->owned && v < p->n_values; v++)
         if (p->owned[v]) om_free(p->vt[v].data);
     free(p->input_shapes);
@@ -338,10 +337,6 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
         if (share[v] != v) p->offset[v] = p->offset[share[v]];
     free(share);
 
-    if (p->device == OM_CUDA) {
-        if ((st = om_device_plan_prepare(g, p, nn))) goto fail;
-        goto done;
-    }
     goto done;
 oom:
     st = om_error(OM_OUT_OF_MEMORY, "out of memory building a plan");

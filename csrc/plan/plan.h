@@ -4,12 +4,13 @@
  * folding of everything known at plan time (constants, shapes and what derives from
  * them), dead-node removal, then the split into a forward and a backward program with a
  * storage class and an arena offset per value (liveness-based reuse, ggml-allocator style).
+ *
+ * A plan is device-neutral: what a provider needs to run it on its device is attached by the
+ * executor (exec/device.h), which uses plan/; plan/ includes nothing from exec/.
  */
 #ifndef OM_PLAN_H
 #define OM_PLAN_H
 #include "ops/op.h"
-#include "../../cuda/provider.h"
-#include <pthread.h>
 
 typedef enum om_storage {
     OM_ST_NONE = 0,   /* absent or never materialized */
@@ -45,19 +46,23 @@ typedef struct om_plan {
     void *spare_stash;            /* CPU: a freed stash buffer kept for the next forward, so that the
                                      steady state allocates no stash */
     struct om_bwd_variant *variants; /* backward programs for calls where some output gradients are
-                                     absent (zero): what they cannot reach is skipped (exec/engine.c) */
+                                     absent (zero): what they cannot reach is skipped
+                                     (plan/backward_variants.h) */
     int device_id;
-    om_cuda_kernel_fn *cuda_kernel;   /* CUDA plans: per node id, its provider kernel */
-    void **dev_const;             /* CUDA plans: per value, the device copy of a CONST value's data
-                                     (uploaded once at plan time; NULL where nothing reads it) */
+    struct om_device_plan *device_data; /* plans on a device other than the CPU: what its provider
+                                     needs to run them (kernels, uploaded constants), attached and
+                                     released by the executor (exec/device.h); NULL on the CPU and
+                                     opaque here: the planner knows no provider */
 } om_plan;
 
-/* Builds a plan for g (after autodiff) and these input shapes, on the inputs' device. */
+/* Builds a plan for g (after autodiff) and these input shapes, on the inputs' device. A plan
+ * for a device other than the CPU needs its device part too (om_device_plan_prepare) before it
+ * runs. */
 om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_inputs, bool has_backward,
                          om_plan **out);
+/* Frees p and what the planner made for it (folded constants, backward variants). device_data
+ * is not the planner's: release it first (om_device_plan_release). */
 void om_plan_free(om_plan *p);
-/* Frees the backward variants (defined with them, in exec/engine.c). */
-void om_plan_free_variants(om_plan *p);
 /* 1 when the plan was built for exactly these input dtypes, shapes and device. */
 int om_plan_matches(const om_plan *p, const om_tensor *inputs, int n_inputs);
 #endif

@@ -1,5 +1,13 @@
-/* provider.h — the CUDA execution provider's interface: what the engine (csrc/exec/device.c)
- * and the provider's shared object (ortmod/libortmod_cuda.so, built from the .cu files in cuda/) agree on.
+/* cuda_provider.h — the interface of the CUDA execution provider: the engine defines it here,
+ * the provider's shared object (ortmod/libortmod_cuda.so, built from the .cu files in cuda/)
+ * implements it.
+ *
+ * The split is ggml-backend's (ggml-backend-impl.h): the engine owns the vtable and a backend
+ * fills it in, so the engine never includes anything from cuda/, and the provider sees the
+ * engine only through this header and the ops/ geometry headers its kernels share with the
+ * CPU ones. The .cu files include it as "exec/cuda_provider.h", through the -Icsrc they are
+ * built with. The engine's side (loading the library, the device part of a plan) is
+ * exec/device.h.
  *
  * The engine loads the shared object with dlopen on the first CUDA tensor it sees and calls
  * its one exported symbol:

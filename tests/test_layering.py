@@ -1,0 +1,45 @@
+"""The engine's include layering (DESIGN.md, "The op table"): nothing under csrc/ includes cuda/,
+since the engine defines the provider interface (csrc/exec/cuda_provider.h) and the provider
+implements it; and the planner does not reach into the executor (exec/ uses plan/, never back).
+Read from the sources: no build needed."""
+import glob
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSRC = os.path.join(ROOT, "csrc")
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+
+
+def includes(root=CSRC):
+    """(path relative to root, included name) for every #include of every .c/.h under root."""
+    for path in sorted(glob.glob(os.path.join(root, "**", "*.[ch]"), recursive=True)):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for name in INCLUDE.findall(f.read()):
+                yield os.path.relpath(path, root), name
+
+
+def reaches_outside(root=CSRC):
+    """Includes that leave csrc/: a path with '..', or one that names the provider's cuda/."""
+    return [f"{src}: #include {name}" for src, name in includes(root)
+            if ".." in name.split("/") or name.split("/")[0] == "cuda"]
+
+
+def planner_includes_executor(root=CSRC):
+    """Includes of exec/ headers from plan/."""
+    return [f"{src}: #include {name}" for src, name in includes(root)
+            if src.startswith("plan" + os.sep) and name.startswith("exec/")]
+
+
+def test_the_engine_includes_nothing_from_cuda():
+    assert list(includes()), "found no #include under csrc/: the scan is broken"
+    bad = reaches_outside()
+    assert not bad, ("csrc/ must not include the CUDA provider's files (the engine owns the interface, in "
+                     "csrc/exec/cuda_provider.h; includes are relative to csrc/):\n" + "\n".join(bad))
+
+
+def test_the_planner_does_not_include_the_executor():
+    assert any(src.startswith("plan" + os.sep) for src, _ in includes()), "found no file under csrc/plan/"
+    bad = planner_includes_executor()
+    assert not bad, ("csrc/plan/ must not include csrc/exec/ (exec/ uses plan/, never the other way):\n"
+                     + "\n".join(bad))
