@@ -13,11 +13,11 @@ from torch.utils.dlpack import to_dlpack
 from . import _pyop
 
 
-def _engine_view(t):
-    # A DLPack capsule of t's own storage. torch.utils.dlpack.to_dlpack takes tensors that
-    # require grad as they are (Tensor.__dlpack__ wants a detach() first, a new Python
-    # object per parameter per step: 14x slower for 50 parameters, and garbage for the GC).
-    return to_dlpack(t)
+# A DLPack capsule of t's own storage. torch.utils.dlpack.to_dlpack takes tensors that
+# require grad as they are (Tensor.__dlpack__ wants a detach() first, a new Python object per
+# parameter per step: 14x slower for 50 parameters, and garbage for the GC). Bound to the name
+# itself, not wrapped: it runs once per input per step.
+_engine_view = to_dlpack
 
 
 def _dense(g):
@@ -76,8 +76,13 @@ class EngineFunction(torch.autograd.Function):
         ctx.zero3 = zero3
         if zero3 is not None:
             ctx.zero3_inputs = [(i, t) for i, t in enumerate(tensors) if id(t) in zero3.ids]
-        with _functions_of(call) as records:
-            capsules, stash = call.engine.forward([_engine_view(t) for t in tensors], True, _stream(tensors))
+        views = [_engine_view(t) for t in tensors]
+        if call.functions is None:       # no PythonOp nodes: no scope to hold their records
+            records = None
+            capsules, stash = call.engine.forward(views, True, _stream(tensors))
+        else:
+            with _functions_of(call) as records:
+                capsules, stash = call.engine.forward(views, True, _stream(tensors))
         ctx.records = records            # the user Functions' own autograd records, for backward
         outputs = tuple(torch.from_dlpack(c) for c in capsules)
         ctx.set_materialize_grads(False)
@@ -100,9 +105,12 @@ class EngineFunction(torch.autograd.Function):
             # autograd accumulates each gradient into .grad at the parameter's current shape, and
             # DeepSpeed's hooks then reduce it: the partitioned parameters are gathered again
             zero3.before_backward([t for _, t in ctx.zero3_inputs])
-        with _functions_of(call, ctx.records):
-            grads = call.engine.backward(
-                ctx.stash, [None if g is None else _engine_view(_dense(g)) for g in grad_outputs], _stream(grad_outputs))
+        views = [None if g is None else _engine_view(_dense(g)) for g in grad_outputs]
+        if call.functions is None:
+            grads = call.engine.backward(ctx.stash, views, _stream(grad_outputs))
+        else:
+            with _functions_of(call, ctx.records):
+                grads = call.engine.backward(ctx.stash, views, _stream(grad_outputs))
         if call.output_deps is not None:
             # An input that no output in the loss depends on (left out of the loss, or reached
             # only through a stop-gradient) gets no gradient (None), as in eager autograd,

@@ -10,15 +10,16 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlpack/dlpack.h>
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "binding.h"
 
+/* Only the public headers (csrc/include/) of the engine: tests/test_public_api.py. */
 #include "ortmod.h"
-#include "ops/op.h"
-#include "ops/gemm.h"
-#include "exec/device.h"
-#include "core/threadpool.h"
 
 
 typedef struct module_state {
@@ -282,6 +283,16 @@ static PyObject *tensor_list(const om_tensor *t, int n, int shapes_only) {
     return list;
 }
 
+/* om_status_new with a printf format, for the binding's own short messages. */
+static om_status *status_printf(om_code code, const char *fmt, ...) {
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return om_status_new(code, msg);
+}
+
 static om_status *status_from_exception(void) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);        /* (PyErr_GetRaisedException is 3.12+) */
@@ -289,7 +300,11 @@ static om_status *status_from_exception(void) {
     PyObject *text = value ? PyObject_Str(value) : NULL;
     const char *msg = text ? PyUnicode_AsUTF8(text) : NULL;
     if (!msg) PyErr_Clear();
-    om_status *st = om_error(OM_RUNTIME, "%s: %s", value ? Py_TYPE(value)->tp_name : "error", msg ? msg : "?");
+    PyObject *full = PyUnicode_FromFormat("%s: %s", value ? Py_TYPE(value)->tp_name : "error", msg ? msg : "?");
+    const char *full_msg = full ? PyUnicode_AsUTF8(full) : NULL;
+    if (!full_msg) PyErr_Clear();
+    om_status *st = om_status_new(OM_RUNTIME, full_msg ? full_msg : "error: out of memory describing it");
+    Py_XDECREF(full);
     Py_XDECREF(text);
     Py_XDECREF(type);
     Py_XDECREF(value);
@@ -303,7 +318,7 @@ static om_status *engine_callback(void *user, om_callback_phase phase, int64_t i
     PyGILState_STATE gil = PyGILState_Ensure();
     om_status *st = NULL;
     PyObject *ins = NULL, *outs = NULL, *r = NULL;
-    if (!self->callback) { st = om_error(OM_INTERNAL, "no callback for PythonOp"); goto done; }
+    if (!self->callback) { st = om_status_new(OM_INTERNAL, "no callback for PythonOp"); goto done; }
     ins = tensor_list(in, n_in, phase == OM_CALLBACK_INFER);
     if (phase == OM_CALLBACK_INFER) {
         outs = PyList_New(n_out);
@@ -318,14 +333,14 @@ static om_status *engine_callback(void *user, om_callback_phase phase, int64_t i
     PyObject *seq = PySequence_Fast(r, "a PythonOp shape callback returns a sequence of shapes");
     if (!seq) { st = status_from_exception(); goto done; }
     if (PySequence_Fast_GET_SIZE(seq) != n_out) {
-        st = om_error(OM_RUNTIME, "the PythonOp shape callback gave %zd shapes for %d outputs",
+        st = status_printf(OM_RUNTIME, "the PythonOp shape callback gave %zd shapes for %d outputs",
                       PySequence_Fast_GET_SIZE(seq), n_out);
     }
     for (int j = 0; !st && j < n_out; j++) {
         PyObject *shape = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, j), "a shape is a sequence of ints");
         if (!shape) { st = status_from_exception(); break; }
         Py_ssize_t rank = PySequence_Fast_GET_SIZE(shape);
-        if (rank > OM_MAX_RANK) st = om_error(OM_RUNTIME, "PythonOp output %d has rank %zd (at most %d)", j, rank, OM_MAX_RANK);
+        if (rank > OM_MAX_RANK) st = status_printf(OM_RUNTIME, "PythonOp output %d has rank %zd (at most %d)", j, rank, OM_MAX_RANK);
         for (Py_ssize_t d = 0; !st && d < rank; d++) {
             long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(shape, d));
             if (v == -1 && PyErr_Occurred()) st = status_from_exception();
@@ -456,13 +471,26 @@ static int parse_stream(PyObject *obj, void **stream, int *given) {
     return 0;
 }
 
+/* forward and backward run every training step: METH_FASTCALL, positional only (as they were
+ * under METH_VARARGS), so a call builds no argument tuple. The count check raises the
+ * TypeError that PyArg_ParseTuple would. */
+static int check_nargs(const char *name, Py_ssize_t nargs, Py_ssize_t min, Py_ssize_t max) {
+    if (nargs >= min && nargs <= max) return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %s %zd argument%s (%zd given)", name,
+                 nargs < min ? (min == max ? "exactly" : "at least") : (min == max ? "exactly" : "at most"),
+                 nargs < min ? min : max, (nargs < min ? min : max) == 1 ? "" : "s", nargs);
+    return -1;
+}
+
 /* forward(inputs, training, stream=None) -> (list of capsules, stash or None) */
-static PyObject *Engine_forward(EngineObject *self, PyObject *args) {
-    PyObject *seq_in, *stream_obj = Py_None;
-    int training = 0, stream_given = 0;
+static PyObject *Engine_forward(EngineObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    int stream_given = 0;
     void *stream = NULL;
-    if (!PyArg_ParseTuple(args, "Op|O", &seq_in, &training, &stream_obj) || check_ready(self) < 0) return NULL;
-    if (parse_stream(stream_obj, &stream, &stream_given) < 0) return NULL;
+    if (check_nargs("forward", nargs, 2, 3) < 0) return NULL;
+    PyObject *seq_in = args[0];
+    int training = PyObject_IsTrue(args[1]);
+    if (training < 0 || check_ready(self) < 0) return NULL;
+    if (parse_stream(nargs > 2 ? args[2] : Py_None, &stream, &stream_given) < 0) return NULL;
     module_state *ms = state_of_type(Py_TYPE(self));
     PyObject *seq = PySequence_Fast(seq_in, "inputs must be a sequence of tensors");
     if (!seq) return NULL;
@@ -524,12 +552,12 @@ out:
 }
 
 /* backward(stash, grad_outputs, stream=None) -> list (per input: capsule or None) */
-static PyObject *Engine_backward(EngineObject *self, PyObject *args) {
-    PyObject *stash_obj, *seq_in, *stream_obj = Py_None;
+static PyObject *Engine_backward(EngineObject *self, PyObject *const *args, Py_ssize_t nargs) {
     void *stream = NULL;
     int stream_given = 0;
-    if (!PyArg_ParseTuple(args, "OO|O", &stash_obj, &seq_in, &stream_obj) || check_ready(self) < 0) return NULL;
-    if (parse_stream(stream_obj, &stream, &stream_given) < 0) return NULL;
+    if (check_nargs("backward", nargs, 2, 3) < 0 || check_ready(self) < 0) return NULL;
+    PyObject *stash_obj = args[0], *seq_in = args[1];
+    if (parse_stream(nargs > 2 ? args[2] : Py_None, &stream, &stream_given) < 0) return NULL;
     module_state *ms = state_of_type(Py_TYPE(self));
     if (!PyObject_TypeCheck(stash_obj, (PyTypeObject *)ms->StashType) || ((StashObject *)stash_obj)->engine != (PyObject *)self) {
         PyErr_SetString(PyExc_TypeError, "backward needs the stash that this engine's forward returned");
@@ -572,7 +600,8 @@ static PyObject *Engine_backward(EngineObject *self, PyObject *args) {
     }
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
-    st = om_engine_backward_stream(self->eng, so->stash, gouts, grads, stream, stream_given);
+    st = stream_given ? om_engine_backward_stream(self->eng, so->stash, gouts, grads, stream)
+                      : om_engine_backward(self->eng, so->stash, gouts, grads);
     Py_END_ALLOW_THREADS
     if (st) { raise_status(ms, st); goto out; }
     om_stash_free(so->stash);   /* backward is done with what the forward kept */
@@ -629,12 +658,12 @@ static PyObject *Engine_get_output_diff(EngineObject *self, void *c) {
 }
 
 static PyMethodDef Engine_methods[] = {
-    {"forward", (PyCFunction)Engine_forward, METH_VARARGS,
+    {"forward", (PyCFunction)(void (*)(void))Engine_forward, METH_FASTCALL,
      "forward(inputs, training, stream=None) -> (outputs, stash)\n\nRuns the forward. inputs: tensors (DLPack) in "
      "graph-input order, read in place, all on one device. outputs: DLPack capsules on that device. stash: what backward "
      "needs (None unless training with grad inputs). stream: for CUDA inputs, the cudaStream_t (an int, e.g. "
      "torch.cuda.current_stream().cuda_stream) the kernels are enqueued on; None = the legacy default stream."},
-    {"backward", (PyCFunction)Engine_backward, METH_VARARGS,
+    {"backward", (PyCFunction)(void (*)(void))Engine_backward, METH_FASTCALL,
      "backward(stash, grad_outputs, stream=None) -> grads\n\nOne DLPack capsule per graph input that needs a gradient, "
      "None elsewhere. A None output gradient counts as zeros. stream: as for forward; None = the forward's stream."},
     {"export_onnx", (PyCFunction)Engine_export_onnx, METH_VARARGS,
@@ -708,12 +737,14 @@ extern PyMethodDef om_py_optim_methods[];   /* python/optim.c */
 
 /* op_table() -> list of (name, domain, has_gradient_rule): the engine's op table, for docs. */
 static PyObject *op_table(PyObject *m, PyObject *unused) {
-    int n = om_op_count();
+    int n = om_op_table_size();
     PyObject *list = PyList_New(n);
     if (!list) return NULL;
     for (int i = 0; i < n; i++) {
-        const om_op_def *op = om_op_at(i);
-        PyObject *t = Py_BuildValue("(ssO)", op->name, op->domain, op->grad ? Py_True : Py_False);
+        const char *name, *domain;
+        bool has_gradient;
+        om_op_table_entry(i, &name, &domain, &has_gradient, NULL);
+        PyObject *t = Py_BuildValue("(ssO)", name, domain, has_gradient ? Py_True : Py_False);
         if (!t) { Py_DECREF(list); return NULL; }
         PyList_SET_ITEM(list, i, t);
     }
@@ -721,14 +752,15 @@ static PyObject *op_table(PyObject *m, PyObject *unused) {
 }
 
 /* op_attributes() -> list of (name, domain, attrs): per op of the table, the attributes it
- * implements as its om_op_def.attrs list (ops/op.h), "" for none; for tests and docs. */
+ * implements (om_op_table_entry, ortmod.h), "" for none; for tests and docs. */
 static PyObject *op_attributes(PyObject *m, PyObject *unused) {
-    int n = om_op_count();
+    int n = om_op_table_size();
     PyObject *list = PyList_New(n);
     if (!list) return NULL;
     for (int i = 0; i < n; i++) {
-        const om_op_def *op = om_op_at(i);
-        PyObject *t = Py_BuildValue("(sss)", op->name, op->domain, op->attrs ? op->attrs : "");
+        const char *name, *domain, *attrs;
+        om_op_table_entry(i, &name, &domain, NULL, &attrs);
+        PyObject *t = Py_BuildValue("(sss)", name, domain, attrs);
         if (!t) { Py_DECREF(list); return NULL; }
         PyList_SET_ITEM(list, i, t);
     }
@@ -750,7 +782,7 @@ static PyObject *set_num_threads(PyObject *m, PyObject *arg) {
 
 static PyObject *get_num_threads(PyObject *m, PyObject *unused) { return PyLong_FromLong(om_get_num_threads()); }
 
-/* How many float32 GEMMs ran on the bf16 kernel (ops/gemm.h): tests prove the path ran with it. */
+/* How many float32 GEMMs ran on the bf16 kernel (ortmod.h, testing): tests prove the path ran with it. */
 static PyObject *gemm_bf16_count(PyObject *m, PyObject *unused) { return PyLong_FromLongLong(om_gemm_bf16_count()); }
 
 /* use_openmp(address or None): run the pool's jobs as regions of the OpenMP runtime whose

@@ -51,13 +51,7 @@ int om_pool_range_id(void);
 /* 1 inside a parallel range (nested calls run serially). */
 int om_pool_in_parallel(void);
 
-/* GNU OpenMP's region entry point, GOMP_parallel(fn, data, num_threads, flags), which Intel's
- * and LLVM's runtimes export too. Given one (the binding passes the runtime torch is built
- * with), every job runs as a region on that runtime's threads, and the pool's own workers
- * stop: the engine and torch then share one team instead of two fighting for the cores.
- * NULL goes back to our own workers; a forked child goes back by itself. */
-typedef void (*om_openmp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
-void om_pool_use_openmp(om_openmp_parallel_fn parallel);
-int om_pool_uses_openmp(void);
+/* Running the pool's jobs on an OpenMP runtime (om_pool_use_openmp) is public: ortmod.h,
+ * "threads". */
 
 #endif

@@ -27,10 +27,6 @@ om_status *om_cuda_get(const om_cuda_provider **out);
 /* 1 when the provider was loaded (does not try to load it). */
 int om_cuda_loaded(void);
 
-/* Frees engine-allocated data of t wherever it lives: om_free for CPU memory, the CUDA pool
- * (stream-ordered on stream) for device memory. What DLPack deleters call. */
-void om_device_free_data(om_device_type device, int device_id, void *data, void *stream);
-
 /* The device part of plan p (built by om_plan_build for g, on CUDA inputs): every node that
  * runs gets its provider kernel (a missing one fails here, naming the op) and the constants
  * the device reads are uploaded once; scratch lives in each call's frame. Nothing to do for a
@@ -45,11 +41,6 @@ void om_device_plan_release(struct om_plan *p);
 om_cuda_kernel_fn om_device_plan_kernel(const struct om_plan *p, int node);
 void *om_device_plan_const(const struct om_plan *p, int v);
 
-/* om_engine_forward / om_engine_backward with the stream to enqueue on (ignored for CPU
- * tensors). backward with stream NULL reuses the forward's stream. */
-om_status *om_engine_forward_stream(om_engine *eng, const om_tensor *inputs, int n_inputs, bool training,
-                                    om_tensor *outputs, om_stash **stash, void **inputs_keepalive,
-                                    om_release_fn release, void *stream);
-om_status *om_engine_backward_stream(om_engine *eng, om_stash *stash, const om_tensor *grad_outputs,
-                                     om_tensor *input_grads, void *stream, int stream_given);
+/* om_engine_forward_stream, om_engine_backward_stream and om_device_free_data are public:
+ * ortmod.h, "CUDA streams". */
 #endif

@@ -660,12 +660,21 @@ static om_status *run_variant(om_engine *e, frame *f, const om_bwd_variant *var)
     return NULL;
 }
 
+static om_status *backward_on(om_engine *e, om_stash *s, const om_tensor *grad_outputs, om_tensor *input_grads,
+                               void *stream, int stream_given);
+
 om_status *om_engine_backward(om_engine *e, om_stash *s, const om_tensor *grad_outputs, om_tensor *input_grads) {
-    return om_engine_backward_stream(e, s, grad_outputs, input_grads, NULL, 0);
+    return backward_on(e, s, grad_outputs, input_grads, NULL, 0);
 }
 
 om_status *om_engine_backward_stream(om_engine *e, om_stash *s, const om_tensor *grad_outputs, om_tensor *input_grads,
-                                     void *stream, int stream_given) {
+                                     void *stream) {
+    return backward_on(e, s, grad_outputs, input_grads, stream, 1);
+}
+
+/* stream_given 0: the forward's stream (what om_engine_backward means by no stream) */
+static om_status *backward_on(om_engine *e, om_stash *s, const om_tensor *grad_outputs, om_tensor *input_grads,
+                               void *stream, int stream_given) {
     const om_graph *g = e->g;
     if (!s || s->eng != e) return om_error(OM_INVALID_ARGUMENT, "the stash does not belong to this engine");
     for (int i = 0; i < g->n_inputs; i++) memset(&input_grads[i], 0, sizeof(om_tensor));

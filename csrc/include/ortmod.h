@@ -30,6 +30,13 @@
  * Ownership: every function that creates something documents who frees it.
  * Errors: every fallible function returns om_status* — NULL on success, otherwise an
  * error the caller owns (om_status_free). Nothing here exits or aborts.
+ *
+ * Public and internal: the headers in csrc/include/ (this one, ortmod_optim.h,
+ * ortmod_runner.h) are the whole interface a client sees; each compiles alone as C11 and as
+ * C++. Every other header (those under csrc/<layer>/) is the engine's own and may change
+ * with any commit. The clients (the binding in python/, the runner's front end
+ * csrc/runner/main.c) include nothing else of the engine: tests/test_public_api.py fails
+ * when one does.
  */
 #ifndef ORTMOD_H
 #define ORTMOD_H
@@ -102,6 +109,16 @@ void  om_alloc_stats(size_t *calls, size_t *bytes);
  * torch.get_num_threads() so that torch, BLAS and the engine agree. */
 void om_set_num_threads(int n);
 int  om_get_num_threads(void);
+
+/* GNU OpenMP's region entry point, GOMP_parallel(fn, data, num_threads, flags), which Intel's
+ * and LLVM's runtimes export too. Given one (the binding passes the runtime torch is built
+ * with), every parallel job runs as a region on that runtime's threads and the engine's own
+ * workers stop: the engine and torch then share one team instead of two fighting for the
+ * cores. NULL goes back to the engine's own workers; a forked child goes back by itself.
+ * om_pool_uses_openmp: 1 while jobs run on an OpenMP runtime. */
+typedef void (*om_openmp_parallel_fn)(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
+void om_pool_use_openmp(om_openmp_parallel_fn parallel);
+int  om_pool_uses_openmp(void);
 
 /* ---- engine ---------------------------------------------------------------------- */
 typedef enum om_log_level {
@@ -207,6 +224,37 @@ om_status *om_engine_forward(om_engine *eng, const om_tensor *inputs, int n_inpu
 om_status *om_engine_backward(om_engine *eng, om_stash *stash, const om_tensor *grad_outputs,
                               om_tensor *input_grads);
 void om_stash_free(om_stash *stash);
+
+/* ---- CUDA streams ---------------------------------------------------------------- */
+/* om_engine_forward and om_engine_backward for CUDA tensors, with the stream (a cudaStream_t,
+ * as torch.cuda.current_stream().cuda_stream gives it; NULL: the legacy default stream) that
+ * the kernels are enqueued on. The host never waits for the device within a step; outputs and
+ * gradients are ready in order on that stream. For CPU tensors the stream is ignored.
+ * om_engine_backward without a stream enqueues on the stream of the stash's forward; with one,
+ * the stash is also freed in order on it. */
+om_status *om_engine_forward_stream(om_engine *eng, const om_tensor *inputs, int n_inputs, bool training,
+                                    om_tensor *outputs, om_stash **stash, void **inputs_keepalive,
+                                    om_release_fn release, void *stream);
+om_status *om_engine_backward_stream(om_engine *eng, om_stash *stash, const om_tensor *grad_outputs,
+                                     om_tensor *input_grads, void *stream);
+
+/* Frees data the engine handed out (an output's or gradient's om_tensor.data) wherever it
+ * lives: om_free for CPU memory, the CUDA provider's pool for device memory, in order on
+ * stream (the one it was produced on; ignored for the CPU). NULL data does nothing. */
+void om_device_free_data(om_device_type device, int device_id, void *data, void *stream);
+
+/* ---- introspection: the op table, for docs and tests ------------------------------ */
+/* Ops the engine implements, 0 <= i < om_op_table_size(). Entry i gives the op's name, its
+ * domain ("" for the ONNX default domain), whether it has a gradient rule, and the attributes
+ * it implements ("name:type[=v1|v2]", space-separated; "" for none). Any out pointer may be
+ * NULL; the strings are static. Returns false, touching nothing, when i is out of range. */
+int  om_op_table_size(void);
+bool om_op_table_entry(int i, const char **name, const char **domain, bool *has_gradient, const char **attrs);
+
+/* ---- testing: counters the test suite reads (not for applications) --------------- */
+/* How many float32 products ran on the bf16 GEMM kernel in this process: a test proves the
+ * path ran with it on a CPU that has AVX512-BF16. */
+int64_t om_gemm_bf16_count(void);
 
 #ifdef __cplusplus
 }

@@ -30,7 +30,6 @@ void om_gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
  * (ops/gemm_bf16.c). om_gemm tries it for big enough float32 products. */
 int om_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-/* How many products om_gemm_bf16 computed in this process (tests prove the path ran with it). */
-int64_t om_gemm_bf16_count(void);
+/* How many products it computed: om_gemm_bf16_count, public (ortmod.h, "testing"). */
 
 #endif
