@@ -91,12 +91,18 @@ def read_shards(directory):
 
 
 def find_binary():
-    """The path of the compiled ortmod-train: next to this package (an installed build),
-    then the source tree's build/ (``make runner``). None when neither exists."""
+    """The path of the compiled ortmod-train: ortmod.options.train_binary (ORTMOD_TRAIN_BINARY)
+    when set (ValueError when that is no executable file), else next to this package (an
+    installed build), then the source tree's build/ (``make runner``). None when none exists."""
+    from ortmod._options import options
+    chosen = options.train_binary
+    if chosen is not None:
+        if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+            raise ValueError(f"ORTMOD_TRAIN_BINARY: {chosen!r} is not an executable file")
+        return chosen
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
-    for cand in (os.environ.get("ORTMOD_TRAIN_BINARY"),
-                 os.path.join(here, "ortmod-train"),
+    for cand in (os.path.join(here, "ortmod-train"),
                  os.path.join(os.path.dirname(here), "ortmod-train"),
                  os.path.join(root, "build", "ortmod-train")):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):

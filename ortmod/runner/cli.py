@@ -8,7 +8,11 @@ from ortmod.runner import find_binary
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    binary = find_binary()
+    try:
+        binary = find_binary()
+    except ValueError as e:
+        sys.stderr.write(f"ortmod-train: {e}\n")
+        return 1
     if binary is None:
         sys.stderr.write("ortmod-train: the compiled runner was not found (looked next to the ortmod.runner "
                          "package and in build/); build it with 'make runner'\n")
