@@ -43,7 +43,9 @@ from ._options import options
 
 @dataclasses.dataclass
 class DebugOptions:
-    """Debugging knobs.
+    """Debugging knobs, per ORTModule. Defaults for the fields that have an environment variable
+    come from ``ortmod.options`` (ortmod/_options.py: the environment, read once, or what was set
+    there); a value given here wins.
 
     log_level:   LogLevel for the "ortmod" logger and the engine's log callback
                  (the environment variable ORTMODULE_LOG_LEVEL, a LogLevel name or number,

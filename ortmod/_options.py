@@ -141,8 +141,8 @@ def _flag(value, where):
     raise ValueError(f"{where}: {value!r} is not on or off (1/true/yes/on, 0/false/no/off)")
 
 
-def _cache_limit(value, where):
-    if isinstance(value, str):
+def _cache_limit(value, where, from_env=False):
+    if from_env:                      # only the environment's text is a number written out
         text = value.strip()
         n = int(text) if text.isdigit() else 0
         if not 1 <= n <= MAX_CACHE_LIMIT:
@@ -173,6 +173,7 @@ _PARSE = {
     "strict_trace": _flag, "inline_autograd_functions": _flag, "max_cached_graphs": _cache_limit,
     "threads": _threads, "train_binary": _path,
 }
+_PARSE_ENV = dict(_PARSE, max_cached_graphs=lambda text, where: _cache_limit(text, where, from_env=True))
 
 
 def _engine():
@@ -198,7 +199,7 @@ class Options:
             values[field] = var.default
             if text.strip():
                 try:
-                    values[field] = _PARSE[field](text, var.name)
+                    values[field] = _PARSE_ENV[field](text, var.name)
                 except ValueError as e:
                     errors[field] = str(e)
         object.__setattr__(self, "_errors", errors)
@@ -218,7 +219,7 @@ class Options:
                 raise ValueError(self._errors[field])
             return values[field]
         if field in _ENGINE_FIELDS:
-            return _engine().get_options()[field]
+            return _engine().get_options(field)[field]     # only this field's variable must be good
         raise AttributeError(f"ortmod.options has no field {field!r}; fields: {', '.join(_BY_FIELD)}")
 
     def __setattr__(self, field, value):

@@ -1,8 +1,8 @@
 /* options.c — the engine's options (csrc/include/ortmod_options.h) as module functions, for
  * ortmod.options (ortmod/_options.py), which is what Python code uses:
  *
- *     get_options() -> dict          every field; raises InvalidInputError (a ValueError) naming
- *                                    each variable of the environment that holds a bad value
+ *     get_options(field=None) -> dict   every field; raises InvalidInputError (a ValueError) naming
+ *                                    each variable (or field's) of the environment that holds a bad value
  *     set_options(**fields)          validated; unknown names are a TypeError, bad values an
  *                                    InvalidInputError naming the field, and then nothing changes
  *     reload_options()               reads the environment again (errors as get_options raises
@@ -13,6 +13,7 @@
 #include "binding.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -28,9 +29,27 @@ static PyObject *options_dict(const om_options *o) {
                          ATTENTION_NAMES[o->cuda_attention == OM_CUDA_ATTENTION_MATERIALIZED]);
 }
 
-static PyObject *py_get_options(PyObject *module, PyObject *unused) {
+static const struct { const char *name; unsigned bit; } FIELD_BITS[] = {
+    {"max_cached_plans", OM_OPT_MAX_CACHED_PLANS}, {"memory_opt_level", OM_OPT_MEMORY_OPT_LEVEL},
+    {"profile", OM_OPT_PROFILE}, {"disable_passes", OM_OPT_DISABLE_PASSES},
+    {"optim_num_threads", OM_OPT_OPTIM_NUM_THREADS}, {"num_threads", OM_OPT_NUM_THREADS},
+    {"cuda_library", OM_OPT_CUDA_LIBRARY}, {"cuda_attention", OM_OPT_CUDA_ATTENTION},
+};
+
+/* get_options(field=None): with a field, only that field's variable is checked. */
+static PyObject *py_get_options(PyObject *module, PyObject *args) {
+    const char *field = NULL;
+    if (!PyArg_ParseTuple(args, "|z:get_options", &field)) return NULL;
+    unsigned bits = OM_OPT_ALL;
+    if (field) {
+        bits = 0;
+        for (size_t i = 0; i < sizeof FIELD_BITS / sizeof FIELD_BITS[0]; i++)
+            if (!strcmp(field, FIELD_BITS[i].name)) bits = FIELD_BITS[i].bit;
+        if (!bits) return PyErr_Format(PyExc_TypeError, "get_options: unknown option '%s'", field);
+    }
     om_options o;
-    om_status *st = om_options_get(&o);
+    om_status_free(om_options_get(&o));
+    om_status *st = om_options_check(bits);
     if (st) return om_py_raise_status(module, st);
     return options_dict(&o);
 }
@@ -76,12 +95,21 @@ static PyObject *py_set_options(PyObject *module, PyObject *args, PyObject *kwar
     while (kwargs && PyDict_Next(kwargs, &pos, &key, &v)) {
         const char *name = PyUnicode_AsUTF8(key);
         if (!name) return NULL;
-        int rc = 0;
-        if (!strcmp(name, "max_cached_plans")) fields |= OM_OPT_MAX_CACHED_PLANS, rc = int_field(v, name, &o.max_cached_plans);
-        else if (!strcmp(name, "memory_opt_level")) fields |= OM_OPT_MEMORY_OPT_LEVEL, rc = int_field(v, name, &o.memory_opt_level);
-        else if (!strcmp(name, "optim_num_threads")) fields |= OM_OPT_OPTIM_NUM_THREADS, rc = int_field(v, name, &o.optim_num_threads);
-        else if (!strcmp(name, "num_threads")) fields |= OM_OPT_NUM_THREADS, rc = int_field(v, name, &o.num_threads);
-        else if (!strcmp(name, "profile")) {
+        static const struct { const char *name; unsigned bit; size_t offset; } INTS[] = {
+            {"max_cached_plans", OM_OPT_MAX_CACHED_PLANS, offsetof(om_options, max_cached_plans)},
+            {"memory_opt_level", OM_OPT_MEMORY_OPT_LEVEL, offsetof(om_options, memory_opt_level)},
+            {"optim_num_threads", OM_OPT_OPTIM_NUM_THREADS, offsetof(om_options, optim_num_threads)},
+            {"num_threads", OM_OPT_NUM_THREADS, offsetof(om_options, num_threads)},
+        };
+        int rc = 0, is_int = 0;
+        for (size_t i = 0; i < sizeof INTS / sizeof INTS[0] && !is_int; i++) {
+            if (strcmp(name, INTS[i].name)) continue;
+            is_int = 1;
+            fields |= INTS[i].bit;
+            rc = int_field(v, name, (int *)((char *)&o + INTS[i].offset));
+        }
+        if (is_int) {
+        } else if (!strcmp(name, "profile")) {
             if (!PyBool_Check(v)) {
                 PyErr_Format(PyExc_TypeError, "set_options: profile must be a bool, got %s", Py_TYPE(v)->tp_name);
                 return NULL;
@@ -121,8 +149,9 @@ static PyObject *py_reload_options(PyObject *module, PyObject *unused) {
 }
 
 PyMethodDef om_py_options_methods[] = {
-    {"get_options", py_get_options, METH_NOARGS,
-     "get_options() -> dict: the engine's options (ortmod_options.h); a bad environment variable raises, naming it."},
+    {"get_options", py_get_options, METH_VARARGS,
+     "get_options(field=None) -> dict: the engine's options (ortmod_options.h); a bad environment variable\n"
+     "(of that field, when one is named) raises, naming it."},
     {"set_options", (PyCFunction)(void (*)(void))py_set_options, METH_VARARGS | METH_KEYWORDS,
      "set_options(**fields): sets the engine's options named, validated (nothing changes on an error)."},
     {"reload_options", py_reload_options, METH_NOARGS,

@@ -193,6 +193,8 @@ def test_the_environment_is_read_once_and_bad_values_name_the_variable():
             return "no error"
         print("GET", error(_C.get_options))
         print("ENGINE", error(lambda: _C.Engine(b"", None)))
+        print("ONE", error(lambda: options.max_cached_plans))     # one field: only its variable counts
+        print("GOOD", error(lambda: options.cuda_library))
         for v in options.variables:
             if v.reader == "python":
                 print("FIELD", v.field, error(lambda: getattr(options, v.field)))
@@ -217,6 +219,8 @@ def test_the_environment_is_read_once_and_bad_values_name_the_variable():
     for v in options.variables:
         if v.reader == "python" and v.name in bad:
             assert fields[v.field].startswith(v.name + ":"), (v.name, fields[v.field])
+    assert out["ONE"].startswith("ORTMOD_MAX_CACHED_PLANS: '0x'") and "ORTMOD_PROFILE" not in out["ONE"], out["ONE"]
+    assert out["GOOD"] == "no error"
     assert out["SET"] == "export" and out["AFTER"] == "no error" and out["PLANS"] == "4"
     assert out["RELOADED"] == "9 auto 0"
 

@@ -206,13 +206,13 @@ static void first_read(void) {
     unlock();
 }
 
-/* Called with mu held: the environment's errors still standing, or NULL. */
-static om_status *standing_errors(void) {
+/* Called with mu held: the environment's errors still standing for fields, or NULL. */
+static om_status *standing_errors(unsigned fields) {
     char msg[N_FIELDS * 520];
     size_t used = 0;
     msg[0] = '\0';
     for (int i = 0; i < N_FIELDS; i++) {
-        if (!env_error[i][0]) continue;
+        if (!(fields & FIELDS[i].bit) || !env_error[i][0]) continue;
         used += (size_t)snprintf(msg + used, sizeof msg - used, "%s%s", used ? "; " : "", env_error[i]);
         if (used >= sizeof msg) break;
     }
@@ -223,7 +223,15 @@ om_status *om_options_get(om_options *out) {
     pthread_once(&once, first_read);
     lock();
     *out = current;
-    om_status *st = standing_errors();
+    om_status *st = standing_errors(OM_OPT_ALL);
+    unlock();
+    return st;
+}
+
+om_status *om_options_check(unsigned fields) {
+    pthread_once(&once, first_read);
+    lock();
+    om_status *st = standing_errors(fields);
     unlock();
     return st;
 }
@@ -285,7 +293,7 @@ om_status *om_options_reload(void) {
     read_environment();
     if (cuda_loaded) memcpy(current.cuda_library, library, sizeof library);   /* what was loaded stays true */
     const int threads_after = current.num_threads;
-    om_status *st = standing_errors();
+    om_status *st = standing_errors(OM_OPT_ALL);
     unlock();
     if (threads_after != threads_before) om_pool_default_changed();
     return st;

@@ -81,6 +81,10 @@ om_options om_options_defaults(void);
  * anyway, with those fields at their defaults). Thread-safe. */
 om_status *om_options_get(om_options *out);
 
+/* The environment's errors still standing for the fields named (OM_OPT_* bits), as
+ * om_options_get returns them for all, or NULL: for a client that needs only some fields. */
+om_status *om_options_check(unsigned fields);
+
 /* Validates the fields of *opt named by fields (OM_OPT_* bits), then makes them the ones in
  * force; an error names the first bad field, and then nothing changes. Setting a field clears
  * the environment's error for it. cuda_library cannot change once the provider was loaded.
