@@ -241,9 +241,10 @@ def test_thread_counts_follow_the_documented_precedence():
 
 
 def test_the_runner_checks_its_testing_aid():
-    binary = os.path.join(ROOT, "build", "ortmod-train")
-    if not os.path.exists(binary):
-        pytest.skip("build/ortmod-train is not built (make runner)")
+    from ortmod.runner import find_binary
+    binary = find_binary()
+    if binary is None:
+        pytest.skip("ortmod-train is not built")
     r = subprocess.run([binary, "--model", "x.onnx"], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, ORTMOD_RUNNER_DEBUG_STEP_DELAY_MS="soon"))
     assert r.returncode == 2 and "ORTMOD_RUNNER_DEBUG_STEP_DELAY_MS: 'soon'" in r.stderr, r.stderr
