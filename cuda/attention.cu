@@ -198,11 +198,11 @@ static soft_args soft_of(const attn_geom &g) {
 }
 
 // The flash kernels (flash.cu) take fp16/bf16 with head dims up to FLASH_MAX_D; the cuBLAS path
-// with materialized scores takes the rest, and every call when ORTMOD_CUDA_ATTENTION=materialized
-// (read per call, so that a benchmark or a test can compare the two in one process).
+// with materialized scores takes the rest, and every call when the engine's options say so
+// (ORTMOD_CUDA_ATTENTION=materialized; asked per call, so that a benchmark or a test can compare
+// the two in one process).
 static int use_flash(om_dtype dt, const attn_geom &g, flash_args *f) {
-    const char *env = getenv("ORTMOD_CUDA_ATTENTION");
-    if (env && !strcmp(env, "materialized")) return 0;
+    if (g_host.attention_materialized()) return 0;
     if (g.kv_inner != 1) return 0;   // (flash reads one K/V matrix per batch item)
     if ((dt != OM_F16 && dt != OM_BF16) || g.D > FLASH_MAX_D || g.Dv > FLASH_MAX_D || g.nbatch > 65535) return 0;
     memset(f, 0, sizeof *f);

@@ -9,6 +9,7 @@ backward-graph generation, memory planning); later calls run on the engine.
 from ._logging import LogLevel
 from ._capture import ExportError, UnsupportedDataError, UnsupportedDeviceError, UnsupportedModelError
 from ._module import DebugOptions, ORTModule
+from ._options import options
 from ._explain import explain
 
 try:
@@ -24,5 +25,5 @@ except ImportError as _e:  # pragma: no cover - only without a built extension
                 "(or `pip install .`).") from _C_IMPORT_ERROR
         raise AttributeError(f"module 'ortmod' has no attribute {name!r}")
 
-__all__ = ["ORTModule", "DebugOptions", "LogLevel", "EngineError", "InvalidInputError", "UnsupportedOpError",
+__all__ = ["ORTModule", "DebugOptions", "LogLevel", "options", "EngineError", "InvalidInputError", "UnsupportedOpError",
            "ExportError", "UnsupportedModelError", "UnsupportedDataError", "UnsupportedDeviceError", "explain"]

@@ -35,14 +35,17 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _pyop, _semantics, _threads, _zero3
+from . import _capture, _options, _pyop, _semantics, _threads, _zero3
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
+from ._options import options
 
 
 @dataclasses.dataclass
 class DebugOptions:
-    """Debugging knobs.
+    """Debugging knobs, per ORTModule. Defaults for the fields that have an environment variable
+    come from ``ortmod.options`` (ortmod/_options.py: the environment, read once, or what was set
+    there); a value given here wins.
 
     log_level:   LogLevel for the "ortmod" logger and the engine's log callback
                  (the environment variable ORTMODULE_LOG_LEVEL, a LogLevel name or number,
@@ -81,94 +84,31 @@ class DebugOptions:
 
     def __post_init__(self):
         self.log_level = LogLevel(int(self.log_level))
-        self.strict_trace = bool(self.strict_trace) or flag_from_env("ORTMOD_STRICT_TRACE")
-        self.inline_autograd_functions = (bool(self.inline_autograd_functions)
-                                          or flag_from_env("ORTMOD_INLINE_AUTOGRAD_FUNCTIONS"))
-        self.capture = capture_from_env(self.capture)
-        self.max_cached_graphs = count_option("max_cached_graphs", self.max_cached_graphs,
-                                              "ORTMOD_MAX_CACHED_GRAPHS", DEFAULT_MAX_CACHED_GRAPHS)
-        self.max_cached_plans = count_option("max_cached_plans", self.max_cached_plans,
-                                             "ORTMOD_MAX_CACHED_PLANS", DEFAULT_MAX_CACHED_PLANS)
+        # defaults from the environment come through ortmod.options (_options.py), read once
+        self.strict_trace = bool(self.strict_trace) or options.strict_trace
+        self.inline_autograd_functions = bool(self.inline_autograd_functions) or options.inline_autograd_functions
+        self.capture = _options._capture(self.capture, "DebugOptions(capture=...)") if self.capture else options.capture
+        self.max_cached_graphs = cache_limit("max_cached_graphs", self.max_cached_graphs)
+        self.max_cached_plans = cache_limit("max_cached_plans", self.max_cached_plans)
 
 
-# --------------------------------------------------------------------------- environment
-
-FALLBACK_POLICIES = (
-    "FALLBACK_DISABLE",                  # never fall back (the default)
-    "FALLBACK_FORCE_TORCH_FORWARD",      # always run the module in PyTorch
-    "FALLBACK_UNSUPPORTED_DEVICE",       # a tensor on a device the engine does not run on
-    "FALLBACK_UNSUPPORTED_DATA",         # an input/output/parameter type or dtype it cannot take
-    "FALLBACK_UNSUPPORTED_TORCH_MODEL",  # the module does what a traced graph cannot reproduce
-    "FALLBACK_UNSUPPORTED_ONNX_MODEL",   # export failed, or the engine cannot build/run the graph
-    "FALLBACK_BAD_INITIALIZATION",       # the C extension failed to load
-)
-
-
-def fallback_policy_from_env():
-    """ORTMODULE_FALLBACK_POLICY: ORT's policy names joined by '|' -> frozenset of names."""
-    text = os.environ.get("ORTMODULE_FALLBACK_POLICY", "").strip()
-    if not text:
-        return frozenset()
-    names = set()
-    for part in text.split("|"):
-        name = part.strip().rpartition(".")[2].upper()     # also "_FallbackPolicy.FALLBACK_..."
-        if name not in FALLBACK_POLICIES:
-            raise ValueError(f"ORTMODULE_FALLBACK_POLICY: unknown policy {part.strip()!r}; "
-                             f"valid names: {', '.join(FALLBACK_POLICIES)} (combine with '|')")
-        names.add(name)
-    if "FALLBACK_DISABLE" in names:
-        return frozenset()
-    return frozenset(names)
-
-
-def flag_from_env(name):
-    """An on/off environment variable (1/true/yes/on)."""
-    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-CAPTURE_PATHS = ("auto", "torchscript", "export")
-
-
-def capture_from_env(given):
-    """The capture path: the one given to DebugOptions, else ORTMOD_CAPTURE, else "auto"."""
-    text = (given or os.environ.get("ORTMOD_CAPTURE", "") or "auto").strip().lower()
-    if text not in CAPTURE_PATHS:
-        source = "DebugOptions(capture=...)" if given else "ORTMOD_CAPTURE"
-        raise ValueError(f"{source}: unknown capture path {text!r}; valid: {', '.join(CAPTURE_PATHS)}")
-    return text
-
-
-DEFAULT_MAX_CACHED_GRAPHS = 16
-DEFAULT_MAX_CACHED_PLANS = 32     # the engine's own default (csrc/exec/engine.c) too
-MAX_CACHE_LIMIT = 1 << 20
-
-
-def count_option(field, value, env, default):
-    """A cache limit: ``value`` when given (an int), else the environment variable ``env``,
-    else ``default``; a whole number in 1..2^20, or ValueError naming where it came from."""
-    if value is None:
-        text = os.environ.get(env, "").strip()
-        if not text:
-            return default
-        n = int(text) if text.isdigit() else 0
-        if not 1 <= n <= MAX_CACHE_LIMIT:
-            raise ValueError(f"{env}: {text!r} is not a whole number in 1..{MAX_CACHE_LIMIT}")
-        return n
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CACHE_LIMIT:
-        raise ValueError(f"DebugOptions.{field}: {value!r} is not a whole number in 1..{MAX_CACHE_LIMIT}")
-    return value
+def cache_limit(field, value):
+    """A cache limit: ``value`` when given (an int in 1..2^20, else ValueError naming the field),
+    else ortmod.options' (its environment variable, else the default)."""
+    if value is not None:
+        return _options._cache_limit(value, f"DebugOptions.{field}")
+    if field == "max_cached_plans":
+        try:
+            return options.max_cached_plans     # the engine's option
+        except ImportError:                     # no engine to use it: ORTModule falls back or raises
+            return _options.DEFAULT_MAX_CACHED_PLANS
+    return getattr(options, field)
 
 
 def log_level_from_env(default):
-    """ORTMODULE_LOG_LEVEL (VERBOSE/INFO/WARNING/ERROR/FATAL or 0-4) overrides ``default``."""
-    text = os.environ.get("ORTMODULE_LOG_LEVEL", "").strip()
-    if not text:
-        return default
-    try:
-        return LogLevel(int(text)) if text.lstrip("-").isdigit() else LogLevel[text.upper()]
-    except (KeyError, ValueError):
-        raise ValueError(f"ORTMODULE_LOG_LEVEL: unknown level {text!r}; valid: "
-                         f"{', '.join(v.name for v in LogLevel)} or 0-4") from None
+    """ORTMODULE_LOG_LEVEL (ortmod.options.log_level), where set, overrides ``default``."""
+    level = options.log_level
+    return default if level is None else level
 
 
 # --------------------------------------------------------------------------- change tracking
@@ -343,7 +283,7 @@ class ORTModule(torch.nn.Module):
         self._debug_options = debug_options
         configure(debug_options.log_level)
         self._original_module = module
-        self._ortmod_policy = fallback_policy_from_env()
+        self._ortmod_policy = options.fallback_policy
         self._ortmod_fallback = None          # why the module runs in PyTorch, once it does
         self._ortmod_export_count = 0
         self._ortmod_engine_count = 0

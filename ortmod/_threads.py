@@ -55,7 +55,8 @@ def share_torch_threads(C):
 
 
 def _share(C):
-    if os.environ.get("ORTMOD_THREADS", "own").lower() != "torch":
+    from ._options import options
+    if options.threads != "torch":
         C.use_openmp(None)
         return False
     path = _torch_openmp_library()

@@ -734,6 +734,7 @@ static PyType_Spec Stash_spec = {"ortmod._C.Stash", sizeof(StashObject), 0,
 /* ---- module --------------------------------------------------------------------- */
 
 extern PyMethodDef om_py_optim_methods[];   /* python/optim.c */
+extern PyMethodDef om_py_options_methods[]; /* python/options.c */
 
 /* op_table() -> list of (name, domain, has_gradient_rule): the engine's op table, for docs. */
 static PyObject *op_table(PyObject *m, PyObject *unused) {
@@ -820,6 +821,7 @@ static PyMethodDef module_methods[] = {
 
 static int module_exec(PyObject *m) {
     if (PyModule_AddFunctions(m, om_py_optim_methods) < 0) return -1;
+    if (PyModule_AddFunctions(m, om_py_options_methods) < 0) return -1;
     if (PyModule_AddFunctions(m, module_methods) < 0) return -1;
     module_state *ms = PyModule_GetState(m);
     ms->EngineType = PyType_FromModuleAndSpec(m, &Engine_spec, NULL);

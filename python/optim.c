@@ -250,6 +250,6 @@ PyMethodDef om_py_optim_methods[] = {
     {"optim_num_threads", py_optim_num_threads, METH_NOARGS,
      "optim_num_threads() -> int: threads the optimizer kernels use."},
     {"optim_set_num_threads", py_optim_set_num_threads, METH_O,
-     "optim_set_num_threads(n): threads for the optimizer kernels (0: default, $ORTMOD_NUM_THREADS or the CPUs)."},
+     "optim_set_num_threads(n): cap on the optimizer kernels' threads (0: none; also set_options(optim_num_threads=), ORTMOD_NUM_THREADS)."},
     {NULL, NULL, 0, NULL},
 };

@@ -17,3 +17,36 @@ def seeded():
     grad = torch.is_grad_enabled()
     yield 0
     torch.set_grad_enabled(grad)
+
+
+class _OrtmodEnv:
+    """monkeypatch.setenv/delenv for the variables ortmod reads: ortmod reads them once
+    (ortmod/_options.py), so each change is followed by ortmod.options.reload()."""
+
+    def __init__(self, monkeypatch):
+        self.monkeypatch = monkeypatch
+
+    def setenv(self, name, value):
+        self.monkeypatch.setenv(name, value)
+        _reload_options()
+
+    def delenv(self, name, raising=True):
+        self.monkeypatch.delenv(name, raising=raising)
+        _reload_options()
+
+    def __getattr__(self, name):      # setattr, setitem, ...: monkeypatch's own
+        return getattr(self.monkeypatch, name)
+
+
+def _reload_options():
+    from ortmod import options
+    options.reload()
+
+
+@pytest.fixture
+def ortmod_env(monkeypatch):
+    """Sets ortmod's environment variables for one test; afterwards the environment and
+    ortmod.options are as they were."""
+    yield _OrtmodEnv(monkeypatch)
+    monkeypatch.undo()
+    _reload_options()

@@ -120,16 +120,16 @@ def test_least_recently_used_export_is_the_one_dropped():
     assert len(m._ortmod_cache) == 2 and len(m._ortmod_exports) == 2
 
 
-def test_cache_limits_come_from_options_or_environment(monkeypatch):
+def test_cache_limits_come_from_options_or_environment(ortmod_env):
     assert DebugOptions().max_cached_graphs == 16 and DebugOptions().max_cached_plans == 32
-    monkeypatch.setenv("ORTMOD_MAX_CACHED_GRAPHS", "3")
-    monkeypatch.setenv("ORTMOD_MAX_CACHED_PLANS", "7")
+    ortmod_env.setenv("ORTMOD_MAX_CACHED_GRAPHS", "3")
+    ortmod_env.setenv("ORTMOD_MAX_CACHED_PLANS", "7")
     assert DebugOptions().max_cached_graphs == 3 and DebugOptions().max_cached_plans == 7
     assert DebugOptions(max_cached_plans=5).max_cached_plans == 5      # the option wins
-    monkeypatch.setenv("ORTMOD_MAX_CACHED_GRAPHS", "lots")
+    ortmod_env.setenv("ORTMOD_MAX_CACHED_GRAPHS", "lots")
     with pytest.raises(ValueError, match="ORTMOD_MAX_CACHED_GRAPHS: 'lots' is not a whole number in 1..1048576"):
         DebugOptions()
-    monkeypatch.delenv("ORTMOD_MAX_CACHED_GRAPHS")
+    ortmod_env.delenv("ORTMOD_MAX_CACHED_GRAPHS")
     for bad in (0, -1, 2.5, True, "4"):
         with pytest.raises(ValueError, match="DebugOptions.max_cached_plans"):
             DebugOptions(max_cached_plans=bad)

@@ -21,9 +21,9 @@ from test_semantics import rel_close, run_both
 
 
 @pytest.fixture(autouse=True)
-def export_path(monkeypatch):
-    monkeypatch.setenv("ORTMOD_CAPTURE", "export")
-    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
+def export_path(ortmod_env):
+    ortmod_env.setenv("ORTMOD_CAPTURE", "export")
+    ortmod_env.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
 
 
 def captured_with(model):
@@ -34,19 +34,19 @@ def captured_with(model):
 
 # ---- selection ----------------------------------------------------------------------------------
 
-def test_option_and_environment_pick_the_path(monkeypatch):
+def test_option_and_environment_pick_the_path(ortmod_env):
     assert DebugOptions().capture == "export"
     assert DebugOptions(capture="torchscript").capture == "torchscript"
-    monkeypatch.delenv("ORTMOD_CAPTURE")
+    ortmod_env.delenv("ORTMOD_CAPTURE")
     assert DebugOptions().capture == "auto"
-    monkeypatch.setenv("ORTMOD_CAPTURE", "jit")
+    ortmod_env.setenv("ORTMOD_CAPTURE", "jit")
     with pytest.raises(ValueError, match="ORTMOD_CAPTURE: unknown capture path 'jit'"):
         DebugOptions()
     with pytest.raises(ValueError, match=r"DebugOptions\(capture=...\): unknown capture path 'x'"):
         DebugOptions(capture="x")
 
 
-def test_each_path_is_used_when_picked(monkeypatch):
+def test_each_path_is_used_when_picked(ortmod_env):
     m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     a = ORTModule(copy.deepcopy(m))
     a(torch.randn(3, 4)).sum().backward()
@@ -302,17 +302,17 @@ def test_a_forward_mutating_a_buffer_updates_it_as_eager_does():
 
 # ---- automatic fallback --------------------------------------------------------------------------
 
-def _without_torchscript_exporter(monkeypatch):
+def _without_torchscript_exporter(ortmod_env):
     """Make the TorchScript exporter unavailable, as a torch that removed it would: importing it
     (or any of its modules) raises ImportError."""
     for name in [n for n in sys.modules if n.startswith("torch.onnx._internal.torchscript_exporter")]:
-        monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.setitem(sys.modules, "torch.onnx._internal.torchscript_exporter", None)
+        ortmod_env.setitem(sys.modules, name, None)
+    ortmod_env.setitem(sys.modules, "torch.onnx._internal.torchscript_exporter", None)
 
 
-def test_without_the_torchscript_exporter_auto_captures_with_torch_export(monkeypatch):
-    monkeypatch.delenv("ORTMOD_CAPTURE")
-    _without_torchscript_exporter(monkeypatch)
+def test_without_the_torchscript_exporter_auto_captures_with_torch_export(ortmod_env):
+    ortmod_env.delenv("ORTMOD_CAPTURE")
+    _without_torchscript_exporter(ortmod_env)
     with pytest.raises(ImportError):
         from torch.onnx._internal.torchscript_exporter import utils  # noqa: F401
     sys.path.insert(0, "demo")
@@ -333,15 +333,15 @@ def test_without_the_torchscript_exporter_auto_captures_with_torch_export(monkey
     assert losses_o[-1] < losses_o[0]
 
 
-def test_torchscript_selected_without_its_exporter_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("ORTMOD_CAPTURE", "torchscript")
-    _without_torchscript_exporter(monkeypatch)
+def test_torchscript_selected_without_its_exporter_is_a_clear_error(ortmod_env):
+    ortmod_env.setenv("ORTMOD_CAPTURE", "torchscript")
+    _without_torchscript_exporter(ortmod_env)
     with pytest.raises((ImportError, ortmod.ExportError)):
         ORTModule(nn.Linear(3, 3))(torch.randn(2, 3))
 
 
-def test_auto_falls_back_when_the_torchscript_export_fails(monkeypatch):
-    monkeypatch.setenv("ORTMOD_CAPTURE", "auto")
+def test_auto_falls_back_when_the_torchscript_export_fails(ortmod_env):
+    ortmod_env.setenv("ORTMOD_CAPTURE", "auto")
 
     class RMS(nn.Module):          # the TorchScript exporter has no rms_norm at opset 20
         def __init__(self):

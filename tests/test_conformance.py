@@ -88,8 +88,8 @@ def test_harness_reports_a_wrong_result_as_mismatch(detach_b, what):
     assert what in [d["what"] for d in rec["diffs"]], rec["diffs"]
 
 
-def test_harness_refuses_a_fallback_policy(monkeypatch):
-    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
+def test_harness_refuses_a_fallback_policy(ortmod_env):
+    ortmod_env.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_ONNX_MODEL")
     case = harness.Case("self-test", torch.nn.Linear(2, 2), ((torch.randn(3, 2),), {}), torch.float32, training=True)
     with pytest.raises(RuntimeError, match="FALLBACK_POLICY"):
         harness.run_case(case)

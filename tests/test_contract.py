@@ -398,8 +398,8 @@ class ReturnsObject(nn.Module):
         return self.lin(x), self.Cache()
 
 
-def test_default_policy_raises_naming_the_cause(monkeypatch):
-    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
+def test_default_policy_raises_naming_the_cause(ortmod_env):
+    ortmod_env.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
     x = torch.randn(2, 4)
     with pytest.raises(ortmod.UnsupportedOpError, match="Det"):
         ORTModule(WithDet())(x)
@@ -419,8 +419,8 @@ def test_default_policy_raises_naming_the_cause(monkeypatch):
     ("FALLBACK_UNSUPPORTED_DATA", lambda: nn.Linear(4, 2), torch.randn(2, 4, dtype=torch.complex64)),
     ("FALLBACK_UNSUPPORTED_DEVICE", lambda: nn.Linear(4, 2), torch.randn(2, 4, device="meta")),
 ])
-def test_fallback_policy_runs_pytorch_with_one_warning(monkeypatch, policy, module, x):
-    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", policy)
+def test_fallback_policy_runs_pytorch_with_one_warning(ortmod_env, policy, module, x):
+    ortmod_env.setenv("ORTMODULE_FALLBACK_POLICY", policy)
     torch.manual_seed(0)
     inner = module()
     if x.is_complex() or x.device.type == "meta":
@@ -439,20 +439,20 @@ def test_fallback_policy_runs_pytorch_with_one_warning(monkeypatch, policy, modu
         assert next(inner.parameters()).grad is not None
 
 
-def test_fallback_policy_only_covers_the_named_category(monkeypatch):
-    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_DATA")
+def test_fallback_policy_only_covers_the_named_category(ortmod_env):
+    ortmod_env.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_DATA")
     with pytest.raises(ortmod.UnsupportedOpError):
         ORTModule(WithDet())(torch.randn(2, 4))
-    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE|FALLBACK_UNSUPPORTED_ONNX_MODEL")
+    ortmod_env.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE|FALLBACK_UNSUPPORTED_ONNX_MODEL")
     with pytest.raises(ortmod.UnsupportedOpError):
         ORTModule(WithDet())(torch.randn(2, 4))
-    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_NOPE")
+    ortmod_env.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_NOPE")
     with pytest.raises(ValueError, match="unknown policy 'FALLBACK_NOPE'"):
         ORTModule(WithDet())
 
 
-def test_export_failure_is_an_export_error(monkeypatch):
-    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
+def test_export_failure_is_an_export_error(ortmod_env):
+    ortmod_env.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
 
     class FFT(nn.Module):
         def forward(self, x):
@@ -462,19 +462,19 @@ def test_export_failure_is_an_export_error(monkeypatch):
         ORTModule(FFT())(torch.randn(2, 8))
 
 
-def test_log_level_from_environment(monkeypatch):
+def test_log_level_from_environment(ortmod_env):
     import logging
     from ortmod import DebugOptions, LogLevel
-    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    ortmod_env.setenv("ORTMODULE_LOG_LEVEL", "INFO")
     model = ORTModule(Custom(), DebugOptions(log_level=LogLevel.WARNING))
     assert model._debug_options.log_level == LogLevel.INFO
     assert logging.getLogger("ortmod").level == logging.INFO
-    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "3")
+    ortmod_env.setenv("ORTMODULE_LOG_LEVEL", "3")
     assert ORTModule(Custom())._debug_options.log_level == LogLevel.ERROR
-    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "LOUD")
+    ortmod_env.setenv("ORTMODULE_LOG_LEVEL", "LOUD")
     with pytest.raises(ValueError, match="ORTMODULE_LOG_LEVEL"):
         ORTModule(Custom())
-    monkeypatch.delenv("ORTMODULE_LOG_LEVEL")
+    ortmod_env.delenv("ORTMODULE_LOG_LEVEL")
     ORTModule(Custom())                              # back to WARNING for the other tests
 
 

@@ -46,11 +46,11 @@ def test_info_level_logs_the_summary_once(caplog):
     assert "forward ops:" in summaries[0].getMessage()
 
 
-def test_profiler_times_every_kernel_by_op_and_phase(monkeypatch):
+def test_profiler_times_every_kernel_by_op_and_phase(ortmod_env):
     """ORTMOD_PROFILE=1 (or Engine.set_profiling): the report's "profile" holds per-op CPU
     kernel time for forward and backward, and explain prints it."""
     from ortmod._explain import engine_reports, summarize
-    monkeypatch.setenv("ORTMOD_PROFILE", "1")
+    ortmod_env.setenv("ORTMOD_PROFILE", "1")
     torch.manual_seed(0)
     model = ORTModule(Net())
     x, y = torch.randn(64, 8), torch.randint(0, 4, (64,))

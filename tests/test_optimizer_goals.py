@@ -10,11 +10,11 @@ from ortmod import ORTModule
 transformers = pytest.importorskip("transformers")
 
 
-def gpt2_step(monkeypatch, disable):
+def gpt2_step(ortmod_env, disable):
     if disable:
-        monkeypatch.setenv("ORTMOD_DISABLE_PASSES", disable)
+        ortmod_env.setenv("ORTMOD_DISABLE_PASSES", disable)
     else:
-        monkeypatch.delenv("ORTMOD_DISABLE_PASSES", raising=False)
+        ortmod_env.delenv("ORTMOD_DISABLE_PASSES", raising=False)
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64,
                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -30,9 +30,9 @@ def gpt2_step(monkeypatch, disable):
     return report, out.loss.detach(), grads
 
 
-def test_gpt2_tiny_fewer_nodes_and_kernels_same_results(monkeypatch):
-    on, loss_on, g_on = gpt2_step(monkeypatch, "")
-    off, loss_off, g_off = gpt2_step(monkeypatch, "all")
+def test_gpt2_tiny_fewer_nodes_and_kernels_same_results(ortmod_env):
+    on, loss_on, g_on = gpt2_step(ortmod_env, "")
+    off, loss_off, g_off = gpt2_step(ortmod_env, "all")
     assert off["optimized_nodes"] == off["exported_nodes"]
     assert on["optimized_nodes"] <= 0.7 * on["exported_nodes"], (on["exported_nodes"], on["optimized_nodes"])
     kernels_on = on["plans"][0]["forward_kernels"] + on["plans"][0]["backward_kernels"]

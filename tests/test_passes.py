@@ -1,7 +1,7 @@
 """Fusion passes: each applied to small graphs built with onnx.helper. For each, the pass
 must fire (the optimized forward shows the fused op) and the forward outputs and every
 gradient must equal those of the same model with that pass switched off
-(ORTMOD_DISABLE_PASSES=<name>, read when the Engine is created). Patterns that do not
+(ortmod.options.disable_passes, ORTMOD_DISABLE_PASSES=<name>: read when the Engine is created). Patterns that do not
 match exactly must be left alone."""
 import json
 import os
@@ -13,24 +13,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from oputil import run
-from ortmod import _C
+from ortmod import _C, options
 
 F32 = TensorProto.FLOAT
 
 
-class _Disabled:
-    def __init__(self, names):
-        self.names = names
-
-    def __enter__(self):
-        self.old = os.environ.get("ORTMOD_DISABLE_PASSES")
-        os.environ["ORTMOD_DISABLE_PASSES"] = self.names
-
-    def __exit__(self, *a):
-        if self.old is None:
-            os.environ.pop("ORTMOD_DISABLE_PASSES", None)
-        else:
-            os.environ["ORTMOD_DISABLE_PASSES"] = self.old
+def _Disabled(names):
+    """The passes named are skipped by the engines created in the block."""
+    return options.overridden(disable_passes=names)
 
 
 def model(nodes, inputs, outputs, inits=(), opset=20):

@@ -26,8 +26,8 @@ class Block(nn.Module):
         return F.cross_entropy(self.head(x).reshape(-1, 5), y.reshape(-1))
 
 
-def run(level, monkeypatch, base):
-    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
+def run(level, ortmod_env, base):
+    ortmod_env.setenv("ORTMODULE_MEMORY_OPT_LEVEL", str(level))
     model = ORTModule(copy.deepcopy(base))
     torch.manual_seed(1)
     x, y = torch.randn(4, 8, 32), torch.randint(0, 5, (4, 8))
@@ -39,14 +39,14 @@ def run(level, monkeypatch, base):
     return loss.detach(), grads, report
 
 
-def test_recompute_levels_same_results_less_stash(monkeypatch):
+def test_recompute_levels_same_results_less_stash(ortmod_env):
     torch.manual_seed(0)
     base = Block()
-    loss0, g0, r0 = run(0, monkeypatch, base)
+    loss0, g0, r0 = run(0, ortmod_env, base)
     assert r0["recomputed_nodes"] == 0
     stash = {0: r0["plans"][0]["stash_bytes"]}
     for level in (1, 2):
-        loss, g, r = run(level, monkeypatch, base)
+        loss, g, r = run(level, ortmod_env, base)
         assert r["memory_opt_level"] == level
         assert r["recomputed_nodes"] > 0, f"level {level} recomputed nothing"
         torch.testing.assert_close(loss, loss0, rtol=1e-6, atol=1e-7)
@@ -57,8 +57,8 @@ def test_recompute_levels_same_results_less_stash(monkeypatch):
     assert stash[2] < stash[1], stash
 
 
-def test_bad_level_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "7")
+def test_bad_level_is_a_clear_error(ortmod_env):
+    ortmod_env.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "7")
     model = ORTModule(Block())
     with pytest.raises(Exception, match="memory optimization level 7"):
         model(torch.randn(2, 3, 32), torch.randint(0, 5, (2, 3)))

@@ -362,8 +362,8 @@ def test_sdpa_enable_gqa(causal):
     run_both(GroupedQueryAttention(causal), torch.randn(2, 5, 8))
 
 
-def test_strict_trace_from_the_environment(monkeypatch):
-    monkeypatch.setenv("ORTMOD_STRICT_TRACE", "1")
+def test_strict_trace_from_the_environment(ortmod_env):
+    ortmod_env.setenv("ORTMOD_STRICT_TRACE", "1")
     with pytest.raises(ortmod.UnsupportedModelError, match="strict_trace"):
         ORTModule(ItemScale())(torch.randn(3, 4))
 

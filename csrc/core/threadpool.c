@@ -11,6 +11,7 @@
  * then yielding: on a loaded machine a preempted worker must get the CPU back.
  */
 #include "core/threadpool.h"
+#include "core/options.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -62,12 +63,12 @@ static _Thread_local int tls_in_parallel;
 static _Thread_local int tls_range;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
+/* 1 while om_set_num_threads holds a count of its own: the options' default then waits */
+static atomic_int explicit_count;
+
 static int default_threads(void) {
-    const char *e = getenv("OMP_NUM_THREADS");
-    if (e && *e) {
-        int v = atoi(e);
-        if (v > 0) return v < MAX_THREADS ? v : MAX_THREADS;
-    }
+    int v = om_options_num_threads();   /* OMP_NUM_THREADS, ortmod_options.h */
+    if (v > 0) return v < MAX_THREADS ? v : MAX_THREADS;
     int n = 0;
 #ifdef CPU_COUNT
     cpu_set_t set;
@@ -306,6 +307,7 @@ void om_pool_run(int64_t n, int R, om_pool_fn fn, void *ctx) {
 
 /* Cheap when nothing changes (the binding may call it before every step). */
 __attribute__((visibility("default"))) void om_set_num_threads(int n) {
+    atomic_store(&explicit_count, n >= 1);
     if (n < 1) n = default_threads();
     if (n > MAX_THREADS) n = MAX_THREADS;
     if (atomic_load(&P.nthreads) != n) {
@@ -317,3 +319,7 @@ __attribute__((visibility("default"))) void om_set_num_threads(int n) {
 }
 
 __attribute__((visibility("default"))) int om_get_num_threads(void) { return threads_wanted(); }
+
+void om_pool_default_changed(void) {
+    if (!atomic_load(&explicit_count) && atomic_load(&P.nthreads)) om_set_num_threads(0);
+}

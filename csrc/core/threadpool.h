@@ -20,7 +20,7 @@
  *   - The thread count follows om_set_num_threads (public, ortmod.h). BLAS itself runs
  *     single-threaded: om_gemm (ops/gemm.h) shares big products out over this pool, so
  *     the process holds one team of threads, not two fighting for the cores.
- *     Default: OMP_NUM_THREADS when set, else the CPUs this process may run on.
+ *     Default: om_options.num_threads (OMP_NUM_THREADS) when set, else the CPUs this process may run on.
  */
 #ifndef OM_THREADPOOL_H
 #define OM_THREADPOOL_H
@@ -47,6 +47,8 @@ int om_pool_ranges(int64_t n, int64_t grain);
  * the pool meanwhile). R < 1 counts as 1; R > n as n. */
 void om_pool_run(int64_t n, int R, om_pool_fn fn, void *ctx);
 int om_pool_range_id(void);
+/* The options' num_threads changed (ortmod_options.h): a pool on its default takes the new one. */
+void om_pool_default_changed(void);
 
 /* 1 inside a parallel range (nested calls run serially). */
 int om_pool_in_parallel(void);

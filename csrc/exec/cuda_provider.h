@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define OM_CUDA_ABI 3
+#define OM_CUDA_ABI 4
 
 typedef struct om_cuda_host {
     int abi;
@@ -47,6 +47,9 @@ typedef struct om_cuda_host {
     const char *(*attr_string)(const om_node *n, const char *name, const char *dflt);
     int (*attr_ints)(const om_node *n, const char *name, const int64_t **vals);
     int (*attr_strings)(const om_node *n, const char *name, const char *const **vals);   /* ABI 3: RNN's activations */
+    /* ABI 4: 1 when attention must take the cuBLAS path with materialized scores (om_options.cuda_attention,
+     * ORTMOD_CUDA_ATTENTION); asked per call, so a process can compare the two paths */
+    int (*attention_materialized)(void);
 } om_cuda_host;
 
 typedef struct om_cuda_exec {

@@ -1,11 +1,12 @@
 /* device.c — loading the CUDA execution provider and the device parts of a plan.
  *
  * ortmod/libortmod_cuda.so is looked for next to the module that holds this code (the
- * ortmod._C extension, found with dladdr), or where ORTMOD_CUDA_LIBRARY points. It is loaded
+ * ortmod._C extension, found with dladdr), or where om_options.cuda_library (ORTMOD_CUDA_LIBRARY) points. It is loaded
  * once, on the first CUDA tensor, and never unloaded (DLPack deleters may call into it until
  * the process exits). A CPU-only process never loads it.
  */
 #include "exec/device.h"
+#include "core/options.h"
 #include "plan/plan.h"
 
 #include <dlfcn.h>
@@ -28,9 +29,11 @@ static om_status *host_error(om_code code, const char *fmt, ...) {
 
 static void cuda_load(void) {
     char path[4096];
-    const char *env = getenv("ORTMOD_CUDA_LIBRARY");
-    if (env && *env) {
-        snprintf(path, sizeof path, "%s", env);
+    om_options conf;
+    om_status_free(om_options_get(&conf));   /* a bad variable is om_engine_create's to report */
+    om_options_note_cuda_loaded();
+    if (conf.cuda_library[0]) {
+        snprintf(path, sizeof path, "%s", conf.cuda_library);
     } else {
         Dl_info info;
         if (!dladdr((void *)&cuda_load, &info) || !info.dli_fname) {
@@ -64,6 +67,7 @@ static void cuda_load(void) {
     static const om_cuda_host host = {
         .abi = OM_CUDA_ABI, .error = host_error, .attr_int = om_attr_int, .attr_float = om_attr_float,
         .attr_string = om_attr_string, .attr_ints = om_attr_ints, .attr_strings = om_attr_strings,
+        .attention_materialized = om_options_cuda_attention_materialized,
     };
     om_status *st = p->init(&host);
     if (st) {

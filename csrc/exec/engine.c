@@ -1,6 +1,7 @@
 /* engine.c — the public API: compile once, plan per shape set, run forward and backward
  * on the CPU execution provider, or on the CUDA one (exec/device.h) for CUDA inputs. */
 #include "autodiff/autodiff.h"
+#include "core/options.h"
 #include "exec/device.h"
 #include "passes/pass.h"
 #include "plan/backward_variants.h"
@@ -24,7 +25,6 @@ typedef struct plan_slot {
     struct plan_slot *newer, *older;    /* the LRU list */
 } plan_slot;
 
-#define OM_DEFAULT_MAX_PLANS 32
 
 struct om_engine {
     om_graph *g;
@@ -113,18 +113,10 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
     e->log_level = opt->log_level;
     e->seed = opt->seed;
     om_status *st = NULL;
-    e->max_plans = opt->max_plans;
-    if (e->max_plans == 0) {
-        const char *env = getenv("ORTMOD_MAX_CACHED_PLANS");
-        char *end = NULL;
-        long v = env && *env ? strtol(env, &end, 10) : OM_DEFAULT_MAX_PLANS;
-        if (env && *env && (*end || v <= 0 || v > 1 << 20)) {
-            st = om_error(OM_INVALID_ARGUMENT, "ORTMOD_MAX_CACHED_PLANS: '%s' is not a number of plans in 1..%d",
-                          env, 1 << 20);
-            goto fail;
-        }
-        e->max_plans = (int)v;
-    }
+    /* the environment's settings (read once, ortmod_options.h): a bad variable refuses every engine */
+    om_options conf;
+    if ((st = om_options_get(&conf))) goto fail;
+    e->max_plans = opt->max_plans ? opt->max_plans : conf.max_cached_plans;
     if (e->max_plans < 0 || e->max_plans > 1 << 20) {
         st = om_error(OM_INVALID_ARGUMENT, "max_plans: %d is not in 1..%d (0: the default)", e->max_plans, 1 << 20);
         goto fail;
@@ -151,19 +143,15 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
     logf_(e, OM_LOG_INFO, "imported %d nodes, %d inputs, %d outputs (opset %d)", g->n_nodes, g->n_inputs,
           g->n_outputs, g->opset);
     e->n_exported_nodes = g->n_nodes;
-    if ((st = om_run_passes(g, OM_PASS_FORWARD, &e->pass_log))) goto fail;
+    if ((st = om_run_passes(g, OM_PASS_FORWARD, conf.disable_passes, &e->pass_log))) goto fail;
     e->n_optimized_nodes = g->n_nodes;
     logf_(e, OM_LOG_INFO, "forward passes: %d nodes -> %d", e->n_exported_nodes, g->n_nodes);
     if (e->has_backward) {
         if ((st = om_autodiff(g, e->grad_inputs))) goto fail;
         logf_(e, OM_LOG_INFO, "autodiff added %d backward nodes", g->n_nodes - g->n_fwd_nodes);
-        if ((st = om_run_passes(g, OM_PASS_JOINT, &e->pass_log))) goto fail;
+        if ((st = om_run_passes(g, OM_PASS_JOINT, conf.disable_passes, &e->pass_log))) goto fail;
         logf_(e, OM_LOG_INFO, "joint passes: %d forward + %d backward nodes", g->n_fwd_nodes, g->n_nodes - g->n_fwd_nodes);
-        int level = opt->memory_opt_level;
-        if (level < 0) {
-            const char *env = getenv("ORTMODULE_MEMORY_OPT_LEVEL");
-            level = env && *env ? atoi(env) : 0;
-        }
+        int level = opt->memory_opt_level < 0 ? conf.memory_opt_level : opt->memory_opt_level;
         if (level < 0 || level > 2) {
             st = om_error(OM_INVALID_ARGUMENT, "memory optimization level %d is not 0, 1 or 2", level);
             goto fail;
@@ -177,8 +165,7 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
         g->n_fwd_nodes = g->n_nodes;
     }
     if ((st = check_compiled_attrs(g))) goto fail;
-    const char *prof = getenv("ORTMOD_PROFILE");
-    if (prof && *prof && strcmp(prof, "0") != 0) om_engine_set_profiling(e, true);
+    if (conf.profile) om_engine_set_profiling(e, true);
     *out = e;
     return NULL;
 fail:

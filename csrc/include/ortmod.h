@@ -104,7 +104,7 @@ void  om_alloc_stats(size_t *calls, size_t *bytes);
 
 /* ---- threads --------------------------------------------------------------------- */
 /* Threads the CPU kernels use, the calling thread included; n < 1 restores the default
- * (OMP_NUM_THREADS, else the CPUs this process may run on). Also sets OpenBLAS's count,
+ * (om_options.num_threads, i.e. OMP_NUM_THREADS, else the CPUs this process may run on). Also sets OpenBLAS's count,
  * so BLAS and the kernels share one budget. The binding calls it with
  * torch.get_num_threads() so that torch, BLAS and the engine agree. */
 void om_set_num_threads(int n);
@@ -154,9 +154,9 @@ typedef struct om_engine_options {
     void *log_user;
     uint64_t seed;              /* for random ops (Dropout) */
     int memory_opt_level;       /* 0 stash all, 1 recompute cheap activations, 2 recompute layers;
-                                   -1 (the default): ORTMODULE_MEMORY_OPT_LEVEL or 0 */
+                                   -1 (the default): om_options.memory_opt_level (ORTMODULE_MEMORY_OPT_LEVEL) */
     int max_plans;              /* plans (one per input shape set) kept, least recently used evicted;
-                                   0 (the default): ORTMOD_MAX_CACHED_PLANS or 32 */
+                                   0 (the default): om_options.max_cached_plans (ORTMOD_MAX_CACHED_PLANS) */
     om_callback_fn callback;    /* runs PythonOp nodes; NULL: a model holding one is refused */
     void *callback_user;
 } om_engine_options;
@@ -195,7 +195,7 @@ const char *om_engine_report_json(om_engine *eng);
 
 /* Per-op wall time of the CPU kernels (forward and backward apart), reported under
  * "profile" in the JSON report. Turning it on (again) resets the counters; off by default,
- * on at creation when ORTMOD_PROFILE is set to anything but 0. */
+ * on at creation when om_options.profile is (ORTMOD_PROFILE=1, ortmod_options.h). */
 void om_engine_set_profiling(om_engine *eng, bool on);
 
 /* Random ops draw from a stream keyed by (seed, forward-call counter, node): saving the

@@ -73,9 +73,9 @@ om_status *om_grads_check_and_norm_on(int n, const om_tensor *grads, float scale
 om_status *om_grads_scale_on(int n, om_tensor *grads, float factor, void *stream);
 om_status *om_grads_copy_scaled_on(int n, const om_tensor *src, om_tensor *dst, float factor, void *stream);
 
-/* Threads the optimizer kernels split large calls over (pthreads; small calls stay on the
- * calling thread). Default: $ORTMOD_NUM_THREADS, else the CPUs this process may run on.
- * set(0) restores the default. */
+/* Threads the optimizer kernels split large calls over (the engine's pool; small calls stay on
+ * the calling thread): the pool's count, capped by om_options.optim_num_threads
+ * (ORTMOD_NUM_THREADS, ortmod_options.h). set(n) sets that cap (clamped to 0..64; 0: no cap). */
 int  om_optim_num_threads(void);
 void om_optim_set_num_threads(int n);
 

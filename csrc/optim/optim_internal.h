@@ -53,8 +53,8 @@ void om_visit_pieces(const int64_t *offsets, int n, int64_t begin, int64_t end, 
 
 /* ---- parallel for ------------------------------------------------------------------
  * Splits [0, total) into contiguous parts (multiples of 64 elements, each at least grain
- * elements; at most OM_OPTIM_MAX_PARTS, or the cap om_optim_set_num_threads /
- * ORTMOD_NUM_THREADS set) and runs fn on each, on the engine's thread pool. Parts are
+ * elements; at most OM_OPTIM_MAX_PARTS, or the cap of om_options.optim_num_threads) and
+ * runs fn on each, on the engine's thread pool. Parts are
  * numbered in order of begin. Returns the number of parts; fn(ctx, part, begin, end). */
 #define OM_OPTIM_MAX_PARTS 64
 typedef void (*om_range_fn)(void *ctx, int part, int64_t begin, int64_t end);

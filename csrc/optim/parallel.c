@@ -8,31 +8,20 @@
 
 #include <stdlib.h>
 
+#include "core/options.h"
 #include "core/threadpool.h"
 
 #define PART_UNIT 64
 
-static int g_max_parts = -1;   /* -1: not decided yet; 0: no cap beyond the pool's */
-
-static int max_parts(void) {
-    int n = __atomic_load_n(&g_max_parts, __ATOMIC_RELAXED);
-    if (n < 0) {
-        const char *env = getenv("ORTMOD_NUM_THREADS");
-        n = env && *env && atoi(env) > 0 ? atoi(env) : 0;
-        __atomic_store_n(&g_max_parts, n, __ATOMIC_RELAXED);
-    }
-    return n;
-}
+/* om_options.optim_num_threads (ORTMOD_NUM_THREADS); 0: no cap beyond the pool's */
+static int max_parts(void) { return om_options_optim_num_threads(); }
 
 int om_optim_num_threads(void) {
     int cap = max_parts(), pool = om_get_num_threads();
     return cap && cap < pool ? cap : pool;
 }
 
-void om_optim_set_num_threads(int n) {
-    if (n > OM_OPTIM_MAX_PARTS) n = OM_OPTIM_MAX_PARTS;
-    __atomic_store_n(&g_max_parts, n > 0 ? n : 0, __ATOMIC_RELAXED);
-}
+void om_optim_set_num_threads(int n) { om_options_set_optim_num_threads(n > OM_OPTIM_MAX_PARTS ? OM_OPTIM_MAX_PARTS : n); }
 
 typedef struct pool_job {
     void *ctx;
@@ -51,7 +40,7 @@ int om_parallel_for(int64_t total, int64_t grain, void *ctx, om_range_fn fn) {
     if (grain < PART_UNIT) grain = PART_UNIT;
     const int64_t units = (total + PART_UNIT - 1) / PART_UNIT;
     int parts = om_pool_ranges(units, grain / PART_UNIT);
-    const int cap = max_parts() ? max_parts() : OM_OPTIM_MAX_PARTS;
+    const int cap_option = max_parts(), cap = cap_option ? cap_option : OM_OPTIM_MAX_PARTS;
     if (parts > cap) parts = cap;
     if (parts <= 1) {
         fn(ctx, 0, 0, total);

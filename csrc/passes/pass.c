@@ -28,11 +28,10 @@ static const om_pass passes[] = {
     {"dce", OM_PASS_FORWARD | OM_PASS_JOINT, om_pass_dce},
 };
 
-int om_pass_disabled(const char *name) {
-    const char *env = getenv("ORTMOD_DISABLE_PASSES");
-    if (!env || !*env) return 0;
+/* disabled: om_options.disable_passes, names already checked by the options (ortmod_options.h). */
+static int pass_disabled(const char *disabled, const char *name) {
     size_t n = strlen(name);
-    for (const char *p = env; *p;) {
+    for (const char *p = disabled; *p;) {
         while (*p == ',' || *p == ' ') p++;
         const char *e = p;
         while (*e && *e != ',' && *e != ' ') e++;
@@ -41,6 +40,19 @@ int om_pass_disabled(const char *name) {
         p = e;
     }
     return 0;
+}
+
+int om_pass_known(const char *name, size_t len) {
+    for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++)
+        if (strlen(passes[i].name) == len && strncmp(passes[i].name, name, len) == 0) return 1;
+    return 0;
+}
+
+void om_pass_list(char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof passes / sizeof passes[0] && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", passes[i].name);
 }
 
 void om_pass_fired(om_pass_ctx *c, const char *node_name) {
@@ -69,10 +81,10 @@ static int live_nodes(const om_graph *g) {
     return n;
 }
 
-om_status *om_run_passes(om_graph *g, int stage, om_pass_log *log) {
+om_status *om_run_passes(om_graph *g, int stage, const char *disabled, om_pass_log *log) {
     for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++) {
         const om_pass *p = &passes[i];
-        if (!(p->stages & (unsigned)stage) || om_pass_disabled(p->name)) continue;
+        if (!(p->stages & (unsigned)stage) || pass_disabled(disabled, p->name)) continue;
         om_pass_ctx *c = calloc(1, sizeof *c);
         if (!c) return om_error(OM_OUT_OF_MEMORY, "out of memory in passes");
         c->g = g;

@@ -3,7 +3,7 @@
  * A pass rewrites the graph in place (graph/rewrite.c) and notes what it did in the
  * report. Passes run on the forward graph before autodiff (stage OM_PASS_FORWARD) and
  * some again on the joint forward+backward graph (OM_PASS_JOINT). Every pass can be
- * switched off by name: ORTMOD_DISABLE_PASSES=cse,bias_gelu (or "all").
+ * switched off by name: ORTMOD_DISABLE_PASSES=cse,bias_gelu (or "all"; om_options.disable_passes).
  *
  * Adding a pass: one file in passes/, one line in the pass list in passes/pass.c.
  */
@@ -34,11 +34,14 @@ typedef struct om_pass {
 /* Records that the pass fired at node name (for the report). */
 void om_pass_fired(om_pass_ctx *c, const char *node_name);
 
-/* Runs every enabled pass of the stage, in order; appends to log. */
-om_status *om_run_passes(om_graph *g, int stage, om_pass_log *log);
+/* Runs the passes of the stage, in order, but those named in disabled (om_options.disable_passes:
+ * names separated by ',' or ' ', or "all"); appends to log. */
+om_status *om_run_passes(om_graph *g, int stage, const char *disabled, om_pass_log *log);
 void om_pass_log_free(om_pass_log *log);
-/* 1 when the pass is switched off by ORTMOD_DISABLE_PASSES. */
-int om_pass_disabled(const char *name);
+/* 1 when the first len characters of name are a pass's name (for the options' checks). */
+int om_pass_known(const char *name, size_t len);
+/* The passes' names, ", "-separated, into buf (truncated to cap). */
+void om_pass_list(char *buf, size_t cap);
 
 /* The passes (one file each). */
 om_status *om_pass_constant_folding(om_pass_ctx *c);

@@ -270,8 +270,20 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ortmod-train: error: --model is required (see --help)\n");
         rc = 2;
     }
-    const char *delay = getenv("ORTMOD_RUNNER_DEBUG_STEP_DELAY_MS");   /* testing aid */
-    if (delay) p.debug_step_delay_ms = atoi(delay);
+    /* A testing aid of this program's own (the SIGKILL-and-resume test), read here like its
+     * command line rather than through om_options: the engine library never sees it. */
+    const char *delay = getenv("ORTMOD_RUNNER_DEBUG_STEP_DELAY_MS");
+    if (!rc && delay && *delay) {
+        char *end = NULL;
+        long ms = strtol(delay, &end, 10);
+        if (*end || ms < 0 || ms > 3600000) {
+            fprintf(stderr, "ortmod-train: error: ORTMOD_RUNNER_DEBUG_STEP_DELAY_MS: '%s' is not milliseconds in "
+                    "0..3600000\n", delay);
+            rc = 2;
+        } else {
+            p.debug_step_delay_ms = (int)ms;
+        }
+    }
     if (rc) {
         free(wt);
         free(wnt);

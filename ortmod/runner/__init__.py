@@ -91,11 +91,17 @@ def read_shards(directory):
 
 
 def find_binary():
-    """The path of the compiled ortmod-train: ``ORTMOD_TRAIN_BINARY``, else ortmod/bin/ (where the
-    build installs it: a wheel, or ``make build`` into the source tree). None when missing."""
+    """The path of the compiled ortmod-train: ortmod.options.train_binary (ORTMOD_TRAIN_BINARY)
+    when set (ValueError when that is no executable file), else ortmod/bin/ (where the build
+    installs it: a wheel, or ``make build`` into the source tree). None when missing."""
+    from ortmod._options import options
+    chosen = options.train_binary
+    if chosen is not None:
+        if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+            raise ValueError(f"ORTMOD_TRAIN_BINARY: {chosen!r} is not an executable file")
+        return chosen
     here = os.path.dirname(os.path.abspath(__file__))
-    for cand in (os.environ.get("ORTMOD_TRAIN_BINARY"),
-                 os.path.join(os.path.dirname(here), "bin", "ortmod-train")):
+    for cand in (os.path.join(os.path.dirname(here), "bin", "ortmod-train"),):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None

@@ -399,17 +399,8 @@ def cases_half():
 
 
 def flash_matches_materialized(H, dt):
-    """test_half_cuda.test_flash_attention_matches_the_materialized_path without pytest's monkeypatch."""
-    class Env:
-        def setenv(self, k, v):
-            os.environ[k] = v
-
-        def delenv(self, k):
-            os.environ.pop(k, None)
-    try:
-        H.test_flash_attention_matches_the_materialized_path(dt, Env())
-    finally:
-        os.environ.pop("ORTMOD_CUDA_ATTENTION", None)
+    """test_half_cuda.test_flash_attention_matches_the_materialized_path."""
+    H.test_flash_attention_matches_the_materialized_path(dt)
 
 
 def recurrent_gradient_rounds_once(cell, dt):

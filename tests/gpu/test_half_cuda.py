@@ -13,6 +13,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+import ortmod
 from ortmod import ORTModule, _C
 from ortmod.optim import FP16_Optimizer
 
@@ -299,15 +300,14 @@ def test_flash_attention_half(case, dt):
 
 
 @pytest.mark.parametrize("dt", HALF)
-def test_flash_attention_matches_the_materialized_path(dt, monkeypatch):
+def test_flash_attention_matches_the_materialized_path(dt):
     """The same call through flash.cu and through attention.cu's cuBLAS path (forced with
-    ORTMOD_CUDA_ATTENTION=materialized): the two agree to the half format's rounding."""
+    ortmod.options.cuda_attention, ORTMOD_CUDA_ATTENTION=materialized): the two agree to the half format's rounding."""
     inputs = attention_inputs((2, 2), 50, 50, 64, 64, dropout=0.2)
     attrs = {"scale": 0.125, "causal": 1}
     state = R.bit_generator.state   # run_pair draws the output gradient: the same one for both
-    monkeypatch.setenv("ORTMOD_CUDA_ATTENTION", "materialized")
-    _, om, _, gm = run_pair("FusedAttention", inputs, dt, attrs, "ortmod", ("q", "k", "v"), ("ratio", "tm"))
-    monkeypatch.delenv("ORTMOD_CUDA_ATTENTION")
+    with ortmod.options.overridden(cuda_attention="materialized"):
+        _, om, _, gm = run_pair("FusedAttention", inputs, dt, attrs, "ortmod", ("q", "k", "v"), ("ratio", "tm"))
     R.bit_generator.state = state
     _, of, _, gf = run_pair("FusedAttention", inputs, dt, attrs, "ortmod", ("q", "k", "v"), ("ratio", "tm"))
     rtol, atol = TOL[dt]

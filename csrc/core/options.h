@@ -1,0 +1,18 @@
+/* options.h — the engine's own view of ortmod_options.h: quick readers for values read on hot
+ * paths, and the hooks that keep the options true to what the process already did. */
+#ifndef OM_CORE_OPTIONS_H
+#define OM_CORE_OPTIONS_H
+
+#include "ortmod_options.h"
+
+/* Fields read per call (the thread pool, the optimizer's partition, CUDA attention); an error
+ * in the environment leaves the default here and is reported by om_engine_create. */
+int om_options_num_threads(void);
+int om_options_optim_num_threads(void);
+int om_options_cuda_attention_materialized(void);
+/* om_optim_set_num_threads: n clamped to 0..1024. */
+void om_options_set_optim_num_threads(int n);
+/* exec/device.c, as it loads the CUDA provider: cuda_library is fixed from then on. */
+void om_options_note_cuda_loaded(void);
+
+#endif
