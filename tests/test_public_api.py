@@ -27,7 +27,7 @@ BINDING_OWN = {"binding.h"}   # python/binding.h: what the binding's files share
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 # where an angle-bracket include could find a project header (the build's -I dirs)
-PROJECT_DIRS = [os.path.join(ROOT, d) for d in ("csrc", "csrc/include", "csrc/graph/gen", "python")]
+PROJECT_DIRS = [os.path.join(ROOT, d) for d in ("csrc", "csrc/include", "build/cmake/gen", "python")]   # gen: the build's protobuf-c code
 
 
 def client_files():
@@ -60,7 +60,7 @@ def non_public_includes(path, src):
 def test_the_rule_sees_the_clients():
     files = client_files()
     assert "python/module.c" in files and "python/optim.c" in files and "csrc/runner/main.c" in files
-    assert PUBLIC_HEADERS == ["ortmod.h", "ortmod_optim.h", "ortmod_runner.h"]
+    assert PUBLIC_HEADERS == ["ortmod.h", "ortmod_optim.h", "ortmod_options.h", "ortmod_runner.h"]
 
 
 def test_the_rule_catches_an_internal_include():
