@@ -39,6 +39,7 @@ $(STAMP): Makefile
 # everything, install into the source tree: ortmod/_C*.so, ortmod/bin/ortmod-train and, where
 # nvcc and cuBLAS are found, ortmod/libortmod_cuda.so (all ignored by git)
 build: venv
+	@mkdir -p $(BUILD_DIR)
 	@test -f $(BUILD_DIR)/build.ninja || cmake -S . -B $(BUILD_DIR) -G Ninja \
 	  -DPython_EXECUTABLE=$(abspath $(PY)) $(CMAKE_ARGS) > $(BUILD_DIR).configure.log 2>&1 \
 	  || { cat $(BUILD_DIR).configure.log; rm -f $(BUILD_DIR)/build.ninja; exit 1; }
