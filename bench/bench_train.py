@@ -1,20 +1,29 @@
 """Training-step speed on the CPU: eager PyTorch vs torch.compile (inductor) vs ORTModule.
 
-A step is forward + backward + AdamW step + zero_grad (torch.optim.AdamW in every mode, and
-ortmod.optim.FusedAdam in the extra mode "ortmod+fa"). Every (model, mode) pair runs in its
-own process (clean peak memory, no cross-talk between compilers); the thread count is the
-same for all of them (torch.set_num_threads, which the engine's pool follows).
-Reported per cell: median step time over --steps timed steps after --warmup steps, steps/s,
-min, first-call latency (first step, which includes export + compile), peak resident
-memory of the process. Ratios are ortmod/eager and ortmod/compile in steps/s (> 1: ortmod
-faster), from the same run.
+A step is forward + backward + optimizer step + zero_grad. Each side steps with its fastest
+optimizer, and those are the goal ratios:
+  eager, compile   torch.optim.AdamW(fused=True)
+  ortmod           ORTModule + ortmod.optim.FusedAdam (AdamW semantics)
+Beside them, what a user switching sees and what the engine alone gains:
+  eager-adamw      eager with torch's default AdamW (foreach)
+  ortmod-adamw     ORTModule with torch's default AdamW
+Every (model, mode) pair runs in its own process (clean peak memory, no cross-talk between
+compilers), --rounds times in turns; the thread count is the same for all of them
+(torch.set_num_threads, which the engine's pool follows). Reported per cell: median step time
+over all rounds' timed steps, steps/s, first-call latency (first step: export or compile
+included), peak resident memory of the process. Ratios are in steps/s (> 1: ortmod faster).
 
-Also: per-step binding overhead (a tiny model whose kernels take ~1 µs) and a GEMM roofline
-(the engine's own GEMM path, a one-node MatMul model at the models' GEMM shapes, against
-OpenBLAS's own multithreaded 2048^3 sgemm as the machine's practical peak).
+Roofline: the eager process counts one step's matrix FLOPs (torch's FlopCounterMode: matmuls,
+convolutions, attention, forward and backward); the GEMM time at the machine's peak is that
+count over OpenBLAS's own multithreaded 2048^3 sgemm rate, and "rest" is the share of each
+mode's step beyond it (issue 18's goal for ortmod: <= 15%).
 
-    .venv/bin/python bench/bench_train.py [--models mlp,gpt2,resnet,bert] [--steps 20]
-        [--warmup 3] [--threads N] [--modes eager,compile,ortmod] [--quick]
+Also: per-step binding overhead (a tiny model whose kernels take ~1 us) and the engine's GEMM
+path at the models' shapes against the same peak.
+
+    .venv/bin/python bench/bench_train.py [--models mlp,gpt2,resnet,bert,llama] [--steps 20]
+        [--warmup 3] [--threads N] [--modes eager,compile,ortmod,...] [--quick]
+    (--models all adds the other sizes: mlp-gelu, gpt2-192, resnet-w48)
 
 Writes bench/results/train_<timestamp>.json (and train_latest.json) and train_latest.png.
 """
@@ -34,20 +43,34 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
-# ortmod+fa: ORTModule with ortmod.optim.FusedAdam (torch.optim.AdamW semantics) instead of
-# torch's AdamW: the product as DESIGN.md shows it; the other modes all step with torch's AdamW
-MODES = ("eager", "compile", "ortmod", "ortmod+fa")
+MODES = ("eager", "compile", "ortmod", "eager-adamw", "ortmod-adamw")
+SHORT = {"eager": "eagr", "compile": "comp", "ortmod": "ortm", "eager-adamw": "e-aw", "ortmod-adamw": "o-aw"}
+# (mine, other): the goal ratios first, then what a user switching sees, then the engine with torch's optimizer
+RATIOS = (("ortmod", "eager"), ("ortmod", "compile"), ("ortmod", "eager-adamw"), ("ortmod-adamw", "eager-adamw"))
 
 
-SHORT = {"eager": "eagr", "compile": "comp", "ortmod": "ortm", "ortmod+fa": "o+fa"}
+def is_ortmod(mode):
+    return mode.startswith("ortmod")
 
 
 def make_optimizer(mode, model):
+    """The same AdamW hyperparameters everywhere (torch's defaults, lr 1e-4)."""
     import torch
-    if mode == "ortmod+fa":
+    if mode == "ortmod":
         from ortmod.optim import AdamWMode, FusedAdam
         return FusedAdam(model.parameters(), lr=1e-4, eps=1e-8, weight_decay=0.01, adam_w_mode=AdamWMode.ADAMW_TORCH)
-    return torch.optim.AdamW(model.parameters(), lr=1e-4)
+    fused = mode in ("eager", "compile")
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+
+
+def matrix_flops(model, data):
+    """One forward + backward's matmul/conv/attention FLOPs, as torch counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(*data).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
 
 
 # ---------------------------------------------------------------------------------------
@@ -68,9 +91,11 @@ def run_child(model_name, mode, steps, warmup, threads):
     out = {"model": model_name, "mode": mode, "threads": torch.get_num_threads(),
            "params": sum(p.numel() for p in model.parameters())}
     try:
+        if mode == "eager":
+            out["matrix_flops"] = matrix_flops(model, data)
         if mode == "compile":
             model = torch.compile(model)
-        elif mode in ("ortmod", "ortmod+fa"):
+        elif is_ortmod(mode):
             from ortmod import ORTModule
             model = ORTModule(model)
         opt = make_optimizer(mode, model)
@@ -97,7 +122,7 @@ def run_child(model_name, mode, steps, warmup, threads):
         out["min_s"] = min(times)
         out["steps_per_s"] = 1.0 / out["median_s"]
         out["times_s"] = times
-        if mode.startswith("ortmod"):
+        if is_ortmod(mode):
             try:
                 from ortmod import _C
                 out["engine_threads"] = _C.get_num_threads() if hasattr(_C, "get_num_threads") else \
@@ -107,7 +132,7 @@ def run_child(model_name, mode, steps, warmup, threads):
     except Exception as e:  # noqa: BLE001 - every failure becomes a cell, the run goes on
         kind = type(e).__name__
         msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else kind
-        if mode.startswith("ortmod") and ("Unsupported" in kind or "unsupported" in msg.lower()):
+        if is_ortmod(mode) and ("Unsupported" in kind or "unsupported" in msg.lower()):
             out["error"] = "unsupported: " + msg
         else:
             out["error"] = f"{kind}: {msg}"
@@ -135,7 +160,7 @@ def run_interleaved(model_name, modes, steps, warmup, threads):
         try:
             if mode == "compile":
                 model = torch.compile(model)
-            elif mode in ("ortmod", "ortmod+fa"):
+            elif is_ortmod(mode):
                 from ortmod import ORTModule
                 model = ORTModule(model)
             opt = make_optimizer(mode, model)
@@ -339,6 +364,25 @@ def machine():
             "load_avg": os.getloadavg()}
 
 
+def roofline(results, models_, modes, peak_gflops):
+    """Per model: the step's matrix FLOPs, their time at the measured sgemm peak, and each mode's
+    rest (the step beyond that time) as a share of its step."""
+    print(f"\nroofline: matrix FLOPs per step (FlopCounterMode on the eager model) at {peak_gflops:.1f} GFLOP/s; "
+          "rest = share of the step beyond that (goal for ortmod: <= 15%)")
+    print(f"  {'model':11s}{'GFLOP/step':>11s}{'GEMM ms':>9s}" + "".join(f"{'rest ' + SHORT[md]:>11s}" for md in modes))
+    out = {}
+    for m in models_:
+        flops = results[m].get("eager", {}).get("matrix_flops")
+        if not flops:
+            continue
+        gemm_s = flops / (peak_gflops * 1e9)
+        rest = {md: 1.0 - gemm_s / results[m][md]["median_s"] for md in modes if "median_s" in results[m][md]}
+        out[m] = {"matrix_gflop": flops / 1e9, "gemm_ms_at_peak": gemm_s * 1e3, "rest_share": rest}
+        print(f"  {m:11s}{flops / 1e9:11.2f}{gemm_s * 1e3:9.1f}" +
+              "".join(f"{(f'{100 * rest[md]:.0f}%' if md in rest else '-'):>11s}" for md in modes))
+    return out
+
+
 def write_png(path, results, models_, modes):
     """Bar chart of steps/s per model and mode; matplotlib when installed, else a plain PNG
     drawn by hand (bars only, colours: eager grey, compile blue, ortmod orange)."""
@@ -367,7 +411,7 @@ def write_png(path, results, models_, modes):
     W, H = 640, 320
     px = [[(255, 255, 255)] * W for _ in range(H)]
     colors = {"eager": (128, 128, 128), "compile": (31, 119, 180), "ortmod": (255, 127, 14),
-              "ortmod+fa": (214, 39, 40)}
+              "eager-adamw": (190, 190, 190), "ortmod-adamw": (214, 39, 40)}
     vals = [results[m][md].get("steps_per_s", 0) for m in models_ for md in modes]
     top = max(vals + [1e-9])
     group = W // max(1, len(models_))
@@ -390,8 +434,10 @@ def write_png(path, results, models_, modes):
 
 
 def main():
+    sys.path.insert(0, HERE)
+    from models import BENCH_MODELS, DEFAULT_MODELS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="mlp,gpt2,resnet,bert")
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="'all': every model in bench/models.py")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -431,13 +477,14 @@ def main():
         print("@@RESULT " + json.dumps(gemm_roofline(a.threads)))
         return
 
-    models_ = [m for m in a.models.split(",") if m]
+    models_ = list(BENCH_MODELS) if a.models == "all" else [m for m in a.models.split(",") if m]
     modes = [m for m in a.modes.split(",") if m]
     mach = machine()
     print(f"machine: {mach['cpu']} ({mach['isa']}), {mach['online_cpus']} online CPUs, "
           f"load average {mach['load_avg'][0]:.1f}")
     print(f"threads: {a.threads} for torch, torch.compile and the ortmod pool (BLAS single-threaded inside it); "
-          f"{a.steps} timed steps after {a.warmup} warm-up; step = fwd + bwd + AdamW + zero_grad")
+          f"{a.steps} timed steps after {a.warmup} warm-up; step = fwd + bwd + optimizer + zero_grad; eager and "
+          f"compile step with AdamW(fused=True), ortmod with FusedAdam, *-adamw with torch's default AdamW")
     print("step times: " + ("the modes take turns step by step in one process" if a.interleave else
                             f"one process per (model, mode), {a.rounds} rounds taken in turns; median over all steps")
           + "; first call = the first step (export/compile included), min over rounds; peak RSS of the process\n")
@@ -482,18 +529,19 @@ def main():
             return o["steps_per_s"] / x["steps_per_s"]
         return None
 
-    head = f"\n{'model':8s}" + "".join(f"{md + ' (median)':>22s}" for md in modes) + \
-        f"{'ort/eager':>10s}{'ort/comp':>10s}{'+fa/eager':>10s}{'+fa/comp':>10s}{'1st ort s':>10s}{'1st comp s':>11s}" + \
+    ratio_names = [f"{SHORT[mine]}/{SHORT[other]}" for mine, other in RATIOS]
+    head = f"\n{'model':11s}" + "".join(f"{md + ' (median)':>22s}" for md in modes) + \
+        "".join(f"{n:>11s}" for n in ratio_names) + f"{'1st ort s':>10s}{'1st comp s':>11s}" + \
         "".join(f"{'RSS ' + SHORT.get(md, md[:4]) + ' MiB':>14s}" for md in modes)
     print(head)
     print("-" * len(head))
     for m in models_:
-        row = f"{m:8s}"
+        row = f"{m:11s}"
         for md in modes:
             row += f"{fmt_cell(results[m][md]):>22s}"
-        for mine, other in (("ortmod", "eager"), ("ortmod", "compile"), ("ortmod+fa", "eager"), ("ortmod+fa", "compile")):
+        for mine, other in RATIOS:
             r = ratio(m, other, mine)
-            row += f"{(f'{r:.2f}x' if r else '-'):>10s}"
+            row += f"{(f'{r:.2f}x' if r else '-'):>11s}"
         fo = results[m].get("ortmod", {}).get("first_call_s")
         fc = results[m].get("compile", {}).get("first_call_s")
         row += f"{(f'{fo:.2f}' if fo else '-'):>10s}{(f'{fc:.2f}' if fc else '-'):>11s}"
@@ -501,6 +549,7 @@ def main():
             rss = results[m][md].get("peak_rss_mib")
             row += f"{(f'{rss:.0f}' if rss else '-'):>14s}"
         print(row)
+    print("  (" + "; ".join(f"{SHORT[k]} = {k}" for k in modes) + ")")
     for m in models_:
         for md in modes:
             if "error" in results[m][md]:
@@ -530,6 +579,7 @@ def main():
                       "(set before the library loads) raises the peak")
             for k, v in gm["shapes"].items():
                 print(f"  {k:24s} {v['gflops']:7.1f} GFLOP/s  {100 * v['of_peak']:5.1f}% of peak")
+            extras["roofline"] = roofline(results, models_, modes, gm["peak_gflops"])
 
     os.makedirs(RESULTS, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -539,9 +589,7 @@ def main():
           (" — other work shared the CPUs during the run: compare ratios, not absolute times" if busy else ""))
     doc = {"machine": mach, "threads": a.threads, "steps": a.steps, "warmup": a.warmup,
            "command": " ".join([".venv/bin/python", "bench/bench_train.py"] + sys.argv[1:]),
-           "results": results, "ratios": {m: {"ortmod/eager": ratio(m, "eager"), "ortmod/compile": ratio(m, "compile"),
-                                           "ortmod+fa/eager": ratio(m, "eager", "ortmod+fa"),
-                                           "ortmod+fa/compile": ratio(m, "compile", "ortmod+fa")}
+           "results": results, "ratios": {m: {f"{mine}/{other}": ratio(m, other, mine) for mine, other in RATIOS}
                                           for m in models_}, **extras}
     for name in (f"train_{stamp}.json", "train_latest.json"):
         with open(os.path.join(RESULTS, name), "w") as f:

@@ -59,15 +59,16 @@ class GPT(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, d_in=1024, width=1024, layers=4, classes=10):
+    def __init__(self, d_in=1024, width=1024, layers=4, classes=10, act=F.relu):
         super().__init__()
         dims = [d_in] + [width] * layers
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.head = nn.Linear(width, classes)
+        self.act = act
 
     def forward(self, x, y):
         for l in self.layers:
-            x = F.relu(l(x))
+            x = self.act(l(x))
         return F.cross_entropy(self.head(x), y)
 
 
@@ -171,10 +172,91 @@ def bert_batch(batch=16, seq=128, vocab=8192, seed=0):
     return (ids, mask, torch.randint(0, vocab, (batch, seq), generator=g))
 
 
-# name -> (constructor, batch function); the benchmark's model list
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query attention with rotary embeddings, written as Llama's reference code does
+    (the key/value heads repeated to the query heads)."""
+
+    def __init__(self, d, heads, kv_heads, max_len):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.q = nn.Linear(d, d, bias=False)
+        self.kv = nn.Linear(d, 2 * kv_heads * self.hd, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        inv = 1.0 / (10000 ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        ang = torch.outer(torch.arange(max_len).float(), inv)
+        ang = torch.cat((ang, ang), dim=-1)
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q = self.q(x).reshape(B, T, self.heads, self.hd).transpose(1, 2)
+        k, v = self.kv(x).reshape(B, T, 2 * self.kv_heads, self.hd).transpose(1, 2).chunk(2, dim=1)
+        cos, sin = self.cos[:T], self.sin[:T]
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, C))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d, heads, kv_heads, ffn, max_len):
+        super().__init__()
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.attn = LlamaAttention(d, heads, kv_heads, max_len)
+        self.gate, self.up, self.down = nn.Linear(d, ffn, bias=False), nn.Linear(d, ffn, bias=False), \
+            nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x):
+        x = x + self.attn(self.n1(x))
+        h = self.n2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    """A Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head);
+    forward(idx, targets) returns the mean cross-entropy."""
+
+    def __init__(self, vocab=4096, d=256, heads=4, kv_heads=2, ffn=688, layers=4, max_len=128):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(LlamaBlock(d, heads, kv_heads, ffn, max_len) for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx, targets):
+        x = self.emb(idx)
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# name -> (constructor, batch function); the benchmark's model list. The first five are
+# `make bench`'s default; the others are the same kinds at sizes nobody tuned for
 BENCH_MODELS = {
     "mlp": (MLP, mlp_batch),
     "gpt2": (GPT, gpt_batch),
     "resnet": (ResNet, cnn_batch),
     "bert": (BERT, bert_batch),
+    "llama": (Llama, gpt_batch),
+    "mlp-gelu": (lambda: MLP(d_in=768, width=768, act=F.gelu), lambda: mlp_batch(batch=192, d_in=768)),
+    "gpt2-192": (lambda: GPT(d=192, heads=4, max_len=96), lambda: gpt_batch(batch=6, seq=96)),
+    "resnet-w48": (lambda: ResNet(width=48), lambda: cnn_batch(batch=48)),
 }
+DEFAULT_MODELS = ("mlp", "gpt2", "resnet", "bert", "llama")
