@@ -11,19 +11,30 @@
 // materialized path.
 #include <cublas_v2.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "attention.cuh"
 
-struct attn_geom {
-    int64_t L, S, D, Dv, nbatch;
-    int nb;
-    int64_t batch[OM_MAX_RANK], m_str[OM_MAX_RANK];
+// attention_geom.h (the shapes and their checks, shared with attention.c) reports errors, formats
+// shapes and reads attributes through the engine's names, mapped here onto the host table and a
+// local formatter (as conv.cu does for spatial.h); dtypes are named by number, as omc_err_dtype does
+static void omc_shape_str(const om_tensor *t, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < t->rank && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)t->dims[i]);
+    if (used < n) snprintf(buf + used, n - used, "] dtype %d", (int)t->dtype);
+}
+#define om_error(...) g_host.error(__VA_ARGS__)
+#define om_attr_int(n, name, d) g_host.attr_int((n), (name), (d))
+#define om_attr_float(n, name, d) g_host.attr_float((n), (name), (d))
+#define om_shape_str(t, buf, n) omc_shape_str((t), (buf), (n))
+#include "ops/attention_geom.h"
+
+// the shared geometry, and how the strided-batched GEMMs read each operand
+struct attn_geom : om_attn_geom {
     int64_t q_bs, k_bs, v_bs;        // batch strides over the flattened batch (0 = shared)
     int64_t kv_inner;                // K and V shared by this many consecutive batch items (1: none)
-    int64_t m_row, m_col;
-    int has_mask, causal, kt, nan_to_zero, dropout;
-    double scale, ratio;
 };
 
 // stride over the flattened batch: mat when stacked, 0 when shared, -1 otherwise
@@ -57,33 +68,7 @@ static om_status *attn_geometry(const om_kernel_ctx *ctx, const om_cuda_exec *x,
                                 attn_geom *g) {
     const om_tensor *Q = &ctx->in[q], *K = &ctx->in[q + 1], *V = &ctx->in[q + 2];
     memset(g, 0, sizeof *g);
-    g->kt = attr_i(ctx, "k_transposed", 0) != 0;
-    g->causal = attr_i(ctx, "causal", 0) != 0;
-    g->nan_to_zero = attr_i(ctx, "nan_to_zero", 0) != 0;
-    g->L = Q->dims[Q->rank - 2];
-    g->D = Q->dims[Q->rank - 1];
-    g->S = g->kt ? K->dims[K->rank - 1] : K->dims[K->rank - 2];
-    g->Dv = V->dims[V->rank - 1];
-    const om_tensor *M = present(ctx, mi) ? &ctx->in[mi] : NULL;
-    g->has_mask = M != NULL;
-    int mb = M && M->rank > 2 ? M->rank - 2 : 0;
-    int nb = Q->rank - 2;
-    if (K->rank - 2 > nb) nb = K->rank - 2;
-    if (mb > nb) nb = mb;
-    g->nb = nb;
-    g->nbatch = 1;
-    const om_tensor *ops[3] = {Q, K, M};
-    for (int i = 0; i < nb; i++) {
-        int64_t d = 1;
-        for (int k = 0; k < 3; k++) {
-            if (!ops[k]) continue;
-            int br = ops[k]->rank > 2 ? ops[k]->rank - 2 : 0, j = i - (nb - br);
-            int64_t e = j >= 0 ? ops[k]->dims[j] : 1;
-            if (e != 1) d = e;
-        }
-        g->batch[i] = d;
-        g->nbatch *= d;
-    }
+    OMC_TRY(om_attn_shapes(ctx->node, Q, K, V, present(ctx, mi) ? &ctx->in[mi] : NULL, g));
     g->q_bs = flat_stride(Q, g, g->L * g->D);
     g->k_bs = flat_stride(K, g, g->S * g->D);
     g->v_bs = flat_stride(V, g, g->S * g->Dv);
@@ -95,32 +80,19 @@ static om_status *attn_geometry(const om_kernel_ctx *ctx, const om_cuda_exec *x,
     }
     if (g->q_bs < 0 || g->k_bs < 0 || g->v_bs < 0)
         return omc_err_unsupported(ctx, "Q, K or V broadcast over part of the batch");
-    if (M) {
-        int64_t ml = M->rank >= 2 ? M->dims[M->rank - 2] : 1, ms = M->rank >= 1 ? M->dims[M->rank - 1] : 1;
-        g->m_col = ms == 1 ? 0 : 1;
-        g->m_row = ml == 1 ? 0 : ms;
-        int64_t s = ml * ms;
-        for (int i = nb - 1; i >= 0; i--) {
-            int j = i - (nb - mb);
-            int64_t d = j >= 0 ? M->dims[j] : 1;
-            g->m_str[i] = d == 1 ? 0 : s;
-            s *= d;
-        }
-    }
-    g->scale = attr_f(ctx, "scale", 1.0f);
-    int inv = (int)attr_i(ctx, "inv", 0);
+    const int inv = om_attn_scale(ctx->node, g);
     for (int i = 0; i < 3; i++) {
         if (!present(ctx, f + i)) continue;
         double v;
         if (host_scalar(ctx, x, f + i, &v)) return omc_err_unsupported(ctx, "a scale factor that is not known at plan time");
-        g->scale = (inv >> i & 1) ? g->scale / v : g->scale * v;
+        om_attn_factor(g, inv, i, v);
     }
     if (present(ctx, tm)) {
         double t = 1, ratio = 0.5;
         if (host_scalar(ctx, x, tm, &t)) return omc_err_unsupported(ctx, "a training_mode that is not known at plan time");
         if (present(ctx, r) && host_scalar(ctx, x, r, &ratio))
             return omc_err_unsupported(ctx, "a dropout ratio that is not known at plan time");
-        if (t != 0 && ratio > 0.0) { g->dropout = 1; g->ratio = ratio; }
+        OMC_TRY(om_attn_dropout(ctx->node, g, t != 0, ratio));
     }
     return NULL;
 }

@@ -166,3 +166,18 @@ def test_fused_attention_rejects_non_broadcasting_mask():
     with pytest.raises(Exception, match="mask"):
         check_op("FusedAttention", {"q": rnd(1, 3, 4), "k": rnd(1, 5, 4), "v": rnd(1, 5, 2), "mask": rnd(1, 4, 5)},
                  None, domain="ortmod")
+
+
+# Q, K, V shapes that csrc/ops/attention_geom.h (shared by attention.c and cuda/attention.cu)
+# refuses, each with the message that names the problem
+@pytest.mark.parametrize("q,k,v,match", [
+    ((4,), (1, 5, 4), (1, 5, 2), r"Q, K and V must have rank >= 2, got \[4\] float32"),
+    ((1, 3, 4), (1, 5, 3), (1, 5, 2), r"Q and K differ in the head dim; K is \[1, 5, 3\]"),
+    ((1, 3, 4), (1, 5, 4), (1, 6, 2), r"V must have S rows, got \[1, 6, 2\]"),
+    ((2, 3, 4), (3, 5, 4), (3, 5, 2), r"batch dims do not broadcast: \[3, 5, 4\]"),
+    ((2, 3, 4), (2, 5, 4), (3, 2, 5, 2), r"V has more batch dims than the scores: \[3, 2, 5, 2\]"),
+    ((2, 2, 3, 4), (2, 1, 5, 4), (2, 3, 5, 2), r"batch dims do not broadcast; V is \[2, 3, 5, 2\]"),
+])
+def test_fused_attention_refuses_bad_shapes_by_name(q, k, v, match):
+    with pytest.raises(Exception, match=r"FusedAttention node '[^']*': " + match):
+        check_op("FusedAttention", {"q": rnd(*q), "k": rnd(*k), "v": rnd(*v)}, None, domain="ortmod")

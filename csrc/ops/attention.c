@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "core/threadpool.h"
+#include "ops/attention_geom.h"
 #include "ops/gemm.h"
 #include "ops/op.h"
 #include "ops/vecmath.h"
@@ -47,38 +48,12 @@
 static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
 static int wanted(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out && ctx->out[j].data != NULL; }
 
-typedef struct attn_geom {
-    int64_t L, S, D, Dv;
-    int nb;                          /* batch rank */
-    int64_t batch[OM_MAX_RANK], nbatch;
-    int64_t q_str[OM_MAX_RANK], k_str[OM_MAX_RANK], v_str[OM_MAX_RANK], m_str[OM_MAX_RANK];
-    int64_t m_row, m_col;            /* mask strides along L and S (0 = broadcast) */
-    int has_mask, causal, kt, nan_to_zero, dropout;
-    double scale, ratio;
-} attn_geom;
-
-static om_status *attn_err(const om_node *n, const char *what, const om_tensor *t) {
-    char s[128] = "";
-    if (t) om_shape_str(t, s, sizeof s);
-    return om_error(OM_INVALID_ARGUMENT, "%s node '%s': %s %s", n->op->name, n->name, what, s);
-}
-
-/* Right-aligned batch strides of an operand with batch dims bd (rank br) against batch. */
-static int batch_strides(const int64_t *bd, int br, const int64_t *batch, int nb, int64_t mat, int64_t *str) {
-    int64_t s = mat;
-    for (int i = nb - 1; i >= 0; i--) {
-        int j = i - (nb - br);
-        int64_t d = j >= 0 ? bd[j] : 1;
-        if (d != 1 && d != batch[i]) return -1;
-        str[i] = d == 1 ? 0 : s;
-        s *= d;
-    }
-    return 0;
-}
+/* the geometry and its shape checks: ops/attention_geom.h (shared with cuda/attention.cu) */
+typedef om_attn_geom attn_geom;
 
 static om_status *scalar_factor(const om_kernel_ctx *ctx, int i, double *v) {
     const om_tensor *t = &ctx->in[i];
-    if (om_tensor_numel(t) != 1) return attn_err(ctx->node, "a scale factor must be a scalar, got", t);
+    if (om_tensor_numel(t) != 1) return om_attn_err(ctx->node, "a scale factor must be a scalar, got", t);
     if (!om_dtype_in(t->dtype, OM_DT_ARITH)) return om_err_dtype(ctx->node, i, t->dtype);
     if (!t->data) { *v = 1.0; return NULL; }   /* shape-only pass: the value is read at run time */
     om_scalar_get(t, v);
@@ -88,80 +63,26 @@ static om_status *scalar_factor(const om_kernel_ctx *ctx, int i, double *v) {
 /* Geometry from Q, K, V, mask at input slots q..; factors at f; dropout at r, t. */
 static om_status *attn_geometry(const om_kernel_ctx *ctx, int q, int mi, int f, int r, int tm, attn_geom *g) {
     const om_node *n = ctx->node;
-    const om_tensor *Q = &ctx->in[q], *K = &ctx->in[q + 1], *V = &ctx->in[q + 2];
-    memset(g, 0, sizeof *g);
-    for (int i = 0; i < 3; i++) {
-        const om_tensor *t = &ctx->in[q + i];
-        OM_TRY(om_check_float(n, t, q + i, i ? Q->dtype : OM_UNDEFINED));
-        if (t->rank < 2) return attn_err(n, "Q, K and V must have rank >= 2, got", t);
-    }
-    g->kt = om_attr_int(n, "k_transposed", 0) != 0;
-    g->causal = om_attr_int(n, "causal", 0) != 0;
-    g->nan_to_zero = om_attr_int(n, "nan_to_zero", 0) != 0;
-    g->L = Q->dims[Q->rank - 2];
-    g->D = Q->dims[Q->rank - 1];
-    g->S = g->kt ? K->dims[K->rank - 1] : K->dims[K->rank - 2];
-    int64_t kd = g->kt ? K->dims[K->rank - 2] : K->dims[K->rank - 1];
-    if (kd != g->D) return attn_err(n, "Q and K differ in the head dim; K is", K);
-    if (V->dims[V->rank - 2] != g->S) return attn_err(n, "V must have S rows, got", V);
-    g->Dv = V->dims[V->rank - 1];
+    const om_tensor *Q = &ctx->in[q];
+    for (int i = 0; i < 3; i++) OM_TRY(om_check_float(n, &ctx->in[q + i], q + i, i ? Q->dtype : OM_UNDEFINED));
     const om_tensor *M = mi >= 0 && present(ctx, mi) ? &ctx->in[mi] : NULL;
-    g->has_mask = M != NULL;
     if (M && M->dtype != Q->dtype) return om_err_dtype(n, mi, M->dtype);
-    /* batch = broadcast of Q, K and mask batch dims */
-    int mb = M ? (M->rank > 2 ? M->rank - 2 : 0) : 0;
-    int nb = Q->rank - 2;
-    if (K->rank - 2 > nb) nb = K->rank - 2;
-    if (mb > nb) nb = mb;
-    if (V->rank - 2 > nb) return attn_err(n, "V has more batch dims than the scores:", V);
-    g->nb = nb;
-    g->nbatch = 1;
-    const om_tensor *ops[3] = {Q, K, M};
-    for (int i = 0; i < nb; i++) {
-        int64_t d = 1;
-        for (int k = 0; k < 3; k++) {
-            const om_tensor *t = ops[k];
-            if (!t) continue;
-            int br = t->rank > 2 ? t->rank - 2 : 0, j = i - (nb - br);
-            int64_t e = j >= 0 ? t->dims[j] : 1;
-            if (e != 1 && d != 1 && e != d) return attn_err(n, "batch dims do not broadcast:", t);
-            if (e != 1) d = e;
-        }
-        g->batch[i] = d;
-        g->nbatch *= d;
-    }
-    if (batch_strides(Q->dims, Q->rank - 2, g->batch, nb, g->L * g->D, g->q_str) ||
-        batch_strides(K->dims, K->rank - 2, g->batch, nb, g->S * g->D, g->k_str) ||
-        batch_strides(V->dims, V->rank - 2, g->batch, nb, g->S * g->Dv, g->v_str))
-        return attn_err(n, "batch dims do not broadcast; V is", V);
-    if (M) {
-        int64_t ml = M->rank >= 2 ? M->dims[M->rank - 2] : 1, ms = M->rank >= 1 ? M->dims[M->rank - 1] : 1;
-        if ((ml != 1 && ml != g->L) || (ms != 1 && ms != g->S))
-            return attn_err(n, "the mask does not broadcast to (L, S); it is", M);
-        g->m_col = ms == 1 ? 0 : 1;
-        g->m_row = ml == 1 ? 0 : ms;
-        if (batch_strides(M->dims, mb, g->batch, nb, ml * ms, g->m_str)) return attn_err(n, "bad mask", M);
-    }
-    g->scale = om_attr_float(n, "scale", 1.0f);
-    int inv = (int)om_attr_int(n, "inv", 0);
+    OM_TRY(om_attn_shapes(n, Q, &ctx->in[q + 1], &ctx->in[q + 2], M, g));
+    const int inv = om_attn_scale(n, g);
     for (int i = 0; i < 3; i++) {
         if (!present(ctx, f + i)) continue;
         double v;
         OM_TRY(scalar_factor(ctx, f + i, &v));
-        g->scale = (inv >> i & 1) ? g->scale / v : g->scale * v;
+        om_attn_factor(g, inv, i, v);
     }
-    g->ratio = 0.0;
     if (present(ctx, tm)) {
         const om_tensor *t = &ctx->in[tm];
-        if (t->dtype != OM_BOOL || om_tensor_numel(t) != 1) return attn_err(n, "training_mode must be a bool scalar", t);
+        if (t->dtype != OM_BOOL || om_tensor_numel(t) != 1) return om_attn_err(n, "training_mode must be a bool scalar", t);
         int training = t->data ? *(const uint8_t *)t->data != 0 : 1;
         double ratio = 0.5;
         if (present(ctx, r)) OM_TRY(scalar_factor(ctx, r, &ratio));
-        if (training && !(ratio >= 0.0 && ratio <= 1.0)) return attn_err(n, "dropout ratio outside [0, 1]", NULL);
-        if (training && ratio > 0.0) { g->dropout = 1; g->ratio = ratio; }
+        OM_TRY(om_attn_dropout(n, g, training, ratio));
     }
-    if (g->L > INT32_MAX || g->S > INT32_MAX || g->D > INT32_MAX || g->Dv > INT32_MAX)
-        return attn_err(n, "dims exceed the BLAS int range", NULL);
     return NULL;
 }
 
