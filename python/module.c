@@ -10,7 +10,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlpack/dlpack.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -283,16 +282,6 @@ static PyObject *tensor_list(const om_tensor *t, int n, int shapes_only) {
     return list;
 }
 
-/* om_status_new with a printf format, for the binding's own short messages. */
-static om_status *status_printf(om_code code, const char *fmt, ...) {
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return om_status_new(code, msg);
-}
-
 static om_status *status_from_exception(void) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);        /* (PyErr_GetRaisedException is 3.12+) */
@@ -333,14 +322,15 @@ static om_status *engine_callback(void *user, om_callback_phase phase, int64_t i
     PyObject *seq = PySequence_Fast(r, "a PythonOp shape callback returns a sequence of shapes");
     if (!seq) { st = status_from_exception(); goto done; }
     if (PySequence_Fast_GET_SIZE(seq) != n_out) {
-        st = status_printf(OM_RUNTIME, "the PythonOp shape callback gave %zd shapes for %d outputs",
-                      PySequence_Fast_GET_SIZE(seq), n_out);
+        st = om_status_newf(OM_RUNTIME, "the PythonOp shape callback gave %zd shapes for %d outputs",
+                            PySequence_Fast_GET_SIZE(seq), n_out);
     }
     for (int j = 0; !st && j < n_out; j++) {
         PyObject *shape = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, j), "a shape is a sequence of ints");
         if (!shape) { st = status_from_exception(); break; }
         Py_ssize_t rank = PySequence_Fast_GET_SIZE(shape);
-        if (rank > OM_MAX_RANK) st = status_printf(OM_RUNTIME, "PythonOp output %d has rank %zd (at most %d)", j, rank, OM_MAX_RANK);
+        if (rank > OM_MAX_RANK)
+            st = om_status_newf(OM_RUNTIME, "PythonOp output %d has rank %zd (at most %d)", j, rank, OM_MAX_RANK);
         for (Py_ssize_t d = 0; !st && d < rank; d++) {
             long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(shape, d));
             if (v == -1 && PyErr_Occurred()) st = status_from_exception();

@@ -196,6 +196,23 @@ def test_engine_without_a_client_refuses_python_op():
         engine.forward([torch.randn(2, 3)], False)
 
 
+@pytest.mark.parametrize("shapes,match", [
+    (lambda outs: [], r"the PythonOp shape callback gave 0 shapes for \d+ outputs"),
+    (lambda outs: [[1] * 9 for _ in outs], r"PythonOp output 0 has rank 9 \(at most 8\)"),
+])
+def test_a_bad_shape_callback_is_an_error_that_says_what(shapes, match):
+    """The binding's own errors from a PythonOp's shape callback (om_status_newf's messages)."""
+    from ortmod import _C, _capture
+
+    class M(nn.Module):
+        def forward(self, x):
+            return StraightThrough.apply(x)
+    exported = _capture.export(M(), _capture.flatten_inputs((torch.randn(2, 3),), {}))
+    engine = _C.Engine(exported.onnx_bytes, [False], callback=lambda phase, fid, ins, outs: shapes(outs))
+    with pytest.raises(_C.EngineError, match=match):
+        engine.forward([torch.randn(2, 3)], False)
+
+
 def test_inside_a_transformers_model():
     transformers = pytest.importorskip("transformers")
 

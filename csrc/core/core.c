@@ -25,20 +25,34 @@ static char *vformat(const char *fmt, va_list ap) {
 /* Out of memory while reporting an error must still report something. */
 static om_status oom_status = {OM_OUT_OF_MEMORY, "out of memory"};
 
-om_status *om_error(om_code code, const char *fmt, ...) {
+/* om_error and om_status_newf: one constructor under the engine's name and the public one */
+static om_status *status_vnew(om_code code, const char *fmt, va_list ap) {
     om_status *st = malloc(sizeof(*st));
     if (!st) return &oom_status;
-    va_list ap;
-    va_start(ap, fmt);
     st->code = code;
     st->msg = vformat(fmt, ap);
-    va_end(ap);
     if (!st->msg) { free(st); return &oom_status; }
     return st;
 }
 
+om_status *om_error(om_code code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    om_status *st = status_vnew(code, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+om_status *om_status_newf(om_code code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    om_status *st = status_vnew(code, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
 om_status *om_status_new(om_code code, const char *message) {
-    return om_error(code, "%s", message ? message : "");
+    return om_status_newf(code, "%s", message ? message : "");
 }
 
 om_status *om_error_context(om_status *st, const char *fmt, ...) {

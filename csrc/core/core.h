@@ -6,7 +6,9 @@
 #include <stdarg.h>
 #include <string.h>
 
-/* Creates an error; the message is printf-formatted. Returns a new status the caller owns. */
+/* Creates an error; the message is printf-formatted. Returns a new status the caller owns. The
+ * engine's name for ortmod.h's om_status_newf (the same code; the CUDA provider gets it as its
+ * host table's error). */
 om_status *om_error(om_code code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prefixes context to an existing error ("in node 'x': ..."), returns the same status; a message
  * that already starts with the same context is left as it is. */

@@ -18,15 +18,6 @@ static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static const om_cuda_provider *cuda_provider;
 static char cuda_error[1024];
 
-static om_status *host_error(om_code code, const char *fmt, ...) {
-    char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return om_error(code, "%s", buf);
-}
-
 static void cuda_load(void) {
     char path[4096];
     om_options conf;
@@ -65,7 +56,7 @@ static void cuda_load(void) {
         return;
     }
     static const om_cuda_host host = {
-        .abi = OM_CUDA_ABI, .error = host_error, .attr_int = om_attr_int, .attr_float = om_attr_float,
+        .abi = OM_CUDA_ABI, .error = om_error, .attr_int = om_attr_int, .attr_float = om_attr_float,
         .attr_string = om_attr_string, .attr_ints = om_attr_ints, .attr_strings = om_attr_strings,
         .attention_materialized = om_options_cuda_attention_materialized,
     };

@@ -137,7 +137,7 @@ typedef void (*om_log_fn)(void *user, om_log_level level, const char *message);
  *                        out: one per forward input, data NULL where no gradient is wanted.
  * function_id is the node's attribute: the client's own name for what to run. Tensors are on
  * the plan's device (CUDA: device pointers, in order on the stream the call was given). The
- * callback returns NULL or an error it made with om_status_new. */
+ * callback returns NULL or an error it made with om_status_new or om_status_newf. */
 typedef enum om_callback_phase {
     OM_CALLBACK_INFER = 0, OM_CALLBACK_FORWARD = 1, OM_CALLBACK_BACKWARD = 2,
 } om_callback_phase;
@@ -145,6 +145,14 @@ typedef om_status *(*om_callback_fn)(void *user, om_callback_phase phase, int64_
                                      const om_tensor *in, int n_in, om_tensor *out, int n_out);
 /* A new error status (for callbacks); the message is copied. */
 om_status *om_status_new(om_code code, const char *message);
+#if defined(__GNUC__) || defined(__clang__)
+#define OM_PRINTF_FORMAT(f, a) __attribute__((format(printf, f, a)))
+#else
+#define OM_PRINTF_FORMAT(f, a)
+#endif
+/* The same, the message printf-formatted (in full: no length limit). The engine's own errors
+ * (om_error, core/core.h) are made by the same code. */
+om_status *om_status_newf(om_code code, const char *fmt, ...) OM_PRINTF_FORMAT(2, 3);
 
 typedef struct om_engine_options {
     const bool *grad_inputs;    /* per graph input: compute its gradient (NULL: none → inference only) */
