@@ -38,24 +38,13 @@ __global__ void max_pool_kernel(T *y, int64_t *idx, const T *x, om_window w, int
         const T *xc = x + p * IS;
         A best = -INFINITY;
         int64_t bi = -1;
-        for (int64_t kd = 0; kd < w.k[0]; kd++) {
-            const int64_t id = od * w.s[0] - w.pb[0] + kd * w.d[0];
-            if (id < 0 || id >= w.in[0]) continue;
-            for (int64_t kh = 0; kh < w.k[1]; kh++) {
-                const int64_t ih = oh * w.s[1] - w.pb[1] + kh * w.d[1];
-                if (ih < 0 || ih >= w.in[1]) continue;
-                for (int64_t kw = 0; kw < w.k[2]; kw++) {
-                    const int64_t iw = ow * w.s[2] - w.pb[2] + kw * w.d[2];
-                    if (iw < 0 || iw >= w.in[2]) continue;
-                    const int64_t at = (id * w.in[1] + ih) * w.in[2] + iw;
-                    const A v = ld(xc[at]);
-                    if (bi < 0 || v > best || v != v) {   // eager's rule: a later NaN wins
-                        best = v;
-                        bi = at;
-                    }
-                }
+        for_taps_in(w, od, oh, ow, [&](int64_t at) {
+            const A v = ld(xc[at]);
+            if (bi < 0 || v > best || v != v) {   // eager's rule: a later NaN wins
+                best = v;
+                bi = at;
             }
-        }
+        });
         y[i] = st<T>(best);
         if (idx) idx[i] = bi < 0 ? -1 : p * IS + bi;
     }
@@ -135,18 +124,7 @@ __global__ void average_pool_kernel(T *y, const T *x, om_window w, int incl, int
         out_coords(w, i - p * OS, &od, &oh, &ow);
         const T *xc = x + p * IS;
         A s = 0;
-        for (int64_t kd = 0; kd < w.k[0]; kd++) {
-            const int64_t id = od * w.s[0] - w.pb[0] + kd * w.d[0];
-            if (id < 0 || id >= w.in[0]) continue;
-            for (int64_t kh = 0; kh < w.k[1]; kh++) {
-                const int64_t ih = oh * w.s[1] - w.pb[1] + kh * w.d[1];
-                if (ih < 0 || ih >= w.in[1]) continue;
-                for (int64_t kw = 0; kw < w.k[2]; kw++) {
-                    const int64_t iw = ow * w.s[2] - w.pb[2] + kw * w.d[2];
-                    if (iw >= 0 && iw < w.in[2]) s += ld(xc[(id * w.in[1] + ih) * w.in[2] + iw]);
-                }
-            }
-        }
+        for_taps_in(w, od, oh, ow, [&](int64_t at) { s += ld(xc[at]); });
         const int64_t div = avg_divisor(w, incl, od, oh, ow);
         y[i] = st<T>(div > 0 ? s / (A)div : (A)0);
     }

@@ -10,7 +10,27 @@ __device__ __forceinline__ void out_coords(const om_window &w, int64_t o, int64_
     *od = t / w.out[1];
 }
 
-// Calls f(k, od, oh, ow) for every window that holds input position (id, ih, iw): k is the tap
+// Calls f(at) for every tap of the window at output position (od, oh, ow) that lies inside the
+// input (taps in the padding are skipped), in tap order (kd, then kh, then kw): at is the tap's
+// flat index (id * IH + ih) * IW + iw in its plane. MaxPool's and AveragePool's walk.
+template <typename F>
+__device__ __forceinline__ void for_taps_in(const om_window &w, int64_t od, int64_t oh, int64_t ow, F f) {
+    for (int64_t kd = 0; kd < w.k[0]; kd++) {
+        const int64_t id = od * w.s[0] - w.pb[0] + kd * w.d[0];
+        if (id < 0 || id >= w.in[0]) continue;
+        for (int64_t kh = 0; kh < w.k[1]; kh++) {
+            const int64_t ih = oh * w.s[1] - w.pb[1] + kh * w.d[1];
+            if (ih < 0 || ih >= w.in[1]) continue;
+            for (int64_t kw = 0; kw < w.k[2]; kw++) {
+                const int64_t iw = ow * w.s[2] - w.pb[2] + kw * w.d[2];
+                if (iw < 0 || iw >= w.in[2]) continue;
+                f((id * w.in[1] + ih) * w.in[2] + iw);
+            }
+        }
+    }
+}
+
+// The other way round: calls f(k, od, oh, ow) for every window that holds input position (id, ih, iw): k is the tap
 // ((kd * KH + kh) * KW + kw), (od, oh, ow) the window's output position. The gather col2im and
 // AveragePoolGrad run instead of scattering with atomics.
 template <typename F>
