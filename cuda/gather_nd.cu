@@ -9,7 +9,8 @@
 // once.
 //
 // Tuples are data and are never read by the host: an entry out of range contributes 0 (GatherND)
-// or nothing (the scatters) on the GPU, where the CPU reports it.
+// or nothing (the scatters) on the GPU, where the CPU reports it. Tuples that are a constant are
+// range checked at plan time by gather_nd.c's shape rules, which every plan runs.
 #include "common.cuh"
 
 #include "ops/nd_geom.h"

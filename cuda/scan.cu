@@ -7,7 +7,8 @@
 //
 // Shape-like inputs (CumSum's axis) are read from the host copies the planner keeps; indices are
 // data and are never read by the host: an index out of range contributes 0 (gathers) or nothing
-// (scatters) on the GPU, where the CPU reports it.
+// (scatters) on the GPU, where the CPU reports it. Indices that are a constant are range checked
+// at plan time by scan.c's shape rules, which every plan runs: those are refused here too.
 #include "common.cuh"
 
 // ---- CumSum -----------------------------------------------------------------------------------------

@@ -142,7 +142,8 @@ om_status *expand_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 
 // ---- Gather / GatherGrad ----------------------------------------------------------------------------
 
-// x is (outer, N, inner), idx (K) int32/int64 (negative wraps), y is (outer, K, inner)
+// x is (outer, N, inner), idx (K) int32/int64 (negative wraps), y is (outer, K, inner). Constant indices
+// were range checked at plan time (shape.c's gather_infer); data ones cannot be without a synchronization.
 template <typename U, typename I>
 __global__ void gather_kernel(U *y, const U *x_, const I *idx, int64_t outer, int64_t N, int64_t K, int64_t inner) {
     GRID_STRIDE(i, outer * K * inner) {

@@ -206,3 +206,25 @@ def test_scatter_nd_unsupported_reduction(reduction):
     m = make_model("ScatterND", {"data": data, "indices": ind, "updates": upd}, attrs={"reduction": reduction})
     with pytest.raises(_C.UnsupportedOpError, match=f"reduction' = '{reduction}'"):
         run(m, [data, ind, upd])
+
+
+# Out-of-range tuples, as tests/test_ops_scan.py's: refused by name before anything is written, by
+# the kernel (indices as data) or by the shape rule (a constant: what a CUDA plan cannot check in
+# its kernels), for the three ops of gather_nd.c.
+OUT_OF_RANGE = [
+    ("GatherND", {"data": randn(3, 2), "indices": np.array([[0, 1], [-3, -3]], np.int64)}, {}, "",
+     r"GatherND node .*index -3 \(tuple 1, entry 1\) is out of range for a dim of size 2"),
+    ("ScatterND", {"data": randn(3, 2), "indices": np.array([[1], [3]], np.int64), "updates": randn(2, 2)},
+     {"reduction": "add"}, "", r"ScatterND node .*index 3 \(tuple 1, entry 0\) is out of range for a dim of size 3"),
+    ("GatherNDGrad", {"dy": randn(2, 2), "shape": np.array([3, 2], np.int64), "indices": np.array([[0], [-4]], np.int64)},
+     {}, "ortmod", r"GatherNDGrad node .*index -4 \(tuple 1, entry 0\) is out of range for a dim of size 3"),
+]
+
+
+@pytest.mark.parametrize("constant", [False, True], ids=["data", "constant"])
+@pytest.mark.parametrize("op,inputs,attrs,domain,match", OUT_OF_RANGE, ids=[c[0] for c in OUT_OF_RANGE])
+def test_out_of_range_tuple_is_refused_by_name(op, inputs, attrs, domain, match, constant):
+    const = [n for n in inputs if n == "shape" or (constant and n == "indices")]
+    m = make_model(op, inputs, attrs, domain=domain, const_inputs=const)
+    with pytest.raises(_C.EngineError, match=match):
+        run(m, [a for n, a in inputs.items() if n not in const])

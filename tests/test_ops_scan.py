@@ -154,3 +154,32 @@ def test_cumsum_bool_gives_int64():
     outs = check_op("CumSum", {"x": x, "axis": np.array(1, np.int64)},
                     lambda x, axis: np.cumsum(x, axis=1).astype(np.int64), const_inputs=["axis"])
     assert outs[0].dtype == np.int64
+
+
+# ---- out-of-range indices ----------------------------------------------------------------------
+# Refused by name, before anything is written: by the kernel when the indices are data, by the
+# shape rule when they are a constant (known at plan time), which CUDA plans run too (their
+# kernels cannot report an index without a synchronization: tests/cuda_emu/harness.py's
+# "constant-index-out-of-range" cases). Both ends of [-N, N), every op of scan.c that indexes.
+OUT_OF_RANGE = [
+    ("GatherElements", {"data": randn(3, 2), "indices": np.array([[-4, 0]], np.int64)}, {"axis": 0}, "",
+     r"GatherElements node .*index -4 \(at position 0\) is out of range for axis 0 of size 3"),
+    ("GatherElements", {"data": randn(3, 2), "indices": np.array([[0, 1], [1, 2]], np.int32)}, {"axis": 1}, "",
+     r"GatherElements node .*index 2 \(at position 3\) is out of range for axis 1 of size 2"),
+    ("ScatterElements", {"data": randn(3, 2), "indices": np.array([[0, 3]], np.int64), "updates": randn(1, 2)},
+     {"axis": 0}, "", r"ScatterElements node .*index 3 \(at position 1\) is out of range for axis 0 of size 3"),
+    ("ScatterElements", {"data": randn(3, 2), "indices": np.array([[-3, -4]], np.int64), "updates": randn(1, 2)},
+     {"axis": 0, "reduction": "add"}, "", r"ScatterElements node .*index -4 \(at position 1\) is out of range"),
+    ("GatherElementsGrad", {"dy": randn(1, 2), "shape": np.array([3, 2], np.int64),
+                            "indices": np.array([[0, 3]], np.int64)}, {"axis": 0}, "ortmod",
+     r"GatherElementsGrad node .*index 3 \(at position 1\) is out of range for axis 0 of size 3"),
+]
+
+
+@pytest.mark.parametrize("constant", [False, True], ids=["data", "constant"])
+@pytest.mark.parametrize("op,inputs,attrs,domain,match", OUT_OF_RANGE, ids=[f"{c[0]}-{i}" for i, c in enumerate(OUT_OF_RANGE)])
+def test_out_of_range_index_is_refused_by_name(op, inputs, attrs, domain, match, constant):
+    const = [n for n in inputs if n == "shape" or (constant and n == "indices")]
+    m = make_model(op, inputs, attrs, domain=domain, const_inputs=const)
+    with pytest.raises(_C.EngineError, match=match):
+        run(m, [a for n, a in inputs.items() if n not in const])

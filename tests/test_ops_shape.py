@@ -183,9 +183,13 @@ def test_gather_int64_data():
              const_inputs=["idx"])
 
 
-def test_gather_out_of_range():
-    with pytest.raises(Exception, match="out of range"):
-        check_op("Gather", {"x": rand(3, 2), "idx": np.array([0, 3], dtype=np.int64)}, None)
+@pytest.mark.parametrize("const", [(), ("idx",)], ids=["data", "constant"])   # constant: the shape rule's check
+@pytest.mark.parametrize("idx", [[0, 3], [-4, 0]])
+def test_gather_out_of_range(idx, const):
+    bad = max(idx, key=abs)
+    with pytest.raises(Exception, match=rf"Gather node .*index {bad} \(at position {idx.index(bad)}\) is out of range "
+                                        r"for axis 0 of size 3"):
+        check_op("Gather", {"x": rand(3, 2), "idx": np.array(idx, dtype=np.int64)}, None, const_inputs=const)
 
 
 # ---- Concat -----------------------------------------------------------------------------------

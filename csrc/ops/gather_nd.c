@@ -54,7 +54,9 @@ static om_status *nd_init(const om_node *n, const int64_t *dd, int r, const om_t
     return NULL;
 }
 
-/* Every tuple entry in [-dim, dim). */
+/* Every tuple entry in [-dim, dim). The kernels check before writing anything; the shape rules
+ * check tuples known at plan time (a constant), so that a CUDA plan, whose kernels cannot report
+ * one without a synchronization (an entry out of range reads 0 there), refuses them too. */
 static om_status *nd_check_range(const om_node *n, const om_tensor *ind, const om_nd_geom *g) {
     const int64_t rows = g->B * g->R;
     for (int64_t q = 0; q < rows; q++)
@@ -88,6 +90,7 @@ static om_status *gather_nd_infer(om_kernel_ctx *ctx) {
     const int64_t b = batch_dims_of(ctx->node);
     om_nd_geom g = {0};
     OM_TRY(nd_init(ctx->node, x->dims, x->rank, ind, 1, b, &g));
+    if (ind->data) OM_TRY(nd_check_range(ctx->node, ind, &g));   /* known at plan time: as the kernel would */
     om_tensor *o = &ctx->out[0];
     o->dtype = x->dtype;
     o->rank = om_nd_rows_shape(x->dims, x->rank, ind->dims, ind->rank, b, g.k, o->dims);
@@ -191,6 +194,7 @@ static om_status *scatter_nd_infer(om_kernel_ctx *ctx) {
     if (u->dtype != x->dtype) return om_err_dtype(ctx->node, 2, u->dtype);
     om_nd_geom g = {0};
     OM_TRY(nd_init(ctx->node, x->dims, x->rank, ind, 1, 0, &g));
+    if (ind->data) OM_TRY(nd_check_range(ctx->node, ind, &g));
     int64_t rows[OM_MAX_RANK];
     const int rr = om_nd_rows_shape(x->dims, x->rank, ind->dims, ind->rank, 0, g.k, rows);
     int same = rr == u->rank;

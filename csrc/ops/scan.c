@@ -191,6 +191,15 @@ static om_status *walk_init(const om_node *n, const om_tensor *data_like, const 
     return NULL;
 }
 
+/* Indices known at plan time (a constant) are range checked by the shape rule, which every plan
+ * runs: a CUDA plan, whose kernels cannot report an index without a synchronization (an index
+ * out of range reads 0 there), refuses them as the CPU kernel would. */
+static om_status *check_known_indices(const om_node *n, const om_tensor *data_like, const om_tensor *ind) {
+    if (!ind->data) return NULL;
+    walk w;
+    return walk_init(n, data_like, ind, &w);
+}
+
 /* base = data offset of the current coordinates without the axis term */
 #define WALK(w, ind, BODY)                                                              \
     do {                                                                                \
@@ -228,6 +237,7 @@ static om_status *gather_elements_infer(om_kernel_ctx *ctx) {
                         "(rank %d >= 1)", nm(ctx->node), ind->rank, x->rank);
     int axis;
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, &axis));
+    OM_TRY(check_known_indices(ctx->node, x, ind));
     om_set_shape(&ctx->out[0], ind, x->dtype);
     return NULL;
 }
@@ -318,6 +328,7 @@ static om_status *scatter_elements_infer(om_kernel_ctx *ctx) {
                         "(rank %d >= 1)", nm(ctx->node), ind->rank, x->rank);
     int axis;
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, &axis));
+    OM_TRY(check_known_indices(ctx->node, x, ind));
     om_set_shape(&ctx->out[0], x, x->dtype);
     return NULL;
 }

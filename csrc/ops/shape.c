@@ -602,6 +602,18 @@ static om_status *transpose_grad(om_grad_ctx *c) {
 
 /* ---- Gather, GatherGrad ------------------------------------------------------------ */
 
+/* Checks every index against [-N, N) before anything is written. */
+static om_status *check_indices(const om_node *node, const om_tensor *ind, int64_t N, int axis) {
+    const int64_t k = om_tensor_numel(ind);
+    for (int64_t i = 0; i < k; i++) {
+        int64_t v = int_at(ind, i);
+        if (v < -N || v >= N)
+            return node_error(node, OM_RUNTIME, "index %lld (at position %lld) is out of range for axis %d of size %lld",
+                              (long long)v, (long long)i, axis, (long long)N);
+    }
+    return NULL;
+}
+
 static om_status *gather_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0], *ind = &ctx->in[1];
     int axis;
@@ -615,19 +627,10 @@ static om_status *gather_infer(om_kernel_ctx *ctx) {
     for (int i = 0; i < axis; i++) d[r++] = x->dims[i];
     for (int i = 0; i < ind->rank; i++) d[r++] = ind->dims[i];
     for (int i = axis + 1; i < x->rank; i++) d[r++] = x->dims[i];
+    /* indices known at plan time (a constant) are checked here, by every plan: a CUDA plan's
+     * kernel cannot report one without a synchronization (out of range reads 0 there) */
+    if (ind->data) OM_TRY(check_indices(ctx->node, ind, x->dims[axis], axis));
     set_out(&ctx->out[0], x->dtype, R, d);
-    return NULL;
-}
-
-/* Checks every index against [-N, N) before anything is written. */
-static om_status *check_indices(const om_node *node, const om_tensor *ind, int64_t N, int axis) {
-    const int64_t k = om_tensor_numel(ind);
-    for (int64_t i = 0; i < k; i++) {
-        int64_t v = int_at(ind, i);
-        if (v < -N || v >= N)
-            return node_error(node, OM_RUNTIME, "index %lld (at position %lld) is out of range for axis %d of size %lld",
-                              (long long)v, (long long)i, axis, (long long)N);
-    }
     return NULL;
 }
 

@@ -321,6 +321,8 @@ def cases_ops_fp32():
     yield "dropout-masks", M.test_dropout_masks_match_cpu
     yield "maxpool-nan", M.test_maxpool_nan_wins_its_window_as_on_cpu
     yield "gather-elements-out-of-range-reads-zero", lambda: gather_elements_out_of_range(M)
+    for op, inputs, attrs, match in M.CONSTANT_OUT_OF_RANGE:
+        yield f"constant-index-out-of-range-{op}", lambda c=(op, inputs, attrs, match): constant_index_refused(*c)
     for name, *c in M.CTC_CASES:
         yield name, lambda c=c: M.test_ctc_op_matches_cpu(*c)
 
@@ -332,6 +334,20 @@ def gather_elements_out_of_range(M):
     eng = _C.Engine(make_model("GatherElements", {"x": x, "i": idx}, {"axis": 0}), None)
     caps, _ = eng.forward([to_device(x), to_device(idx)], False, 0)
     np.testing.assert_array_equal(from_device(caps[0]).numpy(), [[0.0, x[0, 1]]])
+
+
+def constant_index_refused(op, inputs, attrs, match):
+    """test_ops_cuda.test_constant_index_out_of_range_is_refused_on_the_gpu, emulated."""
+    import re
+    eng = _C.Engine(make_model(op, inputs, attrs, const_inputs=("i",)), None)
+    feeds = [to_device(torch.from_numpy(a)) for n, a in inputs.items() if n != "i"]
+    try:
+        caps, _ = eng.forward(feeds, False, 0)
+    except _C.EngineError as e:
+        assert re.search(f"{op} node .*" + match, str(e)), f"{op}: refused with another message: {e}"
+        return
+    raise AssertionError(f"{op}: a constant index out of range ran on the CUDA provider (it read "
+                         f"{from_device(caps[0]).numpy().tolist()})")
 
 
 def _as_f64(inputs):

@@ -480,6 +480,33 @@ def test_gather_elements_out_of_range_index_reads_zero_on_the_gpu():
     np.testing.assert_array_equal(y, [[0.0, x[0, 1]]])
 
 
+# Indices that are a constant are known at plan time: the shape rule refuses one out of range on a
+# CUDA plan too, as the CPU kernel does (the GPU kernels, which cannot report an index without a
+# synchronization, would read 0 as above). (op, inputs, attrs, the message after the node's name)
+CONSTANT_OUT_OF_RANGE = [
+    ("Gather", {"x": np.ones((3, 2), np.float32), "i": np.array([0, 3], np.int64)}, {"axis": 0},
+     r"index 3 \(at position 1\) is out of range for axis 0 of size 3"),
+    ("GatherElements", {"x": np.ones((3, 2), np.float32), "i": np.array([[3, 0]], np.int64)}, {"axis": 0},
+     r"index 3 \(at position 0\) is out of range for axis 0 of size 3"),
+    ("ScatterElements", {"x": np.ones((3, 2), np.float32), "i": np.array([[0, -4]], np.int64),
+                         "u": np.ones((1, 2), np.float32)}, {"axis": 0},
+     r"index -4 \(at position 1\) is out of range for axis 0 of size 3"),
+    ("GatherND", {"x": np.ones((3, 2), np.float32), "i": np.array([[0, 2]], np.int64)}, {},
+     r"index 2 \(tuple 0, entry 1\) is out of range for a dim of size 2"),
+    ("ScatterND", {"x": np.ones((3, 2), np.float32), "i": np.array([[3]], np.int64), "u": np.ones((1, 2), np.float32)},
+     {}, r"index 3 \(tuple 0, entry 0\) is out of range for a dim of size 3"),
+]
+
+
+
+@pytest.mark.parametrize("op,inputs,attrs,match", CONSTANT_OUT_OF_RANGE, ids=[c[0] for c in CONSTANT_OUT_OF_RANGE])
+def test_constant_index_out_of_range_is_refused_on_the_gpu(op, inputs, attrs, match):
+    eng = _C.Engine(make_model(op, inputs, attrs, const_inputs=("i",)), None)
+    feeds = [torch.from_numpy(a).cuda() for n, a in inputs.items() if n != "i"]
+    with pytest.raises(_C.EngineError, match=f"{op} node .*" + match):
+        eng.forward(feeds, False, torch.cuda.current_stream().cuda_stream)
+
+
 # CTCLoss / CTCLossGrad (cuda/ctc.cu against csrc/ops/ctc.c): log-probabilities from their own
 # draws; lengths as device inputs or as plan-time constants; NaN gradients of an impossible
 # alignment compare equal. (name, inputs, attrs, grad, const)
