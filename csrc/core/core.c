@@ -3,8 +3,13 @@
 #include "core/half.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 struct om_status {
     om_code code;
@@ -189,6 +194,25 @@ __attribute__((visibility("default"))) void om_alloc_stats(size_t *calls, size_t
 }
 
 void om_free(void *p) { free(p); }
+
+void om_release_pages(void *p, size_t nbytes) {
+#if defined(__linux__)
+    static size_t page;
+    if (!page) {
+        long ps = sysconf(_SC_PAGESIZE);
+        page = ps > 0 ? (size_t)ps : 4096;
+    }
+    uintptr_t lo = ((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)p + nbytes) & ~(uintptr_t)(page - 1);
+    if (!p || hi <= lo) return;
+    /* MADV_DONTNEED: the pages leave the resident set now (MADV_FREE would leave them counted
+     * until the system needs them); failure only means the memory stays resident */
+    (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+    (void)p;
+    (void)nbytes;
+#endif
+}
 
 char *om_strdup(const char *s) {
     if (!s) return NULL;

@@ -32,6 +32,11 @@ char *om_strdup(const char *s);                 /* NULL-safe; caller frees */
 /* Grows *arr (element size elem) so that index n fits; doubles capacity. 0 on success. */
 int om_grow(void **arr, int *cap, int n, size_t elem);
 
+/* Hands the pages that lie wholly inside [p, p + nbytes) of a host block back to the system
+ * (their contents are gone; the next touch maps zeroed pages): the block stays allocated and
+ * usable, and its resident size shrinks. A no-op where the system has no such call. */
+void om_release_pages(void *p, size_t nbytes);
+
 /* Shapes */
 /* The largest tensor the engine takes, in bytes: every element index and byte offset a
  * kernel computes from dims then fits an int64_t (and a size_t), with room for a stride. */

@@ -382,8 +382,19 @@ typedef struct frame {          /* where every value's bytes are during one call
     om_plan *plan;
     const om_cuda_provider *cu; /* CUDA plans: the provider; NULL on the CPU */
     char *twin;                 /* CPU: the frame's twin region (fp32 copies for half-precision nodes) */
+    char *base;                 /* CPU: the frame's buffer, whose dead pages go back as the call runs */
     void *stream;
 } frame;
+
+/* CPU: after node k ran, the frame bytes that nothing later in the call touches leave the
+ * resident set (plan.h: release_at), as eager frees a saved tensor once backward used it. */
+static void release_after(const frame *f, int k) {
+    const om_plan *p = f->plan;
+    if (!f->base || !p->release_at) return;
+    for (int r = p->release_at[k]; r < p->release_at[k + 1]; r++) {
+        om_release_pages(f->base + p->release_range[2 * r], p->release_range[2 * r + 1]);
+    }
+}
 
 /* Engine-owned run-time memory: host memory, or the CUDA pool (ordered on the call's stream). */
 static void *frame_alloc(frame *f, size_t nb) {
@@ -477,6 +488,7 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
             if (e->prof) profile_add(e, prog[s], &t0);
         }
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
+        release_after(f, prog[s]);
     }
     return NULL;
 }
@@ -560,6 +572,7 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     }
     for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
     f.twin = (char *)stash_buf + p->twin_offset;
+    if (!f.cu) f.base = stash_buf;
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)stash_buf + p->offset[v];
@@ -605,8 +618,12 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
         *stash_out = s;
     }
 done:
-    if (stash_buf && !f.cu && p && !p->spare_stash) p->spare_stash = stash_buf;
-    else if (stash_buf) frame_release(&f, stash_buf);
+    if (stash_buf && !f.cu && p && !p->spare_stash) {
+        om_release_pages(stash_buf, p->stash_size);   /* kept for its address, not its pages */
+        p->spare_stash = stash_buf;
+    } else if (stash_buf) {
+        frame_release(&f, stash_buf);
+    }
     if (f.data) frame_free(&f, given);
     free(given);
     pthread_mutex_unlock(&e->lock);
@@ -636,6 +653,7 @@ static om_status *run_variant(om_engine *e, frame *f, const om_bwd_variant *var)
     for (int s = 0; s < var->n_prog;) {
         if (var->prog[s] < 0) {
             OM_TRY(zero_fill_outputs(f, e->g, -var->prog[s] - 1));
+            release_after(f, -var->prog[s] - 1);
             s++;
             continue;
         }
@@ -715,6 +733,7 @@ static om_status *backward_on(om_engine *e, om_stash *s, const om_tensor *grad_o
         }
     }
     f.twin = (char *)s->buf + p->twin_offset;
+    if (!f.cu) f.base = s->buf;
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)s->buf + p->offset[v];
         else if (p->storage[v] == OM_ST_BWD) f.data[v] = (char *)s->buf + p->offset[v];
@@ -770,6 +789,7 @@ void om_stash_free(om_stash *s) {
     plan_slot *sl = s->slot;
     const int last = --sl->refs == 0 && !sl->cached;   /* the plan was evicted while this stash lived */
     if (s->buf && !last && !s->plan->spare_stash) {     /* CPU: the next forward takes it */
+        om_release_pages(s->buf, s->plan->stash_size);  /* its address, not its pages */
         s->plan->spare_stash = s->buf;
         s->buf = NULL;
     }
@@ -895,9 +915,9 @@ const char *om_engine_report_json(om_engine *e) {
         }
         sb_printf(&b, "], \"forward_kernels\": %d, \"backward_kernels\": %d, \"frame_bytes\": %zu, "
                       "\"stash_bytes\": %zu, \"forward_output_bytes\": %zu, "
-                      "\"gradient_bytes\": %zu, \"peak_bytes\": %zu, \"largest_buffers\": [",
+                      "\"gradient_bytes\": %zu, \"peak_bytes\": %zu, \"release_ranges\": %d, \"largest_buffers\": [",
                   p->n_fwd_prog, p->n_bwd_prog, p->stash_size, p->stash_value_bytes, out_fwd, out_bwd,
-                  peak_fwd > peak_bwd ? peak_fwd : peak_bwd);
+                  peak_fwd > peak_bwd ? peak_fwd : peak_bwd, p->n_release);
         /* the ten largest run-time buffers, by a simple selection (plans are small) */
         char *taken = calloc((size_t)p->n_values + 1, 1);
         for (int r = 0; taken && r < 10; r++) {

@@ -95,7 +95,7 @@ om_status *om_graph_add_node(om_graph *g, const char *op_type, const char *domai
     n->name = om_strdup(name);
     /* room for every input and output the op can have, the ones not given -1 (absent): rules
      * and kernels read optional ones by position, and an imported node may stop before them */
-    const int cap_in = n_in > op->max_in ? n_in : op->max_in, cap_out = n_out > op->max_out ? n_out : op->max_out;
+    const int cap_in = om_node_slots(n_in, op->max_in), cap_out = om_node_slots(n_out, op->max_out);
     n->in = malloc(sizeof(int) * (size_t)(cap_in ? cap_in : 1));
     n->out = malloc(sizeof(int) * (size_t)(cap_out ? cap_out : 1));
     if (!n->name || !n->in || !n->out) return om_error(OM_OUT_OF_MEMORY, "out of memory adding node");

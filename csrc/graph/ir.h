@@ -70,6 +70,16 @@ typedef struct om_graph {
     void *callback_user;
 } om_graph;
 
+/* How many in/out slots a node of an op with this arity gets: an op with a fixed arity is padded
+ * with -1 (absent) to its maximum, since rules and kernels read optional inputs by position; a
+ * variadic op (Concat, Split: up to 2^20) gets what it was given, since a slot per possible
+ * position would be 4 MiB per node, written (-1) and so resident, for as long as the graph. */
+#define OM_PAD_ARITY 64
+static inline int om_node_slots(int given, int max) {
+    int cap = max <= OM_PAD_ARITY && max > given ? max : given;
+    return cap ? cap : 1;
+}
+
 om_graph *om_graph_new(void);
 void      om_graph_free(om_graph *g);
 

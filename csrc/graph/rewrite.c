@@ -51,7 +51,7 @@ om_status *om_graph_replace_node(om_graph *g, int idx, const char *op_type, cons
     if (!op) return om_error(OM_INTERNAL, "rewrite to unknown op '%s'", op_type);
     om_node *n = &g->nodes[idx];
     /* padded with -1 to the op's arity, as om_graph_add_node does */
-    const int cap_in = n_in > op->max_in ? n_in : op->max_in, cap_out = n_out > op->max_out ? n_out : op->max_out;
+    const int cap_in = om_node_slots(n_in, op->max_in), cap_out = om_node_slots(n_out, op->max_out);
     int *ni = malloc(sizeof(int) * (size_t)(cap_in + 1)), *no = malloc(sizeof(int) * (size_t)(cap_out + 1));
     if (!ni || !no) { free(ni); free(no); return om_error(OM_OUT_OF_MEMORY, "out of memory in a pass"); }
     for (int i = 0; i < cap_in; i++) ni[i] = i < n_in ? in[i] : -1;

@@ -21,6 +21,8 @@ void om_plan_free(om_plan *p) {
     free(p->fwd_prog);
     free(p->bwd_prog);
     free(p->seed_of_output);
+    free(p->release_at);
+    free(p->release_range);
     om_free(p->spare_stash);
     om_plan_free_variants(p);
     free(p);
@@ -161,6 +163,144 @@ static size_t place(om_plan *p, interval *iv, int n) {
     return total;
 }
 
+/* Ranges below this are not worth a system call: they go back with the whole frame. */
+#define RELEASE_MIN_BYTES ((size_t)64 << 10)
+
+static int cmp_size(const void *a, const void *b) {
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct use { int seg, def, last; } use;   /* a buffer placed over a segment of the frame */
+
+static int by_seg_def(const void *a, const void *b) {
+    const use *x = a, *y = b;
+    return x->seg != y->seg ? (x->seg > y->seg) - (x->seg < y->seg) : (x->def > y->def) - (x->def < y->def);
+}
+
+typedef struct drop { int step, seg; } drop;      /* a segment that goes back after a step */
+
+static int by_step_seg(const void *a, const void *b) {
+    const drop *x = a, *y = b;
+    return x->step != y->step ? (x->step > y->step) - (x->step < y->step) : (x->seg > y->seg) - (x->seg < y->seg);
+}
+
+/* The release schedule (om_plan.release_at). The frame is cut into segments at every buffer's
+ * start and end; the buffers placed over one segment have disjoint lifetimes (place() sees to
+ * it), so between the last step of one and the definition of the next, and after the last
+ * one, nothing reads the segment: its pages can go back to the system after that step, and
+ * the next buffer there gets zeroed pages when its kernel writes it. The resident part of the
+ * frame then follows its live buffers, as eager PyTorch's memory follows its live tensors
+ * (each tensor is freed when its last user ran, a saved one once backward used it). The bytes
+ * of a result (a graph output or input gradient the frame holds) are copied out after their
+ * program ended (hand_out): they stay until the end of the call. Steps are program positions
+ * (forward steps, then backward steps); ranges are keyed by the node at the step, so that a
+ * backward variant, which runs a subsequence of the program's nodes in order, releases after
+ * the nodes it runs. Adjacent segments released after one step merge into one range. */
+static om_status *release_schedule(om_plan *p, const interval *iv, int n_iv, const char *result, const int *share,
+                                   int n_nodes) {
+    om_status *st = NULL;
+    int n_b = 0, n_u = 0, n_use = 0, n_drop = 0, n_steps = p->n_fwd_prog + p->n_bwd_prog;
+    size_t *bound = malloc(sizeof(size_t) * (2 * (size_t)n_iv + 1));
+    char *keep = calloc((size_t)p->n_values + 1, 1);   /* per root buffer: holds a result */
+    use *uses = NULL;
+    drop *drops = NULL;
+    int *fill = NULL;
+    p->release_at = calloc((size_t)n_nodes + 2, sizeof(int));
+    if (!bound || !keep || !p->release_at) goto oom;
+    for (int v = 0; v < p->n_values; v++)
+        if (result[v] && p->storage[v] != OM_ST_OUT && p->storage[v] != OM_ST_CONST && p->storage[v] != OM_ST_INPUT &&
+            p->storage[v] != OM_ST_SEED && p->storage[v] != OM_ST_NONE)
+            keep[share[root_of(p, v)]] = 1;
+    for (int i = 0; i < n_iv; i++) {
+        if (!iv[i].size) continue;
+        bound[n_b++] = p->offset[iv[i].v];
+        bound[n_b++] = p->offset[iv[i].v] + iv[i].size;
+    }
+    qsort(bound, (size_t)n_b, sizeof *bound, cmp_size);
+    for (int i = 0; i < n_b; i++)
+        if (!n_u || bound[i] != bound[n_u - 1]) bound[n_u++] = bound[i];
+    /* segment s is [bound[s], bound[s + 1]); count the (segment, buffer) pairs first */
+    size_t n_pairs = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < n_iv; i++) {
+            if (!iv[i].size) continue;
+            size_t lo = p->offset[iv[i].v], hi = lo + iv[i].size;
+            int a = 0, b = n_u - 1;   /* the segment that starts at lo */
+            while (a < b) {
+                int m = (a + b) / 2;
+                if (bound[m] < lo) a = m + 1;
+                else b = m;
+            }
+            for (int sg = a; sg + 1 < n_u && bound[sg] < hi; sg++) {
+                if (!pass) { n_pairs++; continue; }
+                uses[n_use++] = (use){sg, iv[i].def, keep[iv[i].v] ? n_steps : iv[i].last};
+            }
+        }
+        if (pass) break;
+        if (n_pairs > (size_t)1 << 28) goto done;   /* absurdly fragmented: release only at the end */
+        uses = malloc(sizeof(use) * (n_pairs + 1));
+        drops = malloc(sizeof(drop) * (n_pairs + 1));
+        if (!uses || !drops) goto oom;
+    }
+    qsort(uses, (size_t)n_use, sizeof *uses, by_seg_def);
+    for (int i = 0; i < n_use; i++) {
+        const int last_on_seg = i + 1 == n_use || uses[i + 1].seg != uses[i].seg;
+        if (uses[i].last >= n_steps) continue;   /* a result, or used to the end */
+        /* the next one starts at once: no time in which the pages would be free. Between the
+         * forward's last step and the backward's first, the caller runs (its loss, other
+         * modules' forwards and backwards): a gap however close the steps */
+        if (!last_on_seg && uses[i + 1].def <= uses[i].last + 1 &&
+            !(uses[i].last == p->n_fwd_prog - 1 && p->n_bwd_prog))
+            continue;
+        drops[n_drop++] = (drop){uses[i].last, uses[i].seg};
+    }
+    qsort(drops, (size_t)n_drop, sizeof *drops, by_step_seg);
+    /* merge runs of adjacent segments per step into ranges; count per node, then fill */
+    size_t *range = malloc(sizeof(size_t) * 3 * ((size_t)n_drop + 1));   /* (step, offset, bytes) */
+    int n_range = 0;
+    if (!range) goto oom;
+    for (int i = 0; i < n_drop;) {
+        int j = i + 1;
+        while (j < n_drop && drops[j].step == drops[i].step && drops[j].seg == drops[j - 1].seg + 1) j++;
+        size_t lo = bound[drops[i].seg], hi = bound[drops[j - 1].seg + 1];
+        if (hi - lo >= RELEASE_MIN_BYTES) {
+            range[3 * n_range] = (size_t)drops[i].step;
+            range[3 * n_range + 1] = lo;
+            range[3 * n_range + 2] = hi - lo;
+            n_range++;
+        }
+        i = j;
+    }
+    p->release_range = malloc(sizeof(size_t) * 2 * ((size_t)n_range + 1));
+    fill = malloc(sizeof(int) * ((size_t)n_nodes + 2));
+    if (!p->release_range || !fill) { free(range); goto oom; }
+    for (int r = 0; r < n_range; r++) {
+        int step = (int)range[3 * r];
+        p->release_at[(step < p->n_fwd_prog ? p->fwd_prog[step] : p->bwd_prog[step - p->n_fwd_prog]) + 1]++;
+    }
+    for (int k = 0; k <= n_nodes; k++) p->release_at[k + 1] += p->release_at[k];
+    memcpy(fill, p->release_at, sizeof(int) * ((size_t)n_nodes + 1));
+    for (int r = 0; r < n_range; r++) {
+        int step = (int)range[3 * r];
+        int at = fill[step < p->n_fwd_prog ? p->fwd_prog[step] : p->bwd_prog[step - p->n_fwd_prog]]++;
+        p->release_range[2 * at] = range[3 * r + 1];
+        p->release_range[2 * at + 1] = range[3 * r + 2];
+    }
+    p->n_release = n_range;
+    free(range);
+    goto done;
+oom:
+    st = om_error(OM_OUT_OF_MEMORY, "out of memory building a plan");
+done:
+    free(bound);
+    free(keep);
+    free(uses);
+    free(drops);
+    free(fill);
+    return st;
+}
+
 static size_t aligned_bytes(const om_tensor *t) { return (om_tensor_nbytes(t) + 63) & ~(size_t)63; }
 
 om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_inputs, bool has_backward,
@@ -172,7 +312,8 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     om_plan *p = calloc(1, sizeof *p);
     char *folded = calloc((size_t)nn + 1, 1), *live = calloc((size_t)nn + 1, 1), *needed = calloc((size_t)nv + 1, 1);
     int *step_of = malloc(sizeof(int) * ((size_t)nn + 1)), *last = malloc(sizeof(int) * ((size_t)nv + 1));
-    int *def = malloc(sizeof(int) * ((size_t)nv + 1));
+    int *def = malloc(sizeof(int) * ((size_t)nv + 1)), *share = NULL;
+    char *result = NULL;
     interval *iv = malloc(sizeof(interval) * ((size_t)nv + 1));
     if (!p || !folded || !live || !needed || !step_of || !last || !def || !iv) goto oom;
     p->n_inputs = n_inputs;
@@ -248,7 +389,7 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
      * of an unbatched MultiheadAttention's key/value input, the Unsqueeze's gradient of a
      * Reshape'd Add, came back holding the query's gradient). hand_out would copy an alias
      * anyway; the view's own kernel copies into the result's buffer instead. */
-    char *result = calloc((size_t)nv + 1, 1);
+    result = calloc((size_t)nv + 1, 1);
     if (!result) goto oom;
     for (int i = 0; i < g->n_outputs; i++) result[g->outputs[i]] = 1;
     if (has_backward && g->grad_of_input)
@@ -265,7 +406,6 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
         p->storage[b] = OM_ST_ALIAS;
         p->alias_of[b] = root_of(p, a);   /* point at the buffer's owner: one hop at run time */
     }
-    free(result);
 
     /* Lifetimes per root buffer, in program steps (forward steps, then backward steps). */
     for (int v = 0; v < nv; v++) def[v] = last[v] = -1;
@@ -303,7 +443,7 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     /* In-place reuse: an INPLACE op's output takes its first input's buffer when that input
      * dies at this node (same arena, same size); the merged buffer lives until the output's
      * last use. share[] points each merged output at the buffer that owns the bytes. */
-    int *share = malloc(sizeof(int) * ((size_t)nv + 1));
+    share = malloc(sizeof(int) * ((size_t)nv + 1));
     if (!share) goto oom;
     for (int v = 0; v < nv; v++) share[v] = v;
     for (int k = 0; k < nn; k++) {
@@ -335,7 +475,7 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     if (p->twin_bytes) p->stash_size = p->twin_offset + p->twin_bytes;
     for (int v = 0; v < nv; v++)
         if (share[v] != v) p->offset[v] = p->offset[share[v]];
-    free(share);
+    if (p->device == OM_CPU && (st = release_schedule(p, iv, n_iv, result, share, nn))) goto fail;
 
     goto done;
 oom:
@@ -344,7 +484,7 @@ fail:
     om_plan_free(p);
     p = NULL;
 done:
-    free(folded); free(live); free(needed); free(step_of); free(last); free(def); free(iv);
+    free(folded); free(live); free(needed); free(step_of); free(last); free(def); free(iv); free(share); free(result);
     *out = p;
     return st;
 }

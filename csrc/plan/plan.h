@@ -49,6 +49,14 @@ typedef struct om_plan {
                                      absent (zero): what they cannot reach is skipped
                                      (plan/backward_variants.h) */
     int device_id;
+    /* CPU: the frame bytes that no later step of the call touches, per runtime node (CSR: the
+     * ranges of node k are release_range[2*i], [2*i+1] (offset, bytes) for i in
+     * release_at[k] .. release_at[k+1]-1): the executor hands their pages back to the system
+     * after k ran (om_release_pages), so a frame's resident size follows its live buffers, as
+     * eager PyTorch frees each saved tensor once backward used it (plan.c: release_schedule) */
+    int *release_at;
+    size_t *release_range;
+    int n_release;                /* ranges in all */
     struct om_device_plan *device_data; /* plans on a device other than the CPU: what its provider
                                      needs to run them (kernels, uploaded constants), attached and
                                      released by the executor (exec/device.h); NULL on the CPU and
