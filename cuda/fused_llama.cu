@@ -1,4 +1,4 @@
-// fused_llama.cu — fused_llama.c's ops on the GPU: SwiGLU and RotaryEmbedding with their backward
+// fused_llama.cu — fused_llama.c's ops on the GPU: SwiGLU and FusedRotary with their backward
 // ops, one thread per output element, the math in fp32 for fp16/bf16 (rounded once on store) and
 // fp64 for fp64. The formulas are the CPU kernels', term for term (fused_llama.c says why they are
 // the unfused graph's).
@@ -68,7 +68,7 @@ om_status *swiglu_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     return omc_launched(ctx);
 }
 
-// ---- RotaryEmbedding ------------------------------------------------------------------------------
+// ---- FusedRotary ------------------------------------------------------------------------------
 
 // rows of d along x's last dim, split s (m = d - s); cos and sin broadcast into x (plan p: operands
 // cos, sin over x's shape)
@@ -115,7 +115,7 @@ __global__ void rope_kernel(T *y, const T *x, const T *c, const T *sn, bcast p, 
     }
 }
 
-om_status *rotary_embedding_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *fused_rotary_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     rope_geo r;
     bcast p;
     OMC_TRY(rope_setup(ctx, x, 0, &r, &p));
@@ -150,14 +150,14 @@ __global__ void rope_grad_kernel(T *dx, T *dc, T *ds, const T *dy, const T *x, c
     }
 }
 
-om_status *rotary_embedding_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+om_status *fused_rotary_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     rope_geo r;
     bcast p;
     OMC_TRY(rope_setup(ctx, x, 0, &r, &p));
     int64_t n = numel(&ctx->in[0]);
     int want_x = wanted(ctx, 1) || wanted(ctx, 2);
     if (want_x && !present(ctx, 5))
-        return OMC_ERR(OM_INVALID_ARGUMENT, "RotaryEmbeddingGrad node '%s': cos's or sin's gradient needs x (input 5)",
+        return OMC_ERR(OM_INVALID_ARGUMENT, "FusedRotaryGrad node '%s': cos's or sin's gradient needs x (input 5)",
                        omc_node_name(ctx));
     if (!n || (!wanted(ctx, 0) && !want_x)) return NULL;
     OMC_DISPATCH_FLOAT(ctx->in[0].dtype, ctx, 0, {

@@ -1,5 +1,5 @@
 """The Llama fusions (issue 18): passes swiglu (silu(gate) * up -> SwiGLU) and rotary_embedding
-(x * cos + rotate_half(x) * sin -> RotaryEmbedding), csrc/passes/fuse_swiglu.c and
+(x * cos + rotate_half(x) * sin -> FusedRotary), csrc/passes/fuse_swiglu.c and
 fuse_rotary_embedding.c, ops in csrc/ops/fused_llama.c.
 
 - Unit graphs as torch.onnx writes them (the benchmark Llama's chunk-based rotate_half, transformers'
@@ -149,16 +149,16 @@ def rope_model(form="hf", d=8, x_rank=4, cos_shape=None, concat_order=(0, 1), ad
 @pytest.mark.parametrize("orders", [(0, (0, 0)), (1, (1, 0)), (0, (1, 1)), (1, (0, 1))])
 def test_rotary_fires_and_equals_unfused_bit_for_bit(form, orders):
     m, feeds = rope_model(form, add_order=orders[0], mul_orders=orders[1])
-    check_pass("rotary_embedding", m, feeds, [True, False, False], "RotaryEmbedding", rtol=0, atol=0)
+    check_pass("rotary_embedding", m, feeds, [True, False, False], "FusedRotary", rtol=0, atol=0)
     ops, _ = optimized_ops(m, [True, False, False])
-    assert "Neg" not in ops and "Concat" not in ops and ops.count("RotaryEmbedding") == 1, ops
+    assert "Neg" not in ops and "Concat" not in ops and ops.count("FusedRotary") == 1, ops
 
 
 @pytest.mark.parametrize("form,d", [("hf", 6), ("chunk", 6), ("chunk", 7), ("hf", 7), ("chunk", 1), ("hf", 2)])
 def test_rotary_head_dims(form, d):
     # odd d: chunk splits at ceil(d/2), d//2 at floor; either way the halves cover d
     m, feeds = rope_model(form, d=d, cos_shape=(5, d))
-    check_pass("rotary_embedding", m, feeds, [True, False, False], "RotaryEmbedding", rtol=0, atol=0)
+    check_pass("rotary_embedding", m, feeds, [True, False, False], "FusedRotary", rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("cos_shape", [(2, 1, 5, 8), (1, 8), (5, 1), (8,)])
@@ -166,13 +166,13 @@ def test_rotary_cos_sin_broadcast_and_their_gradients(cos_shape):
     # transformers' cos/sin are (B, 1, T, d); here they also want gradients (a learned table):
     # the fused rule emits them from dy * x and dy * rotate_half(x), summed to their shapes
     m, feeds = rope_model("hf", cos_shape=cos_shape)
-    check_pass("rotary_embedding", m, feeds, [True, True, True], "RotaryEmbedding", rtol=1e-5, atol=1e-6)
-    check_pass("rotary_embedding", m, feeds, [False, False, True], "RotaryEmbedding", rtol=1e-5, atol=1e-6)
+    check_pass("rotary_embedding", m, feeds, [True, True, True], "FusedRotary", rtol=1e-5, atol=1e-6)
+    check_pass("rotary_embedding", m, feeds, [False, False, True], "FusedRotary", rtol=1e-5, atol=1e-6)
 
 
 def test_rotary_rank3_chunk_form():
     m, feeds = rope_model("chunk", x_rank=3)
-    check_pass("rotary_embedding", m, feeds, [True, False, False], "RotaryEmbedding", rtol=0, atol=0)
+    check_pass("rotary_embedding", m, feeds, [True, False, False], "FusedRotary", rtol=0, atol=0)
 
 
 def test_rotary_cos_that_does_not_broadcast_into_x_is_refused_by_name():
@@ -180,7 +180,7 @@ def test_rotary_cos_that_does_not_broadcast_into_x_is_refused_by_name():
     # refuses the plan (naming the pass to switch off) rather than computing something else
     m, feeds = rope_model("chunk", x_rank=2, cos_shape=(2, 3, 5, 8))
     ops, _ = optimized_ops(m, [True, False, False])
-    assert "RotaryEmbedding" in ops
+    assert "FusedRotary" in ops
     with pytest.raises(Exception, match="rotary_embedding"):
         run(m, feeds, grad=[True, False, False])
     with options.overridden(disable_passes="rotary_embedding"):
@@ -201,7 +201,7 @@ def test_rotary_cos_that_does_not_broadcast_into_x_is_refused_by_name():
 def test_rotary_left_alone_when_not_exactly_the_pattern(change):
     m, feeds = rope_model("hf", **change)
     ops, _ = optimized_ops(m, [True, False, False] + ([False] if change.get("other_x") else []))
-    assert "RotaryEmbedding" not in ops, ops
+    assert "FusedRotary" not in ops, ops
 
 
 def test_rotary_axis_of_unknown_rank_is_left_alone():
@@ -219,8 +219,8 @@ def test_rotary_axis_of_unknown_rank_is_left_alone():
                  helper.make_node("Mul", ["x", "cos"], ["xc"]), helper.make_node("Mul", ["rot", "sin"], ["rs"]),
                  helper.make_node("Add", ["xc", "rs"], ["y"])]
         return model(nodes, [("x0", (2, 3, 5, 8)), ("cos", (5, 8)), ("sin", (5, 8))], ["y"])
-    assert "RotaryEmbedding" not in optimized_ops(build(3), [True, False, False])[0]
-    assert "RotaryEmbedding" in optimized_ops(build(-1), [True, False, False])[0]
+    assert "FusedRotary" not in optimized_ops(build(3), [True, False, False])[0]
+    assert "FusedRotary" in optimized_ops(build(-1), [True, False, False])[0]
 
 
 # ---- whole models: fused against unfused ------------------------------------------------------

@@ -4,9 +4,13 @@
  * Exports:
  *   om_op_swiglu                 SwiGLU               (gate, up) -> silu(gate) * up = (gate sigmoid(gate)) up
  *   om_op_swiglu_grad            SwiGLUGrad           (dy, gate, up) -> (dgate?, dup?), both of dy's shape
- *   om_op_rotary_embedding       RotaryEmbedding      (x, cos, sin, split, end) -> x cos + rotate_half(x) sin
- *   om_op_rotary_embedding_grad  RotaryEmbeddingGrad  (dy, cos, sin, split, end, x?) -> (dx?, dcos?, dsin?)
+ *   om_op_fused_rotary       FusedRotary      (x, cos, sin, split, end) -> x cos + rotate_half(x) sin
+ *   om_op_fused_rotary_grad  FusedRotaryGrad  (dy, cos, sin, split, end, x?) -> (dx?, dcos?, dsin?)
  *                                                     dcos = dy x and dsin = dy rotate_half(x), of dy's shape
+ *
+ * FusedRotary is not ORT's com.microsoft.RotaryEmbedding nor ONNX 23's RotaryEmbedding (position
+ * ids, half-width caches, attributes): another signature, so another name (om_op_find serves
+ * com.microsoft nodes with the ortmod op of the same name).
  *
  * SwiGLU broadcasts gate and up against each other as the Mul it replaces does. SwiGLUGrad
  * computes both gradients in one pass over dy, gate and up (sigmoid recomputed, nothing else
@@ -196,7 +200,7 @@ static om_status *swiglu_grad_cpu(om_kernel_ctx *ctx) {
     return swiglu_go(ctx, &j, &ctx->in[0], &ctx->in[1], &ctx->in[2]);
 }
 
-/* ---- RotaryEmbedding -------------------------------------------------------------- */
+/* ---- FusedRotary -------------------------------------------------------------- */
 
 /* Slice's clamping of a bound v on an axis of length d (ONNX Slice, positive step). */
 static int64_t slice_bound(int64_t v, int64_t d) {
@@ -204,7 +208,7 @@ static int64_t slice_bound(int64_t v, int64_t d) {
     return v < 0 ? 0 : v > d ? d : v;
 }
 
-/* The geometry of a RotaryEmbedding(Grad) node: x's (or dy's) shape as rows of d, the split s,
+/* The geometry of a FusedRotary(Grad) node: x's (or dy's) shape as rows of d, the split s,
  * and cos/sin's element strides over x's dims (0 where broadcast). */
 typedef struct rope_geom {
     int rank;
@@ -243,7 +247,7 @@ static om_status *rope_read_bound(const om_kernel_ctx *ctx, int i, int64_t *v) {
     return NULL;
 }
 
-/* x: input xi (RotaryEmbedding's x, the gradient's dy); cos, sin, split, end at ci.. ci+3. */
+/* x: input xi (FusedRotary's x, the gradient's dy); cos, sin, split, end at ci.. ci+3. */
 static om_status *rope_geometry(const om_kernel_ctx *ctx, int xi, int ci, rope_geom *r) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[xi];
@@ -384,7 +388,7 @@ static om_status *rope_grad(om_grad_ctx *c) {
     if (!want[0] && !want[1] && !want[2]) return NULL;
     /* x is read only for cos's and sin's gradients (normally constants: not wanted) */
     int in[6] = {dy, cs, sn, f->in[3], f->in[4], want[1] || want[2] ? x : -1};
-    if (emit_partial(c, "RotaryEmbeddingGrad", in, 6, out, 3, want) < 0) return NULL;
+    if (emit_partial(c, "FusedRotaryGrad", in, 6, out, 3, want) < 0) return NULL;
     c->dx[0] = out[0];
     if (want[1]) c->dx[1] = om_emit_sum_to(c, out[1], cs);
     if (want[2]) c->dx[2] = om_emit_sum_to(c, out[2], sn);
@@ -396,7 +400,7 @@ static om_status *rope_grad_infer(om_kernel_ctx *ctx) {
     OM_TRY(rope_geometry(ctx, 0, 1, &r));
     const om_tensor *dy = &ctx->in[0];
     if (present(ctx, 5) && (om_check_float(ctx->node, &ctx->in[5], 5, dy->dtype) || !om_shape_equal(&ctx->in[5], dy)))
-        return om_error(OM_INVALID_ARGUMENT, "RotaryEmbeddingGrad node '%s': x must have dy's shape and dtype",
+        return om_error(OM_INVALID_ARGUMENT, "FusedRotaryGrad node '%s': x must have dy's shape and dtype",
                         ctx->node->name);
     for (int j = 0; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], dy, dy->dtype);
     return NULL;
@@ -409,7 +413,7 @@ static om_status *rope_grad_cpu(om_kernel_ctx *ctx) {
                   .dc = wanted(ctx, 1) ? ctx->out[1].data : NULL, .ds = wanted(ctx, 2) ? ctx->out[2].data : NULL};
     OM_TRY(rope_geometry(ctx, 0, 1, &j.r));
     if ((j.dc || j.ds) && !j.x)
-        return om_error(OM_INVALID_ARGUMENT, "RotaryEmbeddingGrad node '%s': cos's or sin's gradient needs x (input 5)",
+        return om_error(OM_INVALID_ARGUMENT, "FusedRotaryGrad node '%s': cos's or sin's gradient needs x (input 5)",
                         ctx->node->name);
     if (!j.dx && !j.dc && !j.ds) return NULL;
     return rope_go(ctx, &j);
@@ -418,7 +422,7 @@ static om_status *rope_grad_cpu(om_kernel_ctx *ctx) {
 /* ---- the defs --------------------------------------------------------------------- */
 
 /* SwiGLU and SwiGLUGrad read each element of input 0 before writing the same element of
- * output 0 (and the planner merges them only when the shapes agree). RotaryEmbedding reads
+ * output 0 (and the planner merges them only when the shapes agree). FusedRotary reads
  * x_{s+j} after writing y_j: not in place. */
 const om_op_def om_op_swiglu = {
     .name = "SwiGLU", .domain = "ortmod", .min_in = 2, .max_in = 2, .min_out = 1, .max_out = 1,
@@ -428,11 +432,11 @@ const om_op_def om_op_swiglu_grad = {
     .name = "SwiGLUGrad", .domain = "ortmod", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 2,
     .flags = OM_OP_INPLACE, .infer = swiglu_grad_infer, .cpu = swiglu_grad_cpu,
 };
-const om_op_def om_op_rotary_embedding = {
-    .name = "RotaryEmbedding", .domain = "ortmod", .min_in = 5, .max_in = 5, .min_out = 1, .max_out = 1,
+const om_op_def om_op_fused_rotary = {
+    .name = "FusedRotary", .domain = "ortmod", .min_in = 5, .max_in = 5, .min_out = 1, .max_out = 1,
     .infer = rope_infer, .grad = rope_grad, .cpu = rope_cpu, .diff_inputs = 0x7,
 };
-const om_op_def om_op_rotary_embedding_grad = {
-    .name = "RotaryEmbeddingGrad", .domain = "ortmod", .min_in = 5, .max_in = 6, .min_out = 1, .max_out = 3,
+const om_op_def om_op_fused_rotary_grad = {
+    .name = "FusedRotaryGrad", .domain = "ortmod", .min_in = 5, .max_in = 6, .min_out = 1, .max_out = 3,
     .infer = rope_grad_infer, .cpu = rope_grad_cpu,
 };

@@ -143,8 +143,8 @@
     /* fused_llama.c */ \
     OP(om_op_swiglu, "SwiGLU", "ortmod", swiglu_cuda) \
     OP(om_op_swiglu_grad, "SwiGLUGrad", "ortmod", swiglu_grad_cuda) \
-    OP(om_op_rotary_embedding, "RotaryEmbedding", "ortmod", rotary_embedding_cuda) \
-    OP(om_op_rotary_embedding_grad, "RotaryEmbeddingGrad", "ortmod", rotary_embedding_grad_cuda) \
+    OP(om_op_fused_rotary, "FusedRotary", "ortmod", fused_rotary_cuda) \
+    OP(om_op_fused_rotary_grad, "FusedRotaryGrad", "ortmod", fused_rotary_grad_cuda) \
     /* attention.c */ \
     OP(om_op_fused_attention, "FusedAttention", "ortmod", attention_cuda) \
     OP(om_op_fused_attention_grad, "FusedAttentionGrad", "ortmod", attention_grad_cuda) \

@@ -1,4 +1,4 @@
-/* fuse_rotary_embedding.c — x * cos + rotate_half(x) * sin -> RotaryEmbedding (pass "rotary_embedding").
+/* fuse_rotary_embedding.c — x * cos + rotate_half(x) * sin -> FusedRotary (pass "rotary_embedding").
  *
  * Llama's rotary position embedding, as torch.onnx exports the benchmark's Llama (rotate_half by
  * x.chunk(2, -1)) and transformers' Llama, Mistral, Qwen2 (x[..., :d // 2] and x[..., d // 2 :]):
@@ -116,7 +116,7 @@ om_status *om_pass_rotary_embedding(om_pass_ctx *c) {
                 for (int i = 0; i < nd; i++) dead[i]->dead = 1;
                 ms->dead = mc->dead = 1;
                 int in[5] = {x, cos, sin, split, end}, out[1] = {add->out[0]};
-                st = fm_rewrite(c, k, "RotaryEmbedding", "ortmod", in, 5, out, 1);
+                st = fm_rewrite(c, k, "FusedRotary", "ortmod", in, 5, out, 1);
                 done = 1;
             }
         }
