@@ -15,8 +15,9 @@ crash in its cases, and names them:
   product in every layout matches numpy); a perturbed reference fails the op, half and model
   comparisons.
 - ops-fp32: tests/gpu/test_ops_cuda.py's cases, imported from it (CASES, NEW_CASES, cross entropy,
-  dropout masks, MaxPool NaN), its GatherElements out-of-range case, and its constant indices out of
-  range (Gather, GatherElements, ScatterElements, GatherND, ScatterND: refused at plan time). Not run:
+  dropout masks, MaxPool NaN, and last the Llama fusions' LLAMA_CASES), its GatherElements
+  out-of-range case, and its constant indices out of range (Gather, GatherElements, ScatterElements,
+  GatherND, ScatterND: refused at plan time). Not run:
   test_conv_large_batch_takes_several_im2col_chunks (5x128^3 images are too slow to emulate; the
   emulated build's 4 KiB im2col chunk makes the parity convolutions take several chunks instead)
   and test_matmul_half_precision (the half group's MatMul cases cover it).

@@ -408,8 +408,10 @@ def test_layer_norm_wrong_axis_left_alone():
     check_pass("layer_norm", m, [rnd(2, 3, 16), rnd(16), rnd(16)], [True] * 3, "LayerNormalization", fires=False)
 
 
-@pytest.mark.parametrize("form", ["div", "reciprocal"])
+@pytest.mark.parametrize("form", ["div", "reciprocal", "one_over", "one_over_cast"])
 def test_rms_norm(form):
+    # one_over: torch.rsqrt as torch.onnx writes it (Div(1, Sqrt)), the benchmark Llama's RMSNorm;
+    # one_over_cast: transformers' (x.float() ... .to(input_dtype)), whose Casts are no-ops in fp32
     nodes = [const("ax", [-1], np.int64), const("two", 2.0), const("eps", 1e-6),
              helper.make_node("Pow", ["x", "two"], ["x2"]),
              helper.make_node("ReduceMean", ["x2", "ax"], ["ms"]),
@@ -417,14 +419,31 @@ def test_rms_norm(form):
              helper.make_node("Sqrt", ["mse"], ["rms"])]
     if form == "div":
         nodes.append(helper.make_node("Div", ["x", "rms"], ["n"]))
-    else:
+    elif form == "reciprocal":
         nodes += [helper.make_node("Reciprocal", ["rms"], ["inv"]), helper.make_node("Mul", ["x", "inv"], ["n"])]
+    else:
+        nodes += [const("one", 1.0), helper.make_node("Div", ["one", "rms"], ["inv"]),
+                  helper.make_node("Mul", ["x", "inv"], ["n"])]
+    if form == "one_over_cast":
+        nodes[-1] = helper.make_node("Mul", ["x", "inv"], ["n0"])
+        nodes.append(helper.make_node("Cast", ["n0"], ["n"], to=TensorProto.FLOAT))
     nodes.append(helper.make_node("Mul", ["scale", "n"], ["y"]))
     m = model(nodes, [("x", [2, 3, 16]), ("scale", [16])], ["y"])
     ops, _ = optimized_ops(m, [True, True])
     assert ops == ["SimplifiedLayerNormalization"], ops
     check_pass("layer_norm", m, [rnd(2, 3, 16), rnd(16)], [True, True], "SimplifiedLayerNormalization",
                rtol=1e-4, atol=1e-5)
+
+
+def test_rms_norm_one_over_left_alone_unless_one():
+    # 2 / Sqrt(...) is not a reciprocal; a Cast that changes the dtype is not a no-op
+    nodes = [const("ax", [-1], np.int64), const("two", 2.0), const("eps", 1e-6),
+             helper.make_node("Pow", ["x", "two"], ["x2"]), helper.make_node("ReduceMean", ["x2", "ax"], ["ms"]),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Div", ["two", "rms"], ["inv"]), helper.make_node("Mul", ["x", "inv"], ["n"]),
+             helper.make_node("Mul", ["scale", "n"], ["y"])]
+    m = model(nodes, [("x", [2, 3, 16]), ("scale", [16])], ["y"])
+    check_pass("layer_norm", m, [rnd(2, 3, 16), rnd(16)], [True, True], "SimplifiedLayerNormalization", fires=False)
 
 
 # ---- attention ---------------------------------------------------------------------------

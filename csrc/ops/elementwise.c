@@ -1274,8 +1274,10 @@ const om_op_def om_op_dropout = {.name = "Dropout", .domain = "", .min_in = 1, .
                                  .max_out = 2, .flags = OM_OP_RANDOM, .dtype = dtype_dropout,
                                  .infer = infer_dropout, .grad = dropout_grad, .cpu = dropout_cpu,
                                  .diff_inputs = 0x1u};
+/* In place: where nothing was broadcast (the same shape) the sum is x itself, and the planner merges
+ * the buffers only then, so the gradient of a same-shape Mul/Add operand costs no copy. */
 const om_op_def om_op_sum_to_shape = {.name = "SumToShape", .domain = "ortmod", .min_in = 2, .max_in = 2,
-                                      .min_out = 1, .max_out = 1, .infer = infer_sum_to_shape,
+                                      .min_out = 1, .max_out = 1, .flags = OM_OP_INPLACE, .infer = infer_sum_to_shape,
                                       .grad = sum_to_shape_grad, .cpu = sum_to_shape_cpu, .diff_inputs = 0x1u};
 
 GRAD_OP(om_op_relu_grad, "ReluGrad", infer_grad2, relu_grad_cpu)

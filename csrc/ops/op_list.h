@@ -140,6 +140,11 @@
     OP(om_op_bias_dropout_grad, "BiasDropoutGrad", "ortmod", bias_dropout_grad_cuda) \
     OP(om_op_simplified_layer_norm, "SimplifiedLayerNormalization", "ortmod", rms_norm_cuda) \
     OP(om_op_simplified_layer_norm_grad, "SimplifiedLayerNormalizationGrad", "ortmod", rms_norm_grad_cuda) \
+    /* fused_llama.c */ \
+    OP(om_op_swiglu, "SwiGLU", "ortmod", swiglu_cuda) \
+    OP(om_op_swiglu_grad, "SwiGLUGrad", "ortmod", swiglu_grad_cuda) \
+    OP(om_op_fused_rotary, "FusedRotary", "ortmod", fused_rotary_cuda) \
+    OP(om_op_fused_rotary_grad, "FusedRotaryGrad", "ortmod", fused_rotary_grad_cuda) \
     /* attention.c */ \
     OP(om_op_fused_attention, "FusedAttention", "ortmod", attention_cuda) \
     OP(om_op_fused_attention_grad, "FusedAttentionGrad", "ortmod", attention_grad_cuda) \

@@ -3,7 +3,8 @@
  *   LayerNorm:  m = ReduceMean(x, -1); d = x - m; v = ReduceMean(d^2 | d*d, -1);
  *               y = d / Sqrt(v + eps) * scale [+ bias]         -> LayerNormalization(axis=-1)
  *   RMSNorm:    v = ReduceMean(x^2 | x*x, -1);
- *               y = x / Sqrt(v + eps) * scale   (or x * Reciprocal(Sqrt(v + eps)) * scale)
+ *               y = x / Sqrt(v + eps) * scale   (or x * Reciprocal(Sqrt(v + eps)) * scale, or
+ *               x * (1 / Sqrt(v + eps)) * scale: torch.rsqrt as torch.onnx writes it)
  *                                                              -> SimplifiedLayerNormalization
  * ReduceMean must reduce exactly the last axis (axes = [-1], keepdims = 1), scale (and
  * bias) must be rank-1 parameters or constants, eps a constant scalar. Every intermediate
@@ -44,7 +45,14 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
             if (!fm_is_vector(g, scale)) continue;
             om_node *dead[12];
             int nd = 0;
-            /* normalized = num / Sqrt(...) or num * Reciprocal(Sqrt(...)) */
+            /* a Cast to the dtype it already has between the normalization and the scale
+             * (transformers' RMSNorm casts back to the input dtype: a no-op in fp32) */
+            om_node *back = fm_single(g, uses, nv, "Cast");
+            if (back && fm_noop_cast(g, back)) {
+                dead[nd++] = back;
+                nv = back->in[0];
+            }
+            /* normalized = num / Sqrt(...), num * Reciprocal(Sqrt(...)) or num * (1 / Sqrt(...)) */
             om_node *norm = fm_single(g, uses, nv, "Div"), *sq = NULL;
             int num = -1;
             if (norm) {
@@ -53,7 +61,11 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
             } else if ((norm = fm_single(g, uses, nv, "Mul")) && norm->n_in == 2) {
                 for (int s2 = 0; s2 < 2 && !sq; s2++) {
                     om_node *rc = fm_single(g, uses, norm->in[s2], "Reciprocal");
-                    if (rc && (sq = fm_single(g, uses, rc->in[0], "Sqrt"))) {
+                    int r_in = rc ? rc->in[0] : -1;
+                    if (!rc && (rc = fm_single(g, uses, norm->in[s2], "Div")) && rc->n_in == 2 &&
+                        fm_const_near(g, rc->in[0], 1.0, 0))   /* 1 / Sqrt: torch.rsqrt as exported */
+                        r_in = rc->in[1];
+                    if (rc && r_in >= 0 && (sq = fm_single(g, uses, r_in, "Sqrt"))) {
                         dead[nd++] = rc;
                         num = norm->in[1 - s2];
                     }

@@ -12,9 +12,13 @@ static const om_pass passes[] = {
     /* fusions: gelu before bias_gelu (Add + written-out GELU -> BiasGelu); attention and
      * bias_gelu before matmul_add_bias (they claim their Adds first); matmul_add_bias
      * before bias_dropout_residual (MatMul + Add -> Dropout -> Add: both fire);
-     * matmul_bias_gelu after both bias_gelu and matmul_add_bias (it takes either's result) */
+     * matmul_bias_gelu after both bias_gelu and matmul_add_bias (it takes either's result);
+     * swiglu and rotary_embedding claim only Mul/Sigmoid and Add/Mul/Slice/Concat/Neg chains
+     * that no other fusion matches */
     {"gelu", OM_PASS_FORWARD, om_pass_gelu},
     {"layer_norm", OM_PASS_FORWARD, om_pass_layer_norm},
+    {"swiglu", OM_PASS_FORWARD, om_pass_swiglu},
+    {"rotary_embedding", OM_PASS_FORWARD, om_pass_rotary_embedding},
     {"softmax_cross_entropy", OM_PASS_FORWARD, om_pass_softmax_cross_entropy},
     {"attention", OM_PASS_FORWARD, om_pass_attention},
     {"bias_gelu", OM_PASS_FORWARD, om_pass_bias_gelu},

@@ -59,4 +59,6 @@ om_status *om_pass_matmul_add_bias(om_pass_ctx *c);
 om_status *om_pass_matmul_bias_gelu(om_pass_ctx *c);
 om_status *om_pass_matmul_grad_gelu(om_pass_ctx *c);
 om_status *om_pass_bias_dropout_residual(om_pass_ctx *c);
+om_status *om_pass_swiglu(om_pass_ctx *c);
+om_status *om_pass_rotary_embedding(om_pass_ctx *c);
 #endif

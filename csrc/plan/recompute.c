@@ -12,6 +12,7 @@ static int cheap_op(const om_op_def *op) {
         "Gelu", "Relu", "Tanh", "Sigmoid", "Add", "Sub", "Mul", "Div", "Neg", "Erf", "Sqrt", "Cast",
         "LayerNormalization", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
         "Expand", "Where", "BiasGelu", "LeakyRelu", "Softplus", "SimplifiedLayerNormalization",
+        "SwiGLU", "FusedRotary",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(op->name, names[i]) == 0) return 1;

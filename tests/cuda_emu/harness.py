@@ -325,6 +325,8 @@ def cases_ops_fp32():
         yield f"constant-index-out-of-range-{op}", lambda c=(op, inputs, attrs, match): constant_index_refused(*c)
     for name, *c in M.CTC_CASES:
         yield name, lambda c=c: M.test_ctc_op_matches_cpu(*c)
+    for i, c in enumerate(M.LLAMA_CASES):   # last: their output gradients draw after every other case's
+        yield f"{c[0]}-llama-{i}", lambda c=c: M.test_llama_op_matches_cpu(*c)
 
 
 def gather_elements_out_of_range(M):
@@ -375,6 +377,9 @@ def cases_ops_fp64():
     for name, inputs, attrs, grad, const in M.CTC_CASES:
         yield f"{name}-f64", lambda c=(_as_f64(inputs), attrs, grad, const): M.check(
             "CTCLoss", c[0], c[1], "ortmod", c[2], const_inputs=c[3], rtol=1e-12, atol=1e-12)
+    for i, (op, inputs, attrs, domain, grad, const) in enumerate(M.LLAMA_CASES):
+        yield f"{op}-llama-{i}-f64", lambda c=(op, _as_f64(inputs), attrs, domain, grad, const): M.check(
+            c[0], c[1], c[2], c[3], c[4], const_inputs=c[5], rtol=1e-9, atol=1e-10)
 
 
 def cases_half():
@@ -412,6 +417,9 @@ def cases_half():
                 *c, equal_nan=True)
         for cell in ("LSTM", "GRU", "RNN"):
             yield f"{tag}-{cell}-dR-over-1024-steps", lambda cell=cell, dt=dt: recurrent_gradient_rounds_once(cell, dt)
+    for dt, tag in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):   # last: their own draws
+        for i, c in enumerate(H.LLAMA_CASES):
+            yield f"{tag}-{c[0]}-llama-{i}", lambda c=c, dt=dt: H.test_llama_op_half_matches_cpu_fp32(*c, dt)
 
 
 def flash_matches_materialized(H, dt):

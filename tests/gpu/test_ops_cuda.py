@@ -191,6 +191,28 @@ def test_op_matches_cpu(op, inputs, attrs, domain, grad):
     check(op, inputs, attrs, domain, grad, n_outputs=n_out, const_inputs=const)
 
 
+# The Llama fusions (fused_llama.cu), from their own draws and run after the other cases (in the
+# emulator's groups too): adding them moved no other case's inputs or output gradients. Gate/up
+# broadcast, rotate_half's split of an even and of an odd head dim (chunk's ceil(d/2)), cos/sin
+# broadcast over heads with and without their gradients. (op, inputs, attrs, domain, grad, const)
+_R18 = np.random.default_rng(18)
+
+
+def _f32l(*shape):
+    return _R18.standard_normal(shape).astype(np.float32)
+
+
+LLAMA_CASES = [
+    ("SwiGLU", {"g": _f32l(4, 6) * 3, "u": _f32l(4, 6)}, None, "ortmod", ("g", "u"), ()),
+    ("SwiGLU", {"g": _f32l(2, 3, 6), "u": _f32l(6)}, None, "ortmod", ("g", "u"), ()),
+    ("FusedRotary", {"x": _f32l(2, 3, 5, 8), "cs": _f32l(5, 8), "sn": _f32l(5, 8), "split": np.array([4], np.int64),
+                     "end": np.array([2**63 - 1], np.int64)}, None, "ortmod", ("x",), ("split", "end")),
+    ("FusedRotary", {"x": _f32l(2, 2, 3, 7), "cs": _f32l(2, 1, 3, 7), "sn": _f32l(2, 1, 3, 7),
+                     "split": np.array([4], np.int64), "end": np.array([8], np.int64)}, None, "ortmod",
+     ("x", "cs", "sn"), ("split", "end")),
+]
+
+
 def test_softmax_cross_entropy_matches_cpu():
     x, y = f32(8, 11), R.integers(0, 11, 8).astype(np.int64)
     y[2] = -100
@@ -546,3 +568,9 @@ CTC_CASES = [
 @pytest.mark.parametrize("inputs,attrs,grad,const", [c[1:] for c in CTC_CASES], ids=[c[0] for c in CTC_CASES])
 def test_ctc_op_matches_cpu(inputs, attrs, grad, const):
     check("CTCLoss", inputs, attrs, "ortmod", grad, const_inputs=const, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op,inputs,attrs,domain,grad,const", LLAMA_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(LLAMA_CASES)])
+def test_llama_op_matches_cpu(op, inputs, attrs, domain, grad, const):
+    check(op, inputs, attrs, domain, grad, const_inputs=const)
