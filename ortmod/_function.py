@@ -2,7 +2,14 @@
 
 torch only *holds* tensors here: inputs go to the engine through DLPack (read in
 place), outputs and gradients come back as DLPack capsules wrapped by
-``torch.from_dlpack``. No torch op computes any part of the model.
+``torch._C._from_dlpack``. No torch op computes any part of the model.
+
+The per-step path is kept short on purpose (a tiny model's step is mostly this file): the
+capsule conversions are torch's C entry points bound to module names, what does not change
+between calls of one engine (devices, which outputs are differentiable) is worked out once per
+CompiledCall, and the Function is applied through torch's C ``apply`` when no functorch
+transform is active (what ``Function.apply``'s Python wrapper would do then, less its
+per-call argument walk).
 """
 import contextlib
 
@@ -18,6 +25,12 @@ from . import _pyop
 # parameter per step: 14x slower for 50 parameters, and garbage for the GC). Bound to the name
 # itself, not wrapped: it runs once per input per step.
 _engine_view = to_dlpack
+# torch.from_dlpack on a capsule calls exactly this, after a hasattr(__dlpack__) test.
+_from_dlpack = torch._C._from_dlpack
+# torch.autograd.Function.apply without its Python wrapper: with no functorch transform active
+# the wrapper only unwraps dead functorch wrappers (done for the call's inputs in _module.py's
+# _Entry.inputs: parameters are never such wrappers) and calls this.
+_functorch_active = torch._C._are_functorch_transforms_active
 
 
 def _dense(g):
@@ -34,14 +47,11 @@ def _stream(tensors):
     return None
 
 
-def _wrap(capsule):
-    return None if capsule is None else torch.from_dlpack(capsule)
-
-
 class CompiledCall:
     """What the Function needs from a cache entry (passed as its first, non-tensor argument)."""
 
-    __slots__ = ("engine", "output_differentiable", "n_inputs", "output_deps", "_reached", "functions")
+    __slots__ = ("engine", "output_differentiable", "n_inputs", "output_deps", "_reached", "_kept", "functions",
+                 "cuda", "non_diff")
 
     def __init__(self, engine, output_differentiable, n_inputs, output_deps=None, functions=None):
         self.engine = engine
@@ -52,6 +62,12 @@ class CompiledCall:
         # per output: the input positions it depends on (None: unknown, keep every gradient)
         self.output_deps = output_deps
         self._reached = {}
+        self._kept = {}
+        # Set by the first forward (an engine's devices and output dtypes are those of its
+        # export, fixed): whether it runs on CUDA (streams, dense gradients) or the CPU, and the
+        # positions of the outputs that get no gradient.
+        self.cuda = None
+        self.non_diff = None
 
     def reached(self, present):
         """Input positions that a gradient reaches when only the outputs flagged in
@@ -61,6 +77,20 @@ class CompiledCall:
             r = frozenset().union(*(d for d, p in zip(self.output_deps, present) if p))
             self._reached[present] = r
         return r
+
+    def kept(self, present):
+        """Per input position: whether its gradient is handed back (``reached``), as a tuple."""
+        k = self._kept.get(present)
+        if k is None:
+            r = self.reached(present)
+            k = self._kept[present] = tuple(i in r for i in range(self.n_inputs))
+        return k
+
+    def learn(self, tensors, outputs):
+        """What the first forward tells about every later one (see __init__)."""
+        self.cuda = any(t.is_cuda for t in tensors)
+        self.non_diff = tuple(j for j, (o, d) in enumerate(zip(outputs, self.output_differentiable))
+                              if not d or not (o.is_floating_point() or o.is_complex()))
 
 
 class EngineFunction(torch.autograd.Function):
@@ -76,52 +106,78 @@ class EngineFunction(torch.autograd.Function):
         ctx.zero3 = zero3
         if zero3 is not None:
             ctx.zero3_inputs = [(i, t) for i, t in enumerate(tensors) if id(t) in zero3.ids]
-        views = [_engine_view(t) for t in tensors]
+        views = list(map(_engine_view, tensors))
+        stream = _stream(tensors) if call.cuda is not False else None
         if call.functions is None:       # no PythonOp nodes: no scope to hold their records
-            records = None
-            capsules, stash = call.engine.forward(views, True, _stream(tensors))
+            ctx.records = None
+            capsules, stash = call.engine.forward(views, True, stream)
         else:
             with _functions_of(call) as records:
-                capsules, stash = call.engine.forward(views, True, _stream(tensors))
-        ctx.records = records            # the user Functions' own autograd records, for backward
-        outputs = tuple(torch.from_dlpack(c) for c in capsules)
+                capsules, stash = call.engine.forward(views, True, stream)
+            ctx.records = records        # the user Functions' own autograd records, for backward
+        outputs = tuple(map(_from_dlpack, capsules))
+        if call.non_diff is None:
+            call.learn(tensors, outputs)
         ctx.set_materialize_grads(False)
         ctx.call = call
         ctx.stash = stash
-        non_diff = [o for o, d in zip(outputs, call.output_differentiable)
-                    if not d or not (o.is_floating_point() or o.is_complex())]
-        if non_diff:
-            ctx.mark_non_differentiable(*non_diff)
+        if call.non_diff:
+            ctx.mark_non_differentiable(*[outputs[j] for j in call.non_diff])
         return outputs
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grad_outputs):
-        call = ctx.call
-        if ctx.stash is None:
-            return (None,) * (2 + call.n_inputs)
-        zero3 = ctx.zero3
-        if zero3 is not None:
-            # autograd accumulates each gradient into .grad at the parameter's current shape, and
-            # DeepSpeed's hooks then reduce it: the partitioned parameters are gathered again
-            zero3.before_backward([t for _, t in ctx.zero3_inputs])
+        # Outside create_graph=True the autograd engine runs backward with grad mode off, and
+        # once_differentiable's wrapper would only add a no_grad scope and a test: it is needed
+        # (to make a second differentiation an error) only when grad mode is on.
+        if _grad_enabled():
+            return _backward_once(ctx, *grad_outputs)
+        return _backward(ctx, grad_outputs)
+
+
+_grad_enabled = torch.is_grad_enabled
+
+
+def _backward(ctx, grad_outputs):
+    call = ctx.call
+    if ctx.stash is None:
+        return (None,) * (2 + call.n_inputs)
+    zero3 = ctx.zero3
+    if zero3 is not None:
+        # autograd accumulates each gradient into .grad at the parameter's current shape, and
+        # DeepSpeed's hooks then reduce it: the partitioned parameters are gathered again
+        zero3.before_backward([t for _, t in ctx.zero3_inputs])
+    if call.cuda:
         views = [None if g is None else _engine_view(_dense(g)) for g in grad_outputs]
-        if call.functions is None:
-            grads = call.engine.backward(ctx.stash, views, _stream(grad_outputs))
-        else:
-            with _functions_of(call, ctx.records):
-                grads = call.engine.backward(ctx.stash, views, _stream(grad_outputs))
-        if call.output_deps is not None:
-            # An input that no output in the loss depends on (left out of the loss, or reached
-            # only through a stop-gradient) gets no gradient (None), as in eager autograd,
-            # rather than the engine's zeros: an optimizer treats the two differently.
-            reached = call.reached(tuple(g is not None for g in grad_outputs))
-            result = tuple(_wrap(g) if i in reached else None for i, g in enumerate(grads))
-        else:
-            result = tuple(_wrap(g) for g in grads)
-        if zero3 is not None:
-            zero3.after_backward([t for i, t in ctx.zero3_inputs if result[i] is None])
-        return (None, None) + result
+        stream = _stream(grad_outputs)
+    else:
+        views = [None if g is None else _engine_view(g) for g in grad_outputs]
+        stream = None
+    if call.functions is None:
+        grads = call.engine.backward(ctx.stash, views, stream)
+    else:
+        with _functions_of(call, ctx.records):
+            grads = call.engine.backward(ctx.stash, views, stream)
+    if call.output_deps is not None:
+        # An input that no output in the loss depends on (left out of the loss, or reached
+        # only through a stop-gradient) gets no gradient (None), as in eager autograd,
+        # rather than the engine's zeros: an optimizer treats the two differently.
+        kept = call.kept(tuple([g is not None for g in grad_outputs]))
+        result = tuple([_from_dlpack(g) if k and g is not None else None for g, k in zip(grads, kept)])
+    else:
+        result = tuple([None if g is None else _from_dlpack(g) for g in grads])
+    if zero3 is not None:
+        zero3.after_backward([t for i, t in ctx.zero3_inputs if result[i] is None])
+    return (None, None) + result
+
+
+@once_differentiable
+def _backward_once(ctx, *grad_outputs):
+    return _backward(ctx, grad_outputs)
+
+
+# EngineFunction.apply less its Python wrapper (see _functorch_active above)
+_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, EngineFunction)
 
 
 @contextlib.contextmanager
@@ -143,11 +199,17 @@ def _functions_of(call, records=None, training=True):
 
 def run_training(call, tensors, zero3=None):
     """Forward with autograd history; returns the engine outputs as torch tensors."""
-    return EngineFunction.apply(call, zero3, *tensors)
+    if _functorch_active():          # the wrapper's own path (custom_function_call, or its error)
+        return EngineFunction.apply(call, zero3, *tensors)
+    return _apply(call, zero3, *tensors)
 
 
 def run_inference(call, tensors):
     """Forward-only (eval or no_grad): plain tensors, no autograd history, no stash."""
     with _functions_of(call, training=False):
-        capsules, _ = call.engine.forward([_engine_view(t) for t in tensors], False, _stream(tensors))
-    return tuple(torch.from_dlpack(c) for c in capsules)
+        capsules, _ = call.engine.forward(list(map(_engine_view, tensors)), False,
+                                          _stream(tensors) if call.cuda is not False else None)
+    outputs = tuple(map(_from_dlpack, capsules))
+    if call.cuda is None:
+        call.cuda = any(t.is_cuda for t in tensors)
+    return outputs

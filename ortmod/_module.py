@@ -224,7 +224,9 @@ class _Entry:
             self.template_generation = state.generation
         tensors = self.template.copy()
         for pos, leaf in self.input_slots:
-            tensors[pos] = _dense(leaves[leaf])
+            # a functorch wrapper left over from a finished transform (torch.func.grad's argument
+            # kept by the user) is its tensor again, as torch.autograd.Function.apply would make it
+            tensors[pos] = _dense(_unwrap_if_dead(leaves[leaf]))
         return tensors
 
     def rebuild(self, outputs):
@@ -234,6 +236,9 @@ class _Entry:
         for pos, t in zip(self.output_positions, outputs):
             leaves[pos] = t
         return pytree.tree_unflatten(leaves, self.output_spec)
+
+
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def _dense(t):
