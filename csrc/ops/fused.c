@@ -835,7 +835,7 @@ static om_status *sln_infer(om_kernel_ctx *ctx) {
 static om_status *sln_cpu(om_kernel_ctx *ctx) {
     int64_t rows = 0, cols = 0;
     OM_TRY(sln_dims(ctx, 0, 1, &rows, &cols));
-    const double eps = om_attr_float(ctx->node, "epsilon", 1e-5f);
+    const double eps = om_attr_real(ctx->node, "epsilon", 1e-5);
     OM_DISPATCH_FLOAT(ctx->in[0].dtype, ctx->node, {
         const T *restrict xp = ctx->in[0].data;
         const T *restrict sp = ctx->in[1].data;

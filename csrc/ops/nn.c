@@ -423,7 +423,7 @@ static om_status *ln_cpu(om_kernel_ctx *ctx) {
     ln_args a = {.x = x->data, .scale = ctx->in[1].data, .bias = has_bias ? ctx->in[2].data : NULL,
                  .y = ctx->out[0].data, .mean = ctx->n_out > 1 ? ctx->out[1].data : NULL,
                  .inv = ctx->n_out > 2 ? ctx->out[2].data : NULL, .N = N, .D = D,
-                 .eps = om_attr_float(n, "epsilon", 1e-5f)};
+                 .eps = om_attr_real(n, "epsilon", 1e-5)};
     switch (x->dtype) {
     case OM_F32: om_pool_for(N, ln_grain(D), ln_fwd_f32, &a); break;
     case OM_F64: om_pool_for(N, ln_grain(D), ln_fwd_f64, &a); break;

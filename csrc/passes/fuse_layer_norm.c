@@ -101,6 +101,9 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
             }
             if (!is_ln) x = num;   /* RMSNorm: the numerator is x itself */
             if (x < 0 || fm_dtype(g, x) != fm_dtype(g, scale)) continue;
+            /* epsilon is a float attribute, read back as its shortest decimal: a float64
+             * graph's eps that does not survive that trip stays unfused */
+            if (fm_dtype(g, x) == OM_F64 && om_float_decimal((float)eps) != eps) continue;
             /* LayerNorm's optional bias: the Mul's one reader is Add(., vector) */
             om_node *last = mul;
             int bias = -1;
