@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlpack/dlpack.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -761,13 +762,13 @@ static PyObject *op_attributes(PyObject *m, PyObject *unused) {
 /* set_num_threads(n): the engine's pool uses n threads (ORTModule passes
  * torch.get_num_threads(), so that torch and the engine agree). */
 static PyObject *set_num_threads(PyObject *m, PyObject *arg) {
-    int n = PyLong_AsLong(arg);
+    long long n = PyLong_AsLongLong(arg);   /* (not int: 2**32 would wrap to 0, 2**32 + 1 to 1) */
     if (n == -1 && PyErr_Occurred()) return NULL;
     if (n < 1) {
-        PyErr_SetString(PyExc_ValueError, "the thread count must be at least 1");
+        PyErr_Format(PyExc_ValueError, "set_num_threads: %lld is not a thread count (at least 1)", n);
         return NULL;
     }
-    om_set_num_threads(n);
+    om_set_num_threads(n > INT_MAX ? INT_MAX : (int)n);   /* the pool caps it at its maximum */
     Py_RETURN_NONE;
 }
 

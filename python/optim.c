@@ -234,9 +234,13 @@ static PyObject *py_optim_num_threads(PyObject *module, PyObject *unused) {
 }
 
 static PyObject *py_optim_set_num_threads(PyObject *module, PyObject *arg) {
-    long n = PyLong_AsLong(arg);
+    long long n = PyLong_AsLongLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    om_optim_set_num_threads(n < 0 ? 0 : n > INT_MAX ? INT_MAX : (int)n);
+    if (n < 0) {   /* as options.optim_num_threads = -1 refuses it, never 0 in silence */
+        PyErr_Format(PyExc_ValueError, "optim_set_num_threads: %lld is not a number of threads (0: no cap)", n);
+        return NULL;
+    }
+    om_optim_set_num_threads(n > INT_MAX ? INT_MAX : (int)n);
     Py_RETURN_NONE;
 }
 

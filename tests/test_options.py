@@ -253,3 +253,26 @@ def test_the_runner_checks_its_testing_aid():
 
 def test_ortmod_exports_the_options_object():
     assert ortmod.options is options and "options" in ortmod.__all__
+
+
+def test_thread_setters_and_a_bad_thread_variable_are_refused_where_first_needed():
+    r = run_python("""
+        import torch
+        from ortmod import _C
+        def error(f):
+            try:
+                f()
+            except ValueError as e:
+                return str(e)
+            return "no error"
+        print("SET0", error(lambda: _C.set_num_threads(0)))
+        print("SETBIG", error(lambda: _C.set_num_threads(2**32)))     # capped, never wrapped to 0
+        print("OPT", error(lambda: _C.optim_set_num_threads(-1)))
+        from ortmod.optim import FusedAdam
+        print("ADAM", error(lambda: FusedAdam([torch.nn.Parameter(torch.ones(3))])))
+    """, {"ORTMOD_NUM_THREADS": "-3"})
+    out = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+    assert "0 is not a thread count" in out["SET0"], out
+    assert out["SETBIG"] == "no error", out
+    assert "-1 is not a number of threads" in out["OPT"], out
+    assert "ORTMOD_NUM_THREADS: '-3'" in out["ADAM"], out

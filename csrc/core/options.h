@@ -6,7 +6,8 @@
 #include "ortmod_options.h"
 
 /* Fields read per call (the thread pool, the optimizer's partition, CUDA attention); an error
- * in the environment leaves the default here and is reported by om_engine_create. */
+ * in the environment leaves the default here and is reported by om_engine_create (and, for
+ * optim_num_threads, by every optimizer call on CPU tensors: csrc/optim/adam.c). */
 int om_options_num_threads(void);
 int om_options_optim_num_threads(void);
 int om_options_cuda_attention_materialized(void);

@@ -13,6 +13,7 @@
  * bit for bit. fp16/bf16 parameters or gradients go through small fp32 stack blocks
  * (OM_OPTIM_BLOCK elements): convert in, update in fp32, convert out. */
 #include "optim/optim_internal.h"
+#include "core/options.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -222,7 +223,9 @@ om_status *om_optim_device(const char *what, int n, const om_tensor *const *list
                                 "tensors share a device", what, k, t->device == OM_CUDA ? "cuda" : "cpu", t->device_id,
                                 first->device == OM_CUDA ? "cuda" : "cpu", first->device_id);
         }
-    if (!first || first->device == OM_CPU) return NULL;
+    /* the CPU kernels run om_optim_num_threads() parts: a bad ORTMOD_NUM_THREADS is an error here,
+     * where its value is needed, never the default in silence */
+    if (!first || first->device == OM_CPU) return om_options_check(OM_OPT_OPTIM_NUM_THREADS);
     *device = first->device_id;
     return om_cuda_get(cuda);
 }

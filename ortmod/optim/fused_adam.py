@@ -26,6 +26,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from .. import _C, _threads
+from .._options import options
 
 _threads.share_torch_threads(_C)
 
@@ -66,6 +67,7 @@ class FusedAdam(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-6,
                  adam_w_mode=AdamWMode.ADAMW_TRANSFORMERS, weight_decay=0.0, set_grad_none=True):
         _check_hparams(lr, betas, eps, weight_decay, adam_w_mode)
+        options.optim_num_threads   # a bad ORTMOD_NUM_THREADS: a ValueError naming it, now rather than at step()
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, adam_w_mode=int(AdamWMode(adam_w_mode)))
         # (a plain int in param_groups, so state_dict() loads with torch.load(weights_only=True))
