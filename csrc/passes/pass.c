@@ -15,6 +15,7 @@ static const om_pass passes[] = {
      * matmul_bias_gelu after both bias_gelu and matmul_add_bias (it takes either's result) */
     {"gelu", OM_PASS_FORWARD, om_pass_gelu},
     {"layer_norm", OM_PASS_FORWARD, om_pass_layer_norm},
+    {"batch_norm_relu", OM_PASS_FORWARD, om_pass_batch_norm_relu},
     {"softmax_cross_entropy", OM_PASS_FORWARD, om_pass_softmax_cross_entropy},
     {"attention", OM_PASS_FORWARD, om_pass_attention},
     {"bias_gelu", OM_PASS_FORWARD, om_pass_bias_gelu},
