@@ -1,4 +1,6 @@
-// norm.cu — norm.c's ops on the CUDA provider: BatchNormalization and BatchNormalizationGrad.
+// norm.cu — norm.c's ops on the CUDA provider: BatchNormalization and BatchNormalizationGrad, and
+// their ReLU-fused forms BatchNormRelu and BatchNormReluGrad (the same kernels with a relu flag:
+// Relu applied to each stored Y, ReluGrad's mask applied to each dY read).
 // Per-channel statistics use one block per channel; elementwise passes are grid-stride loops.
 #include <math.h>
 
@@ -78,17 +80,22 @@ __global__ void bn_stats_kernel(typename acc<T>::t *coef, T *rmean, T *rvar, T *
     }
 }
 
-// x, y are (N, C, S): y = (x - m[c]) a[c] + b[c]
+// x, y are (N, C, S): y = (x - m[c]) a[c] + b[c]; relu: then Relu on the stored value, as the
+// unfused relu_cuda does on the rounded Y (a half value that rounds to -0 stays -0, NaN stays)
 template <typename T>
-__global__ void bn_apply_kernel(T *y, const T *x, const typename acc<T>::t *coef, int64_t C, int64_t S, int64_t n) {
+__global__ void bn_apply_kernel(T *y, const T *x, const typename acc<T>::t *coef, int64_t C, int64_t S, int64_t n,
+                                int relu) {
+    typedef typename acc<T>::t A;
     GRID_STRIDE(i, n) {
-        const typename acc<T>::t *k = coef + 3 * ((i / S) % C);
-        y[i] = st<T>((ld(x[i]) - k[2]) * k[0] + k[1]);
+        const A *k = coef + 3 * ((i / S) % C);
+        const T r = st<T>((ld(x[i]) - k[2]) * k[0] + k[1]);
+        y[i] = relu && ld(r) < 0 ? st<T>((A)0) : r;
     }
 }
 
 // BatchNormalization(X, scale, B, mean, var) -> Y, running_mean?, running_var?, saved_mean?, saved_invstd?
-om_status *batch_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+// BatchNormRelu: the same, Y = Relu(Y)
+static om_status *bn_forward(const om_kernel_ctx *ctx, const om_cuda_exec *x, int relu) {
     const om_tensor *X = &ctx->in[0];
     int64_t N = 0, C = 0, S = 0;
     OMC_TRY(bn_geometry(ctx, X, &N, &C, &S));
@@ -107,19 +114,24 @@ om_status *batch_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
             coef, outs[0], outs[1], outs[2], outs[3], (const T *)X->data, (const T *)ctx->in[1].data,
             (const T *)ctx->in[2].data, (const T *)ctx->in[3].data, (const T *)ctx->in[4].data, N, C, S, eps, mom, train);
         if (n) bn_apply_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>((T *)ctx->out[0].data,
-                                                                                 (const T *)X->data, coef, C, S, n);
+                                                                                 (const T *)X->data, coef, C, S, n,
+                                                                                 relu);
         st = omc_launched(ctx);
         omc_temp_free(x, coef);
     });
     return st;
 }
 
+om_status *batch_norm_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return bn_forward(ctx, x, 0); }
+om_status *batch_norm_relu_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return bn_forward(ctx, x, 1); }
+
 // dy, x are (N, C, S); scale, mean, stat (training: invstd, else var) are (C). Per channel, with
 // xhat = (x - mean) invstd: dB = sum dy, dScale = sum dy xhat (written when wanted), and
 // coef (C, 4) = (k, a, bq, mean) for dx = k (dy - a - (x - mean) bq): training k = scale invstd,
-// a = dB / cnt, bq = dScale / cnt * invstd; inference a = bq = 0. One block per channel.
+// a = dB / cnt, bq = dScale / cnt * invstd; inference a = bq = 0. One block per channel. yr (the
+// Relu'd Y of BatchNormRelu, or NULL): dy is read through ReluGrad's mask, y <= 0 ? 0 : dy.
 template <typename T>
-__global__ void bn_grad_stats_kernel(typename acc<T>::t *coef, T *dscale, T *dbias, const T *dy, const T *x,
+__global__ void bn_grad_stats_kernel(typename acc<T>::t *coef, T *dscale, T *dbias, const T *dy, const T *yr, const T *x,
                                      const T *scale, const T *meanp, const T *statp, int64_t N, int64_t C, int64_t S,
                                      double eps, int train) {
     typedef typename acc<T>::t A;
@@ -130,7 +142,7 @@ __global__ void bn_grad_stats_kernel(typename acc<T>::t *coef, T *dscale, T *dbi
         double sdy = 0, sdyx = 0;
         for (int64_t i = threadIdx.x; i < cnt; i += blockDim.x) {
             const int64_t n = i / S, k = i - n * S, at = (n * C + c) * S + k;
-            const double g = (double)ld(dy[at]);
+            const double g = yr && ld(yr[at]) <= 0 ? 0.0 : (double)ld(dy[at]);
             sdy += g;
             sdyx += g * (double)(ld(x[at]) - m);
         }
@@ -148,21 +160,26 @@ __global__ void bn_grad_stats_kernel(typename acc<T>::t *coef, T *dscale, T *dbi
 }
 
 template <typename T>
-__global__ void bn_grad_apply_kernel(T *dx, const T *dy, const T *x, const typename acc<T>::t *coef, int64_t C,
-                                     int64_t S, int64_t n) {
+__global__ void bn_grad_apply_kernel(T *dx, const T *dy, const T *yr, const T *x, const typename acc<T>::t *coef,
+                                     int64_t C, int64_t S, int64_t n) {
+    typedef typename acc<T>::t A;
     GRID_STRIDE(i, n) {
-        const typename acc<T>::t *k = coef + 4 * ((i / S) % C);
-        dx[i] = st<T>(k[0] * (ld(dy[i]) - k[1] - (ld(x[i]) - k[3]) * k[2]));
+        const A *k = coef + 4 * ((i / S) % C);
+        const A g = yr && ld(yr[i]) <= 0 ? (A)0 : ld(dy[i]);
+        dx[i] = st<T>(k[0] * (g - k[1] - (ld(x[i]) - k[3]) * k[2]));
     }
 }
 
 // BatchNormalizationGrad(dY, X, scale, mean, invstd|var) -> dX, dScale, dB
-om_status *batch_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
-    const om_tensor *dY = &ctx->in[0], *X = &ctx->in[1];
+// BatchNormReluGrad(dY, Y, X, scale, mean, invstd|var): the same through Y's ReLU mask
+static om_status *bn_backward(const om_kernel_ctx *ctx, const om_cuda_exec *x, int relu) {
+    const int o = relu ? 1 : 0;
+    const om_tensor *dY = &ctx->in[0], *X = &ctx->in[1 + o];
     int64_t N = 0, C = 0, S = 0;
-    if (X->dtype != dY->dtype) return omc_err_dtype(ctx, 1, X->dtype);
+    if (X->dtype != dY->dtype) return omc_err_dtype(ctx, 1 + o, X->dtype);
+    if (relu && ctx->in[1].dtype != dY->dtype) return omc_err_dtype(ctx, 1, ctx->in[1].dtype);
     OMC_TRY(bn_geometry(ctx, X, &N, &C, &S));
-    for (int i = 2; i < 5; i++) OMC_TRY(bn_check_vec(ctx, i, X->dtype, C));
+    for (int i = 2 + o; i < 5 + o; i++) OMC_TRY(bn_check_vec(ctx, i, X->dtype, C));
     if (!C) return NULL;
     const int train = attr_i(ctx, "training_mode", 0) != 0;
     const double eps = attr_real(ctx, "epsilon", 1e-5);
@@ -171,15 +188,21 @@ om_status *batch_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x)
     OMC_DISPATCH_FLOAT(X->dtype, ctx, 0, {
         A *coef = NULL;
         OMC_TRY(omc_temp_alloc(x, sizeof(A) * (size_t)(4 * C), (void **)&coef));
+        const T *yr = relu ? (const T *)ctx->in[1].data : NULL;
         bn_grad_stats_kernel<T><<<channel_blocks(C), 256, 0, stream_of(x)>>>(
             coef, wanted(ctx, 1) ? (T *)ctx->out[1].data : NULL, wanted(ctx, 2) ? (T *)ctx->out[2].data : NULL,
-            (const T *)dY->data, (const T *)X->data, (const T *)ctx->in[2].data, (const T *)ctx->in[3].data,
-            (const T *)ctx->in[4].data, N, C, S, eps, train);
+            (const T *)dY->data, yr, (const T *)X->data, (const T *)ctx->in[2 + o].data,
+            (const T *)ctx->in[3 + o].data, (const T *)ctx->in[4 + o].data, N, C, S, eps, train);
         if (n && wanted(ctx, 0))
             bn_grad_apply_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
-                (T *)ctx->out[0].data, (const T *)dY->data, (const T *)X->data, coef, C, S, n);
+                (T *)ctx->out[0].data, (const T *)dY->data, yr, (const T *)X->data, coef, C, S, n);
         st = omc_launched(ctx);
         omc_temp_free(x, coef);
     });
     return st;
+}
+
+om_status *batch_norm_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) { return bn_backward(ctx, x, 0); }
+om_status *batch_norm_relu_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
+    return bn_backward(ctx, x, 1);
 }

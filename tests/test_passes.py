@@ -370,6 +370,129 @@ def test_dropout_mask_read_by_model_left_alone():
     check_pass("bias_dropout_residual", m, [rnd(2, 8), rnd(8)], [True, True], "BiasDropout", fires=False)
 
 
+# ---- batch_norm_relu -----------------------------------------------------------------------
+
+def bn_relu_model(shape, training=True, dtype=F32, y_read_twice=False, momentum=0.9):
+    """BatchNormalization -> Relu; outputs the Relu's y and, in training, the running statistics."""
+    attrs = {"epsilon": 1e-5}
+    if training:
+        attrs.update(training_mode=1, momentum=momentum)
+    outs = ["h", "rm", "rv"] if training else ["h"]
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], outs, **attrs),
+             helper.make_node("Relu", ["h"], ["y"])]
+    graph_outs = ["y"] + outs[1:]
+    if y_read_twice:
+        nodes.append(helper.make_node("Neg", ["h"], ["hn"]))
+        graph_outs.append("hn")
+    C = shape[1]
+    return model(nodes, [("x", shape, dtype)] + [(n, [C], dtype) for n in "sbmv"], graph_outs)
+
+
+def bn_relu_feeds(shape, np_dtype=np.float32, nan=False):
+    C = shape[1]
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(np_dtype)
+    s, b = rnd(C).astype(np_dtype), rnd(C).astype(np_dtype)
+    m, v = rnd(C).astype(np_dtype), (np.abs(rnd(C)) + 0.5).astype(np_dtype)
+    if C > 2:
+        s[2] = 0           # y = b exactly over the channel: the mask at its edge
+        b[2] = -0.0
+    if nan:
+        x.flat[1] = np.nan                 # channel 0 becomes NaN: Relu keeps it, its gradient passes
+        b[C - 1] = np.nan
+    return [x, s, b, m, v]
+
+
+def same_bits(a, b, what):
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    bad = a.view(np.uint8).reshape(-1, a.itemsize) != b.view(np.uint8).reshape(-1, b.itemsize)
+    assert not bad.any(), f"{what}: {bad.any(1).sum()} elements differ (first fused/unfused: " \
+        f"{a.flat[np.argmax(bad.any(1))]!r} / {b.flat[np.argmax(bad.any(1))]!r})"
+
+
+def check_bn_relu(m, feeds, flags, fires=True):
+    """The fused and the unfused graph (pass off) give the same outputs (y, running statistics)
+    and gradients bit for bit; the fused one runs BatchNormRelu and BatchNormReluGrad and no
+    ReluGrad."""
+    ops, report = optimized_ops(m, flags)
+    fired = [p["fired"] for p in report["passes"] if p["pass"] == "batch_norm_relu"]
+    if not fires:
+        assert "BatchNormRelu" not in ops and fired == [0], ops
+        return
+    assert ops == ["BatchNormRelu"] and fired == [1], ops
+    executed, _ = executed_ops(m, flags)
+    if any(flags):
+        assert "BatchNormReluGrad" in executed and "ReluGrad" not in executed, executed
+    outs, grads, dys = run(m, feeds, grad=flags)
+    with _Disabled("batch_norm_relu"):
+        ops_off, _ = optimized_ops(m, flags)
+        assert ops_off == ["BatchNormalization", "Relu"], ops_off
+        outs0, grads0, _ = run(m, feeds, grad=flags)
+    assert len(outs) == len(outs0)
+    for i, (a, b) in enumerate(zip(outs, outs0)):
+        same_bits(a, b, f"output {i}")
+    for i, (a, b, f) in enumerate(zip(grads, grads0, flags)):
+        if f:
+            assert a is not None and b is not None
+            same_bits(a, b, f"gradient {i}")
+    return outs, grads, dys
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7, 3), (5, 3), (2, 3, 17), (4, 6, 33), (1, 4, 1, 1), (2, 3, 4, 4, 3)])
+def test_batch_norm_relu_training_bit_exact(shape):
+    check_bn_relu(bn_relu_model(shape), bn_relu_feeds(shape), [True, True, True, False, False])
+
+
+def test_batch_norm_relu_nan_propagates_as_relu_and_relu_grad():
+    shape = (3, 4, 5, 7)
+    outs, grads, dys = check_bn_relu(bn_relu_model(shape), bn_relu_feeds(shape, nan=True),
+                                     [True, True, True, False, False])
+    y = outs[0]
+    assert np.isnan(y[:, 0]).all() and np.isnan(y[:, 3]).all()       # NaN mean; NaN bias
+    assert not np.isnan(y[:, 1]).any() and (y[:, 1] == 0).any() and (y[:, 1] > 0).any()
+    assert np.isnan(grads[0][:, 0]).all()
+    # a NaN y passes its dy (threshold_backward): channel 3's bias gradient is all of dy's sum
+    np.testing.assert_allclose(grads[2][3], dys[0][:, 3].sum(), rtol=1e-5)
+    assert abs(grads[2][1] - dys[0][:, 1].sum()) > 1e-3                # channel 1 is masked
+
+
+@pytest.mark.parametrize("flags", [[True, False, False, False, False], [False, True, True, False, False],
+                                   [False, False, True, False, False]])
+def test_batch_norm_relu_some_grads(flags):
+    shape = (4, 3, 6, 5)
+    check_bn_relu(bn_relu_model(shape), bn_relu_feeds(shape), flags)
+
+
+def test_batch_norm_relu_inference_mode():
+    shape = (4, 3, 6, 5)
+    check_bn_relu(bn_relu_model(shape, training=False), bn_relu_feeds(shape), [True, True, True, False, False])
+
+
+def test_batch_norm_relu_float64():
+    shape = (3, 5, 9)
+    check_bn_relu(bn_relu_model(shape, dtype=TensorProto.DOUBLE), bn_relu_feeds(shape, np.float64, nan=True),
+                  [True, True, True, False, False])
+
+
+def test_batch_norm_relu_float16_keeps_relus_negative_zero():
+    """On the CPU a half node runs on fp32 twins and rounds once; the unfused Relu sees the rounded
+    Y, where a tiny negative value is -0 and stays -0. The fused kernel must keep it too."""
+    shape = (4, 3, 5, 6)
+    feeds = bn_relu_feeds(shape, np.float16)
+    feeds[1][1] = np.float16(1e-7)      # channel 1: |y| ~ 1e-7 around bias 0: many round to -0 in fp16
+    feeds[2][1] = np.float16(0)
+    outs, _, _ = check_bn_relu(bn_relu_model(shape, dtype=TensorProto.FLOAT16), feeds,
+                               [True, True, True, False, False])
+    y1 = outs[0][:, 1]
+    assert (np.signbit(y1) & (y1 == 0)).any(), "no -0 in the case meant to produce some"
+
+
+def test_batch_norm_relu_y_read_elsewhere_left_alone():
+    shape = (2, 3, 4)
+    check_bn_relu(bn_relu_model(shape, y_read_twice=True), bn_relu_feeds(shape), [True, True, True, False, False],
+                  fires=False)
+
+
 # ---- layer_norm ----------------------------------------------------------------------------
 
 def layer_norm_nodes(x, y, square="pow", bias=True):

@@ -122,6 +122,8 @@
     /* norm.c */ \
     OP(om_op_batch_norm, "BatchNormalization", "", batch_norm_cuda) \
     OP(om_op_batch_norm_grad, "BatchNormalizationGrad", "ortmod", batch_norm_grad_cuda) \
+    OP(om_op_batch_norm_relu, "BatchNormRelu", "ortmod", batch_norm_relu_cuda) \
+    OP(om_op_batch_norm_relu_grad, "BatchNormReluGrad", "ortmod", batch_norm_relu_grad_cuda) \
     /* pool.c */ \
     OP(om_op_max_pool, "MaxPool", "", max_pool_cuda) \
     OP(om_op_max_pool_grad, "MaxPoolGrad", "ortmod", max_pool_grad_cuda) \

@@ -19,6 +19,7 @@ static const om_pass passes[] = {
     {"layer_norm", OM_PASS_FORWARD, om_pass_layer_norm},
     {"swiglu", OM_PASS_FORWARD, om_pass_swiglu},
     {"rotary_embedding", OM_PASS_FORWARD, om_pass_rotary_embedding},
+    {"batch_norm_relu", OM_PASS_FORWARD, om_pass_batch_norm_relu},
     {"softmax_cross_entropy", OM_PASS_FORWARD, om_pass_softmax_cross_entropy},
     {"attention", OM_PASS_FORWARD, om_pass_attention},
     {"bias_gelu", OM_PASS_FORWARD, om_pass_bias_gelu},

@@ -52,6 +52,7 @@ om_status *om_pass_dce(om_pass_ctx *c);
 /* fusions (fuse_*.c) */
 om_status *om_pass_gelu(om_pass_ctx *c);
 om_status *om_pass_layer_norm(om_pass_ctx *c);
+om_status *om_pass_batch_norm_relu(om_pass_ctx *c);
 om_status *om_pass_softmax_cross_entropy(om_pass_ctx *c);
 om_status *om_pass_attention(om_pass_ctx *c);
 om_status *om_pass_bias_gelu(om_pass_ctx *c);
