@@ -508,20 +508,20 @@ def _batchnorm_buffers(module):
 
 
 def _add_batchnorm_outputs(model, state_names):
-    """Make the running-stat outputs of training-mode BatchNormalization nodes graph outputs.
+    """The running-stat outputs of training-mode BatchNormalization nodes, to become graph outputs.
 
-    Returns [(graph output index, state name)] and the BN module prefixes whose stats update.
+    ``model``: the exported graph (ortmod._onnx_wire.Model). Returns [(graph output index, state
+    name)], the BN module prefixes whose stats update, and the outputs to add to the graph
+    ([(name, elem_type, dim params)], for Model.with_outputs).
     """
-    from onnx import helper
-
-    input_types = {gi.name: gi.type.tensor_type.elem_type for gi in model.graph.input}
-    existing = {o.name for o in model.graph.output}
+    input_types = {gi.name: gi.elem_type for gi in model.graph.input}
+    outputs = [o.name for o in model.graph.output]
+    added = []
     updates, prefixes, updated = [], [], {}
     for node in model.graph.node:
         if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
             continue
-        training = any(a.name == "training_mode" and helper.get_attribute_value(a) for a in node.attribute)
-        if not training or len(node.input) < 5:
+        if not node.ints.get("training_mode") or len(node.input) < 5:
             continue
         for k in (3, 4):
             src = node.input[k]
@@ -537,16 +537,14 @@ def _add_batchnorm_outputs(model, state_names):
                     "per forward is not supported")
             updated[src] = node.name
             out_name = node.output[k - 2]
-            if out_name not in existing:
-                model.graph.output.append(
-                    helper.make_tensor_value_info(out_name, input_types[src], [f"{out_name}_dim0"]))
-                existing.add(out_name)
-            index = [o.name for o in model.graph.output].index(out_name)
-            updates.append((index, state_names[src]))
+            if out_name not in outputs:
+                outputs.append(out_name)
+                added.append((out_name, input_types[src], [f"{out_name}_dim0"]))
+            updates.append((outputs.index(out_name), state_names[src]))
         else:
             name = state_names[node.input[3]]
             prefixes.append(name[:-len("running_mean")])
-    return updates, prefixes
+    return updates, prefixes, added
 
 
 # Symbolics for aten ops the TorchScript exporter lacks but models use on their way to
@@ -683,6 +681,48 @@ def _export_symbolics():
         torch.onnx.unregister_custom_op_symbolic("aten::scaled_dot_product_attention", 14)
 
 
+@contextlib.contextmanager
+def _onnxscript_functions_when_used(parsed):
+    """torch's TorchScript exporter adds the onnx-script functions of custom ops to every model it
+    writes (onnx_proto_utils._add_onnxscript_fn), importing the onnx package to look for them: most
+    of a second of a process's first export. While ortmod exports, the bytes are looked at first
+    (ortmod._onnx_wire) and torch's own step runs, import and all, only when a node's op has a
+    function group in torch's registry (what that step looks up). ``parsed`` gets the model read
+    on the way ("model": an ortmod._onnx_wire.Model, for export() to reuse)."""
+    try:
+        from torch.onnx._internal.torchscript_exporter import onnx_proto_utils, registration
+        original = onnx_proto_utils._add_onnxscript_fn
+    except (ImportError, AttributeError):     # another torch: its own step runs as it is
+        yield
+        return
+    from . import _onnx_wire
+
+    def used(graph):
+        for node in graph.node:
+            if (node.domain and node.domain not in ("aten", "prim", "onnx")
+                    and registration.registry.get_function_group(f"{node.domain}::{node.op_type}") is not None):
+                return True
+            if any(used(sub) for sub in node.subgraphs):
+                return True
+        return False
+
+    def add_onnxscript_fn(model_bytes, custom_opsets):
+        try:
+            model = _onnx_wire.parse_model(model_bytes)
+        except ValueError:
+            return original(model_bytes, custom_opsets)     # torch reads it (and says what is wrong)
+        if used(model.graph):
+            return original(model_bytes, custom_opsets)
+        parsed["model"] = model
+        return model_bytes
+
+    onnx_proto_utils._add_onnxscript_fn = add_onnxscript_fn
+    try:
+        yield
+    finally:
+        onnx_proto_utils._add_onnxscript_fn = original
+
+
 def _parameter_versions(module):
     return [(n, p, p._version) for n, p in module.named_parameters(remove_duplicate=True)]
 
@@ -694,9 +734,11 @@ def _one_floating_dtype(module, tensors):
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
-def _trace_to_onnx(module, wrapper, tensors, input_names, output_names, dynamic_axes, inline_functions):
+def _trace_to_onnx(module, wrapper, tensors, input_names, output_names, dynamic_axes, inline_functions,
+                   parsed=None):
     """One torch.onnx.export of ``wrapper``; returns (bytes buffer, guard recorder, function
-    recorder, caught tracer warnings)."""
+    recorder, caught tracer warnings). ``parsed`` (a dict) gets the written model as
+    ortmod._onnx_wire read it, under "model", where it was read on the way."""
     from torch.onnx import TrainingMode
     from . import _pyop, _semantics
     f = io.BytesIO()
@@ -708,7 +750,7 @@ def _trace_to_onnx(module, wrapper, tensors, input_names, output_names, dynamic_
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", UserWarning)
             warnings.simplefilter("always", torch.jit.TracerWarning)
-            with _export_symbolics(), \
+            with _export_symbolics(), _onnxscript_functions_when_used({} if parsed is None else parsed), \
                     _semantics.semantic_export(ONNX_OPSET, torch.is_grad_enabled(),
                                                _one_floating_dtype(module, tensors)), \
                     _semantics.recording_guards(recorder), _pyop.capturing_functions(functions, ONNX_OPSET):
@@ -750,9 +792,11 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
     inlined and differentiated by the engine, instead of running the user's forward and backward
     (ortmod._pyop). ``dynamic``: the (tensor input, dim) pairs declared dynamic (None: all).
 
-    ``Exported.static_dims`` lists the input dims whose traced size the graph holds only for."""
-    import onnx
-    from . import _semantics
+    ``Exported.static_dims`` lists the input dims whose traced size the graph holds only for.
+
+    The exported graph is read with ortmod._onnx_wire, not the onnx package: its import would
+    cost most of a second of the first call."""
+    from . import _onnx_wire, _semantics
 
     wrapper = _FlatWrapper(module, flat)
     # torch.onnx.export puts the wrapper back in the mode it found it in, recursively: a new
@@ -802,7 +846,9 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
         dims = [(k, d) for k, t in enumerate(tensors) for d in range(t.dim())]
         wanted = dims if dynamic is None else [kd for kd in dims if kd in dynamic]
         attempts = [wanted, []] if wanted else [[]]
+        parsed = {}
         for n, dyn in enumerate(attempts):
+            parsed.clear()
             dynamic_axes = {name: {} for name in input_names}
             for k, d in dyn:
                 dynamic_axes[input_names[k]][d] = f"{input_names[k]}_dim{d}"
@@ -810,7 +856,7 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
                 dynamic_axes[name] = {d: f"{name}_dim{d}" for d in range(t.dim())}
             try:
                 f, recorder, functions, caught = _trace_to_onnx(
-                    module, wrapper, tensors, input_names, output_names, dynamic_axes, inline_functions)
+                    module, wrapper, tensors, input_names, output_names, dynamic_axes, inline_functions, parsed)
                 break
             except ExportError as e:
                 if n + 1 == len(attempts):
@@ -836,7 +882,13 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
         state_names[name] = name[len(_FlatWrapper.PREFIX):]
     for name, _ in wrapper.named_buffers(remove_duplicate=False):
         state_names[name] = name[len(_FlatWrapper.PREFIX):]
-    model = onnx.load_from_string(onnx_bytes)
+    model = parsed.get("model")
+    try:
+        if model is None or model.data != onnx_bytes:
+            model = _onnx_wire.parse_model(onnx_bytes)
+    except ValueError as e:
+        raise ExportError(f"ortmod could not read the graph torch.onnx.export wrote for {type(module).__name__}: "
+                          f"{e}") from e
     if len(model.graph.output) != len(outs) + len(guards):
         raise RuntimeError(f"ortmod: the exported graph has {len(model.graph.output)} outputs, expected "
                            f"{len(outs)} from the module and {len(guards)} guards")
@@ -855,11 +907,14 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
             raise RuntimeError(f"ortmod: exported graph input '{gi.name}' is neither a call input "
                                f"nor a parameter/buffer of the module")
 
-    updates, bn_prefixes = _add_batchnorm_outputs(model, state_names)
+    updates, bn_prefixes, added = _add_batchnorm_outputs(model, state_names)
+    for name, _, _ in added:
+        model.graph.output.append(_onnx_wire.Value(name, 0))
     output_deps = _output_dependencies(model)
     counters = []
+    if added:
+        onnx_bytes = model.with_outputs(added)
     if updates:
-        onnx_bytes = model.SerializeToString()
         for prefix in bn_prefixes:
             counter = prefix + "num_batches_tracked"
             owner = module.get_submodule(prefix[:-1]) if prefix else module
@@ -877,21 +932,31 @@ def _check_output_dtypes(module, model, outs):
     """The exported graph must return what eager returned: an exporter that typed an output
     otherwise (its implicit promotion) would hand back another dtype, silently."""
     from torch.onnx._internal.torchscript_exporter import _type_utils
+    from ._onnx_wire import data_type_name
     for j, (out, t) in enumerate(zip(model.graph.output, outs)):
-        elem = out.type.tensor_type.elem_type
+        elem = out.elem_type
         if not elem:
             continue    # untyped: the engine infers it from the graph
         want = _type_utils.JitScalarType.from_dtype(t.dtype).onnx_type()
         if int(want) != elem:
-            import onnx
             raise UnsupportedModelError(
                 f"the export of {type(module).__name__} computes output {j} as "
-                f"{onnx.TensorProto.DataType.Name(elem)} where eager returns {t.dtype} (torch's ONNX "
+                f"{data_type_name(elem)} where eager returns {t.dtype} (torch's ONNX "
                 "type promotion changed it); cast inside forward to make the dtype explicit")
 
 
+def _subgraphs(node):
+    """The graphs of a node's graph-valued attributes: an ortmod._onnx_wire.Node has them listed,
+    an onnx NodeProto (the torch.export path) in its attributes."""
+    subs = getattr(node, "subgraphs", None)
+    if subs is None:
+        subs = [g for attr in node.attribute for g in list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])]
+    return subs
+
+
 def _output_dependencies(model):
-    """For each graph output, the frozenset of graph input names it is computed from."""
+    """For each graph output, the frozenset of graph input names it is computed from (``model``:
+    an ortmod._onnx_wire.Model or an onnx ModelProto)."""
     deps = {gi.name: frozenset((gi.name,)) for gi in model.graph.input}
     empty = frozenset()
 
@@ -900,9 +965,8 @@ def _output_dependencies(model):
         for node in sub.node:
             for i in node.input:
                 out |= deps.get(i, empty)
-            for attr in node.attribute:
-                for g in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
-                    out |= walk_outer(g)
+            for g in _subgraphs(node):
+                out |= walk_outer(g)
         return out
 
     for node in model.graph.node:
@@ -915,9 +979,8 @@ def _output_dependencies(model):
         for i in node.input:
             if i:
                 src |= deps.get(i, empty)
-        for attr in node.attribute:
-            for sub in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
-                src |= walk_outer(sub)
+        for sub in _subgraphs(node):
+            src |= walk_outer(sub)
         fs = frozenset(src)
         for o in node.output:
             if o:

@@ -585,9 +585,9 @@ class ORTModule(torch.nn.Module):
 
     def _ortmod_capture(self, module, flat, strict, inline, dynamic=None):
         """Export with the capture path the options pick (see DebugOptions.capture)."""
-        from . import _capture_export
         path = self._debug_options.capture
         if path == "export" or self.__dict__.get("_ortmod_capture_path") == "export":
+            from . import _capture_export
             return _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline)
         if path == "torchscript":
             return _capture.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
@@ -595,6 +595,7 @@ class ORTModule(torch.nn.Module):
             return _capture.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
         except (ImportError, _capture.ExportError) as first:   # the TorchScript exporter is gone, or failed
             try:
+                from . import _capture_export     # imported here: the TorchScript path does not need it
                 exported = _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline)
             except Exception as e:
                 first.add_note(f"ortmod also tried the torch.export capture path: {type(e).__name__}: {e}")
