@@ -318,7 +318,9 @@ def _translations():
         n2 = clamped(op.ReduceL2(x2e, axes, keepdims=1))
         return op.ReduceSum(op.Mul(op.Div(x1e, n1), op.Div(x2e, n2)), axes, keepdims=0)
 
+    from . import _export_rules
     return {
+        **_export_rules.translations(op, ir, stop_gradient_op),
         torch.ops.aten.cosine_similarity.default: cosine_similarity,
         torch.ops.aten.embedding.default: embedding,
         torch.ops.aten.sort.default: sort,
@@ -813,7 +815,34 @@ def _check_clamp_min(node):
     return "clamp_min with a tensor bound translates to Max, whose gradient at ties is not clamp_min's"
 
 
+def _check_local_scalar_dense(node):
+    # the translator types a Python float as float32: a float64 .item() stays exact only where
+    # it goes straight into a tensor op (scalar_tensor casts it to that op's dtype)
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dtype == torch.float64:
+        others = sorted({str(u.target) for u in node.users if u.target is not torch.ops.aten.scalar_tensor.default})
+        if others:
+            return (f"a Python number from a float64 tensor used in Python arithmetic ({', '.join(others)}) "
+                    "is computed in float32 by the ONNX translation")
+    return None
+
+
+def _check_index_put(node):
+    indices = node.args[1]
+    vals = [i.meta.get("val") if isinstance(i, torch.fx.Node) else None for i in indices]
+    if not any(isinstance(v, torch.Tensor) and v.dtype == torch.bool for v in vals):
+        return None
+    values = node.args[2].meta.get("val") if isinstance(node.args[2], torch.fx.Node) else None
+    one_mask = len(indices) == 1 and isinstance(vals[0], torch.Tensor) and vals[0].dtype == torch.bool
+    if not one_mask or not isinstance(values, torch.Tensor) or not all(isinstance(d, int) and d == 1 for d in values.shape):
+        return ("boolean-mask index assignment is taken only as x[mask] = v (one mask, one value); "
+                "other forms need NonZero, which the engine does not have")
+    return None
+
+
 _CHECKS = {
+    "aten::index_put": _check_index_put,
+    "aten::_local_scalar_dense": _check_local_scalar_dense,
     "aten::linalg_vector_norm": _check_vector_norm,
     "aten::clamp_min": _check_clamp_min,
     "aten::cumsum": _check_cumsum,
@@ -896,4 +925,15 @@ REVIEWED = frozenset({
     # selection and norms (TopK, ortmod's Sort, ReduceL1/L2, ReduceLogSumExp; clamp_min is Clip)
     "aten::topk", "aten::sort", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
     "aten::cosine_similarity",     # ortmod's rule (eager's straight-through clamp of the norms)
+    # ortmod's rules (_export_rules.py): .item() without a gradient, scatter_add of a larger src,
+    # a stable log_sigmoid, var/std dividing by max(0, N - correction)
+    "aten::_local_scalar_dense", "aten::scatter_add", "aten::log_sigmoid", "prims::var",
+    # torchlib's rules as they are: Reshape + Expand; ScatterND (accumulate: repeated indices
+    # add; otherwise the last write wins, eager's deterministic order; negative indices wrap)
+    "prims::broadcast_in_dim", "aten::index_put",
+    # x[:, a:b] = v: ScatterND at the slice's positions (Slice of Range: torch's clamping of
+    # start/end, the step), no duplicates; gradients GatherND / ScatterND(0), eager's
+    "aten::slice_scatter", "aten::copy",     # copy: ortmod's rule (src broadcast to self)
+    # x[:, 2] = v: ScatterElements of Unsqueeze(v) at the index (negative wraps), as eager
+    "aten::select_scatter",
 })

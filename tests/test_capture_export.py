@@ -364,3 +364,105 @@ def test_auto_falls_back_when_the_torchscript_export_fails(ortmod_env):
         assert "also tried the torch.export capture path" in "".join(getattr(e, "__notes__", []))
         return
     assert captured_with(ort) == {"export"}
+
+
+# ---- ops reviewed against torchlib's rules (ortmod/_export_rules.py) -------------------------------
+#
+# Each: forward and every gradient relative to its size against eager (run_both), float32 and
+# float64, and an argument value the path must refuse by name.
+
+def _fn(forward, **modules):
+    cls = type("Fn", (nn.Module,), {"forward": forward})
+    m = cls()
+    for k, v in modules.items():
+        setattr(m, k, v)
+    return m
+
+
+def _both_dtypes(module, *inputs, calls=1):
+    for dt in (torch.float32, torch.float64):
+        xs = [x.to(dt) if x.is_floating_point() else x for x in inputs]
+        ort = run_both(copy.deepcopy(module).to(dt), *xs, calls=calls)
+        assert captured_with(ort) == {"export"}
+
+
+def test_item_is_read_per_call_and_carries_no_gradient():
+    """h * h.sum().item(): eager reads the number at run time and sends no gradient through it
+    (torchlib's rule would: the engine differentiated through the sum)."""
+    torch.manual_seed(0)
+    m = _fn(lambda s, x: s.a(x) * s.a(x).abs().sum().item(), a=nn.Linear(3, 4))
+    for dt in (torch.float32, torch.float64):
+        ort = run_both(copy.deepcopy(m).to(dt), torch.randn(5, 3, dtype=dt), calls=2,
+                       make_inputs=lambda call: (torch.randn(5, 3, dtype=dt) * (call + 1),))
+        assert captured_with(ort) == {"export"}
+
+
+def test_item_of_float64_in_python_arithmetic_is_refused():
+    m = _fn(lambda s, x: s.a(x) * (s.a(x).sum().item() * 0.5 + 1), a=nn.Linear(3, 4)).double()
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::_local_scalar_dense .*float64 tensor .*float32"):
+        ORTModule(m)(torch.randn(5, 3, dtype=torch.float64))
+    m32 = _fn(lambda s, x: s.a(x) * (s.a(x).sum().item() * 0.5 + 1), a=nn.Linear(3, 4))
+    run_both(m32, torch.randn(5, 3))     # float32: exact in the translator's float32
+
+
+def test_scatter_add_index_add_index_put_repeated_indices_add():
+    torch.manual_seed(0)
+    idx = torch.tensor([[0, 2, 2, 1, 0], [1, 1, 1, 0, 2]])
+    _both_dtypes(_fn(lambda s, x, i: torch.zeros(x.size(0), 3, dtype=x.dtype).scatter_add(1, i, s.a(x)),
+                     a=nn.Linear(4, 5)), torch.randn(2, 4), idx)
+    # src larger than index: only its index-shaped corner is read
+    _both_dtypes(_fn(lambda s, x, i: torch.zeros(2, 3, dtype=x.dtype).scatter_add(1, i, s.a(x).detach()) + s.a(x)[:, :3],
+                     a=nn.Linear(4, 5)), torch.randn(2, 4), torch.tensor([[0], [2]]))
+    _both_dtypes(_fn(lambda s, x, i: torch.zeros(5, 6, 4, dtype=x.dtype).index_add(1, i, s.a(x).unsqueeze(1).expand(5, 3, 4)),
+                     a=nn.Linear(3, 4)), torch.randn(5, 3), torch.tensor([2, 2, 5]))
+    # two index tensors, a negative index, accumulate
+    _both_dtypes(_fn(lambda s, x, i, j: torch.zeros(4, 6, dtype=x.dtype).index_put((i, j), s.a(x).sum(1), accumulate=True),
+                     a=nn.Linear(3, 4)), torch.randn(5, 3), torch.tensor([0, 3, 3, -1, 0]), torch.tensor([1, 5, 5, 2, 1]))
+
+
+def test_slice_and_mask_assignment():
+    torch.manual_seed(0)
+
+    def sliced(s, x, i):
+        h = s.a(x).clone()
+        h[:, i] = s.b(x)
+        h[1:-1, -2:] = s.b(x)[1:-1]
+        h[0, :3] = s.b(x)[0, :1]     # broadcast along the slice
+        return h
+
+    _both_dtypes(_fn(sliced, a=nn.Linear(3, 6), b=nn.Linear(3, 2)), torch.randn(5, 3), torch.tensor([4, 1]))
+
+    def masked(s, x, m):
+        h = s.a(x).clone()
+        h[m] = 0.5
+        return h + s.a(x).index_put((m,), s.c.sum(), accumulate=True)
+
+    _both_dtypes(_fn(masked, a=nn.Linear(3, 4), c=nn.Parameter(torch.tensor([0.3]))), torch.randn(5, 3),
+                 torch.rand(5, 4) > 0.5)
+
+    def rows(s, x, m):
+        h = s.a(x).clone()
+        h[m] = s.a(x)[m] * 2          # a mask with a value per selected row: NonZero's job
+        return h
+
+    with pytest.raises(ortmod.UnsupportedModelError, match="aten::index_put .*boolean-mask"):
+        ORTModule(_fn(rows, a=nn.Linear(3, 4)))(torch.randn(5, 3), torch.tensor([True, False, True, True, False]))
+
+
+def test_var_std_divide_by_n_minus_correction():
+    torch.manual_seed(0)
+    _both_dtypes(_fn(lambda s, x: s.a(x).var(0) + s.a(x).std(1, keepdim=True).sum() + s.a(x).var(correction=0)
+                     + torch.var_mean(s.a(x), dim=(0, 1))[0], a=nn.Linear(3, 4)), torch.randn(5, 3))
+    # N == correction: inf (0 / 0 NaN) forward as eager, and eager's gradient (no inf * 0 through the mean)
+    _both_dtypes(_fn(lambda s, x: s.a(x).var(0, correction=2), a=nn.Linear(3, 4)), torch.randn(2, 3))
+
+
+def test_log_sigmoid_far_below_zero():
+    """torchlib's Log(Sigmoid(x)) is -inf where sigmoid underflows; eager's is x there."""
+    torch.manual_seed(0)
+    _both_dtypes(_fn(lambda s, x: F.logsigmoid(s.a(x) * 200), a=nn.Linear(3, 4)), torch.randn(5, 3))
+    bce = _fn(lambda s, x, y: F.binary_cross_entropy_with_logits(s.a(x), y, weight=s.w, pos_weight=s.pw),
+              a=nn.Linear(4, 3))
+    bce.register_buffer("w", torch.rand(3) + 0.5)
+    bce.register_buffer("pw", torch.tensor([1.0, 2.0, 0.5]))
+    _both_dtypes(bce, torch.randn(6, 4) * 30, (torch.rand(6, 3) > 0.5).float())

@@ -1,0 +1,134 @@
+"""ortmod's translations of aten ops for the torch.export capture path, where torchlib's rule
+(onnxscript's torch_lib, the translator torch ships) does not mean what eager training means, or
+is an ONNX local function the engine does not take. Each is read against eager's kernel and its
+backward (derivatives.yaml) for every argument; arguments a rule cannot honour are refused by
+name in ``_capture_export._CHECKS`` before translation.
+
+``translations(op, ir, stop_gradient)`` returns {aten overload: onnxscript function}; the
+functions are traced by torch's exporter (trace mode: Python branches on the arguments)."""
+import torch
+
+
+def translations(op, ir, stop_gradient):
+    from typing import Optional, Sequence
+    from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor, TInt
+    from onnxscript.function_libs.torch_lib.ops import core as tl_core
+
+    I64 = ir.DataType.INT64
+
+    def const(v, dt):
+        return op.Constant(value=ir.tensor(v, dtype=dt))
+
+    def ints(v):
+        return const(list(v), I64)
+
+    # ---- .item() ------------------------------------------------------------------------------
+
+    def local_scalar_dense(self: TTensor) -> TTensor:
+        # eager: tensor.item() is a Python number read at run time, and no gradient flows
+        # through it. torchlib's rule reads the value (per call, as eager) but leaves it
+        # differentiable, so the engine would send a gradient into the tensor it came from.
+        # The translator types a Python float as FLOAT: fp32/fp16/bf16 values are exact there;
+        # a float64 value is refused by _CHECKS unless it only feeds a tensor op (scalar_tensor,
+        # which casts it to that op's dtype), where it stays DOUBLE.
+        x = op.Gather(op.Reshape(self, ints([-1])), const(0, I64), axis=0)
+        dt = self.dtype
+        if dt.is_floating_point():
+            if dt not in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
+                x = op.Cast(x, to=ir.DataType.FLOAT)
+            return stop_gradient(x)
+        return op.Cast(x, to=ir.DataType.BOOL if dt == ir.DataType.BOOL else I64)
+
+    # ---- scatter_add ---------------------------------------------------------------------------
+
+    def scatter_add(self: TReal, dim: int, index: TInt, src: TReal) -> TReal:
+        # eager (scatter_add): self[..index[p]..] += src[p] for every position p of index, src
+        # may be larger than index (only its index-shaped corner is read); ONNX's
+        # ScatterElements wants updates of index's shape, so src is sliced to it (a no-op when
+        # they agree). Repeated indices add (reduction add), as eager.
+        rank = len(index.shape)
+        src = op.Slice(src, ints([0] * rank), op.Shape(index), ints(range(rank)))
+        return op.ScatterElements(self, index, src, axis=dim, reduction="add")
+
+    # ---- log_sigmoid ---------------------------------------------------------------------------
+
+    def log_sigmoid(self: TFloat) -> TFloat:
+        # eager (log_sigmoid CPU kernel): min(x, 0) - log1p(exp(-|x|)); torchlib's Log(Sigmoid(x))
+        # is -inf where sigmoid underflows (x < -104 in fp32) and is a local function. The
+        # engine's Softplus(z) is z + log1p(exp(-z)) for z > 0, log1p(exp(z)) otherwise: at
+        # z = -x exactly eager's two branches; its gradient sigmoid(-x) is eager's.
+        return op.Neg(op.Softplus(op.Neg(self)))
+
+    # ---- var / std -----------------------------------------------------------------------------
+
+    def prims_var(inp: TFloat, dims: Optional[Sequence[int]], correction: float = 1.0,
+                  output_dtype: Optional[int] = None) -> TFloat:
+        # every var/std/var_mean/std_mean decomposes to prims.var. eager: the sum of squared
+        # deviations from the mean over dims, divided by max(0, N - correction) (N the number
+        # of elements reduced: 0/0 is NaN, x/0 inf, as eager). torchlib's rule divides by
+        # N - correction (negative variance for N < correction) and cannot take dims=None.
+        # The mean is a stopped value: eager's backward is 2 (x - mean) dy / (N - correction),
+        # without the (mathematically zero) path through the mean, which at N == correction
+        # would be inf * 0. Left: for N < correction (forward inf) eager's gradient divides by
+        # the negative N - correction, this one by 0.
+        rank = len(inp.shape)
+        if dims is None or len(dims) == 0:
+            axes = list(range(rank))
+        else:
+            axes = sorted(d % rank if rank else d for d in dims)
+        c = 1.0 if correction is None else float(correction)
+        dt = inp.dtype
+        if not axes:    # a 0-d input: N = 1
+            mean, n = inp, const(1.0, dt)
+            d = op.Sub(inp, mean)
+            ss = op.Mul(d, d)
+        else:
+            ax = ints(axes)
+            mean = stop_gradient(op.ReduceMean(inp, ax, keepdims=1))
+            d = op.Sub(inp, mean)
+            ss = op.ReduceSum(op.Mul(d, d), ax, keepdims=0)
+            n = op.Cast(op.ReduceProd(op.Gather(op.Shape(inp), ax, axis=0), keepdims=0), to=dt)
+        denom = op.Max(op.Sub(n, const(c, dt)), const(0.0, dt))
+        var = op.Div(ss, denom)
+        if output_dtype is not None and output_dtype != -1 and output_dtype != dt:
+            var = op.Cast(var, to=output_dtype)
+        return var
+
+    # ---- index_put -----------------------------------------------------------------------------
+
+    def index_put(self: TReal, indices: Sequence[Optional[TTensor]], values: TReal,
+                  accumulate: bool = False) -> TReal:
+        # integer indices: torchlib's rule (ScatterND; accumulate: repeated indices add, as
+        # eager; otherwise the engine lets the last write win, eager's deterministic order;
+        # negative indices wrap). A boolean mask: torchlib's needs NonZero, which the engine
+        # lacks; one mask on the leading dims with a single value (x[mask] = v, x[mask] += v,
+        # what _CHECKS lets through) is a Where, whose gradients are eager's: v gets the sum of
+        # dy over the selected positions, x gets dy where it was kept (accumulate: everywhere).
+        if any(i is not None and i.dtype == ir.DataType.BOOL for i in indices):
+            mask = indices[0]
+            for _ in range(len(self.shape) - len(mask.shape)):
+                mask = op.Unsqueeze(mask, ints([-1]))
+            mask = op.Expand(mask, op.Shape(self))
+            v = op.Reshape(values, ints([]))
+            if values.dtype != self.dtype:
+                v = op.Cast(v, to=self.dtype)
+            if accumulate:
+                return op.Add(self, op.Where(mask, v, const(0, self.dtype)))
+            return op.Where(mask, v, self)
+        return tl_core.aten_index_put(self, indices, values, accumulate)
+
+    def copy(self: TTensor, src: TTensor, non_blocking: bool = False) -> TTensor:
+        # eager: self's shape and dtype, src broadcast to it (x[1:-1, -2:] = row); torchlib's
+        # CastLike keeps src's shape. self's values are overwritten: it gets no gradient.
+        if src.dtype != self.dtype:
+            src = op.Cast(src, to=self.dtype)
+        return op.Expand(src, op.Shape(self))
+
+    return {
+        torch.ops.aten.copy.default: copy,
+        torch.ops.aten.index_put.default: index_put,
+        torch.ops.aten._local_scalar_dense.default: local_scalar_dense,
+        torch.ops.aten.scatter_add.default: scatter_add,
+        torch.ops.aten.log_sigmoid.default: log_sigmoid,
+        torch.ops.prims.var.default: prims_var,
+    }
