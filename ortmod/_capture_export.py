@@ -840,7 +840,22 @@ def _check_index_put(node):
     return None
 
 
+def _check_avg_pool(node):
+    if _const_arg(node, 6, "divisor_override", None) is not None and _const_arg(node, 4, "ceil_mode", False):
+        return ("divisor_override with ceil_mode is not reproduced by ortmod (a window past the padding "
+                "sums fewer taps)")
+    return None
+
+
+def _check_constant_pad(node):
+    if not all(isinstance(p, int) and p >= 0 for p in node.args[1]):
+        return "only constant, non-negative paddings are reviewed on this path"
+    return None
+
+
 _CHECKS = {
+    "aten::constant_pad_nd": _check_constant_pad,
+    "aten::avg_pool2d": _check_avg_pool, "aten::avg_pool3d": _check_avg_pool,
     "aten::index_put": _check_index_put,
     "aten::_local_scalar_dense": _check_local_scalar_dense,
     "aten::linalg_vector_norm": _check_vector_norm,
@@ -936,4 +951,16 @@ REVIEWED = frozenset({
     "aten::slice_scatter", "aten::copy",     # copy: ortmod's rule (src broadcast to self)
     # x[:, 2] = v: ScatterElements of Unsqueeze(v) at the index (negative wraps), as eager
     "aten::select_scatter",
+    # convolution: torchlib's Conv / ConvTranspose (symmetric pads per dim, strides, dilations,
+    # groups, output_padding; an unbatched input unsqueezed; the engine takes them all); conv3d
+    # ortmod's rule (torchlib's builds a wrong-shaped zero bias)
+    "aten::convolution", "aten::conv3d",
+    # pools: MaxPool (ceil_mode, dilations; the engine's windows and NaN are torch's), its
+    # indices made per-plane as torch's (ONNX's flat index minus each plane's first);
+    # AveragePool (count_include_pad, ceil_mode: the engine's divisor is torch's); avg_pool2d/3d
+    # ortmod's rule (divisor_override)
+    "aten::max_pool1d", "aten::max_pool3d", "aten::max_pool1d_with_indices", "aten::max_pool2d_with_indices",
+    "aten::max_pool3d_with_indices", "aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d",
+    # Pad(constant) in torch's last-dim-first order (padding="same" with an even kernel)
+    "aten::constant_pad_nd",
 })

@@ -13,6 +13,7 @@ def translations(op, ir, stop_gradient):
     from typing import Optional, Sequence
     from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor, TInt
     from onnxscript.function_libs.torch_lib.ops import core as tl_core
+    from onnxscript.function_libs.torch_lib.ops import nn as tl_nn
 
     I64 = ir.DataType.INT64
 
@@ -124,7 +125,46 @@ def translations(op, ir, stop_gradient):
             src = op.Cast(src, to=self.dtype)
         return op.Expand(src, op.Shape(self))
 
+    # ---- conv3d, avg_pool with divisor_override ----------------------------------------------
+
+    def conv3d(input: TFloat, weight: TFloat, bias: Optional[TFloat] = None, stride: Sequence[int] = (1, 1, 1),
+               padding: Sequence[int] = (0, 0, 0), dilation: Sequence[int] = (1, 1, 1), groups: int = 1) -> TFloat:
+        # torchlib's conv3d builds a (M, 2) zero bias when there is none (its complex form's),
+        # which Conv refuses; the rest is its rule (torch's symmetric pads per dim, strides,
+        # dilations, groups; an unbatched input unsqueezed). Without a bias: Conv without B.
+        def three(v):
+            v = list(v) if isinstance(v, (list, tuple)) else [v]
+            return v * 3 if len(v) == 1 else v
+        padding = three(padding)
+        return tl_core._aten_convolution_onnx(input, weight, bias, transposed=False, strides=three(stride),
+                                              pads=[*padding, *padding], dilations=three(dilation), groups=groups)
+
+    def avg_pool(rank):
+        torchlib = {2: tl_nn.aten_avg_pool2d, 3: tl_nn.aten_avg_pool3d}[rank]
+
+        def avg_pool_nd(self: TFloat, kernel_size: Sequence[int], stride: Sequence[int] = (),
+                        padding: Sequence[int] = (0,) * rank, ceil_mode: bool = False,
+                        count_include_pad: bool = True, divisor_override: Optional[int] = None) -> TFloat:
+            # eager: with divisor_override d, each window's sum over the zero-padded input
+            # divided by d (count_include_pad is then unused); torchlib drops d. Without
+            # ceil_mode every window lies inside the padded input, so its sum is the
+            # count_include_pad average times prod(kernel): the result is that times
+            # prod(kernel) / d. ceil_mode with d is refused by _CHECKS (a window hanging past
+            # the padding has fewer taps).
+            if divisor_override is None:
+                return torchlib(self, kernel_size, stride, padding, ceil_mode, count_include_pad)
+            avg = torchlib(self, kernel_size, stride, padding, False, True)
+            k = list(kernel_size) if isinstance(kernel_size, (list, tuple)) else [kernel_size]
+            taps = 1
+            for v in (k * rank if len(k) == 1 else k):
+                taps *= int(v)
+            return op.Mul(avg, const(taps / float(divisor_override), self.dtype))
+        return avg_pool_nd
+
     return {
+        torch.ops.aten.conv3d.default: conv3d,
+        torch.ops.aten.avg_pool2d.default: avg_pool(2),
+        torch.ops.aten.avg_pool3d.default: avg_pool(3),
         torch.ops.aten.copy.default: copy,
         torch.ops.aten.index_put.default: index_put,
         torch.ops.aten._local_scalar_dense.default: local_scalar_dense,
