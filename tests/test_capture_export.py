@@ -466,3 +466,114 @@ def test_log_sigmoid_far_below_zero():
     bce.register_buffer("w", torch.rand(3) + 0.5)
     bce.register_buffer("pw", torch.tensor([1.0, 2.0, 0.5]))
     _both_dtypes(bce, torch.randn(6, 4) * 30, (torch.rand(6, 3) > 0.5).float())
+
+
+# ---- convolution, pools, constant padding ------------------------------------------------------
+#
+# Modules applied straight to the input (no layer in front), so the input gradient checks the
+# op's own backward: float64, forward and every gradient relative to its size (run_both).
+
+def _f64(module, *shapes, make=torch.randn):
+    torch.manual_seed(0)
+    ort = run_both(module.double(), *[make(s, dtype=torch.float64) if isinstance(s, tuple) else s for s in shapes])
+    assert captured_with(ort) == {"export"}
+    return ort
+
+
+@pytest.mark.parametrize("conv, shape", [
+    (nn.Conv1d(4, 6, 3), (2, 4, 9)),
+    (nn.Conv1d(4, 6, 4, stride=2, padding=1, dilation=2, groups=2, bias=False), (2, 4, 11)),
+    (nn.Conv1d(3, 4, 4, padding="same"), (2, 3, 8)),              # even kernel: 1 left, 2 right
+    (nn.Conv1d(3, 4, 3, padding=2), (3, 7)),                      # unbatched
+    (nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2), (2, 4, 7, 8)),
+    (nn.Conv2d(3, 4, (4, 3), padding="same", dilation=(1, 2), bias=False), (2, 3, 7, 8)),
+    (nn.Conv2d(3, 4, 3, stride=2), (3, 6, 7)),                    # unbatched
+    (nn.Conv3d(4, 4, 3, padding=1, groups=4), (2, 4, 5, 5, 5)),
+    (nn.Conv3d(2, 3, (2, 3, 2), stride=2, dilation=(2, 1, 1), bias=False), (2, 2, 7, 6, 5)),
+    (nn.Conv3d(2, 3, 2, padding="same"), (2, 2, 4, 5, 3)),
+    (nn.Conv3d(2, 3, 2, bias=False), (2, 4, 4, 4)),               # unbatched, no bias
+    (nn.ConvTranspose1d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), (2, 4, 5)),
+    (nn.ConvTranspose2d(3, 4, (3, 2), stride=(2, 3), padding=(1, 0), dilation=(1, 2), bias=False), (2, 3, 4, 5)),
+    (nn.ConvTranspose2d(2, 3, 3), (2, 4, 4)),                     # unbatched
+    (nn.ConvTranspose3d(2, 4, 2, stride=2, groups=2), (1, 2, 3, 2, 3)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_convolution(conv, shape):
+    _f64(copy.deepcopy(conv), shape)
+
+
+def _ties(shape, dtype=torch.float64):
+    """Few distinct values: most windows hold their max twice (eager's gradient goes to the first)."""
+    return torch.randint(0, 3, shape).to(dtype)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.MaxPool1d(3, stride=2, padding=1), (2, 3, 10)),
+    (nn.MaxPool1d(2, ceil_mode=True), (3, 7)),                    # unbatched, last window partial
+    (nn.MaxPool1d(3, stride=2, dilation=2, ceil_mode=True), (2, 2, 12)),
+    (nn.MaxPool2d((3, 2), stride=(2, 1), padding=(1, 1)), (2, 3, 7, 6)),
+    (nn.MaxPool2d(3, stride=2, dilation=(2, 1), ceil_mode=True), (2, 2, 9, 8)),
+    (nn.MaxPool2d(2), (3, 5, 5)),                                 # unbatched
+    (nn.MaxPool3d(2, stride=2, ceil_mode=True), (2, 2, 5, 4, 5)),
+    (nn.MaxPool3d((3, 2, 2), stride=1, padding=(1, 0, 1), dilation=(1, 2, 1)), (1, 2, 5, 6, 4)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+@pytest.mark.parametrize("make", [torch.randn, lambda s, dtype: _ties(s, dtype)], ids=["distinct", "ties"])
+def test_max_pool(pool, shape, make):
+    _f64(copy.deepcopy(pool), shape, make=make)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.MaxPool1d(3, stride=2, padding=1, return_indices=True), (2, 3, 10)),
+    (nn.MaxPool2d(3, stride=2, dilation=(2, 1), ceil_mode=True, return_indices=True), (2, 2, 9, 8)),
+    (nn.MaxPool2d(2, return_indices=True), (3, 5, 5)),            # unbatched
+    (nn.MaxPool3d(2, stride=2, padding=1, return_indices=True), (2, 2, 5, 4, 5)),
+])
+def test_max_pool_indices_are_per_plane_as_eager(pool, shape):
+    """return_indices: each index is into its own (N, C) plane, flattened (ONNX's are into the
+    whole tensor); ties give the first maximum's index, as eager."""
+    torch.manual_seed(0)
+    for x in (torch.randn(shape, dtype=torch.float64), _ties(shape)):
+        ve, ie = copy.deepcopy(pool)(x)
+        ort = ORTModule(copy.deepcopy(pool))
+        vo, io = ort(x)
+        rel_close("values", vo, ve)
+        assert io.dtype == ie.dtype and torch.equal(io, ie), f"indices differ:\n{io}\n{ie}"
+    values = _fn(lambda s, x: s.p(x)[0] * 3, p=copy.deepcopy(pool))
+    _f64(values, shape, make=lambda s, dtype: _ties(s, dtype))
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.AvgPool1d(3, stride=2, padding=1), (2, 3, 10)),
+    (nn.AvgPool1d(3, stride=2, padding=1, count_include_pad=False, ceil_mode=True), (3, 10)),   # unbatched
+    (nn.AvgPool2d((3, 2), stride=(2, 1), padding=(1, 1)), (2, 3, 7, 6)),
+    (nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), (2, 2, 8, 7)),
+    (nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True), (2, 2, 8, 7)),
+    (nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False), (2, 5, 6)),
+    (nn.AvgPool2d(3, stride=2, padding=1, divisor_override=4), (2, 2, 8, 7)),
+    (nn.AvgPool2d((2, 3), padding=(1, 1), count_include_pad=False, divisor_override=5), (2, 7, 7)),
+    (nn.AvgPool3d(2, stride=2, ceil_mode=True), (2, 2, 5, 4, 5)),
+    (nn.AvgPool3d(3, stride=2, padding=1, count_include_pad=False, ceil_mode=True), (1, 2, 6, 5, 4)),
+    (nn.AvgPool3d((3, 2, 2), stride=1, padding=(1, 0, 1), divisor_override=7), (1, 2, 5, 6, 4)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_avg_pool(pool, shape):
+    _f64(copy.deepcopy(pool), shape)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, divisor_override=4), (2, 2, 8, 7)),
+    (nn.AvgPool3d(2, stride=2, ceil_mode=True, divisor_override=3), (2, 2, 5, 4, 5)),
+])
+def test_avg_pool_divisor_override_with_ceil_mode_is_refused(pool, shape):
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::avg_pool\dd.*divisor_override with ceil_mode"):
+        ORTModule(pool)(torch.randn(shape))
+
+
+@pytest.mark.parametrize("pad, shape", [
+    (nn.ConstantPad1d((1, 2), 0.5), (2, 3, 4)),
+    (nn.ConstantPad2d((0, 2, 3, 1), -1.5), (2, 3, 4, 5)),
+    (nn.ConstantPad3d(1, 2.0), (3, 2, 2, 3)),
+    (nn.ZeroPad1d(2), (3, 4)),
+    (nn.ZeroPad2d((1, 0, 2, 1)), (2, 2, 3, 3)),
+    (nn.ZeroPad3d((1, 1, 0, 2, 1, 0)), (1, 2, 2, 3, 2)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_constant_pad(pad, shape):
+    _f64(copy.deepcopy(pad), shape)
