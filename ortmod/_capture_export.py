@@ -777,11 +777,14 @@ def _check_cross_entropy(node):
 
 
 def _check_pad(node):
+    # torchlib's Pad: constant, reflect, edge (replicate), wrap (circular); a negative pad crops
+    # (eager's meaning in every mode, and the engine's Pad and PadGrad). Pads traced as symbols
+    # are not reviewed.
     pads, mode = node.args[1], _const_arg(node, 2, "mode", "constant")
-    if mode not in ("constant", "reflect", "replicate"):
+    if mode not in ("constant", "reflect", "replicate", "circular"):
         return f"mode {mode!r} is not reviewed on this path"
-    if not all(isinstance(p, int) and p >= 0 for p in pads):
-        return "only constant, non-negative paddings are reviewed on this path"
+    if not all(isinstance(p, int) for p in pads):
+        return "only constant paddings are reviewed on this path"
     return None
 
 
@@ -848,8 +851,8 @@ def _check_avg_pool(node):
 
 
 def _check_constant_pad(node):
-    if not all(isinstance(p, int) and p >= 0 for p in node.args[1]):
-        return "only constant, non-negative paddings are reviewed on this path"
+    if not all(isinstance(p, int) for p in node.args[1]):
+        return "only constant paddings are reviewed on this path"
     return None
 
 

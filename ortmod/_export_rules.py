@@ -161,8 +161,22 @@ def translations(op, ir, stop_gradient):
             return op.Mul(avg, const(taps / float(divisor_override), self.dtype))
         return avg_pool_nd
 
+    # ---- circular padding with a negative pad ------------------------------------------------
+
+    def pad(self: TTensor, pad: Sequence[int], mode: str = "constant", value: Optional[float] = None) -> TTensor:
+        # eager's circular padding crops by the negative pads first, then wraps from the cropped
+        # tensor ([0,1,2,3] padded (-1, 2) is [1,2,3,1,2]); ONNX's wrap reads from the uncropped
+        # one ([1,2,3,0,1]). So: a constant Pad by the negative parts (a crop), then the wrap by
+        # the positive ones. Every other mode crops and pads from the same input: torchlib's rule.
+        if mode != "circular" or all(p >= 0 for p in pad):
+            return tl_nn.aten_pad(self, pad, mode, value)
+        rank = len(self.shape)
+        cropped = op.Pad(self, tl_nn._process_padding([min(p, 0) for p in pad], rank), mode="constant")
+        return op.Pad(cropped, tl_nn._process_padding([max(p, 0) for p in pad], rank), mode="wrap")
+
     return {
         torch.ops.aten.conv3d.default: conv3d,
+        torch.ops.aten.pad.default: pad,
         torch.ops.aten.avg_pool2d.default: avg_pool(2),
         torch.ops.aten.avg_pool3d.default: avg_pool(3),
         torch.ops.aten.copy.default: copy,

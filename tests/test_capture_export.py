@@ -574,6 +574,37 @@ def test_avg_pool_divisor_override_with_ceil_mode_is_refused(pool, shape):
     (nn.ZeroPad1d(2), (3, 4)),
     (nn.ZeroPad2d((1, 0, 2, 1)), (2, 2, 3, 3)),
     (nn.ZeroPad3d((1, 1, 0, 2, 1, 0)), (1, 2, 2, 3, 2)),
+    # a negative pad crops, in every mode
+    (nn.ConstantPad1d((-1, 2), 0.5), (2, 3, 4)),
+    (nn.ConstantPad3d((-1, 0, 0, -1, 2, -1), 0.5), (2, 3, 4, 5)),
+    (nn.ZeroPad2d((-1, 1, 0, -2)), (2, 3, 4, 5)),
+    (nn.ReflectionPad2d((2, -1, -1, 1)), (2, 3, 4, 5)),
+    (nn.ReplicationPad3d((-1, 2, 1, -1, 0, 1)), (2, 3, 3, 4, 5)),
+    (nn.CircularPad1d((1, 2)), (2, 3, 4)),
+    (nn.CircularPad1d((4, 4)), (2, 3, 4)),                        # the whole dim
+    (nn.CircularPad2d(1), (2, 3, 3)),                             # unbatched
+    (nn.CircularPad3d((1, 1, 0, 2, 1, 0)), (1, 2, 2, 3, 2)),
 ], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
-def test_constant_pad(pad, shape):
+def test_pad(pad, shape):
     _f64(copy.deepcopy(pad), shape)
+
+
+@pytest.mark.parametrize("pads", [(-1, 2), (2, -1), (1, -2), (-1, 2, 1, -2), (-2, -1, 0, 1)])
+def test_circular_pad_crops_before_it_wraps(pads):
+    """eager crops by the negative pads, then wraps from the cropped tensor: [0,1,2,3] padded
+    (-1, 2) is [1,2,3,1,2] (ONNX's wrap alone reads the uncropped one: [1,2,3,0,1])."""
+    x = torch.arange(4.).view(1, 1, 4)
+    assert F.pad(x, (-1, 2), mode="circular").flatten().tolist() == [1, 2, 3, 1, 2]
+    _f64(_fn(lambda s, x: F.pad(x, pads, mode="circular")), (2, 3, 4, 5)[:2 + len(pads) // 2])
+
+
+@pytest.mark.parametrize("conv, shape", [
+    (nn.Conv2d(2, 3, 3, padding=1, padding_mode="circular"), (2, 2, 5, 6)),
+    (nn.Conv2d(2, 3, 4, padding="same", padding_mode="circular"), (2, 2, 6, 6)),
+    (nn.Conv1d(2, 3, 3, padding=2, padding_mode="circular"), (2, 6)),               # unbatched
+    (nn.Conv3d(2, 3, 3, padding=(1, 0, 2), padding_mode="circular", bias=False), (1, 2, 4, 4, 4)),
+    (nn.Conv1d(2, 3, 3, padding=2, padding_mode="reflect"), (2, 2, 6)),
+    (nn.Conv2d(2, 4, 3, padding=(2, 1), padding_mode="replicate", groups=2), (2, 2, 4, 5)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_convolution_padding_modes(conv, shape):
+    _f64(copy.deepcopy(conv), shape)
