@@ -856,7 +856,26 @@ def _check_constant_pad(node):
     return None
 
 
+def _check_adaptive_avg_pool(node):
+    # an output size is a positive constant, or the input's own size (output_size=None there:
+    # ortmod's rule takes a size it cannot read as that, the identity)
+    sizes = node.args[1]
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    for k, d in enumerate(sizes):
+        if isinstance(d, int):
+            if d <= 0:
+                return f"output size {d} is not reviewed on this path"
+            continue
+        same = isinstance(d, torch.fx.Node) and isinstance(val, torch.Tensor) and \
+            str(d.meta.get("val")) == str(val.shape[val.dim() - len(sizes) + k])
+        if not same:
+            return "an output size computed in the graph (not a constant nor the input's size) is not reviewed"
+    return None
+
+
 _CHECKS = {
+    "aten::adaptive_avg_pool1d": _check_adaptive_avg_pool, "aten::adaptive_avg_pool2d": _check_adaptive_avg_pool,
+    "aten::adaptive_avg_pool3d": _check_adaptive_avg_pool,
     "aten::constant_pad_nd": _check_constant_pad,
     "aten::avg_pool2d": _check_avg_pool, "aten::avg_pool3d": _check_avg_pool,
     "aten::index_put": _check_index_put,
@@ -966,4 +985,8 @@ REVIEWED = frozenset({
     "aten::max_pool3d_with_indices", "aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d",
     # Pad(constant) in torch's last-dim-first order (padding="same" with an even kernel)
     "aten::constant_pad_nd",
+    # sign: torch's (NaN -> 0, gradient 0); LPPool's sign(x) * relu(|x|)
+    "aten::sign",
+    # ortmod's rule: separable MatMuls by each dim's window-average matrix (built from the shape)
+    "aten::adaptive_avg_pool1d", "aten::adaptive_avg_pool2d", "aten::adaptive_avg_pool3d",
 })

@@ -161,6 +161,41 @@ def translations(op, ir, stop_gradient):
             return op.Mul(avg, const(taps / float(divisor_override), self.dtype))
         return avg_pool_nd
 
+    # ---- adaptive average pooling --------------------------------------------------------------
+
+    def adaptive_avg_pool(rank):
+        def adaptive_avg_pool_nd(self: TFloat, output_size: Sequence[int]) -> TFloat:
+            # eager: output i along a dim of size L averages input [floor(i L / O), ceil((i+1) L / O))
+            # (windows of uneven size that may overlap); torchlib has no rule. A window's box is the
+            # product of its per-dim ranges and its count the product of their lengths, so the
+            # pooling is separable: per spatial dim, a MatMul by the (L, O) matrix whose column i
+            # is 1/len_i over window i, 0 elsewhere. L is read from the input's shape (it may vary
+            # between calls), so the matrix is built in the graph from integers: no gradient flows
+            # into it, and x's is eager's (each input gets dy_i / len_i from every window it is in).
+            r = len(self.shape)
+            y = self
+            for k in range(rank):
+                axis = r - rank + k
+                if not isinstance(output_size[k], int):
+                    continue            # the input's own size (_CHECKS): windows of one, the identity
+                out = int(output_size[k])
+                size = op.Gather(op.Shape(self), const(axis, I64), axis=0)             # L, a scalar
+                i = ints(range(out))
+                lo = op.Div(op.Mul(i, size), const(out, I64))                          # floor(i L / O)
+                hi = op.Div(op.Add(op.Mul(op.Add(i, const(1, I64)), size), const(out - 1, I64)),
+                            const(out, I64))                                           # ceil((i+1) L / O)
+                j = op.Unsqueeze(op.Range(const(0, I64), size, const(1, I64)), ints([1]))   # (L, 1)
+                inside = op.And(op.GreaterOrEqual(j, lo), op.Less(j, hi))              # (L, O)
+                mat = op.Div(op.Cast(inside, to=self.dtype), op.Cast(op.Sub(hi, lo), to=self.dtype))
+                if axis == r - 1:
+                    y = op.MatMul(y, mat)
+                else:
+                    perm = list(range(r))
+                    perm[axis], perm[-1] = perm[-1], perm[axis]
+                    y = op.Transpose(op.MatMul(op.Transpose(y, perm=perm), mat), perm=perm)
+            return y
+        return adaptive_avg_pool_nd
+
     # ---- circular padding with a negative pad ------------------------------------------------
 
     def pad(self: TTensor, pad: Sequence[int], mode: str = "constant", value: Optional[float] = None) -> TTensor:
@@ -177,6 +212,9 @@ def translations(op, ir, stop_gradient):
     return {
         torch.ops.aten.conv3d.default: conv3d,
         torch.ops.aten.pad.default: pad,
+        torch.ops.aten.adaptive_avg_pool1d.default: adaptive_avg_pool(1),
+        torch.ops.aten.adaptive_avg_pool2d.default: adaptive_avg_pool(2),
+        torch.ops.aten.adaptive_avg_pool3d.default: adaptive_avg_pool(3),
         torch.ops.aten.avg_pool2d.default: avg_pool(2),
         torch.ops.aten.avg_pool3d.default: avg_pool(3),
         torch.ops.aten.copy.default: copy,

@@ -608,3 +608,37 @@ def test_circular_pad_crops_before_it_wraps(pads):
 ], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
 def test_convolution_padding_modes(conv, shape):
     _f64(copy.deepcopy(conv), shape)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.AdaptiveAvgPool1d(3), (2, 3, 7)),                         # windows of 3, 3, 3 overlapping
+    (nn.AdaptiveAvgPool1d(5), (3, 4)),                            # unbatched, more outputs than inputs
+    (nn.AdaptiveAvgPool2d((3, 2)), (2, 3, 7, 5)),
+    (nn.AdaptiveAvgPool2d((2, 2)), (2, 3, 6, 4)),                 # even windows
+    (nn.AdaptiveAvgPool2d((3, None)), (3, 7, 5)),                 # unbatched, None keeps the size
+    (nn.AdaptiveAvgPool2d(1), (2, 3, 5, 4)),
+    (nn.AdaptiveAvgPool3d((2, 3, 1)), (1, 2, 5, 4, 4)),
+    (nn.AdaptiveAvgPool3d(2), (2, 3, 3, 5)),                      # unbatched
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_adaptive_avg_pool(pool, shape):
+    _f64(copy.deepcopy(pool), shape)
+
+
+def test_adaptive_avg_pool_follows_the_spatial_size_between_calls():
+    """The windows depend on the input's size, which is dynamic in the export: each call's are its own."""
+    torch.manual_seed(0)
+    m = _fn(lambda s, x: s.p(s.c(x)), c=nn.Conv2d(2, 3, 3), p=nn.AdaptiveAvgPool2d((3, 2))).double()
+    sizes = [(9, 7), (11, 6), (8, 13)]
+    ort = run_both(m, torch.randn(2, 2, 9, 7, dtype=torch.float64), calls=3,
+                   make_inputs=lambda k: (torch.randn(2, 2, *sizes[k], dtype=torch.float64),))
+    assert captured_with(ort) == {"export"}
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.LPPool1d(2, 3, stride=2), (2, 3, 9)),
+    (nn.LPPool1d(1.5, 2, ceil_mode=True), (3, 7)),                # unbatched
+    (nn.LPPool2d(3, (2, 3), stride=(1, 2)), (2, 2, 5, 7)),
+    (nn.LPPool3d(2, 2, stride=1), (1, 2, 3, 4, 3)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_lp_pool(pool, shape):
+    _f64(copy.deepcopy(pool), shape)
