@@ -856,7 +856,7 @@ def _check_constant_pad(node):
     return None
 
 
-def _check_adaptive_avg_pool(node):
+def _check_adaptive_pool(node):
     # an output size is a positive constant, or the input's own size (output_size=None there:
     # ortmod's rule takes a size it cannot read as that, the identity)
     sizes = node.args[1]
@@ -874,8 +874,9 @@ def _check_adaptive_avg_pool(node):
 
 
 _CHECKS = {
-    "aten::adaptive_avg_pool1d": _check_adaptive_avg_pool, "aten::adaptive_avg_pool2d": _check_adaptive_avg_pool,
-    "aten::adaptive_avg_pool3d": _check_adaptive_avg_pool,
+    "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
+    "aten::adaptive_avg_pool3d": _check_adaptive_pool, "aten::adaptive_max_pool2d": _check_adaptive_pool,
+    "aten::adaptive_max_pool3d": _check_adaptive_pool,
     "aten::constant_pad_nd": _check_constant_pad,
     "aten::avg_pool2d": _check_avg_pool, "aten::avg_pool3d": _check_avg_pool,
     "aten::index_put": _check_index_put,
@@ -989,4 +990,7 @@ REVIEWED = frozenset({
     "aten::sign",
     # ortmod's rule: separable MatMuls by each dim's window-average matrix (built from the shape)
     "aten::adaptive_avg_pool1d", "aten::adaptive_avg_pool2d", "aten::adaptive_avg_pool3d",
+    # ortmod's rule: per dim, per window a Slice and eager's argmax (first max, last NaN), the
+    # indices flat over the plane (AdaptiveMaxPool1d is adaptive_max_pool2d)
+    "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d",
 })

@@ -10,7 +10,7 @@ import torch
 
 
 def translations(op, ir, stop_gradient):
-    from typing import Optional, Sequence
+    from typing import Optional, Sequence, Tuple
     from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor, TInt
     from onnxscript.function_libs.torch_lib.ops import core as tl_core
     from onnxscript.function_libs.torch_lib.ops import nn as tl_nn
@@ -196,6 +196,61 @@ def translations(op, ir, stop_gradient):
             return y
         return adaptive_avg_pool_nd
 
+    def window_bounds(size, i, out):
+        # eager's adaptive window i of O along a dim of size L: [floor(i L / O), ceil((i+1) L / O))
+        lo = op.Div(op.Mul(const(i, I64), size), const(out, I64))
+        hi = op.Div(op.Add(op.Mul(const(i + 1, I64), size), const(out - 1, I64)), const(out, I64))
+        return lo, hi
+
+    def eager_argmax(x, axis):
+        # the index eager's max-pool kernels keep (val > max || isnan(val)): the first maximum, or
+        # the last NaN; ArgMax keeps the first NaN, with select_last_index the last NaN but also
+        # the last maximum
+        first = op.ArgMax(x, axis=axis, keepdims=1, select_last_index=0)
+        last = op.ArgMax(x, axis=axis, keepdims=1, select_last_index=1)
+        return op.Where(op.IsNaN(op.GatherElements(x, first, axis=axis)), last, first)
+
+    def adaptive_max_pool(rank):
+        def adaptive_max_pool_nd(self: TFloat, output_size: Sequence[int]) -> Tuple[TFloat, TInt]:
+            # eager: output i takes the max over its adaptive window (window_bounds per dim, a
+            # box), the first maximum in row-major order or the last NaN, and sends its gradient
+            # to that one element; the index is flat over the (spatial) plane. torchlib has no
+            # rule. One dim at a time, innermost first: per window a Slice (bounds from the
+            # input's shape, which may vary between calls), eager_argmax and GatherElements;
+            # nested over the dims that is the box's first maximum (last NaN) in row-major order.
+            # The indices along the dims already reduced are carried with the values.
+            r = len(self.shape)
+            vals, idx = self, {}                # spatial dim -> index along it, shaped as vals
+            sizes = {}
+            for k in reversed(range(rank)):
+                axis = r - rank + k
+                size = op.Gather(op.Shape(self), ints([axis]), axis=0)          # (1,)
+                sizes[k] = size
+                if not isinstance(output_size[k], int):
+                    # the input's own size (_CHECKS): windows of one element
+                    shape = [1] * r
+                    shape[axis] = -1
+                    rng = op.Reshape(op.Range(const(0, I64), op.Squeeze(size), const(1, I64)), ints(shape))
+                    idx[k] = op.Expand(rng, op.Shape(vals))
+                    continue
+                out = int(output_size[k])
+                pv, pi = [], {b: [] for b in list(idx) + [k]}
+                for i in range(out):
+                    lo, hi = window_bounds(size, i, out)
+                    win = op.Slice(vals, lo, hi, ints([axis]))
+                    a = eager_argmax(win, axis)
+                    pv.append(op.GatherElements(win, a, axis=axis))
+                    for b, ib in idx.items():
+                        pi[b].append(op.GatherElements(op.Slice(ib, lo, hi, ints([axis])), a, axis=axis))
+                    pi[k].append(op.Add(a, lo))
+                vals = op.Concat(*pv, axis=axis) if len(pv) > 1 else pv[0]
+                idx = {b: (op.Concat(*p, axis=axis) if len(p) > 1 else p[0]) for b, p in pi.items()}
+            flat = idx[0]
+            for k in range(1, rank):            # row-major over the plane
+                flat = op.Add(op.Mul(flat, sizes[k]), idx[k])
+            return vals, flat
+        return adaptive_max_pool_nd
+
     # ---- circular padding with a negative pad ------------------------------------------------
 
     def pad(self: TTensor, pad: Sequence[int], mode: str = "constant", value: Optional[float] = None) -> TTensor:
@@ -212,6 +267,8 @@ def translations(op, ir, stop_gradient):
     return {
         torch.ops.aten.conv3d.default: conv3d,
         torch.ops.aten.pad.default: pad,
+        torch.ops.aten.adaptive_max_pool2d.default: adaptive_max_pool(2),
+        torch.ops.aten.adaptive_max_pool3d.default: adaptive_max_pool(3),
         torch.ops.aten.adaptive_avg_pool1d.default: adaptive_avg_pool(1),
         torch.ops.aten.adaptive_avg_pool2d.default: adaptive_avg_pool(2),
         torch.ops.aten.adaptive_avg_pool3d.default: adaptive_avg_pool(3),

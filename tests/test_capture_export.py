@@ -624,10 +624,11 @@ def test_adaptive_avg_pool(pool, shape):
     _f64(copy.deepcopy(pool), shape)
 
 
-def test_adaptive_avg_pool_follows_the_spatial_size_between_calls():
+def test_adaptive_pools_follow_the_spatial_size_between_calls():
     """The windows depend on the input's size, which is dynamic in the export: each call's are its own."""
     torch.manual_seed(0)
-    m = _fn(lambda s, x: s.p(s.c(x)), c=nn.Conv2d(2, 3, 3), p=nn.AdaptiveAvgPool2d((3, 2))).double()
+    m = _fn(lambda s, x: s.p(s.c(x)) + s.q(s.c(x)), c=nn.Conv2d(2, 3, 3), p=nn.AdaptiveAvgPool2d((3, 2)),
+            q=nn.AdaptiveMaxPool2d((3, 2))).double()
     sizes = [(9, 7), (11, 6), (8, 13)]
     ort = run_both(m, torch.randn(2, 2, 9, 7, dtype=torch.float64), calls=3,
                    make_inputs=lambda k: (torch.randn(2, 2, *sizes[k], dtype=torch.float64),))
@@ -642,3 +643,26 @@ def test_adaptive_avg_pool_follows_the_spatial_size_between_calls():
 ], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
 def test_lp_pool(pool, shape):
     _f64(copy.deepcopy(pool), shape)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.AdaptiveMaxPool1d(3), (2, 3, 7)),
+    (nn.AdaptiveMaxPool1d(5), (3, 4)),                            # unbatched, more outputs than inputs
+    (nn.AdaptiveMaxPool2d((3, 2)), (2, 3, 7, 5)),
+    (nn.AdaptiveMaxPool2d((2, 2)), (2, 3, 6, 4)),
+    (nn.AdaptiveMaxPool2d((None, 3)), (3, 4, 7)),                 # unbatched, None keeps the size
+    (nn.AdaptiveMaxPool2d(1), (2, 3, 5, 4)),
+    (nn.AdaptiveMaxPool3d((2, 3, 1)), (1, 2, 5, 4, 4)),
+    (nn.AdaptiveMaxPool3d(2), (2, 3, 3, 5)),                      # unbatched
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+@pytest.mark.parametrize("make", [torch.randn, lambda s, dtype: _ties(s, dtype)], ids=["distinct", "ties"])
+def test_adaptive_max_pool(pool, shape, make):
+    _f64(copy.deepcopy(pool), shape, make=make)
+    with_indices = copy.deepcopy(pool)
+    with_indices.return_indices = True
+    x = make(shape, dtype=torch.float64)
+    x.view(-1)[::5] = float("nan")                                # eager keeps a window's last NaN
+    ve, ie = with_indices(x)
+    vo, io = ORTModule(copy.deepcopy(with_indices))(x)
+    rel_close("values", vo, ve)
+    assert torch.equal(io, ie), f"indices differ:\n{io}\n{ie}"
