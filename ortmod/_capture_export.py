@@ -873,7 +873,21 @@ def _check_adaptive_pool(node):
     return None
 
 
+def _check_fractional_max_pool(node):
+    samples = node.args[3] if len(node.args) > 3 else None
+    if not (isinstance(samples, torch.fx.Node) and samples.op == "placeholder"):
+        return ("its windows are drawn from torch's random generator on every call, which the engine cannot "
+                "replay; pass _random_samples to fix them")
+    x, u = node.args[0].meta.get("val"), samples.meta.get("val")
+    if not (isinstance(x, torch.Tensor) and isinstance(u, torch.Tensor) and u.dtype == x.dtype and u.dim() == 3):
+        return "ortmod needs the random samples as a (N, C, dims) tensor in the input's dtype (as eager's kernel reads them)"
+    if not all(isinstance(v, int) for v in [*node.args[1], *node.args[2]]):
+        return "ortmod needs kernel_size and output_size as constants"
+    return None
+
+
 _CHECKS = {
+    "aten::fractional_max_pool2d": _check_fractional_max_pool, "aten::fractional_max_pool3d": _check_fractional_max_pool,
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
     "aten::adaptive_avg_pool3d": _check_adaptive_pool, "aten::adaptive_max_pool2d": _check_adaptive_pool,
     "aten::adaptive_max_pool3d": _check_adaptive_pool,
@@ -993,4 +1007,6 @@ REVIEWED = frozenset({
     # ortmod's rule: per dim, per window a Slice and eager's argmax (first max, last NaN), the
     # indices flat over the plane (AdaptiveMaxPool1d is adaptive_max_pool2d)
     "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d",
+    # ortmod's rule (the TorchScript path's): taps gathered into blocks, MaxPool, indices mapped back
+    "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
 })

@@ -251,6 +251,66 @@ def translations(op, ir, stop_gradient):
             return vals, flat
         return adaptive_max_pool_nd
 
+    # ---- fractional max pooling ------------------------------------------------------------
+    # The TorchScript path's rule (ortmod/_export_nn.py), in onnxscript.
+
+    sample_of_dim = {2: (1, 0), 3: (0, 1, 2)}    # which entry of a plane's samples places dim d
+
+    def fractional_starts(samples, d, rank, length_k, o, dtype):
+        # window starts along spatial dim d for every plane, (N, C, o) int64, as eager's
+        # generate_intervals computes them in the input's dtype: alpha = float(L - k) / (o - 1);
+        # start j = int((j + u) alpha) - int(u alpha) for j < o - 1 (floor: every term >= 0); the
+        # last window starts at L - k
+        u = op.Unsqueeze(op.Gather(samples, const(sample_of_dim[rank][d], I64), axis=2), ints([2]))   # (N, C, 1)
+        last = op.Expand(op.Reshape(length_k, ints([1, 1, 1])), op.Shape(u))
+        if o == 1:
+            return last
+        alpha = op.Div(op.Cast(length_k, to=dtype), const(float(o - 1), dtype))
+        j = const([float(v) for v in range(o - 1)], dtype)
+        first = op.Floor(op.Mul(op.Add(u, j), alpha))
+        shift = op.Floor(op.Mul(u, alpha))
+        return op.Concat(op.Cast(op.Sub(first, shift), to=I64), last, axis=2)
+
+    def fractional_max_pool(rank):
+        def fractional_max_pool_nd(self: TFloat, kernel_size: Sequence[int], output_size: Sequence[int],
+                                   random_samples: TFloat) -> Tuple[TFloat, TInt]:
+            # eager (FractionalMaxPool{2,3}d.cpp): each output is the max of its window (NaN wins,
+            # else the first max in row-major order), its gradient to that one tap; torchlib has
+            # no rule. The taps are gathered into a tensor where every window is one k1 x k2 (x k3)
+            # block (GatherElements over the flattened plane: overlapping windows' gradients add,
+            # as eager's), then MaxPool with kernel = stride = k scans each block in eager's order;
+            # its Indices map back through the tap table to eager's flat index in the plane.
+            # _CHECKS: the samples are a tensor of the module, in the input's dtype.
+            k, o = [int(v) for v in kernel_size], [int(v) for v in output_size]
+            unbatched = len(self.shape) == rank + 1
+            x = op.Unsqueeze(self, ints([0])) if unbatched else self
+            shape = op.Shape(x)
+            nc = op.Slice(shape, ints([0]), ints([2]))
+            # eager reads the samples of plane (n, c) and ignores any beyond the input's (an
+            # unbatched input takes batch entry 0)
+            samples = op.Slice(random_samples, ints([0, 0]), nc, ints([0, 1]))
+            lengths = [op.Gather(shape, ints([2 + d]), axis=0) for d in range(rank)]
+            table, stride = None, ints([1])
+            for d in reversed(range(rank)):     # tap (n, c, o1, p1, ..., ok, pk) -> flat index in its plane
+                starts = fractional_starts(samples, d, rank, op.Sub(lengths[d], ints([k[d]])), o[d], self.dtype)
+                spread = [a for a in range(2, 2 + 2 * rank) if a != 2 + 2 * d]
+                taps = [1] * (2 * rank)
+                taps[2 * d + 1] = k[d]
+                offsets = op.Constant(value=ir.tensor(torch.arange(k[d]).reshape([1, 1] + taps).numpy()))
+                term = op.Mul(op.Add(op.Unsqueeze(starts, ints(spread)), offsets), stride)
+                table = term if table is None else op.Add(term, table)
+                stride = op.Mul(stride, lengths[d])
+            flat = op.Reshape(x, ints([0, 0, -1]))
+            table = op.Reshape(table, ints([0, 0, -1]))
+            gathered = op.GatherElements(flat, table, axis=2)
+            gathered = op.Reshape(gathered, op.Concat(nc, ints([a * b for a, b in zip(o, k)]), axis=0))
+            y, idx = op.MaxPool(gathered, kernel_shape=k, strides=k)
+            idx = op.Gather(op.Reshape(table, ints([-1])), idx, axis=0)
+            if unbatched:
+                y, idx = op.Squeeze(y, ints([0])), op.Squeeze(idx, ints([0]))
+            return y, idx
+        return fractional_max_pool_nd
+
     # ---- circular padding with a negative pad ------------------------------------------------
 
     def pad(self: TTensor, pad: Sequence[int], mode: str = "constant", value: Optional[float] = None) -> TTensor:
@@ -267,6 +327,8 @@ def translations(op, ir, stop_gradient):
     return {
         torch.ops.aten.conv3d.default: conv3d,
         torch.ops.aten.pad.default: pad,
+        torch.ops.aten.fractional_max_pool2d.default: fractional_max_pool(2),
+        torch.ops.aten.fractional_max_pool3d.default: fractional_max_pool(3),
         torch.ops.aten.adaptive_max_pool2d.default: adaptive_max_pool(2),
         torch.ops.aten.adaptive_max_pool3d.default: adaptive_max_pool(3),
         torch.ops.aten.adaptive_avg_pool1d.default: adaptive_avg_pool(1),

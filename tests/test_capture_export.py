@@ -666,3 +666,31 @@ def test_adaptive_max_pool(pool, shape, make):
     vo, io = ORTModule(copy.deepcopy(with_indices))(x)
     rel_close("values", vo, ve)
     assert torch.equal(io, ie), f"indices differ:\n{io}\n{ie}"
+
+
+@pytest.mark.parametrize("make_pool, shape", [
+    (lambda u: nn.FractionalMaxPool2d(2, output_size=(3, 4), _random_samples=u), (2, 3, 7, 8)),
+    (lambda u: nn.FractionalMaxPool2d((3, 2), output_ratio=0.5, _random_samples=u), (2, 3, 9, 8)),
+    (lambda u: nn.FractionalMaxPool2d(2, output_size=1, _random_samples=u), (2, 3, 5, 5)),
+    (lambda u: nn.FractionalMaxPool2d(2, output_size=(3, 3), _random_samples=u), (3, 6, 7)),       # unbatched
+    (lambda u: nn.FractionalMaxPool3d(2, output_size=(2, 3, 2), _random_samples=u), (2, 2, 5, 6, 4)),
+    (lambda u: nn.FractionalMaxPool3d((2, 1, 2), output_size=(3, 2, 2), _random_samples=u), (2, 6, 5, 5)),  # unbatched
+])
+@pytest.mark.parametrize("make", [torch.randn, lambda s, dtype: _ties(s, dtype)], ids=["distinct", "ties"])
+def test_fractional_max_pool_with_fixed_samples(make_pool, shape, make):
+    torch.manual_seed(0)
+    rank = 2 if isinstance(make_pool(None), nn.FractionalMaxPool2d) else 3
+    n, c = (shape[0], shape[1]) if len(shape) == rank + 2 else (1, shape[0])
+    pool = make_pool(torch.rand(n + 1, c, rank, dtype=torch.float64))     # a plane too many: eager ignores it
+    _f64(pool, shape, make=make)
+    pool.return_indices = True
+    x = make(shape, dtype=torch.float64)
+    ve, ie = pool(x)
+    vo, io = ORTModule(copy.deepcopy(pool))(x)
+    rel_close("values", vo, ve)
+    assert torch.equal(io, ie), f"indices differ:\n{io}\n{ie}"
+
+
+def test_fractional_max_pool_with_random_windows_is_refused():
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::(rand|fractional_max_pool2d)"):
+        ORTModule(nn.FractionalMaxPool2d(2, output_size=3))(torch.randn(1, 2, 7, 7))
