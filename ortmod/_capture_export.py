@@ -318,7 +318,9 @@ def _translations():
         n2 = clamped(op.ReduceL2(x2e, axes, keepdims=1))
         return op.ReduceSum(op.Mul(op.Div(x1e, n1), op.Div(x2e, n2)), axes, keepdims=0)
 
+    from . import _export_rules
     return {
+        **_export_rules.translations(op, ir, stop_gradient_op),
         torch.ops.aten.cosine_similarity.default: cosine_similarity,
         torch.ops.aten.embedding.default: embedding,
         torch.ops.aten.sort.default: sort,
@@ -775,11 +777,14 @@ def _check_cross_entropy(node):
 
 
 def _check_pad(node):
+    # torchlib's Pad: constant, reflect, edge (replicate), wrap (circular); a negative pad crops
+    # (eager's meaning in every mode, and the engine's Pad and PadGrad). Pads traced as symbols
+    # are not reviewed.
     pads, mode = node.args[1], _const_arg(node, 2, "mode", "constant")
-    if mode not in ("constant", "reflect", "replicate"):
+    if mode not in ("constant", "reflect", "replicate", "circular"):
         return f"mode {mode!r} is not reviewed on this path"
-    if not all(isinstance(p, int) and p >= 0 for p in pads):
-        return "only constant, non-negative paddings are reviewed on this path"
+    if not all(isinstance(p, int) for p in pads):
+        return "only constant paddings are reviewed on this path"
     return None
 
 
@@ -813,7 +818,83 @@ def _check_clamp_min(node):
     return "clamp_min with a tensor bound translates to Max, whose gradient at ties is not clamp_min's"
 
 
+def _check_local_scalar_dense(node):
+    # the translator types a Python float as float32: a float64 .item() stays exact only where
+    # it goes straight into a tensor op (scalar_tensor casts it to that op's dtype)
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dtype == torch.float64:
+        others = sorted({str(u.target) for u in node.users if u.target is not torch.ops.aten.scalar_tensor.default})
+        if others:
+            return (f"a Python number from a float64 tensor used in Python arithmetic ({', '.join(others)}) "
+                    "is computed in float32 by the ONNX translation")
+    return None
+
+
+def _check_index_put(node):
+    indices = node.args[1]
+    vals = [i.meta.get("val") if isinstance(i, torch.fx.Node) else None for i in indices]
+    if not any(isinstance(v, torch.Tensor) and v.dtype == torch.bool for v in vals):
+        return None
+    values = node.args[2].meta.get("val") if isinstance(node.args[2], torch.fx.Node) else None
+    one_mask = len(indices) == 1 and isinstance(vals[0], torch.Tensor) and vals[0].dtype == torch.bool
+    if not one_mask or not isinstance(values, torch.Tensor) or not all(isinstance(d, int) and d == 1 for d in values.shape):
+        return ("boolean-mask index assignment is taken only as x[mask] = v (one mask, one value); "
+                "other forms need NonZero, which the engine does not have")
+    return None
+
+
+def _check_avg_pool(node):
+    if _const_arg(node, 6, "divisor_override", None) is not None and _const_arg(node, 4, "ceil_mode", False):
+        return ("divisor_override with ceil_mode is not reproduced by ortmod (a window past the padding "
+                "sums fewer taps)")
+    return None
+
+
+def _check_constant_pad(node):
+    if not all(isinstance(p, int) for p in node.args[1]):
+        return "only constant paddings are reviewed on this path"
+    return None
+
+
+def _check_adaptive_pool(node):
+    # an output size is a positive constant, or the input's own size (output_size=None there:
+    # ortmod's rule takes a size it cannot read as that, the identity)
+    sizes = node.args[1]
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    for k, d in enumerate(sizes):
+        if isinstance(d, int):
+            if d <= 0:
+                return f"output size {d} is not reviewed on this path"
+            continue
+        same = isinstance(d, torch.fx.Node) and isinstance(val, torch.Tensor) and \
+            str(d.meta.get("val")) == str(val.shape[val.dim() - len(sizes) + k])
+        if not same:
+            return "an output size computed in the graph (not a constant nor the input's size) is not reviewed"
+    return None
+
+
+def _check_fractional_max_pool(node):
+    samples = node.args[3] if len(node.args) > 3 else None
+    if not (isinstance(samples, torch.fx.Node) and samples.op == "placeholder"):
+        return ("its windows are drawn from torch's random generator on every call, which the engine cannot "
+                "replay; pass _random_samples to fix them")
+    x, u = node.args[0].meta.get("val"), samples.meta.get("val")
+    if not (isinstance(x, torch.Tensor) and isinstance(u, torch.Tensor) and u.dtype == x.dtype and u.dim() == 3):
+        return "ortmod needs the random samples as a (N, C, dims) tensor in the input's dtype (as eager's kernel reads them)"
+    if not all(isinstance(v, int) for v in [*node.args[1], *node.args[2]]):
+        return "ortmod needs kernel_size and output_size as constants"
+    return None
+
+
 _CHECKS = {
+    "aten::fractional_max_pool2d": _check_fractional_max_pool, "aten::fractional_max_pool3d": _check_fractional_max_pool,
+    "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
+    "aten::adaptive_avg_pool3d": _check_adaptive_pool, "aten::adaptive_max_pool2d": _check_adaptive_pool,
+    "aten::adaptive_max_pool3d": _check_adaptive_pool,
+    "aten::constant_pad_nd": _check_constant_pad,
+    "aten::avg_pool2d": _check_avg_pool, "aten::avg_pool3d": _check_avg_pool,
+    "aten::index_put": _check_index_put,
+    "aten::_local_scalar_dense": _check_local_scalar_dense,
     "aten::linalg_vector_norm": _check_vector_norm,
     "aten::clamp_min": _check_clamp_min,
     "aten::cumsum": _check_cumsum,
@@ -896,4 +977,36 @@ REVIEWED = frozenset({
     # selection and norms (TopK, ortmod's Sort, ReduceL1/L2, ReduceLogSumExp; clamp_min is Clip)
     "aten::topk", "aten::sort", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
     "aten::cosine_similarity",     # ortmod's rule (eager's straight-through clamp of the norms)
+    # ortmod's rules (_export_rules.py): .item() without a gradient, scatter_add of a larger src,
+    # a stable log_sigmoid, var/std dividing by max(0, N - correction)
+    "aten::_local_scalar_dense", "aten::scatter_add", "aten::log_sigmoid", "prims::var",
+    # torchlib's rules as they are: Reshape + Expand; ScatterND (accumulate: repeated indices
+    # add; otherwise the last write wins, eager's deterministic order; negative indices wrap)
+    "prims::broadcast_in_dim", "aten::index_put",
+    # x[:, a:b] = v: ScatterND at the slice's positions (Slice of Range: torch's clamping of
+    # start/end, the step), no duplicates; gradients GatherND / ScatterND(0), eager's
+    "aten::slice_scatter", "aten::copy",     # copy: ortmod's rule (src broadcast to self)
+    # x[:, 2] = v: ScatterElements of Unsqueeze(v) at the index (negative wraps), as eager
+    "aten::select_scatter",
+    # convolution: torchlib's Conv / ConvTranspose (symmetric pads per dim, strides, dilations,
+    # groups, output_padding; an unbatched input unsqueezed; the engine takes them all); conv3d
+    # ortmod's rule (torchlib's builds a wrong-shaped zero bias)
+    "aten::convolution", "aten::conv3d",
+    # pools: MaxPool (ceil_mode, dilations; the engine's windows and NaN are torch's), its
+    # indices made per-plane as torch's (ONNX's flat index minus each plane's first);
+    # AveragePool (count_include_pad, ceil_mode: the engine's divisor is torch's); avg_pool2d/3d
+    # ortmod's rule (divisor_override)
+    "aten::max_pool1d", "aten::max_pool3d", "aten::max_pool1d_with_indices", "aten::max_pool2d_with_indices",
+    "aten::max_pool3d_with_indices", "aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d",
+    # Pad(constant) in torch's last-dim-first order (padding="same" with an even kernel)
+    "aten::constant_pad_nd",
+    # sign: torch's (NaN -> 0, gradient 0); LPPool's sign(x) * relu(|x|)
+    "aten::sign",
+    # ortmod's rule: separable MatMuls by each dim's window-average matrix (built from the shape)
+    "aten::adaptive_avg_pool1d", "aten::adaptive_avg_pool2d", "aten::adaptive_avg_pool3d",
+    # ortmod's rule: per dim, per window a Slice and eager's argmax (first max, last NaN), the
+    # indices flat over the plane (AdaptiveMaxPool1d is adaptive_max_pool2d)
+    "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d",
+    # ortmod's rule (the TorchScript path's): taps gathered into blocks, MaxPool, indices mapped back
+    "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
 })

@@ -364,3 +364,333 @@ def test_auto_falls_back_when_the_torchscript_export_fails(ortmod_env):
         assert "also tried the torch.export capture path" in "".join(getattr(e, "__notes__", []))
         return
     assert captured_with(ort) == {"export"}
+
+
+# ---- ops reviewed against torchlib's rules (ortmod/_export_rules.py) -------------------------------
+#
+# Each: forward and every gradient relative to its size against eager (run_both), float32 and
+# float64, and an argument value the path must refuse by name.
+
+def _fn(forward, **modules):
+    cls = type("Fn", (nn.Module,), {"forward": forward})
+    m = cls()
+    for k, v in modules.items():
+        setattr(m, k, v)
+    return m
+
+
+def _both_dtypes(module, *inputs, calls=1):
+    for dt in (torch.float32, torch.float64):
+        xs = [x.to(dt) if x.is_floating_point() else x for x in inputs]
+        ort = run_both(copy.deepcopy(module).to(dt), *xs, calls=calls)
+        assert captured_with(ort) == {"export"}
+
+
+def test_item_is_read_per_call_and_carries_no_gradient():
+    """h * h.sum().item(): eager reads the number at run time and sends no gradient through it
+    (torchlib's rule would: the engine differentiated through the sum)."""
+    torch.manual_seed(0)
+    m = _fn(lambda s, x: s.a(x) * s.a(x).abs().sum().item(), a=nn.Linear(3, 4))
+    for dt in (torch.float32, torch.float64):
+        ort = run_both(copy.deepcopy(m).to(dt), torch.randn(5, 3, dtype=dt), calls=2,
+                       make_inputs=lambda call: (torch.randn(5, 3, dtype=dt) * (call + 1),))
+        assert captured_with(ort) == {"export"}
+
+
+def test_item_of_float64_in_python_arithmetic_is_refused():
+    m = _fn(lambda s, x: s.a(x) * (s.a(x).sum().item() * 0.5 + 1), a=nn.Linear(3, 4)).double()
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::_local_scalar_dense .*float64 tensor .*float32"):
+        ORTModule(m)(torch.randn(5, 3, dtype=torch.float64))
+    m32 = _fn(lambda s, x: s.a(x) * (s.a(x).sum().item() * 0.5 + 1), a=nn.Linear(3, 4))
+    run_both(m32, torch.randn(5, 3))     # float32: exact in the translator's float32
+
+
+def test_scatter_add_index_add_index_put_repeated_indices_add():
+    torch.manual_seed(0)
+    idx = torch.tensor([[0, 2, 2, 1, 0], [1, 1, 1, 0, 2]])
+    _both_dtypes(_fn(lambda s, x, i: torch.zeros(x.size(0), 3, dtype=x.dtype).scatter_add(1, i, s.a(x)),
+                     a=nn.Linear(4, 5)), torch.randn(2, 4), idx)
+    # src larger than index: only its index-shaped corner is read
+    _both_dtypes(_fn(lambda s, x, i: torch.zeros(2, 3, dtype=x.dtype).scatter_add(1, i, s.a(x).detach()) + s.a(x)[:, :3],
+                     a=nn.Linear(4, 5)), torch.randn(2, 4), torch.tensor([[0], [2]]))
+    _both_dtypes(_fn(lambda s, x, i: torch.zeros(5, 6, 4, dtype=x.dtype).index_add(1, i, s.a(x).unsqueeze(1).expand(5, 3, 4)),
+                     a=nn.Linear(3, 4)), torch.randn(5, 3), torch.tensor([2, 2, 5]))
+    # two index tensors, a negative index, accumulate
+    _both_dtypes(_fn(lambda s, x, i, j: torch.zeros(4, 6, dtype=x.dtype).index_put((i, j), s.a(x).sum(1), accumulate=True),
+                     a=nn.Linear(3, 4)), torch.randn(5, 3), torch.tensor([0, 3, 3, -1, 0]), torch.tensor([1, 5, 5, 2, 1]))
+
+
+def test_slice_and_mask_assignment():
+    torch.manual_seed(0)
+
+    def sliced(s, x, i):
+        h = s.a(x).clone()
+        h[:, i] = s.b(x)
+        h[1:-1, -2:] = s.b(x)[1:-1]
+        h[0, :3] = s.b(x)[0, :1]     # broadcast along the slice
+        return h
+
+    _both_dtypes(_fn(sliced, a=nn.Linear(3, 6), b=nn.Linear(3, 2)), torch.randn(5, 3), torch.tensor([4, 1]))
+
+    def masked(s, x, m):
+        h = s.a(x).clone()
+        h[m] = 0.5
+        return h + s.a(x).index_put((m,), s.c.sum(), accumulate=True)
+
+    _both_dtypes(_fn(masked, a=nn.Linear(3, 4), c=nn.Parameter(torch.tensor([0.3]))), torch.randn(5, 3),
+                 torch.rand(5, 4) > 0.5)
+
+    def rows(s, x, m):
+        h = s.a(x).clone()
+        h[m] = s.a(x)[m] * 2          # a mask with a value per selected row: NonZero's job
+        return h
+
+    with pytest.raises(ortmod.UnsupportedModelError, match="aten::index_put .*boolean-mask"):
+        ORTModule(_fn(rows, a=nn.Linear(3, 4)))(torch.randn(5, 3), torch.tensor([True, False, True, True, False]))
+
+
+def test_var_std_divide_by_n_minus_correction():
+    torch.manual_seed(0)
+    _both_dtypes(_fn(lambda s, x: s.a(x).var(0) + s.a(x).std(1, keepdim=True).sum() + s.a(x).var(correction=0)
+                     + torch.var_mean(s.a(x), dim=(0, 1))[0], a=nn.Linear(3, 4)), torch.randn(5, 3))
+    # N == correction: inf (0 / 0 NaN) forward as eager, and eager's gradient (no inf * 0 through the mean)
+    _both_dtypes(_fn(lambda s, x: s.a(x).var(0, correction=2), a=nn.Linear(3, 4)), torch.randn(2, 3))
+
+
+def test_log_sigmoid_far_below_zero():
+    """torchlib's Log(Sigmoid(x)) is -inf where sigmoid underflows; eager's is x there."""
+    torch.manual_seed(0)
+    _both_dtypes(_fn(lambda s, x: F.logsigmoid(s.a(x) * 200), a=nn.Linear(3, 4)), torch.randn(5, 3))
+    bce = _fn(lambda s, x, y: F.binary_cross_entropy_with_logits(s.a(x), y, weight=s.w, pos_weight=s.pw),
+              a=nn.Linear(4, 3))
+    bce.register_buffer("w", torch.rand(3) + 0.5)
+    bce.register_buffer("pw", torch.tensor([1.0, 2.0, 0.5]))
+    _both_dtypes(bce, torch.randn(6, 4) * 30, (torch.rand(6, 3) > 0.5).float())
+
+
+# ---- convolution, pools, constant padding ------------------------------------------------------
+#
+# Modules applied straight to the input (no layer in front), so the input gradient checks the
+# op's own backward: float64, forward and every gradient relative to its size (run_both).
+
+def _f64(module, *shapes, make=torch.randn):
+    torch.manual_seed(0)
+    ort = run_both(module.double(), *[make(s, dtype=torch.float64) if isinstance(s, tuple) else s for s in shapes])
+    assert captured_with(ort) == {"export"}
+    return ort
+
+
+@pytest.mark.parametrize("conv, shape", [
+    (nn.Conv1d(4, 6, 3), (2, 4, 9)),
+    (nn.Conv1d(4, 6, 4, stride=2, padding=1, dilation=2, groups=2, bias=False), (2, 4, 11)),
+    (nn.Conv1d(3, 4, 4, padding="same"), (2, 3, 8)),              # even kernel: 1 left, 2 right
+    (nn.Conv1d(3, 4, 3, padding=2), (3, 7)),                      # unbatched
+    (nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2), (2, 4, 7, 8)),
+    (nn.Conv2d(3, 4, (4, 3), padding="same", dilation=(1, 2), bias=False), (2, 3, 7, 8)),
+    (nn.Conv2d(3, 4, 3, stride=2), (3, 6, 7)),                    # unbatched
+    (nn.Conv3d(4, 4, 3, padding=1, groups=4), (2, 4, 5, 5, 5)),
+    (nn.Conv3d(2, 3, (2, 3, 2), stride=2, dilation=(2, 1, 1), bias=False), (2, 2, 7, 6, 5)),
+    (nn.Conv3d(2, 3, 2, padding="same"), (2, 2, 4, 5, 3)),
+    (nn.Conv3d(2, 3, 2, bias=False), (2, 4, 4, 4)),               # unbatched, no bias
+    (nn.ConvTranspose1d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), (2, 4, 5)),
+    (nn.ConvTranspose2d(3, 4, (3, 2), stride=(2, 3), padding=(1, 0), dilation=(1, 2), bias=False), (2, 3, 4, 5)),
+    (nn.ConvTranspose2d(2, 3, 3), (2, 4, 4)),                     # unbatched
+    (nn.ConvTranspose3d(2, 4, 2, stride=2, groups=2), (1, 2, 3, 2, 3)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_convolution(conv, shape):
+    _f64(copy.deepcopy(conv), shape)
+
+
+def _ties(shape, dtype=torch.float64):
+    """Few distinct values: most windows hold their max twice (eager's gradient goes to the first)."""
+    return torch.randint(0, 3, shape).to(dtype)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.MaxPool1d(3, stride=2, padding=1), (2, 3, 10)),
+    (nn.MaxPool1d(2, ceil_mode=True), (3, 7)),                    # unbatched, last window partial
+    (nn.MaxPool1d(3, stride=2, dilation=2, ceil_mode=True), (2, 2, 12)),
+    (nn.MaxPool2d((3, 2), stride=(2, 1), padding=(1, 1)), (2, 3, 7, 6)),
+    (nn.MaxPool2d(3, stride=2, dilation=(2, 1), ceil_mode=True), (2, 2, 9, 8)),
+    (nn.MaxPool2d(2), (3, 5, 5)),                                 # unbatched
+    (nn.MaxPool3d(2, stride=2, ceil_mode=True), (2, 2, 5, 4, 5)),
+    (nn.MaxPool3d((3, 2, 2), stride=1, padding=(1, 0, 1), dilation=(1, 2, 1)), (1, 2, 5, 6, 4)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+@pytest.mark.parametrize("make", [torch.randn, lambda s, dtype: _ties(s, dtype)], ids=["distinct", "ties"])
+def test_max_pool(pool, shape, make):
+    _f64(copy.deepcopy(pool), shape, make=make)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.MaxPool1d(3, stride=2, padding=1, return_indices=True), (2, 3, 10)),
+    (nn.MaxPool2d(3, stride=2, dilation=(2, 1), ceil_mode=True, return_indices=True), (2, 2, 9, 8)),
+    (nn.MaxPool2d(2, return_indices=True), (3, 5, 5)),            # unbatched
+    (nn.MaxPool3d(2, stride=2, padding=1, return_indices=True), (2, 2, 5, 4, 5)),
+])
+def test_max_pool_indices_are_per_plane_as_eager(pool, shape):
+    """return_indices: each index is into its own (N, C) plane, flattened (ONNX's are into the
+    whole tensor); ties give the first maximum's index, as eager."""
+    torch.manual_seed(0)
+    for x in (torch.randn(shape, dtype=torch.float64), _ties(shape)):
+        ve, ie = copy.deepcopy(pool)(x)
+        ort = ORTModule(copy.deepcopy(pool))
+        vo, io = ort(x)
+        rel_close("values", vo, ve)
+        assert io.dtype == ie.dtype and torch.equal(io, ie), f"indices differ:\n{io}\n{ie}"
+    values = _fn(lambda s, x: s.p(x)[0] * 3, p=copy.deepcopy(pool))
+    _f64(values, shape, make=lambda s, dtype: _ties(s, dtype))
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.AvgPool1d(3, stride=2, padding=1), (2, 3, 10)),
+    (nn.AvgPool1d(3, stride=2, padding=1, count_include_pad=False, ceil_mode=True), (3, 10)),   # unbatched
+    (nn.AvgPool2d((3, 2), stride=(2, 1), padding=(1, 1)), (2, 3, 7, 6)),
+    (nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), (2, 2, 8, 7)),
+    (nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True), (2, 2, 8, 7)),
+    (nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False), (2, 5, 6)),
+    (nn.AvgPool2d(3, stride=2, padding=1, divisor_override=4), (2, 2, 8, 7)),
+    (nn.AvgPool2d((2, 3), padding=(1, 1), count_include_pad=False, divisor_override=5), (2, 7, 7)),
+    (nn.AvgPool3d(2, stride=2, ceil_mode=True), (2, 2, 5, 4, 5)),
+    (nn.AvgPool3d(3, stride=2, padding=1, count_include_pad=False, ceil_mode=True), (1, 2, 6, 5, 4)),
+    (nn.AvgPool3d((3, 2, 2), stride=1, padding=(1, 0, 1), divisor_override=7), (1, 2, 5, 6, 4)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_avg_pool(pool, shape):
+    _f64(copy.deepcopy(pool), shape)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, divisor_override=4), (2, 2, 8, 7)),
+    (nn.AvgPool3d(2, stride=2, ceil_mode=True, divisor_override=3), (2, 2, 5, 4, 5)),
+])
+def test_avg_pool_divisor_override_with_ceil_mode_is_refused(pool, shape):
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::avg_pool\dd.*divisor_override with ceil_mode"):
+        ORTModule(pool)(torch.randn(shape))
+
+
+@pytest.mark.parametrize("pad, shape", [
+    (nn.ConstantPad1d((1, 2), 0.5), (2, 3, 4)),
+    (nn.ConstantPad2d((0, 2, 3, 1), -1.5), (2, 3, 4, 5)),
+    (nn.ConstantPad3d(1, 2.0), (3, 2, 2, 3)),
+    (nn.ZeroPad1d(2), (3, 4)),
+    (nn.ZeroPad2d((1, 0, 2, 1)), (2, 2, 3, 3)),
+    (nn.ZeroPad3d((1, 1, 0, 2, 1, 0)), (1, 2, 2, 3, 2)),
+    # a negative pad crops, in every mode
+    (nn.ConstantPad1d((-1, 2), 0.5), (2, 3, 4)),
+    (nn.ConstantPad3d((-1, 0, 0, -1, 2, -1), 0.5), (2, 3, 4, 5)),
+    (nn.ZeroPad2d((-1, 1, 0, -2)), (2, 3, 4, 5)),
+    (nn.ReflectionPad2d((2, -1, -1, 1)), (2, 3, 4, 5)),
+    (nn.ReplicationPad3d((-1, 2, 1, -1, 0, 1)), (2, 3, 3, 4, 5)),
+    (nn.CircularPad1d((1, 2)), (2, 3, 4)),
+    (nn.CircularPad1d((4, 4)), (2, 3, 4)),                        # the whole dim
+    (nn.CircularPad2d(1), (2, 3, 3)),                             # unbatched
+    (nn.CircularPad3d((1, 1, 0, 2, 1, 0)), (1, 2, 2, 3, 2)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_pad(pad, shape):
+    _f64(copy.deepcopy(pad), shape)
+
+
+@pytest.mark.parametrize("pads", [(-1, 2), (2, -1), (1, -2), (-1, 2, 1, -2), (-2, -1, 0, 1)])
+def test_circular_pad_crops_before_it_wraps(pads):
+    """eager crops by the negative pads, then wraps from the cropped tensor: [0,1,2,3] padded
+    (-1, 2) is [1,2,3,1,2] (ONNX's wrap alone reads the uncropped one: [1,2,3,0,1])."""
+    x = torch.arange(4.).view(1, 1, 4)
+    assert F.pad(x, (-1, 2), mode="circular").flatten().tolist() == [1, 2, 3, 1, 2]
+    _f64(_fn(lambda s, x: F.pad(x, pads, mode="circular")), (2, 3, 4, 5)[:2 + len(pads) // 2])
+
+
+@pytest.mark.parametrize("conv, shape", [
+    (nn.Conv2d(2, 3, 3, padding=1, padding_mode="circular"), (2, 2, 5, 6)),
+    (nn.Conv2d(2, 3, 4, padding="same", padding_mode="circular"), (2, 2, 6, 6)),
+    (nn.Conv1d(2, 3, 3, padding=2, padding_mode="circular"), (2, 6)),               # unbatched
+    (nn.Conv3d(2, 3, 3, padding=(1, 0, 2), padding_mode="circular", bias=False), (1, 2, 4, 4, 4)),
+    (nn.Conv1d(2, 3, 3, padding=2, padding_mode="reflect"), (2, 2, 6)),
+    (nn.Conv2d(2, 4, 3, padding=(2, 1), padding_mode="replicate", groups=2), (2, 2, 4, 5)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_convolution_padding_modes(conv, shape):
+    _f64(copy.deepcopy(conv), shape)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.AdaptiveAvgPool1d(3), (2, 3, 7)),                         # windows of 3, 3, 3 overlapping
+    (nn.AdaptiveAvgPool1d(5), (3, 4)),                            # unbatched, more outputs than inputs
+    (nn.AdaptiveAvgPool2d((3, 2)), (2, 3, 7, 5)),
+    (nn.AdaptiveAvgPool2d((2, 2)), (2, 3, 6, 4)),                 # even windows
+    (nn.AdaptiveAvgPool2d((3, None)), (3, 7, 5)),                 # unbatched, None keeps the size
+    (nn.AdaptiveAvgPool2d(1), (2, 3, 5, 4)),
+    (nn.AdaptiveAvgPool3d((2, 3, 1)), (1, 2, 5, 4, 4)),
+    (nn.AdaptiveAvgPool3d(2), (2, 3, 3, 5)),                      # unbatched
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_adaptive_avg_pool(pool, shape):
+    _f64(copy.deepcopy(pool), shape)
+
+
+def test_adaptive_pools_follow_the_spatial_size_between_calls():
+    """The windows depend on the input's size, which is dynamic in the export: each call's are its own."""
+    torch.manual_seed(0)
+    m = _fn(lambda s, x: s.p(s.c(x)) + s.q(s.c(x)), c=nn.Conv2d(2, 3, 3), p=nn.AdaptiveAvgPool2d((3, 2)),
+            q=nn.AdaptiveMaxPool2d((3, 2))).double()
+    sizes = [(9, 7), (11, 6), (8, 13)]
+    ort = run_both(m, torch.randn(2, 2, 9, 7, dtype=torch.float64), calls=3,
+                   make_inputs=lambda k: (torch.randn(2, 2, *sizes[k], dtype=torch.float64),))
+    assert captured_with(ort) == {"export"}
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.LPPool1d(2, 3, stride=2), (2, 3, 9)),
+    (nn.LPPool1d(1.5, 2, ceil_mode=True), (3, 7)),                # unbatched
+    (nn.LPPool2d(3, (2, 3), stride=(1, 2)), (2, 2, 5, 7)),
+    (nn.LPPool3d(2, 2, stride=1), (1, 2, 3, 4, 3)),
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+def test_lp_pool(pool, shape):
+    _f64(copy.deepcopy(pool), shape)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (nn.AdaptiveMaxPool1d(3), (2, 3, 7)),
+    (nn.AdaptiveMaxPool1d(5), (3, 4)),                            # unbatched, more outputs than inputs
+    (nn.AdaptiveMaxPool2d((3, 2)), (2, 3, 7, 5)),
+    (nn.AdaptiveMaxPool2d((2, 2)), (2, 3, 6, 4)),
+    (nn.AdaptiveMaxPool2d((None, 3)), (3, 4, 7)),                 # unbatched, None keeps the size
+    (nn.AdaptiveMaxPool2d(1), (2, 3, 5, 4)),
+    (nn.AdaptiveMaxPool3d((2, 3, 1)), (1, 2, 5, 4, 4)),
+    (nn.AdaptiveMaxPool3d(2), (2, 3, 3, 5)),                      # unbatched
+], ids=lambda v: repr(v) if isinstance(v, nn.Module) else None)
+@pytest.mark.parametrize("make", [torch.randn, lambda s, dtype: _ties(s, dtype)], ids=["distinct", "ties"])
+def test_adaptive_max_pool(pool, shape, make):
+    _f64(copy.deepcopy(pool), shape, make=make)
+    with_indices = copy.deepcopy(pool)
+    with_indices.return_indices = True
+    x = make(shape, dtype=torch.float64)
+    x.view(-1)[::5] = float("nan")                                # eager keeps a window's last NaN
+    ve, ie = with_indices(x)
+    vo, io = ORTModule(copy.deepcopy(with_indices))(x)
+    rel_close("values", vo, ve)
+    assert torch.equal(io, ie), f"indices differ:\n{io}\n{ie}"
+
+
+@pytest.mark.parametrize("make_pool, shape", [
+    (lambda u: nn.FractionalMaxPool2d(2, output_size=(3, 4), _random_samples=u), (2, 3, 7, 8)),
+    (lambda u: nn.FractionalMaxPool2d((3, 2), output_ratio=0.5, _random_samples=u), (2, 3, 9, 8)),
+    (lambda u: nn.FractionalMaxPool2d(2, output_size=1, _random_samples=u), (2, 3, 5, 5)),
+    (lambda u: nn.FractionalMaxPool2d(2, output_size=(3, 3), _random_samples=u), (3, 6, 7)),       # unbatched
+    (lambda u: nn.FractionalMaxPool3d(2, output_size=(2, 3, 2), _random_samples=u), (2, 2, 5, 6, 4)),
+    (lambda u: nn.FractionalMaxPool3d((2, 1, 2), output_size=(3, 2, 2), _random_samples=u), (2, 6, 5, 5)),  # unbatched
+])
+@pytest.mark.parametrize("make", [torch.randn, lambda s, dtype: _ties(s, dtype)], ids=["distinct", "ties"])
+def test_fractional_max_pool_with_fixed_samples(make_pool, shape, make):
+    torch.manual_seed(0)
+    rank = 2 if isinstance(make_pool(None), nn.FractionalMaxPool2d) else 3
+    n, c = (shape[0], shape[1]) if len(shape) == rank + 2 else (1, shape[0])
+    pool = make_pool(torch.rand(n + 1, c, rank, dtype=torch.float64))     # a plane too many: eager ignores it
+    _f64(pool, shape, make=make)
+    pool.return_indices = True
+    x = make(shape, dtype=torch.float64)
+    ve, ie = pool(x)
+    vo, io = ORTModule(copy.deepcopy(pool))(x)
+    rel_close("values", vo, ve)
+    assert torch.equal(io, ie), f"indices differ:\n{io}\n{ie}"
+
+
+def test_fractional_max_pool_with_random_windows_is_refused():
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::(rand|fractional_max_pool2d)"):
+        ORTModule(nn.FractionalMaxPool2d(2, output_size=3))(torch.randn(1, 2, 7, 7))
