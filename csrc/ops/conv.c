@@ -23,8 +23,10 @@
  * A panel inside one image reads and writes x, y, dy and dx in place (leading dimension
  * OS); one spanning images goes through a gathered copy. A 1x1 kernel with stride 1 and no
  * padding needs no im2col: x itself is the column matrix. im2col itself either walks the
- * output rows (long rows of a 'same' convolution copy as blocks) or reads a table of tap
- * offsets built once per call (short rows, strides).
+ * output rows (long rows of a 'same' convolution copy as blocks), copies rows out of a
+ * zero-bordered copy of each channel (whole images with short rows or strides: no bounds
+ * checks), or reads a table of tap offsets built once per call (parts of large images with
+ * short rows or strides).
  *
  * Threads: the batch is cut into ranges of whole images on the engine's pool; each range
  * runs its panels (om_gemm runs single-threaded inside a range) with its own scratch and,
