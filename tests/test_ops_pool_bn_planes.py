@@ -56,6 +56,55 @@ def test_maxpool_planes(attrs, kw, threads):
     check_grads(["X"], grads, {"X": xt})
 
 
+# Windows two wide at stride 2 along W take MAX_ROW_PAIRS (ops/pool.c): the benchmark ResNet's
+# MaxPool2d(2) at its exact shape, taller windows, a stride of 1 along H, rows longer than its
+# 256-position chunks, a padded border (the pairs run inside it), 3-D, and batch 1. Values are
+# rounded to a few levels so that windows hold ties (the first tap wins) and NaNs (the last
+# NaN wins): Indices must be eager's, exactly, in both dtypes.
+PAIRS = [
+    ("bench_resnet", (64, 32, 32, 32), dict(kernel_size=2, stride=2)),
+    ("tall", (3, 5, 13, 20), dict(kernel_size=(3, 2), stride=(2, 2))),
+    ("stride_1_along_h", (2, 4, 9, 11), dict(kernel_size=(2, 2), stride=(1, 2))),
+    ("long_rows", (1, 2, 4, 1100), dict(kernel_size=2, stride=2)),
+    ("padded", (2, 3, 10, 15), dict(kernel_size=2, stride=2, padding=1)),
+    ("dilated_h", (2, 3, 12, 14), dict(kernel_size=(2, 2), stride=2, dilation=(2, 1))),
+    ("batch_1_ceil", (1, 7, 9, 9), dict(kernel_size=2, stride=2, ceil_mode=True)),
+]
+
+
+def _pool_attrs(rank, kw):
+    def per(v):
+        return list(v) if isinstance(v, tuple) else [v] * rank
+    attrs = {"kernel_shape": per(kw["kernel_size"]), "strides": per(kw["stride"])}
+    if "padding" in kw:
+        attrs["pads"] = per(kw["padding"]) * 2
+    if "dilation" in kw:
+        attrs["dilations"] = per(kw["dilation"])
+    if kw.get("ceil_mode"):
+        attrs["ceil_mode"] = 1
+    return attrs
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name,shape,kw", PAIRS + [("3d", (2, 3, 4, 6, 8), dict(kernel_size=2, stride=2))],
+                         ids=[p[0] for p in PAIRS] + ["3d"])
+def test_maxpool_pairs(name, shape, kw, dtype, threads):
+    x = np.round(RNG.standard_normal(shape) * 2).astype(dtype)   # few levels: ties in most windows
+    flat = x.reshape(-1)
+    flat[RNG.choice(flat.size, max(1, flat.size // 50), replace=False)] = np.nan
+    rank = len(shape) - 2
+    outs, grads, dys = engine("MaxPool", {"X": x}, _pool_attrs(rank, kw), n_outputs=2)
+    pool = {2: F.max_pool2d, 3: F.max_pool3d}[rank]
+    xt = torch.from_numpy(x.copy()).requires_grad_()
+    y, idx = pool(xt, return_indices=True, **kw)
+    plane = int(np.prod(shape[2:]))
+    off = (np.arange(shape[0] * shape[1]) * plane).reshape(shape[0], shape[1], *([1] * rank))
+    np.testing.assert_array_equal(outs[0], y.detach().numpy())
+    np.testing.assert_array_equal(outs[1], idx.numpy() + off)
+    y.backward(torch.from_numpy(dys[0]))
+    np.testing.assert_array_equal(grads[0], xt.grad.numpy())   # at most two dY per input: exact in any order
+
+
 @pytest.mark.parametrize("incl", [0, 1])
 @pytest.mark.parametrize("attrs,kw", [p for p in POOLS if "dilations" not in p[0]])
 def test_avgpool_planes(attrs, kw, incl, threads):

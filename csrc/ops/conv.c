@@ -23,8 +23,10 @@
  * A panel inside one image reads and writes x, y, dy and dx in place (leading dimension
  * OS); one spanning images goes through a gathered copy. A 1x1 kernel with stride 1 and no
  * padding needs no im2col: x itself is the column matrix. im2col itself either walks the
- * output rows (long rows of a 'same' convolution copy as blocks) or reads a table of tap
- * offsets built once per call (short rows, strides).
+ * output rows (long rows of a 'same' convolution copy as blocks), copies rows out of a
+ * zero-bordered copy of each channel (whole images with short rows or strides: no bounds
+ * checks), or reads a table of tap offsets built once per call (parts of large images with
+ * short rows or strides).
  *
  * Threads: the batch is cut into ranges of whole images on the engine's pool; each range
  * runs its panels (om_gemm runs single-threaded inside a range) with its own scratch and,
@@ -282,6 +284,101 @@ DEFINE_IM2COL(double, f64)
 DEFINE_IM2COL_TABLE(float, f32)
 DEFINE_IM2COL_TABLE(double, f64)
 
+/* im2col of a whole image through a zero-bordered copy of each channel (pp, extents
+ * PD x PH x PW = (out - 1) * s + (k - 1) * d + 1 per dim, the input at offset pb): every
+ * tap of every position then reads pp without a bounds check, so that each (channel, tap)
+ * row of col is a run of plain row copies (contiguous, or at the stride along W). The
+ * table above reads the same entries with a gather and a branch per element (-1: padding)
+ * that GCC left scalar; on the 8- and 4-wide images and the stride-2 windows of a small
+ * ResNet it took as long as the product itself.
+ * add: col2im instead — pp is zeroed, the taps add into it in tap order (set_kk >= 0: that
+ * tap first, as an assignment), and pp's interior is then copied to x: the same additions
+ * in the same order as im2col_table's, so the same sums; taps that land in the border add
+ * into cells that are dropped, and inputs that no window reads (a stride's tail) get 0.
+ * Whole images only (o0 = 0, len = OS): x is written whole. */
+#define DEFINE_IM2COL_PADDED(T, sfx)                                                                 \
+    /* one (channel, tap) row of col: dst[(od, oh, ow)] = tap[od sD PHW + oh sH PW + ow sW] (add:  */ \
+    /* tap[...] += dst[...]; set: =). Always inlined with OW and sW constants for the common      */ \
+    /* small widths, so that a row of 4 or 8 is one unrolled vector move: a loop per row was      */ \
+    /* mostly its own setup on such rows. */                                                         \
+    static inline __attribute__((always_inline)) void pad_tap_##sfx(                                 \
+        int add, int set, T *restrict dst, T *restrict tap, int64_t OD, int64_t OH, int64_t sdp,     \
+        int64_t shp, const int64_t OW, const int64_t sw) {                                           \
+        for (int64_t od = 0; od < OD; od++)                                                          \
+            for (int64_t oh = 0; oh < OH; oh++, dst += OW) {                                         \
+                T *restrict src = tap + od * sdp + oh * shp;                                         \
+                if (!add) for (int64_t ow = 0; ow < OW; ow++) dst[ow] = src[ow * sw];                \
+                else if (set) for (int64_t ow = 0; ow < OW; ow++) src[ow * sw] = dst[ow];            \
+                else for (int64_t ow = 0; ow < OW; ow++) src[ow * sw] += dst[ow];                    \
+            }                                                                                        \
+    }                                                                                                \
+    OM_VEC_CLONES static void im2col_padded_##sfx(const conv_geom *g, const conv_tap *taps,            \
+                                                  const int64_t *P, int add,                         \
+                                                  int64_t set_kk, T *xg, T *col, int64_t ld,         \
+                                                  int64_t at, T *restrict pp) {                      \
+        const om_window *w = &g->w;                                                                  \
+        const int64_t IH = w->in[1], IW = w->in[2], PHW = P[1] * P[2], PW = P[2];                     \
+        const int64_t OD = w->out[0], OH = w->out[1], OW = w->out[2], sw = w->s[2];                  \
+        const int64_t sdp = w->s[0] * PHW, shp = w->s[1] * PW;                                       \
+        const int form = (sw == 1 || sw == 2) && (OW == 4 || OW == 8 || OW == 16) ? (int)(sw * 100 + OW) : 0; \
+        /* the input rows and columns inside pp: [0, n) along each dim, at + pb */                   \
+        int64_t nin[OM_SP];                                                                          \
+        for (int i = 0; i < OM_SP; i++) {                                                            \
+            nin[i] = P[i] - w->pb[i] < w->in[i] ? P[i] - w->pb[i] : w->in[i];                         \
+            if (nin[i] < 0) nin[i] = 0;                                                              \
+        }                                                                                            \
+        T *restrict inner = pp + w->pb[0] * PHW + w->pb[1] * PW + w->pb[2];   /* input (0, 0, 0) */ \
+        for (int64_t c = 0; c < g->Cg; c++) {                                                        \
+            T *restrict xc = xg + c * g->IS;                                                         \
+            for (int64_t i = 0; i < P[0] * PHW; i++) pp[i] = 0;                                      \
+            if (!add)                                                                                \
+                for (int64_t id = 0; id < nin[0]; id++)                                              \
+                    for (int64_t ih = 0; ih < nin[1]; ih++) {                                        \
+                        T *restrict d = inner + id * PHW + ih * PW;                                  \
+                        const T *restrict r = xc + (id * IH + ih) * IW;                              \
+                        for (int64_t iw = 0; iw < nin[2]; iw++) d[iw] = r[iw];                       \
+                    }                                                                                \
+            for (int64_t n_ = 0; n_ < g->KS; n_++) {                                                 \
+                const int64_t kk = set_kk < 0 ? n_ : n_ == 0 ? set_kk : n_ <= set_kk ? n_ - 1 : n_; \
+                const conv_tap *t_ = &taps[kk];   /* its offsets from the input's origin */            \
+                T *tap = inner + t_->dd * PHW + t_->dh * PW + t_->off;                               \
+                T *dst = col + (c * g->KS + kk) * ld + at;                                           \
+                const int set = kk == set_kk;                                                        \
+                switch (form) {                                                                      \
+                case 104: pad_tap_##sfx(add, set, dst, tap, OD, OH, sdp, shp, 4, 1); break;          \
+                case 108: pad_tap_##sfx(add, set, dst, tap, OD, OH, sdp, shp, 8, 1); break;          \
+                case 116: pad_tap_##sfx(add, set, dst, tap, OD, OH, sdp, shp, 16, 1); break;         \
+                case 204: pad_tap_##sfx(add, set, dst, tap, OD, OH, sdp, shp, 4, 2); break;          \
+                case 208: pad_tap_##sfx(add, set, dst, tap, OD, OH, sdp, shp, 8, 2); break;          \
+                case 216: pad_tap_##sfx(add, set, dst, tap, OD, OH, sdp, shp, 16, 2); break;         \
+                default: pad_tap_##sfx(add, set, dst, tap, OD, OH, sdp, shp, OW, sw); break;         \
+                }                                                                                    \
+            }                                                                                        \
+            if (add) {   /* x = pp's interior; inputs beyond it are read by no window: 0 */          \
+                for (int64_t id = 0; id < w->in[0]; id++)                                            \
+                    for (int64_t ih = 0; ih < IH; ih++) {                                            \
+                        T *restrict xr = xc + (id * IH + ih) * IW;                                   \
+                        const T *restrict r = inner + id * PHW + ih * PW;                            \
+                        const int64_t m = id < nin[0] && ih < nin[1] ? nin[2] : 0;                   \
+                        for (int64_t iw = 0; iw < m; iw++) xr[iw] = r[iw];                           \
+                        for (int64_t iw = m; iw < IW; iw++) xr[iw] = 0;                              \
+                    }                                                                                \
+            }                                                                                        \
+        }                                                                                            \
+    }
+DEFINE_IM2COL_PADDED(float, f32)
+DEFINE_IM2COL_PADDED(double, f64)
+
+/* pp's extents for g's window (im2col_padded); returns its elements. */
+static int64_t padded_extents(const conv_geom *g, int64_t *P) {
+    int64_t n = 1;
+    for (int i = 0; i < OM_SP; i++) {
+        P[i] = (g->w.out[i] - 1) * g->w.s[i] + (g->w.k[i] - 1) * g->w.d[i] + 1;
+        n *= P[i];
+    }
+    return n;
+}
+
 /* Entries of the largest offset table kept (KS * OS int32s); larger ones walk rows. */
 #define IM2COL_TABLE_MAX ((int64_t)1 << 16)
 
@@ -318,6 +415,9 @@ enum { PASS_Y, PASS_DX, PASS_DW };
  * by the product right after, so it should stay in the core's L2. */
 #define PANEL_BYTES ((int64_t)512 << 10)
 #define PANEL_MIN_COLS 32
+/* The largest zero-bordered channel copy of im2col_padded (one per range); images this
+ * large span several panels anyway. */
+#define PADDED_MAX_BYTES ((size_t)256 << 10)
 
 typedef struct conv_job {
     int pass, trivial;
@@ -331,7 +431,10 @@ typedef struct conv_job {
     const conv_tap *taps;       /* KS of them */
     int64_t cover_kk;           /* dX: a tap whose col2im writes every position of x, or -1 */
     const int32_t *tbl;         /* im2col's offset table (KS x OS), or NULL: walk the rows */
-    char *scratch;              /* per range: col (CK x P), pan (Mg x P), dW partial (M x CK) */
+    int padded;                 /* im2col through a zero-bordered copy of each channel (whole images) */
+    int64_t pp_dims[OM_SP];     /* its extents */
+    size_t pp_off;              /* its place in a range's scratch, from col */
+    char *scratch;              /* per range: col (CK x P), pan (Mg x P), dW partial (M x CK), pp */
     size_t col_bytes, pan_bytes, range_bytes;
 } conv_job;
 
@@ -339,7 +442,14 @@ typedef struct conv_job {
  * channel) into columns [at, at + len) of col. */
 static void im2col(const conv_job *j, int add, char *xg, char *col, int64_t ld, int64_t at, int64_t o0, int64_t len) {
     const int64_t set_kk = add ? j->cover_kk : -1;
-    if (j->tbl && j->dt == OM_F32)
+    if (j->padded) {   /* whole images: o0 = 0, len = OS */
+        char *pp = col + j->pp_off;   /* col: the range's scratch */
+        (void)o0, (void)len;
+        if (j->dt == OM_F32)
+            im2col_padded_f32(&j->g, j->taps, j->pp_dims, add, set_kk, (float *)xg, (float *)col, ld, at, (float *)pp);
+        else
+            im2col_padded_f64(&j->g, j->taps, j->pp_dims, add, set_kk, (double *)xg, (double *)col, ld, at, (double *)pp);
+    } else if (j->tbl && j->dt == OM_F32)
         im2col_table_f32(&j->g, j->tbl, add, set_kk, (float *)xg, (float *)col, ld, at, o0, len);
     else if (j->tbl)
         im2col_table_f64(&j->g, j->tbl, add, set_kk, (double *)xg, (double *)col, ld, at, o0, len);
@@ -454,7 +564,7 @@ static void conv_range(void *ctx, int64_t lo, int64_t hi) {
     const int rid = om_pool_range_id();
     char *col = j->scratch + (size_t)rid * j->range_bytes, *pan = col + j->col_bytes, *part = pan + j->pan_bytes;
     if (j->pass == PASS_DW && rid == 0) part = j->dw;   /* range 0 sums straight into dW */
-    if (j->pass == PASS_DX && !j->trivial && j->cover_kk < 0)   /* col2im adds into this range's images */
+    if (j->pass == PASS_DX && !j->trivial && j->cover_kk < 0 && !j->padded)   /* col2im adds into this range's images */
         memset(j->dx + (size_t)(lo * g->w.C * g->IS) * j->es, 0, (size_t)((hi - lo) * g->w.C * g->IS) * j->es);
     int64_t step = j->step;
     if (step >= OS) {   /* whole images: as many per panel as fit, spread evenly over the panels */
@@ -529,6 +639,16 @@ static om_status *conv_run(const om_node *n, conv_job *j) {
     j->col_bytes = round_up64((size_t)(j->CK * j->step) * j->es);
     j->pan_bytes = round_up64((size_t)(g->Mg * j->step) * j->es);
     j->range_bytes = j->col_bytes + j->pan_bytes + (j->pass == PASS_DW ? round_up64((size_t)(g->M * j->CK) * j->es) : 0);
+    /* Whole images per panel, rows short or strided (where the walk would not copy whole
+     * rows as blocks): im2col through a zero-bordered copy of each channel. */
+    const om_window *w = &g->w;
+    const int same_rows = w->s[2] == 1 && w->s[1] == 1 && w->out[2] == w->in[2];
+    const size_t pp_bytes = round_up64((size_t)padded_extents(g, j->pp_dims) * j->es);
+    j->padded = j->step >= OS && !(same_rows && w->out[2] >= 16) && pp_bytes <= PADDED_MAX_BYTES;
+    if (j->padded) {
+        j->pp_off = j->range_bytes;
+        j->range_bytes += pp_bytes;
+    }
     /* two ranges per thread: a little slack when a thread is preempted, few dW partials */
     int R = om_pool_ranges(N, 1);
     const int cap = 2 * om_get_num_threads();
@@ -545,7 +665,7 @@ static om_status *conv_run(const om_node *n, conv_job *j) {
     conv_taps(g, (conv_tap *)mem);
     j->taps = (const conv_tap *)mem;
     j->cover_kk = j->pass == PASS_DX && j->step >= OS ? covering_tap(g, j->taps) : -1;
-    j->tbl = tbl_bytes && im2col_table_build(g, j->taps, (int32_t *)(mem + taps_bytes)) ? (const int32_t *)(mem + taps_bytes)
+    j->tbl = !j->padded && tbl_bytes && im2col_table_build(g, j->taps, (int32_t *)(mem + taps_bytes)) ? (const int32_t *)(mem + taps_bytes)
                                                                                        : NULL;
     j->scratch = mem + taps_bytes + tbl_bytes;
     om_pool_run(N, R, conv_range, j);
