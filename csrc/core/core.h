@@ -33,9 +33,11 @@ char *om_strdup(const char *s);                 /* NULL-safe; caller frees */
 int om_grow(void **arr, int *cap, int n, size_t elem);
 
 /* Hands the pages that lie wholly inside [p, p + nbytes) of a host block back to the system
- * (their contents are gone; the next touch maps zeroed pages): the block stays allocated and
- * usable, and its resident size shrinks. A no-op where the system has no such call. */
-void om_release_pages(void *p, size_t nbytes);
+ * (their contents are undefined after it): the block stays allocated and usable. now: its
+ * resident size shrinks at once, and the next touch of each page faults a zeroed one in; else
+ * the system reclaims them when it needs memory, and a touch before that costs nothing. A
+ * no-op where the system has no such call. */
+void om_release_pages(void *p, size_t nbytes, int now);
 
 /* Shapes */
 /* The largest tensor the engine takes, in bytes: every element index and byte offset a

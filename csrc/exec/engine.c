@@ -383,6 +383,7 @@ typedef struct frame {          /* where every value's bytes are during one call
     const om_cuda_provider *cu; /* CUDA plans: the provider; NULL on the CPU */
     char *twin;                 /* CPU: the frame's twin region (fp32 copies for half-precision nodes) */
     char *base;                 /* CPU: the frame's buffer, whose dead pages go back as the call runs */
+    int release_now;            /* memory levels >= 1: dead pages leave the resident set at once */
     void *stream;
 } frame;
 
@@ -392,7 +393,7 @@ static void release_after(const frame *f, int k) {
     const om_plan *p = f->plan;
     if (!f->base || !p->release_at) return;
     for (int r = p->release_at[k]; r < p->release_at[k + 1]; r++) {
-        om_release_pages(f->base + p->release_range[2 * r], p->release_range[2 * r + 1]);
+        om_release_pages(f->base + p->release_range[2 * r], p->release_range[2 * r + 1], f->release_now);
     }
 }
 
@@ -573,6 +574,7 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
     f.twin = (char *)stash_buf + p->twin_offset;
     if (!f.cu) f.base = stash_buf;
+    f.release_now = e->memory_opt_level > 0;
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)stash_buf + p->offset[v];
         else if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)stash_buf + p->offset[v];
@@ -619,7 +621,7 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     }
 done:
     if (stash_buf && !f.cu && p && !p->spare_stash) {
-        om_release_pages(stash_buf, p->stash_size);   /* kept for its address, not its pages */
+        om_release_pages(stash_buf, p->stash_size, e->memory_opt_level > 0);   /* kept for its address, not its pages */
         p->spare_stash = stash_buf;
     } else if (stash_buf) {
         frame_release(&f, stash_buf);
@@ -734,6 +736,7 @@ static om_status *backward_on(om_engine *e, om_stash *s, const om_tensor *grad_o
     }
     f.twin = (char *)s->buf + p->twin_offset;
     if (!f.cu) f.base = s->buf;
+    f.release_now = e->memory_opt_level > 0;
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)s->buf + p->offset[v];
         else if (p->storage[v] == OM_ST_BWD) f.data[v] = (char *)s->buf + p->offset[v];
@@ -789,7 +792,7 @@ void om_stash_free(om_stash *s) {
     plan_slot *sl = s->slot;
     const int last = --sl->refs == 0 && !sl->cached;   /* the plan was evicted while this stash lived */
     if (s->buf && !last && !s->plan->spare_stash) {     /* CPU: the next forward takes it */
-        om_release_pages(s->buf, s->plan->stash_size);  /* its address, not its pages */
+        om_release_pages(s->buf, s->plan->stash_size, s->eng->memory_opt_level > 0);  /* its address, not its pages */
         s->plan->spare_stash = s->buf;
         s->buf = NULL;
     }
