@@ -1,6 +1,7 @@
 """The CPU engine hands a frame's dead pages back to the system as a call runs (plan.c's release
 schedule, engine.c's release_after): at memory level 0 lazily (MADV_FREE, a later touch costs
-nothing), at levels >= 1 at once (MADV_DONTNEED). Either way, a page the schedule releases must
+nothing), at levels >= 1 at once (MADV_DONTNEED); a frame of 16 MiB or more lies on 2 MiB huge
+pages and releases whole ones (core.c's om_alloc_frame, om_frame_page). Either way, a page the schedule releases must
 hold nothing that a later node, the backward or the caller still reads.
 
 The engine's test hook om_release_poison (set through ctypes) fills every released range with
@@ -35,7 +36,11 @@ MODELS = {
     "resnet": (lambda: bench_models.ResNet(width=16), lambda: bench_models.cnn_batch(batch=9)),
     "mlp": (lambda: bench_models.MLP(d_in=200, width=300, layers=3),
             lambda: bench_models.mlp_batch(batch=70, d_in=200)),
+    # a frame above 16 MiB: it sits on 2 MiB huge pages, and its ranges are cut to whole ones
+    "gpt2-huge-frame": (lambda: bench_models.GPT(vocab=4096, d=64, heads=2, layers=1, max_len=64),
+                        lambda: bench_models.gpt_batch(batch=8, seq=64, vocab=4096)),
 }
+HUGE_FRAME_BYTES = 16 << 20
 
 
 def train(name, level, poison, steps=3):
@@ -57,15 +62,17 @@ def train(name, level, poison, steps=3):
                 opt.step()
     finally:
         POISON.value = 0
-    ranges = sum(plan["release_ranges"] for r in engine_reports(model) for plan in r["plans"])
-    return losses, grads, [p.detach().clone() for p in model.parameters()], ranges
+    plans = [plan for r in engine_reports(model) for plan in r["plans"]]
+    return losses, grads, [p.detach().clone() for p in model.parameters()], plans
 
 
 @pytest.mark.parametrize("level", [0, 1, 2])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_released_pages_hold_nothing_live(name, level):
-    ref_losses, ref_grads, ref_params, ranges = train(name, level, poison=False)
-    assert ranges > 0, f"{name} at level {level}: the plan released nothing, so this proves nothing"
+    ref_losses, ref_grads, ref_params, plans = train(name, level, poison=False)
+    assert sum(p["release_ranges"] for p in plans) > 0, f"{name} at level {level}: nothing released, nothing proved"
+    if name.endswith("huge-frame"):
+        assert max(p["frame_bytes"] for p in plans) >= HUGE_FRAME_BYTES
     losses, grads, params, _ = train(name, level, poison=True)
     for step, (a, b) in enumerate(zip(ref_losses, losses)):
         assert torch.isfinite(b).all(), f"{name} level {level} step {step}: loss read a released page"

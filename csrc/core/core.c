@@ -196,6 +196,63 @@ __attribute__((visibility("default"))) void om_alloc_stats(size_t *calls, size_t
 
 void om_free(void *p) { free(p); }
 
+/* Frames of at least this size sit on huge pages: the rounding up to a whole one then wastes
+ * at most an eighth of the block's address space, and none of its resident memory. */
+#define HUGE_FRAME_MIN ((size_t)16 << 20)
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static size_t system_page(void) {
+#if defined(__linux__)
+    static size_t page;
+    if (!page) {
+        long ps = sysconf(_SC_PAGESIZE);
+        page = ps > 0 ? (size_t)ps : 4096;
+    }
+    return page;
+#else
+    return 4096;
+#endif
+}
+
+/* Transparent huge pages that a block can ask for: "always" or "madvise" in the system's
+ * setting (read once; "never", or no such file, means no). */
+static int huge_pages_available(void) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    static atomic_int known;   /* 0 unknown, 1 no, 2 yes */
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (!k) {
+        char buf[128] = {0};
+        FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[n] = 0;
+        k = n && !strstr(buf, "[never]") ? 2 : 1;
+        atomic_store_explicit(&known, k, memory_order_relaxed);
+    }
+    return k == 2;
+#else
+    return 0;
+#endif
+}
+
+size_t om_frame_page(size_t nbytes) {
+    return nbytes >= HUGE_FRAME_MIN && huge_pages_available() ? HUGE_PAGE : system_page();
+}
+
+void *om_alloc_frame(size_t nbytes) {
+    size_t page = om_frame_page(nbytes);
+    if (page != HUGE_PAGE) return om_alloc(nbytes);
+    if (nbytes > SIZE_MAX - HUGE_PAGE) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE, (nbytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)) != 0) return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)madvise(p, (nbytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);   /* a hint: failure costs speed only */
+#endif
+    atomic_fetch_add_explicit(&alloc_calls, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&alloc_bytes, nbytes, memory_order_relaxed);
+    return p;
+}
+
 /* Tests set it through ctypes (default visibility, as om_alloc_stats): released bytes are then
  * filled with 0xff (NaN in every float type) and stay mapped, so that a release schedule that
  * frees a buffer something still reads shows as NaN, not as the stale value it would often keep. */
@@ -207,11 +264,7 @@ void om_release_pages(void *p, size_t nbytes, int now) {
         return;
     }
 #if defined(__linux__)
-    static size_t page;
-    if (!page) {
-        long ps = sysconf(_SC_PAGESIZE);
-        page = ps > 0 ? (size_t)ps : 4096;
-    }
+    const size_t page = system_page();
     uintptr_t lo = ((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1);
     uintptr_t hi = ((uintptr_t)p + nbytes) & ~(uintptr_t)(page - 1);
     if (!p || hi <= lo) return;

@@ -39,6 +39,14 @@ int om_grow(void **arr, int *cap, int n, size_t elem);
  * no-op where the system has no such call. */
 void om_release_pages(void *p, size_t nbytes, int now);
 
+/* The host block of a CPU frame, whose dead pages om_release_pages hands back as a call runs.
+ * om_frame_page(nbytes) is the page such a block is made of: 2 MiB (a transparent huge page,
+ * where the system lends them) for a large block, else the system's page; a fault then maps a
+ * whole huge page at once, and touching released memory again costs a fifth of what it does
+ * on 4 KiB pages. om_alloc_frame aligns the block to that page; om_free frees it. */
+size_t om_frame_page(size_t nbytes);
+void *om_alloc_frame(size_t nbytes);
+
 /* Shapes */
 /* The largest tensor the engine takes, in bytes: every element index and byte offset a
  * kernel computes from dims then fits an int64_t (and a size_t), with room for a stride. */

@@ -564,7 +564,7 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
         stash_buf = p->spare_stash;
         p->spare_stash = NULL;
     } else {
-        stash_buf = frame_alloc(&f, p->stash_size);
+        stash_buf = f.cu ? frame_alloc(&f, p->stash_size) : om_alloc_frame(p->stash_size);
     }
     if (!given || !stash_buf) {
         st = om_error(OM_OUT_OF_MEMORY, "out of memory for the forward's buffers (%zu bytes for these input shapes)",

@@ -258,13 +258,18 @@ static om_status *release_schedule(om_plan *p, const interval *iv, int n_iv, con
     qsort(drops, (size_t)n_drop, sizeof *drops, by_step_seg);
     /* merge runs of adjacent segments per step into ranges; count per node, then fill */
     size_t *range = malloc(sizeof(size_t) * 3 * ((size_t)n_drop + 1));   /* (step, offset, bytes) */
+    /* a huge-page frame (om_alloc_frame's block starts on one) releases whole huge pages; on
+     * small pages, om_release_pages' own rounding to the address's pages is enough */
+    size_t page = om_frame_page(p->stash_size);
+    if (page < RELEASE_MIN_BYTES) page = 1;
     int n_range = 0;
     if (!range) goto oom;
     for (int i = 0; i < n_drop;) {
         int j = i + 1;
         while (j < n_drop && drops[j].step == drops[i].step && drops[j].seg == drops[j - 1].seg + 1) j++;
-        size_t lo = bound[drops[i].seg], hi = bound[drops[j - 1].seg + 1];
-        if (hi - lo >= RELEASE_MIN_BYTES) {
+        /* whole pages of the frame only: a huge page that a live buffer shares stays */
+        size_t lo = (bound[drops[i].seg] + page - 1) / page * page, hi = bound[drops[j - 1].seg + 1] / page * page;
+        if (hi > lo && hi - lo >= RELEASE_MIN_BYTES) {
             range[3 * n_range] = (size_t)drops[i].step;
             range[3 * n_range + 1] = lo;
             range[3 * n_range + 2] = hi - lo;
