@@ -80,11 +80,14 @@ def test_mlp_trains_with_parity_and_new_batch_sizes_reuse_the_export():
 
 def test_cnn_with_batchnorm_parity_and_buffers():
     import test_models_cnn as cnn
-    eager, ort, _ = train_parity(cnn.TinyResNet, cnn.make_batches(), cnn.ce)
+    # 6 steps, not train_parity's 10: this model's training reaches a near-tie at step 7 (see
+    # test_models_cnn.two_threads) that flips with any change of summation order, and the CPU's
+    # BLAS kernel is one (the 10-step run failed on a Zen 5 by 1.8e-5 in two weights)
+    eager, ort, _ = train_parity(cnn.TinyResNet, cnn.make_batches(), cnn.ce, steps=6)
     assert captured_with(ort) == {"export"}
     for (n, be), bo in zip(eager.named_buffers(), ort.buffers()):
         assert torch.equal(bo, be) or torch.allclose(bo.float(), be.float(), rtol=1e-4, atol=1e-5), n
-    assert any(n.endswith("num_batches_tracked") and int(b) == 10 for n, b in ort.named_buffers())
+    assert any(n.endswith("num_batches_tracked") and int(b) == 6 for n, b in ort.named_buffers())
 
 
 def test_batchnorm_updates_the_module_buffers_in_place():
