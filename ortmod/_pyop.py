@@ -10,7 +10,9 @@ name, csrc/ops/callback.c). An output eager gives no history (a call under the f
 ``no_grad``, ``ctx.mark_non_differentiable``) is detached in the trace: a stop-gradient. When
 the user asks for it (``DebugOptions(inline_autograd_functions=True)``) every Function is
 inlined as torch does it, and the engine differentiates its forward; torch's own Functions
-(reentrant checkpointing) are refused otherwise, by name.
+(reentrant checkpointing) are refused otherwise, by name. The torch.export path
+(ortmod/_capture_export.py) is a second front end to the same records: its
+``ortmod::python_op`` becomes the same node.
 
 Run. The engine calls ``FunctionRunner`` for the node's output shapes (plan time), its forward
 and its backward. In training, the forward runs ``Function.apply`` with grad enabled on copies

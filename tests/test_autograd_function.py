@@ -1,5 +1,9 @@
 """A user's torch.autograd.Function inside ORTModule runs the user's own forward and backward
 (ortmod/_pyop.py, csrc/ops/callback.c): engine ops around it, eager's exact gradients.
+
+Every test runs on both capture paths (ORTMOD_CAPTURE=torchscript and =export): one
+mechanism, FunctionSpec / FunctionRunner / the engine's PythonOp, reached by two front ends
+(_pyop.capturing_functions and _capture_export's ortmod::python_op).
 """
 import copy
 
@@ -12,7 +16,7 @@ from ortmod import DebugOptions, ORTModule
 from test_semantics import rel_close
 
 
-@pytest.fixture(autouse=True, params=["torchscript"])
+@pytest.fixture(autouse=True, params=["torchscript", "export"])
 def capture(request, ortmod_env):
     ortmod_env.setenv("ORTMOD_CAPTURE", request.param)
     ortmod_env.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
@@ -528,3 +532,25 @@ def test_keyword_and_container_arguments_are_refused(capture):
         ORTModule(Kw())(x)
     with pytest.raises(ortmod.UnsupportedModelError, match="Boxed.apply .* takes a tensor inside a container"):
         ORTModule(InBox())(x)
+
+
+def test_output_size_from_tensor_values_is_refused_on_the_export_path(capture):
+    """torch.export plans a Function's outputs from its fake run: a size that depends on values
+    (nonzero) has none to give. The TorchScript path traced the real call and checks each
+    call's size against the plan instead (see FunctionRunner._forward)."""
+    class Positive(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x[x > 0]
+
+        @staticmethod
+        def backward(ctx, g):
+            raise AssertionError("not reached")
+
+    class M(nn.Module):
+        def forward(self, x):
+            return Positive.apply(x)
+    if capture == "torchscript":
+        pytest.skip("TorchScript traces the real call; only torch.export plans from fake tensors")
+    with pytest.raises(ortmod.UnsupportedModelError, match="Positive .*size depends on tensor values"):
+        ORTModule(M())(torch.randn(5))
