@@ -26,9 +26,11 @@ Training semantics, as on the TorchScript path:
   What the export specialised (a dim fixed to its traced size, two dims made equal, a range, a
   runtime assertion on sizes) is checked on every call by ``ShapeGuard``: a call it rejects is
   exported again, never run on a stale graph.
-* **Custom autograd.Function**: not yet on this path. torch.export inlines its forward (its own
-  backward would be lost), so a call to one is refused by name, unless
-  ``inline_autograd_functions`` asks for exactly that.
+* **Custom autograd.Function** runs its own forward and backward, by the TorchScript path's
+  mechanism (ortmod/_pyop.py). torch.export would inline its forward and lose its backward: while
+  it traces, a user's ``Function.apply`` becomes the opaque op ``ortmod::python_op`` (kept through
+  decomposition), translated to the engine's ``ortmod::PythonOp`` node that the TorchScript path
+  emits. ``inline_autograd_functions`` lets torch.export inline it, as asked.
 
 Every ONNX op of the result must be one the engine implements; the engine refuses others at
 import, by name.
@@ -44,7 +46,7 @@ import time
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture
+from . import _capture, _pyop
 from ._capture import (Exported, ExportError, GraphInput, UnsupportedDataError, UnsupportedModelError,
                        _FlatWrapper)
 
@@ -318,8 +320,27 @@ def _translations():
         n2 = clamped(op.ReduceL2(x2e, axes, keepdims=1))
         return op.ReduceSum(op.Mul(op.Div(x1e, n1), op.Div(x2e, n2)), axes, keepdims=0)
 
+    def python_op_onnx(xs: Sequence[TTensor], call: int) -> Sequence[TTensor]:
+        # the TorchScript path's node (_pyop._python_op_symbolic): the tensor arguments, the
+        # function_id of the call's FunctionSpec in Exported.functions, the output dtypes. Built
+        # here, not through an onnxscript Op: an op schema gives a fixed number of outputs.
+        from onnxscript import evaluator
+        from torch.onnx._internal.exporter import _tensors
+        recorder = _functions.recorder
+        spec = recorder.calls[call]
+        dtypes = spec.onnx_dtypes()
+        function_id = len(recorder.specs)
+        recorder.specs.append(spec)
+        tracer = evaluator.default()
+        node = ir.Node("ortmod", "PythonOp", list(xs),
+                       attributes=[ir.AttrInt64("function_id", function_id), ir.AttrInt64s("output_dtypes", dtypes)],
+                       outputs=[_tensors.SymbolicTensor(tracer.opset) for _ in dtypes], version=1)
+        tracer.nodes.append(node)
+        return tuple(node.outputs)
+
     from . import _export_rules
     return {
+        torch.ops.ortmod.python_op.default: python_op_onnx,
         **_export_rules.translations(op, ir, stop_gradient_op),
         torch.ops.aten.cosine_similarity.default: cosine_similarity,
         torch.ops.aten.embedding.default: embedding,
@@ -442,28 +463,161 @@ def _shape_guard(ep, n_inputs):
 
 
 # ---------------------------------------------------------------------------------------------
-# autograd.Function: refused by name on this path (torch.export inlines its forward)
+# a user's autograd.Function: one opaque op per call, the TorchScript path's ortmod::PythonOp in ONNX
+#
+# torch.export would inline a Function's forward and lose its backward. While it traces,
+# Function.apply is replaced: a user's Function becomes ``ortmod::python_op(tensors, call)``, an
+# op that decomposition leaves alone, whose fake kernel runs the user's forward on the fake
+# tensors (the output shapes, symbolic sizes included, are the forward's own). The call's record
+# is _pyop's FunctionSpec, kept by a _pyop.FunctionRecorder as on the TorchScript path; the ONNX
+# translation gives the node that path gives, so the engine and _pyop.FunctionRunner run it.
+
+_functions = threading.local()     # .recorder: the FunctionRecorder of the export in progress
+
+
+@torch.library.custom_op("ortmod::python_op", mutates_args=())
+def python_op(xs: list[torch.Tensor], call: int) -> list[torch.Tensor]:
+    """Call ``call`` of the export in progress: the user's forward on ``xs``."""
+    return _run_function(xs, call)
+
+
+@python_op.register_fake
+def _python_op_fake(xs, call):
+    return _run_function(xs, call)
+
+
+def _run_function(xs, call):
+    recorder = getattr(_functions, "recorder", None)
+    if recorder is None:
+        raise RuntimeError("ortmod::python_op stands for a user's autograd.Function only while ortmod captures "
+                           "a module with torch.export")
+    spec = recorder.calls[call]
+    # grad enabled, on copies that require grad where the call's arguments did: the outputs'
+    # requires_grad is then eager's (mark_non_differentiable, integer outputs)
+    copies = [x.detach().requires_grad_(rg) for x, rg in zip(xs, spec.requires_grad)]
+    versions = [c._version for c in copies]
+    fake_mode = torch._guards.detect_fake_mode(xs)
+    shape_env = getattr(fake_mode, "shape_env", None)
+    _functions.inside = getattr(_functions, "inside", 0) + 1
+    try:
+        # a number the forward takes from a tensor (.item()) is a fresh unbacked symbol that no
+        # output holds (checked below): the forward runs in PyTorch, the graph never sees it
+        with torch.enable_grad(), (shape_env.ignore_fresh_unbacked_symbols() if shape_env is not None
+                                   else contextlib.nullcontext()):
+            ys = _original_apply.__func__(spec.cls, *spec.args(copies))
+    except UnsupportedModelError:
+        raise
+    except Exception as e:
+        if any(c._version != v for c, v in zip(copies, versions)):
+            raise _refuse_in_place(spec) from e
+        raise UnsupportedModelError(
+            f"{spec.name} (called at {spec.where}): its forward does not run on torch.export's fake tensors, "
+            f"from which ortmod takes its output shapes ({type(e).__name__}: {str(e).splitlines()[0][:300]}); "
+            "ORTMOD_CAPTURE=torchscript captures it with the TorchScript exporter") from e
+    finally:
+        _functions.inside -= 1
+    if any(c._version != v for c, v in zip(copies, versions)):
+        raise _refuse_in_place(spec)
+    returns_tuple = isinstance(ys, tuple)
+    ys = ys if returns_tuple else (ys,)
+    if not ys or not all(isinstance(y, torch.Tensor) for y in ys):
+        raise UnsupportedModelError(f"{spec.cls.__qualname__}.apply (at {spec.where}) returns something other than "
+                                    "tensors; ortmod runs Functions that return a tensor or a tuple of tensors")
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    if free_unbacked_symbols([y.shape for y in ys]):
+        raise UnsupportedModelError(
+            f"{spec.name} (called at {spec.where}) returns a tensor whose size depends on tensor values; on the "
+            "torch.export path ortmod plans a Function's outputs from their sizes (ORTMOD_CAPTURE=torchscript "
+            "captures it with the TorchScript exporter)")
+    if spec.out_dtypes is None:
+        differentiable = [y.requires_grad for y in ys]
+        if any(spec.requires_grad) and not any(differentiable) and not _autograd_records(copies, spec):
+            raise RuntimeError(f"ortmod: autograd does not record inside the fake kernel of {spec.name}, so which "
+                               "of its outputs are differentiable cannot be told (ortmod bug for this torch)")
+        spec.set_outputs(ys, returns_tuple, differentiable)
+    elif [y.dtype for y in ys] != spec.out_dtypes:
+        raise RuntimeError(f"{spec.name}: its forward gave other dtypes when traced again (ortmod bug)")
+    # fresh tensors: an op's outputs alias neither its inputs nor each other; contiguous, as the
+    # engine hands them back
+    return [y.detach().clone(memory_format=torch.contiguous_format) for y in ys]
+
+
+def _autograd_records(copies, spec):
+    probe = next(c for c, rg in zip(copies, spec.requires_grad) if rg)
+    with torch.enable_grad():
+        return (probe * 1).requires_grad
+
+
+def _refuse_in_place(spec):
+    return UnsupportedModelError(
+        f"{spec.name} (called at {spec.where}) changes one of its arguments in place (ctx.mark_dirty); ortmod "
+        "runs a Function on copies of its arguments, so the change would not reach the caller's tensor")
+
+
+def _concrete(value):
+    """A number computed from a symbolic size, as eager passes it: a plain number. Asking for
+    its value specialises the sizes it comes from, which the ShapeGuard then checks per call (a
+    call with other sizes is exported again)."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    return value
+
+
+_original_apply = torch.autograd.Function.__dict__["apply"]
+
+
+def _export_apply(cls, *args, **kwargs):
+    recorder = getattr(_functions, "recorder", None)
+    if recorder is None or getattr(_functions, "inside", 0):
+        # another thread, or a Function called by a user's forward (eager runs it as plain code)
+        return _original_apply.__func__(cls, *args, **kwargs)
+    if not recorder.keeps(cls):
+        raise _pyop.refuse_torch_function(cls)
+    if kwargs:
+        raise _pyop.refuse_keywords(cls)
+    from ._semantics import user_frame
+    where = user_frame(2)
+    args = tuple(a if isinstance(a, torch.Tensor) else pytree.tree_map(_concrete, a) for a in args)
+    spec = _pyop.FunctionSpec(cls, args, None, where, grad_enabled=torch.is_grad_enabled())
+    call = len(recorder.calls)
+    recorder.calls.append(spec)
+    outs = torch.ops.ortmod.python_op.default([a for a in args if isinstance(a, torch.Tensor)], call)
+    if spec.out_differentiable is None:
+        raise RuntimeError(f"ortmod: the fake kernel of {spec.name} did not run while torch.export traced it "
+                           "(ortmod bug for this torch)")
+    # an output eager gives no history (mark_non_differentiable, a call under no_grad) gets no
+    # gradient: detach, which becomes a stop-gradient in the graph (_insert_stop_gradients)
+    outs = [o.detach() if not d and o.is_floating_point() else o for o, d in zip(outs, spec.out_differentiable)]
+    return tuple(outs) if spec.returns_tuple else outs[0]
 
 
 @contextlib.contextmanager
-def _refusing_functions(allow_inline):
-    if allow_inline:
+def _function_records(recorder):
+    """For one export, from torch.export to the ONNX translation: the recorder whose calls the
+    op's kernels and its translation read."""
+    _functions.recorder = recorder
+    try:
+        yield recorder
+    finally:
+        _functions.recorder = None
+
+
+@contextlib.contextmanager
+def _intercepting_apply(recorder):
+    """While torch.export traces: a user's Function.apply becomes ortmod::python_op. With
+    ``recorder.inline_all`` apply is left alone, and torch.export inlines every Function, as asked."""
+    if recorder.inline_all:
         yield
         return
-    original = torch.autograd.Function.apply.__func__
-
-    def apply(cls, *args, **kwargs):
-        raise UnsupportedModelError(
-            f"custom autograd.Function {cls.__module__}.{cls.__qualname__} is not supported by the "
-            "torch.export capture path yet (torch.export inlines its forward, its own backward would not "
-            "run): use ORTMOD_CAPTURE=torchscript, or DebugOptions(inline_autograd_functions=True) to let "
-            "the engine differentiate its forward")
-
-    torch.autograd.Function.apply = classmethod(apply)
+    torch.autograd.Function.apply = classmethod(_export_apply)
     try:
         yield
     finally:
-        torch.autograd.Function.apply = classmethod(original)
+        torch.autograd.Function.apply = _original_apply
 
 
 _export_lock = threading.Lock()
@@ -513,6 +667,12 @@ def available():
 def export(module, flat, strict_trace=False, inline_functions=False):
     """Export ``module`` called as ``flat`` describes with torch.export; the same record as
     ``_capture.export``."""
+    recorder = _pyop.FunctionRecorder(inline_all=inline_functions)
+    with _function_records(recorder):
+        return _export(module, flat, recorder)
+
+
+def _export(module, flat, recorder):
     import onnx
     try:
         from torch.onnx._internal.exporter import _core
@@ -527,7 +687,7 @@ def export(module, flat, strict_trace=False, inline_functions=False):
     dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
     with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
         try:
-            with _refusing_functions(inline_functions):
+            with _intercepting_apply(recorder):
                 ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,), strict=False)
         except UnsupportedModelError:
             raise
@@ -634,7 +794,7 @@ def export(module, flat, strict_trace=False, inline_functions=False):
     timings["total"] = time.perf_counter() - t0
     exported = Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
                         wrapper.out_tensor_positions, updates, [], output_deps, guards=[],
-                        functions=[])
+                        functions=list(recorder.specs))
     exported.shape_guard = guard
     exported.capture = "export"
     exported.timings = timings
@@ -974,6 +1134,7 @@ REVIEWED = frozenset({
     "aten::_log_softmax", "aten::cross_entropy_loss", "aten::embedding", "aten::index.Tensor",
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
+    "ortmod::python_op",     # a user's autograd.Function (its own forward and backward, in PyTorch)
     # selection and norms (TopK, ortmod's Sort, ReduceL1/L2, ReduceLogSumExp; clamp_min is Clip)
     "aten::topk", "aten::sort", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
     "aten::cosine_similarity",     # ortmod's rule (eager's straight-through clamp of the norms)

@@ -6,10 +6,13 @@ call made by the traced forward is noted with what eager autograd would see (whi
 arguments require grad, the non-tensor arguments, the outputs), and its traced
 ``prim::PythonOp`` node is tagged with the record's index. That node exports as
 ``ortmod::PythonOp`` of the tensor arguments with a ``function_id`` (the engine op of the same
-name, csrc/ops/callback.c). When the user asks for it (``DebugOptions(
-inline_autograd_functions=True)``) every Function is inlined as torch does it, and the engine
-differentiates its forward; torch's own Functions (reentrant checkpointing) are refused
-otherwise, by name.
+name, csrc/ops/callback.c). An output eager gives no history (a call under the forward's own
+``no_grad``, ``ctx.mark_non_differentiable``) is detached in the trace: a stop-gradient. When
+the user asks for it (``DebugOptions(inline_autograd_functions=True)``) every Function is
+inlined as torch does it, and the engine differentiates its forward; torch's own Functions
+(reentrant checkpointing) are refused otherwise, by name. The torch.export path
+(ortmod/_capture_export.py) is a second front end to the same records: its
+``ortmod::python_op`` becomes the same node.
 
 Run. The engine calls ``FunctionRunner`` for the node's output shapes (plan time), its forward
 and its backward. In training, the forward runs ``Function.apply`` with grad enabled on copies
@@ -47,23 +50,33 @@ def _inside_kept_function():
 
 
 class FunctionSpec:
-    """One captured Function call: what to run and how to rebuild its arguments."""
+    """One captured Function call: what to run and how to rebuild its arguments. ``outputs`` may
+    come later (``set_outputs``): the torch.export front end learns them from the call's fake run.
+    ``grad_enabled``: the grad mode at the call; without it eager's needs_input_grad is all False."""
     __slots__ = ("cls", "arg_kinds", "constants", "requires_grad", "traced_in", "traced_out", "out_dtypes",
-                 "where")
+                 "where", "returns_tuple", "out_differentiable")
 
-    def __init__(self, cls, args, outputs, where):
+    def __init__(self, cls, args, outputs, where, grad_enabled=True):
         self.cls = cls
+        self.where = where
         self.arg_kinds = ["t" if isinstance(a, torch.Tensor) else "c" for a in args]
         self.constants = [a for a in args if not isinstance(a, torch.Tensor)]
         if any(isinstance(leaf, torch.Tensor) for leaf in torch.utils._pytree.tree_leaves(self.constants)):
             raise UnsupportedModelError(f"{cls.__qualname__}.apply (at {where}) takes a tensor inside a container "
                                         "argument; ortmod passes a Function's tensors as direct arguments only")
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        self.requires_grad = [t.requires_grad and (t.is_floating_point() or t.is_complex()) for t in tensors]
-        self.traced_in = [tuple(t.shape) for t in tensors]
-        self.traced_out = [tuple(t.shape) for t in outputs]
+        self.requires_grad = [bool(grad_enabled) and t.requires_grad and (t.is_floating_point() or t.is_complex())
+                              for t in tensors]
+        self.traced_in = [_sizes(t) for t in tensors]
+        self.traced_out = self.out_dtypes = self.returns_tuple = self.out_differentiable = None
+        if outputs is not None:
+            self.set_outputs(outputs)
+
+    def set_outputs(self, outputs, returns_tuple=None, differentiable=None):
+        self.traced_out = [_sizes(t) for t in outputs]
         self.out_dtypes = [t.dtype for t in outputs]
-        self.where = where
+        self.returns_tuple = returns_tuple
+        self.out_differentiable = differentiable
 
     @property
     def name(self):
@@ -72,6 +85,45 @@ class FunctionSpec:
     def args(self, tensors):
         it, consts = iter(tensors), iter(self.constants)
         return [next(it) if k == "t" else next(consts) for k in self.arg_kinds]
+
+    def onnx_dtypes(self):
+        """The PythonOp node's ``output_dtypes`` attribute."""
+        dtypes = [_ONNX_DTYPE.get(d) for d in self.out_dtypes]
+        if None in dtypes:
+            raise UnsupportedModelError(f"{self.name} returns a {self.out_dtypes[dtypes.index(None)]} tensor; "
+                                        "ortmod runs Functions whose outputs are real or integer tensors")
+        return dtypes
+
+
+def _sizes(t):
+    """A tensor's sizes as ints; a symbolic size (torch.export's fake tensors) as its example
+    value, which is what the runner's shape fallback compares (see FunctionRunner._infer)."""
+    if not any(isinstance(s, torch.SymInt) for s in t.shape):
+        return tuple(t.shape)
+    return tuple(_example_size(s) if isinstance(s, torch.SymInt) else s for s in t.shape)
+
+
+def _example_size(s):
+    from torch.fx.experimental import symbolic_shapes
+    for name in ("optimization_hint", "hint_int"):      # torch renamed it (2.13: optimization_hint)
+        hint = getattr(symbolic_shapes, name, None)
+        if hint is not None:
+            return int(hint(s, fallback=-1))
+    return -1       # unknown: a shape fallback that used it would fail the C side's size check
+
+
+def refuse_torch_function(cls):
+    """The error for one of torch's own Functions met while ortmod keeps the user's."""
+    return UnsupportedModelError(
+        f"the forward calls torch's own autograd.Function {cls.__module__}.{cls.__qualname__} (reentrant "
+        "torch.utils.checkpoint, ...); ortmod runs only the user's Functions in PyTorch. Use "
+        "DebugOptions(inline_autograd_functions=True) to have the engine differentiate its forward "
+        "(for checkpointing, ORTMODULE_MEMORY_OPT_LEVEL recomputes inside the engine instead)")
+
+
+def refuse_keywords(cls):
+    return UnsupportedModelError(f"{cls.__qualname__}.apply is called with keyword arguments; "
+                                 "ortmod captures a Function's positional arguments only")
 
 
 class FunctionRecorder:
@@ -84,7 +136,7 @@ class FunctionRecorder:
         self.calls = []        # ortmod_call -> FunctionSpec
         self.specs = []        # function_id -> FunctionSpec, for the calls kept as PythonOp
 
-    def note(self, cls, args, out):
+    def note(self, cls, args, out, grad_enabled=True):
         if not self.keeps(cls):
             return
         outputs = out if isinstance(out, tuple) else (out,)
@@ -102,7 +154,7 @@ class FunctionRecorder:
         if node.kind() != "prim::PythonOp":
             return
         node.i_("ortmod_call", len(self.calls))
-        self.calls.append(FunctionSpec(cls, args, outputs, where))
+        self.calls.append(FunctionSpec(cls, args, outputs, where, grad_enabled))
 
     def keeps(self, cls):
         """Run this Function as a callback (True) or inline its forward (False)?"""
@@ -117,9 +169,10 @@ def _note_apply(original):
         if recorder is None or not torch.jit.is_tracing():
             return original.__func__(cls, *args, **kwargs)
         if kwargs:
-            raise UnsupportedModelError(f"{cls.__qualname__}.apply is called with keyword arguments; "
-                                        "ortmod captures a Function's positional arguments only")
+            raise refuse_keywords(cls)
         kept = recorder.keeps(cls)
+        grad = torch.is_grad_enabled()
+        outermost = not _inside_function()
         _local.depth = getattr(_local, "depth", 0) + 1
         _local.kept_depth = getattr(_local, "kept_depth", 0) + kept
         try:
@@ -127,7 +180,14 @@ def _note_apply(original):
         finally:
             _local.depth -= 1
             _local.kept_depth -= kept
-        recorder.note(cls, args, out)
+        recorder.note(cls, args, out, grad)
+        if outermost and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            # an output eager gives no history (the call is under the forward's own
+            # torch.no_grad(), or ctx.mark_non_differentiable) is a stop-gradient in the graph:
+            # _semantics.StopGradientMode does this for torch's ops, apply does not pass through it
+            out = torch.utils._pytree.tree_map(
+                lambda t: t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.requires_grad
+                else t, out)
         return out
     return classmethod(apply)
 
@@ -140,17 +200,10 @@ def _python_op_symbolic(g, *args, **attrs):
     recorder = _local.recorder
     if "ortmod_call" not in attrs:
         if cls is not None and not recorder.keeps(cls):
-            raise UnsupportedModelError(
-                f"the forward calls torch's own autograd.Function {cls.__module__}.{name} (reentrant "
-                "torch.utils.checkpoint, ...); ortmod runs only the user's Functions in PyTorch. Use "
-                "DebugOptions(inline_autograd_functions=True) to have the engine differentiate its forward "
-                "(for checkpointing, ORTMODULE_MEMORY_OPT_LEVEL recomputes inside the engine instead)")
+            raise refuse_torch_function(cls)
         raise UnsupportedModelError(f"the trace holds a call of {name} that ortmod did not see being made")
     spec = recorder.calls[attrs["ortmod_call"]]
-    dtypes = [_ONNX_DTYPE.get(d) for d in spec.out_dtypes]
-    if None in dtypes:
-        raise UnsupportedModelError(f"{spec.name} returns a {spec.out_dtypes[dtypes.index(None)]} tensor; "
-                                    "ortmod runs Functions whose outputs are real or integer tensors")
+    dtypes = spec.onnx_dtypes()
     tensors = [a for a, c in zip(args, node.cconv()) if c == "d"]
     function_id = len(recorder.specs)
     recorder.specs.append(spec)
@@ -246,14 +299,17 @@ class FunctionRunner:
     def _forward(self, function_id, spec, inputs, outputs):
         xs = [torch.from_dlpack(c) for c in inputs]
         records = getattr(_local, "records", None)
-        if records is None:
-            with torch.no_grad():
-                ys = spec.cls.apply(*spec.args(xs))
-        else:
+        if records is not None:
             # copies: the engine reuses its memory after the step, the user's ctx may save them
             xs = [x.detach().clone().requires_grad_(rg) for x, rg in zip(xs, spec.requires_grad)]
-            with torch.enable_grad():
-                ys = spec.cls.apply(*spec.args(xs))
+        versions = [x._version for x in xs]
+        with torch.no_grad() if records is None else torch.enable_grad():
+            ys = spec.cls.apply(*spec.args(xs))
+        if any(x._version != v for x, v in zip(xs, versions)):
+            # eager changes the caller's tensor; the engine's graph holds the value from before
+            raise RuntimeError(f"{spec.name} (called at {spec.where}) changed one of its tensor arguments in place "
+                               "(ctx.mark_dirty), which ortmod does not reproduce: the graph reads the argument's "
+                               "value from before the call; return a new tensor instead")
         ys = ys if isinstance(ys, tuple) else (ys,)
         if len(ys) != len(outputs):
             raise RuntimeError(f"{spec.name} (called at {spec.where}) returned {len(ys)} outputs; it returned "

@@ -230,7 +230,10 @@ def test_embedding_padding_idx_row_gets_no_gradient():
     assert ort.module.e.weight.grad[0].abs().max() == 0
 
 
-def test_autograd_function_is_refused_by_name():
+def test_autograd_function_runs_its_own_backward():
+    """A custom autograd.Function is not inlined (its backward would be lost): it runs as the
+    engine's PythonOp, the user's own forward and backward in PyTorch. Its many cases are in
+    tests/test_autograd_function.py, on both capture paths."""
     class Double(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -246,11 +249,21 @@ def test_autograd_function_is_refused_by_name():
             self.l = nn.Linear(3, 3)
 
         def forward(self, x):
-            return Double.apply(self.l(x))
+            return torch.tanh(Double.apply(self.l(x)))
 
-    with pytest.raises(ortmod.UnsupportedModelError, match="autograd.Function .*Double is not supported by the "
-                       "torch.export capture path"):
-        ORTModule(UsesIt())(torch.randn(2, 3))
+    eager = UsesIt()
+    ort = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(2, 3)
+    ye, yo = eager(x), ort(x)
+    rel_close("output", yo, ye)
+    ye.sum().backward()
+    yo.sum().backward()
+    for (n, pe), (_, po) in zip(eager.named_parameters(), ort.named_parameters()):
+        rel_close(f"grad of {n}", po.grad, pe.grad)
+    assert captured_with(ort) == {"export"}
+    import onnx
+    graph = onnx.load_from_string(next(iter(ort._ortmod_exports.values())).exported.onnx_bytes).graph
+    assert [(n.domain, n.op_type) for n in graph.node if n.op_type == "PythonOp"] == [("ortmod", "PythonOp")]
 
 
 def test_unreviewed_ops_and_dropped_arguments_are_refused_by_name():
