@@ -50,3 +50,19 @@ def ortmod_env(monkeypatch):
     yield _OrtmodEnv(monkeypatch)
     monkeypatch.undo()
     _reload_options()
+
+
+@pytest.fixture
+def without_torchscript_exporter(ortmod_env):
+    """The TorchScript exporter made unavailable, as on a torch that removed it: importing it (or
+    any of its modules) raises ImportError; ORTMOD_CAPTURE is unset (auto: ORTModule falls back to
+    the torch.export path). Returns ortmod_env."""
+    ortmod_env.delenv("ORTMOD_CAPTURE", raising=False)
+    # torch.onnx itself imports parts of this torch's TorchScript exporter; a torch without one
+    # would not: torch.onnx and the torch.export translator are imported first
+    import torch.onnx  # noqa: F401
+    from torch.onnx._internal.exporter import _core  # noqa: F401
+    for name in [n for n in sys.modules if n.startswith("torch.onnx._internal.torchscript_exporter")]:
+        ortmod_env.setitem(sys.modules, name, None)
+    ortmod_env.setitem(sys.modules, "torch.onnx._internal.torchscript_exporter", None)
+    return ortmod_env

@@ -318,17 +318,7 @@ def test_a_forward_mutating_a_buffer_updates_it_as_eager_does():
 
 # ---- automatic fallback --------------------------------------------------------------------------
 
-def _without_torchscript_exporter(ortmod_env):
-    """Make the TorchScript exporter unavailable, as a torch that removed it would: importing it
-    (or any of its modules) raises ImportError."""
-    for name in [n for n in sys.modules if n.startswith("torch.onnx._internal.torchscript_exporter")]:
-        ortmod_env.setitem(sys.modules, name, None)
-    ortmod_env.setitem(sys.modules, "torch.onnx._internal.torchscript_exporter", None)
-
-
-def test_without_the_torchscript_exporter_auto_captures_with_torch_export(ortmod_env):
-    ortmod_env.delenv("ORTMOD_CAPTURE")
-    _without_torchscript_exporter(ortmod_env)
+def test_without_the_torchscript_exporter_auto_captures_with_torch_export(without_torchscript_exporter):
     with pytest.raises(ImportError):
         from torch.onnx._internal.torchscript_exporter import utils  # noqa: F401
     sys.path.insert(0, "demo")
@@ -349,9 +339,8 @@ def test_without_the_torchscript_exporter_auto_captures_with_torch_export(ortmod
     assert losses_o[-1] < losses_o[0]
 
 
-def test_torchscript_selected_without_its_exporter_is_a_clear_error(ortmod_env):
-    ortmod_env.setenv("ORTMOD_CAPTURE", "torchscript")
-    _without_torchscript_exporter(ortmod_env)
+def test_torchscript_selected_without_its_exporter_is_a_clear_error(without_torchscript_exporter):
+    without_torchscript_exporter.setenv("ORTMOD_CAPTURE", "torchscript")
     with pytest.raises((ImportError, ortmod.ExportError)):
         ORTModule(nn.Linear(3, 3))(torch.randn(2, 3))
 
