@@ -457,9 +457,170 @@ def _shape_guard(ep, n_inputs):
     for node in ep.graph.nodes:
         if node.op == "call_function" and getattr(node.target, "__name__", "").startswith(_ASSERTS):
             cond = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-            if isinstance(cond, torch.SymBool):
+            # one over a value read from a tensor (an unbacked symbol) is a guard's (_freeze_decisions)
+            if isinstance(cond, torch.SymBool) and not _free_unbacked(cond):
                 assertions.append(cond.node.expr)
     return ShapeGuard(dims, ranges, assertions)
+
+
+# ---------------------------------------------------------------------------------------------
+# values Python took from tensors: decided by the call's real values, guarded per call
+#
+# Non-strict torch.export runs the forward on fake tensors: a branch on a tensor's value
+# (``if torch.equal(mask, causal):``, ``if x.max() > 1:``) cannot be decided and the export
+# fails. The retry propagates the call's real tensors beside the fake ones, so each such value
+# is read off the real tensor (an ``item`` node of the graph whose result is a constant, or an
+# unbacked symbol that runtime assertions pin). The graph is then valid only for those values:
+# the tensor each one is read from becomes an extra graph output, compared after every call with
+# the value the export assumed (_semantics.Guard, the TorchScript path's guards), and a call that
+# reads another value is exported again, never run on a stale graph.
+
+_ITEM_OPS = ("aten::item", "aten::_local_scalar_dense")
+
+
+def _data_dependent(e):
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    cause = e
+    while cause is not None:
+        if isinstance(cause, GuardOnDataDependentSymNode):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+@contextlib.contextmanager
+def _real_values_decide():
+    """torch's real-tensor propagation (what its draft_export uses), with the parameters' and
+    buffers' real values: torch 2.13 gives their fakes uninitialised real tensors (a branch on a
+    Linear's output was decided on garbage). Should another torch misdecide still, the guards
+    catch it on the first call: the engine's value differs from the decision, and ortmod refuses."""
+    import torch._functorch.config as functorch_config
+    from torch.export import _trace
+    fakify = _trace._fakify_params_buffers
+
+    def fakify_with_values(fake_mode, mod):
+        fakes = fakify(fake_mode, mod)
+        state = {**dict(mod.named_parameters(remove_duplicate=False)),
+                 **dict(mod.named_buffers(remove_duplicate=False))}
+        for name, fake in fakes.items():
+            real = state.get(name)
+            if real is not None and getattr(fake, "real_tensor", None) is not None:
+                fake.real_tensor = real.detach().clone()
+        return fakes
+
+    _trace._fakify_params_buffers = fakify_with_values
+    try:
+        with functorch_config.patch(fake_tensor_propagate_real_tensors=True):
+            yield
+    finally:
+        _trace._fakify_params_buffers = fakify
+
+
+def _free_unbacked(value):
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return {str(s) for s in value.node.expr.free_symbols if str(s).startswith("u")}
+    return set()
+
+
+def _real_value(value, ep):
+    """The value an ``item`` node took: a constant when the real value specialised it, else its
+    unbacked symbol's real value (pinned to one value by the export's ranges)."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    expr = value.node.expr
+    if not expr.free_symbols:       # specialised to a constant
+        return {torch.SymBool: bool, torch.SymFloat: float}.get(type(value), int)(expr)
+    shape_env = value.node.shape_env
+    real = getattr(shape_env, "real_tensor_prop_unbacked_vals", {}) or {}
+    if expr in real:
+        v = real[expr]
+    else:
+        vr = ep.range_constraints.get(expr)
+        if vr is None or vr.lower != vr.upper:
+            return None
+        v = vr.lower
+    if isinstance(value, torch.SymBool):
+        return bool(v)
+    return float(v) if isinstance(value, torch.SymFloat) else int(v)
+
+
+def _freeze_decisions(module, ep, n_user_out, strict_trace):
+    """The guards of an export whose data-dependent branches real values decided: each ``item``
+    node that a decision rests on (a constant result, or an unbacked symbol some runtime assertion
+    constrains) has its input tensor added as a user output after the module's own; returns the
+    _semantics.Guard list (output indices counted over the module's outputs)."""
+    import re
+    from torch.export.graph_signature import OutputKind, OutputSpec, TensorArgument
+    from . import _semantics
+    asserted = set()
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "").startswith(_ASSERTS):
+            if isinstance(node.args[0], torch.fx.Node):
+                asserted |= _free_unbacked(node.args[0].meta.get("val"))
+    picked = []
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if node.target.name().split(".")[0] not in _ITEM_OPS:
+            continue
+        val = node.meta.get("val")
+        decided = isinstance(val, (bool, int, float)) or (
+            isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not val.node.expr.free_symbols)
+        if not decided and not (_free_unbacked(val) & asserted):
+            continue      # a number the graph computes with symbolically: nothing was decided
+        value = _real_value(val, ep)
+        source = node.args[0]
+        stack = node.meta.get("stack_trace") or ""
+        where = _user_line(stack)
+        # read by library code (torch's own module checks, transformers' mask checks): guarded
+        # the same, but the user hears of it only when it changes (as on the TorchScript path)
+        innermost = re.findall(r'File "([^"]+)", line \d+', stack)
+        internal = not innermost or _semantics._is_library(innermost[-1])
+        if value is None or not isinstance(source, torch.fx.Node):
+            raise UnsupportedModelError(
+                f"{type(module).__name__}: a branch on a tensor's value{f' (at {where})' if where else ''} "
+                "could not be tied to one value for the torch.export capture path; ORTMOD_CAPTURE=torchscript "
+                "guards it with the TorchScript exporter")
+        picked.append((source, value, where, internal))
+    if not picked:
+        raise ExportError(f"torch.export capture of {type(module).__name__}: a data-dependent branch was "
+                          "decided by real values, but no value read from a tensor was found to guard")
+    guards = [_semantics.Guard(n_user_out + k, value, "a value read from a tensor", where or "<unknown>",
+                               internal=internal)
+              for k, (_, value, where, internal) in enumerate(picked)]
+    hazards = [g.describe() for g in guards if not g.internal]
+    if hazards and strict_trace:
+        raise UnsupportedModelError(
+            f"the export of {type(module).__name__} decided branches on tensor values: " + "; ".join(hazards)
+            + " (strict_trace is on: compute them with tensor ops, or turn strict_trace off to let ortmod "
+            "guard them)")
+    # the guarded tensors become user outputs, after the module's own (graph and signature alike)
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    outs = list(out_node.args[0])
+    specs = ep.graph_signature.output_specs
+    last_user = max(i for i, s in enumerate(specs) if s.kind == OutputKind.USER_OUTPUT)
+    for k, (source, *_) in enumerate(picked):
+        outs.insert(last_user + 1 + k, source)
+        specs.insert(last_user + 1 + k, OutputSpec(kind=OutputKind.USER_OUTPUT,
+                                                   arg=TensorArgument(name=source.name), target=None))
+    out_node.args = (tuple(outs),) + tuple(out_node.args[1:])
+    # the guards check what the runtime assertions on those values did: the assertions go, and
+    # with them the item nodes and the symbolic arithmetic that only fed them
+    for node in list(ep.graph.nodes):
+        if node.op == "call_function" and getattr(node.target, "__name__", "").startswith(_ASSERTS):
+            cond = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+            if cond is None or not isinstance(cond, torch.SymBool) or _free_unbacked(cond) or \
+                    not cond.node.expr.free_symbols:
+                ep.graph.erase_node(node)
+    ep.graph.eliminate_dead_code()
+    ep.graph_module.recompile()
+    # the call signature's output structure too: decomposition calls the program through it
+    for entry in ep.module_call_graph:
+        if entry.fqn == "" and entry.signature is not None:
+            entry.signature.outputs.extend(TensorArgument(name=source.name) for source, *_ in picked)
+            entry.signature.out_spec = pytree.tree_structure(
+                tuple(range(n_user_out + len(picked))))
+    return guards
 
 
 # ---------------------------------------------------------------------------------------------
@@ -669,10 +830,10 @@ def export(module, flat, strict_trace=False, inline_functions=False):
     ``_capture.export``."""
     recorder = _pyop.FunctionRecorder(inline_all=inline_functions)
     with _function_records(recorder):
-        return _export(module, flat, recorder)
+        return _export(module, flat, recorder, strict_trace)
 
 
-def _export(module, flat, recorder):
+def _export(module, flat, recorder, strict_trace=False):
     import onnx
     try:
         from torch.onnx._internal.exporter import _core
@@ -685,6 +846,7 @@ def _export(module, flat, recorder):
     tensor_indices = flat.tensor_indices()
     tensors = tuple(flat.leaves[i] for i in tensor_indices)
     dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
+    frozen = False
     with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
         try:
             with _intercepting_apply(recorder):
@@ -692,7 +854,23 @@ def _export(module, flat, recorder):
         except UnsupportedModelError:
             raise
         except Exception as e:
-            raise _export_error(module, "torch.export.export", e) from e
+            if not _data_dependent(e):
+                raise _export_error(module, "torch.export.export", e) from e
+            # Python branched on a tensor's value (`if torch.equal(mask, causal):`): export again,
+            # deciding such branches with the call's real values; each decision is then guarded
+            # (_freeze_decisions), as the TorchScript path guards what its trace froze
+            recorder.calls.clear()
+            # the real tensors are copied beside the fake ones, which an input whose elements
+            # share memory (an expand()ed one) cannot be: those go in as dense copies, same values
+            real = tuple(t.contiguous() if torch._debug_has_internal_overlap(t) == 1 else t for t in tensors)
+            try:
+                with _intercepting_apply(recorder), _real_values_decide():
+                    ep = torch.export.export(wrapper, real, dynamic_shapes=(dims,), strict=False)
+            except UnsupportedModelError:
+                raise
+            except Exception as e2:
+                raise _export_error(module, "torch.export.export", e2) from e2
+            frozen = True
     timings["torch.export"] = time.perf_counter() - t0
     wrapper.take_structure()
     if not wrapper.out_tensor_positions:
@@ -714,6 +892,7 @@ def _export(module, flat, recorder):
         if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.BUFFER_MUTATION):
             raise UnsupportedModelError(f"torch.export output of kind {spec.kind.name} is not supported by ortmod")
     n_user_out = sum(1 for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT)
+    guards = _freeze_decisions(module, ep, n_user_out, strict_trace) if frozen else []
     guard = _shape_guard(ep, len(tensors))
     _insert_stop_gradients(ep.graph_module)
     for gm in ep.graph_module.modules():
@@ -738,7 +917,7 @@ def _export(module, flat, recorder):
     sig = ep.graph_signature
     mutations = [s for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
     user_specs = [s for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
-    if len(user_specs) != n_user_out:
+    if len(user_specs) != n_user_out + len(guards):
         raise ExportError("decomposition changed the exported program's outputs")
     for s in mutations:
         s.kind = OutputKind.USER_OUTPUT
@@ -785,15 +964,16 @@ def _export(module, flat, recorder):
         else:
             k = int(gi.name[len("input_"):])
             graph_inputs[gi.name] = GraphInput(gi.name, "input", leaf_index=tensor_indices[k])
-    if len(proto.graph.output) != n_user_out + len(mutations):
+    if len(proto.graph.output) != n_user_out + len(guards) + len(mutations):
         raise ExportError(f"the ONNX translation has {len(proto.graph.output)} outputs, expected "
-                          f"{n_user_out} and {len(mutations)} buffer updates")
-    updates = [(n_user_out + k, _state_name(s.target)) for k, s in enumerate(mutations)]
+                          f"{n_user_out}, {len(guards)} guards and {len(mutations)} buffer updates")
+    updates = [(n_user_out + len(guards) + k, _state_name(s.target)) for k, s in enumerate(mutations)]
     output_deps = _capture._output_dependencies(proto)
     onnx_bytes = proto.SerializeToString()
     timings["total"] = time.perf_counter() - t0
     exported = Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
-                        wrapper.out_tensor_positions, updates, [], output_deps, guards=[],
+                        wrapper.out_tensor_positions, updates, [], output_deps, guards=guards,
+                        hazards=list(dict.fromkeys(g.describe() for g in guards if not g.internal)),
                         functions=list(recorder.specs))
     exported.shape_guard = guard
     exported.capture = "export"
@@ -1170,4 +1350,8 @@ REVIEWED = frozenset({
     "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d",
     # ortmod's rule (the TorchScript path's): taps gathered into blocks, MaxPool, indices mapped back
     "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
+    # torchlib's rules as they are: Cast to bool (0 and -0 false, NaN true, as torch's truth),
+    # then ReduceMin of 0/1 (all); no gradient flows through a bool. Branches read them (the
+    # guards of _freeze_decisions)
+    "aten::all", "aten::all.dim",
 })

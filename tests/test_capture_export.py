@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import ortmod
 from ortmod import DebugOptions, ORTModule
+from ortmod import _semantics as ortmod_semantics
 from modelparity import train_parity, train_with_dropout
 from test_semantics import rel_close, run_both
 
@@ -699,3 +700,42 @@ def test_fractional_max_pool_with_fixed_samples(make_pool, shape, make):
 def test_fractional_max_pool_with_random_windows_is_refused():
     with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::(rand|fractional_max_pool2d)"):
         ORTModule(nn.FractionalMaxPool2d(2, output_size=3))(torch.randn(1, 2, 7, 7))
+
+
+# ---- branches on tensor values: decided by the call's real values, guarded per call -------------
+
+class SignBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:             # Python branches on a tensor's value
+            return h * 2
+        return h - 1
+
+
+def test_a_branch_on_a_tensor_value_is_guarded_and_a_change_exports_again():
+    torch.manual_seed(0)
+    m = SignBranch()
+    sign = [1.0, 1.0, -1.0, 1.0]    # the branch flips at the third call and back at the fourth
+
+    def inputs(call):
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            if (m.a(x).sum() > 0) != (sign[call] > 0):
+                x = -x - 2 * m.a.bias.sum() / m.a.weight.sum()
+        return (x,)
+
+    with pytest.warns(ortmod_semantics.TraceHazardWarning, match=r"test_capture_export.py:\d+"):
+        ort = run_both(m, calls=4, make_inputs=inputs)
+    assert captured_with(ort) == {"export"}
+    assert ort._ortmod_export_count >= 2       # each side of the branch is its own graph
+    guards = [g for r in ort._ortmod_exports.values() for g in r.exported.guards]
+    assert guards and all(g.kind == "a value read from a tensor" for g in guards)
+
+
+def test_a_branch_on_a_tensor_value_under_strict_trace_is_an_error():
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"test_capture_export.py:\d+.*strict_trace"):
+        ORTModule(SignBranch(), DebugOptions(strict_trace=True))(torch.randn(3, 4))
