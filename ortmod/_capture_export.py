@@ -960,7 +960,9 @@ REVIEWED = frozenset({
     "aten::le.Scalar", "aten::lt.Scalar", "aten::ge.Scalar", "aten::gt.Scalar", "aten::eq.Scalar",
     "aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor", "aten::bitwise_not", "aten::logical_not",
     "aten::where.self", "aten::clone", "aten::_to_copy", "aten::alias",
-    "prims::convert_element_type", "aten::scalar_tensor",     # from the type-promotion pass
+    # from the type-promotion pass; scalar_tensor is ortmod's rule (a Python number made a
+    # constant in the op's dtype, not a float32 constant cast to it)
+    "prims::convert_element_type", "aten::scalar_tensor",
     # shapes
     "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::transpose.int", "aten::stack",
     "aten::triu", "aten::tril", "aten::gather", "aten::index_select", "aten::einsum", "aten::clamp",

@@ -324,7 +324,24 @@ def translations(op, ir, stop_gradient):
         cropped = op.Pad(self, tl_nn._process_padding([min(p, 0) for p in pad], rank), mode="constant")
         return op.Pad(cropped, tl_nn._process_padding([max(p, 0) for p in pad], rank), mode="wrap")
 
+    # ---- Python numbers made tensors -----------------------------------------------------------
+
+    def scalar_tensor(s: TTensor, dtype: int = ir.DataType.FLOAT, layout: str = "", device: str = "",
+                      pin_memory: bool = False) -> TTensor:
+        # the type-promotion pass wraps each Python number of an op on tensors as
+        # scalar_tensor(number, dtype=the op's dtype); eager converts the number (a C++ double)
+        # to that dtype once. torchlib's rule makes the number a FLOAT constant first and casts
+        # that: 0.3 in a float64 graph became 0.30000001192092896. A number is made a constant
+        # in the dtype straight from the Python value; a graph value (.item()) is cast.
+        if dtype is None or dtype == -1:
+            dtype = ir.DataType.FLOAT
+        dt = ir.DataType(dtype)
+        if isinstance(s, (bool, int, float)):
+            return const(s, dt)
+        return op.Cast(s, to=dt)
+
     return {
+        torch.ops.aten.scalar_tensor.default: scalar_tensor,
         torch.ops.aten.conv3d.default: conv3d,
         torch.ops.aten.pad.default: pad,
         torch.ops.aten.fractional_max_pool2d.default: fractional_max_pool(2),

@@ -697,3 +697,57 @@ def test_fractional_max_pool_with_fixed_samples(make_pool, shape, make):
 def test_fractional_max_pool_with_random_windows_is_refused():
     with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::(rand|fractional_max_pool2d)"):
         ORTModule(nn.FractionalMaxPool2d(2, output_size=3))(torch.randn(1, 2, 7, 7))
+
+
+# ---- selection, upsampling, norms and distances, label smoothing, Python numbers ----------------
+#
+# Each against eager through ORTModule(capture="export"): every output (integer ones exactly),
+# the gradients of the inputs and parameters relative to their size, float32 and float64.
+
+def _outputs_match(module, *inputs, rtol=1e-4, dtypes=(torch.float32, torch.float64)):
+    for dt in dtypes:
+        m = copy.deepcopy(module).to(dt)
+        xs = [x.to(dt) if x.is_floating_point() else x for x in inputs]
+        eager, ort = copy.deepcopy(m), ORTModule(copy.deepcopy(m), DebugOptions(capture="export"))
+        xe = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in xs]
+        xo = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in xs]
+        ye, yo = eager(*xe), ort(*xo)
+        ye, yo = (ye,) if torch.is_tensor(ye) else ye, (yo,) if torch.is_tensor(yo) else yo
+        assert len(ye) == len(yo)
+        loss_e = loss_o = 0
+        g = torch.Generator().manual_seed(0)
+        for k, (a, b) in enumerate(zip(yo, ye)):
+            assert a.dtype == b.dtype and a.shape == b.shape, f"{dt} output {k}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"
+            if not b.is_floating_point():
+                assert torch.equal(a, b), f"{dt} output {k}:\n{a}\n{b}"
+                continue
+            rel_close(f"{dt} output {k}", a, b, rtol=rtol)
+            if b.requires_grad:
+                w = torch.randn(b.shape, generator=g, dtype=dt)
+                loss_e, loss_o = loss_e + (b * w).sum(), loss_o + (a * w).sum()
+        if torch.is_tensor(loss_e):
+            loss_e.backward()
+            loss_o.backward()
+        for i, (a, b) in enumerate(zip(xo, xe)):
+            assert (a.grad is None) == (b.grad is None), f"{dt} input {i}: gradient presence differs"
+            if b.grad is not None:
+                rel_close(f"{dt} grad of input {i}", a.grad, b.grad, rtol=rtol)
+        for (n, pe), (_, po) in zip(eager.named_parameters(), ort.named_parameters()):
+            assert (po.grad is None) == (pe.grad is None), f"{dt} {n}: gradient presence differs"
+            if pe.grad is not None:
+                rel_close(f"{dt} grad of {n}", po.grad, pe.grad, rtol=rtol)
+        assert captured_with(ort) == {"export"}
+
+
+_NAN = float("nan")
+
+
+def test_python_numbers_keep_their_float64_value():
+    """x - 0.3 in float64: eager subtracts the double 0.3; torchlib's scalar_tensor rule made it
+    the float32 0.30000001192092896 (a 4e-8 relative error, far above float64's rounding)."""
+    torch.manual_seed(0)
+    m = _fn(lambda s, x: (s.a(x) - 0.3) * 0.1 + (0.7 - s.a(x)) / 3.3, a=nn.Linear(3, 4))
+    _outputs_match(m, torch.randn(5, 3))
+    x = torch.randn(5, 3, dtype=torch.float64)
+    m = m.double()
+    torch.testing.assert_close(ORTModule(copy.deepcopy(m))(x), m(x), rtol=1e-14, atol=0)
