@@ -1011,4 +1011,8 @@ REVIEWED = frozenset({
     "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d",
     # ortmod's rule (the TorchScript path's): taps gathered into blocks, MaxPool, indices mapped back
     "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
+    # ortmod's rules: max/min along a dim read the value at ArgMax/ArgMin's index (the first
+    # extremum or first NaN, eager's; the gradient goes there alone, torchlib's ReduceMax shares
+    # it among ties); argmax/argmin keep every dim for keepdim without a dim
+    "aten::max.dim", "aten::min.dim", "aten::argmax", "aten::argmin",
 })

@@ -340,8 +340,46 @@ def translations(op, ir, stop_gradient):
             return const(s, dt)
         return op.Cast(s, to=dt)
 
+    # ---- max / min along a dim, argmax / argmin ----------------------------------------------
+
+    def extremum_dim(arg_op):
+        def extremum(self: TReal, dim: int, keepdim: bool = False) -> Tuple[TReal, TInt]:
+            # eager (max.dim / min.dim): the index of the first extremum, a NaN counting as the
+            # extremum (the first NaN), and the value's gradient to that one element
+            # (value_selecting_reduction_backward scatters dy to the index). torchlib's
+            # ReduceMax beside ArgMax shares dy among tied maxima. Here the value is read at
+            # the engine's ArgMax / ArgMin index (first extremum, first NaN: eager's), so its
+            # gradient goes where eager's goes. A 0-d input is its own extremum, index 0.
+            if len(self.shape) == 0:
+                return op.Identity(self), const(0, I64)
+            idx = arg_op(self, axis=dim, keepdims=1, select_last_index=0)
+            val = op.GatherElements(self, idx, axis=dim)
+            if not keepdim:
+                ax = ints([dim])
+                val, idx = op.Squeeze(val, ax), op.Squeeze(idx, ax)
+            return val, idx
+        return extremum
+
+    def arg_extremum(arg_op):
+        def arg(self: TReal, dim: Optional[int] = None, keepdim: bool = False) -> TInt:
+            # eager: the first extremum's index (the first NaN if any), over the flattened input
+            # when dim is None, where keepdim keeps every dim as 1 (torchlib's keeps one). The
+            # engine's ArgMax / ArgMin with select_last_index 0 pick eager's element.
+            rank = len(self.shape)
+            if rank == 0:
+                return const(0, I64)
+            if dim is None:
+                i = arg_op(op.Reshape(self, ints([-1])), axis=0, keepdims=0, select_last_index=0)
+                return op.Reshape(i, ints([1] * rank)) if keepdim else i
+            return arg_op(self, axis=dim, keepdims=int(bool(keepdim)), select_last_index=0)
+        return arg
+
     return {
         torch.ops.aten.scalar_tensor.default: scalar_tensor,
+        torch.ops.aten.max.dim: extremum_dim(op.ArgMax),
+        torch.ops.aten.min.dim: extremum_dim(op.ArgMin),
+        torch.ops.aten.argmax.default: arg_extremum(op.ArgMax),
+        torch.ops.aten.argmin.default: arg_extremum(op.ArgMin),
         torch.ops.aten.conv3d.default: conv3d,
         torch.ops.aten.pad.default: pad,
         torch.ops.aten.fractional_max_pool2d.default: fractional_max_pool(2),

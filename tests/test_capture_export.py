@@ -742,6 +742,34 @@ def _outputs_match(module, *inputs, rtol=1e-4, dtypes=(torch.float32, torch.floa
 _NAN = float("nan")
 
 
+def test_max_min_along_a_dim_send_the_gradient_to_the_first_extremum():
+    """Ties and NaN: the index is the first maximum (the first NaN), and the value's gradient goes
+    to that element alone (torchlib's ReduceMax would share it among the ties)."""
+    x = torch.tensor([[1., 3., 3., _NAN, 2., _NAN], [2., 5., 5., 1., 5., 0.], [0., 0., 0., 0., 0., 0.],
+                      [-1., -4., -4., 7., 7., -4.]])
+
+    def forward(s, x):
+        v, i = x.max(dim=1)
+        w, j = torch.min(x, 0, keepdim=True)
+        u, k = x[0, 4].max(dim=0)               # 0-d: its own maximum, index 0
+        return v * 2, i, w, j, u, k
+
+    _outputs_match(_fn(forward), x)
+
+
+def test_argmax_argmin_first_extremum_and_keepdim_without_dim():
+    x = torch.tensor([[[1., 3., 3.], [_NAN, 2., _NAN]], [[5., 5., 1.], [0., 0., 0.]]])
+
+    def forward(s, x):
+        return (x.argmax(-1), x.argmax(1, keepdim=True), x.argmax(), x.argmax(keepdim=True),
+                x.argmin(0), x[1].argmin(keepdim=True), x[0, 0, 1].argmax(), x * 1)
+
+    _outputs_match(_fn(forward), x)
+    torch.manual_seed(0)
+    _outputs_match(_fn(lambda s, x, t: (F.cross_entropy(s.a(x), t), (s.a(x).argmax(-1) == t).float().mean()),
+                       a=nn.Linear(4, 6)), torch.randn(5, 4), torch.randint(0, 6, (5,)))
+
+
 def test_python_numbers_keep_their_float64_value():
     """x - 0.3 in float64: eager subtracts the double 0.3; torchlib's scalar_tensor rule made it
     the float32 0.30000001192092896 (a 4e-8 relative error, far above float64's rounding)."""
