@@ -952,7 +952,7 @@ _PY_OPS = frozenset({operator.getitem, operator.add, operator.sub, operator.mul,
 # for every argument (or whose dropped arguments _CHECKS refuses)
 REVIEWED = frozenset({
     "getitem", "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int",
-    # elementwise
+    # elementwise (add/sub with alpha: ortmod's rule, alpha in the op's dtype)
     "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::neg", "aten::relu",
     "aten::tanh", "aten::sigmoid", "aten::exp", "aten::log", "aten::sqrt", "aten::rsqrt", "aten::abs",
     "aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", "aten::gelu", "aten::erf",
@@ -1015,4 +1015,11 @@ REVIEWED = frozenset({
     # extremum or first NaN, eager's; the gradient goes there alone, torchlib's ReduceMax shares
     # it among ties); argmax/argmin keep every dim for keepdim without a dim
     "aten::max.dim", "aten::min.dim", "aten::argmax", "aten::argmin",
+    # torchlib's rules as they are: a Python number a constant in self's dtype from its Python
+    # value (mul.Scalar; add/sub.Scalar with ortmod's alpha, as add/sub.Tensor); t: Transpose
+    # of a 2-d tensor, others as they are; flip: Slice with step -1 (the engine's Slice and
+    # SliceGrad walk backwards); minimum/maximum: Min/Max (NaN propagates, and the engine's
+    # gradient is eager's: ties share dy, a NaN comparison gives both all of it)
+    "aten::mul.Scalar", "aten::add.Scalar", "aten::sub.Scalar", "aten::t", "aten::flip",
+    "aten::minimum", "aten::maximum",
 })

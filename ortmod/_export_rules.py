@@ -374,8 +374,29 @@ def translations(op, ir, stop_gradient):
             return arg_op(self, axis=dim, keepdims=int(bool(keepdim)), select_last_index=0)
         return arg
 
+    # ---- add / sub with alpha --------------------------------------------------------------------
+
+    def add_sub(onnx_op, torchlib_rule, scalar):
+        def rule(self: TReal, other: TReal, alpha: float = 1.0) -> TReal:
+            # eager: self +- alpha * other, alpha a C++ number converted to the op's dtype.
+            # torchlib multiplies by CastLike(alpha) of a FLOAT constant, so a float64 graph took
+            # alpha = 0.1 as 0.10000000149011612. Here alpha is a constant in other's dtype from
+            # the Python value. Left: eager fuses the multiply-add (one rounding), here it is
+            # rounded twice (one ulp apart at most). The type-promotion pass gave self and other
+            # one dtype.
+            if scalar or not hasattr(other, "dtype"):
+                other = const(other, self.dtype)
+            if alpha == 1 or self.dtype == ir.DataType.BOOL:
+                return torchlib_rule(self, other, alpha=alpha)
+            return onnx_op(self, op.Mul(other, const(alpha, self.dtype)))
+        return rule
+
     return {
         torch.ops.aten.scalar_tensor.default: scalar_tensor,
+        torch.ops.aten.add.Tensor: add_sub(op.Add, tl_core.aten_add, scalar=False),
+        torch.ops.aten.sub.Tensor: add_sub(op.Sub, tl_core.aten_sub, scalar=False),
+        torch.ops.aten.add.Scalar: add_sub(op.Add, tl_core.aten_add, scalar=True),
+        torch.ops.aten.sub.Scalar: add_sub(op.Sub, tl_core.aten_sub, scalar=True),
         torch.ops.aten.max.dim: extremum_dim(op.ArgMax),
         torch.ops.aten.min.dim: extremum_dim(op.ArgMin),
         torch.ops.aten.argmax.default: arg_extremum(op.ArgMax),

@@ -779,3 +779,26 @@ def test_python_numbers_keep_their_float64_value():
     x = torch.randn(5, 3, dtype=torch.float64)
     m = m.double()
     torch.testing.assert_close(ORTModule(copy.deepcopy(m))(x), m(x), rtol=1e-14, atol=0)
+
+
+def test_add_sub_alpha_keeps_its_float64_value():
+    """torch.add(x, y, alpha=0.1) in float64: torchlib's alpha was the float32 0.10000000149."""
+    torch.manual_seed(0)
+    m = _fn(lambda s, x, y: torch.add(x, y, alpha=0.1) - torch.sub(y, 3, alpha=0.7) + torch.add(x, 2.5, alpha=-3),
+            a=nn.Linear(3, 4))
+    _outputs_match(m, torch.randn(5, 3), torch.randn(5, 3))
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(ORTModule(copy.deepcopy(m).double())(x, y), m.double()(x, y), rtol=1e-14, atol=0)
+    _outputs_match(_fn(lambda s, i: torch.add(i, 3, alpha=2) - torch.sub(i, 1, alpha=4)), torch.arange(6))
+
+
+def test_transpose_flip_minimum_maximum_and_scalar_ops():
+    """t, flip (Slice walking backwards, and its gradient), minimum/maximum with ties (dy split
+    in halves) and NaN (both inputs get all of dy), mul/add of a number after a bool cast."""
+    x = torch.tensor([[1., 2., _NAN, 4.], [0., -1., 3., 3.], [2., 2., 2., 2.]])
+    y = torch.tensor([[1., 3., 0., _NAN], [0., 1., 3., 2.], [2., 1., 5., 2.]])
+
+    def forward(s, x, y):
+        return (x.t() @ y, x.flip(0, 1) * y, torch.minimum(x, y), torch.maximum(x, y.flip(1)),
+                (x > 1).float() * 10.0 + (y < 2).double() + 0.5, x[0].t(), torch.minimum(x, y[:1]))
+    _outputs_match(_fn(forward), x, y)
