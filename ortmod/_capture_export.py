@@ -796,16 +796,6 @@ def _check_cumsum(node):
     return None
 
 
-def _check_vector_norm(node):
-    ord_ = node.args[1] if len(node.args) > 1 else node.kwargs.get("ord", 2)
-    dtype = node.kwargs.get("dtype")
-    if ord_ not in (1, 2, 1.0, 2.0):
-        return f"vector_norm(ord={ord_}): only ord 1 and 2 (ReduceL1, ReduceL2) are reviewed on this path"
-    if dtype is not None:
-        return "vector_norm(dtype=...) is not reviewed on this path"
-    return None
-
-
 def _check_clamp_min(node):
     # torchlib: a number or a 0-d bound gives Clip (torch.clamp's rule); a larger bound gives Max,
     # whose gradient at ties is not clamp_min's
@@ -895,7 +885,6 @@ _CHECKS = {
     "aten::avg_pool2d": _check_avg_pool, "aten::avg_pool3d": _check_avg_pool,
     "aten::index_put": _check_index_put,
     "aten::_local_scalar_dense": _check_local_scalar_dense,
-    "aten::linalg_vector_norm": _check_vector_norm,
     "aten::clamp_min": _check_clamp_min,
     "aten::cumsum": _check_cumsum,
     "aten::pad": _check_pad,
@@ -976,7 +965,9 @@ REVIEWED = frozenset({
     "aten::_log_softmax", "aten::cross_entropy_loss", "aten::embedding", "aten::index.Tensor",
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
-    # selection and norms (TopK, ortmod's Sort, ReduceL1/L2, ReduceLogSumExp; clamp_min is Clip)
+    # selection and norms (TopK, ortmod's Sort, ReduceLogSumExp; clamp_min is Clip);
+    # linalg_vector_norm: ortmod's rule, every order with eager's gradient at zeros (the
+    # TorchScript path's _p_norm), keepdim without a dim, dtype
     "aten::topk", "aten::sort", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
     "aten::cosine_similarity",     # ortmod's rule (eager's straight-through clamp of the norms)
     # ortmod's rules (_export_rules.py): .item() without a gradient, scatter_add of a larger src,
@@ -1022,4 +1013,8 @@ REVIEWED = frozenset({
     # gradient is eager's: ties share dy, a NaN comparison gives both all of it)
     "aten::mul.Scalar", "aten::add.Scalar", "aten::sub.Scalar", "aten::t", "aten::flip",
     "aten::minimum", "aten::maximum",
+    # ortmod's rule (the TorchScript path's): the direct norm of each difference with
+    # _cdist_backward's gradient, or eager's matrix-product path for p 2 (compute_mode, rows);
+    # torch.cdist kept whole (its decomposition's Sqrt is NaN's gradient at a zero distance)
+    "aten::_cdist_forward", "aten::cdist",
 })

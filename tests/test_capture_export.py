@@ -781,6 +781,57 @@ def test_python_numbers_keep_their_float64_value():
     torch.testing.assert_close(ORTModule(copy.deepcopy(m))(x), m(x), rtol=1e-14, atol=0)
 
 
+def _with_zeros(shape, dtype=torch.float32):
+    """Random rows, one all zero and one holding a single zero (the norms' subgradients), one tied."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g, dtype=dtype)
+    x[0] = 0
+    x[1, 0] = 0
+    x[2, :2] = x[2, 0].abs()
+    return x
+
+
+@pytest.mark.parametrize("ord", [3, 0.5, -1, 0, 1, 2, float("inf"), -float("inf")])
+def test_vector_norm_of_every_order_at_zero_rows(ord):
+    """eager's gradient at a zero row is 0 (p > 0), at a zero element 0 (p < 1), and a row holding
+    a zero has norm 0 and gradient 0 (p < 0); torchlib's Pow chain gives NaN there. Also keepdim
+    without a dim (torchlib drops it) and dtype."""
+    def forward(s, x):
+        return (torch.linalg.vector_norm(x, ord, dim=-1), torch.linalg.vector_norm(x, ord, dim=(0, 1), keepdim=True),
+                torch.linalg.vector_norm(x, ord, keepdim=True), torch.linalg.vector_norm(x[1], ord, dim=0),
+                torch.linalg.vector_norm(x[3, 1], ord), x * 1)      # x * 1: order 0 has no gradient
+    _outputs_match(_fn(forward), _with_zeros((4, 3, 5)))
+    _outputs_match(_fn(lambda s, x: (torch.linalg.vector_norm(x, ord, dim=1, dtype=torch.float64), x * 1)),
+                   _with_zeros((4, 5)), dtypes=(torch.float32,))
+
+
+@pytest.mark.parametrize("p", [0, 0.5, 1, 2, 3, float("inf")])
+def test_cdist_as_eager_computes_it(p):
+    """The norm of every difference with _cdist_backward's gradient (p inf: each tie gets all of
+    dy), zero distances included; p 2 by eager's matrix product with more than 25 rows or
+    compute_mode='use_mm_for_euclid_dist'."""
+    x1 = _with_zeros((5, 4))
+    x2 = torch.cat([x1[:2], torch.randn(3, 4)])       # points shared with x1: distance 0
+    _outputs_match(_fn(lambda s, a, b: (torch.cdist(a, b, p=p), a * 1)), x1, x2)     # a * 1: p 0 has no gradient
+    _outputs_match(_fn(lambda s, a, b: (torch.cdist(a, b, p=p), a * 1)), torch.randn(2, 3, 4), torch.randn(2, 6, 4))
+    if p == 2:
+        _outputs_match(_fn(lambda s, a, b: torch.cdist(a, b)), torch.randn(30, 4), x2)
+        _outputs_match(_fn(lambda s, a: torch.cdist(a, a)), torch.randn(30, 4))     # zero distances, matrix product
+        _outputs_match(_fn(lambda s, a, b: torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist")), x1, x2)
+        _outputs_match(_fn(lambda s, a, b: torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")),
+                       torch.randn(30, 4), x2)
+
+
+def test_pairwise_distance_and_triplet_loss_of_odd_orders():
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    b[1] = a[1] - 1e-6            # a difference of exactly -eps: a zero row
+    _outputs_match(_fn(lambda s, x, y: (F.pairwise_distance(x, y, p=3), F.pairwise_distance(x, y.flip(0), p=float("inf")),
+                                        F.pairwise_distance(x, y, p=1, keepdim=True))), a, b, dtypes=(torch.float32,))
+    _outputs_match(_fn(lambda s, x, y, z: F.triplet_margin_loss(x, y, z, p=3, swap=True)
+                       + F.triplet_margin_loss(x, z, y, p=0.5, reduction="sum")), a, b, torch.randn(4, 5))
+
+
 def test_add_sub_alpha_keeps_its_float64_value():
     """torch.add(x, y, alpha=0.1) in float64: torchlib's alpha was the float32 0.10000000149."""
     torch.manual_seed(0)
