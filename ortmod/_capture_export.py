@@ -771,8 +771,14 @@ def _check_embedding(node):
 
 
 def _check_cross_entropy(node):
-    if _const_arg(node, 5, "label_smoothing", 0.0):
-        return "label_smoothing is dropped by the ONNX translation"
+    # ortmod's rule takes label_smoothing and probability targets as eager does; what eager
+    # raises on is refused here rather than computed
+    ls = _const_arg(node, 5, "label_smoothing", 0.0)
+    if not isinstance(ls, (int, float)) or not 0.0 <= ls <= 1.0:
+        return f"label_smoothing {ls!r} (eager takes a number in [0, 1])"
+    target = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
+    if isinstance(target, torch.Tensor) and target.is_floating_point() and _const_arg(node, 4, "ignore_index", -100) >= 0:
+        return "ignore_index with probability targets (eager raises)"
     return None
 
 
@@ -962,7 +968,7 @@ REVIEWED = frozenset({
     "aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::conv2d", "aten::conv1d",
     "aten::max_pool2d", "aten::mean.dim", "aten::sum.dim_IntList", "aten::mean", "aten::sum",
     "aten::layer_norm", "aten::native_dropout", "aten::softmax.int", "aten::_softmax", "aten::log_softmax.int",
-    "aten::_log_softmax", "aten::cross_entropy_loss", "aten::embedding", "aten::index.Tensor",
+    "aten::_log_softmax", "aten::embedding", "aten::index.Tensor",
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
     # selection and norms (TopK, ortmod's Sort, ReduceLogSumExp; clamp_min is Clip);
@@ -1017,4 +1023,8 @@ REVIEWED = frozenset({
     # _cdist_backward's gradient, or eager's matrix-product path for p 2 (compute_mode, rows);
     # torch.cdist kept whole (its decomposition's Sqrt is NaN's gradient at a zero distance)
     "aten::_cdist_forward", "aten::cdist",
+    # ortmod's rule (the TorchScript path's): label_smoothing, probability targets and an
+    # unbatched input as eager's cross_entropy_loss; class targets of a batch are torchlib's
+    # SoftmaxCrossEntropyLoss (weight, ignore_index, reductions: the engine's are eager's)
+    "aten::cross_entropy_loss",
 })
