@@ -882,7 +882,37 @@ def _check_fractional_max_pool(node):
     return None
 
 
+def _check_upsample_linear(node):
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dtype not in (torch.float32, torch.float64):
+        return (f"linear interpolation of {val.dtype}: eager keeps the weights in {val.dtype} and computes in it, "
+                "ortmod reproduces float32 and float64 only")
+    return None
+
+
+def _check_upsample_nearest(node):
+    # eager's 2-d and 3-d nearest kernels pick their index arithmetic by the input's memory
+    # layout (a channels-last input with more than 3 channels takes nearest_idx); ortmod's rule
+    # follows the layout the trace gives an NCHW-contiguous tensor
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() < 4:
+        return None
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+    try:
+        standard = guard_or_false(val.is_contiguous())
+    except Exception:
+        standard = False
+    if not standard:
+        return ("an input not contiguous in NCHW order (channels-last): eager picks its kernel's index arithmetic "
+                "by memory layout, which ortmod follows for NCHW-contiguous inputs only")
+    return None
+
+
 _CHECKS = {
+    "aten::upsample_nearest2d": _check_upsample_nearest, "aten::upsample_nearest3d": _check_upsample_nearest,
+    "aten::_upsample_nearest_exact2d": _check_upsample_nearest, "aten::_upsample_nearest_exact3d": _check_upsample_nearest,
+    "aten::upsample_linear1d": _check_upsample_linear, "aten::upsample_bilinear2d": _check_upsample_linear,
+    "aten::upsample_trilinear3d": _check_upsample_linear,
     "aten::fractional_max_pool2d": _check_fractional_max_pool, "aten::fractional_max_pool3d": _check_fractional_max_pool,
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
     "aten::adaptive_avg_pool3d": _check_adaptive_pool, "aten::adaptive_max_pool2d": _check_adaptive_pool,
@@ -1027,4 +1057,9 @@ REVIEWED = frozenset({
     # unbatched input as eager's cross_entropy_loss; class targets of a batch are torchlib's
     # SoftmaxCrossEntropyLoss (weight, ignore_index, reductions: the engine's are eager's)
     "aten::cross_entropy_loss",
+    # ortmod's rules: eager's CPU kernels' indices and weights computed in the graph from the
+    # call's sizes (Gathers; nearest's gradient to eager's backward index where it differs)
+    "aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
+    "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d", "aten::_upsample_nearest_exact3d",
+    "aten::upsample_linear1d", "aten::upsample_bilinear2d", "aten::upsample_trilinear3d",
 })

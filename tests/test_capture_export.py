@@ -876,3 +876,81 @@ def test_cross_entropy_label_smoothing_and_probability_targets(reduction):
                            w=nn.Parameter(w.clone())), torch.randn(6, 5), probs)
         # unbatched: probability targets (class targets fail in torch's decomposition, by name)
         _outputs_match(_fn(lambda s, x, p: F.cross_entropy(x, p, **kw)), torch.randn(5), probs[0])
+
+
+def _interpolate_scan(dim, sizes, dtype, **kw):
+    """One ORTModule over inputs of many spatial sizes (the export's sizes are symbolic): value and
+    input gradient against eager for each; nearest's values exactly."""
+    m = _fn(lambda s, x: F.interpolate(x, **kw))
+    ort = ORTModule(copy.deepcopy(m))
+    g = torch.Generator().manual_seed(0)
+    for size in sizes:
+        shape = (2, 3) + ((size,) * dim if isinstance(size, int) else tuple(size))
+        x = torch.randn(shape, generator=g, dtype=dtype)
+        xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ye, yo = m(xe), ort(xo)
+        what = f"{kw} {dtype} input {tuple(shape)}"
+        assert yo.shape == ye.shape, f"{what}: {tuple(yo.shape)} != {tuple(ye.shape)}"
+        if kw["mode"].startswith("nearest"):
+            assert torch.equal(yo, ye), what
+        else:
+            rel_close(what, yo, ye)
+        w = torch.randn(ye.shape, generator=g, dtype=dtype)
+        (ye * w).sum().backward()
+        (yo * w).sum().backward()
+        rel_close(f"{what} gradient", xo.grad, xe.grad)
+    assert captured_with(ort) == {"export"}
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+@pytest.mark.parametrize("how", [dict(scale_factor=s) for s in (0.5, 0.7, 1 / 3, 1.1, 1.5, 2.0, 2.05, 2.5, 3.0)]
+                         + [dict(size=s) for s in (1, 5, 22, 74)], ids=str)
+def test_interpolate_nearest_indices_and_gradients_as_eager(mode, how):
+    """Eager's source index per output (its float32 / float64 arithmetic), and its gradient, which
+    its backward sends to an index of its own: with scale_factor 1.1 at size 4 the forward reads
+    [0, 0, 1, 2] and the gradient goes as for [0, 1, 2, 3]; float64 differs at size 24 to 74."""
+    if "scale_factor" in how and how["scale_factor"] < 1:
+        sizes = range(3, 30)
+    else:
+        sizes = range(1, 30)
+    for dt in (torch.float32, torch.float64):
+        _interpolate_scan(1, list(sizes) + ([24, 26, 39] if "size" in how else []), dt, mode=mode, **how)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("how", [dict(scale_factor=s) for s in (0.5, 0.7, 1.1, 2.0, 2.5)]
+                         + [dict(size=s) for s in (1, 5, 22)], ids=str)
+def test_interpolate_linear_weights_as_eager(align_corners, how):
+    for dt in (torch.float32, torch.float64):
+        sizes = range(2 if "scale_factor" in how and how["scale_factor"] < 1 else 1, 26)
+        _interpolate_scan(1, sizes, dt, mode="linear", align_corners=align_corners, **how)
+
+
+def test_interpolate_2d_3d_and_sizes_from_the_graph():
+    """bilinear / trilinear nest the axes as eager (W, then H, then D); per-axis scales; a size read
+    from another tensor (a U-Net's skip connection)."""
+    for dt in (torch.float32, torch.float64):
+        _interpolate_scan(2, [(4, 6), (5, 3), (7, 7)], dt, mode="bilinear", size=(7, 5))
+        _interpolate_scan(2, [(4, 6), (5, 3), (1, 2)], dt, mode="bilinear", scale_factor=(1.5, 2.5), align_corners=True)
+        # 2-d nearest: eager's kernel for O_h + O_w <= 128 reads at its backward's index, the
+        # other at the formula's; one module sees both (the sizes are the call's)
+        _interpolate_scan(2, [(4, 6), (5, 3), (4, 120), (3, 70)], dt, mode="nearest", scale_factor=(2, 1.1))
+        _interpolate_scan(2, [(4, 6), (24, 61), (26, 40)], dt, mode="nearest", size=(22, 74))
+        _interpolate_scan(2, [(4, 6), (5, 130)], dt, mode="nearest-exact", scale_factor=(0.7, 1.1))
+        _interpolate_scan(2, [(5, 130), (3, 4)], dt, mode="bilinear", scale_factor=(1.1, 0.7))
+        _interpolate_scan(3, [(2, 3, 4), (3, 3, 1)], dt, mode="trilinear", scale_factor=2)
+        _interpolate_scan(3, [(2, 3, 4), (3, 3, 1)], dt, mode="nearest-exact", size=(3, 5, 2))
+    torch.manual_seed(0)
+    skip = _fn(lambda s, x, y: F.interpolate(s.c(x), size=y.shape[2:], mode="bilinear") + y, c=nn.Conv2d(2, 3, 3))
+    _outputs_match(skip, torch.randn(2, 2, 6, 5), torch.randn(2, 3, 9, 7))
+
+
+def test_interpolate_refused_where_not_reproduced():
+    with pytest.raises(ortmod.UnsupportedModelError, match="upsample_bicubic2d.* not yet reviewed"):
+        ORTModule(_fn(lambda s, x: F.interpolate(x, scale_factor=2, mode="bicubic")))(torch.randn(1, 2, 4, 4))
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"upsample_bilinear2d\.vec .*torch.bfloat16"):
+        ORTModule(_fn(lambda s, x: F.interpolate(x, scale_factor=2, mode="bilinear")).bfloat16())(
+            torch.randn(1, 2, 4, 4, dtype=torch.bfloat16))
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"upsample_nearest2d\.vec .*channels-last"):
+        ORTModule(_fn(lambda s, x: F.interpolate(x * 2, scale_factor=2)))(
+            torch.randn(1, 4, 3, 3).contiguous(memory_format=torch.channels_last))
