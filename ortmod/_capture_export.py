@@ -1062,4 +1062,8 @@ REVIEWED = frozenset({
     "aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
     "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d", "aten::_upsample_nearest_exact3d",
     "aten::upsample_linear1d", "aten::upsample_bilinear2d", "aten::upsample_trilinear3d",
+    # torchlib's rules as they are: Sin / Cos (rotary embeddings); type_as: CastLike of other,
+    # made Cast to its dtype (_lower_cast_like; an unknown dtype is refused at import);
+    # new_zeros: ConstantOfShape, in self's dtype unless dtype is given (no gradient, as eager)
+    "aten::sin", "aten::cos", "aten::type_as", "aten::new_zeros",
 })

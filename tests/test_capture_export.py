@@ -954,3 +954,15 @@ def test_interpolate_refused_where_not_reproduced():
     with pytest.raises(ortmod.UnsupportedModelError, match=r"upsample_nearest2d\.vec .*channels-last"):
         ORTModule(_fn(lambda s, x: F.interpolate(x * 2, scale_factor=2)))(
             torch.randn(1, 4, 3, 3).contiguous(memory_format=torch.channels_last))
+
+
+def test_sin_cos_type_as_new_zeros():
+    """The ops the model zoo's rotary embeddings (Llama, Falcon), RoBERTa's position ids and BART's
+    shifted decoder inputs reach: torchlib's rules as they are."""
+    torch.manual_seed(0)
+
+    def forward(s, x, i):
+        h = s.a(x)
+        z = h.new_zeros(h.shape[0], 2)
+        return torch.sin(h) * torch.cos(h * 3), i.type_as(h) * h, torch.cat([z, h], 1), h.new_zeros(3, dtype=torch.int64)
+    _outputs_match(_fn(forward, a=nn.Linear(3, 4)), torch.randn(5, 3), torch.arange(5).unsqueeze(1))
