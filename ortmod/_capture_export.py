@@ -1066,4 +1066,7 @@ REVIEWED = frozenset({
     # made Cast to its dtype (_lower_cast_like; an unknown dtype is refused at import);
     # new_zeros: ConstantOfShape, in self's dtype unless dtype is given (no gradient, as eager)
     "aten::sin", "aten::cos", "aten::type_as", "aten::new_zeros",
+    # silu: torchlib's x * Sigmoid(x), eager's x / (1 + exp(-x)) and its gradient up to rounding;
+    # ceil: Ceil (gradient 0, as eager's); fill: ortmod's rule (Expand of value, self's dtype)
+    "aten::silu", "aten::ceil", "aten::fill.Tensor", "aten::fill.Scalar",
 })

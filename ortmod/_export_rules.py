@@ -613,6 +613,16 @@ def translations(op, ir, stop_gradient):
             out = op.Squeeze(out, ints([0]))
         return out
 
+    # ---- fill ------------------------------------------------------------------------------------
+
+    def fill(self: TTensor, value: TTensor) -> TTensor:
+        # eager (fill.Tensor / fill.Scalar, out of place after functionalisation): self's shape
+        # and dtype holding value; self gets no gradient, value the sum of dy (Expand's). torchlib's
+        # rule is an ONNX function, which the engine does not take.
+        dt = self.dtype
+        v = const(value, dt) if isinstance(value, (bool, int, float)) else op.Cast(value, to=dt)
+        return op.Expand(v, op.Shape(self))
+
     # ---- upsampling: nearest, nearest-exact, (bi/tri)linear --------------------------------------
     # Eager's CPU kernels (UpSampleKernel.cpp, UpSample.h) per spatial axis of input size L and
     # output size O, in the op-math type T (float; double for float64 inputs):
@@ -814,6 +824,8 @@ def translations(op, ir, stop_gradient):
 
     return {
         **upsampling,
+        torch.ops.aten.fill.Tensor: fill,
+        torch.ops.aten.fill.Scalar: fill,
         torch.ops.aten.scalar_tensor.default: scalar_tensor,
         torch.ops.aten.cross_entropy_loss.default: cross_entropy,
         torch.ops.aten.add.Tensor: add_sub(op.Add, tl_core.aten_add, scalar=False),

@@ -966,3 +966,13 @@ def test_sin_cos_type_as_new_zeros():
         z = h.new_zeros(h.shape[0], 2)
         return torch.sin(h) * torch.cos(h * 3), i.type_as(h) * h, torch.cat([z, h], 1), h.new_zeros(3, dtype=torch.int64)
     _outputs_match(_fn(forward, a=nn.Linear(3, 4)), torch.randn(5, 3), torch.arange(5).unsqueeze(1))
+
+
+def test_silu_ceil_fill():
+    torch.manual_seed(0)
+
+    def forward(s, x):
+        h = s.a(x)
+        filled = torch.zeros_like(h).fill_(h[0, 0])        # fill.Tensor: the value's gradient is dy summed
+        return F.silu(h * 40), torch.ceil(h * 3) * h, filled * h, torch.ones_like(h).fill_(2.5) + h
+    _outputs_match(_fn(forward, a=nn.Linear(3, 4)), torch.randn(5, 3))
