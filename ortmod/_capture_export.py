@@ -1069,4 +1069,7 @@ REVIEWED = frozenset({
     # silu: torchlib's x * Sigmoid(x), eager's x / (1 + exp(-x)) and its gradient up to rounding;
     # ceil: Ceil (gradient 0, as eager's); fill: ortmod's rule (Expand of value, self's dtype)
     "aten::silu", "aten::ceil", "aten::fill.Tensor", "aten::fill.Scalar",
+    # repeat: torchlib's Expand to len(repeats) dims (eager's leading new dims) then Tile; the
+    # engine's Tile and Expand gradients sum the copies, as eager's
+    "aten::repeat",
 })

@@ -968,11 +968,12 @@ def test_sin_cos_type_as_new_zeros():
     _outputs_match(_fn(forward, a=nn.Linear(3, 4)), torch.randn(5, 3), torch.arange(5).unsqueeze(1))
 
 
-def test_silu_ceil_fill():
+def test_silu_ceil_fill_repeat():
     torch.manual_seed(0)
 
     def forward(s, x):
         h = s.a(x)
         filled = torch.zeros_like(h).fill_(h[0, 0])        # fill.Tensor: the value's gradient is dy summed
-        return F.silu(h * 40), torch.ceil(h * 3) * h, filled * h, torch.ones_like(h).fill_(2.5) + h
+        return (F.silu(h * 40), torch.ceil(h * 3) * h, filled * h, torch.ones_like(h).fill_(2.5) + h,
+                h.repeat(2, 3), h.repeat(2, 1, 2) * 2)
     _outputs_match(_fn(forward, a=nn.Linear(3, 4)), torch.randn(5, 3))
