@@ -1111,8 +1111,14 @@ def _check_embedding(node):
 
 
 def _check_cross_entropy(node):
-    if _const_arg(node, 5, "label_smoothing", 0.0):
-        return "label_smoothing is dropped by the ONNX translation"
+    # ortmod's rule takes label_smoothing and probability targets as eager does; what eager
+    # raises on is refused here rather than computed
+    ls = _const_arg(node, 5, "label_smoothing", 0.0)
+    if not isinstance(ls, (int, float)) or not 0.0 <= ls <= 1.0:
+        return f"label_smoothing {ls!r} (eager takes a number in [0, 1])"
+    target = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
+    if isinstance(target, torch.Tensor) and target.is_floating_point() and _const_arg(node, 4, "ignore_index", -100) >= 0:
+        return "ignore_index with probability targets (eager raises)"
     return None
 
 
@@ -1133,16 +1139,6 @@ def _check_cumsum(node):
     if isinstance(val, torch.Tensor) and not val.is_floating_point() and val.dtype != torch.int64 \
             and node.kwargs.get("dtype") is None:
         return f"cumsum of {val.dtype} accumulates in int64 in eager, in {val.dtype} in the ONNX translation"
-    return None
-
-
-def _check_vector_norm(node):
-    ord_ = node.args[1] if len(node.args) > 1 else node.kwargs.get("ord", 2)
-    dtype = node.kwargs.get("dtype")
-    if ord_ not in (1, 2, 1.0, 2.0):
-        return f"vector_norm(ord={ord_}): only ord 1 and 2 (ReduceL1, ReduceL2) are reviewed on this path"
-    if dtype is not None:
-        return "vector_norm(dtype=...) is not reviewed on this path"
     return None
 
 
@@ -1226,7 +1222,37 @@ def _check_fractional_max_pool(node):
     return None
 
 
+def _check_upsample_linear(node):
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dtype not in (torch.float32, torch.float64):
+        return (f"linear interpolation of {val.dtype}: eager keeps the weights in {val.dtype} and computes in it, "
+                "ortmod reproduces float32 and float64 only")
+    return None
+
+
+def _check_upsample_nearest(node):
+    # eager's 2-d and 3-d nearest kernels pick their index arithmetic by the input's memory
+    # layout (a channels-last input with more than 3 channels takes nearest_idx); ortmod's rule
+    # follows the layout the trace gives an NCHW-contiguous tensor
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() < 4:
+        return None
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+    try:
+        standard = guard_or_false(val.is_contiguous())
+    except Exception:
+        standard = False
+    if not standard:
+        return ("an input not contiguous in NCHW order (channels-last): eager picks its kernel's index arithmetic "
+                "by memory layout, which ortmod follows for NCHW-contiguous inputs only")
+    return None
+
+
 _CHECKS = {
+    "aten::upsample_nearest2d": _check_upsample_nearest, "aten::upsample_nearest3d": _check_upsample_nearest,
+    "aten::_upsample_nearest_exact2d": _check_upsample_nearest, "aten::_upsample_nearest_exact3d": _check_upsample_nearest,
+    "aten::upsample_linear1d": _check_upsample_linear, "aten::upsample_bilinear2d": _check_upsample_linear,
+    "aten::upsample_trilinear3d": _check_upsample_linear,
     "aten::fractional_max_pool2d": _check_fractional_max_pool, "aten::fractional_max_pool3d": _check_fractional_max_pool,
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
     "aten::adaptive_avg_pool3d": _check_adaptive_pool, "aten::adaptive_max_pool2d": _check_adaptive_pool,
@@ -1235,7 +1261,6 @@ _CHECKS = {
     "aten::avg_pool2d": _check_avg_pool, "aten::avg_pool3d": _check_avg_pool,
     "aten::index_put": _check_index_put,
     "aten::_local_scalar_dense": _check_local_scalar_dense,
-    "aten::linalg_vector_norm": _check_vector_norm,
     "aten::clamp_min": _check_clamp_min,
     "aten::cumsum": _check_cumsum,
     "aten::pad": _check_pad,
@@ -1292,7 +1317,7 @@ _PY_OPS = frozenset({operator.getitem, operator.add, operator.sub, operator.mul,
 # for every argument (or whose dropped arguments _CHECKS refuses)
 REVIEWED = frozenset({
     "getitem", "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int",
-    # elementwise
+    # elementwise (add/sub with alpha: ortmod's rule, alpha in the op's dtype)
     "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::neg", "aten::relu",
     "aten::tanh", "aten::sigmoid", "aten::exp", "aten::log", "aten::sqrt", "aten::rsqrt", "aten::abs",
     "aten::pow.Tensor_Scalar", "aten::pow.Tensor_Tensor", "aten::gelu", "aten::erf",
@@ -1300,7 +1325,9 @@ REVIEWED = frozenset({
     "aten::le.Scalar", "aten::lt.Scalar", "aten::ge.Scalar", "aten::gt.Scalar", "aten::eq.Scalar",
     "aten::bitwise_and.Tensor", "aten::bitwise_or.Tensor", "aten::bitwise_not", "aten::logical_not",
     "aten::where.self", "aten::clone", "aten::_to_copy", "aten::alias",
-    "prims::convert_element_type", "aten::scalar_tensor",     # from the type-promotion pass
+    # from the type-promotion pass; scalar_tensor is ortmod's rule (a Python number made a
+    # constant in the op's dtype, not a float32 constant cast to it)
+    "prims::convert_element_type", "aten::scalar_tensor",
     # shapes
     "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::transpose.int", "aten::stack",
     "aten::triu", "aten::tril", "aten::gather", "aten::index_select", "aten::einsum", "aten::clamp",
@@ -1311,11 +1338,13 @@ REVIEWED = frozenset({
     "aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::conv2d", "aten::conv1d",
     "aten::max_pool2d", "aten::mean.dim", "aten::sum.dim_IntList", "aten::mean", "aten::sum",
     "aten::layer_norm", "aten::native_dropout", "aten::softmax.int", "aten::_softmax", "aten::log_softmax.int",
-    "aten::_log_softmax", "aten::cross_entropy_loss", "aten::embedding", "aten::index.Tensor",
+    "aten::_log_softmax", "aten::embedding", "aten::index.Tensor",
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
     "ortmod::python_op",     # a user's autograd.Function (its own forward and backward, in PyTorch)
-    # selection and norms (TopK, ortmod's Sort, ReduceL1/L2, ReduceLogSumExp; clamp_min is Clip)
+    # selection and norms (TopK, ortmod's Sort, ReduceLogSumExp; clamp_min is Clip);
+    # linalg_vector_norm: ortmod's rule, every order with eager's gradient at zeros (the
+    # TorchScript path's _p_norm), keepdim without a dim, dtype
     "aten::topk", "aten::sort", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
     "aten::cosine_similarity",     # ortmod's rule (eager's straight-through clamp of the norms)
     # ortmod's rules (_export_rules.py): .item() without a gradient, scatter_add of a larger src,
@@ -1354,4 +1383,38 @@ REVIEWED = frozenset({
     # then ReduceMin of 0/1 (all); no gradient flows through a bool. Branches read them (the
     # guards of _freeze_decisions)
     "aten::all", "aten::all.dim",
+    # ortmod's rules: max/min along a dim read the value at ArgMax/ArgMin's index (the first
+    # extremum or first NaN, eager's; the gradient goes there alone, torchlib's ReduceMax shares
+    # it among ties); argmax/argmin keep every dim for keepdim without a dim
+    "aten::max.dim", "aten::min.dim", "aten::argmax", "aten::argmin",
+    # torchlib's rules as they are: a Python number a constant in self's dtype from its Python
+    # value (mul.Scalar; add/sub.Scalar with ortmod's alpha, as add/sub.Tensor); t: Transpose
+    # of a 2-d tensor, others as they are; flip: Slice with step -1 (the engine's Slice and
+    # SliceGrad walk backwards); minimum/maximum: Min/Max (NaN propagates, and the engine's
+    # gradient is eager's: ties share dy, a NaN comparison gives both all of it)
+    "aten::mul.Scalar", "aten::add.Scalar", "aten::sub.Scalar", "aten::t", "aten::flip",
+    "aten::minimum", "aten::maximum",
+    # ortmod's rule (the TorchScript path's): the direct norm of each difference with
+    # _cdist_backward's gradient, or eager's matrix-product path for p 2 (compute_mode, rows);
+    # torch.cdist kept whole (its decomposition's Sqrt is NaN's gradient at a zero distance)
+    "aten::_cdist_forward", "aten::cdist",
+    # ortmod's rule (the TorchScript path's): label_smoothing, probability targets and an
+    # unbatched input as eager's cross_entropy_loss; class targets of a batch are torchlib's
+    # SoftmaxCrossEntropyLoss (weight, ignore_index, reductions: the engine's are eager's)
+    "aten::cross_entropy_loss",
+    # ortmod's rules: eager's CPU kernels' indices and weights computed in the graph from the
+    # call's sizes (Gathers; nearest's gradient to eager's backward index where it differs)
+    "aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
+    "aten::_upsample_nearest_exact1d", "aten::_upsample_nearest_exact2d", "aten::_upsample_nearest_exact3d",
+    "aten::upsample_linear1d", "aten::upsample_bilinear2d", "aten::upsample_trilinear3d",
+    # torchlib's rules as they are: Sin / Cos (rotary embeddings); type_as: CastLike of other,
+    # made Cast to its dtype (_lower_cast_like; an unknown dtype is refused at import);
+    # new_zeros: ConstantOfShape, in self's dtype unless dtype is given (no gradient, as eager)
+    "aten::sin", "aten::cos", "aten::type_as", "aten::new_zeros",
+    # silu: torchlib's x * Sigmoid(x), eager's x / (1 + exp(-x)) and its gradient up to rounding;
+    # ceil: Ceil (gradient 0, as eager's); fill: ortmod's rule (Expand of value, self's dtype)
+    "aten::silu", "aten::ceil", "aten::fill.Tensor", "aten::fill.Scalar",
+    # repeat: torchlib's Expand to len(repeats) dims (eager's leading new dims) then Tile; the
+    # engine's Tile and Expand gradients sum the copies, as eager's
+    "aten::repeat",
 })

@@ -324,7 +324,521 @@ def translations(op, ir, stop_gradient):
         cropped = op.Pad(self, tl_nn._process_padding([min(p, 0) for p in pad], rank), mode="constant")
         return op.Pad(cropped, tl_nn._process_padding([max(p, 0) for p in pad], rank), mode="wrap")
 
+    # ---- Python numbers made tensors -----------------------------------------------------------
+
+    def scalar_tensor(s: TTensor, dtype: int = ir.DataType.FLOAT, layout: str = "", device: str = "",
+                      pin_memory: bool = False) -> TTensor:
+        # the type-promotion pass wraps each Python number of an op on tensors as
+        # scalar_tensor(number, dtype=the op's dtype); eager converts the number (a C++ double)
+        # to that dtype once. torchlib's rule makes the number a FLOAT constant first and casts
+        # that: 0.3 in a float64 graph became 0.30000001192092896. A number is made a constant
+        # in the dtype straight from the Python value; a graph value (.item()) is cast.
+        if dtype is None or dtype == -1:
+            dtype = ir.DataType.FLOAT
+        dt = ir.DataType(dtype)
+        if isinstance(s, (bool, int, float)):
+            return const(s, dt)
+        return op.Cast(s, to=dt)
+
+    # ---- max / min along a dim, argmax / argmin ----------------------------------------------
+
+    def extremum_dim(arg_op):
+        def extremum(self: TReal, dim: int, keepdim: bool = False) -> Tuple[TReal, TInt]:
+            # eager (max.dim / min.dim): the index of the first extremum, a NaN counting as the
+            # extremum (the first NaN), and the value's gradient to that one element
+            # (value_selecting_reduction_backward scatters dy to the index). torchlib's
+            # ReduceMax beside ArgMax shares dy among tied maxima. Here the value is read at
+            # the engine's ArgMax / ArgMin index (first extremum, first NaN: eager's), so its
+            # gradient goes where eager's goes. A 0-d input is its own extremum, index 0.
+            if len(self.shape) == 0:
+                return op.Identity(self), const(0, I64)
+            idx = arg_op(self, axis=dim, keepdims=1, select_last_index=0)
+            val = op.GatherElements(self, idx, axis=dim)
+            if not keepdim:
+                ax = ints([dim])
+                val, idx = op.Squeeze(val, ax), op.Squeeze(idx, ax)
+            return val, idx
+        return extremum
+
+    def arg_extremum(arg_op):
+        def arg(self: TReal, dim: Optional[int] = None, keepdim: bool = False) -> TInt:
+            # eager: the first extremum's index (the first NaN if any), over the flattened input
+            # when dim is None, where keepdim keeps every dim as 1 (torchlib's keeps one). The
+            # engine's ArgMax / ArgMin with select_last_index 0 pick eager's element.
+            rank = len(self.shape)
+            if rank == 0:
+                return const(0, I64)
+            if dim is None:
+                i = arg_op(op.Reshape(self, ints([-1])), axis=0, keepdims=0, select_last_index=0)
+                return op.Reshape(i, ints([1] * rank)) if keepdim else i
+            return arg_op(self, axis=dim, keepdims=int(bool(keepdim)), select_last_index=0)
+        return arg
+
+    # ---- add / sub with alpha --------------------------------------------------------------------
+
+    def add_sub(onnx_op, torchlib_rule, scalar):
+        def rule(self: TReal, other: TReal, alpha: float = 1.0) -> TReal:
+            # eager: self +- alpha * other, alpha a C++ number converted to the op's dtype.
+            # torchlib multiplies by CastLike(alpha) of a FLOAT constant, so a float64 graph took
+            # alpha = 0.1 as 0.10000000149011612. Here alpha is a constant in other's dtype from
+            # the Python value. Left: eager fuses the multiply-add (one rounding), here it is
+            # rounded twice (one ulp apart at most). The type-promotion pass gave self and other
+            # one dtype.
+            if scalar or not hasattr(other, "dtype"):
+                other = const(other, self.dtype)
+            if alpha == 1 or self.dtype == ir.DataType.BOOL:
+                return torchlib_rule(self, other, alpha=alpha)
+            return onnx_op(self, op.Mul(other, const(alpha, self.dtype)))
+        return rule
+
+    # ---- p-norms and distances (the TorchScript path's rules, ortmod/_semantics.py) -----------
+
+    import math
+
+    def p_norm(x, p, axes, keepdim, dt):
+        # linalg_vector_norm of order p over axes, forward and gradient as eager's
+        # norm_backward (FunctionsManual.cpp):
+        # * p 2 and 1: ReduceL2 (dy x / norm, 0 where the norm is 0), ReduceL1 (dy sgn(x));
+        # * p +-inf: ReduceMax / ReduceMin of |x| (ties share dy equally, eager's mask.sum);
+        # * p 0: the count of non-zeros, no gradient;
+        # * any other p: (sum |x|^p)^(1/p) with eager's masks: 0 where the norm is 0 (p > 0),
+        #   where an element is 0 (p < 1: |x|^(p-1) is inf there), and on rows holding a zero
+        #   (p < 0: their norm is 0 and eager's norm^(1-p) factor zeroes the row). torchlib's
+        #   Pow chain has none of them: its gradient at a zero row is inf * 0 = NaN.
+        # A 0-d x is a 1-element vector (eager's dim -1 of a 0-d tensor). dt: x's dtype, which
+        # the translator does not always know for an intermediate value.
+        if x.shape is not None and len(x.shape) == 0:
+            x = op.Reshape(x, ints([1]))
+            axes, keepdim = [0], False
+        ax, k = ints(axes), int(bool(keepdim))
+        if p == 2.0:
+            return op.ReduceL2(x, ax, keepdims=k)
+        if p == 1.0:
+            return op.ReduceL1(x, ax, keepdims=k)
+        if math.isinf(p):
+            return (op.ReduceMax if p > 0 else op.ReduceMin)(op.Abs(x), ax, keepdims=k)
+        zero, one = const(0.0, dt), const(1.0, dt)
+        if p == 0.0:
+            nonzero = op.Cast(op.Not(op.Equal(x, zero)), to=dt)
+            return op.ReduceSum(stop_gradient(nonzero), ax, keepdims=k)
+        a = op.Abs(x)
+        a_zero = op.Equal(a, zero)
+        powed = op.Pow(op.Where(a_zero, one, a), const(p, dt))     # Pow's gradient stays finite at 0
+        if p > 0:
+            powed = op.Where(a_zero, zero, powed)                     # 0^p = 0, gradient 0
+            total = op.ReduceSum(powed, ax, keepdims=k)
+            t_zero = op.Equal(total, zero)
+            return op.Where(t_zero, zero, op.Pow(op.Where(t_zero, one, total), const(1.0 / p, dt)))
+        total = op.ReduceSum(powed, ax, keepdims=k)                   # p < 0: a zero element makes it 0
+        has_zero = op.Equal(op.ReduceMin(a, ax, keepdims=k), zero)
+        return op.Where(has_zero, zero, op.Pow(op.Where(has_zero, one, total), const(1.0 / p, dt)))
+
+    def vector_norm(self: TFloat, ord: float = 2.0, dim: Optional[Sequence[int]] = None, keepdim: bool = False,
+                    dtype: int = -1) -> TFloat:
+        # eager: the norm of self (cast to dtype first when given, the gradient through the
+        # cast) over dim, every dim when dim is None or empty, keepdim keeping them as 1
+        # (torchlib's rule drops keepdim without a dim); p_norm for the order.
+        rank = len(self.shape)
+        dt = self.dtype
+        if dtype is not None and dtype != -1 and dtype != self.dtype:
+            dt = ir.DataType(dtype)
+            self = op.Cast(self, to=dt)
+        if dim is None or len(dim) == 0:
+            axes = list(range(rank))
+        else:
+            axes = [int(d) for d in ([dim] if isinstance(dim, int) else dim)]
+        if rank == 0:
+            return p_norm(self, float(ord), [0], False, dt)
+        return p_norm(self, float(ord), axes, keepdim, dt)
+
+    CDIST_MM_ROWS = 25   # Distance.cpp cdist_impl: p 2 takes the matrix-product path above it
+
+    def euclidean_dist_mm(x1, x2, rank, dt):
+        # eager's _euclidean_dist: [-2 x1, |x1|^2, 1] @ [x2, 1, |x2|^2]^T, clamped at 0, sqrt;
+        # its backward divides by the result and takes 0 where it is 0 (the Where around Sqrt;
+        # Sqrt's own gradient is inf there)
+        ax = ints([-1])
+        n1 = op.ReduceSum(op.Mul(x1, x1), ax, keepdims=1)
+        n2 = op.ReduceSum(op.Mul(x2, x2), ax, keepdims=1)
+        one1 = op.Expand(const(1.0, dt), op.Shape(n1))
+        one2 = op.Expand(const(1.0, dt), op.Shape(n2))
+        a = op.Concat(op.Mul(x1, const(-2.0, dt)), n1, one1, axis=-1)
+        b = op.Concat(x2, one2, n2, axis=-1)
+        perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+        sq = op.MatMul(a, op.Transpose(b, perm=perm))
+        zero, one = const(0.0, dt), const(1.0, dt)
+        nonpos = op.LessOrEqual(sq, zero)
+        return op.Where(nonpos, zero, op.Sqrt(op.Where(nonpos, one, sq)))
+
+    def inf_norm_ties_whole(diff, dt):
+        # max |diff| over the last axis with _cdist_backward's gradient: sign(diff) dy at every
+        # element equal to the maximum (linalg_vector_norm's shares dy among them instead)
+        a = op.Abs(diff)
+        ax = ints([-1])
+        raw = op.ReduceMax(a, ax, keepdims=1)
+        m = stop_gradient(raw)
+        hit = op.Cast(op.Equal(a, m), to=dt)
+        ties_whole = op.Add(m, op.ReduceSum(op.Mul(stop_gradient(hit), op.Sub(a, stop_gradient(a))), ax, keepdims=1))
+        # a - a is NaN at an infinite element: rows whose max is not finite keep ReduceMax
+        finite = op.Equal(op.Sub(m, m), const(0.0, dt))
+        return op.Squeeze(op.Where(finite, ties_whole, raw), ax)
+
+    def cdist_forward(x1: TFloat, x2: TFloat, p: float = 2.0, compute_mode: Optional[int] = None) -> TFloat:
+        # torch.cdist (aten::cdist) and _cdist_forward: aten::cdist kept whole, since its
+        # decomposition differentiates _euclidean_dist's Sqrt (NaN at a zero distance: cdist(x, x)
+        # with more than 25 rows) where eager's _euclidean_dist_backward takes 0 there.
+        # eager (Distance.cpp cdist_impl): p 2 through _euclidean_dist with compute_mode 1, or
+        # with the default mode where either input has more than 25 rows; otherwise the norm of
+        # every difference, with _cdist_backward's gradient (p inf: every tie gets the whole dy).
+        # torchlib has no rule. Row counts are sizes of the call: with both paths possible the
+        # choice is made in the graph, each path reading zeros where it is not taken (its
+        # backward then adds nothing, not even 0 * inf).
+        mode = 0 if compute_mode is None else int(compute_mode)
+        p = float(p)
+        dt = x1.dtype
+        rank = len(x2.shape)
+
+        def direct(a, b):
+            diff = op.Sub(op.Unsqueeze(a, ints([-2])), op.Unsqueeze(b, ints([-3])))
+            if math.isinf(p):
+                return inf_norm_ties_whole(diff, dt)
+            return p_norm(diff, p, [-1], False, dt)
+
+        if p == 0.0:
+            # eager's _cdist_backward gives p 0 a zero gradient (present, unlike vector_norm's):
+            # a Where whose never-true condition the graph cannot fold sends it 0
+            count = direct(x1, x2)
+            reach = op.ReduceSum(op.Sub(op.Unsqueeze(x1, ints([-2])), op.Unsqueeze(x2, ints([-3]))), ints([-1]),
+                                 keepdims=0)
+            return op.Where(op.IsNaN(count), reach, count)
+        if p != 2.0 or mode == 2:
+            return direct(x1, x2)
+        if mode == 1:
+            return euclidean_dist_mm(x1, x2, rank, dt)
+        r1, r2 = x1.shape[-2], x2.shape[-2]
+        if isinstance(r1, int) and isinstance(r2, int):
+            if r1 > CDIST_MM_ROWS or r2 > CDIST_MM_ROWS:
+                return euclidean_dist_mm(x1, x2, rank, dt)
+            return direct(x1, x2)
+        limit = ints([CDIST_MM_ROWS])
+        rows = lambda x: op.Shape(x, start=-2, end=-1)
+        use_mm = op.Or(op.Greater(rows(x1), limit), op.Greater(rows(x2), limit))
+        zero = const(0.0, dt)
+        on_mm = lambda x: op.Where(use_mm, x, zero)
+        off_mm = lambda x: op.Where(use_mm, zero, x)
+        return op.Where(use_mm, euclidean_dist_mm(on_mm(x1), on_mm(x2), rank, dt), direct(off_mm(x1), off_mm(x2)))
+
+    # ---- cross_entropy (the TorchScript path's rule, ortmod/_export_losses.py) ----------------
+
+    REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+    def max_shifted(x):
+        # x - max over the classes, the max taking no gradient (log_softmax is invariant to it):
+        # the engine's LogSoftmax / SoftmaxCrossEntropyLoss compute x - (m + log(sum)), rounding
+        # m + log(sum) at the scale of the largest logit; with m already 0 the result is eager's
+        # (x - m) - log(sum)
+        return op.Sub(x, stop_gradient(op.ReduceMax(x, ints([1]), keepdims=1)))
+
+    def class_weight(weight, rank):
+        return op.Reshape(weight, ints([1, -1] + [1] * (rank - 2)))     # eager's expand_weight
+
+    def smoothing_factor(x, class_dim, ls, dt):
+        # eager: label_smoothing / n_classes in double, converted to dt where it meets a tensor
+        c = x.shape[class_dim]
+        if isinstance(c, int):
+            return const(ls / c, dt)
+        c_d = op.Cast(op.Shape(x, start=class_dim, end=class_dim + 1), to=ir.DataType.DOUBLE)
+        return op.Reshape(op.Cast(op.Div(const([ls], ir.DataType.DOUBLE), c_d), to=dt), ints([]))
+
+    def cross_entropy(self: TFloat, target: TTensor, weight: Optional[TFloat] = None, reduction: int = 1,
+                      ignore_index: int = -100, label_smoothing: float = 0.0) -> TFloat:
+        # eager (LossNLL.cpp cross_entropy_loss); torchlib's rule is SoftmaxCrossEntropyLoss,
+        # which drops label_smoothing, takes no probability targets and wants an (N, C) input:
+        # * class targets, label_smoothing 0, batched: torchlib's rule;
+        # * class targets, label_smoothing ls: (1 - ls) nll_loss(log_softmax(x)) + ls / C * smooth,
+        #   smooth = -sum_c w_c log_softmax(x)_c, 0 at ignored targets, for mean divided by the
+        #   summed weights of the targets not ignored (their count without weights), as eager's
+        #   cross_entropy_loss_label_smoothing (composite: the gradient is autodiff's);
+        # * probability targets: -sum_c w_c t_c log_softmax(x)_c, t smoothed to t (1 - ls) + ls / C,
+        #   the mean over numel / C positions (cross_entropy_loss_prob_target);
+        # * an unbatched input (C,): a batch of one, its axis removed again for reduction none.
+        # _CHECKS refuses what eager raises on (ls outside [0, 1], ignore_index with probabilities).
+        rank = len(self.shape)
+        ls = float(label_smoothing)
+        prob = target.dtype.is_floating_point()
+        if not prob and ls == 0.0 and rank != 1:
+            return tl_nn.aten_cross_entropy_loss(self, target, weight, reduction, ignore_index, label_smoothing)
+        dt = self.dtype
+        unbatched = rank == 1
+        given, class_dim = self, 0 if unbatched else 1
+        if unbatched:
+            self, target, rank = op.Unsqueeze(self, ints([0])), op.Unsqueeze(target, ints([0])), 2
+        shape_src = self
+        if not prob and ls == 0.0:
+            out = tl_nn.aten_cross_entropy_loss(max_shifted(self), target, weight, reduction, ignore_index, 0.0)
+        elif prob:
+            logp = op.LogSoftmax(max_shifted(self), axis=1)
+            if ls > 0.0:
+                target = op.Add(op.Mul(target, const(1.0 - ls, dt)), smoothing_factor(given, class_dim, ls, dt))
+            prod = op.Mul(logp, target)
+            if weight is not None:
+                prod = op.Mul(prod, class_weight(weight, rank))
+            if reduction == 0:
+                out = op.Neg(op.ReduceSum(prod, ints([1]), keepdims=0))
+            else:
+                out = op.Neg(op.ReduceSum(prod, keepdims=0))
+                if reduction == 1:
+                    positions = op.Div(op.Size(shape_src), op.Shape(shape_src, start=1, end=2))   # numel / C
+                    out = op.Div(out, op.Cast(op.Squeeze(positions, ints([0])), to=dt))
+        else:
+            logp = op.LogSoftmax(max_shifted(self), axis=1)
+            nll = op.NegativeLogLikelihoodLoss(logp, target, weight, reduction=REDUCTIONS[reduction],
+                                               ignore_index=ignore_index)
+            per_class = logp if weight is None else op.Mul(logp, class_weight(weight, rank))
+            smooth = op.Neg(op.ReduceSum(per_class, ints([1]), keepdims=0))
+            ignored = op.Equal(target, const(ignore_index, target.dtype))
+            zero = const(0.0, dt)
+            smooth = op.Where(ignored, zero, smooth)
+            if reduction == 1:
+                if weight is not None:
+                    safe = op.Where(ignored, const(0, target.dtype), target)
+                    counted = op.Where(ignored, zero, op.Gather(weight, safe, axis=0))
+                else:
+                    counted = op.Cast(op.Not(ignored), to=dt)
+                smooth = op.Div(op.ReduceSum(smooth, keepdims=0), op.ReduceSum(counted, keepdims=0))
+            elif reduction == 2:
+                smooth = op.ReduceSum(smooth, keepdims=0)
+            out = op.Add(op.Mul(const(1.0 - ls, dt), nll), op.Mul(smooth, smoothing_factor(given, class_dim, ls, dt)))
+        if unbatched and reduction == 0:
+            out = op.Squeeze(out, ints([0]))
+        return out
+
+    # ---- fill ------------------------------------------------------------------------------------
+
+    def fill(self: TTensor, value: TTensor) -> TTensor:
+        # eager (fill.Tensor / fill.Scalar, out of place after functionalisation): self's shape
+        # and dtype holding value; self gets no gradient, value the sum of dy (Expand's). torchlib's
+        # rule is an ONNX function, which the engine does not take.
+        dt = self.dtype
+        v = const(value, dt) if isinstance(value, (bool, int, float)) else op.Cast(value, to=dt)
+        return op.Expand(v, op.Shape(self))
+
+    # ---- upsampling: nearest, nearest-exact, (bi/tri)linear --------------------------------------
+    # Eager's CPU kernels (UpSampleKernel.cpp, UpSample.h) per spatial axis of input size L and
+    # output size O, in the op-math type T (float; double for float64 inputs):
+    # * O: the given size, else floor(L * scale) in double (compute_output_size);
+    # * the source scale: 1 / scale given (> 0), else L / O, in T (compute_scales_value);
+    # * nearest's index floorf(scale * o), nearest-exact's floorf(max(scale (o + .5) - .5, 0) + .5)
+    #   (that + .5 in double), both clamped to L - 1; floorf takes a float, so a double is
+    #   rounded to float first (2-d: see nearest() for the kernel eager picks);
+    # * linear: O == L copies; else the source max(scale (o + .5) - .5, 0) (align_corners:
+    #   scale o with scale (L - 1) / (O - 1), 0 for O == 1), i0 = min(floorf(it), L - 1),
+    #   i1 = i0 + 1 unless i0 is the last, lambda1 = clamp(it - i0, 0, 1), lambda0 = 1 - lambda1;
+    #   the result nests the axes innermost first (w0 x[i0] + w1 x[i1] along W, then H, then D).
+    # Sizes are sizes of the call, so the indices and weights are computed in the graph, from
+    # integers (no gradient flows into them). torchlib's Resize is an op the engine lacks.
+    #
+    # Linear's backward scatters with the forward's weights (one linear map). Nearest's does
+    # not quite: its backward's index (nearest_idx, nearest_exact_idx) is computed in float and
+    # nearest_idx copies for O == L and halves for O == 2 L, while the forward always uses the
+    # formula in T. They differ, e.g., for float64 at L 24, O 74, or float32 with scale_factor
+    # 1.1 at L 4 (forward [0, 0, 1, 2], the gradient as for [0, 1, 2, 3]). Where they can, the
+    # value is read at the forward's index and the gradient sent to the backward's: Gather of
+    # the stopped input at one plus (x[b] - stop(x[b])) at the other, per output position
+    # where they differ. Left: at such a position whose x[b] is inf or NaN the value stays
+    # eager's but that element gets no gradient where eager's gets dy.
+
+    F32, F64 = ir.DataType.FLOAT, ir.DataType.DOUBLE
+
+    def opmath(dt):
+        return F64 if dt == F64 else F32
+
+    def axis_sizes(x, a, k, output_size, scale):
+        size = op.Shape(x, start=a, end=a + 1)                                  # L, (1,)
+        if output_size is not None:
+            out = op.Slice(op.Cast(output_size, to=I64), ints([k]), ints([k + 1]))
+        else:
+            out = op.Cast(op.Floor(op.Mul(op.Cast(size, to=F64), const([float(scale)], F64))), to=I64)
+        return size, out
+
+    def source_scale(size, out, scale, T):
+        if scale is not None and scale > 0:
+            return const([float(torch.tensor(1.0 / scale, dtype=torch.float64 if T == F64 else torch.float32))], T)
+        return op.Div(op.Cast(size, to=T), op.Cast(out, to=T))
+
+    def floorf(v, T):
+        if T == F64:
+            v = op.Cast(v, to=F32)
+        return op.Cast(op.Floor(v), to=I64)
+
+    def nearest_indices(size, out, scale, T, exact):
+        o = op.Range(const(0, I64), op.Squeeze(out, ints([0])), const(1, I64))
+        last = op.Sub(size, ints([1]))
+        s_t, s_f = source_scale(size, out, scale, T), source_scale(size, out, scale, F32)
+        if exact:
+            half = const(0.5, T)
+            real = op.Max(op.Sub(op.Mul(s_t, op.Add(op.Cast(o, to=T), half)), half), const(0.0, T))
+            fwd = op.Min(floorf(op.Cast(op.Add(op.Cast(real, to=F64), const(0.5, F64)), to=F32), F32), last)
+            bwd_real = op.Mul(op.Add(op.Cast(o, to=F64), const(0.5, F64)), op.Cast(s_f, to=F64))
+            bwd = op.Min(floorf(bwd_real, F64), last)
+            return o, fwd, bwd
+        fwd = op.Min(floorf(op.Mul(op.Cast(o, to=T), s_t), T), last)
+        generic = op.Min(floorf(op.Mul(op.Cast(o, to=F32), s_f), F32), last)
+        bwd = op.Where(op.Equal(out, size), o,
+                       op.Where(op.Equal(out, op.Mul(size, ints([2]))), op.Div(o, const(2, I64)), generic))
+        return o, fwd, bwd
+
+    def may_differ(T, scale, exact):
+        # whether nearest's backward index can differ from its forward's (see above): float
+        # op-math with the same scale differs only through nearest_idx's O == L and O == 2 L
+        # cases, which a scale in (1, 2) or (2, 3) can reach
+        if exact or T == F64:
+            return True
+        return scale is not None and (1.0 < scale < 2.0 or 2.0 < scale < 3.0)
+
+    def along(v, a, rank):
+        # a vector over axis a, shaped to broadcast against a rank-`rank` tensor
+        return op.Reshape(v, ints([-1] + [1] * (rank - 1 - a)))
+
+    def nearest(rank, exact):
+        def rule(x, output_size, scales):
+            r = len(x.shape)
+            T = opmath(x.dtype)
+            sizes = [axis_sizes(x, 2 + k, k, output_size, scales[k]) for k in range(rank)]
+            if rank == 2:
+                # eager's 2-d forward takes its channels-last kernel, which reads at the
+                # backward's index, where O_h + O_w <= 128 (_use_vectorized_kernel_cond_2d; its
+                # other case, a channels-last input with C > 3, is refused by _CHECKS), else the
+                # formula in T
+                small = op.LessOrEqual(op.Add(sizes[0][1], sizes[1][1]), ints([128]))
+            y = x
+            for k in range(rank):
+                a = 2 + k
+                size, out = sizes[k]
+                o, fwd, bwd = nearest_indices(size, out, scales[k], T, exact)
+                if rank == 2:
+                    fwd = op.Where(small, bwd, fwd)
+                if not may_differ(T, scales[k], exact):
+                    y = op.Gather(y, fwd, axis=a)
+                    continue
+                read = op.Gather(y, fwd, axis=a)
+                at_b = op.Gather(y, bwd, axis=a)
+                carried = op.Sub(at_b, stop_gradient(at_b))
+                stopped = op.Gather(stop_gradient(y), fwd, axis=a)
+                moved = op.Where(op.IsNaN(carried), stopped, op.Add(stopped, carried))
+                y = op.Where(along(op.Equal(fwd, bwd), a, r), read, moved)
+            return y
+        return rule
+
+    def linear(rank):
+        def rule(x, output_size, align_corners, scales):
+            r = len(x.shape)
+            T = opmath(x.dtype)     # float32 / float64 only (_CHECKS): T is the input's dtype
+            y = x
+            for k in reversed(range(rank)):
+                a = 2 + k
+                size, out = axis_sizes(x, a, k, output_size, scales[k])
+                o = op.Range(const(0, I64), op.Squeeze(out, ints([0])), const(1, I64))
+                o_t = op.Cast(o, to=T)
+                zero, one, half = const(0.0, T), const(1.0, T), const(0.5, T)
+                last = op.Sub(size, ints([1]))
+                if align_corners:
+                    ratio = op.Div(op.Cast(last, to=T), op.Cast(op.Sub(out, ints([1])), to=T))
+                    ratio = op.Where(op.Greater(out, ints([1])), ratio, zero)
+                    real = op.Mul(ratio, o_t)
+                else:
+                    ratio = source_scale(size, out, scales[k], T)
+                    real = op.Max(op.Sub(op.Mul(ratio, op.Add(o_t, half)), half), zero)
+                i0 = op.Min(floorf(real, T), last)
+                lam1 = op.Min(op.Max(op.Sub(real, op.Cast(i0, to=T)), zero), one)
+                i1 = op.Min(op.Add(i0, const(1, I64)), last)
+                same = op.Equal(out, size)                                      # O == L copies
+                i0, i1 = op.Where(same, o, i0), op.Where(same, o, i1)
+                lam1 = op.Where(same, zero, lam1)
+                lam0 = op.Sub(one, lam1)
+                y = op.Add(op.Mul(op.Gather(y, i0, axis=a), along(lam0, a, r)),
+                           op.Mul(op.Gather(y, i1, axis=a), along(lam1, a, r)))
+            return y
+        return rule
+
+    def scale_list(rank, scale_factors):
+        if scale_factors is None:
+            return [None] * rank
+        v = [float(s) for s in scale_factors]
+        return v * rank if len(v) == 1 else v
+
+    def nearest_vec(rank, exact):
+        inner = nearest(rank, exact)
+
+        def rule(input: TFloat, output_size: Optional[TInt], scale_factors: Optional[Sequence[float]]) -> TFloat:
+            return inner(input, output_size, scale_list(rank, scale_factors))
+        return rule
+
+    def nearest_default(rank, exact):
+        inner = nearest(rank, exact)
+        if rank == 1:
+            def rule(self: TFloat, output_size: TInt, scales: Optional[float] = None) -> TFloat:
+                return inner(self, output_size, [scales])
+        elif rank == 2:
+            def rule(self: TFloat, output_size: TInt, scales_h: Optional[float] = None,
+                     scales_w: Optional[float] = None) -> TFloat:
+                return inner(self, output_size, [scales_h, scales_w])
+        else:
+            def rule(self: TFloat, output_size: TInt, scales_d: Optional[float] = None,
+                     scales_h: Optional[float] = None, scales_w: Optional[float] = None) -> TFloat:
+                return inner(self, output_size, [scales_d, scales_h, scales_w])
+        return rule
+
+    def linear_vec(rank):
+        inner = linear(rank)
+
+        def rule(input: TFloat, output_size: Optional[TInt], align_corners: bool,
+                 scale_factors: Optional[Sequence[float]]) -> TFloat:
+            return inner(input, output_size, bool(align_corners), scale_list(rank, scale_factors))
+        return rule
+
+    def linear_default(rank):
+        inner = linear(rank)
+        if rank == 1:
+            def rule(self: TFloat, output_size: TInt, align_corners: bool, scales: Optional[float] = None) -> TFloat:
+                return inner(self, output_size, bool(align_corners), [scales])
+        elif rank == 2:
+            def rule(self: TFloat, output_size: TInt, align_corners: bool, scales_h: Optional[float] = None,
+                     scales_w: Optional[float] = None) -> TFloat:
+                return inner(self, output_size, bool(align_corners), [scales_h, scales_w])
+        else:
+            def rule(self: TFloat, output_size: TInt, align_corners: bool, scales_d: Optional[float] = None,
+                     scales_h: Optional[float] = None, scales_w: Optional[float] = None) -> TFloat:
+                return inner(self, output_size, bool(align_corners), [scales_d, scales_h, scales_w])
+        return rule
+
+    upsampling = {}
+    for rank, lin in ((1, "upsample_linear1d"), (2, "upsample_bilinear2d"), (3, "upsample_trilinear3d")):
+        for exact, name in ((False, f"upsample_nearest{rank}d"), (True, f"_upsample_nearest_exact{rank}d")):
+            packet = getattr(torch.ops.aten, name)
+            upsampling[packet.vec] = nearest_vec(rank, exact)
+            upsampling[packet.default] = nearest_default(rank, exact)
+        packet = getattr(torch.ops.aten, lin)
+        upsampling[packet.vec] = linear_vec(rank)
+        upsampling[packet.default] = linear_default(rank)
+
     return {
+        **upsampling,
+        torch.ops.aten.fill.Tensor: fill,
+        torch.ops.aten.fill.Scalar: fill,
+        torch.ops.aten.scalar_tensor.default: scalar_tensor,
+        torch.ops.aten.cross_entropy_loss.default: cross_entropy,
+        torch.ops.aten.add.Tensor: add_sub(op.Add, tl_core.aten_add, scalar=False),
+        torch.ops.aten.sub.Tensor: add_sub(op.Sub, tl_core.aten_sub, scalar=False),
+        torch.ops.aten.add.Scalar: add_sub(op.Add, tl_core.aten_add, scalar=True),
+        torch.ops.aten.sub.Scalar: add_sub(op.Sub, tl_core.aten_sub, scalar=True),
+        torch.ops.aten.linalg_vector_norm.default: vector_norm,
+        torch.ops.aten._cdist_forward.default: cdist_forward,
+        torch.ops.aten.cdist.default: cdist_forward,
+        torch.ops.aten.max.dim: extremum_dim(op.ArgMax),
+        torch.ops.aten.min.dim: extremum_dim(op.ArgMin),
+        torch.ops.aten.argmax.default: arg_extremum(op.ArgMax),
+        torch.ops.aten.argmin.default: arg_extremum(op.ArgMin),
         torch.ops.aten.conv3d.default: conv3d,
         torch.ops.aten.pad.default: pad,
         torch.ops.aten.fractional_max_pool2d.default: fractional_max_pool(2),

@@ -268,13 +268,13 @@ def test_autograd_function_runs_its_own_backward():
 
 
 def test_unreviewed_ops_and_dropped_arguments_are_refused_by_name():
-    class Smooth(nn.Module):
-        def forward(self, x, y):
-            return F.cross_entropy(x, y, label_smoothing=0.1)
+    class Frequency(nn.Module):
+        def forward(self, x, i):
+            return F.embedding(i, x, scale_grad_by_freq=True)
 
     x = torch.randn(4, 5, requires_grad=True)
-    with pytest.raises(ortmod.UnsupportedModelError, match="aten::cross_entropy_loss .*label_smoothing"):
-        ORTModule(Smooth())(x, torch.randint(0, 5, (4,)))
+    with pytest.raises(ortmod.UnsupportedModelError, match="aten::embedding .*scale_grad_by_freq"):
+        ORTModule(Frequency())(x, torch.randint(0, 4, (3,)))
 
     class Cumulative(nn.Module):
         def forward(self, x):
@@ -739,3 +739,283 @@ def test_a_branch_on_a_tensor_value_is_guarded_and_a_change_exports_again():
 def test_a_branch_on_a_tensor_value_under_strict_trace_is_an_error():
     with pytest.raises(ortmod.UnsupportedModelError, match=r"test_capture_export.py:\d+.*strict_trace"):
         ORTModule(SignBranch(), DebugOptions(strict_trace=True))(torch.randn(3, 4))
+
+
+# ---- selection, upsampling, norms and distances, label smoothing, Python numbers ----------------
+#
+# Each against eager through ORTModule(capture="export"): every output (integer ones exactly),
+# the gradients of the inputs and parameters relative to their size, float32 and float64.
+
+def _outputs_match(module, *inputs, rtol=1e-4, dtypes=(torch.float32, torch.float64)):
+    for dt in dtypes:
+        m = copy.deepcopy(module).to(dt)
+        xs = [x.to(dt) if x.is_floating_point() else x for x in inputs]
+        eager, ort = copy.deepcopy(m), ORTModule(copy.deepcopy(m), DebugOptions(capture="export"))
+        xe = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in xs]
+        xo = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in xs]
+        ye, yo = eager(*xe), ort(*xo)
+        ye, yo = (ye,) if torch.is_tensor(ye) else ye, (yo,) if torch.is_tensor(yo) else yo
+        assert len(ye) == len(yo)
+        loss_e = loss_o = 0
+        g = torch.Generator().manual_seed(0)
+        for k, (a, b) in enumerate(zip(yo, ye)):
+            assert a.dtype == b.dtype and a.shape == b.shape, f"{dt} output {k}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"
+            if not b.is_floating_point():
+                assert torch.equal(a, b), f"{dt} output {k}:\n{a}\n{b}"
+                continue
+            rel_close(f"{dt} output {k}", a, b, rtol=rtol)
+            if b.requires_grad:
+                w = torch.randn(b.shape, generator=g, dtype=dt)
+                loss_e, loss_o = loss_e + (b * w).sum(), loss_o + (a * w).sum()
+        if torch.is_tensor(loss_e):
+            loss_e.backward()
+            loss_o.backward()
+        for i, (a, b) in enumerate(zip(xo, xe)):
+            assert (a.grad is None) == (b.grad is None), f"{dt} input {i}: gradient presence differs"
+            if b.grad is not None:
+                rel_close(f"{dt} grad of input {i}", a.grad, b.grad, rtol=rtol)
+        for (n, pe), (_, po) in zip(eager.named_parameters(), ort.named_parameters()):
+            assert (po.grad is None) == (pe.grad is None), f"{dt} {n}: gradient presence differs"
+            if pe.grad is not None:
+                rel_close(f"{dt} grad of {n}", po.grad, pe.grad, rtol=rtol)
+        assert captured_with(ort) == {"export"}
+
+
+_NAN = float("nan")
+
+
+def test_max_min_along_a_dim_send_the_gradient_to_the_first_extremum():
+    """Ties and NaN: the index is the first maximum (the first NaN), and the value's gradient goes
+    to that element alone (torchlib's ReduceMax would share it among the ties)."""
+    x = torch.tensor([[1., 3., 3., _NAN, 2., _NAN], [2., 5., 5., 1., 5., 0.], [0., 0., 0., 0., 0., 0.],
+                      [-1., -4., -4., 7., 7., -4.]])
+
+    def forward(s, x):
+        v, i = x.max(dim=1)
+        w, j = torch.min(x, 0, keepdim=True)
+        u, k = x[0, 4].max(dim=0)               # 0-d: its own maximum, index 0
+        return v * 2, i, w, j, u, k
+
+    _outputs_match(_fn(forward), x)
+
+
+def test_argmax_argmin_first_extremum_and_keepdim_without_dim():
+    x = torch.tensor([[[1., 3., 3.], [_NAN, 2., _NAN]], [[5., 5., 1.], [0., 0., 0.]]])
+
+    def forward(s, x):
+        return (x.argmax(-1), x.argmax(1, keepdim=True), x.argmax(), x.argmax(keepdim=True),
+                x.argmin(0), x[1].argmin(keepdim=True), x[0, 0, 1].argmax(), x * 1)
+
+    _outputs_match(_fn(forward), x)
+    torch.manual_seed(0)
+    _outputs_match(_fn(lambda s, x, t: (F.cross_entropy(s.a(x), t), (s.a(x).argmax(-1) == t).float().mean()),
+                       a=nn.Linear(4, 6)), torch.randn(5, 4), torch.randint(0, 6, (5,)))
+
+
+def test_python_numbers_keep_their_float64_value():
+    """x - 0.3 in float64: eager subtracts the double 0.3; torchlib's scalar_tensor rule made it
+    the float32 0.30000001192092896 (a 4e-8 relative error, far above float64's rounding)."""
+    torch.manual_seed(0)
+    m = _fn(lambda s, x: (s.a(x) - 0.3) * 0.1 + (0.7 - s.a(x)) / 3.3, a=nn.Linear(3, 4))
+    _outputs_match(m, torch.randn(5, 3))
+    x = torch.randn(5, 3, dtype=torch.float64)
+    m = m.double()
+    torch.testing.assert_close(ORTModule(copy.deepcopy(m))(x), m(x), rtol=1e-14, atol=0)
+
+
+def _with_zeros(shape, dtype=torch.float32):
+    """Random rows, one all zero and one holding a single zero (the norms' subgradients), one tied."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g, dtype=dtype)
+    x[0] = 0
+    x[1, 0] = 0
+    x[2, :2] = x[2, 0].abs()
+    return x
+
+
+@pytest.mark.parametrize("ord", [3, 0.5, -1, 0, 1, 2, float("inf"), -float("inf")])
+def test_vector_norm_of_every_order_at_zero_rows(ord):
+    """eager's gradient at a zero row is 0 (p > 0), at a zero element 0 (p < 1), and a row holding
+    a zero has norm 0 and gradient 0 (p < 0); torchlib's Pow chain gives NaN there. Also keepdim
+    without a dim (torchlib drops it) and dtype."""
+    def forward(s, x):
+        return (torch.linalg.vector_norm(x, ord, dim=-1), torch.linalg.vector_norm(x, ord, dim=(0, 1), keepdim=True),
+                torch.linalg.vector_norm(x, ord, keepdim=True), torch.linalg.vector_norm(x[1], ord, dim=0),
+                torch.linalg.vector_norm(x[3, 1], ord), x * 1)      # x * 1: order 0 has no gradient
+    _outputs_match(_fn(forward), _with_zeros((4, 3, 5)))
+    _outputs_match(_fn(lambda s, x: (torch.linalg.vector_norm(x, ord, dim=1, dtype=torch.float64), x * 1)),
+                   _with_zeros((4, 5)), dtypes=(torch.float32,))
+
+
+@pytest.mark.parametrize("p", [0, 0.5, 1, 2, 3, float("inf")])
+def test_cdist_as_eager_computes_it(p):
+    """The norm of every difference with _cdist_backward's gradient (p inf: each tie gets all of
+    dy), zero distances included; p 2 by eager's matrix product with more than 25 rows or
+    compute_mode='use_mm_for_euclid_dist'."""
+    x1 = _with_zeros((5, 4))
+    x2 = torch.cat([x1[:2], torch.randn(3, 4)])       # points shared with x1: distance 0
+    _outputs_match(_fn(lambda s, a, b: (torch.cdist(a, b, p=p), a * 1)), x1, x2)     # a * 1: p 0 has no gradient
+    _outputs_match(_fn(lambda s, a, b: (torch.cdist(a, b, p=p), a * 1)), torch.randn(2, 3, 4), torch.randn(2, 6, 4))
+    if p == 2:
+        _outputs_match(_fn(lambda s, a, b: torch.cdist(a, b)), torch.randn(30, 4), x2)
+        _outputs_match(_fn(lambda s, a: torch.cdist(a, a)), torch.randn(30, 4))     # zero distances, matrix product
+        _outputs_match(_fn(lambda s, a, b: torch.cdist(a, b, compute_mode="use_mm_for_euclid_dist")), x1, x2)
+        _outputs_match(_fn(lambda s, a, b: torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")),
+                       torch.randn(30, 4), x2)
+
+
+def test_pairwise_distance_and_triplet_loss_of_odd_orders():
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    b[1] = a[1] - 1e-6            # a difference of exactly -eps: a zero row
+    _outputs_match(_fn(lambda s, x, y: (F.pairwise_distance(x, y, p=3), F.pairwise_distance(x, y.flip(0), p=float("inf")),
+                                        F.pairwise_distance(x, y, p=1, keepdim=True))), a, b, dtypes=(torch.float32,))
+    _outputs_match(_fn(lambda s, x, y, z: F.triplet_margin_loss(x, y, z, p=3, swap=True)
+                       + F.triplet_margin_loss(x, z, y, p=0.5, reduction="sum")), a, b, torch.randn(4, 5))
+
+
+def test_add_sub_alpha_keeps_its_float64_value():
+    """torch.add(x, y, alpha=0.1) in float64: torchlib's alpha was the float32 0.10000000149."""
+    torch.manual_seed(0)
+    m = _fn(lambda s, x, y: torch.add(x, y, alpha=0.1) - torch.sub(y, 3, alpha=0.7) + torch.add(x, 2.5, alpha=-3),
+            a=nn.Linear(3, 4))
+    _outputs_match(m, torch.randn(5, 3), torch.randn(5, 3))
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(ORTModule(copy.deepcopy(m).double())(x, y), m.double()(x, y), rtol=1e-14, atol=0)
+    _outputs_match(_fn(lambda s, i: torch.add(i, 3, alpha=2) - torch.sub(i, 1, alpha=4)), torch.arange(6))
+
+
+def test_transpose_flip_minimum_maximum_and_scalar_ops():
+    """t, flip (Slice walking backwards, and its gradient), minimum/maximum with ties (dy split
+    in halves) and NaN (both inputs get all of dy), mul/add of a number after a bool cast."""
+    x = torch.tensor([[1., 2., _NAN, 4.], [0., -1., 3., 3.], [2., 2., 2., 2.]])
+    y = torch.tensor([[1., 3., 0., _NAN], [0., 1., 3., 2.], [2., 1., 5., 2.]])
+
+    def forward(s, x, y):
+        return (x.t() @ y, x.flip(0, 1) * y, torch.minimum(x, y), torch.maximum(x, y.flip(1)),
+                (x > 1).float() * 10.0 + (y < 2).double() + 0.5, x[0].t(), torch.minimum(x, y[:1]))
+    _outputs_match(_fn(forward), x, y)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_label_smoothing_and_probability_targets(reduction):
+    """eager's cross_entropy_loss_label_smoothing (torchlib's rule drops label_smoothing) with
+    class weights and ignored targets, spatial and unbatched inputs, probability targets; the
+    class count from a Linear (known at export) and from the input (a size of the call)."""
+    torch.manual_seed(0)
+    w = torch.rand(5) + 0.5
+    t = torch.tensor([1, -100, 4, 0, 2, -100])
+    probs = torch.softmax(torch.randn(6, 5), 1)
+    for ls in (0.0, 0.1):
+        kw = dict(label_smoothing=ls, reduction=reduction)
+        m = _fn(lambda s, x, t: F.cross_entropy(s.a(x), t, **kw) + F.cross_entropy(s.a(x), t, weight=s.w, **kw),
+                a=nn.Linear(3, 5))
+        m.register_buffer("w", w)
+        _outputs_match(m, torch.randn(6, 3), t)
+        _outputs_match(_fn(lambda s, x, t: F.cross_entropy(x, t, ignore_index=2, **kw)), torch.randn(6, 5, 3),
+                       torch.randint(0, 5, (6, 3)))
+        _outputs_match(_fn(lambda s, x, p: F.cross_entropy(x, p, **kw) + F.cross_entropy(x, p, weight=s.w, **kw),
+                           w=nn.Parameter(w.clone())), torch.randn(6, 5), probs)
+        # unbatched: probability targets (class targets fail in torch's decomposition, by name)
+        _outputs_match(_fn(lambda s, x, p: F.cross_entropy(x, p, **kw)), torch.randn(5), probs[0])
+
+
+def _interpolate_scan(dim, sizes, dtype, **kw):
+    """One ORTModule over inputs of many spatial sizes (the export's sizes are symbolic): value and
+    input gradient against eager for each; nearest's values exactly."""
+    m = _fn(lambda s, x: F.interpolate(x, **kw))
+    ort = ORTModule(copy.deepcopy(m))
+    g = torch.Generator().manual_seed(0)
+    for size in sizes:
+        shape = (2, 3) + ((size,) * dim if isinstance(size, int) else tuple(size))
+        x = torch.randn(shape, generator=g, dtype=dtype)
+        xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ye, yo = m(xe), ort(xo)
+        what = f"{kw} {dtype} input {tuple(shape)}"
+        assert yo.shape == ye.shape, f"{what}: {tuple(yo.shape)} != {tuple(ye.shape)}"
+        if kw["mode"].startswith("nearest"):
+            assert torch.equal(yo, ye), what
+        else:
+            rel_close(what, yo, ye)
+        w = torch.randn(ye.shape, generator=g, dtype=dtype)
+        (ye * w).sum().backward()
+        (yo * w).sum().backward()
+        rel_close(f"{what} gradient", xo.grad, xe.grad)
+    assert captured_with(ort) == {"export"}
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+@pytest.mark.parametrize("how", [dict(scale_factor=s) for s in (0.5, 0.7, 1 / 3, 1.1, 1.5, 2.0, 2.05, 2.5, 3.0)]
+                         + [dict(size=s) for s in (1, 5, 22, 74)], ids=str)
+def test_interpolate_nearest_indices_and_gradients_as_eager(mode, how):
+    """Eager's source index per output (its float32 / float64 arithmetic), and its gradient, which
+    its backward sends to an index of its own: with scale_factor 1.1 at size 4 the forward reads
+    [0, 0, 1, 2] and the gradient goes as for [0, 1, 2, 3]; float64 differs at size 24 to 74."""
+    if "scale_factor" in how and how["scale_factor"] < 1:
+        sizes = range(3, 30)
+    else:
+        sizes = range(1, 30)
+    for dt in (torch.float32, torch.float64):
+        _interpolate_scan(1, list(sizes) + ([24, 26, 39] if "size" in how else []), dt, mode=mode, **how)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("how", [dict(scale_factor=s) for s in (0.5, 0.7, 1.1, 2.0, 2.5)]
+                         + [dict(size=s) for s in (1, 5, 22)], ids=str)
+def test_interpolate_linear_weights_as_eager(align_corners, how):
+    for dt in (torch.float32, torch.float64):
+        sizes = range(2 if "scale_factor" in how and how["scale_factor"] < 1 else 1, 26)
+        _interpolate_scan(1, sizes, dt, mode="linear", align_corners=align_corners, **how)
+
+
+def test_interpolate_2d_3d_and_sizes_from_the_graph():
+    """bilinear / trilinear nest the axes as eager (W, then H, then D); per-axis scales; a size read
+    from another tensor (a U-Net's skip connection)."""
+    for dt in (torch.float32, torch.float64):
+        _interpolate_scan(2, [(4, 6), (5, 3), (7, 7)], dt, mode="bilinear", size=(7, 5))
+        _interpolate_scan(2, [(4, 6), (5, 3), (1, 2)], dt, mode="bilinear", scale_factor=(1.5, 2.5), align_corners=True)
+        # 2-d nearest: eager's kernel for O_h + O_w <= 128 reads at its backward's index, the
+        # other at the formula's; one module sees both (the sizes are the call's)
+        _interpolate_scan(2, [(4, 6), (5, 3), (4, 120), (3, 70)], dt, mode="nearest", scale_factor=(2, 1.1))
+        _interpolate_scan(2, [(4, 6), (24, 61), (26, 40)], dt, mode="nearest", size=(22, 74))
+        _interpolate_scan(2, [(4, 6), (5, 130)], dt, mode="nearest-exact", scale_factor=(0.7, 1.1))
+        _interpolate_scan(2, [(5, 130), (3, 4)], dt, mode="bilinear", scale_factor=(1.1, 0.7))
+        _interpolate_scan(3, [(2, 3, 4), (3, 3, 1)], dt, mode="trilinear", scale_factor=2)
+        _interpolate_scan(3, [(2, 3, 4), (3, 3, 1)], dt, mode="nearest-exact", size=(3, 5, 2))
+    torch.manual_seed(0)
+    skip = _fn(lambda s, x, y: F.interpolate(s.c(x), size=y.shape[2:], mode="bilinear") + y, c=nn.Conv2d(2, 3, 3))
+    _outputs_match(skip, torch.randn(2, 2, 6, 5), torch.randn(2, 3, 9, 7))
+
+
+def test_interpolate_refused_where_not_reproduced():
+    with pytest.raises(ortmod.UnsupportedModelError, match="upsample_bicubic2d.* not yet reviewed"):
+        ORTModule(_fn(lambda s, x: F.interpolate(x, scale_factor=2, mode="bicubic")))(torch.randn(1, 2, 4, 4))
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"upsample_bilinear2d\.vec .*torch.bfloat16"):
+        ORTModule(_fn(lambda s, x: F.interpolate(x, scale_factor=2, mode="bilinear")).bfloat16())(
+            torch.randn(1, 2, 4, 4, dtype=torch.bfloat16))
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"upsample_nearest2d\.vec .*channels-last"):
+        ORTModule(_fn(lambda s, x: F.interpolate(x * 2, scale_factor=2)))(
+            torch.randn(1, 4, 3, 3).contiguous(memory_format=torch.channels_last))
+
+
+def test_sin_cos_type_as_new_zeros():
+    """The ops the model zoo's rotary embeddings (Llama, Falcon), RoBERTa's position ids and BART's
+    shifted decoder inputs reach: torchlib's rules as they are."""
+    torch.manual_seed(0)
+
+    def forward(s, x, i):
+        h = s.a(x)
+        z = h.new_zeros(h.shape[0], 2)
+        return torch.sin(h) * torch.cos(h * 3), i.type_as(h) * h, torch.cat([z, h], 1), h.new_zeros(3, dtype=torch.int64)
+    _outputs_match(_fn(forward, a=nn.Linear(3, 4)), torch.randn(5, 3), torch.arange(5).unsqueeze(1))
+
+
+def test_silu_ceil_fill_repeat():
+    torch.manual_seed(0)
+
+    def forward(s, x):
+        h = s.a(x)
+        filled = torch.zeros_like(h).fill_(h[0, 0])        # fill.Tensor: the value's gradient is dy summed
+        return (F.silu(h * 40), torch.ceil(h * 3) * h, filled * h, torch.ones_like(h).fill_(2.5) + h,
+                h.repeat(2, 3), h.repeat(2, 1, 2) * 2)
+    _outputs_match(_fn(forward, a=nn.Linear(3, 4)), torch.randn(5, 3))
