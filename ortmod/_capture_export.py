@@ -46,7 +46,7 @@ import time
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _pyop
+from . import _capture, _export_rules_rnn, _pyop
 from ._capture import (Exported, ExportError, GraphInput, UnsupportedDataError, UnsupportedModelError,
                        _FlatWrapper)
 
@@ -359,7 +359,7 @@ def _translations():
         tracer.nodes.append(node)
         return tuple(node.outputs)
 
-    from . import _export_rules, _export_rules_rnn
+    from . import _export_rules
     return {
         torch.ops.ortmod.python_op.default: python_op_onnx,
         **_export_rules.translations(op, ir, stop_gradient_op),
@@ -713,7 +713,7 @@ def _export(module, flat, recorder):
     dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
     with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
         try:
-            with _intercepting_apply(recorder):
+            with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module):
                 ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,), strict=False)
         except UnsupportedModelError:
             raise
@@ -1097,9 +1097,17 @@ def _check_rnn_layout(node):
         return None
     params, has_biases, num_layers, bidirectional = node.args[2], node.args[3], node.args[4], node.args[7]
     per = 4 if has_biases else 2
-    if len(params) != num_layers * (2 if bidirectional else 1) * per:
-        if name.startswith("aten::lstm"):
-            return "nn.LSTM(proj_size > 0) is not translated by ortmod on this path (ONNX's LSTM has no projection)"
+    count = num_layers * (2 if bidirectional else 1)
+    if len(params) == count * (per + 1) and name.startswith("aten::lstm"):
+        # proj_size > 0: ortmod's rule unrolls over the sequence, whose length it needs as a number
+        val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        steps = _size_expr(val.shape[1 if node.args[8] else 0]) if isinstance(val, torch.Tensor) else None
+        if not isinstance(steps, int):
+            return "nn.LSTM(proj_size > 0) needs its sequence length fixed at export (ortmod unrolls it)"
+        if not 0 < steps <= _export_rules_rnn.MAX_UNROLL:
+            return (f"nn.LSTM(proj_size > 0) with a sequence of {steps} steps: ortmod unrolls 1 to "
+                    f"{_export_rules_rnn.MAX_UNROLL}")
+    elif len(params) != count * per:
         return f"{len(params)} weights for {num_layers} layer(s), bias={bool(has_biases)} are not reviewed"
     return _check_rnn(node)
 

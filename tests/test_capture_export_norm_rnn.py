@@ -205,8 +205,33 @@ def test_user_unbind_becomes_selects():
     parity(Steps(), _x(2, 4, 3))
 
 
+@pytest.mark.parametrize("make, shape, state", [
+    (lambda: nn.LSTM(3, 4, proj_size=2), (5, 2, 3), None),
+    (lambda: nn.LSTM(3, 5, proj_size=3, num_layers=2, bidirectional=True), (4, 2, 3), None),
+    (lambda: nn.LSTM(3, 4, proj_size=2, batch_first=True, bias=False), (2, 6, 3), None),
+    (lambda: nn.LSTM(3, 4, proj_size=3), (5, 3), None),                               # unbatched
+    (lambda: nn.LSTM(3, 4, proj_size=2, num_layers=2), (4, 2, 3), [(2, 2, 2), (2, 2, 4)]),
+    (lambda: nn.LSTM(3, 4, proj_size=2, bidirectional=True, batch_first=True), (2, 3, 3), [(2, 2, 2), (2, 2, 4)]),
+], ids=lambda v: None if callable(v) else str(v))
+def test_lstm_with_projections_unrolled(make, shape, state):
+    lstm = make()
+    parity(WithState(lstm) if state else lstm, _x(*shape), *[_x(*s) for s in state or []])
+
+
+def test_lstm_with_projections_exports_again_for_another_length():
+    torch.manual_seed(0)
+    lstm = nn.LSTM(3, 4, proj_size=2, num_layers=2)
+    eager, ort = copy.deepcopy(lstm), ORTModule(copy.deepcopy(lstm), DebugOptions(capture="export"))
+    for steps in (5, 7, 5):
+        x = _x(steps, 2, 3)
+        for k, (a, b) in enumerate(zip(_tensors(ort(x)), _tensors(eager(x)))):
+            rel_close(f"length {steps} output {k}", a, b)
+    # every change of length exports again (the graph is unrolled for one length): never a stale graph
+    assert ort._ortmod_export_count == 3
+
+
 @pytest.mark.parametrize("make, why", [
-    (lambda: nn.LSTM(3, 4, proj_size=2), r"nn.LSTM\(proj_size > 0\) is not translated"),
+    (lambda: nn.LSTM(3, 4, proj_size=2), r"nn.LSTM\(proj_size > 0\) with a sequence of 513 steps"),
     (lambda: nn.LSTM(3, 4, num_layers=2, dropout=0.3), "dropout between recurrent layers in training mode"),
     (lambda: nn.GRU(3, 4, num_layers=2, dropout=0.3), "dropout between recurrent layers in training mode"),
     (lambda: nn.RNN(3, 4, num_layers=2, dropout=0.3), "dropout between recurrent layers in training mode"),
@@ -214,4 +239,4 @@ def test_user_unbind_becomes_selects():
 def test_recurrent_refusals_are_by_name(make, why):
     m = ORTModule(make(), DebugOptions(capture="export"))
     with pytest.raises(UnsupportedModelError, match=why):
-        m(_x(5, 2, 3))
+        m(_x(513 if "513" in why else 5, 2, 3))
