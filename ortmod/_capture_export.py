@@ -1089,9 +1089,10 @@ def _check_instance_norm(node):
 
 def _check_rnn_layout(node):
     # lstm/gru/rnn_*.input(input, hx, params, has_biases, num_layers, dropout, train,
-    # bidirectional, batch_first). The translations read (W_ih, W_hh[, b_ih, b_hh]) per layer and
-    # direction; nn.LSTM(proj_size > 0) adds W_hr, which torchlib's LSTM rule silently reads as
-    # the next direction's weights. The packed-sequence overloads (.data) are not reviewed.
+    # bidirectional, batch_first). ortmod's rules (_export_rules_rnn.py) read (W_ih, W_hh[, b_ih,
+    # b_hh]) per layer and direction, and nn.LSTM(proj_size > 0)'s W_hr after them (torchlib's
+    # LSTM rule would read it as the next direction's weights); any other count is refused. The
+    # packed-sequence overloads (.data) are not reviewed.
     name = node.target.name()
     if not name.endswith(".input"):
         return None
