@@ -46,7 +46,7 @@ import time
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _pyop
+from . import _capture, _export_rules_rnn, _pyop
 from ._capture import (Exported, ExportError, GraphInput, UnsupportedDataError, UnsupportedModelError,
                        _FlatWrapper)
 
@@ -101,8 +101,10 @@ def _splits_to_slices(gm):
     """``split`` / ``split_with_sizes`` with constant sizes -> one ``slice`` per piece used. torchlib
     translates a split to an ONNX sequence (SplitToSequence and a local function per piece), which
     the engine does not take; the pieces' bounds are known here."""
-    targets = {torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default}
-    changed = False
+    # unsafe_split: LSTMCell/GRUCell's gates (the same pieces, only autograd's view checks differ)
+    targets = {torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default,
+               torch.ops.aten.unsafe_split.Tensor, torch.ops.aten.unsafe_split_with_sizes.default}
+    changed = _unbinds_to_selects(gm)
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in targets:
             continue
@@ -111,7 +113,7 @@ def _splits_to_slices(gm):
         dim = _const_arg(node, 2, "dim", 0)
         if not isinstance(pieces, (list, tuple)) or not isinstance(dim, int):
             continue
-        if node.target is torch.ops.aten.split.Tensor:
+        if node.target in (torch.ops.aten.split.Tensor, torch.ops.aten.unsafe_split.Tensor):
             if not isinstance(sizes, int):
                 continue
             bounds = [(k * sizes, (k + 1) * sizes if k + 1 < len(pieces) else sys.maxsize)
@@ -132,6 +134,25 @@ def _splits_to_slices(gm):
         changed = True
     if changed:
         gm.recompile()
+
+
+def _unbinds_to_selects(gm):
+    """``unbind(x, dim)`` -> one ``select(x, dim, i)`` per piece used: torchlib's unbind is an ONNX
+    sequence where the size is symbolic, and the pieces are selects in eager's meaning."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.unbind.int:
+            continue
+        dim = _const_arg(node, 1, "dim", 0)
+        users = list(node.users)
+        if not isinstance(dim, int) or not all(u.target is operator.getitem for u in users):
+            continue
+        for u in users:
+            u.target = torch.ops.aten.select.int
+            u.args = (node.args[0], dim, u.args[1])
+        gm.graph.erase_node(node)
+        changed = True
+    return changed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,6 +363,7 @@ def _translations():
     return {
         torch.ops.ortmod.python_op.default: python_op_onnx,
         **_export_rules.translations(op, ir, stop_gradient_op),
+        **_export_rules_rnn.translations(op, ir, stop_gradient_op),
         torch.ops.aten.cosine_similarity.default: cosine_similarity,
         torch.ops.aten.embedding.default: embedding,
         torch.ops.aten.sort.default: sort,
@@ -842,6 +864,10 @@ def _export(module, flat, recorder, strict_trace=False):
         raise ExportError(f"the torch.export capture path needs torch's ONNX translator and onnxscript: {e}") from e
     timings = {}
     t0 = time.perf_counter()
+    # BatchNorm(momentum=None) in training: refused by name, as on the TorchScript path (its
+    # factor 1/num_batches_tracked is a Python number read from a buffer, on which torch.export
+    # fails with a data-dependent guard)
+    _capture._batchnorm_buffers(module)
     wrapper = _ExportWrapper(module, flat)
     tensor_indices = flat.tensor_indices()
     tensors = tuple(flat.leaves[i] for i in tensor_indices)
@@ -849,7 +875,7 @@ def _export(module, flat, recorder, strict_trace=False):
     frozen = False
     with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
         try:
-            with _intercepting_apply(recorder):
+            with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module):
                 ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,), strict=False)
         except UnsupportedModelError:
             raise
@@ -1248,6 +1274,47 @@ def _check_upsample_nearest(node):
     return None
 
 
+# ---- norms and recurrent layers (issue 16) ----------------------------------------------------
+
+def _check_instance_norm(node):
+    # instance_norm(input, weight, bias, running_mean, running_var, use_input_stats, ...): the
+    # TorchScript path's refusals (ortmod/_semantics.py _instance_norm_symbolic)
+    stats = node.args[3] is not None and node.args[4] is not None
+    if _const_arg(node, 5, "use_input_stats", True):
+        if stats:
+            return ("InstanceNorm with track_running_stats=True in training: ortmod does not update instance "
+                    "norm's running statistics")
+    elif not stats:
+        return "instance_norm without input statistics needs running statistics"
+    return None
+
+
+def _check_rnn_layout(node):
+    # lstm/gru/rnn_*.input(input, hx, params, has_biases, num_layers, dropout, train,
+    # bidirectional, batch_first). ortmod's rules (_export_rules_rnn.py) read (W_ih, W_hh[, b_ih,
+    # b_hh]) per layer and direction, and nn.LSTM(proj_size > 0)'s W_hr after them (torchlib's
+    # LSTM rule would read it as the next direction's weights); any other count is refused. The
+    # packed-sequence overloads (.data) are not reviewed.
+    name = node.target.name()
+    if not name.endswith(".input"):
+        return None
+    params, has_biases, num_layers, bidirectional = node.args[2], node.args[3], node.args[4], node.args[7]
+    per = 4 if has_biases else 2
+    count = num_layers * (2 if bidirectional else 1)
+    if len(params) == count * (per + 1) and name.startswith("aten::lstm"):
+        # proj_size > 0: ortmod's rule unrolls over the sequence, whose length it needs as a number
+        val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        steps = _size_expr(val.shape[1 if node.args[8] else 0]) if isinstance(val, torch.Tensor) else None
+        if not isinstance(steps, int):
+            return "nn.LSTM(proj_size > 0) needs its sequence length fixed at export (ortmod unrolls it)"
+        if not 0 < steps <= _export_rules_rnn.MAX_UNROLL:
+            return (f"nn.LSTM(proj_size > 0) with a sequence of {steps} steps: ortmod unrolls 1 to "
+                    f"{_export_rules_rnn.MAX_UNROLL}")
+    elif len(params) != count * per:
+        return f"{len(params)} weights for {num_layers} layer(s), bias={bool(has_biases)} are not reviewed"
+    return _check_rnn(node)
+
+
 _CHECKS = {
     "aten::upsample_nearest2d": _check_upsample_nearest, "aten::upsample_nearest3d": _check_upsample_nearest,
     "aten::_upsample_nearest_exact2d": _check_upsample_nearest, "aten::_upsample_nearest_exact3d": _check_upsample_nearest,
@@ -1266,8 +1333,13 @@ _CHECKS = {
     "aten::pad": _check_pad,
     "aten::cross_entropy_loss": _check_cross_entropy,
     "aten::_native_batch_norm_legit_functional": _check_batch_norm,
-    "aten::lstm": _check_rnn, "aten::gru": _check_rnn, "aten::rnn_tanh": _check_rnn, "aten::rnn_relu": _check_rnn,
     "aten::embedding": _check_embedding,
+    # norms and recurrent layers (issue 16)
+    "aten::instance_norm": _check_instance_norm,
+    "aten::_native_batch_norm_legit": _check_batch_norm,     # .no_stats: its saved mean / invstd
+    # _check_rnn_layout ends with _check_rnn (the dropout and proj_size refusals)
+    "aten::lstm": _check_rnn_layout, "aten::gru": _check_rnn_layout, "aten::rnn_tanh": _check_rnn_layout,
+    "aten::rnn_relu": _check_rnn_layout,
 }
 
 AUDIT_LOG = None     # a set: while set, every op the audit sees is added (to grow the reviewed list)
@@ -1417,4 +1489,16 @@ REVIEWED = frozenset({
     # repeat: torchlib's Expand to len(repeats) dims (eager's leading new dims) then Tile; the
     # engine's Tile and Expand gradients sum the copies, as eager's
     "aten::repeat",
+    # norms and recurrent layers (issue 16)
+    # ortmod's rules (_export_rules.py), the TorchScript path's decomposition: group_norm;
+    # instance_norm (eval reads running stats; training with them refused by _CHECKS); BatchNorm
+    # without running stats (batch statistics, differentiated through)
+    "aten::group_norm", "aten::instance_norm", "aten::_native_batch_norm_legit.no_stats",
+    # torchlib's bilinear: x1 (in1 -> out*in2 by the permuted weight) then a batched MatMul with
+    # x2, plus the bias; eager's sum_ij x1_i W_kij x2_j + b_k for any leading dims and no bias
+    "aten::bilinear",
+    # ortmod's LSTM/GRU/RNN (_export_rules_rnn.py): one ONNX node per layer, the engine's, as
+    # the TorchScript path exports (torchlib's LSTM/GRU read the hidden size from a state whose
+    # dims may be symbolic); _CHECKS refuses projections and dropout between layers in training
+    "aten::lstm.input", "aten::gru.input", "aten::rnn_tanh.input", "aten::rnn_relu.input",
 })
