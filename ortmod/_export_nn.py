@@ -489,6 +489,8 @@ def _upsample_call(g, what, rank, x, output_size, scale_args, align_corners=None
         scales = [_float_or_none(s, what) for s in scale_args]    # the default overload
     if scales is not None and len(scales) != rank:
         _refuse(what, f"{len(scales)} scales for {rank} spatial dims")
+    if scales is not None:
+        scales = _traced_scales(g, len(scale_args), scales)
     out = _int_list(output_size, what, "output_size")
     from torch.onnx import symbolic_helper as sh
     if out is None and not sh._is_none(output_size):
@@ -514,6 +516,32 @@ def _upsample_call(g, what, rank, x, output_size, scale_args, align_corners=None
         extra = [align_corners] if align_corners is not None else []
         out = list(vec(torch.zeros([1, 1] + spatial), None, *extra, scales).shape[2:])
     return spatial, out, scales
+
+
+def _traced_scales(g, count, scales):
+    """The scales as the traced call held them: the ONNX graph stores a scale as a float32
+    constant, while eager computes with the double (scale_factor 0.7 at size 10 gives 7 outputs,
+    its float32 rounding 6), so each is read back from the traced node's own constant, checked to
+    round to the value the ONNX graph holds."""
+    node = getattr(g, "original_node", None)
+    if node is None or node.inputsSize() < count:
+        return scales
+    held = []
+    for i in range(node.inputsSize() - count, node.inputsSize()):
+        v = node.inputsAt(i)
+        if v.node().kind() != "prim::Constant":
+            return scales
+        held.append(v.toIValue())
+    if count == 1 and (isinstance(held[0], (list, tuple)) or held[0] is None):
+        held = held[0]
+        if held is not None and len(held) == 1:
+            held = list(held) * len(scales)
+    if held is None or len(held) != len(scales):
+        return scales
+    f32 = lambda v: None if v is None else float(torch.tensor(float(v), dtype=torch.float32))
+    if any(f32(h) != f32(s) for h, s in zip(held, scales)):
+        return scales
+    return [None if h is None else float(h) for h in held]
 
 
 def _all_inputs_static(g):
