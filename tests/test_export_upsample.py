@@ -208,3 +208,24 @@ def test_torchscript_nearest_1d_as_eager(how, mode, dtype):
 ], ids=str)
 def test_torchscript_nearest_2d_3d_as_eager(kw, sizes, dtype):
     _scan_ts(sizes, dtype, **kw)
+
+
+def test_torchscript_nearest_nonfinite_where_the_indices_differ():
+    # scale_factor 1.1 at size 4, float32: forward [0, 0, 1, 2], backward [0, 1, 2, 3]. The
+    # value is eager's even where the backward's element is inf or NaN; the documented gap
+    # (_export_rules.gather_with_gradient_at): that output's gradient reaches no element, where
+    # eager's reaches the inf / NaN one. Every other element's gradient is eager's.
+    kw = dict(scale_factor=1.1, mode="nearest")
+    m = ORTModule(Fn(lambda v: F.interpolate(v, **kw)), ortmod.DebugOptions(capture="torchscript"))
+    x = torch.randn(1, 2, 4)
+    x[0, 0, 3], x[0, 1, 2] = float("inf"), float("nan")
+    xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yo = F.interpolate(xe, **kw), m(xo)
+    assert torch.equal(yo.isnan(), ye.isnan()) and torch.equal(yo.nan_to_num(), ye.nan_to_num())
+    dy = torch.tensor([[[1.0, 2, 3, 4]], [[5, 6, 7, 8]]]).reshape(1, 2, 4)
+    (ye * dy).sum().backward()
+    (yo * dy).sum().backward()
+    want = xe.grad.clone()
+    want[0, 0, 3] -= dy[0, 0, 3]     # output 3 reads x[2] and eager sends its gradient to x[3]
+    want[0, 1, 2] -= dy[0, 1, 2]     # output 2 reads x[1] and eager sends its gradient to x[2]
+    assert torch.equal(xo.grad, want), (xo.grad, xe.grad)
