@@ -489,6 +489,8 @@ def _upsample_call(g, what, rank, x, output_size, scale_args, align_corners=None
         scales = [_float_or_none(s, what) for s in scale_args]    # the default overload
     if scales is not None and len(scales) != rank:
         _refuse(what, f"{len(scales)} scales for {rank} spatial dims")
+    if scales is not None:
+        scales = _traced_scales(g, len(scale_args), scales)
     out = _int_list(output_size, what, "output_size")
     from torch.onnx import symbolic_helper as sh
     if out is None and not sh._is_none(output_size):
@@ -514,6 +516,32 @@ def _upsample_call(g, what, rank, x, output_size, scale_args, align_corners=None
         extra = [align_corners] if align_corners is not None else []
         out = list(vec(torch.zeros([1, 1] + spatial), None, *extra, scales).shape[2:])
     return spatial, out, scales
+
+
+def _traced_scales(g, count, scales):
+    """The scales as the traced call held them: the ONNX graph stores a scale as a float32
+    constant, while eager computes with the double (scale_factor 0.7 at size 10 gives 7 outputs,
+    its float32 rounding 6), so each is read back from the traced node's own constant, checked to
+    round to the value the ONNX graph holds."""
+    node = getattr(g, "original_node", None)
+    if node is None or node.inputsSize() < count:
+        return scales
+    held = []
+    for i in range(node.inputsSize() - count, node.inputsSize()):
+        v = node.inputsAt(i)
+        if v.node().kind() != "prim::Constant":
+            return scales
+        held.append(v.toIValue())
+    if count == 1 and (isinstance(held[0], (list, tuple)) or held[0] is None):
+        held = held[0]
+        if held is not None and len(held) == 1:
+            held = list(held) * len(scales)
+    if held is None or len(held) != len(scales):
+        return scales
+    f32 = lambda v: None if v is None else float(torch.tensor(float(v), dtype=torch.float32))
+    if any(f32(h) != f32(s) for h, s in zip(held, scales)):
+        return scales
+    return [None if h is None else float(h) for h in held]
 
 
 def _all_inputs_static(g):
@@ -542,38 +570,59 @@ def _is_list_value(v):
     return isinstance(t, torch._C.ListType) or (v.node().kind() == "prim::ListConstruct")
 
 
-def _probe_nearest(op, spatial, out, scales, what):
-    """Eager's source index along each axis, read off eager's own output for a probe whose
-    elements hold their flat index (float64: exact); checked to be separable."""
-    n = 1
-    for L in spatial:
-        n *= L
-    if n >= 2 ** 53:
-        _refuse(what, "the input plane is too large to probe")
-    probe = torch.arange(n, dtype=torch.float64).reshape([1, 1] + spatial)
-    y = op(probe, out, *scales)
-    if list(y.shape[2:]) != out:
-        _refuse(what, f"eager gives output sizes {list(y.shape[2:])}, not {out}")
-    flat = y[0, 0].to(torch.int64)
-    coords, rest = [], flat
-    for L in reversed(spatial):
-        coords.append(rest % L)
-        rest = rest // L
-    coords.reverse()
-    idx = []
-    for a in range(len(spatial)):
-        sel = [0] * len(spatial)
-        sel[a] = slice(None)
-        idx.append(coords[a][tuple(sel)].clone())
-    # separable: every output's source is (idx_0[o_0], ..., idx_k[o_k])
-    rebuilt = torch.zeros(out, dtype=torch.int64)
-    for a, v in enumerate(idx):
-        shape = [1] * len(spatial)
+def _probe_nearest(op, spatial, out, scales, what, dtype):
+    """Eager's source index along each axis, forward and backward, read off eager's own kernels
+    in the input's op-math dtype (float32 for float16 / bfloat16: the index arithmetic differs
+    between float32 and float64). Forward: per axis a probe holding each element's coordinate
+    along that axis (exact: coordinates < 2 ** 24), checked to depend only on the output's own
+    coordinate along it. Backward: eager's backward computes its own index (UpSample.h's
+    nearest_idx / nearest_exact_idx, in float, copying for O == L and halving for O == 2 L),
+    which differs from the forward's for some sizes (scale_factor 1.1 at size 4: forward
+    [0, 0, 1, 2], gradient as for [0, 1, 2, 3]); read as per-input counts of ones (the index is
+    nondecreasing), then checked against eager's backward of an integer-valued gradient.
+    Returns [(forward index, backward index)] per axis."""
+    pdt = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    if max(spatial + out) >= 2 ** 24:
+        _refuse(what, "a spatial size is too large to probe")
+    k = len(spatial)
+    line = lambda t, a: t[(0, 0) + tuple(slice(None) if b == a else 0 for b in range(k))]
+    fwd = []
+    for a in range(k):
+        shape = [1] * k
+        shape[a] = spatial[a]
+        probe = torch.arange(spatial[a], dtype=pdt).reshape([1, 1] + shape).expand([1, 1] + spatial).contiguous()
+        y = op(probe, out, *scales)
+        if list(y.shape[2:]) != out:
+            _refuse(what, f"eager gives output sizes {list(y.shape[2:])}, not {out}")
+        idx = line(y, a)
+        shape = [1] * k
         shape[a] = out[a]
-        rebuilt = rebuilt * spatial[a] + v.reshape(shape)
-    if not torch.equal(rebuilt, flat):
-        _refuse(what, "eager's source indices are not one per axis (cannot be gathered axis by axis)")
-    return idx
+        if not torch.equal(y[0, 0], idx.reshape(shape).expand(out)):
+            _refuse(what, "eager's source indices are not one per axis (cannot be gathered axis by axis)")
+        fwd.append(idx.to(torch.int64))
+    probe = torch.zeros([1, 1] + spatial, dtype=pdt, requires_grad=True)
+    counts, = torch.autograd.grad(op(probe, out, *scales), probe, torch.ones([1, 1] + out, dtype=pdt))
+    counts = counts.to(torch.float64)
+    bwd = []
+    for a in range(k):
+        per = counts[0, 0].sum([b for b in range(k) if b != a]) if k > 1 else counts[0, 0]
+        others = 1
+        for b in range(k):
+            others *= out[b] if b != a else 1
+        c = (per / others).round().to(torch.int64)
+        if int(c.sum()) != out[a]:
+            _refuse(what, "eager's backward sends the gradient in a way ortmod does not gather axis by axis")
+        bwd.append(torch.repeat_interleave(torch.arange(spatial[a]), c))
+    g = torch.Generator().manual_seed(0)
+    dy = torch.randint(-4, 5, [1, 1] + out, generator=g)
+    want, = torch.autograd.grad(op(probe, out, *scales), probe, dy.to(pdt))
+    have = dy.to(torch.float64)
+    for a in range(k):
+        src = torch.zeros(have.shape[:2 + a] + (spatial[a],) + have.shape[3 + a:], dtype=torch.float64)
+        have = src.index_add(2 + a, bwd[a], have)
+    if not torch.equal(want.to(torch.float64), have):
+        _refuse(what, "eager's backward sends the gradient in a way ortmod does not gather axis by axis")
+    return list(zip(fwd, bwd))
 
 
 def _nearest_symbolic(rank, exact):
@@ -582,13 +631,25 @@ def _nearest_symbolic(rank, exact):
 
     def symbolic(g, input, output_size, *scale_args):
         """nearest / nearest-exact: per spatial axis a Gather with eager's own source indices
-        (probed, _probe_nearest); Gather's gradient is a scatter-add, as eager's backward."""
+        (probed, _probe_nearest); Gather's gradient is a scatter-add, as eager's backward, by
+        the forward's index; where eager's backward computes another, the gradient goes there
+        (_export_rules.gather_with_gradient_at, shared with the torch.export path)."""
+        from ._export_rules import gather_with_gradient_at
+        from ._semantics import _stop_gradient
         spatial, out, scales = _upsample_call(g, what, rank, input, output_size, scale_args)
+
+        def emit(op_type, *inputs, axis=None):
+            return g.op(op_type, *inputs, **({} if axis is None else {"axis_i": axis}))
+
         y = input
-        for a, idx in enumerate(_probe_nearest(op, spatial, out, scales, what)):
-            if out[a] == spatial[a] and torch.equal(idx, torch.arange(out[a])):
+        for a, (fwd, bwd) in enumerate(_probe_nearest(op, spatial, out, scales, what, _dtype_of(input))):
+            if torch.equal(fwd, bwd):
+                if not (out[a] == spatial[a] and torch.equal(fwd, torch.arange(out[a]))):
+                    y = g.op("Gather", y, _const(g, fwd.tolist(), _I64), axis_i=2 + a)
                 continue
-            y = g.op("Gather", y, _const(g, idx.tolist(), _I64), axis_i=2 + a)
+            same = _const(g, torch.eq(fwd, bwd).reshape([-1] + [1] * (rank - 1 - a)).tolist(), torch.bool)
+            y = gather_with_gradient_at(emit, lambda v: _stop_gradient(g, v), y,
+                                        _const(g, fwd.tolist(), _I64), _const(g, bwd.tolist(), _I64), same, 2 + a)
         return y
     return symbolic
 

@@ -9,6 +9,24 @@ functions are traced by torch's exporter (trace mode: Python branches on the arg
 import torch
 
 
+def gather_with_gradient_at(emit, stop_gradient, y, fwd, bwd, same, axis):
+    """Gather y along axis at fwd for the value, with the gradient scattered at bwd (nearest
+    upsampling's backward computes its own index: see "upsampling" in translations). Shared by
+    both capture paths; emit(op_type, *inputs, axis=None) builds one node in the caller's graph,
+    same is a bool tensor broadcastable to the result, true where fwd == bwd.
+
+    Where they differ: Gather of the stopped y at fwd plus (y[bwd] - stop(y[bwd])), which is 0
+    with gradient 1 at bwd. Left: where y[bwd] is inf or NaN that difference is NaN, so the
+    value is the stopped read alone (eager's) and that output's gradient reaches no element,
+    where eager's reaches y[bwd]; no op of the engine carries a gradient past such a value."""
+    read = emit("Gather", y, fwd, axis=axis)
+    at_b = emit("Gather", y, bwd, axis=axis)
+    carried = emit("Sub", at_b, stop_gradient(at_b))
+    stopped = emit("Gather", stop_gradient(y), fwd, axis=axis)
+    moved = emit("Where", emit("IsNaN", carried), stopped, emit("Add", stopped, carried))
+    return emit("Where", same, read, moved)
+
+
 def translations(op, ir, stop_gradient):
     from typing import Optional, Sequence, Tuple
     from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor, TInt
@@ -644,7 +662,8 @@ def translations(op, ir, stop_gradient):
     # formula in T. They differ, e.g., for float64 at L 24, O 74, or float32 with scale_factor
     # 1.1 at L 4 (forward [0, 0, 1, 2], the gradient as for [0, 1, 2, 3]). Where they can, the
     # value is read at the forward's index and the gradient sent to the backward's: Gather of
-    # the stopped input at one plus (x[b] - stop(x[b])) at the other, per output position
+    # the stopped input at one plus (x[b] - stop(x[b])) at the other (gather_with_gradient_at, which
+    # the TorchScript path shares), per output position
     # where they differ. Left: at such a position whose x[b] is inf or NaN the value stays
     # eager's but that element gets no gradient where eager's gets dy.
 
@@ -700,6 +719,9 @@ def translations(op, ir, stop_gradient):
         # a vector over axis a, shaped to broadcast against a rank-`rank` tensor
         return op.Reshape(v, ints([-1] + [1] * (rank - 1 - a)))
 
+    def emit(op_type, *inputs, axis=None):
+        return getattr(op, op_type)(*inputs, **({} if axis is None else {"axis": axis}))
+
     def nearest(rank, exact):
         def rule(x, output_size, scales):
             r = len(x.shape)
@@ -721,12 +743,7 @@ def translations(op, ir, stop_gradient):
                 if not may_differ(T, scales[k], exact):
                     y = op.Gather(y, fwd, axis=a)
                     continue
-                read = op.Gather(y, fwd, axis=a)
-                at_b = op.Gather(y, bwd, axis=a)
-                carried = op.Sub(at_b, stop_gradient(at_b))
-                stopped = op.Gather(stop_gradient(y), fwd, axis=a)
-                moved = op.Where(op.IsNaN(carried), stopped, op.Add(stopped, carried))
-                y = op.Where(along(op.Equal(fwd, bwd), a, r), read, moved)
+                y = gather_with_gradient_at(emit, stop_gradient, y, fwd, bwd, along(op.Equal(fwd, bwd), a, r), a)
             return y
         return rule
 
