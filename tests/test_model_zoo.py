@@ -816,9 +816,7 @@ def test_zoo_parity(name):
 # the run, so the list cannot go stale).
 EXPORT_ZOO = ("gpt2", "llama", "bert", "t5", "whisper", "vit", "nn.TransformerEncoder-bf")
 EXPORT_REFUSED = {
-    "llama": "aten::cos is not yet reviewed for the torch.export path",
     "t5": "torch's decomposition cannot view the transposed attention output with symbolic sizes",
-    "whisper": "aten::new_zeros is not yet reviewed for the torch.export path",
     "nn.TransformerEncoder-bf": "aten::remainder.Scalar is not yet reviewed for the torch.export path",
 }
 
