@@ -132,6 +132,47 @@ def _splits_to_slices(gm):
         gm.recompile()
 
 
+def _views_to_view_copies(gm):
+    """``view`` / ``_unsafe_view`` -> ``view_copy`` in the decomposed (functional) graph. torch.export
+    records a ``view`` (and drops a ``.contiguous()``) where the strides it saw allowed one: strides
+    of the kernels that ran in the trace. The translator's type-promotion pass runs the graph again
+    on fake tensors under ``backed_size_oblivious``, where a kernel may give another layout (CPU
+    scaled_dot_product_attention with a learned mask: (B, S, H, D) strides in the trace, contiguous
+    ones there), and the recorded view of its transpose is then refused ("Cannot view a tensor
+    ...": T5, Swin). Strides are not part of an ONNX graph: in a graph without mutation a view and
+    a copy hold the same values, and ``view_copy`` copies where a view cannot be made. A graph with
+    a mutating op keeps its views (an alias there is meaning); _audit refuses such ops anyway."""
+    targets = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in nodes):
+        return
+    changed = False
+    for node in nodes:
+        if node.target in targets:
+            node.target = torch.ops.aten.view_copy.default
+            changed = True
+    if changed:
+        gm.recompile()
+
+
+def _prepare(ep, registry):
+    """torch's _core._prepare_exported_program_for_export (decomposition for the registry, explicit
+    type promotion, assertions removed, under backed_size_oblivious as there), with
+    _views_to_view_copies between decomposition and the type-promotion pass that runs the graph
+    again."""
+    from torch.onnx._internal.exporter import _fx_passes
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        ep = _fx_passes.decompose_with_registry(ep, registry)
+        gm = ep.graph_module
+        for sub in gm.modules():
+            if isinstance(sub, torch.fx.GraphModule):
+                _views_to_view_copies(sub)
+        _fx_passes.insert_type_promotion_nodes(gm)
+        gm = _fx_passes.remove_assertion_nodes(gm)
+        ep._graph_module = gm
+        return ep
+
+
 # ---------------------------------------------------------------------------------------------
 # ortmod's translations (onnxscript, traced by torch's exporter)
 
@@ -321,6 +362,7 @@ def _translations():
     from . import _export_rules
     return {
         **_export_rules.translations(op, ir, stop_gradient_op),
+        **_export_rules.zoo_translations(op, ir, stop_gradient_op),
         torch.ops.aten.cosine_similarity.default: cosine_similarity,
         torch.ops.aten.embedding.default: embedding,
         torch.ops.aten.sort.default: sort,
@@ -565,7 +607,7 @@ def export(module, flat, strict_trace=False, inline_functions=False):
     timings["registry"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     try:
-        ep = _core._prepare_exported_program_for_export(ep, registry=registry)
+        ep = _prepare(ep, registry)
     except Exception as e:
         raise _export_error(module, "decomposing the exported program", e) from e
     timings["decompose"] = time.perf_counter() - t1
@@ -1009,4 +1051,7 @@ REVIEWED = frozenset({
     "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d",
     # ortmod's rule (the TorchScript path's): taps gathered into blocks, MaxPool, indices mapped back
     "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
+    # ---- the model zoo's ops (issue 16) ----
+    # view_copy: a view in the decomposed graph (_views_to_view_copies), torchlib's view rule
+    "aten::view_copy",
 })

@@ -343,3 +343,23 @@ def translations(op, ir, stop_gradient):
         torch.ops.aten.log_sigmoid.default: log_sigmoid,
         torch.ops.prims.var.default: prims_var,
     }
+
+
+def zoo_translations(op, ir, stop_gradient):
+    """The rules the model zoo needs on this path (issue 16): view_copy (what
+    ``_capture_export._views_to_view_copies`` makes of a view)."""
+    from typing import Sequence
+    from onnxscript.function_libs.torch_lib.tensor_typing import TTensor
+    from onnxscript.function_libs.torch_lib.ops import core as tl_core
+    from onnxscript.onnx_types import INT64
+
+    # ---- view_copy -----------------------------------------------------------------------------
+
+    def view_copy(self: TTensor, size: Sequence[INT64]) -> TTensor:
+        # torchlib's view rule (Reshape with allowzero: a 0 in size is a dim of size 0, as in
+        # eager); its view_copy rule omits allowzero, where 0 would copy the input's dim
+        return tl_core.aten_view(self, size)
+
+    return {
+        torch.ops.aten.view_copy.default: view_copy,
+    }

@@ -697,3 +697,31 @@ def test_fractional_max_pool_with_fixed_samples(make_pool, shape, make):
 def test_fractional_max_pool_with_random_windows_is_refused():
     with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::(rand|fractional_max_pool2d)"):
         ORTModule(nn.FractionalMaxPool2d(2, output_size=3))(torch.randn(1, 2, 7, 7))
+
+
+# ---- strides the trace saw ---------------------------------------------------------------------
+
+class _HeadsMerged(nn.Module):
+    """Attention with a learned bias whose output is transposed back and flattened (transformers'
+    T5, Swin): torch.export records a view of the transpose and drops the .contiguous(), valid for
+    the (B, S, H, D) strides of the attention kernel its trace ran; the translator's second run
+    picks a kernel with contiguous output, and that view would be refused."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.o = nn.Linear(8, 24), nn.Linear(8, 3)
+        self.bias = nn.Parameter(torch.randn(1, 2, 1, 1))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 2, 4).transpose(1, 2) for t in self.qkv(x).split(8, -1))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias.expand(b, 2, s, s), scale=1.0)
+        return self.o(y.transpose(1, 2).contiguous().reshape(b, s, -1))
+
+
+def test_a_view_the_trace_allowed_by_strides_is_kept_as_a_value():
+    torch.manual_seed(0)
+    _both_dtypes(_HeadsMerged(), torch.randn(3, 5, 8))
+    ort = ORTModule(_HeadsMerged())
+    for b, s in ((2, 7), (4, 1)):                             # sizes stay symbolic
+        ort(torch.randn(b, s, 8)).sum().backward()
