@@ -1052,6 +1052,14 @@ REVIEWED = frozenset({
     # ortmod's rule (the TorchScript path's): taps gathered into blocks, MaxPool, indices mapped back
     "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
     # ---- the model zoo's ops (issue 16) ----
-    # view_copy: a view in the decomposed graph (_views_to_view_copies), torchlib's view rule
+    # ConstantOfShape, cast to dtype or self's: zeros, no gradient
+    "aten::new_zeros",
+    # ortmod's rules (_export_rules.zoo_translations):
+    # - scalar_tensor (listed above; every number the type-promotion pass makes a tensor), where
+    #   and fill with a number: the number in the tensor's dtype from its int64 or double
+    #   (torchlib's reach the graph as float32 constants: 0.1 in float64 was 0.10000000149);
+    # - fill with a tensor (torchlib's is a local function);
+    # - view_copy: a view in the decomposed graph (_views_to_view_copies), torchlib's view rule
+    "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::fill.Tensor", "aten::fill.Scalar",
     "aten::view_copy",
 })

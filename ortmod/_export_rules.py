@@ -346,12 +346,33 @@ def translations(op, ir, stop_gradient):
 
 
 def zoo_translations(op, ir, stop_gradient):
-    """The rules the model zoo needs on this path (issue 16): view_copy (what
-    ``_capture_export._views_to_view_copies`` makes of a view)."""
+    """The rules the model zoo needs on this path (issue 16): numbers made tensors (scalar_tensor),
+    where and fill with a number, fill with a tensor, and view_copy (what ``_capture_export._views_to_view_copies`` makes of a view)."""
     from typing import Sequence
     from onnxscript.function_libs.torch_lib.tensor_typing import TTensor
     from onnxscript.function_libs.torch_lib.ops import core as tl_core
     from onnxscript.onnx_types import INT64
+
+    def const(v, dt):
+        return op.Constant(value=ir.tensor(v, dtype=dt))
+
+    def number(v):
+        # a Python number as a constant of its own kind: an int64 beyond 2**53 stays exact
+        if isinstance(v, bool):
+            return const(v, ir.DataType.BOOL)
+        if isinstance(v, int):
+            return const(v, ir.DataType.INT64)
+        return const(float(v), ir.DataType.DOUBLE)
+
+    def scalar_as(value, dt):
+        # a Python number in dtype dt as eager converts a Scalar (an int64 or a double) to a
+        # tensor's dtype: from its own kind (an int64 beyond 2**53 exact, a float from its
+        # double, not through float32 as the translator types a number), Cast: rounded to nearest
+        # for floats, truncated for ints, nonzero for bool
+        v = number(value)
+        kind = ir.DataType.BOOL if isinstance(value, bool) else \
+            ir.DataType.INT64 if isinstance(value, int) else ir.DataType.DOUBLE
+        return v if kind == dt else op.Cast(v, to=dt)
 
     # ---- view_copy -----------------------------------------------------------------------------
 
@@ -360,6 +381,52 @@ def zoo_translations(op, ir, stop_gradient):
         # eager); its view_copy rule omits allowzero, where 0 would copy the input's dim
         return tl_core.aten_view(self, size)
 
+    # ---- fill ----------------------------------------------------------------------------------
+
+    def fill_tensor(self: TTensor, value: TTensor) -> TTensor:
+        # eager: self's shape and dtype, every element value (a 0-d tensor) converted to self's
+        # dtype; the gradient is zeros for self and grad.sum() for value: Expand's. torchlib's
+        # rule is an ONNX local function, which the engine does not take.
+        if value.dtype != self.dtype:
+            value = op.Cast(value, to=self.dtype)
+        return op.Expand(value, op.Shape(self))
+
+    def fill_scalar(self: TTensor, value: float) -> TTensor:
+        return op.Expand(scalar_as(value, self.dtype), op.Shape(self))
+
+    # ---- numbers the type-promotion pass makes tensors ------------------------------------------
+
+    def scalar_tensor(s: int, dtype: int = ir.DataType.FLOAT, layout: str = "", device: str = "",
+                      pin_memory: bool = False) -> TTensor:
+        # The type-promotion pass turns every number operand (x * 0.1, where(m, x, 0.1), ...) into
+        # scalar_tensor(number, dtype=the op's dtype). torchlib's rule takes s as a tensor input,
+        # so the translator first makes a Python float a float32 constant, then Casts it: 0.1 in
+        # a float64 graph is 0.10000000149. Here s is an attribute, passed through as it is (typed
+        # int: a float attribute would make an int a float, inexact beyond 2**53), and made a
+        # constant of dtype from its own kind (scalar_as); a symbolic number (a size, .item())
+        # arrives as a graph value and is Cast, as torchlib does.
+        dt = ir.DataType.FLOAT if dtype is None or dtype == -1 else ir.DataType(dtype)
+        if isinstance(s, (bool, int, float)):
+            return scalar_as(s, dt)
+        return s if s.dtype == dt else op.Cast(s, to=dt)
+
+    # ---- where with a number ----------------------------------------------------------------
+
+    def where_scalar_other(condition: TTensor, self: TTensor, other: float) -> TTensor:
+        # eager: the number converted to the tensor operand's dtype (the type-promotion pass has
+        # made that the result's: an int tensor with a float number is cast to float first).
+        # torchlib's rule is Where too, but its number reaches the graph as a float32 constant:
+        # where(m, x, 0.1) in float64 would be 0.10000000149.
+        return op.Where(condition, self, scalar_as(other, self.dtype))
+
+    def where_scalar_self(condition: TTensor, self: float, other: TTensor) -> TTensor:
+        return op.Where(condition, scalar_as(self, other.dtype), other)
+
     return {
         torch.ops.aten.view_copy.default: view_copy,
+        torch.ops.aten.scalar_tensor.default: scalar_tensor,
+        torch.ops.aten.where.ScalarOther: where_scalar_other,
+        torch.ops.aten.where.ScalarSelf: where_scalar_self,
+        torch.ops.aten.fill.Tensor: fill_tensor,
+        torch.ops.aten.fill.Scalar: fill_scalar,
     }

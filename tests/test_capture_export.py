@@ -699,6 +699,67 @@ def test_fractional_max_pool_with_random_windows_is_refused():
         ORTModule(nn.FractionalMaxPool2d(2, output_size=3))(torch.randn(1, 2, 7, 7))
 
 
+# ---- the model zoo's ops (issue 16) ------------------------------------------------------------
+#
+# Applied to the input (no layer in front) where edge values matter, so the input gradient is the
+# op's own backward; forward and every gradient relative to its size (run_both), float32 and
+# float64; exact forward values where a rounding is the point.
+
+def _edges(shape, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype) * 4
+    flat = x.view(-1)
+    flat[:8] = torch.tensor([0.0, -0.0, 1e4, -1e4, float("inf"), -float("inf"), float("nan"), -2.5], dtype=dtype)
+    return x
+
+
+def _bitwise(got, want):
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def _ops_on_input(forward, make, shape):
+    for dt in (torch.float32, torch.float64):
+        ort = run_both(_fn(forward), make(shape, dt))
+        assert captured_with(ort) == {"export"}
+
+
+@pytest.mark.parametrize("forward", [
+    lambda s, x: torch.where(x > 0, x, 0.1), lambda s, x: torch.where(x > 0, 0.1, x),
+], ids=["ScalarOther", "ScalarSelf"])
+def test_where_with_a_number(forward):
+    _ops_on_input(forward, _edges, (6, 5))
+    x = _edges((6, 5), torch.float64)
+    _bitwise(ORTModule(_fn(forward))(x), _fn(forward)(x))    # 0.1 in double, not via float32
+
+
+def test_where_with_an_int_tensor_and_a_float_number_promotes():
+    m = _fn(lambda s, x, i: x * torch.where(i > 1, i, 0.5))
+    i = torch.tensor([[0, 1, 2, 3, 4]])
+    out = ORTModule(m)(torch.ones(2, 5), i)
+    assert torch.equal(out, m(torch.ones(2, 5), i))
+
+
+def test_fill_and_new_zeros():
+    torch.manual_seed(0)
+
+    def fill(s, x):
+        h = s.a(x)
+        t = torch.zeros_like(h).fill_(s.c.sum())            # fill.Tensor: c gets grad.sum()
+        u = h.clone().fill_(0.1)                             # fill.Scalar: in double for float64
+        z = h.new_zeros(h.shape[0], 2)
+        return torch.cat([h * t + u, z + h[:, :2]], 1)
+
+    _both_dtypes(_fn(fill, a=nn.Linear(3, 4), c=nn.Parameter(torch.tensor([0.3, -0.2]))), torch.randn(5, 3))
+    m = _fn(lambda s, x: x + torch.zeros_like(x).fill_(0.1))
+    x = torch.zeros(3, 2, dtype=torch.float64)
+    assert torch.equal(ORTModule(m)(x), m(x))
+    # numbers cast as eager casts them: a large int64 exact, a float into an int truncated
+    big = _fn(lambda s, x, i: x * (i.clone().fill_(2 ** 53 + 1) - 2 ** 53).float()
+              + x * i.clone().fill_(-2.7).float() + x * i.new_zeros(3, dtype=torch.float64).float())
+    i = torch.zeros(3, dtype=torch.int64)
+    assert torch.equal(ORTModule(big)(torch.ones(3), i), big(torch.ones(3), i))
+
+
 # ---- strides the trace saw ---------------------------------------------------------------------
 
 class _HeadsMerged(nn.Module):
