@@ -821,12 +821,14 @@ def _check_cross_entropy(node):
 def _check_pad(node):
     # torchlib's Pad: constant, reflect, edge (replicate), wrap (circular); a negative pad crops
     # (eager's meaning in every mode, and the engine's Pad and PadGrad). Pads traced as symbols
-    # are not reviewed.
+    # (Swin pads to a multiple of its window) go through torchlib's _process_padding, which
+    # orders them as it orders numbers; circular ones are not taken: ortmod's rule crops first
+    # by the negative pads, and needs their signs.
     pads, mode = node.args[1], _const_arg(node, 2, "mode", "constant")
     if mode not in ("constant", "reflect", "replicate", "circular"):
         return f"mode {mode!r} is not reviewed on this path"
-    if not all(isinstance(p, int) for p in pads):
-        return "only constant paddings are reviewed on this path"
+    if mode == "circular" and not all(isinstance(p, int) for p in pads):
+        return "only constant circular paddings are reviewed on this path"
     return None
 
 
@@ -928,7 +930,18 @@ def _check_fractional_max_pool(node):
     return None
 
 
+def _check_baddbmm(node):
+    beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+    if not all(isinstance(v, (int, float)) for v in (beta, alpha)):
+        return "beta and alpha computed in the graph are not reviewed on this path (only numbers)"
+    if alpha == 0:
+        return ("alpha=0: eager's result depends on its kernel (BLAS skips the product, the small-matrix "
+                "loop multiplies NaN by 0)")
+    return None
+
+
 _CHECKS = {
+    "aten::baddbmm": _check_baddbmm,
     "aten::fractional_max_pool2d": _check_fractional_max_pool, "aten::fractional_max_pool3d": _check_fractional_max_pool,
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
     "aten::adaptive_avg_pool3d": _check_adaptive_pool, "aten::adaptive_max_pool2d": _check_adaptive_pool,
@@ -1052,14 +1065,35 @@ REVIEWED = frozenset({
     # ortmod's rule (the TorchScript path's): taps gathered into blocks, MaxPool, indices mapped back
     "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
     # ---- the model zoo's ops (issue 16) ----
+    # Unsqueeze, Expand by the repeats after dim, Reshape: eager's order (each element repeated
+    # in place); dim=None flattens first; a negative dim wraps; output_size is only a hint
+    "aten::repeat_interleave.self_int",
+    # Expand to the repeats' rank (leading dims of 1), then Tile: eager's repeat; the
+    # gradients (Expand's sum, TileGrad) sum the copies
+    "aten::repeat",
+    # Min / Max (bool: And / Or): NaN from either side wins, as eager; the engine's gradient is
+    # eager's (ties share dy, half each); sym_min / sym_max: Min / Max of int64 sizes
+    "aten::minimum", "aten::maximum", "sym_min", "sym_max",
+    # Cos, Sin (gradients -sin, cos); silu as x * Sigmoid(x): the same value and, through the
+    # product rule, silu_backward's dy * s * (1 + x (1 - s)); NaN and +-inf as eager; an int
+    # input is cast to float first by the type-promotion pass, as eager promotes
+    "aten::cos", "aten::sin", "aten::silu",
+    # CastLike, lowered to Cast: self.to(other.dtype); its gradient casts back; to an int it
+    # truncates toward zero as eager, and carries no gradient
+    "aten::type_as",
     # ConstantOfShape, cast to dtype or self's: zeros, no gradient
     "aten::new_zeros",
     # ortmod's rules (_export_rules.zoo_translations):
     # - scalar_tensor (listed above; every number the type-promotion pass makes a tensor), where
     #   and fill with a number: the number in the tensor's dtype from its int64 or double
     #   (torchlib's reach the graph as float32 constants: 0.1 in float64 was 0.10000000149);
-    # - fill with a tensor (torchlib's is a local function);
+    # - fill with a tensor (torchlib's is a local function); ceil (an int is its own ceiling);
+    # - hardtanh, relu6: the engine's HardTanh, hardtanh's gradient (0 at the bounds);
+    # - remainder: Mod(fmod=0), eager's fmod-and-adjust (torchlib's a - floor(a / b) * b rounds
+    #   otherwise); the engine refuses a divisor's gradient by name;
+    # - baddbmm: beta=0 does not read self (alpha=0 refused by _CHECKS);
     # - view_copy: a view in the decomposed graph (_views_to_view_copies), torchlib's view rule
     "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::fill.Tensor", "aten::fill.Scalar",
-    "aten::view_copy",
+    "aten::ceil", "aten::hardtanh", "aten::relu6", "aten::remainder.Scalar", "aten::remainder.Tensor",
+    "aten::baddbmm", "aten::view_copy",
 })
