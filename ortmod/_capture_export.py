@@ -155,6 +155,47 @@ def _unbinds_to_selects(gm):
     return changed
 
 
+def _views_to_view_copies(gm):
+    """``view`` / ``_unsafe_view`` -> ``view_copy`` in the decomposed (functional) graph. torch.export
+    records a ``view`` (and drops a ``.contiguous()``) where the strides it saw allowed one: strides
+    of the kernels that ran in the trace. The translator's type-promotion pass runs the graph again
+    on fake tensors under ``backed_size_oblivious``, where a kernel may give another layout (CPU
+    scaled_dot_product_attention with a learned mask: (B, S, H, D) strides in the trace, contiguous
+    ones there), and the recorded view of its transpose is then refused ("Cannot view a tensor
+    ...": T5, Swin). Strides are not part of an ONNX graph: in a graph without mutation a view and
+    a copy hold the same values, and ``view_copy`` copies where a view cannot be made. A graph with
+    a mutating op keeps its views (an alias there is meaning); _audit refuses such ops anyway."""
+    targets = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in nodes):
+        return
+    changed = False
+    for node in nodes:
+        if node.target in targets:
+            node.target = torch.ops.aten.view_copy.default
+            changed = True
+    if changed:
+        gm.recompile()
+
+
+def _prepare(ep, registry):
+    """torch's _core._prepare_exported_program_for_export (decomposition for the registry, explicit
+    type promotion, assertions removed, under backed_size_oblivious as there), with
+    _views_to_view_copies between decomposition and the type-promotion pass that runs the graph
+    again."""
+    from torch.onnx._internal.exporter import _fx_passes
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        ep = _fx_passes.decompose_with_registry(ep, registry)
+        gm = ep.graph_module
+        for sub in gm.modules():
+            if isinstance(sub, torch.fx.GraphModule):
+                _views_to_view_copies(sub)
+        _fx_passes.insert_type_promotion_nodes(gm)
+        gm = _fx_passes.remove_assertion_nodes(gm)
+        ep._graph_module = gm
+        return ep
+
+
 # ---------------------------------------------------------------------------------------------
 # ortmod's translations (onnxscript, traced by torch's exporter)
 
@@ -364,6 +405,7 @@ def _translations():
         torch.ops.ortmod.python_op.default: python_op_onnx,
         **_export_rules.translations(op, ir, stop_gradient_op),
         **_export_rules_rnn.translations(op, ir, stop_gradient_op),
+        **_export_rules.zoo_translations(op, ir, stop_gradient_op),
         torch.ops.aten.cosine_similarity.default: cosine_similarity,
         torch.ops.aten.embedding.default: embedding,
         torch.ops.aten.sort.default: sort,
@@ -930,7 +972,7 @@ def _export(module, flat, recorder, strict_trace=False):
     timings["registry"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     try:
-        ep = _core._prepare_exported_program_for_export(ep, registry=registry)
+        ep = _prepare(ep, registry)
     except Exception as e:
         raise _export_error(module, "decomposing the exported program", e) from e
     timings["decompose"] = time.perf_counter() - t1
@@ -1151,12 +1193,14 @@ def _check_cross_entropy(node):
 def _check_pad(node):
     # torchlib's Pad: constant, reflect, edge (replicate), wrap (circular); a negative pad crops
     # (eager's meaning in every mode, and the engine's Pad and PadGrad). Pads traced as symbols
-    # are not reviewed.
+    # (Swin pads to a multiple of its window) go through torchlib's _process_padding, which
+    # orders them as it orders numbers; circular ones are not taken: ortmod's rule crops first
+    # by the negative pads, and needs their signs.
     pads, mode = node.args[1], _const_arg(node, 2, "mode", "constant")
     if mode not in ("constant", "reflect", "replicate", "circular"):
         return f"mode {mode!r} is not reviewed on this path"
-    if not all(isinstance(p, int) for p in pads):
-        return "only constant paddings are reviewed on this path"
+    if mode == "circular" and not all(isinstance(p, int) for p in pads):
+        return "only constant circular paddings are reviewed on this path"
     return None
 
 
@@ -1315,11 +1359,22 @@ def _check_rnn_layout(node):
     return _check_rnn(node)
 
 
+def _check_baddbmm(node):
+    beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+    if not all(isinstance(v, (int, float)) for v in (beta, alpha)):
+        return "beta and alpha computed in the graph are not reviewed on this path (only numbers)"
+    if alpha == 0:
+        return ("alpha=0: eager's result depends on its kernel (BLAS skips the product, the small-matrix "
+                "loop multiplies NaN by 0)")
+    return None
+
+
 _CHECKS = {
     "aten::upsample_nearest2d": _check_upsample_nearest, "aten::upsample_nearest3d": _check_upsample_nearest,
     "aten::_upsample_nearest_exact2d": _check_upsample_nearest, "aten::_upsample_nearest_exact3d": _check_upsample_nearest,
     "aten::upsample_linear1d": _check_upsample_linear, "aten::upsample_bilinear2d": _check_upsample_linear,
     "aten::upsample_trilinear3d": _check_upsample_linear,
+    "aten::baddbmm": _check_baddbmm,
     "aten::fractional_max_pool2d": _check_fractional_max_pool, "aten::fractional_max_pool3d": _check_fractional_max_pool,
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
     "aten::adaptive_avg_pool3d": _check_adaptive_pool, "aten::adaptive_max_pool2d": _check_adaptive_pool,
@@ -1501,4 +1556,22 @@ REVIEWED = frozenset({
     # the TorchScript path exports (torchlib's LSTM/GRU read the hidden size from a state whose
     # dims may be symbolic); _CHECKS refuses projections and dropout between layers in training
     "aten::lstm.input", "aten::gru.input", "aten::rnn_tanh.input", "aten::rnn_relu.input",
+    # ---- the model zoo's ops (issue 16) ----
+    # Unsqueeze, Expand by the repeats after dim, Reshape: eager's order (each element repeated
+    # in place); dim=None flattens first; a negative dim wraps; output_size is only a hint
+    "aten::repeat_interleave.self_int",
+    # sym_min / sym_max: Min / Max of int64 sizes
+    "sym_min", "sym_max",
+    # ortmod's rules (_export_rules.zoo_translations):
+    # - scalar_tensor (listed above; every number the type-promotion pass makes a tensor), where
+    #   and fill with a number: the number in the tensor's dtype from its int64 or double
+    #   (torchlib's reach the graph as float32 constants: 0.1 in float64 was 0.10000000149);
+    # - fill with a tensor (torchlib's is a local function); ceil (an int is its own ceiling);
+    # - hardtanh, relu6: the engine's HardTanh, hardtanh's gradient (0 at the bounds);
+    # - remainder: Mod(fmod=0), eager's fmod-and-adjust (torchlib's a - floor(a / b) * b rounds
+    #   otherwise); the engine refuses a divisor's gradient by name;
+    # - baddbmm: beta=0 does not read self (alpha=0 refused by _CHECKS);
+    # - view_copy: a view in the decomposed graph (_views_to_view_copies), torchlib's view rule
+    "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::hardtanh", "aten::relu6", "aten::remainder.Scalar", "aten::remainder.Tensor",
+    "aten::baddbmm", "aten::view_copy",
 })

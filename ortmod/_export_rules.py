@@ -943,3 +943,174 @@ def translations(op, ir, stop_gradient):
         torch.ops.aten.instance_norm.default: instance_norm,
         torch.ops.aten._native_batch_norm_legit.no_stats: batch_norm_no_stats,
     }
+
+
+def zoo_translations(op, ir, stop_gradient):
+    """The rules the model zoo needs on this path (issue 16): numbers made tensors (scalar_tensor),
+    where and fill with a number, fill with a tensor, ceil of ints, hardtanh and relu6, remainder,
+    baddbmm, and view_copy (what ``_capture_export._views_to_view_copies`` makes of a view)."""
+    from typing import Sequence
+    import onnx
+    import onnxscript
+    from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor
+    from onnxscript.function_libs.torch_lib.ops import core as tl_core
+    from onnxscript.onnx_types import INT64
+
+    def const(v, dt):
+        return op.Constant(value=ir.tensor(v, dtype=dt))
+
+    def number(v):
+        # a Python number as a constant of its own kind: an int64 beyond 2**53 stays exact
+        if isinstance(v, bool):
+            return const(v, ir.DataType.BOOL)
+        if isinstance(v, int):
+            return const(v, ir.DataType.INT64)
+        return const(float(v), ir.DataType.DOUBLE)
+
+    def scalar_as(value, dt):
+        # a Python number in dtype dt as eager converts a Scalar (an int64 or a double) to a
+        # tensor's dtype: from its own kind (an int64 beyond 2**53 exact, a float from its
+        # double, not through float32 as the translator types a number), Cast: rounded to nearest
+        # for floats, truncated for ints, nonzero for bool
+        v = number(value)
+        kind = ir.DataType.BOOL if isinstance(value, bool) else \
+            ir.DataType.INT64 if isinstance(value, int) else ir.DataType.DOUBLE
+        return v if kind == dt else op.Cast(v, to=dt)
+
+    # ---- view_copy -----------------------------------------------------------------------------
+
+    def view_copy(self: TTensor, size: Sequence[INT64]) -> TTensor:
+        # torchlib's view rule (Reshape with allowzero: a 0 in size is a dim of size 0, as in
+        # eager); its view_copy rule omits allowzero, where 0 would copy the input's dim
+        return tl_core.aten_view(self, size)
+
+    # ---- fill ----------------------------------------------------------------------------------
+
+    def fill_tensor(self: TTensor, value: TTensor) -> TTensor:
+        # eager: self's shape and dtype, every element value (a 0-d tensor) converted to self's
+        # dtype; the gradient is zeros for self and grad.sum() for value: Expand's. torchlib's
+        # rule is an ONNX local function, which the engine does not take.
+        if value.dtype != self.dtype:
+            value = op.Cast(value, to=self.dtype)
+        return op.Expand(value, op.Shape(self))
+
+    def fill_scalar(self: TTensor, value: float) -> TTensor:
+        return op.Expand(scalar_as(value, self.dtype), op.Shape(self))
+
+    # ---- numbers the type-promotion pass makes tensors ------------------------------------------
+
+    def scalar_tensor(s: int, dtype: int = ir.DataType.FLOAT, layout: str = "", device: str = "",
+                      pin_memory: bool = False) -> TTensor:
+        # The type-promotion pass turns every number operand (x * 0.1, where(m, x, 0.1), ...) into
+        # scalar_tensor(number, dtype=the op's dtype). torchlib's rule takes s as a tensor input,
+        # so the translator first makes a Python float a float32 constant, then Casts it: 0.1 in
+        # a float64 graph is 0.10000000149. Here s is an attribute, passed through as it is (typed
+        # int: a float attribute would make an int a float, inexact beyond 2**53), and made a
+        # constant of dtype from its own kind (scalar_as); a symbolic number (a size, .item())
+        # arrives as a graph value and is Cast, as torchlib does.
+        dt = ir.DataType.FLOAT if dtype is None or dtype == -1 else ir.DataType(dtype)
+        if isinstance(s, (bool, int, float)):
+            return scalar_as(s, dt)
+        return s if s.dtype == dt else op.Cast(s, to=dt)
+
+    # ---- where with a number ----------------------------------------------------------------
+
+    def where_scalar_other(condition: TTensor, self: TTensor, other: float) -> TTensor:
+        # eager: the number converted to the tensor operand's dtype (the type-promotion pass has
+        # made that the result's: an int tensor with a float number is cast to float first).
+        # torchlib's rule is Where too, but its number reaches the graph as a float32 constant:
+        # where(m, x, 0.1) in float64 would be 0.10000000149.
+        return op.Where(condition, self, scalar_as(other, self.dtype))
+
+    def where_scalar_self(condition: TTensor, self: float, other: TTensor) -> TTensor:
+        return op.Where(condition, scalar_as(self, other.dtype), other)
+
+    # ---- ceil ----------------------------------------------------------------------------------
+
+    def ceil(self: TReal) -> TReal:
+        # eager: Ceil of a float (NaN, +-inf, -0.0 kept; gradient 0, the engine's); an integer
+        # tensor is its own ceiling (eager returns a copy), where torchlib's Ceil of an int the
+        # engine refuses
+        if self.dtype.is_floating_point():
+            return op.Ceil(self)
+        return op.Identity(self)
+
+    # ---- hardtanh ------------------------------------------------------------------------------
+
+    hard_tanh_schema = onnx.defs.OpSchema(
+        "HardTanh", "ortmod", 1, doc="Clip's forward, hardtanh's gradient (the engine's op)",
+        inputs=[onnx.defs.OpSchema.FormalParameter("x", "T"), onnx.defs.OpSchema.FormalParameter("min", "T"),
+                onnx.defs.OpSchema.FormalParameter("max", "T")],
+        outputs=[onnx.defs.OpSchema.FormalParameter("y", "T")],
+        type_constraints=[("T", [f"tensor({t})" for t in ("float", "double", "float16", "bfloat16")], "")])
+    hard_tanh_op = onnxscript.values.Op(onnxscript.values.Opset("ortmod", 1), "HardTanh", hard_tanh_schema)
+
+    def hardtanh(self: TReal, min_val: float = -1.0, max_val: float = 1.0) -> TReal:
+        # eager: clamp's forward (NaN stays NaN), hardtanh_backward's gradient: 0 where x <= min
+        # or x >= max, else dy; torchlib's Clip has clamp's gradient (dy at the bounds). At NaN
+        # eager's own kernels disagree (the scalar one gives dy, the vectorized one 0); the
+        # engine's is the scalar's, as on the TorchScript path, whose engine op this is
+        # (_semantics._hardtanh_symbolic). The bounds in self's dtype, as eager's kernel
+        # converts them (an integer tensor's bounds truncated: hardtanh(x, -0.5, 3.5) is
+        # clamp(x, 0, 3)).
+        dt = self.dtype
+        if dt.is_floating_point():
+            return hard_tanh_op(self, const(float(min_val), dt), const(float(max_val), dt))
+        return op.Clip(self, const(int(min_val), dt), const(int(max_val), dt))
+
+    def relu6(self: TReal) -> TReal:
+        # eager's relu6 is hardtanh(x, 0, 6), its gradient 0 at 0 and 6 (torchlib's Clip: dy)
+        return hardtanh(self, 0.0, 6.0)
+
+    # ---- remainder by a number -----------------------------------------------------------------
+
+    def remainder_scalar(self: TReal, other: float) -> TReal:
+        # eager (BinaryOpsKernel.cpp): r = fmod(a, b), plus b where r != 0 and r, b differ in
+        # sign (floats), the same on a % b for ints. torchlib's float rule a - floor(a / b) * b
+        # rounds differently (a / b and the product are rounded; far from 0 it is off by ulps of
+        # a, and it can give b itself where eager gives 0 or a tiny r). The engine's
+        # Mod(fmod=0) is eager's formula (csrc/ops/elementwise.c: mod_floor_*), in self's
+        # dtype. The divisor is a number (no gradient); self's gradient is dy, as eager's.
+        # The type-promotion pass makes a float remainder by a number remainder.Tensor (the
+        # number a scalar_tensor) and an int tensor by a float number a float one.
+        return op.Mod(self, scalar_as(other, self.dtype), fmod=0)
+
+    def remainder_tensor(self: TReal, other: TReal) -> TReal:
+        # as remainder_scalar, broadcast (one dtype after the type-promotion pass). eager's
+        # divisor gradient, -dy * floor(self / other), the engine's Mod does not have: it
+        # refuses by name a graph that needs it (csrc/ops/elementwise.c: mod_grad).
+        return op.Mod(self, other, fmod=0)
+
+    # ---- baddbmm -------------------------------------------------------------------------------
+
+    def baddbmm(self: TReal, batch1: TReal, batch2: TReal, beta: float = 1.0, alpha: float = 1.0) -> TReal:
+        # eager: beta * self + alpha * (batch1 @ batch2), and with beta == 0 self is not read
+        # (NaN or inf in it does not propagate) but still gets a gradient, zeros (grad * beta);
+        # torchlib's rule multiplies self by 0. Here Where(true, product, self): self's values
+        # are not read, its gradient is the zeros Where gives the side not taken. alpha and
+        # beta in self's dtype (a double stays exact for float64; torchlib's CastLike of a
+        # float32 constant would round 0.1). alpha == 0 is refused by _CHECKS: eager's result
+        # there depends on its kernel (BLAS skips the product, the small-matrix loop multiplies
+        # NaN by 0).
+        dt = self.dtype
+        out = op.MatMul(batch1, batch2)
+        if alpha != 1:
+            out = op.Mul(out, const(alpha, dt))
+        if beta == 0:
+            return op.Where(const(True, ir.DataType.BOOL), out, self)
+        return op.Add(out, self if beta == 1 else op.Mul(self, const(beta, dt)))
+
+    return {
+        torch.ops.aten.view_copy.default: view_copy,
+        torch.ops.aten.scalar_tensor.default: scalar_tensor,
+        torch.ops.aten.where.ScalarOther: where_scalar_other,
+        torch.ops.aten.where.ScalarSelf: where_scalar_self,
+        torch.ops.aten.fill.Tensor: fill_tensor,
+        torch.ops.aten.fill.Scalar: fill_scalar,
+        torch.ops.aten.ceil.default: ceil,
+        torch.ops.aten.hardtanh.default: hardtanh,
+        torch.ops.aten.remainder.Scalar: remainder_scalar,
+        torch.ops.aten.remainder.Tensor: remainder_tensor,
+        torch.ops.aten.relu6.default: relu6,
+        torch.ops.aten.baddbmm.default: baddbmm,
+    }

@@ -1019,3 +1019,224 @@ def test_silu_ceil_fill_repeat():
         return (F.silu(h * 40), torch.ceil(h * 3) * h, filled * h, torch.ones_like(h).fill_(2.5) + h,
                 h.repeat(2, 3), h.repeat(2, 1, 2) * 2)
     _outputs_match(_fn(forward, a=nn.Linear(3, 4)), torch.randn(5, 3))
+
+
+# ---- the model zoo's ops (issue 16) ------------------------------------------------------------
+#
+# Applied to the input (no layer in front) where edge values matter, so the input gradient is the
+# op's own backward; forward and every gradient relative to its size (run_both), float32 and
+# float64; exact forward values where a rounding is the point.
+
+def _edges(shape, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype) * 4
+    flat = x.view(-1)
+    flat[:8] = torch.tensor([0.0, -0.0, 1e4, -1e4, float("inf"), -float("inf"), float("nan"), -2.5], dtype=dtype)
+    return x
+
+
+def _bitwise(got, want):
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def _ops_on_input(forward, make, shape):
+    for dt in (torch.float32, torch.float64):
+        ort = run_both(_fn(forward), make(shape, dt))
+        assert captured_with(ort) == {"export"}
+
+
+@pytest.mark.parametrize("forward", [
+    lambda s, x: torch.where(x > 0, x, 0.1), lambda s, x: torch.where(x > 0, 0.1, x),
+], ids=["ScalarOther", "ScalarSelf"])
+def test_where_with_a_number(forward):
+    _ops_on_input(forward, _edges, (6, 5))
+    x = _edges((6, 5), torch.float64)
+    _bitwise(ORTModule(_fn(forward))(x), _fn(forward)(x))    # 0.1 in double, not via float32
+
+
+def test_where_with_an_int_tensor_and_a_float_number_promotes():
+    m = _fn(lambda s, x, i: x * torch.where(i > 1, i, 0.5))
+    i = torch.tensor([[0, 1, 2, 3, 4]])
+    out = ORTModule(m)(torch.ones(2, 5), i)
+    assert torch.equal(out, m(torch.ones(2, 5), i))
+
+
+def test_fill_and_new_zeros():
+    torch.manual_seed(0)
+
+    def fill(s, x):
+        h = s.a(x)
+        t = torch.zeros_like(h).fill_(s.c.sum())            # fill.Tensor: c gets grad.sum()
+        u = h.clone().fill_(0.1)                             # fill.Scalar: in double for float64
+        z = h.new_zeros(h.shape[0], 2)
+        return torch.cat([h * t + u, z + h[:, :2]], 1)
+
+    _both_dtypes(_fn(fill, a=nn.Linear(3, 4), c=nn.Parameter(torch.tensor([0.3, -0.2]))), torch.randn(5, 3))
+    m = _fn(lambda s, x: x + torch.zeros_like(x).fill_(0.1))
+    x = torch.zeros(3, 2, dtype=torch.float64)
+    assert torch.equal(ORTModule(m)(x), m(x))
+    # numbers cast as eager casts them: a large int64 exact, a float into an int truncated
+    big = _fn(lambda s, x, i: x * (i.clone().fill_(2 ** 53 + 1) - 2 ** 53).float()
+              + x * i.clone().fill_(-2.7).float() + x * i.new_zeros(3, dtype=torch.float64).float())
+    i = torch.zeros(3, dtype=torch.int64)
+    assert torch.equal(ORTModule(big)(torch.ones(3), i), big(torch.ones(3), i))
+
+
+@pytest.mark.parametrize("forward", [
+    lambda s, x: torch.cos(x), lambda s, x: torch.sin(x), lambda s, x: F.silu(x), lambda s, x: torch.ceil(x),
+    lambda s, x: torch.cat([torch.minimum(x[1:], x[:-1].ceil()), torch.minimum(x, x.ceil())]),  # ties: half each
+    lambda s, x: torch.cat([torch.maximum(x[1:].ceil(), x[:-1]), torch.maximum(x.ceil(), x)]),
+], ids=["cos", "sin", "silu", "ceil", "minimum", "maximum"])
+def test_elementwise_ops_with_edge_values(forward):
+    _ops_on_input(forward, _edges, (6, 5))
+
+
+def test_silu_sin_cos_behind_a_layer():
+    torch.manual_seed(0)
+    _both_dtypes(_fn(lambda s, x: F.silu(s.a(x)) * torch.cos(s.a(x)) + torch.sin(3 * s.a(x)), a=nn.Linear(3, 4)),
+                 torch.randn(5, 3))
+
+
+def test_ceil_of_integers_is_the_integers():
+    m = _fn(lambda s, x, i: x * torch.ceil(i).float())
+    x, i = torch.ones(5), torch.tensor([-2, -1, 0, 3, 2 ** 40])
+    assert torch.equal(ORTModule(m)(x, i), m(x, i))
+
+
+def test_type_as():
+    torch.manual_seed(0)
+    x = torch.randn(4, 3) * 3
+    for other in (torch.zeros(1, dtype=torch.float64), torch.zeros(1)):
+        run_both(_fn(lambda s, x: (x * 1.5).type_as(s.o) * 2, o=other), x)
+        run_both(_fn(lambda s, x: (x.double() * 1.5).type_as(s.o) * 2, o=other), x)
+    # to an integer: truncated toward zero as eager, no gradient through it
+    m = _fn(lambda s, x: x * x.type_as(s.o).type_as(x), o=torch.zeros(1, dtype=torch.int64))
+    x = torch.tensor([[-2.7, 2.7, -0.5, 3.0]], dtype=torch.float64)
+    run_both(m, x)
+    assert torch.equal(ORTModule(m)(x), m(x))
+
+
+@pytest.mark.parametrize("forward", [
+    lambda s, x: x.repeat_interleave(3, dim=1), lambda s, x: x.repeat_interleave(2, dim=-1),
+    lambda s, x: x.repeat_interleave(2, dim=0), lambda s, x: x.repeat_interleave(2),
+    lambda s, x: x.repeat_interleave(1, dim=2),
+    lambda s, x: x.repeat(2, 1, 3), lambda s, x: x.repeat(2, 1, 1, 2), lambda s, x: x.repeat(1, 1, 1),
+], ids=["interleave-dim1", "interleave-dim-1", "interleave-dim0", "interleave-flat", "interleave-once",
+        "repeat", "repeat-more-dims", "repeat-once"])
+def test_repeat_and_repeat_interleave(forward):
+    _ops_on_input(forward, lambda s, dt: torch.randn(s, dtype=dt), (2, 3, 4))
+    i = torch.arange(24).reshape(2, 3, 4)
+    m = _fn(lambda s, x, i: x * forward(s, i).float().sum())
+    assert torch.equal(ORTModule(m)(torch.ones(2), i), m(torch.ones(2), i))
+
+
+@pytest.mark.parametrize("forward", [
+    lambda s, x: F.hardtanh(x, -2.5, 1.0), lambda s, x: F.relu6(x), lambda s, x: F.hardtanh(x),
+], ids=["hardtanh", "relu6", "hardtanh-default"])
+def test_hardtanh_gradient_is_zero_at_the_bounds(forward):
+    """eager's hardtanh gives 0 at the bounds (torchlib's Clip: clamp's, dy). At NaN eager's
+    scalar and vectorized kernels disagree (test_nonfinite compares each element alone)."""
+    def make(shape, dt):
+        x = _edges(shape, dt)
+        x.view(-1)[6] = 0.5
+        x.view(-1)[8:14] = torch.tensor([-2.5, 1.0, 0.0, 6.0, -1.0, 1.0], dtype=dt)
+        return x
+    _ops_on_input(forward, make, (6, 5))
+    m = _fn(lambda s, x: F.hardtanh(x, -0.5, 3.5))          # integers: bounds truncated, as eager
+    i = torch.tensor([-3, 0, 1, 3, 5])
+    assert torch.equal(ORTModule(_fn(lambda s, x, i: x * m(i)))(torch.ones(5), i), torch.ones(5) * m(i))
+
+
+@pytest.mark.parametrize("divisor", [2.5, -3.0, 0.1, 1e-3])
+def test_remainder_by_a_number_is_eagers_to_the_bit(divisor):
+    """eager: fmod, then + divisor where the signs differ; torchlib's x - floor(x / d) * d is
+    not (1e7 + 0.3 % 0.1 in float32: off by an ulp of x)."""
+    _ops_on_input(lambda s, x: x % divisor, _edges, (6, 5))
+    for dt in (torch.float32, torch.float64):
+        x = torch.cat([_edges((20,), dt), torch.tensor([1e7 + 0.3, -1e7 - 0.3, 5e-40, -5e-40, 7.5, -7.5], dtype=dt)])
+        m = _fn(lambda s, x: x % divisor)
+        _bitwise(ORTModule(m)(x), m(x))
+
+
+def test_remainder_by_a_tensor():
+    torch.manual_seed(0)
+    m = _fn(lambda s, x: s.a(x) % s.d, a=nn.Linear(3, 5))
+    m.register_buffer("d", torch.tensor([2.5, -3.0, 0.1, 7.0, -0.5]))
+    _both_dtypes(m, torch.randn(4, 3) * 10)
+    m = _fn(lambda s, x, y: x % y)
+    x, y = _edges((6, 5), torch.float64), _edges((6, 5), torch.float64).flip(0)
+    _bitwise(ORTModule(m)(x, y.clone()), m(x, y))
+    with pytest.raises(Exception, match="Mod.*gradient for the divisor"):     # eager's: -dy * floor(x / y)
+        ORTModule(m)(torch.randn(3), torch.randn(3, requires_grad=True)).sum().backward()
+
+
+def test_remainder_of_integers_by_a_number():
+    i = torch.tensor([-7, -3, -1, 0, 1, 3, 7, 2 ** 40 + 3])
+    for d in (3, -3, 2.5):
+        m = _fn(lambda s, x, i: x * (i % d))
+        assert torch.equal(ORTModule(m)(torch.ones(8), i), torch.ones(8) * (i % d))
+
+
+@pytest.mark.parametrize("beta, alpha", [(1, 1), (0.5, 0.1), (0, 2.0), (0.0, 1)])
+def test_baddbmm(beta, alpha):
+    torch.manual_seed(0)
+    for shape in ((2, 3, 5), (3, 5), (1, 1, 5)):             # self broadcast to the product's shape
+        m = _fn(lambda s, x, a, b: torch.baddbmm(x, a, b, beta=beta, alpha=alpha))
+        for dt in (torch.float32, torch.float64):
+            run_both(m, torch.randn(shape, dtype=dt), torch.randn(2, 3, 4, dtype=dt), torch.randn(2, 4, 5, dtype=dt))
+    if beta == 0:                                             # self is not read: its NaN does not propagate
+        x = torch.full((2, 3, 5), float("nan"))
+        a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+        out = ORTModule(m)(x, a, b)
+        assert not out.isnan().any()
+        rel_close("output", out, m(x, a, b))
+
+
+def test_baddbmm_with_alpha_zero_is_refused():
+    m = _fn(lambda s, x, a, b: torch.baddbmm(x, a, b, alpha=0))
+    with pytest.raises(ortmod.UnsupportedModelError, match="aten::baddbmm .*alpha=0"):
+        ORTModule(m)(torch.randn(2, 3, 5), torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+
+
+# ---- strides the trace saw ---------------------------------------------------------------------
+
+class _HeadsMerged(nn.Module):
+    """Attention with a learned bias whose output is transposed back and flattened (transformers'
+    T5, Swin): torch.export records a view of the transpose and drops the .contiguous(), valid for
+    the (B, S, H, D) strides of the attention kernel its trace ran; the translator's second run
+    picks a kernel with contiguous output, and that view would be refused."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.o = nn.Linear(8, 24), nn.Linear(8, 3)
+        self.bias = nn.Parameter(torch.randn(1, 2, 1, 1))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 2, 4).transpose(1, 2) for t in self.qkv(x).split(8, -1))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias.expand(b, 2, s, s), scale=1.0)
+        return self.o(y.transpose(1, 2).contiguous().reshape(b, s, -1))
+
+
+def test_a_view_the_trace_allowed_by_strides_is_kept_as_a_value():
+    torch.manual_seed(0)
+    _both_dtypes(_HeadsMerged(), torch.randn(3, 5, 8))
+    ort = ORTModule(_HeadsMerged())
+    for b, s in ((2, 7), (4, 1)):                             # sizes stay symbolic
+        ort(torch.randn(b, s, 8)).sum().backward()
+
+
+# ---- pads traced as symbols ---------------------------------------------------------------------
+
+def test_padding_computed_from_the_size():
+    """Swin pads to a multiple of its window: pads traced as symbols."""
+    def pad_to(s, x, mode="constant"):
+        return F.pad(x, (0, (4 - x.shape[-1] % 4) % 4, 1, (3 - x.shape[-2] % 3) % 3), mode=mode)
+
+    torch.manual_seed(0)
+    for shape in ((2, 3, 5, 6), (1, 2, 4, 8)):
+        _both_dtypes(_fn(lambda s, x: pad_to(s, s.a(x)), a=nn.Linear(shape[-1], shape[-1])), torch.randn(shape))
+        _both_dtypes(_fn(lambda s, x: pad_to(s, s.a(x), "reflect"), a=nn.Linear(shape[-1], shape[-1])),
+                     torch.randn(shape))
+    with pytest.raises(ortmod.UnsupportedModelError, match="aten::pad .*circular"):
+        ORTModule(_fn(lambda s, x: pad_to(s, x, "circular")))(torch.randn(2, 3, 5, 6))
