@@ -1046,6 +1046,25 @@ def _check_fractional_max_pool(node):
     return None
 
 
+def _check_elu(node):
+    # eager: x <= 0 ? scale alpha (exp(x input_scale) - 1) : scale x. torchlib scales x by
+    # input_scale before Elu: the linear branch too, and the branch taken follows x input_scale.
+    # nn.ELU, F.elu, CELU and SELU never pass it.
+    if _const_arg(node, 3, "input_scale", 1.0) != 1:
+        return "input_scale other than 1 is applied to both branches by the ONNX translation"
+    return None
+
+
+def _check_celu(node):
+    import numpy as np
+    alpha = _const_arg(node, 1, "alpha", 1.0)
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dtype == torch.float64 and alpha < 0 \
+            and float(np.float32(alpha)) != float(alpha):
+        return "a negative alpha that float32 cannot hold is not reproduced exactly in float64 by ortmod"
+    return None
+
+
 _CHECKS = {
     "aten::fractional_max_pool2d": _check_fractional_max_pool, "aten::fractional_max_pool3d": _check_fractional_max_pool,
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
@@ -1063,6 +1082,8 @@ _CHECKS = {
     "aten::_native_batch_norm_legit_functional": _check_batch_norm,
     "aten::lstm": _check_rnn, "aten::gru": _check_rnn, "aten::rnn_tanh": _check_rnn, "aten::rnn_relu": _check_rnn,
     "aten::embedding": _check_embedding,
+    # activations and elementwise losses (issue 16, helper "act")
+    "aten::elu": _check_elu, "aten::celu": _check_celu,
 }
 
 AUDIT_LOG = None     # a set: while set, every op the audit sees is added (to grow the reviewed list)
@@ -1170,4 +1191,31 @@ REVIEWED = frozenset({
     "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d",
     # ortmod's rule (the TorchScript path's): taps gathered into blocks, MaxPool, indices mapped back
     "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
+    # ---- activations and elementwise losses (issue 16, helper "act"): torchlib's rule where it
+    # emits an engine op whose forward and backward are eager's (csrc/ops/misc.c, elementwise.c:
+    # a select where torch selects, NaN taking the branch its comparison fails into)
+    # PRelu with the weight reshaped to (1, C, 1, ...) (a 0-d input: squeezed; a vector: along
+    # it): eager's channel dim 1; gradients x > 0 ? dy : w dy and sum of x dy where x <= 0
+    "aten::prelu",
+    # nn.Threshold decomposes to where(x <= threshold, value, x): Where's gradient is dy where x
+    # > threshold or NaN, eager's threshold_backward
+    "aten::where.ScalarSelf",
+    # Sub, Mul(d, d) (gradient 2 d dy, exact), ReduceMean/ReduceSum over every element
+    # (target broadcast as eager's TensorIterator does)
+    "aten::mse_loss",
+    # NegativeLogLikelihoodLoss(weight, ignore_index, reduction): (N, C, d1..dk) and the
+    # unbatched (C,) / 0-d target forms; weighted mean divides by the weights of the targets
+    # not ignored (NaN when all are, as eager), the engine's gradient is eager's
+    "aten::nll_loss",
+    # Expand(0) in self's shape and dtype: eager's contents are unspecified; HingeEmbeddingLoss
+    # and CosineEmbeddingLoss fill it before reading
+    "aten::empty_like",
+    # ortmod's rules (_export_rules.py): torchlib's are ONNX local functions, compute float64 in
+    # float32 (celu), lose small values (log1p), give xlogy(0, 0) a NaN gradient, or decompose
+    # losses whose backward is not their forward's derivative (binary_cross_entropy,
+    # soft_margin_loss)
+    # (leaky_relu, elu, celu, selu, hardsigmoid: float64 exact where the engine's float32
+    # attribute is not; elu's input_scale other than 1 is refused by _CHECKS)
+    "aten::leaky_relu", "aten::elu", "aten::hardsigmoid", "aten::softplus", "aten::celu", "aten::selu", "aten::hardswish",
+    "aten::mish", "aten::glu", "aten::log1p", "aten::xlogy.Tensor", "aten::binary_cross_entropy", "aten::soft_margin_loss",
 })
