@@ -719,6 +719,10 @@ def _export(module, flat, recorder):
     for gm in ep.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule) and gm is not ep.graph_module:
             _insert_stop_gradients(gm)
+    from . import _export_rules
+    for gm in ep.graph_module.modules():
+        if isinstance(gm, torch.fx.GraphModule):
+            _export_rules.unbatched_nll_loss_forward(gm)
 
     t1 = time.perf_counter()
     registry = _registry()
@@ -1055,6 +1059,12 @@ def _check_elu(node):
     return None
 
 
+def _check_nll_loss_forward(node):
+    if _getitem_users(node, 1):
+        return "its total_weight output is read, which the ONNX translation does not compute"
+    return None
+
+
 def _check_celu(node):
     import numpy as np
     alpha = _const_arg(node, 1, "alpha", 1.0)
@@ -1083,7 +1093,7 @@ _CHECKS = {
     "aten::lstm": _check_rnn, "aten::gru": _check_rnn, "aten::rnn_tanh": _check_rnn, "aten::rnn_relu": _check_rnn,
     "aten::embedding": _check_embedding,
     # activations and elementwise losses (issue 16, helper "act")
-    "aten::elu": _check_elu, "aten::celu": _check_celu,
+    "aten::elu": _check_elu, "aten::celu": _check_celu, "aten::nll_loss_forward": _check_nll_loss_forward,
 }
 
 AUDIT_LOG = None     # a set: while set, every op the audit sees is added (to grow the reviewed list)
@@ -1205,8 +1215,11 @@ REVIEWED = frozenset({
     "aten::mse_loss",
     # NegativeLogLikelihoodLoss(weight, ignore_index, reduction): (N, C, d1..dk) and the
     # unbatched (C,) / 0-d target forms; weighted mean divides by the weights of the targets
-    # not ignored (NaN when all are, as eager), the engine's gradient is eager's
-    "aten::nll_loss",
+    # not ignored (NaN when all are, as eager), the engine's gradient is eager's; nll_loss_nd
+    # (what F.nll_loss traces to) by the same rule, kept whole (_export_rules.py), and
+    # nll_loss_forward (unbatched inputs; its total_weight output is torchlib's placeholder:
+    # _CHECKS refuses a graph that reads it)
+    "aten::nll_loss", "aten::nll_loss_nd", "aten::nll_loss_forward",
     # Expand(0) in self's shape and dtype: eager's contents are unspecified; HingeEmbeddingLoss
     # and CosineEmbeddingLoss fill it before reading
     "aten::empty_like",

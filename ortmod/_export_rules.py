@@ -9,6 +9,41 @@ functions are traced by torch's exporter (trace mode: Python branches on the arg
 import torch
 
 
+def unbatched_nll_loss_forward(gm):
+    """In the exported program, before decomposition: an unbatched ``nll_loss_nd`` (input (C,),
+    target 0-d) becomes ``nll_loss_forward(...)[0]``, which takes that form itself (torchlib's
+    rule is its nll_loss rule, REVIEWED). Decomposition would re-trace nll_loss_nd with torch's
+    reference implementation, whose unbatched branch indexes the input with the target's value
+    (a data-dependent size torch.export cannot guard on); batching it by hand instead meets a
+    size-oblivious re-trace that drops the batch dim of one. Returns the count."""
+    import operator
+    count = 0
+    nll = torch.ops.aten.nll_loss_nd.default
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not nll:
+            continue
+        x = node.args[0]
+        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.dim() != 1:
+            continue
+        names = ("self", "target", "weight", "reduction", "ignore_index")
+        bound = dict(zip(names, node.args), **node.kwargs)
+        args = (bound["self"], bound["target"], bound.get("weight"), bound.get("reduction", 1),
+                bound.get("ignore_index", -100))
+        out = node.meta.get("val")
+        with gm.graph.inserting_before(node):
+            forward = gm.graph.call_function(torch.ops.aten.nll_loss_forward.default, args)
+        if isinstance(out, torch.Tensor):
+            forward.meta["val"] = (out, out.new_empty(()))
+        # the node itself becomes the loss: its name (which the graph signature's outputs
+        # name) and users stay
+        node.target, node.args, node.kwargs = operator.getitem, (forward, 0), {}
+        count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
 def translations(op, ir, stop_gradient):
     from typing import Optional, Sequence, Tuple
     from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor, TInt
@@ -331,12 +366,13 @@ def translations(op, ir, stop_gradient):
     # where torch selects; where eager's backward is not the derivative of its forward, the
     # forward is a stopped value plus gradient terms that are exactly 0 forward.
 
-    def grad_term(x, grad):
+    def grad_term(x, grad, dt=None):
         # Pow(1 + (x - StopGradient(x)), StopGradient(grad)) - 1: 0 forward (1^y is 1 for every
         # y, inf and NaN too), gradient ``grad`` with respect to x (Pow's b * a^(b - 1) at a = 1),
         # also where ``grad`` is infinite or NaN (_export_losses._grad_term). An infinite x would
-        # make the base inf - inf: it reads 0 there (and gets no gradient).
-        dt = x.dtype
+        # make the base inf - inf: it reads 0 there (and gets no gradient). ``dt``: x's dtype,
+        # where x is a node whose dtype the trace does not know.
+        dt = dt or x.dtype
         one = const(1.0, dt)
         x = op.Where(op.IsInf(x), const(0.0, dt), x)
         base = op.Add(one, op.Sub(x, stop_gradient(x)))
@@ -488,20 +524,34 @@ def translations(op, ir, stop_gradient):
 
     def xlogy(self: TFloat, other: TFloat) -> TFloat:
         # eager: NaN where other is NaN, 0 where self == 0, else self log(other); gradients
-        # dy xlogy(self != 0, other) for self and dy self / other for other (derivatives.yaml).
-        # torchlib's Where on Mul(self, Log(other)) passes the unselected branch a 0 gradient
-        # that Mul turns into 0 * log(0) = NaN (xlogy(0, 0), KLDivLoss's zero targets), and
-        # gives self == 0 gradient dy. Here log reads 1 where self == 0 (other not NaN): value
-        # 0, self's gradient log(1) = 0; other's there, dy * 0 / other (NaN at 0, as eager's),
-        # is a term.
+        # (derivatives.yaml) xlogy(dy, other) masked to 0 where self == 0 and other <= 0 for
+        # self, dy self / other for other (NaN at 0 / 0). torchlib's Where on Mul(self,
+        # Log(other)) sends its unselected branch a 0 gradient that Mul turns into
+        # 0 * log(0) = NaN, and gives self == 0 the gradient dy. Here Log reads 1 where
+        # self == 0 and other <= 0 (value 0, self's gradient 0), other's gradient there a
+        # term; and where self == 0 and other == inf (value 0, not 0 * inf), self's gradient
+        # there (inf) a term. Left: eager's xlogy(dy, other) is 0 where dy is 0 and log(other) infinite,
+        # here 0 * inf = NaN.
         dt = self.dtype
         if other.dtype != dt:
             other = op.Cast(other, to=dt)
-        zero = const(0.0, dt)
-        at_zero = op.And(op.Equal(self, zero), op.Not(op.IsNaN(other)))
-        safe = op.Where(at_zero, const(1.0, dt), other)
-        out = op.Mul(self, op.Log(safe))
-        return op.Add(out, grad_term(other, op.Where(at_zero, op.Div(self, other), zero)))
+        zero, inf = const(0.0, dt), const(float("inf"), dt)
+        self_zero = op.Equal(self, zero)
+        masked = op.And(self_zero, op.LessOrEqual(other, zero))
+        at_inf = op.And(self_zero, op.Equal(other, inf))
+        out = op.Mul(self, op.Log(op.Where(op.Or(masked, at_inf), const(1.0, dt), other)))
+        out = op.Add(out, grad_term(other, op.Where(masked, op.Div(self, other), zero)))
+        # (the term reads self only where it is 0: a NaN self would make its base NaN)
+        return op.Add(out, grad_term(op.Where(self_zero, self, zero), op.Where(at_inf, inf, zero), dt))
+
+    def nll_loss_nd(self: TFloat, target: TInt, weight: Optional[TFloat] = None, reduction: int = 1,
+                    ignore_index: int = -100) -> TFloat:
+        # F.nll_loss traces to nll_loss_nd, which torch decomposes into nll_loss for (N, C) but
+        # for (N, C, d1..dk) into a gather/where form. torchlib's nll_loss rule
+        # (NegativeLogLikelihoodLoss, which takes every rank) means what eager means there
+        # (REVIEWED: aten::nll_loss); unbatched ones are nll_loss_forward by then
+        # (unbatched_nll_loss_forward).
+        return tl_nn.aten_nll_loss(self, target, weight, reduction, ignore_index)
 
     def binary_cross_entropy(self: TFloat, target: TFloat, weight: Optional[TFloat] = None,
                              reduction: int = 1) -> TFloat:
@@ -571,4 +621,5 @@ def translations(op, ir, stop_gradient):
         torch.ops.aten.xlogy.Tensor: xlogy,
         torch.ops.aten.binary_cross_entropy.default: binary_cross_entropy,
         torch.ops.aten.soft_margin_loss.default: soft_margin_loss,
+        torch.ops.aten.nll_loss_nd.default: nll_loss_nd,
     }
