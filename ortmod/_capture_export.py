@@ -817,8 +817,34 @@ def _export_error(module, stage, e):
         return cause
     first = str(e).strip().split("\n", 1)[0]
     first = first[:500] + (" ..." if len(first) > 500 else "")
+    branch = _data_dependent_branch(e)
+    if branch:
+        # e.g. F.gaussian_nll_loss's `if torch.any(var < 0): raise ...`: the trace runs on fake
+        # tensors, which have no values to branch on
+        first = (f"the forward branches on tensor values at {branch}, which torch.export cannot trace "
+                 f"(it does not guard on data-dependent values: {first})")
     return ExportError(f"torch.export capture of {type(module).__name__} failed in {stage}: "
                        f"{type(e).__name__}: {first} (full error in __cause__)")
+
+
+def _data_dependent_branch(e):
+    """'file:line: code' of the Python line whose branch on a tensor's value stopped the trace:
+    the innermost frame of the traceback outside torch's tracing machinery and ortmod."""
+    import os
+    import traceback
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    if not isinstance(e, GuardOnDataDependentSymNode):
+        return None
+    root = os.path.dirname(torch.__file__)
+    machinery = tuple(os.path.join(root, d) for d in ("_", "fx", "export", "utils", "overrides.py", "_ops.py",
+                                                       "_tensor.py", "__init__.py"))
+    own = os.path.dirname(__file__)
+    for f in reversed(traceback.extract_tb(e.__traceback__)):
+        name = f.filename
+        if name.startswith(own) or name.startswith(machinery) or name.startswith("<"):
+            continue
+        return f"{name}:{f.lineno}: {(f.line or '').strip()}"
+    return None
 
 
 def _output_vals(ep, n):

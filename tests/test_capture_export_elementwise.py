@@ -265,3 +265,13 @@ def test_elu_input_scale_is_refused_by_name():
     m = Fn(lambda x: torch.ops.aten.elu(x, 1.0, 1.0, 2.0))
     with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::elu.*input_scale"):
         ortmod.ORTModule(m)(torch.randn(3, 4, requires_grad=True))
+
+
+def test_a_branch_on_tensor_values_names_its_line():
+    # F.gaussian_nll_loss raises on negative variances (`if torch.any(var < 0)`): torch.export
+    # traces on fake tensors and cannot take that branch; the error names the line
+    m = nn.GaussianNLLLoss()
+    x, t, var = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4), torch.rand(3, 4, requires_grad=True)
+    with pytest.raises(ortmod.ExportError, match=r"branches on tensor values at .*functional\.py:\d+: "
+                                                 r"(el)?if torch\.any\(var < 0\)"):
+        ortmod.ORTModule(m)(x, t, var)
