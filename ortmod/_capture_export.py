@@ -672,6 +672,12 @@ def export(module, flat, strict_trace=False, inline_functions=False):
         return _export(module, flat, recorder)
 
 
+def _without_grad(t):
+    if not (t.is_leaf or t.retains_grad) or t.grad is None:
+        return t
+    return t.detach().requires_grad_(t.requires_grad)
+
+
 def _export(module, flat, recorder):
     import onnx
     try:
@@ -683,7 +689,10 @@ def _export(module, flat, recorder):
     t0 = time.perf_counter()
     wrapper = _ExportWrapper(module, flat)
     tensor_indices = flat.tensor_indices()
-    tensors = tuple(flat.leaves[i] for i in tensor_indices)
+    # the call's tensors without their .grad: torch.export guards on a gradient an input
+    # carries (one left by an earlier backward), and its decomposition re-trace, on fresh fake
+    # inputs without one, then fails ('NoneType' object has no attribute 'size')
+    tensors = tuple(_without_grad(flat.leaves[i]) for i in tensor_indices)
     dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
     with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
         try:

@@ -275,3 +275,17 @@ def test_a_branch_on_tensor_values_names_its_line():
     with pytest.raises(ortmod.ExportError, match=r"branches on tensor values at .*functional\.py:\d+: "
                                                  r"(el)?if torch\.any\(var < 0\)"):
         ortmod.ORTModule(m)(x, t, var)
+
+
+def test_an_input_carrying_a_gradient_exports():
+    # a tensor that went through one module's backward carries .grad into the next export;
+    # torch.export guarded on it and its decomposition then failed on inputs without one
+    x = torch.randn(4, 6, requires_grad=True)
+    ortmod.ORTModule(nn.LeakyReLU())(x).sum().backward()
+    first = x.grad.clone()
+    m = ortmod.ORTModule(nn.Softplus())
+    y = m(x)
+    rel_close("output", y, F.softplus(x))
+    y.sum().backward()
+    rel_close("accumulated gradient", x.grad, first + torch.sigmoid(x))
+    assert captured_with(m) == {"export"}
