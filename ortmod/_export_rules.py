@@ -359,7 +359,6 @@ def translations(op, ir, stop_gradient):
         cropped = op.Pad(self, tl_nn._process_padding([min(p, 0) for p in pad], rank), mode="constant")
         return op.Pad(cropped, tl_nn._process_padding([max(p, 0) for p in pad], rank), mode="wrap")
 
-
     # ---- activations and elementwise losses (issue 16, helper "act") ---------------------------
     # The TorchScript path's reasoning (ortmod/_semantics.py, _export_losses.py): the engine's
     # activation ops (csrc/ops/misc.c) compute eager's forward and eager's backward, a select
@@ -581,7 +580,8 @@ def translations(op, ir, stop_gradient):
         # would be finite there). Its backward -t z / (1 + z), z = exp(-x t) (NaN where z is
         # inf), as a gradient term. Eager has no gradient for the target (it raises when the
         # target requires grad); here it gets none. The TorchScript path's rule; registered,
-        # the op stays whole.
+        # the op stays whole. Left: at an infinite input whose loss is inf, eager's gradient is
+        # inf / inf = NaN, here 0 (grad_term reads an infinite x as 0).
         dt = self.dtype
         v = op.Mul(op.Neg(self), target)
         z = op.Exp(v)
