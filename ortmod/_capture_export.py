@@ -897,6 +897,12 @@ def export(module, flat, strict_trace=False, inline_functions=False):
         return _export(module, flat, recorder, strict_trace)
 
 
+def _without_grad(t):
+    if not (t.is_leaf or t.retains_grad) or t.grad is None:
+        return t
+    return t.detach().requires_grad_(t.requires_grad)
+
+
 def _export(module, flat, recorder, strict_trace=False):
     import onnx
     try:
@@ -912,7 +918,10 @@ def _export(module, flat, recorder, strict_trace=False):
     _capture._batchnorm_buffers(module)
     wrapper = _ExportWrapper(module, flat)
     tensor_indices = flat.tensor_indices()
-    tensors = tuple(flat.leaves[i] for i in tensor_indices)
+    # the call's tensors without their .grad: torch.export guards on a gradient an input
+    # carries (one left by an earlier backward), and its decomposition re-trace, on fresh fake
+    # inputs without one, then fails ('NoneType' object has no attribute 'size')
+    tensors = tuple(_without_grad(flat.leaves[i]) for i in tensor_indices)
     dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
     frozen = False
     with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
@@ -966,6 +975,10 @@ def _export(module, flat, recorder, strict_trace=False):
     for gm in ep.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule) and gm is not ep.graph_module:
             _insert_stop_gradients(gm)
+    from . import _export_rules
+    for gm in ep.graph_module.modules():
+        if isinstance(gm, torch.fx.GraphModule):
+            _export_rules.unbatched_nll_loss_forward(gm)
 
     t1 = time.perf_counter()
     registry = _registry()
@@ -1061,8 +1074,34 @@ def _export_error(module, stage, e):
         return cause
     first = str(e).strip().split("\n", 1)[0]
     first = first[:500] + (" ..." if len(first) > 500 else "")
+    branch = _data_dependent_branch(e)
+    if branch:
+        # e.g. F.gaussian_nll_loss's `if torch.any(var < 0): raise ...`: the trace runs on fake
+        # tensors, which have no values to branch on
+        first = (f"the forward branches on tensor values at {branch}, which torch.export cannot trace "
+                 f"(it does not guard on data-dependent values: {first})")
     return ExportError(f"torch.export capture of {type(module).__name__} failed in {stage}: "
                        f"{type(e).__name__}: {first} (full error in __cause__)")
+
+
+def _data_dependent_branch(e):
+    """'file:line: code' of the Python line whose branch on a tensor's value stopped the trace:
+    the innermost frame of the traceback outside torch's tracing machinery and ortmod."""
+    import os
+    import traceback
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    if not isinstance(e, GuardOnDataDependentSymNode):
+        return None
+    root = os.path.dirname(torch.__file__)
+    machinery = tuple(os.path.join(root, d) for d in ("_", "fx", "export", "utils", "overrides.py", "_ops.py",
+                                                       "_tensor.py", "__init__.py"))
+    own = os.path.dirname(__file__)
+    for f in reversed(traceback.extract_tb(e.__traceback__)):
+        name = f.filename
+        if name.startswith(own) or name.startswith(machinery) or name.startswith("<"):
+            continue
+        return f"{name}:{f.lineno}: {(f.line or '').strip()}"
+    return None
 
 
 def _output_vals(ep, n):
@@ -1366,6 +1405,30 @@ def _check_baddbmm(node):
     if alpha == 0:
         return ("alpha=0: eager's result depends on its kernel (BLAS skips the product, the small-matrix "
                 "loop multiplies NaN by 0)")
+
+
+def _check_elu(node):
+    # eager: x <= 0 ? scale alpha (exp(x input_scale) - 1) : scale x. torchlib scales x by
+    # input_scale before Elu: the linear branch too, and the branch taken follows x input_scale.
+    # nn.ELU, F.elu, CELU and SELU never pass it.
+    if _const_arg(node, 3, "input_scale", 1.0) != 1:
+        return "input_scale other than 1 is applied to both branches by the ONNX translation"
+    return None
+
+
+def _check_nll_loss_forward(node):
+    if _getitem_users(node, 1):
+        return "its total_weight output is read, which the ONNX translation does not compute"
+    return None
+
+
+def _check_celu(node):
+    import numpy as np
+    alpha = _const_arg(node, 1, "alpha", 1.0)
+    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dtype == torch.float64 and alpha < 0 \
+            and float(np.float32(alpha)) != float(alpha):
+        return "a negative alpha that float32 cannot hold is not reproduced exactly in float64 by ortmod"
     return None
 
 
@@ -1395,6 +1458,8 @@ _CHECKS = {
     # _check_rnn_layout ends with _check_rnn (the dropout and proj_size refusals)
     "aten::lstm": _check_rnn_layout, "aten::gru": _check_rnn_layout, "aten::rnn_tanh": _check_rnn_layout,
     "aten::rnn_relu": _check_rnn_layout,
+    # activations and elementwise losses (issue 16, helper "act")
+    "aten::elu": _check_elu, "aten::celu": _check_celu, "aten::nll_loss_forward": _check_nll_loss_forward,
 }
 
 AUDIT_LOG = None     # a set: while set, every op the audit sees is added (to grow the reviewed list)
@@ -1574,4 +1639,34 @@ REVIEWED = frozenset({
     # - view_copy: a view in the decomposed graph (_views_to_view_copies), torchlib's view rule
     "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::hardtanh", "aten::relu6", "aten::remainder.Scalar", "aten::remainder.Tensor",
     "aten::baddbmm", "aten::view_copy",
+    # ---- activations and elementwise losses (issue 16, helper "act"): torchlib's rule where it
+    # emits an engine op whose forward and backward are eager's (csrc/ops/misc.c, elementwise.c:
+    # a select where torch selects, NaN taking the branch its comparison fails into)
+    # PRelu with the weight reshaped to (1, C, 1, ...) (a 0-d input: squeezed; a vector: along
+    # it): eager's channel dim 1; gradients x > 0 ? dy : w dy and sum of x dy where x <= 0
+    "aten::prelu",
+    # nn.Threshold decomposes to where(x <= threshold, value, x): Where's gradient is dy where x
+    # > threshold or NaN, eager's threshold_backward
+    "aten::where.ScalarSelf",
+    # Sub, Mul(d, d) (gradient 2 d dy, exact), ReduceMean/ReduceSum over every element
+    # (target broadcast as eager's TensorIterator does)
+    "aten::mse_loss",
+    # NegativeLogLikelihoodLoss(weight, ignore_index, reduction): (N, C, d1..dk) and the
+    # unbatched (C,) / 0-d target forms; weighted mean divides by the weights of the targets
+    # not ignored (NaN when all are, as eager), the engine's gradient is eager's; nll_loss_nd
+    # (what F.nll_loss traces to) by the same rule, kept whole (_export_rules.py), and
+    # nll_loss_forward (unbatched inputs; its total_weight output is torchlib's placeholder:
+    # _CHECKS refuses a graph that reads it)
+    "aten::nll_loss", "aten::nll_loss_nd", "aten::nll_loss_forward",
+    # Expand(0) in self's shape and dtype: eager's contents are unspecified; HingeEmbeddingLoss
+    # and CosineEmbeddingLoss fill it before reading
+    "aten::empty_like",
+    # ortmod's rules (_export_rules.py): torchlib's are ONNX local functions, compute float64 in
+    # float32 (celu), lose small values (log1p), give xlogy(0, 0) a NaN gradient, or decompose
+    # losses whose backward is not their forward's derivative (binary_cross_entropy,
+    # soft_margin_loss)
+    # (leaky_relu, elu, celu, selu, hardsigmoid: float64 exact where the engine's float32
+    # attribute is not; elu's input_scale other than 1 is refused by _CHECKS)
+    "aten::leaky_relu", "aten::elu", "aten::hardsigmoid", "aten::softplus", "aten::celu", "aten::selu", "aten::hardswish",
+    "aten::mish", "aten::glu", "aten::log1p", "aten::xlogy.Tensor", "aten::binary_cross_entropy", "aten::soft_margin_loss",
 })
