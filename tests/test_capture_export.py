@@ -1240,3 +1240,25 @@ def test_padding_computed_from_the_size():
                      torch.randn(shape))
     with pytest.raises(ortmod.UnsupportedModelError, match="aten::pad .*circular"):
         ORTModule(_fn(lambda s, x: pad_to(s, x, "circular")))(torch.randn(2, 3, 5, 6))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_transformer_encoder_reads_whether_its_mask_is_causal(causal):
+    """TransformerEncoder asks `bool((mask == causal).all())` of its mask (torch's own check, not
+    the user's: guarded, and the user hears of it only when it changes): a causal and a padding
+    mask, each with eager's result, and a switch between them exports again."""
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), 2,
+                                enable_nested_tensor=False)
+    n = 5
+    causal_mask = nn.Transformer.generate_square_subsequent_mask(n)
+    other = torch.zeros(n, n)
+    other[:, -1] = float("-inf")
+    other[-1, -1] = 0.0
+    masks = [causal_mask if causal else other, other if causal else causal_mask]
+    m = _fn(lambda s, x, mask: s.enc(x, mask=mask), enc=enc)
+    with pytest.warns(ortmod_semantics.TraceHazardWarning, match=r"transformer.py:\d+.*exporting again") as caught:
+        ort = run_both(m, calls=2, make_inputs=lambda call: (torch.randn(3, n, 8), masks[call]))
+    hazards = [str(w.message) for w in caught if issubclass(w.category, ortmod_semantics.TraceHazardWarning)]
+    assert len(hazards) == 1, hazards     # nothing at the first export: torch's own check, not the user's
+    assert ort._ortmod_export_count == 2

@@ -815,10 +815,7 @@ def test_zoo_parity(name):
 # (each an expected failure whose error must name the reason; a case that starts passing fails
 # the run, so the list cannot go stale).
 EXPORT_ZOO = ("gpt2", "llama", "bert", "t5", "whisper", "vit", "nn.TransformerEncoder-bf")
-EXPORT_REFUSED = {
-    "t5": "torch's decomposition cannot view the transposed attention output with symbolic sizes",
-    "nn.TransformerEncoder-bf": "aten::remainder.Scalar is not yet reviewed for the torch.export path",
-}
+EXPORT_REFUSED = {}
 
 
 def _export_cases():
