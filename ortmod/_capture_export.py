@@ -552,6 +552,32 @@ def _data_dependent(e):
     return False
 
 
+class _GradModeSemantics(torch.overrides.TorchFunctionMode):
+    """While torch.export traces: what its training IR does not say about grad mode. An in-place
+    op under ``torch.no_grad()`` on a tensor that requires grad reaches the IR as a plain in-place
+    op (no grad-mode region marks it), which would be differentiated where eager autograd ignores
+    the change: refused by name, as on the TorchScript path. ``F.gaussian_nll_loss`` does exactly
+    that to ``var`` (its clamp to eps): ``var`` is lifted first, the TorchScript path's rule
+    (_semantics._gaussian_nll_var_lifted), so the clamp changes nothing."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        from . import _semantics
+        kwargs = kwargs or {}
+        if getattr(_functions, "inside", 0):       # a user's Function's forward: run in PyTorch
+            return func(*args, **kwargs)
+        if func is torch.nn.functional.gaussian_nll_loss:
+            args, kwargs = _semantics._gaussian_nll_var_lifted(args, kwargs)
+        if not torch.is_grad_enabled():
+            name = getattr(func, "__name__", "")
+            if name.endswith("_") and not name.endswith("__") and \
+                    any(t.requires_grad for t in _semantics._tensors(args[:1])):
+                raise UnsupportedModelError(
+                    f"forward calls the in-place {name} with gradients disabled on a tensor that requires grad "
+                    f"(at {_semantics.user_frame(2)}): eager autograd ignores that change, a traced graph cannot; "
+                    "do it out of place, or outside torch.no_grad()")
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def _real_values_decide():
     """torch's real-tensor propagation (what its draft_export uses), with the parameters' and
@@ -926,7 +952,8 @@ def _export(module, flat, recorder, strict_trace=False):
     frozen = False
     with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
         try:
-            with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module):
+            with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module), \
+                    _GradModeSemantics():
                 ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,), strict=False)
         except UnsupportedModelError:
             raise
@@ -941,7 +968,8 @@ def _export(module, flat, recorder, strict_trace=False):
             # share memory (an expand()ed one) cannot be: those go in as dense copies, same values
             real = tuple(t.contiguous() if torch._debug_has_internal_overlap(t) == 1 else t for t in tensors)
             try:
-                with _intercepting_apply(recorder), _real_values_decide():
+                with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module), \
+                        _real_values_decide(), _GradModeSemantics():
                     ep = torch.export.export(wrapper, real, dynamic_shapes=(dims,), strict=False)
             except UnsupportedModelError:
                 raise
@@ -1251,6 +1279,19 @@ def _check_cumsum(node):
     return None
 
 
+def _check_clamp_tensor(node):
+    # clamp.Tensor(self, min, max): ortmod's rule is Clip, for 0-d (or absent) bounds; a larger
+    # bound would be Max / Min, whose gradient at ties is not clamp's
+    if node.target is not torch.ops.aten.clamp.Tensor:
+        return None
+    for k, name in ((1, "min"), (2, "max")):
+        bound = node.args[k] if len(node.args) > k else node.kwargs.get(name)
+        val = bound.meta.get("val") if isinstance(bound, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor) and val.dim() != 0:
+            return f"clamp with a {name} tensor of more than one element is not reviewed (Max / Min halve the gradient at ties)"
+    return None
+
+
 def _check_clamp_min(node):
     # torchlib: a number or a 0-d bound gives Clip (torch.clamp's rule); a larger bound gives Max,
     # whose gradient at ties is not clamp_min's
@@ -1438,6 +1479,7 @@ _CHECKS = {
     "aten::upsample_linear1d": _check_upsample_linear, "aten::upsample_bilinear2d": _check_upsample_linear,
     "aten::upsample_trilinear3d": _check_upsample_linear,
     "aten::baddbmm": _check_baddbmm,
+    "aten::clamp": _check_clamp_tensor,
     "aten::fractional_max_pool2d": _check_fractional_max_pool, "aten::fractional_max_pool3d": _check_fractional_max_pool,
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
     "aten::adaptive_avg_pool3d": _check_adaptive_pool, "aten::adaptive_max_pool2d": _check_adaptive_pool,
@@ -1571,10 +1613,10 @@ REVIEWED = frozenset({
     "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d",
     # ortmod's rule (the TorchScript path's): taps gathered into blocks, MaxPool, indices mapped back
     "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
-    # torchlib's rules as they are: Cast to bool (0 and -0 false, NaN true, as torch's truth),
-    # then ReduceMin of 0/1 (all); no gradient flows through a bool. Branches read them (the
-    # guards of _freeze_decisions)
-    "aten::all", "aten::all.dim",
+    # any / all: ortmod's rules (_export_rules.zoo_translations), 0/1 values reduced with
+    # ReduceMax (torch's truth: 0 and -0 false, NaN true), over no element any False and all True
+    # as eager (torchlib's any reads ReduceMax's lowest value as True); no gradient through a bool
+    "aten::all", "aten::all.dim", "aten::all.dims", "aten::any", "aten::any.dim", "aten::any.dims",
     # ortmod's rules: max/min along a dim read the value at ArgMax/ArgMin's index (the first
     # extremum or first NaN, eager's; the gradient goes there alone, torchlib's ReduceMax shares
     # it among ties); argmax/argmin keep every dim for keepdim without a dim
@@ -1639,6 +1681,9 @@ REVIEWED = frozenset({
     # - view_copy: a view in the decomposed graph (_views_to_view_copies), torchlib's view rule
     "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::hardtanh", "aten::relu6", "aten::remainder.Scalar", "aten::remainder.Tensor",
     "aten::baddbmm", "aten::view_copy",
+    # amin / amax: ortmod's rule, ReduceMin / ReduceMax (ties share the gradient, as eager; the
+    # TorchScript path's one difference is left: a NaN row's gradient all at the NaN)
+    "aten::amin", "aten::amax",
     # ---- activations and elementwise losses (issue 16, helper "act"): torchlib's rule where it
     # emits an engine op whose forward and backward are eager's (csrc/ops/misc.c, elementwise.c:
     # a select where torch selects, NaN taking the branch its comparison fails into)

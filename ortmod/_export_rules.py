@@ -1228,8 +1228,9 @@ def translations(op, ir, stop_gradient):
 def zoo_translations(op, ir, stop_gradient):
     """The rules the model zoo needs on this path (issue 16): numbers made tensors (scalar_tensor),
     where and fill with a number, fill with a tensor, ceil of ints, hardtanh and relu6, remainder,
-    baddbmm, and view_copy (what ``_capture_export._views_to_view_copies`` makes of a view)."""
-    from typing import Sequence
+    baddbmm, view_copy (what ``_capture_export._views_to_view_copies`` makes of a view); any, all,
+    amin and amax."""
+    from typing import Optional, Sequence
     import onnx
     import onnxscript
     from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor
@@ -1363,6 +1364,67 @@ def zoo_translations(op, ir, stop_gradient):
 
     # ---- baddbmm -------------------------------------------------------------------------------
 
+    def any_over(x, dims, keepdim):
+        # torch.any: some element nonzero (NaN counts), False over no element. ReduceMax of the
+        # 0/1 values, then > 0: over no element ReduceMax gives its type's lowest value, which
+        # torchlib's Cast to bool reads as True
+        if x.shape is not None and len(x.shape) == 0:
+            return op.Cast(x, to=ir.DataType.BOOL)
+        ones = op.Cast(op.Cast(x, to=ir.DataType.BOOL), to=ir.DataType.INT64)
+        if dims:
+            top = op.ReduceMax(ones, const(list(dims), ir.DataType.INT64), keepdims=int(bool(keepdim)))
+        else:
+            top = op.ReduceMax(ones, keepdims=int(bool(keepdim)))
+        return op.Greater(top, const(0, ir.DataType.INT64))
+
+    def all_over(x, dims, keepdim):
+        # torch.all: no element zero, True over no element: not any(x == 0)
+        if x.shape is not None and len(x.shape) == 0:
+            return op.Cast(x, to=ir.DataType.BOOL)
+        return op.Not(any_over(op.Not(op.Cast(x, to=ir.DataType.BOOL)), dims, keepdim))
+
+    def any_all(fn, form):
+        def whole(self: TTensor) -> TTensor:
+            return fn(self, [], False)
+
+        def one_dim(self: TTensor, dim: int, keepdim: bool = False) -> TTensor:
+            return fn(self, [dim], keepdim)
+
+        def dims(self: TTensor, dim: Optional[Sequence[int]] = None, keepdim: bool = False) -> TTensor:
+            return fn(self, list(dim) if dim else [], keepdim)
+        return {"whole": whole, "dim": one_dim, "dims": dims}[form]
+
+    def scalar_bound(b, like):
+        return None if b is None else op.CastLike(op.Reshape(b, const([], ir.DataType.INT64)), like)
+
+    def clamp_min_tensor(self: TReal, min: TReal) -> TReal:
+        # _CHECKS lets only 0-d bounds through (torchlib makes a larger one Max / Min, whose
+        # gradient halves at a tie). torchlib picks Clip by the bound's rank, which a number's
+        # constant does not carry into the translation: it took Max. Clip of the 0-d bound has
+        # clamp's gradient, all of dy at the bound.
+        return op.Clip(self, scalar_bound(min, self))
+
+    def clamp_tensor(self: TReal, min: Optional[TReal] = None, max: Optional[TReal] = None) -> TReal:
+        # clamp(x, 1e-6) in a float64 graph: the type-promotion pass makes the number a tensor
+        # (clamp.Tensor), whose torchlib rule is Max / Min: a value at the bound got half of
+        # eager's gradient. 0-d bounds only (_CHECKS), as Clip.
+        if min is None and max is None:
+            return op.Identity(self)
+        return op.Clip(self, scalar_bound(min, self), scalar_bound(max, self))
+
+    def extremum_over(reduce_op):
+        def rule(self: TReal, dim: Sequence[int] = (), keepdim: bool = False) -> TReal:
+            # amin / amax: ReduceMin / ReduceMax over dim (every dim when empty, as eager), the
+            # engine's gradient shared among ties as eager's amin/amax (the TorchScript path's
+            # export). torchlib's rule is an ONNX local function, which the engine does not take.
+            if len(self.shape) == 0:
+                return op.Identity(self)
+            dims = list(dim) if dim is not None else []
+            if not dims:
+                return reduce_op(self, keepdims=int(bool(keepdim)))
+            return reduce_op(self, const(dims, ir.DataType.INT64), keepdims=int(bool(keepdim)))
+        return rule
+
     def baddbmm(self: TReal, batch1: TReal, batch2: TReal, beta: float = 1.0, alpha: float = 1.0) -> TReal:
         # eager: beta * self + alpha * (batch1 @ batch2), and with beta == 0 self is not read
         # (NaN or inf in it does not propagate) but still gets a gradient, zeros (grad * beta);
@@ -1393,4 +1455,14 @@ def zoo_translations(op, ir, stop_gradient):
         torch.ops.aten.remainder.Tensor: remainder_tensor,
         torch.ops.aten.relu6.default: relu6,
         torch.ops.aten.baddbmm.default: baddbmm,
+        torch.ops.aten.any.default: any_all(any_over, "whole"),
+        torch.ops.aten.any.dim: any_all(any_over, "dim"),
+        torch.ops.aten.any.dims: any_all(any_over, "dims"),
+        torch.ops.aten.all.default: any_all(all_over, "whole"),
+        torch.ops.aten.all.dim: any_all(all_over, "dim"),
+        torch.ops.aten.all.dims: any_all(all_over, "dims"),
+        torch.ops.aten.clamp_min.Tensor: clamp_min_tensor,
+        torch.ops.aten.clamp.Tensor: clamp_tensor,
+        torch.ops.aten.amin.default: extremum_over(op.ReduceMin),
+        torch.ops.aten.amax.default: extremum_over(op.ReduceMax),
     }

@@ -1262,3 +1262,33 @@ def test_transformer_encoder_reads_whether_its_mask_is_causal(causal):
     hazards = [str(w.message) for w in caught if issubclass(w.category, ortmod_semantics.TraceHazardWarning)]
     assert len(hazards) == 1, hazards     # nothing at the first export: torch's own check, not the user's
     assert ort._ortmod_export_count == 2
+
+
+@pytest.mark.parametrize("dim,keepdim", [((), False), ((1,), False), ((0, 2), True), ((-1,), True)])
+def test_amin_amax_share_the_gradient_among_ties(dim, keepdim):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5).round()        # rounded: many ties
+    m = _fn(lambda s, x: torch.amin(s.a(x) * 3, dim, keepdim) * torch.amax(x, dim, keepdim), a=nn.Identity())
+    _both_dtypes(m, x)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (0, 4), (3, 0)])
+def test_any_all_are_eagers_also_over_no_element(shape):
+    """torch.any is False and torch.all True over no element (torchlib's any said True)."""
+    x = torch.randn(*shape)
+    if x.numel():
+        x[0] = 0.0
+        x[-1, -1] = float("nan")
+    m = _fn(lambda s, x: torch.stack([torch.any(x > 0).to(x.dtype), torch.all(x != 0).to(x.dtype)])
+            + torch.any(x, 0).to(x.dtype).sum() + torch.all(x, 1).to(x.dtype).sum() + s.a(x).sum(),
+            a=nn.Identity())
+    out = ORTModule(m)(x)
+    torch.testing.assert_close(out, m(x), equal_nan=True)
+
+
+def test_clamp_by_a_number_gives_all_of_the_gradient_at_the_bound():
+    """float64: the type-promotion pass makes clamp's number a tensor (clamp.Tensor), whose torchlib
+    rule is Max: a value exactly at the bound got half of eager's gradient."""
+    m = _fn(lambda s, x: torch.clamp(s.a(x), min=0.5) * 3 + torch.clamp(x, -0.25, 0.25), a=nn.Identity())
+    x = torch.tensor([[0.5, 0.75, -1.0, 0.25, -0.25]])
+    _both_dtypes(m, x)

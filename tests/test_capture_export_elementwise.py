@@ -267,14 +267,35 @@ def test_elu_input_scale_is_refused_by_name():
         ortmod.ORTModule(m)(torch.randn(3, 4, requires_grad=True))
 
 
-def test_a_branch_on_tensor_values_names_its_line():
-    # F.gaussian_nll_loss raises on negative variances (`if torch.any(var < 0)`): torch.export
-    # traces on fake tensors and cannot take that branch; the error names the line
+def test_gaussian_nll_loss_differentiates_var_as_if_unclamped():
+    """F.gaussian_nll_loss clamps var to eps in place under no_grad: eager differentiates as if
+    unclamped. The training IR shows a plain clamp_ (its gradient 0 below eps: var's gradient was
+    2.7e11 off); var is lifted first, as on the TorchScript path. Its `if torch.any(var < 0)` is a
+    branch on values: decided by real values and guarded."""
     m = nn.GaussianNLLLoss()
-    x, t, var = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4), torch.rand(3, 4, requires_grad=True)
-    with pytest.raises(ortmod.ExportError, match=r"branches on tensor values at .*functional\.py:\d+: "
-                                                 r"(el)?if torch\.any\(var < 0\)"):
-        ortmod.ORTModule(m)(x, t, var)
+    x, t = torch.randn(4, 3, requires_grad=True), torch.randn(4, 3)
+    var = (torch.rand(4, 3) + 0.1).index_fill(0, torch.tensor([1]), 1e-9)
+    for dt in (torch.float32, torch.float64):
+        ort = run_both(m, x.to(dt), t.to(dt), var.to(dt))
+        assert captured_with(ort) == {"export"}
+    with pytest.raises((ValueError, ortmod.ExportError), match="negative"):
+        ortmod.ORTModule(nn.GaussianNLLLoss())(x, t, -var.requires_grad_())
+
+
+def test_an_in_place_op_under_no_grad_on_a_tensor_that_requires_grad_is_refused():
+    class ClampInPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.a(x)
+            with torch.no_grad():
+                h.clamp_(min=0.0)      # eager autograd ignores this change
+            return h * 2
+
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"in-place clamp_ with gradients disabled"):
+        ortmod.ORTModule(ClampInPlace())(torch.randn(3, 4))
 
 
 def test_an_input_carrying_a_gradient_exports():
