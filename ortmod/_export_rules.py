@@ -1301,10 +1301,17 @@ def zoo_translations(op, ir, stop_gradient):
         # made that the result's: an int tensor with a float number is cast to float first).
         # torchlib's rule is Where too, but its number reaches the graph as a float32 constant:
         # where(m, x, 0.1) in float64 would be 0.10000000149.
-        return op.Where(condition, self, scalar_as(other, self.dtype))
+        return op.Where(condition, self, number_as(other, self.dtype))
 
     def where_scalar_self(condition: TTensor, self: float, other: TTensor) -> TTensor:
-        return op.Where(condition, scalar_as(self, other.dtype), other)
+        return op.Where(condition, number_as(self, other.dtype), other)
+
+    def number_as(value, dt):
+        # a Python number, or a symbolic one (a size: MultiLabelMarginLoss's where(m, i, n)),
+        # which arrives as a 0-d graph value and is cast as torchlib casts it
+        if isinstance(value, (bool, int, float)):
+            return scalar_as(value, dt)
+        return value if value.dtype == dt else op.Cast(value, to=dt)
 
     # ---- ceil ----------------------------------------------------------------------------------
 

@@ -1292,3 +1292,11 @@ def test_clamp_by_a_number_gives_all_of_the_gradient_at_the_bound():
     m = _fn(lambda s, x: torch.clamp(s.a(x), min=0.5) * 3 + torch.clamp(x, -0.25, 0.25), a=nn.Identity())
     x = torch.tensor([[0.5, 0.75, -1.0, 0.25, -0.25]])
     _both_dtypes(m, x)
+
+
+def test_where_with_a_size_as_the_other_value():
+    """where(mask, idx, n) with n a symbolic size (MultiLabelMarginLoss): a graph value, cast."""
+    m = _fn(lambda s, x: s.a(x) * torch.where(x > 0, torch.arange(x.size(1)), x.size(1)).to(x.dtype),
+            a=nn.Identity())
+    ort = run_both(m, calls=2, make_inputs=lambda call: (torch.randn(3 + call, 4 + call),))
+    assert captured_with(ort) == {"export"}
