@@ -84,7 +84,7 @@ def _insert_stop_gradients(gm):
             args = list(node.args)
             for k in range(2, len(args)):
                 a = args[k]
-                val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                val = _meta_val(a)
                 if isinstance(val, torch.Tensor) and val.is_floating_point():
                     with gm.graph.inserting_before(node):
                         s = gm.graph.call_function(sg, (a,))
@@ -520,7 +520,7 @@ def _shape_guard(ep, n_inputs):
     assertions = []
     for node in ep.graph.nodes:
         if node.op == "call_function" and getattr(node.target, "__name__", "").startswith(_ASSERTS):
-            cond = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+            cond = _meta_val(node.args[0])
             # one over a value read from a tensor (an unbacked symbol) is a guard's (_freeze_decisions)
             if isinstance(cond, torch.SymBool) and not _free_unbacked(cond):
                 assertions.append(cond.node.expr)
@@ -568,13 +568,7 @@ class _GradModeSemantics(torch.overrides.TorchFunctionMode):
         if func is torch.nn.functional.gaussian_nll_loss:
             args, kwargs = _semantics._gaussian_nll_var_lifted(args, kwargs)
         if not torch.is_grad_enabled():
-            name = getattr(func, "__name__", "")
-            if name.endswith("_") and not name.endswith("__") and \
-                    any(t.requires_grad for t in _semantics._tensors(args[:1])):
-                raise UnsupportedModelError(
-                    f"forward calls the in-place {name} with gradients disabled on a tensor that requires grad "
-                    f"(at {_semantics.user_frame(2)}): eager autograd ignores that change, a traced graph cannot; "
-                    "do it out of place, or outside torch.no_grad()")
+            _semantics.refuse_in_place_without_grad(func, args)
         return func(*args, **kwargs)
 
 
@@ -698,7 +692,7 @@ def _freeze_decisions(module, ep, n_user_out, strict_trace):
     # with them the item nodes and the symbolic arithmetic that only fed them
     for node in list(ep.graph.nodes):
         if node.op == "call_function" and getattr(node.target, "__name__", "").startswith(_ASSERTS):
-            cond = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+            cond = _meta_val(node.args[0])
             if cond is None or not isinstance(cond, torch.SymBool) or _free_unbacked(cond) or \
                     not cond.node.expr.free_symbols:
                 ep.graph.erase_node(node)
@@ -949,12 +943,16 @@ def _export(module, flat, recorder, strict_trace=False):
     # inputs without one, then fails ('NoneType' object has no attribute 'size')
     tensors = tuple(_without_grad(flat.leaves[i]) for i in tensor_indices)
     dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
+
+    def trace(inputs, real_values=False):
+        with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module), \
+                (_real_values_decide() if real_values else contextlib.nullcontext()), _GradModeSemantics():
+            return torch.export.export(wrapper, inputs, dynamic_shapes=(dims,), strict=False)
+
     frozen = False
     with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
         try:
-            with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module), \
-                    _GradModeSemantics():
-                ep = torch.export.export(wrapper, tensors, dynamic_shapes=(dims,), strict=False)
+            ep = trace(tensors)
         except UnsupportedModelError:
             raise
         except Exception as e:
@@ -968,9 +966,7 @@ def _export(module, flat, recorder, strict_trace=False):
             # share memory (an expand()ed one) cannot be: those go in as dense copies, same values
             real = tuple(t.contiguous() if torch._debug_has_internal_overlap(t) == 1 else t for t in tensors)
             try:
-                with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module), \
-                        _real_values_decide(), _GradModeSemantics():
-                    ep = torch.export.export(wrapper, real, dynamic_shapes=(dims,), strict=False)
+                ep = trace(real, real_values=True)
             except UnsupportedModelError:
                 raise
             except Exception as e2:
@@ -1136,7 +1132,7 @@ def _output_vals(ep, n):
     out = next(n for n in ep.graph.nodes if n.op == "output")
     vals = []
     for a in out.args[0][:n]:
-        vals.append(a.meta.get("val") if isinstance(a, torch.fx.Node) else None)
+        vals.append(_meta_val(a))
     return vals
 
 
@@ -1216,6 +1212,11 @@ def _check_ops(module, proto):
 # the ops this path takes: each reviewed against torchlib's translation for what eager training
 # means (an argument torchlib drops is refused or handled by ortmod's own rule)
 
+def _meta_val(arg):
+    """The traced value (a FakeTensor, SymInt, ...) of an FX argument; None for a constant."""
+    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+
+
 def _const_arg(node, k, name, default):
     if k < len(node.args):
         return node.args[k]
@@ -1251,7 +1252,7 @@ def _check_cross_entropy(node):
     ls = _const_arg(node, 5, "label_smoothing", 0.0)
     if not isinstance(ls, (int, float)) or not 0.0 <= ls <= 1.0:
         return f"label_smoothing {ls!r} (eager takes a number in [0, 1])"
-    target = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
+    target = _meta_val(node.args[1])
     if isinstance(target, torch.Tensor) and target.is_floating_point() and _const_arg(node, 4, "ignore_index", -100) >= 0:
         return "ignore_index with probability targets (eager raises)"
     return None
@@ -1272,7 +1273,7 @@ def _check_pad(node):
 
 
 def _check_cumsum(node):
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    val = _meta_val(node.args[0])
     if isinstance(val, torch.Tensor) and not val.is_floating_point() and val.dtype != torch.int64 \
             and node.kwargs.get("dtype") is None:
         return f"cumsum of {val.dtype} accumulates in int64 in eager, in {val.dtype} in the ONNX translation"
@@ -1286,7 +1287,7 @@ def _check_clamp_tensor(node):
         return None
     for k, name in ((1, "min"), (2, "max")):
         bound = node.args[k] if len(node.args) > k else node.kwargs.get(name)
-        val = bound.meta.get("val") if isinstance(bound, torch.fx.Node) else None
+        val = _meta_val(bound)
         if isinstance(val, torch.Tensor) and val.dim() != 0:
             return f"clamp with a {name} tensor of more than one element is not reviewed (Max / Min halve the gradient at ties)"
     return None
@@ -1298,7 +1299,7 @@ def _check_clamp_min(node):
     if node.target is torch.ops.aten.clamp_min.default:
         return None
     bound = node.args[1] if len(node.args) > 1 else None
-    val = bound.meta.get("val") if isinstance(bound, torch.fx.Node) else None
+    val = _meta_val(bound)
     if isinstance(val, torch.Tensor) and val.dim() == 0:
         return None
     return "clamp_min with a tensor bound translates to Max, whose gradient at ties is not clamp_min's"
@@ -1307,7 +1308,7 @@ def _check_clamp_min(node):
 def _check_local_scalar_dense(node):
     # the translator types a Python float as float32: a float64 .item() stays exact only where
     # it goes straight into a tensor op (scalar_tensor casts it to that op's dtype)
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    val = _meta_val(node.args[0])
     if isinstance(val, torch.Tensor) and val.dtype == torch.float64:
         others = sorted({str(u.target) for u in node.users if u.target is not torch.ops.aten.scalar_tensor.default})
         if others:
@@ -1318,10 +1319,10 @@ def _check_local_scalar_dense(node):
 
 def _check_index_put(node):
     indices = node.args[1]
-    vals = [i.meta.get("val") if isinstance(i, torch.fx.Node) else None for i in indices]
+    vals = [_meta_val(i) for i in indices]
     if not any(isinstance(v, torch.Tensor) and v.dtype == torch.bool for v in vals):
         return None
-    values = node.args[2].meta.get("val") if isinstance(node.args[2], torch.fx.Node) else None
+    values = _meta_val(node.args[2])
     one_mask = len(indices) == 1 and isinstance(vals[0], torch.Tensor) and vals[0].dtype == torch.bool
     if not one_mask or not isinstance(values, torch.Tensor) or not all(isinstance(d, int) and d == 1 for d in values.shape):
         return ("boolean-mask index assignment is taken only as x[mask] = v (one mask, one value); "
@@ -1346,7 +1347,7 @@ def _check_adaptive_pool(node):
     # an output size is a positive constant, or the input's own size (output_size=None there:
     # ortmod's rule takes a size it cannot read as that, the identity)
     sizes = node.args[1]
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    val = _meta_val(node.args[0])
     for k, d in enumerate(sizes):
         if isinstance(d, int):
             if d <= 0:
@@ -1373,7 +1374,7 @@ def _check_fractional_max_pool(node):
 
 
 def _check_upsample_linear(node):
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    val = _meta_val(node.args[0])
     if isinstance(val, torch.Tensor) and val.dtype not in (torch.float32, torch.float64):
         return (f"linear interpolation of {val.dtype}: eager keeps the weights in {val.dtype} and computes in it, "
                 "ortmod reproduces float32 and float64 only")
@@ -1384,7 +1385,7 @@ def _check_upsample_nearest(node):
     # eager's 2-d and 3-d nearest kernels pick their index arithmetic by the input's memory
     # layout (a channels-last input with more than 3 channels takes nearest_idx); ortmod's rule
     # follows the layout the trace gives an NCHW-contiguous tensor
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    val = _meta_val(node.args[0])
     if not isinstance(val, torch.Tensor) or val.dim() < 4:
         return None
     from torch.fx.experimental.symbolic_shapes import guard_or_false
@@ -1427,7 +1428,7 @@ def _check_rnn_layout(node):
     count = num_layers * (2 if bidirectional else 1)
     if len(params) == count * (per + 1) and name.startswith("aten::lstm"):
         # proj_size > 0: ortmod's rule unrolls over the sequence, whose length it needs as a number
-        val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        val = _meta_val(node.args[0])
         steps = _size_expr(val.shape[1 if node.args[8] else 0]) if isinstance(val, torch.Tensor) else None
         if not isinstance(steps, int):
             return "nn.LSTM(proj_size > 0) needs its sequence length fixed at export (ortmod unrolls it)"
@@ -1466,7 +1467,7 @@ def _check_nll_loss_forward(node):
 def _check_celu(node):
     import numpy as np
     alpha = _const_arg(node, 1, "alpha", 1.0)
-    val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    val = _meta_val(node.args[0])
     if isinstance(val, torch.Tensor) and val.dtype == torch.float64 and alpha < 0 \
             and float(np.float32(alpha)) != float(alpha):
         return "a negative alpha that float32 cannot hold is not reproduced exactly in float64 by ortmod"

@@ -377,22 +377,6 @@ def translations(op, ir, stop_gradient):
         cropped = op.Pad(self, tl_nn._process_padding([min(p, 0) for p in pad], rank), mode="constant")
         return op.Pad(cropped, tl_nn._process_padding([max(p, 0) for p in pad], rank), mode="wrap")
 
-    # ---- Python numbers made tensors -----------------------------------------------------------
-
-    def scalar_tensor(s: TTensor, dtype: int = ir.DataType.FLOAT, layout: str = "", device: str = "",
-                      pin_memory: bool = False) -> TTensor:
-        # the type-promotion pass wraps each Python number of an op on tensors as
-        # scalar_tensor(number, dtype=the op's dtype); eager converts the number (a C++ double)
-        # to that dtype once. torchlib's rule makes the number a FLOAT constant first and casts
-        # that: 0.3 in a float64 graph became 0.30000001192092896. A number is made a constant
-        # in the dtype straight from the Python value; a graph value (.item()) is cast.
-        if dtype is None or dtype == -1:
-            dtype = ir.DataType.FLOAT
-        dt = ir.DataType(dtype)
-        if isinstance(s, (bool, int, float)):
-            return const(s, dt)
-        return op.Cast(s, to=dt)
-
     # ---- max / min along a dim, argmax / argmin ----------------------------------------------
 
     def extremum_dim(arg_op):
@@ -665,16 +649,6 @@ def translations(op, ir, stop_gradient):
         if unbatched and reduction == 0:
             out = op.Squeeze(out, ints([0]))
         return out
-
-    # ---- fill ------------------------------------------------------------------------------------
-
-    def fill(self: TTensor, value: TTensor) -> TTensor:
-        # eager (fill.Tensor / fill.Scalar, out of place after functionalisation): self's shape
-        # and dtype holding value; self gets no gradient, value the sum of dy (Expand's). torchlib's
-        # rule is an ONNX function, which the engine does not take.
-        dt = self.dtype
-        v = const(value, dt) if isinstance(value, (bool, int, float)) else op.Cast(value, to=dt)
-        return op.Expand(v, op.Shape(self))
 
     # ---- upsampling: nearest, nearest-exact, (bi/tri)linear --------------------------------------
     # Eager's CPU kernels (UpSampleKernel.cpp, UpSample.h) per spatial axis of input size L and
@@ -1171,9 +1145,6 @@ def translations(op, ir, stop_gradient):
 
     return {
         **upsampling,
-        torch.ops.aten.fill.Tensor: fill,
-        torch.ops.aten.fill.Scalar: fill,
-        torch.ops.aten.scalar_tensor.default: scalar_tensor,
         torch.ops.aten.cross_entropy_loss.default: cross_entropy,
         torch.ops.aten.add.Tensor: add_sub(op.Add, tl_core.aten_add, scalar=False),
         torch.ops.aten.sub.Tensor: add_sub(op.Sub, tl_core.aten_sub, scalar=False),
@@ -1233,7 +1204,7 @@ def zoo_translations(op, ir, stop_gradient):
     from typing import Optional, Sequence
     import onnx
     import onnxscript
-    from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor
+    from onnxscript.function_libs.torch_lib.tensor_typing import TReal, TTensor
     from onnxscript.function_libs.torch_lib.ops import core as tl_core
     from onnxscript.onnx_types import INT64
 
@@ -1280,6 +1251,13 @@ def zoo_translations(op, ir, stop_gradient):
 
     # ---- numbers the type-promotion pass makes tensors ------------------------------------------
 
+    def number_as(value, dt):
+        # a Python number, or a symbolic one (a size: MultiLabelMarginLoss's where(m, i, n)),
+        # which arrives as a 0-d graph value and is cast as torchlib casts it
+        if isinstance(value, (bool, int, float)):
+            return scalar_as(value, dt)
+        return value if value.dtype == dt else op.Cast(value, to=dt)
+
     def scalar_tensor(s: int, dtype: int = ir.DataType.FLOAT, layout: str = "", device: str = "",
                       pin_memory: bool = False) -> TTensor:
         # The type-promotion pass turns every number operand (x * 0.1, where(m, x, 0.1), ...) into
@@ -1290,9 +1268,7 @@ def zoo_translations(op, ir, stop_gradient):
         # constant of dtype from its own kind (scalar_as); a symbolic number (a size, .item())
         # arrives as a graph value and is Cast, as torchlib does.
         dt = ir.DataType.FLOAT if dtype is None or dtype == -1 else ir.DataType(dtype)
-        if isinstance(s, (bool, int, float)):
-            return scalar_as(s, dt)
-        return s if s.dtype == dt else op.Cast(s, to=dt)
+        return number_as(s, dt)
 
     # ---- where with a number ----------------------------------------------------------------
 
@@ -1305,13 +1281,6 @@ def zoo_translations(op, ir, stop_gradient):
 
     def where_scalar_self(condition: TTensor, self: float, other: TTensor) -> TTensor:
         return op.Where(condition, number_as(self, other.dtype), other)
-
-    def number_as(value, dt):
-        # a Python number, or a symbolic one (a size: MultiLabelMarginLoss's where(m, i, n)),
-        # which arrives as a 0-d graph value and is cast as torchlib casts it
-        if isinstance(value, (bool, int, float)):
-            return scalar_as(value, dt)
-        return value if value.dtype == dt else op.Cast(value, to=dt)
 
     # ---- ceil ----------------------------------------------------------------------------------
 
@@ -1369,7 +1338,7 @@ def zoo_translations(op, ir, stop_gradient):
         # refuses by name a graph that needs it (csrc/ops/elementwise.c: mod_grad).
         return op.Mod(self, other, fmod=0)
 
-    # ---- baddbmm -------------------------------------------------------------------------------
+    # ---- any / all, clamp by a 0-d bound, amin / amax ---------------------------------------------
 
     def any_over(x, dims, keepdim):
         # torch.any: some element nonzero (NaN counts), False over no element. ReduceMax of the
@@ -1431,6 +1400,8 @@ def zoo_translations(op, ir, stop_gradient):
                 return reduce_op(self, keepdims=int(bool(keepdim)))
             return reduce_op(self, const(dims, ir.DataType.INT64), keepdims=int(bool(keepdim)))
         return rule
+
+    # ---- baddbmm -------------------------------------------------------------------------------
 
     def baddbmm(self: TReal, batch1: TReal, batch2: TReal, beta: float = 1.0, alpha: float = 1.0) -> TReal:
         # eager: beta * self + alpha * (batch1 @ batch2), and with beta == 0 self is not read

@@ -61,15 +61,22 @@ class StopGradientMode(torch.overrides.TorchFunctionMode):
         inputs = _tensors((args, kwargs))
         if not any(t.requires_grad for t in inputs):
             return out
-        name = getattr(func, "__name__", "")
-        if name.endswith("_") and not name.endswith("__") and any(t.requires_grad for t in _tensors(args[:1])):
-            from ._capture import UnsupportedModelError
-            raise UnsupportedModelError(
-                f"forward calls the in-place {name} with gradients disabled on a tensor that requires grad "
-                f"(at {user_frame(2)}): eager autograd ignores that change, a traced graph cannot; do it out of "
-                "place, or outside torch.no_grad()")
+        refuse_in_place_without_grad(func, args)
         return torch.utils._pytree.tree_map(
             lambda t: t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+
+
+def refuse_in_place_without_grad(func, args):
+    """With gradients disabled, an in-place op on a tensor that requires grad: eager autograd
+    ignores the change, a traced graph would differentiate it. Both capture paths' function modes
+    refuse it by name (called from their ``__torch_function__``)."""
+    name = getattr(func, "__name__", "")
+    if name.endswith("_") and not name.endswith("__") and any(t.requires_grad for t in _tensors(args[:1])):
+        from ._capture import UnsupportedModelError
+        raise UnsupportedModelError(
+            f"forward calls the in-place {name} with gradients disabled on a tensor that requires grad "
+            f"(at {user_frame(3)}): eager autograd ignores that change, a traced graph cannot; do it out of "
+            "place, or outside torch.no_grad()")
 
 
 def _gaussian_nll_var_lifted(args, kwargs):
