@@ -22,8 +22,10 @@ Training semantics, as on the TorchScript path:
   input is refused.
 * **Dropout** decomposes to ``native_dropout(x, p, train)`` -> ONNX ``Dropout(x, p, train)``: the
   engine's Dropout, random and different each step.
-* **Dynamic sizes** come from torch.export's symbolic shapes (``Dim.AUTO`` on every input dim).
-  What the export specialised (a dim fixed to its traced size, two dims made equal, a range, a
+* **Dynamic sizes**, as torch.compile's automatic dynamic shapes: the first export holds every
+  input dim static (a static trace is several times faster than a symbolic one: GPT-2's first
+  call 7.7 s -> see bench/first_call.py); a call with another size there exports again with the
+  dims that varied as torch.export's symbolic shapes (``Dim.AUTO``). What the export specialised (a dim fixed to its traced size, two dims made equal, a range, a
   runtime assertion on sizes) is checked on every call by ``ShapeGuard``: a call it rejects is
   exported again, never run on a stale graph.
 * **Custom autograd.Function** runs its own forward and backward, by the TorchScript path's
@@ -909,12 +911,14 @@ def available():
     return hasattr(torch, "export")
 
 
-def export(module, flat, strict_trace=False, inline_functions=False):
+def export(module, flat, strict_trace=False, inline_functions=False, dynamic=None):
     """Export ``module`` called as ``flat`` describes with torch.export; the same record as
-    ``_capture.export``."""
+    ``_capture.export``. ``dynamic``: the (tensor input, dim) pairs exported as symbolic sizes
+    (None: none; ``Exported.static_dims`` lists the others, and a call that changes one of them
+    exports again with it dynamic)."""
     recorder = _pyop.FunctionRecorder(inline_all=inline_functions)
     with _function_records(recorder):
-        return _export(module, flat, recorder, strict_trace)
+        return _export(module, flat, recorder, strict_trace, dynamic or frozenset())
 
 
 def _without_grad(t):
@@ -923,15 +927,15 @@ def _without_grad(t):
     return t.detach().requires_grad_(t.requires_grad)
 
 
-def _export(module, flat, recorder, strict_trace=False):
-    import onnx
-    try:
+def _export(module, flat, recorder, strict_trace, dynamic):
+    t0 = time.perf_counter()
+    try:    # once per process, with torch.export's own (torch._dynamo) below: ~3 s of a first call
+        import onnx
         from torch.onnx._internal.exporter import _core
         import onnx_ir
     except ImportError as e:
         raise ExportError(f"the torch.export capture path needs torch's ONNX translator and onnxscript: {e}") from e
-    timings = {}
-    t0 = time.perf_counter()
+    timings = {"imports": time.perf_counter() - t0}
     # BatchNorm(momentum=None) in training: refused by name, as on the TorchScript path (its
     # factor 1/num_batches_tracked is a Python number read from a buffer, on which torch.export
     # fails with a data-dependent guard)
@@ -942,7 +946,8 @@ def _export(module, flat, recorder, strict_trace=False):
     # carries (one left by an earlier backward), and its decomposition re-trace, on fresh fake
     # inputs without one, then fails ('NoneType' object has no attribute 'size')
     tensors = tuple(_without_grad(flat.leaves[i]) for i in tensor_indices)
-    dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
+    dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim()) if (k, d) in dynamic}
+                 for k, t in enumerate(tensors))
 
     def trace(inputs, real_values=False):
         with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module), \
@@ -972,7 +977,7 @@ def _export(module, flat, recorder, strict_trace=False):
             except Exception as e2:
                 raise _export_error(module, "torch.export.export", e2) from e2
             frozen = True
-    timings["torch.export"] = time.perf_counter() - t0
+    timings["torch.export"] = time.perf_counter() - t0 - timings["imports"]
     wrapper.take_structure()
     if not wrapper.out_tensor_positions:
         raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
@@ -1081,6 +1086,8 @@ def _export(module, flat, recorder, strict_trace=False):
                         hazards=list(dict.fromkeys(g.describe() for g in guards if not g.internal)),
                         functions=list(recorder.specs))
     exported.shape_guard = guard
+    exported.static_dims = tuple((k, d, t.shape[d]) for k, t in enumerate(tensors) for d in range(t.dim())
+                                 if (k, d) not in dynamic)
     exported.capture = "export"
     exported.timings = timings
     return exported

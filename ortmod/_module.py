@@ -380,15 +380,6 @@ class ORTModule(torch.nn.Module):
             entry = self._ortmod_build(flat, state, export_key, key, want_grad)
         else:
             cache.move_to_end(key)
-        if entry.shape_guard is not None and not entry.shape_guard.holds(
-                tuple(tuple(flat.leaves[i].shape) for i in flat.tensor_indices())):
-            # torch.export specialised a size (or related two) that this call does not match
-            if retried:
-                raise _capture.UnsupportedModelError(
-                    f"ortmod exported {type(module).__name__} again for this call's input sizes and the export "
-                    f"still does not hold for them ({entry.shape_guard.describe()})")
-            self._ortmod_forget(export_key)
-            return self._ortmod_run(args, kwargs, retried=True)
         if entry.static_dims:
             tensor_indices = flat.tensor_indices()
             varied = {(k, dim) for k, dim, size in entry.static_dims
@@ -400,6 +391,15 @@ class ORTModule(torch.nn.Module):
                 learned[export_key] = learned.get(export_key, frozenset()) | varied
                 self._ortmod_forget(export_key)
                 return self._ortmod_run(args, kwargs, retried)
+        if entry.shape_guard is not None and not entry.shape_guard.holds(
+                tuple(tuple(flat.leaves[i].shape) for i in flat.tensor_indices())):
+            # torch.export specialised a size (or related two) that this call does not match
+            if retried:
+                raise _capture.UnsupportedModelError(
+                    f"ortmod exported {type(module).__name__} again for this call's input sizes and the export "
+                    f"still does not hold for them ({entry.shape_guard.describe()})")
+            self._ortmod_forget(export_key)
+            return self._ortmod_run(args, kwargs, retried=True)
         tensors = entry.inputs(flat.leaves, state)
         threads = torch.get_num_threads()
         if threads != d.get("_ortmod_threads"):   # torch, BLAS and the engine use one count
@@ -588,7 +588,8 @@ class ORTModule(torch.nn.Module):
         path = self._debug_options.capture
         if path == "export" or self.__dict__.get("_ortmod_capture_path") == "export":
             from . import _capture_export
-            return _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline)
+            return _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline,
+                                          dynamic=dynamic)
         if path == "torchscript":
             return _capture.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
         try:     # "auto"
@@ -596,7 +597,8 @@ class ORTModule(torch.nn.Module):
         except (ImportError, _capture.ExportError) as first:   # the TorchScript exporter is gone, or failed
             try:
                 from . import _capture_export     # imported here: the TorchScript path does not need it
-                exported = _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline)
+                exported = _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline,
+                                                  dynamic=dynamic)
             except Exception as e:
                 first.add_note(f"ortmod also tried the torch.export capture path: {type(e).__name__}: {e}")
                 raise first

@@ -190,7 +190,13 @@ def train_parity(make_model, batches, loss_of, steps=10, lr=0.05, momentum=0.9, 
                 raise e
             print(f"{what}: fp32 differs by {max_diff(got, want):.3e}; against fp64 ORTModule "
                   f"{max_diff(got, r):.3e}, eager {max_diff(want, r):.3e}: held by the referee")
-    assert ort._ortmod_export_count == 1, f"{ort._ortmod_export_count} exports for one schema"
+    # one export per schema; the torch.export path exports static sizes first and once more, with
+    # the dims that varied symbolic, when a batch changes them (torch.compile's automatic dynamic)
+    paths = {r.exported.capture for r in ort._ortmod_exports.values()}
+    shapes = {tuple(tuple(t.shape) for t in b if isinstance(t, torch.Tensor)) for b in batches} \
+        if all(isinstance(b, (tuple, list)) for b in batches) else None
+    allowed = 2 if "export" in paths and (shapes is None or len(shapes) > 1) else 1
+    assert 1 <= ort._ortmod_export_count <= allowed, f"{ort._ortmod_export_count} exports for one schema"
     return eager, ort, losses_o
 
 
