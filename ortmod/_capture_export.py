@@ -1003,6 +1003,7 @@ def _export(module, flat, recorder, strict_trace=False):
     for gm in ep.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule):
             _export_rules.unbatched_nll_loss_forward(gm)
+            _export_rules.unbatched_cross_entropy_loss(gm)
 
     t1 = time.perf_counter()
     registry = _registry()
@@ -1492,7 +1493,7 @@ _CHECKS = {
     "aten::clamp_min": _check_clamp_min,
     "aten::cumsum": _check_cumsum,
     "aten::pad": _check_pad,
-    "aten::cross_entropy_loss": _check_cross_entropy,
+    "aten::cross_entropy_loss": _check_cross_entropy, "ortmod::cross_entropy_loss": _check_cross_entropy,
     "aten::_native_batch_norm_legit_functional": _check_batch_norm,
     "aten::embedding": _check_embedding,
     # norms and recurrent layers (issue 16)
@@ -1635,8 +1636,9 @@ REVIEWED = frozenset({
     "aten::_cdist_forward", "aten::cdist",
     # ortmod's rule (the TorchScript path's): label_smoothing, probability targets and an
     # unbatched input as eager's cross_entropy_loss; class targets of a batch are torchlib's
-    # SoftmaxCrossEntropyLoss (weight, ignore_index, reductions: the engine's are eager's)
-    "aten::cross_entropy_loss",
+    # SoftmaxCrossEntropyLoss (weight, ignore_index, reductions: the engine's are eager's);
+    # ortmod::cross_entropy_loss is an unbatched one kept opaque (unbatched_cross_entropy_loss)
+    "aten::cross_entropy_loss", "ortmod::cross_entropy_loss",
     # ortmod's rules: eager's CPU kernels' indices and weights computed in the graph from the
     # call's sizes (Gathers; nearest's gradient to eager's backward index where it differs)
     "aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",
