@@ -558,7 +558,9 @@ class _GradModeSemantics(torch.overrides.TorchFunctionMode):
     op (no grad-mode region marks it), which would be differentiated where eager autograd ignores
     the change: refused by name, as on the TorchScript path. ``F.gaussian_nll_loss`` does exactly
     that to ``var`` (its clamp to eps): ``var`` is lifted first, the TorchScript path's rule
-    (_semantics._gaussian_nll_var_lifted), so the clamp changes nothing."""
+    (_semantics._gaussian_nll_var_lifted), so the clamp changes nothing. ``F.linear_cross_entropy``
+    with chunking ``options`` would call torch's own autograd.Function: it takes torch's
+    reference path, as under torch.jit.trace (_semantics.linear_cross_entropy_reference)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         from . import _semantics
@@ -567,6 +569,8 @@ class _GradModeSemantics(torch.overrides.TorchFunctionMode):
             return func(*args, **kwargs)
         if func is torch.nn.functional.gaussian_nll_loss:
             args, kwargs = _semantics._gaussian_nll_var_lifted(args, kwargs)
+        if func is getattr(torch.nn.functional, "linear_cross_entropy", None):
+            return _semantics.linear_cross_entropy_reference(args, kwargs)
         if not torch.is_grad_enabled():
             _semantics.refuse_in_place_without_grad(func, args)
         return func(*args, **kwargs)
