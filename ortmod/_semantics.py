@@ -55,7 +55,10 @@ class StopGradientMode(torch.overrides.TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.nn.functional.gaussian_nll_loss and torch.jit.is_tracing():
             args, kwargs = _gaussian_nll_var_lifted(args, kwargs)
-        out = func(*args, **kwargs)
+        if func is getattr(torch.nn.functional, "linear_cross_entropy", None) and torch.jit.is_tracing():
+            out = linear_cross_entropy_reference(args, kwargs)      # what torch traces, made eager's
+        else:
+            out = func(*args, **kwargs)
         if torch.is_grad_enabled() or not torch.jit.is_tracing() or _pyop._inside_function():
             return out
         inputs = _tensors((args, kwargs))
@@ -107,8 +110,8 @@ def linear_cross_entropy_reference(args, kwargs):
     forward computes the gradients in chunks, its backward hands them back. ortmod runs only a
     user's Functions in PyTorch; the engine computes torch's. torch documents the chunked path as
     its reference path, linear then cross_entropy (``options=None``), which it takes itself
-    under torch.jit.trace (the TorchScript path's graph); the torch.export path traces the same,
-    and the engine differentiates it. Where they differ:
+    under torch.jit.trace; both capture paths trace that, and the engine differentiates it.
+    Where they differ:
     * reduction "mean" over a total target weight of 0 (every target ignored): the chunked
       path divides each row's weight by NaN, so every gradient is NaN (the reference path's is
       0) and so is the loss (the reference path's is sum / 0: NaN, or +-inf for weights that

@@ -30,9 +30,9 @@ def export_path(ortmod_env):
     ortmod_env.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
 
 
-def exports(ort):
+def exports(ort, capture="export"):
     records = list(ort._ortmod_exports.values())
-    assert {r.exported.capture for r in records} == {"export"}
+    assert {r.exported.capture for r in records} == {capture}
     return len(records)
 
 
@@ -95,11 +95,15 @@ def _linear_ce(reduction, dt, **options):
                                      options=nn.LinearCrossEntropyOptions(**options)).to(dt)
 
 
+@pytest.mark.parametrize("capture", ["export", "torchscript"])
 @pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_linear_cross_entropy_chunked_is_its_reference_path_differentiated_by_the_engine(reduction, batched):
+def test_linear_cross_entropy_chunked_is_its_reference_path_differentiated_by_the_engine(reduction, batched,
+                                                                                        capture, ortmod_env):
     """Chunks of 2 rows; per call, targets with weight, then none (every target ignored or of
-    weight 0: eager's chunked mean has NaN for the loss and for every gradient), then some."""
+    weight 0: eager's chunked mean has NaN for the loss and for every gradient), then some. The
+    TorchScript path traces the same reference path (torch takes it under torch.jit.trace)."""
+    ortmod_env.setenv("ORTMOD_CAPTURE", capture)
     targets = [[0, 3, 4, 2, 1], [1, 2, 1, 2, 1], [4, 4, 0, 3, 3]] if batched else [[0], [1], [2], [3]]
     for dt in (torch.float32, torch.float64):
         g = torch.Generator().manual_seed(2)
@@ -111,7 +115,7 @@ def test_linear_cross_entropy_chunked_is_its_reference_path_differentiated_by_th
             warnings.simplefilter("ignore", UserWarning)
             ort = run_both(_linear_ce(reduction, dt, batch_chunk_size=2, allow_retain_graph=True), xs[0], ts[0],
                            calls=len(targets), make_inputs=lambda call: (xs[call], ts[call]))
-        assert exports(ort) == 1
+        assert exports(ort, capture) == 1
 
 
 def test_linear_cross_entropy_chunked_in_another_dtype_is_refused():
