@@ -30,7 +30,10 @@ Training semantics, as on the TorchScript path:
   mechanism (ortmod/_pyop.py). torch.export would inline its forward and lose its backward: while
   it traces, a user's ``Function.apply`` becomes the opaque op ``ortmod::python_op`` (kept through
   decomposition), translated to the engine's ``ortmod::PythonOp`` node that the TorchScript path
-  emits. ``inline_autograd_functions`` lets torch.export inline it, as asked.
+  emits. ``inline_autograd_functions`` lets torch.export inline it, as asked. torch's own
+  Functions are the engine's to compute: ``F.linear_cross_entropy``'s chunked op is traced as
+  torch's reference path (_semantics.linear_cross_entropy_reference), as under torch.jit.trace;
+  any other is refused by name.
 
 Every ONNX op of the result must be one the engine implements; the engine refuses others at
 import, by name.

@@ -6,6 +6,8 @@ name in ``_capture_export._CHECKS`` before translation.
 
 ``translations(op, ir, stop_gradient)`` returns {aten overload: onnxscript function}; the
 functions are traced by torch's exporter (trace mode: Python branches on the arguments)."""
+from typing import Optional
+
 import torch
 
 
@@ -63,7 +65,7 @@ def unbatched_nll_loss_forward(gm):
 
 
 @torch.library.custom_op("ortmod::cross_entropy_loss", mutates_args=())
-def cross_entropy_loss(self: torch.Tensor, target: torch.Tensor, weight: "torch.Tensor | None", reduction: int,
+def cross_entropy_loss(self: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], reduction: int,
                        ignore_index: int, label_smoothing: float) -> torch.Tensor:
     """``aten.cross_entropy_loss`` kept opaque through decomposition (unbatched_cross_entropy_loss);
     only ever traced: ``translations`` gives it ortmod's cross_entropy rule."""
