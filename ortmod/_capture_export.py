@@ -32,7 +32,10 @@ Training semantics, as on the TorchScript path:
   mechanism (ortmod/_pyop.py). torch.export would inline its forward and lose its backward: while
   it traces, a user's ``Function.apply`` becomes the opaque op ``ortmod::python_op`` (kept through
   decomposition), translated to the engine's ``ortmod::PythonOp`` node that the TorchScript path
-  emits. ``inline_autograd_functions`` lets torch.export inline it, as asked.
+  emits. ``inline_autograd_functions`` lets torch.export inline it, as asked. torch's own
+  Functions are the engine's to compute: ``F.linear_cross_entropy``'s chunked op is traced as
+  torch's reference path (_semantics.linear_cross_entropy_reference), as under torch.jit.trace;
+  any other is refused by name.
 
 Every ONNX op of the result must be one the engine implements; the engine refuses others at
 import, by name.
@@ -560,7 +563,9 @@ class _GradModeSemantics(torch.overrides.TorchFunctionMode):
     op (no grad-mode region marks it), which would be differentiated where eager autograd ignores
     the change: refused by name, as on the TorchScript path. ``F.gaussian_nll_loss`` does exactly
     that to ``var`` (its clamp to eps): ``var`` is lifted first, the TorchScript path's rule
-    (_semantics._gaussian_nll_var_lifted), so the clamp changes nothing."""
+    (_semantics._gaussian_nll_var_lifted), so the clamp changes nothing. ``F.linear_cross_entropy``
+    with chunking ``options`` would call torch's own autograd.Function: it takes torch's
+    reference path, as under torch.jit.trace (_semantics.linear_cross_entropy_reference)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         from . import _semantics
@@ -569,6 +574,8 @@ class _GradModeSemantics(torch.overrides.TorchFunctionMode):
             return func(*args, **kwargs)
         if func is torch.nn.functional.gaussian_nll_loss:
             args, kwargs = _semantics._gaussian_nll_var_lifted(args, kwargs)
+        if func is getattr(torch.nn.functional, "linear_cross_entropy", None):
+            return _semantics.linear_cross_entropy_reference(args, kwargs)
         if not torch.is_grad_enabled():
             _semantics.refuse_in_place_without_grad(func, args)
         return func(*args, **kwargs)
@@ -1008,6 +1015,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     for gm in ep.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule):
             _export_rules.unbatched_nll_loss_forward(gm)
+            _export_rules.unbatched_cross_entropy_loss(gm)
 
     t1 = time.perf_counter()
     registry = _registry()
@@ -1499,7 +1507,7 @@ _CHECKS = {
     "aten::clamp_min": _check_clamp_min,
     "aten::cumsum": _check_cumsum,
     "aten::pad": _check_pad,
-    "aten::cross_entropy_loss": _check_cross_entropy,
+    "aten::cross_entropy_loss": _check_cross_entropy, "ortmod::cross_entropy_loss": _check_cross_entropy,
     "aten::_native_batch_norm_legit_functional": _check_batch_norm,
     "aten::embedding": _check_embedding,
     # norms and recurrent layers (issue 16)
@@ -1642,8 +1650,9 @@ REVIEWED = frozenset({
     "aten::_cdist_forward", "aten::cdist",
     # ortmod's rule (the TorchScript path's): label_smoothing, probability targets and an
     # unbatched input as eager's cross_entropy_loss; class targets of a batch are torchlib's
-    # SoftmaxCrossEntropyLoss (weight, ignore_index, reductions: the engine's are eager's)
-    "aten::cross_entropy_loss",
+    # SoftmaxCrossEntropyLoss (weight, ignore_index, reductions: the engine's are eager's);
+    # ortmod::cross_entropy_loss is an unbatched one kept opaque (unbatched_cross_entropy_loss)
+    "aten::cross_entropy_loss", "ortmod::cross_entropy_loss",
     # ortmod's rules: eager's CPU kernels' indices and weights computed in the graph from the
     # call's sizes (Gathers; nearest's gradient to eager's backward index where it differs)
     "aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",

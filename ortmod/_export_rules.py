@@ -6,6 +6,8 @@ name in ``_capture_export._CHECKS`` before translation.
 
 ``translations(op, ir, stop_gradient)`` returns {aten overload: onnxscript function}; the
 functions are traced by torch's exporter (trace mode: Python branches on the arguments)."""
+from typing import Optional
+
 import torch
 
 
@@ -56,6 +58,55 @@ def unbatched_nll_loss_forward(gm):
         # the node itself becomes the loss: its name (which the graph signature's outputs
         # name) and users stay
         node.target, node.args, node.kwargs = operator.getitem, (forward, 0), {}
+        count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+@torch.library.custom_op("ortmod::cross_entropy_loss", mutates_args=())
+def cross_entropy_loss(self: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], reduction: int,
+                       ignore_index: int, label_smoothing: float) -> torch.Tensor:
+    """``aten.cross_entropy_loss`` kept opaque through decomposition (unbatched_cross_entropy_loss);
+    only ever traced: ``translations`` gives it ortmod's cross_entropy rule."""
+    return torch.ops.aten.cross_entropy_loss.default(self, target, weight, reduction, ignore_index,
+                                                     label_smoothing)
+
+
+@cross_entropy_loss.register_fake
+def _cross_entropy_loss_fake(self, target, weight, reduction, ignore_index, label_smoothing):
+    if reduction != 0:
+        return self.new_empty(())
+    if not target.is_floating_point():              # class targets: one loss per target
+        return self.new_empty(target.shape)
+    # probability targets (shaped as the input): one loss per position, the class dim gone
+    return self.new_empty(self.shape[1:] if self.dim() == 1 else self.shape[:1] + self.shape[2:])
+
+
+def unbatched_cross_entropy_loss(gm):
+    """In the exported program, before decomposition: an unbatched ``cross_entropy_loss`` (input
+    (C,)) becomes the opaque ``ortmod::cross_entropy_loss``, which ``translations`` gives the
+    rule aten's own op has there (``cross_entropy``: a batch of one, every argument as eager).
+    aten's op is kept by decomposition too, yet decomposition runs it on fake tensors for its
+    result, through the composite kernel, whose unbatched nll_loss_nd indexes the input with the
+    target's value (a data-dependent size torch.export cannot guard on). ``_CHECKS`` refuses the
+    arguments eager raises on, as for aten's op. Returns the count."""
+    count = 0
+    ce = torch.ops.aten.cross_entropy_loss.default
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not ce:
+            continue
+        x = node.args[0]
+        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.dim() != 1:
+            continue
+        names = ("self", "target", "weight", "reduction", "ignore_index", "label_smoothing")
+        bound = dict(zip(names, node.args), **node.kwargs)
+        args = (bound["self"], bound["target"], bound.get("weight"), bound.get("reduction", 1),
+                bound.get("ignore_index", -100), bound.get("label_smoothing", 0.0))
+        if not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args[3:]):
+            continue        # a symbolic number: left to decomposition (which refuses it by name)
+        node.target, node.args, node.kwargs = torch.ops.ortmod.cross_entropy_loss.default, args, {}
         count += 1
     if count:
         gm.recompile()
@@ -1146,6 +1197,7 @@ def translations(op, ir, stop_gradient):
     return {
         **upsampling,
         torch.ops.aten.cross_entropy_loss.default: cross_entropy,
+        torch.ops.ortmod.cross_entropy_loss.default: cross_entropy,       # unbatched_cross_entropy_loss
         torch.ops.aten.add.Tensor: add_sub(op.Add, tl_core.aten_add, scalar=False),
         torch.ops.aten.sub.Tensor: add_sub(op.Sub, tl_core.aten_sub, scalar=False),
         torch.ops.aten.add.Scalar: add_sub(op.Add, tl_core.aten_add, scalar=True),

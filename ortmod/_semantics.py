@@ -55,7 +55,10 @@ class StopGradientMode(torch.overrides.TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.nn.functional.gaussian_nll_loss and torch.jit.is_tracing():
             args, kwargs = _gaussian_nll_var_lifted(args, kwargs)
-        out = func(*args, **kwargs)
+        if func is getattr(torch.nn.functional, "linear_cross_entropy", None) and torch.jit.is_tracing():
+            out = linear_cross_entropy_reference(args, kwargs)      # what torch traces, made eager's
+        else:
+            out = func(*args, **kwargs)
         if torch.is_grad_enabled() or not torch.jit.is_tracing() or _pyop._inside_function():
             return out
         inputs = _tensors((args, kwargs))
@@ -97,6 +100,66 @@ def _gaussian_nll_var_lifted(args, kwargs):
     bound["var"] = torch.where(var < eps, (var - var.detach()) + eps, var)
     n = min(len(args), len(names))
     return tuple(bound.pop(k) for k in names[:n]), bound
+
+
+def linear_cross_entropy_reference(args, kwargs):
+    """F.linear_cross_entropy(*args, **kwargs), computed by torch's reference path.
+
+    With ``options`` (nn.LinearCrossEntropyLoss's chunked path) eager calls torch's custom op
+    ``_linear_cross_entropy_batch_chunked``, whose autograd is torch's own autograd.Function: its
+    forward computes the gradients in chunks, its backward hands them back. ortmod runs only a
+    user's Functions in PyTorch; the engine computes torch's. torch documents the chunked path as
+    its reference path, linear then cross_entropy (``options=None``), which it takes itself
+    under torch.jit.trace; both capture paths trace that, and the engine differentiates it.
+    Where they differ:
+    * reduction "mean" over a total target weight of 0 (every target ignored): the chunked
+      path divides each row's weight by NaN, so every gradient is NaN (the reference path's is
+      0) and so is the loss (the reference path's is sum / 0: NaN, or +-inf for weights that
+      cancel). Reproduced: where that total is 0, the result is NaN times the sum of the input,
+      weight and bias, which sends NaN to each;
+    * an input of float16 or bfloat16, or an ``acc_dtype`` other than the input's: the chunked
+      path accumulates in that dtype, the reference path rounds in the input's. Refused by name."""
+    F = torch.nn.functional
+    options = kwargs.get("options")
+    if options is None:
+        return F.linear_cross_entropy(*args, **kwargs)
+    input, linear_weight, target = (tuple(args) + (None,) * 3)[:3]
+    reduction = kwargs.get("reduction", "mean")
+    # eager's condition for the chunked op (F.linear_cross_entropy; jit tracing aside)
+    chunked = (reduction in ("mean", "sum", "none") and kwargs.get("label_smoothing", 0.0) == 0.0
+               and isinstance(input, torch.Tensor) and isinstance(target, torch.Tensor)
+               and target.dtype == torch.int64 and isinstance(linear_weight, torch.Tensor)
+               and linear_weight.dim() == 2)
+    out = F.linear_cross_entropy(*args, **{**kwargs, "options": None})
+    if not chunked:
+        return out
+    acc = getattr(options, "acc_dtype", None)
+    if input.dtype not in (torch.float32, torch.float64) or acc not in (None, input.dtype):
+        from ._capture import UnsupportedModelError
+        raise UnsupportedModelError(
+            f"F.linear_cross_entropy (at {user_frame(3)}) with chunking options on a {input.dtype} input "
+            f"(acc_dtype {acc}): its chunked path accumulates in another dtype, which ortmod's graph (the "
+            "reference path, linear then cross_entropy in the input's dtype) does not reproduce; pass "
+            "options=None, or a float32 or float64 input")
+    if reduction != "mean":
+        return out
+    # the chunked path's d: the summed weights of the targets not ignored (its neg_weight_target);
+    # an empty batch has no rows to divide (its loss is NaN, its gradients 0, as the reference's)
+    ignore_index = kwargs.get("ignore_index")
+    target = target.reshape(-1)
+    kept = target != (-100 if ignore_index is None else ignore_index)
+    weight = kwargs.get("weight")
+    if weight is None:
+        total = kept.sum()
+    else:
+        total = torch.where(kept, weight.index_select(0, torch.where(kept, target, 0)), 0).sum()
+    divided_by_zero = (total == 0) & torch.ones_like(kept).any()
+    everything = input.sum() + linear_weight.sum()
+    bias = kwargs.get("linear_bias")
+    if isinstance(bias, torch.Tensor):
+        everything = everything + bias.sum()
+    nan = torch.where(divided_by_zero, torch.nan, out.new_zeros(()))     # 0 where not taken: gradient 0
+    return torch.where(divided_by_zero, nan * everything, out)
 
 
 def _detach_symbolic(g, input):

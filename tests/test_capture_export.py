@@ -917,8 +917,10 @@ def test_cross_entropy_label_smoothing_and_probability_targets(reduction):
                        torch.randint(0, 5, (6, 3)))
         _outputs_match(_fn(lambda s, x, p: F.cross_entropy(x, p, **kw) + F.cross_entropy(x, p, weight=s.w, **kw),
                            w=nn.Parameter(w.clone())), torch.randn(6, 5), probs)
-        # unbatched: probability targets (class targets fail in torch's decomposition, by name)
+        # unbatched: probability targets, and class targets (kept opaque through decomposition:
+        # tests/test_export_losses_path.py)
         _outputs_match(_fn(lambda s, x, p: F.cross_entropy(x, p, **kw)), torch.randn(5), probs[0])
+        _outputs_match(_fn(lambda s, x, t: F.cross_entropy(x, t, **kw)), torch.randn(5), torch.tensor(3))
 
 
 def _interpolate_scan(dim, sizes, dtype, **kw):
