@@ -46,7 +46,7 @@ import time
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _export_rules_rnn, _pyop
+from . import _capture, _export_ctc, _export_rules_rnn, _pyop
 from ._capture import (Exported, ExportError, GraphInput, UnsupportedDataError, UnsupportedModelError,
                        _FlatWrapper)
 
@@ -403,6 +403,7 @@ def _translations():
     from . import _export_rules
     return {
         torch.ops.ortmod.python_op.default: python_op_onnx,
+        **_export_ctc.export_translations(ir),
         **_export_rules.translations(op, ir, stop_gradient_op),
         **_export_rules_rnn.translations(op, ir, stop_gradient_op),
         **_export_rules.zoo_translations(op, ir, stop_gradient_op),
@@ -558,18 +559,27 @@ class _GradModeSemantics(torch.overrides.TorchFunctionMode):
     op (no grad-mode region marks it), which would be differentiated where eager autograd ignores
     the change: refused by name, as on the TorchScript path. ``F.gaussian_nll_loss`` does exactly
     that to ``var`` (its clamp to eps): ``var`` is lifted first, the TorchScript path's rule
-    (_semantics._gaussian_nll_var_lifted), so the clamp changes nothing."""
+    (_semantics._gaussian_nll_var_lifted), so the clamp changes nothing. torch's CTC loss, which
+    torch.export cannot trace (``aten._ctc_loss`` has no fake kernel), becomes ortmod's op for the
+    engine's CTCLoss node (_export_ctc.traced_ctc_loss), however module code calls it."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         from . import _semantics
         kwargs = kwargs or {}
         if getattr(_functions, "inside", 0):       # a user's Function's forward: run in PyTorch
             return func(*args, **kwargs)
+        if func in _ctc_functions():
+            return _export_ctc.traced_ctc_loss(func, args, kwargs)
         if func is torch.nn.functional.gaussian_nll_loss:
             args, kwargs = _semantics._gaussian_nll_var_lifted(args, kwargs)
         if not torch.is_grad_enabled():
             _semantics.refuse_in_place_without_grad(func, args)
         return func(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _ctc_functions():
+    return _export_ctc.traced_functions()
 
 
 @contextlib.contextmanager
@@ -813,12 +823,15 @@ def _concrete(value):
 
 
 _original_apply = torch.autograd.Function.__dict__["apply"]
+_OWN_OP_FUNCTIONS = "GeneratedBackwardFor_ortmod_"     # torch._library.autograd's class names
 
 
 def _export_apply(cls, *args, **kwargs):
     recorder = getattr(_functions, "recorder", None)
-    if recorder is None or getattr(_functions, "inside", 0):
-        # another thread, or a Function called by a user's forward (eager runs it as plain code)
+    if recorder is None or getattr(_functions, "inside", 0) or cls.__name__.startswith(_OWN_OP_FUNCTIONS):
+        # another thread, a Function called by a user's forward (eager runs it as plain code), or
+        # the autograd wrapper torch.library gives ortmod's own ops (ortmod::ctc_loss: the graph
+        # keeps the op, and the engine differentiates its node)
         return _original_apply.__func__(cls, *args, **kwargs)
     if not recorder.keeps(cls):
         raise _pyop.refuse_torch_function(cls)
@@ -1003,6 +1016,7 @@ def _export(module, flat, recorder, strict_trace=False):
     for gm in ep.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule):
             _export_rules.unbatched_nll_loss_forward(gm)
+            _export_ctc.masked_targets(gm)
 
     t1 = time.perf_counter()
     registry = _registry()
@@ -1577,6 +1591,8 @@ REVIEWED = frozenset({
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
     "ortmod::python_op",     # a user's autograd.Function (its own forward and backward, in PyTorch)
+    # torch's CTC loss: the engine's CTCLoss node (_export_ctc.py; eager's reduction traced around it)
+    "ortmod::ctc_loss",
     # selection and norms (TopK, ortmod's Sort, ReduceLogSumExp; clamp_min is Clip);
     # linalg_vector_norm: ortmod's rule, every order with eager's gradient at zeros (the
     # TorchScript path's _p_norm), keepdim without a dim, dtype
