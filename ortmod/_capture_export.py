@@ -604,10 +604,38 @@ def _real_values_decide():
 
     _trace._fakify_params_buffers = fakify_with_values
     try:
-        with functorch_config.patch(fake_tensor_propagate_real_tensors=True):
+        with functorch_config.patch(fake_tensor_propagate_real_tensors=True), _integer_signbit_as_lt():
             yield
     finally:
         _trace._fakify_params_buffers = fakify
+
+
+@contextlib.contextmanager
+def _integer_signbit_as_lt():
+    """torch 2.13's prims.signbit has an integer input's dtype on fake tensors and bool on real
+    ones, which real-tensor propagation refuses (MetadataMismatchError; in the trace and in the
+    decomposition's re-trace, whose fake tensors keep the real values). Fake tensors with symbolic
+    sizes reach it through torch's reference of integer floor division (Wav2Vec2's
+    torch.div(lengths, stride, rounding_mode="floor")); there, while real values decide, signbit
+    of an integer tensor is computed as x < 0, its meaning (a bool, as eager's). Only the fake
+    computation changes: the graph records the op the module called."""
+    from torch._decomp import decomposition_table
+    signbit = torch.ops.aten.signbit.default
+    reference = decomposition_table.get(signbit)
+    if reference is None:
+        yield
+        return
+
+    def integer_signbit(x):
+        if isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dtype != torch.bool:
+            return torch.lt(x, 0)
+        return reference(x)
+
+    decomposition_table[signbit] = integer_signbit
+    try:
+        yield
+    finally:
+        decomposition_table[signbit] = reference
 
 
 def _free_unbacked(value):
@@ -1023,7 +1051,9 @@ def _export(module, flat, recorder, strict_trace=False):
     timings["registry"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     try:
-        ep = _prepare(ep, registry)
+        # an export that real values decided carries them into decomposition's re-trace too
+        with _integer_signbit_as_lt() if frozen else contextlib.nullcontext():
+            ep = _prepare(ep, registry)
     except Exception as e:
         raise _export_error(module, "decomposing the exported program", e) from e
     timings["decompose"] = time.perf_counter() - t1
@@ -1387,6 +1417,29 @@ def _check_fractional_max_pool(node):
     return None
 
 
+def _check_div_mode(node):
+    # div.Tensor_mode: ortmod's rule takes integers, floor and trunc (eager's integer kernels);
+    # float rounding (eager's div_floor_floating adjusts fmod's quotient) is not reviewed
+    if node.target is not torch.ops.aten.div.Tensor_mode:
+        return None
+    val = _meta_val(node.args[0])
+    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+    if not isinstance(val, torch.Tensor) or val.is_floating_point() or val.is_complex() or val.dtype == torch.bool \
+            or mode not in ("floor", "trunc"):
+        return (f"division with rounding_mode={mode!r} of {getattr(val, 'dtype', None)}: ortmod reviewed integer floor "
+                "and trunc division only")
+    return None
+
+
+def _check_extremum_all(node):
+    # max() / min() over every element and along a dim (max.dim, min.dim); the other overloads
+    # (max.other, ...) are not reviewed
+    if node.target in (torch.ops.aten.max.default, torch.ops.aten.min.default, torch.ops.aten.max.dim,
+                       torch.ops.aten.min.dim):
+        return None
+    return "this overload is not reviewed on this path"
+
+
 def _check_upsample_linear(node):
     val = _meta_val(node.args[0])
     if isinstance(val, torch.Tensor) and val.dtype not in (torch.float32, torch.float64):
@@ -1494,6 +1547,7 @@ _CHECKS = {
     "aten::upsample_linear1d": _check_upsample_linear, "aten::upsample_bilinear2d": _check_upsample_linear,
     "aten::upsample_trilinear3d": _check_upsample_linear,
     "aten::baddbmm": _check_baddbmm,
+    "aten::div": _check_div_mode, "aten::max": _check_extremum_all, "aten::min": _check_extremum_all,
     "aten::clamp": _check_clamp_tensor,
     "aten::fractional_max_pool2d": _check_fractional_max_pool, "aten::fractional_max_pool3d": _check_fractional_max_pool,
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
@@ -1638,6 +1692,9 @@ REVIEWED = frozenset({
     # extremum or first NaN, eager's; the gradient goes there alone, torchlib's ReduceMax shares
     # it among ties); argmax/argmin keep every dim for keepdim without a dim
     "aten::max.dim", "aten::min.dim", "aten::argmax", "aten::argmin",
+    # ortmod's rules: max() / min() over every element as amax / amin (ReduceMax / ReduceMin);
+    # div.Tensor_mode of integers, eager's floor and trunc (float rounding refused by _CHECKS)
+    "aten::max", "aten::min", "aten::div.Tensor_mode",
     # torchlib's rules as they are: a Python number a constant in self's dtype from its Python
     # value (mul.Scalar; add/sub.Scalar with ortmod's alpha, as add/sub.Tensor); t: Transpose
     # of a 2-d tensor, others as they are; flip: Slice with step -1 (the engine's Slice and

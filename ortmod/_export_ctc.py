@@ -123,11 +123,13 @@ def _ctc_loss_symbolic(g, log_probs, targets, input_lengths, target_lengths, bla
 
 @torch.library.custom_op("ortmod::ctc_loss", mutates_args=())
 def ctc_loss_op(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
-                target_lengths: torch.Tensor, targets_mask: Optional[torch.Tensor], blank: int,
-                zero_infinity: bool) -> torch.Tensor:
+                target_lengths: torch.Tensor, blank: int, zero_infinity: bool,
+                targets_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Eager's per-sample CTC losses (reduction 'none'); targets_mask: the targets are
     targets[targets_mask] (torch.masked_select's). Run for real only by torch.export's real-tensor
-    propagation; the engine runs the CTCLoss node."""
+    propagation; the engine runs the CTCLoss node. targets_mask is last and left out of traced
+    calls (masked_targets sets it after the trace): torch 2.13's check that an op does not mutate
+    its arguments fails on an optional tensor passed as None."""
     if targets_mask is not None:
         targets = torch.masked_select(targets, targets_mask)
     # without the function mode that would hand this call back to ortmod::ctc_loss
@@ -136,7 +138,7 @@ def ctc_loss_op(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: t
 
 
 @ctc_loss_op.register_fake
-def _ctc_loss_fake(log_probs, targets, input_lengths, target_lengths, targets_mask, blank, zero_infinity):
+def _ctc_loss_fake(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity, targets_mask=None):
     # log_probs (T, N, C) -> (N,); (T, C) -> () (eager squeezes the unbatched sample's loss)
     return log_probs.new_empty((log_probs.shape[1],) if log_probs.dim() == 3 else ())
 
@@ -219,7 +221,7 @@ def traced_ctc_loss(func, args, kwargs):
         targets = targets.to(torch.int64)
     input_lengths = _traced_lengths("input_lengths", bound["input_lengths"])
     target_lengths = _traced_lengths("target_lengths", bound["target_lengths"])
-    loss = torch.ops.ortmod.ctc_loss(log_probs, targets, input_lengths, target_lengths, None, blank, zero_infinity)
+    loss = torch.ops.ortmod.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity)
     mode = _REDUCTIONS[reduction]
     if mode == "none":
         return loss
@@ -241,7 +243,7 @@ def masked_targets(gm):
             continue
         args = list(node.args)
         src = args[1]
-        if args[4] is not None or not isinstance(src, torch.fx.Node) or \
+        if len(args) > 6 or "targets_mask" in node.kwargs or not isinstance(src, torch.fx.Node) or \
                 src.target is not torch.ops.aten.masked_select.default:
             continue
         x, mask = src.args[:2]
@@ -249,8 +251,8 @@ def masked_targets(gm):
         if not isinstance(xv, torch.Tensor) or not isinstance(mv, torch.Tensor) or mv.dtype != torch.bool \
                 or xv.dim() != mv.dim() or any(str(a) != str(b) for a, b in zip(xv.shape, mv.shape)):
             continue      # left to masked_select, which this path refuses by name
-        args[1], args[4] = x, mask
-        node.args = tuple(args)
+        args[1] = x
+        node.args = tuple(args) + (mask,)
         count += 1
     if count:
         gm.graph.eliminate_dead_code()
@@ -267,8 +269,8 @@ def export_translations(ir):
     from torch.onnx._internal.exporter import _tensors
 
     def ctc_loss_onnx(log_probs: TFloat, targets: TTensor, input_lengths: TTensor, target_lengths: TTensor,
-                      targets_mask: Optional[TTensor] = None, blank: int = 0,
-                      zero_infinity: bool = False) -> TFloat:
+                      blank: int = 0, zero_infinity: bool = False,
+                      targets_mask: Optional[TTensor] = None) -> TFloat:
         # built here, not through an onnxscript Op: an optional input and an ortmod-domain op
         tracer = evaluator.default()
         inputs = [log_probs, targets, input_lengths, target_lengths]
