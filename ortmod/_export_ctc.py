@@ -253,11 +253,36 @@ def masked_targets(gm):
             continue      # left to masked_select, which this path refuses by name
         args[1] = x
         node.args = tuple(args) + (mask,)
+        _drop_size_assertions(gm, src)
         count += 1
     if count:
         gm.graph.eliminate_dead_code()
         gm.recompile()
     return count
+
+
+def _drop_size_assertions(gm, node):
+    """Erase ``node`` (a masked_select no op reads now) with what only checks its length: the
+    sym_size reads, the arithmetic on them and the runtime assertions torch.export adds on a
+    data-dependent size (u0 >= 0). Anything else that reads it keeps it (and the audit refuses)."""
+    import operator
+    allowed = {torch.ops.aten.sym_size.int, torch.ops.aten._assert_scalar.default,
+               torch.ops.aten.sym_constrain_range_for_size.default, torch.ops.aten.sym_constrain_range.default,
+               operator.ge, operator.gt, operator.le, operator.lt, operator.eq, operator.ne, operator.add,
+               operator.sub, operator.mul, operator.floordiv, operator.mod}
+    seen, stack = [], list(node.users)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        if n.op != "call_function" or n.target not in allowed:
+            return
+        seen.append(n)
+        stack.extend(n.users)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for n in sorted(seen, key=order.get, reverse=True):
+        gm.graph.erase_node(n)
+    gm.graph.erase_node(node)
 
 
 def export_translations(ir):
