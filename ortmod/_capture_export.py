@@ -621,21 +621,29 @@ def _integer_signbit_as_lt():
     computation changes: the graph records the op the module called."""
     from torch._decomp import decomposition_table
     signbit = torch.ops.aten.signbit.default
-    reference = decomposition_table.get(signbit)
-    if reference is None:
-        yield
-        return
-
-    def integer_signbit(x):
-        if isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dtype != torch.bool:
-            return torch.lt(x, 0)
-        return reference(x)
-
-    decomposition_table[signbit] = integer_signbit
+    with _signbit_lock:
+        # the table is torch's, process-wide: the first of overlapping exports (another thread's
+        # decomposition runs outside _export_lock) patches it, the last puts torch's back
+        if _signbit_patch["depth"] == 0:
+            _signbit_patch["reference"] = reference = decomposition_table.get(signbit)
+            if reference is not None:
+                def integer_signbit(x):
+                    if isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dtype != torch.bool:
+                        return torch.lt(x, 0)
+                    return reference(x)
+                decomposition_table[signbit] = integer_signbit
+        _signbit_patch["depth"] += 1
     try:
         yield
     finally:
-        decomposition_table[signbit] = reference
+        with _signbit_lock:
+            _signbit_patch["depth"] -= 1
+            if _signbit_patch["depth"] == 0 and _signbit_patch["reference"] is not None:
+                decomposition_table[signbit] = _signbit_patch["reference"]
+
+
+_signbit_lock = threading.Lock()
+_signbit_patch = {"depth": 0, "reference": None}
 
 
 def _free_unbacked(value):

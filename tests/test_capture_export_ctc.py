@@ -194,3 +194,38 @@ def test_loss_value_is_eagers_to_rounding():
     want = m(x, TG_PADDED, torch.tensor(IL), torch.tensor(TL))
     got = ORTModule(copy.deepcopy(m))(x, TG_PADDED, torch.tensor(IL), torch.tensor(TL))
     rel_close("loss", got, want, rtol=1e-12)
+
+
+class Wav2Vec2LikeCTC(nn.Module):
+    """Wav2Vec2ForCTC's loss path in small: a branch on a label value (which real values decide
+    on this path, and a guard checks per call), input lengths by integer floor division of a
+    mask's sum (torch's reference of it reaches prims.signbit, whose fake dtype torch 2.13 gets
+    wrong), masked_select targets."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.proj = nn.Linear(6, 6)
+
+    def forward(self, feats, labels, frames_mask):
+        if labels.max() >= 6:
+            raise ValueError("label values must be < 6")
+        input_lengths = torch.div(frames_mask.sum(-1) - 1, 2, rounding_mode="floor") + 1
+        lp = self.proj(feats).log_softmax(-1).transpose(0, 1)
+        mask = labels >= 0
+        return F.ctc_loss(lp, labels.masked_select(mask), input_lengths, mask.sum(-1), reduction="sum")
+
+
+def test_a_wav2vec2_like_loss_with_a_branch_on_labels_matches_eager():
+    from torch._decomp import decomposition_table
+    signbit = decomposition_table[torch.ops.aten.signbit.default]
+    labels = torch.tensor([[1, 2, 2, 3, -100], [4, -100, 4, 1, -100], [2, 3, -100, -100, -100]])
+    frames = torch.ones(3, 27, dtype=torch.long)
+    frames[1, 20:] = 0
+
+    def call(k):
+        return torch.randn(3, 14, 6, generator=torch.Generator().manual_seed(k)), labels, frames
+
+    ort = run_both(Wav2Vec2LikeCTC(), *call(0), calls=2, make_inputs=call)
+    on_this_path(ort)
+    assert decomposition_table[torch.ops.aten.signbit.default] is signbit     # torch's table as it was
