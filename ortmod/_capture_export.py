@@ -51,7 +51,7 @@ import time
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _export_rules_rnn, _pyop
+from . import _capture, _export_ctc, _export_rules_rnn, _pyop
 from ._capture import (Exported, ExportError, GraphInput, UnsupportedDataError, UnsupportedModelError,
                        _FlatWrapper)
 
@@ -408,6 +408,7 @@ def _translations():
     from . import _export_rules
     return {
         torch.ops.ortmod.python_op.default: python_op_onnx,
+        **_export_ctc.export_translations(ir),
         **_export_rules.translations(op, ir, stop_gradient_op),
         **_export_rules_rnn.translations(op, ir, stop_gradient_op),
         **_export_rules.zoo_translations(op, ir, stop_gradient_op),
@@ -565,13 +566,18 @@ class _GradModeSemantics(torch.overrides.TorchFunctionMode):
     that to ``var`` (its clamp to eps): ``var`` is lifted first, the TorchScript path's rule
     (_semantics._gaussian_nll_var_lifted), so the clamp changes nothing. ``F.linear_cross_entropy``
     with chunking ``options`` would call torch's own autograd.Function: it takes torch's
-    reference path, as under torch.jit.trace (_semantics.linear_cross_entropy_reference)."""
+    reference path, as under torch.jit.trace (_semantics.linear_cross_entropy_reference). torch's
+    CTC loss, which torch.export cannot trace (``aten._ctc_loss`` has no fake kernel), becomes
+    ortmod's op for the engine's CTCLoss node (_export_ctc.traced_ctc_loss), however module code
+    calls it."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         from . import _semantics
         kwargs = kwargs or {}
         if getattr(_functions, "inside", 0):       # a user's Function's forward: run in PyTorch
             return func(*args, **kwargs)
+        if func in _ctc_functions():
+            return _export_ctc.traced_ctc_loss(func, args, kwargs)
         if func is torch.nn.functional.gaussian_nll_loss:
             args, kwargs = _semantics._gaussian_nll_var_lifted(args, kwargs)
         if func is getattr(torch.nn.functional, "linear_cross_entropy", None):
@@ -579,6 +585,11 @@ class _GradModeSemantics(torch.overrides.TorchFunctionMode):
         if not torch.is_grad_enabled():
             _semantics.refuse_in_place_without_grad(func, args)
         return func(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _ctc_functions():
+    return _export_ctc.traced_functions()
 
 
 @contextlib.contextmanager
@@ -603,10 +614,46 @@ def _real_values_decide():
 
     _trace._fakify_params_buffers = fakify_with_values
     try:
-        with functorch_config.patch(fake_tensor_propagate_real_tensors=True):
+        with functorch_config.patch(fake_tensor_propagate_real_tensors=True), _integer_signbit_as_lt():
             yield
     finally:
         _trace._fakify_params_buffers = fakify
+
+
+@contextlib.contextmanager
+def _integer_signbit_as_lt():
+    """torch 2.13's prims.signbit has an integer input's dtype on fake tensors and bool on real
+    ones, which real-tensor propagation refuses (MetadataMismatchError; in the trace and in the
+    decomposition's re-trace, whose fake tensors keep the real values). Fake tensors with symbolic
+    sizes reach it through torch's reference of integer floor division (Wav2Vec2's
+    torch.div(lengths, stride, rounding_mode="floor")); there, while real values decide, signbit
+    of an integer tensor is computed as x < 0, its meaning (a bool, as eager's). Only the fake
+    computation changes: the graph records the op the module called."""
+    from torch._decomp import decomposition_table
+    signbit = torch.ops.aten.signbit.default
+    with _signbit_lock:
+        # the table is torch's, process-wide: the first of overlapping exports (another thread's
+        # decomposition runs outside _export_lock) patches it, the last puts torch's back
+        if _signbit_patch["depth"] == 0:
+            _signbit_patch["reference"] = reference = decomposition_table.get(signbit)
+            if reference is not None:
+                def integer_signbit(x):
+                    if isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dtype != torch.bool:
+                        return torch.lt(x, 0)
+                    return reference(x)
+                decomposition_table[signbit] = integer_signbit
+        _signbit_patch["depth"] += 1
+    try:
+        yield
+    finally:
+        with _signbit_lock:
+            _signbit_patch["depth"] -= 1
+            if _signbit_patch["depth"] == 0 and _signbit_patch["reference"] is not None:
+                decomposition_table[signbit] = _signbit_patch["reference"]
+
+
+_signbit_lock = threading.Lock()
+_signbit_patch = {"depth": 0, "reference": None}
 
 
 def _free_unbacked(value):
@@ -822,12 +869,15 @@ def _concrete(value):
 
 
 _original_apply = torch.autograd.Function.__dict__["apply"]
+_OWN_OP_FUNCTIONS = "GeneratedBackwardFor_ortmod_"     # torch._library.autograd's class names
 
 
 def _export_apply(cls, *args, **kwargs):
     recorder = getattr(_functions, "recorder", None)
-    if recorder is None or getattr(_functions, "inside", 0):
-        # another thread, or a Function called by a user's forward (eager runs it as plain code)
+    if recorder is None or getattr(_functions, "inside", 0) or cls.__name__.startswith(_OWN_OP_FUNCTIONS):
+        # another thread, a Function called by a user's forward (eager runs it as plain code), or
+        # the autograd wrapper torch.library gives ortmod's own ops (ortmod::ctc_loss: the graph
+        # keeps the op, and the engine differentiates its node)
         return _original_apply.__func__(cls, *args, **kwargs)
     if not recorder.keeps(cls):
         raise _pyop.refuse_torch_function(cls)
@@ -1016,13 +1066,16 @@ def _export(module, flat, recorder, strict_trace, dynamic):
         if isinstance(gm, torch.fx.GraphModule):
             _export_rules.unbatched_nll_loss_forward(gm)
             _export_rules.unbatched_cross_entropy_loss(gm)
+            _export_ctc.masked_targets(gm)
 
     t1 = time.perf_counter()
     registry = _registry()
     timings["registry"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     try:
-        ep = _prepare(ep, registry)
+        # an export that real values decided carries them into decomposition's re-trace too
+        with _integer_signbit_as_lt() if frozen else contextlib.nullcontext():
+            ep = _prepare(ep, registry)
     except Exception as e:
         raise _export_error(module, "decomposing the exported program", e) from e
     timings["decompose"] = time.perf_counter() - t1
@@ -1388,6 +1441,29 @@ def _check_fractional_max_pool(node):
     return None
 
 
+def _check_div_mode(node):
+    # div.Tensor_mode: ortmod's rule takes integers, floor and trunc (eager's integer kernels);
+    # float rounding (eager's div_floor_floating adjusts fmod's quotient) is not reviewed
+    if node.target is not torch.ops.aten.div.Tensor_mode:
+        return None
+    val = _meta_val(node.args[0])
+    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+    if not isinstance(val, torch.Tensor) or val.is_floating_point() or val.is_complex() or val.dtype == torch.bool \
+            or mode not in ("floor", "trunc"):
+        return (f"division with rounding_mode={mode!r} of {getattr(val, 'dtype', None)}: ortmod reviewed integer floor "
+                "and trunc division only")
+    return None
+
+
+def _check_extremum_all(node):
+    # max() / min() over every element and along a dim (max.dim, min.dim); the other overloads
+    # (max.other, ...) are not reviewed
+    if node.target in (torch.ops.aten.max.default, torch.ops.aten.min.default, torch.ops.aten.max.dim,
+                       torch.ops.aten.min.dim):
+        return None
+    return "this overload is not reviewed on this path"
+
+
 def _check_upsample_linear(node):
     val = _meta_val(node.args[0])
     if isinstance(val, torch.Tensor) and val.dtype not in (torch.float32, torch.float64):
@@ -1495,6 +1571,7 @@ _CHECKS = {
     "aten::upsample_linear1d": _check_upsample_linear, "aten::upsample_bilinear2d": _check_upsample_linear,
     "aten::upsample_trilinear3d": _check_upsample_linear,
     "aten::baddbmm": _check_baddbmm,
+    "aten::div": _check_div_mode, "aten::max": _check_extremum_all, "aten::min": _check_extremum_all,
     "aten::clamp": _check_clamp_tensor,
     "aten::fractional_max_pool2d": _check_fractional_max_pool, "aten::fractional_max_pool3d": _check_fractional_max_pool,
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
@@ -1592,6 +1669,8 @@ REVIEWED = frozenset({
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
     "ortmod::python_op",     # a user's autograd.Function (its own forward and backward, in PyTorch)
+    # torch's CTC loss: the engine's CTCLoss node (_export_ctc.py; eager's reduction traced around it)
+    "ortmod::ctc_loss",
     # selection and norms (TopK, ortmod's Sort, ReduceLogSumExp; clamp_min is Clip);
     # linalg_vector_norm: ortmod's rule, every order with eager's gradient at zeros (the
     # TorchScript path's _p_norm), keepdim without a dim, dtype
@@ -1637,6 +1716,9 @@ REVIEWED = frozenset({
     # extremum or first NaN, eager's; the gradient goes there alone, torchlib's ReduceMax shares
     # it among ties); argmax/argmin keep every dim for keepdim without a dim
     "aten::max.dim", "aten::min.dim", "aten::argmax", "aten::argmin",
+    # ortmod's rules: max() / min() over every element as amax / amin (ReduceMax / ReduceMin);
+    # div.Tensor_mode of integers, eager's floor and trunc (float rounding refused by _CHECKS)
+    "aten::max", "aten::min", "aten::div.Tensor_mode",
     # torchlib's rules as they are: a Python number a constant in self's dtype from its Python
     # value (mul.Scalar; add/sub.Scalar with ortmod's alpha, as add/sub.Tensor); t: Transpose
     # of a 2-d tensor, others as they are; flip: Slice with step -1 (the engine's Slice and

@@ -1453,6 +1453,31 @@ def zoo_translations(op, ir, stop_gradient):
             return reduce_op(self, const(dims, ir.DataType.INT64), keepdims=int(bool(keepdim)))
         return rule
 
+    def max_all(self: TReal) -> TReal:
+        # max() over every element: amax's rule (eager shares the gradient among ties,
+        # evenly_distribute_backward), the TorchScript path's ReduceMax
+        return extremum_over(op.ReduceMax)(self)
+
+    def min_all(self: TReal) -> TReal:
+        return extremum_over(op.ReduceMin)(self)
+
+    # ---- division with a rounding mode ----------------------------------------------------------
+
+    def div_mode(self: TReal, other: TReal, rounding_mode: Optional[str] = None) -> TReal:
+        # integers only (_CHECKS refuses the rest). eager (BinaryOpsKernel.cpp): trunc is C's a / b
+        # (the engine's integer Div; a zero divisor an error, as eager's ZeroDivisionError);
+        # floor is div_floor_integer: a / b, less 1 where the signs of a and b differ and a % b
+        # is not 0. torchlib's rule divides in float32 (inexact past 2**24) and floors.
+        if isinstance(other, (bool, int, float)):
+            other = scalar_as(other, self.dtype)
+        q = op.Div(self, other)
+        if rounding_mode == "trunc":
+            return q
+        zero = const(0, self.dtype)
+        differ = op.Xor(op.Less(self, zero), op.Less(other, zero))
+        inexact = op.Not(op.Equal(op.Mod(self, other, fmod=1), zero))
+        return op.Sub(q, op.Cast(op.And(differ, inexact), to=self.dtype))
+
     # ---- baddbmm -------------------------------------------------------------------------------
 
     def baddbmm(self: TReal, batch1: TReal, batch2: TReal, beta: float = 1.0, alpha: float = 1.0) -> TReal:
@@ -1495,4 +1520,7 @@ def zoo_translations(op, ir, stop_gradient):
         torch.ops.aten.clamp.Tensor: clamp_tensor,
         torch.ops.aten.amin.default: extremum_over(op.ReduceMin),
         torch.ops.aten.amax.default: extremum_over(op.ReduceMax),
+        torch.ops.aten.max.default: max_all,
+        torch.ops.aten.min.default: min_all,
+        torch.ops.aten.div.Tensor_mode: div_mode,
     }

@@ -1310,3 +1310,38 @@ def test_where_with_a_size_as_the_other_value():
             a=nn.Identity())
     ort = run_both(m, calls=2, make_inputs=lambda call: (torch.randn(3 + call, 4 + call),))
     assert captured_with(ort) == {"export"}
+
+
+# ---- what Wav2Vec2-CTC's forward needs besides the CTC loss (ortmod/_export_rules.py) ----------
+
+def test_integer_division_with_a_rounding_mode_is_exact():
+    """eager's integer kernels: floor takes the quotient down where the signs differ and the
+    division is inexact; trunc is C's. torchlib's rule divides in float32 (2**40 + 3 was off)."""
+    class Div(nn.Module):
+        def forward(self, x, n, d):
+            return (x * 2, torch.div(n, d, rounding_mode="floor"), torch.div(n, d, rounding_mode="trunc"),
+                    torch.div(n - 7, 3, rounding_mode="floor"))
+
+    n = torch.tensor([-9, -7, -6, 0, 5, 13, 2**40 + 3, -(2**40) - 1])
+    d = torch.tensor([2, -2, 3, 5, -3, 4, 3, 7])
+    x = torch.randn(3, requires_grad=True)
+    got, want = ORTModule(Div())(x, n, d), Div()(x, n, d)
+    for k, (g, w) in enumerate(zip(got[1:], want[1:])):
+        assert g.dtype == w.dtype and torch.equal(g, w), (k, g, w)
+
+    class FloatFloor(nn.Module):
+        def forward(self, x):
+            return torch.div(x, 0.3, rounding_mode="floor")
+
+    with pytest.raises(ortmod.UnsupportedModelError, match="rounding_mode='floor' of torch.float32"):
+        ORTModule(FloatFloor())(x)
+
+
+def test_max_and_min_over_every_element_share_the_gradient_among_ties():
+    class Extremes(nn.Module):
+        def forward(self, x):
+            return x.max() * 2 + x.min()
+
+    x = torch.tensor([[1.0, 3.0, -2.0], [3.0, -2.0, 0.5]])
+    _both_dtypes(Extremes(), x)
+    _both_dtypes(Extremes(), torch.randn(4, 5))
