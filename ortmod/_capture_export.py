@@ -1361,6 +1361,23 @@ def _check_clamp_tensor(node):
     return None
 
 
+def _check_arange(node):
+    # ortmod's rule (zoo_translations): Python bounds give eager's values as a constant; a
+    # symbolic bound takes Range over int64, exact for integers only
+    bounds = [a for a in node.args[:3]] + [v for k, v in node.kwargs.items() if k in ("start", "end", "step")]
+    symbolic = [b for b in bounds if isinstance(b, (torch.fx.Node, torch.SymInt, torch.SymFloat))]
+    if not symbolic:
+        return None
+    def fractional(b):
+        if isinstance(b, torch.fx.Node):
+            b = b.meta.get("val")
+        return isinstance(b, (float, torch.SymFloat))
+    if any(fractional(b) for b in bounds):
+        return ("a bound computed from sizes beside a fractional bound or step: eager computes start + i * step "
+                "in double, which ortmod reproduces for constant bounds only")
+    return None
+
+
 def _check_clamp_min(node):
     # torchlib: a number or a 0-d bound gives Clip (torch.clamp's rule); a larger bound gives Max,
     # whose gradient at ties is not clamp_min's
@@ -1583,6 +1600,7 @@ _CHECKS = {
     "aten::_local_scalar_dense": _check_local_scalar_dense,
     "aten::clamp_min": _check_clamp_min,
     "aten::cumsum": _check_cumsum,
+    "aten::arange": _check_arange,
     "aten::pad": _check_pad,
     "aten::cross_entropy_loss": _check_cross_entropy, "ortmod::cross_entropy_loss": _check_cross_entropy,
     "aten::_native_batch_norm_legit_functional": _check_batch_norm,
@@ -1626,7 +1644,9 @@ def _audit(module, ep):
             base = name.split(".", 1)[0]
             check = _CHECKS.get(base)
             why = check(node) if check is not None else None
-            if why is None and name not in REVIEWED and base not in REVIEWED and target not in _PY_OPS:
+            # by the overload's own name: an overload of a reviewed op is another schema, with its
+            # own torchlib rule (clamp.Tensor was Max where clamp is Clip)
+            if why is None and name not in REVIEWED and target not in _PY_OPS:
                 why = "not yet reviewed for the torch.export capture path"
             if why is not None:
                 where = _user_line(node.meta.get("stack_trace") or "")
@@ -1660,7 +1680,7 @@ REVIEWED = frozenset({
     "aten::triu", "aten::tril", "aten::gather", "aten::index_select", "aten::einsum", "aten::clamp",
     "aten::masked_fill.Scalar", "aten::zeros_like", "aten::ones_like", "aten::full_like", "aten::permute", "aten::unsqueeze",
     "aten::squeeze.dim", "aten::expand", "aten::slice.Tensor", "aten::select.int", "aten::cat",
-    "aten::cumsum", "aten::arange", "aten::arange.start", "aten::new_ones", "aten::ones", "aten::zeros", "aten::full",
+    "aten::cumsum", "aten::arange", "aten::arange.start", "aten::arange.start_step", "aten::new_ones", "aten::ones", "aten::zeros", "aten::full",
     # nn
     "aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::conv2d", "aten::conv1d",
     "aten::max_pool2d", "aten::mean.dim", "aten::sum.dim_IntList", "aten::mean", "aten::sum",
@@ -1719,6 +1739,13 @@ REVIEWED = frozenset({
     # ortmod's rules: max() / min() over every element as amax / amin (ReduceMax / ReduceMin);
     # div.Tensor_mode of integers, eager's floor and trunc (float rounding refused by _CHECKS)
     "aten::max", "aten::min", "aten::div.Tensor_mode",
+    # ortmod's rules (zoo_translations): clamp and clamp_min by tensors (_CHECKS: a bound in
+    # float64), upsampling's .vec overloads (output_size or scale factors, eager's indices)
+    "aten::clamp.Tensor", "aten::clamp_min.Tensor",
+    "aten::upsample_nearest1d.vec", "aten::upsample_nearest2d.vec", "aten::upsample_nearest3d.vec",
+    "aten::_upsample_nearest_exact1d.vec", "aten::_upsample_nearest_exact2d.vec",
+    "aten::_upsample_nearest_exact3d.vec", "aten::upsample_linear1d.vec", "aten::upsample_bilinear2d.vec",
+    "aten::upsample_trilinear3d.vec",
     # torchlib's rules as they are: a Python number a constant in self's dtype from its Python
     # value (mul.Scalar; add/sub.Scalar with ortmod's alpha, as add/sub.Tensor); t: Transpose
     # of a 2-d tensor, others as they are; flip: Slice with step -1 (the engine's Slice and

@@ -1478,6 +1478,47 @@ def zoo_translations(op, ir, stop_gradient):
         inexact = op.Not(op.Equal(op.Mod(self, other, fmod=1), zero))
         return op.Sub(q, op.Cast(op.And(differ, inexact), to=self.dtype))
 
+    # ---- arange --------------------------------------------------------------------------------
+
+    # eager's CPU kernel computes start + i * step in double (vectorized: in the output's dtype
+    # from a double base), torchlib's Range in the output's dtype from float32 bounds: a 0.1 step
+    # differed by an ulp in float32 and by 4e-8 in float64. Bounds that are all Python numbers
+    # make eager's own values a constant (the TorchScript path traces the same constant); a
+    # symbolic bound (a size) is an integer, and Range over int64 is exact (_CHECKS refuses a
+    # symbolic bound beside a fractional one).
+    torch_of = {ir.DataType.FLOAT: torch.float32, ir.DataType.DOUBLE: torch.float64,
+                ir.DataType.FLOAT16: torch.float16, ir.DataType.BFLOAT16: torch.bfloat16,
+                ir.DataType.INT64: torch.int64, ir.DataType.INT32: torch.int32, ir.DataType.INT16: torch.int16,
+                ir.DataType.INT8: torch.int8, ir.DataType.UINT8: torch.uint8}
+
+    def arange_of(start, end, step, dtype):
+        bounds = (start, end, step)
+        want = None if dtype is None or dtype == -1 else ir.DataType(dtype)
+        if all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds):
+            values = torch.arange(start, end, step, dtype=None if want is None else torch_of[want])
+            dt = want or {torch.int64: ir.DataType.INT64, torch.float32: ir.DataType.FLOAT,
+                          torch.float64: ir.DataType.DOUBLE}[values.dtype]
+            if values.dtype == torch.bfloat16:     # numpy has no bfloat16; onnx's ml_dtypes does
+                import ml_dtypes
+                array = values.float().numpy().astype(ml_dtypes.bfloat16)
+            else:
+                array = values.numpy()
+            return op.Constant(value=ir.tensor(array, dtype=dt))
+        ints = [number(b) if isinstance(b, int) else op.Cast(b, to=ir.DataType.INT64) for b in bounds]
+        out = op.Range(*ints)
+        return out if want in (None, ir.DataType.INT64) else op.Cast(out, to=want)
+
+    def arange(end: int, dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False) -> TTensor:
+        return arange_of(0, end, 1, dtype)
+
+    def arange_start(start: int, end: int, dtype: int = -1, layout: str = "", device: str = "",
+                     pin_memory: bool = False) -> TTensor:
+        return arange_of(start, end, 1, dtype)
+
+    def arange_start_step(start: int, end: int, step: int = 1, dtype: int = -1, layout: str = "",
+                          device: str = "", pin_memory: bool = False) -> TTensor:
+        return arange_of(start, end, step, dtype)
+
     # ---- baddbmm -------------------------------------------------------------------------------
 
     def baddbmm(self: TReal, batch1: TReal, batch2: TReal, beta: float = 1.0, alpha: float = 1.0) -> TReal:
@@ -1523,4 +1564,7 @@ def zoo_translations(op, ir, stop_gradient):
         torch.ops.aten.max.default: max_all,
         torch.ops.aten.min.default: min_all,
         torch.ops.aten.div.Tensor_mode: div_mode,
+        torch.ops.aten.arange.default: arange,
+        torch.ops.aten.arange.start: arange_start,
+        torch.ops.aten.arange.start_step: arange_start_step,
     }

@@ -1345,3 +1345,51 @@ def test_max_and_min_over_every_element_share_the_gradient_among_ties():
     x = torch.tensor([[1.0, 3.0, -2.0], [3.0, -2.0, 0.5]])
     _both_dtypes(Extremes(), x)
     _both_dtypes(Extremes(), torch.randn(4, 5))
+
+
+@pytest.mark.parametrize("bounds", [(0, 1, 0.1), (0.3, 7.7, 0.7), (-1, 1, 1 / 3), (1, 100, 3), (0.5,), (0.1, 4.2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, None])
+def test_arange_gives_eagers_values(bounds, dtype):
+    """torchlib's Range computed 0.1-steps in float32 (an ulp off in float32, 4e-8 in float64);
+    eager's kernel computes in double: constant bounds give eager's own values."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(1))
+
+        def forward(self, x):
+            r = torch.arange(*bounds, dtype=dtype)
+            return x * self.w + r.to(x.dtype), r
+
+    x = torch.zeros(torch.arange(*bounds).numel())
+    (y, r), (ye, re) = ORTModule(M())(x), M()(x)
+    assert r.dtype == re.dtype and torch.equal(r, re) and torch.equal(y, ye)
+
+
+def test_arange_of_sizes_follows_the_size_and_a_fractional_one_is_refused():
+    class M(nn.Module):
+        def __init__(self, step):
+            super().__init__()
+            self.w, self.step = nn.Parameter(torch.ones(1)), step
+
+        def forward(self, x):
+            n = x.shape[0]
+            return x * self.w + torch.arange(0, n * self.step, self.step, dtype=x.dtype)
+
+    ort = ORTModule(M(1))
+    for n in (4, 6, 9):          # static, then n symbolic: Range over int64
+        x = torch.randn(n)
+        assert torch.equal(ort(x), M(1)(x))
+    ort = ORTModule(M(0.5))
+    ort(torch.randn(4))
+    # refused by name: a size times a fraction is a sym_float (also refused), before arange
+    with pytest.raises(ortmod.UnsupportedModelError, match="sym_float|aten::arange.start_step .*fractional"):
+        ort(torch.randn(6))
+
+
+def test_an_overload_is_reviewed_by_its_own_name():
+    """view is reviewed; view.dtype (a bitcast, another schema with its own torchlib rule) is not,
+    and is refused by name (the audit matched base names before)."""
+    m = _fn(lambda s, x: s.a(x) + (s.a(x).view(torch.int32) & 1).float(), a=nn.Linear(3, 4))
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::view\.dtype"):
+        ORTModule(m)(torch.randn(5, 3))
