@@ -29,6 +29,17 @@ def gather_with_gradient_at(emit, stop_gradient, y, fwd, bwd, same, axis):
     return emit("Where", same, read, moved)
 
 
+def _unbatched_calls(gm, target, names):
+    """(node, its arguments by name) for each call of ``target`` on an unbatched (1-d) input."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not target:
+            continue
+        x = node.args[0]
+        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor) and val.dim() == 1:
+            yield node, dict(zip(names, node.args), **node.kwargs)
+
+
 def unbatched_nll_loss_forward(gm):
     """In the exported program, before decomposition: an unbatched ``nll_loss_nd`` (input (C,),
     target 0-d) becomes ``nll_loss_forward(...)[0]``, which takes that form itself (torchlib's
@@ -38,16 +49,8 @@ def unbatched_nll_loss_forward(gm):
     size-oblivious re-trace that drops the batch dim of one. Returns the count."""
     import operator
     count = 0
-    nll = torch.ops.aten.nll_loss_nd.default
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not nll:
-            continue
-        x = node.args[0]
-        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-        if not isinstance(val, torch.Tensor) or val.dim() != 1:
-            continue
-        names = ("self", "target", "weight", "reduction", "ignore_index")
-        bound = dict(zip(names, node.args), **node.kwargs)
+    names = ("self", "target", "weight", "reduction", "ignore_index")
+    for node, bound in _unbatched_calls(gm, torch.ops.aten.nll_loss_nd.default, names):
         args = (bound["self"], bound["target"], bound.get("weight"), bound.get("reduction", 1),
                 bound.get("ignore_index", -100))
         out = node.meta.get("val")
@@ -92,16 +95,8 @@ def unbatched_cross_entropy_loss(gm):
     target's value (a data-dependent size torch.export cannot guard on). ``_CHECKS`` refuses the
     arguments eager raises on, as for aten's op. Returns the count."""
     count = 0
-    ce = torch.ops.aten.cross_entropy_loss.default
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not ce:
-            continue
-        x = node.args[0]
-        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-        if not isinstance(val, torch.Tensor) or val.dim() != 1:
-            continue
-        names = ("self", "target", "weight", "reduction", "ignore_index", "label_smoothing")
-        bound = dict(zip(names, node.args), **node.kwargs)
+    names = ("self", "target", "weight", "reduction", "ignore_index", "label_smoothing")
+    for node, bound in _unbatched_calls(gm, torch.ops.aten.cross_entropy_loss.default, names):
         args = (bound["self"], bound["target"], bound.get("weight"), bound.get("reduction", 1),
                 bound.get("ignore_index", -100), bound.get("label_smoothing", 0.0))
         if not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args[3:]):
