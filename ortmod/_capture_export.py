@@ -1694,7 +1694,7 @@ REVIEWED = frozenset({
     # selection and norms (TopK, ortmod's Sort, ReduceLogSumExp; clamp_min is Clip);
     # linalg_vector_norm: ortmod's rule, every order with eager's gradient at zeros (the
     # TorchScript path's _p_norm), keepdim without a dim, dtype
-    "aten::topk", "aten::sort", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
+    "aten::topk", "aten::sort", "aten::sort.stable", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
     "aten::cosine_similarity",     # ortmod's rule (eager's straight-through clamp of the norms)
     # ortmod's rules (_export_rules.py): .item() without a gradient, scatter_add of a larger src,
     # a stable log_sigmoid, var/std dividing by max(0, N - correction)

@@ -104,8 +104,8 @@ def test_blank_int32_and_zero_target_length():
 
 
 def test_a_changed_batch_size_keeps_parity():
-    """The batch (N) and the frames (T) are symbolic: other sizes run on the engine with eager's
-    loss and gradients, on the same export."""
+    """The batch (N) and the frames (T) are symbolic after the first size change: other sizes run
+    on the engine with eager's loss and gradients, on the same export."""
     sizes = [(14, 3), (10, 5), (14, 2)]
 
     def call(k):
@@ -117,7 +117,8 @@ def test_a_changed_batch_size_keeps_parity():
     for reduction in ("mean", "none"):
         ort = run_both(CTCHead(reduction=reduction), *call(0), calls=len(sizes), make_inputs=call)
         on_this_path(ort)
-        assert ort._ortmod_export_count == 1
+        # sizes static at first, then the varied dims symbolic: no export after the second
+        assert ort._ortmod_export_count == 2
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
