@@ -248,6 +248,7 @@ _Tensor = torch.Tensor
 _grad_enabled = torch._C.is_grad_enabled
 _any_autocast = torch._C._is_any_autocast_enabled
 _torch_threads = torch.get_num_threads
+_requires_grad_of, _dtype_of = _capture._requires_grad_of, _capture._dtype_of
 # top-level argument types whose schema key is their _capture._constant_key (each a pytree leaf,
 # None included): a call that passes equal ones in the same places flattens alike
 _FAST_CONSTANTS = frozenset({type(None), bool, int, float, str})
@@ -313,8 +314,11 @@ class _Fast:
         if (d["_ortmod_dirty"] or d["_ortmod_state"] is not state or len(args) != self.nargs
                 or (tuple(kwargs) != self.kwnames if kwargs or self.kwnames else False)
                 or self.module.training is not self.training or _grad_enabled() is not self.grad
-                or (_autocast_key() if _any_autocast() else ()) != self.autocast
-                or not state.still_valid() or (state.params and hasattr(state.params[0], "ds_status"))):
+                or (_autocast_key() != self.autocast if _any_autocast() else self.autocast)
+                # state.still_valid(), less its frame
+                or tuple(map(_requires_grad_of, state.params)) != state.grads
+                or tuple(map(_dtype_of, state.tensors)) != state.dtypes
+                or (state.params and hasattr(state.params[0], "ds_status"))):
             return _MISS
         values = args + tuple(kwargs.values()) if kwargs else args
         if tuple(map(type, values)) != self.types:
@@ -450,14 +454,19 @@ class ORTModule(torch.nn.Module):
                 tensors = fast.inputs(d, args, kwargs)
                 if tensors is not _MISS:
                     entry = fast.entry
-                    outputs = self._ortmod_execute(entry, tensors, fast.state)
+                    threads = _torch_threads()
+                    if threads != d.get("_ortmod_threads"):   # as _ortmod_execute
+                        self._C.set_num_threads(threads)
+                        d["_ortmod_threads"] = threads
+                    # (the record is never made under ZeRO-3: no parameters to gather)
+                    outputs = run_training(entry.call, tensors) if entry.needs_grad else run_inference(entry.call, tensors)
                     if entry.guards:
                         broken = next((g for g in entry.guards if not g.holds(outputs[g.output_index])), None)
                         if broken is not None:
                             return self._ortmod_guard_failed(broken, outputs, fast.export_key, args, kwargs, False)
                     if entry.state_updates:
                         _update_state(entry, outputs, fast.state)
-                    return entry.rebuild(outputs)
+                    return outputs[0] if entry.single else entry.rebuild(outputs)
             return self._ortmod_run(args, kwargs)
         except Exception as e:
             category = self._ortmod_category(e)

@@ -371,3 +371,35 @@ def test_parameters_that_deepspeed_partitions_later_leave_the_steady_state():
     for i in range(2):
         ort(x)
         assert ort._ortmod_generation == generation + 1 + i
+
+
+def test_the_binding_converts_tensors_itself_as_the_capsule_path_does():
+    # Engine.forward/backward with to_capsule/from_capsule (what EngineFunction passes) against
+    # the plain capsule calls on the same engine: the same bits, the same Nones, keep and lead
+    from torch.utils.dlpack import to_dlpack
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 3)
+    ort = ORTModule(lin)
+    x = torch.randn(2, 4)
+    ort(x).sum().backward()
+    entry = ort._ortmod_fast.entry
+    engine, tensors = entry.engine, ort._ortmod_fast.inputs(ort.__dict__, (x,), {})
+    caps, stash = engine.forward([to_dlpack(t) for t in tensors], True, None)
+    plain = [torch.from_dlpack(c) for c in caps]
+    outs, stash2 = engine.forward(tuple(tensors), True, None, to_dlpack, torch._C._from_dlpack)
+    assert isinstance(outs, tuple) and all(torch.equal(a, b) for a, b in zip(outs, plain))
+    g = torch.randn_like(plain[0])
+    want = [None if c is None else torch.from_dlpack(c) for c in engine.backward(stash, [to_dlpack(g)], None)]
+    keep = tuple(w is not None for w in want)
+    got = engine.backward(stash2, (g,), None, to_dlpack, torch._C._from_dlpack, (False,) + keep[1:], 2)
+    assert got[:3] == (None, None, None) and len(got) == 2 + len(want)
+    for a, b in zip(got[3:], want[1:]):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+    _, stash3 = engine.forward(tuple(tensors), True, None, to_dlpack, torch._C._from_dlpack)
+    with pytest.raises(TypeError, match="callable"):
+        engine.backward(stash3, (g,), None, 3)
+    with pytest.raises(ValueError, match="flags"):
+        engine.backward(stash3, (g,), None, to_dlpack, torch._C._from_dlpack, (True,), 2)
+    with pytest.raises(TypeError, match="from_capsule"):
+        engine.backward(stash3, (g,), None, to_dlpack, None, keep, 2)
+    assert engine.backward(stash3, (g,), None, to_dlpack, torch._C._from_dlpack, None, 0)[0] is None
