@@ -5,11 +5,12 @@ place), outputs and gradients come back as DLPack capsules wrapped by
 ``torch._C._from_dlpack``. No torch op computes any part of the model.
 
 The per-step path is kept short on purpose (a tiny model's step is mostly this file): the
-capsule conversions are torch's C entry points bound to module names, what does not change
-between calls of one engine (devices, which outputs are differentiable) is worked out once per
-CompiledCall, and the Function is applied through torch's C ``apply`` when no functorch
+capsule conversions are torch's C entry points, handed to the binding, which calls them per
+tensor and builds the backward's result tuple itself (no Python loop per step); what does not
+change between calls of one engine (devices, which outputs are differentiable) is worked out
+once per CompiledCall; the Function is applied through torch's C ``apply`` when no functorch
 transform is active (what ``Function.apply``'s Python wrapper would do then, less its
-per-call argument walk).
+per-call argument walk), and its backward class's ``apply`` calls the backward directly.
 """
 import contextlib
 import itertools

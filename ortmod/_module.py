@@ -248,6 +248,8 @@ _Tensor = torch.Tensor
 _grad_enabled = torch._C.is_grad_enabled
 _any_autocast = torch._C._is_any_autocast_enabled
 _torch_threads = torch.get_num_threads
+_nn_module = torch.nn.modules.module
+_tracing_state = torch._C._get_tracing_state
 _requires_grad_of, _dtype_of = _capture._requires_grad_of, _capture._dtype_of
 # top-level argument types whose schema key is their _capture._constant_key (each a pytree leaf,
 # None included): a call that passes equal ones in the same places flattens alike
@@ -442,6 +444,19 @@ class ORTModule(torch.nn.Module):
         return self._modules["_original_module"]
 
     # -- the call ------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        # nn.Module.__call__ (_wrapped_call_impl, then _call_impl) in one frame where it would only
+        # call forward: no compiled call, no tracing, no hook of this module or global ones;
+        # anything else goes through torch's own.
+        d = self.__dict__
+        if (self._compiled_call_impl is None and not (
+                d["_forward_pre_hooks"] or d["_forward_hooks"] or d["_backward_pre_hooks"] or d["_backward_hooks"]
+                or _nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
+                or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks)
+                and not _tracing_state()):
+            return self.forward(*args, **kwargs)
+        return torch.nn.Module.__call__(self, *args, **kwargs)
 
     def forward(self, *args, **kwargs):
         d = self.__dict__

@@ -403,3 +403,25 @@ def test_the_binding_converts_tensors_itself_as_the_capsule_path_does():
     with pytest.raises(TypeError, match="from_capsule"):
         engine.backward(stash3, (g,), None, to_dlpack, None, keep, 2)
     assert engine.backward(stash3, (g,), None, to_dlpack, torch._C._from_dlpack, None, 0)[0] is None
+
+
+def test_hooks_and_tracing_still_go_through_torch_call():
+    # ORTModule.__call__ skips nn.Module's two call frames only where they would call forward
+    _, ort = _twin(Affine)
+    x = torch.randn(3, 4)
+    _steady(ort, x)
+    seen = []
+    handle = ort.register_forward_hook(lambda m, a, out: seen.append("module"))
+    ort(x)
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: seen.append("global"))
+    try:
+        ort(x)
+    finally:
+        handle.remove()
+    pre = ort.register_forward_pre_hook(lambda m, a: (a[0] * 2,))
+    doubled = ort(x)
+    pre.remove()
+    ort(x)
+    assert seen == ["module", "global"]
+    torch.testing.assert_close(doubled, ort(x * 2))
