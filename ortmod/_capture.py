@@ -14,6 +14,7 @@ import enum
 import inspect
 import io
 import itertools
+import operator
 import warnings
 
 import torch
@@ -242,6 +243,10 @@ def input_keys(flat):
     return (flat.structure, tuple(per_leaf)), tuple(grads)
 
 
+_requires_grad_of = operator.attrgetter("requires_grad")
+_dtype_of = operator.attrgetter("dtype")
+
+
 class StateInfo:
     """The module's parameters and buffers, scanned once and re-verified cheaply per call.
 
@@ -253,7 +258,7 @@ class StateInfo:
     place (``module.to(dtype)``, ``p.requires_grad_()``): ``still_valid`` checks those.
     """
 
-    __slots__ = ("params", "buffers", "by_name", "signature", "signature_id", "grads", "dtypes",
+    __slots__ = ("params", "buffers", "tensors", "by_name", "signature", "signature_id", "grads", "dtypes",
                  "generation", "zero3")
 
     def __init__(self, module, generation):
@@ -274,14 +279,16 @@ class StateInfo:
                 sig.append((kind, name, t.dtype, t.device))
         self.signature = tuple(sig)
         self.grads = tuple(p.requires_grad for p in self.params)
-        self.dtypes = tuple(t.dtype for t in self.params) + tuple(t.dtype for t in self.buffers)
+        self.tensors = self.params + self.buffers
+        self.dtypes = tuple(t.dtype for t in self.tensors)
         self.generation = generation
         self.signature_id = None
         self.zero3 = None        # _zero3.Zero3 when the parameters are DeepSpeed ZeRO-3 partitions
 
     def still_valid(self):
-        return (tuple([p.requires_grad for p in self.params]) == self.grads
-                and tuple([t.dtype for t in self.params] + [t.dtype for t in self.buffers]) == self.dtypes)
+        # map with attrgetter: no Python frame per tensor (this runs on every call)
+        return (tuple(map(_requires_grad_of, self.params)) == self.grads
+                and tuple(map(_dtype_of, self.tensors)) == self.dtypes)
 
 
 # ---------------------------------------------------------------------------

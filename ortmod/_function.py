@@ -5,13 +5,16 @@ place), outputs and gradients come back as DLPack capsules wrapped by
 ``torch._C._from_dlpack``. No torch op computes any part of the model.
 
 The per-step path is kept short on purpose (a tiny model's step is mostly this file): the
-capsule conversions are torch's C entry points bound to module names, what does not change
-between calls of one engine (devices, which outputs are differentiable) is worked out once per
-CompiledCall, and the Function is applied through torch's C ``apply`` when no functorch
+capsule conversions are torch's C entry points, handed to the binding, which calls them per
+tensor and builds the backward's result tuple itself (no Python loop per step); what does not
+change between calls of one engine (devices, which outputs are differentiable) is worked out
+once per CompiledCall; the Function is applied through torch's C ``apply`` when no functorch
 transform is active (what ``Function.apply``'s Python wrapper would do then, less its
-per-call argument walk).
+per-call argument walk), and its backward class's ``apply`` calls the backward directly.
 """
 import contextlib
+import itertools
+import operator
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -97,30 +100,27 @@ class EngineFunction(torch.autograd.Function):
     """forward: one engine.forward call; backward: one engine.backward call.
 
     The engine's stash (what backward needs from forward) lives on ``ctx``, so
-    several forwards may run before their backwards.
+    several forwards may run before their backwards: ``ctx.run`` is (call, stash, zero3,
+    records), one attribute to set and read per step.
     """
 
     @staticmethod
     def forward(ctx, call, zero3, *tensors):
         # zero3: the module's DeepSpeed ZeRO-3 parameters (ortmod/_zero3.py), or None
-        ctx.zero3 = zero3
         if zero3 is not None:
             ctx.zero3_inputs = [(i, t) for i, t in enumerate(tensors) if id(t) in zero3.ids]
-        views = list(map(_engine_view, tensors))
         stream = _stream(tensors) if call.cuda is not False else None
+        # the binding converts: to_dlpack per input, torch's from_dlpack per output (a tuple)
         if call.functions is None:       # no PythonOp nodes: no scope to hold their records
-            ctx.records = None
-            capsules, stash = call.engine.forward(views, True, stream)
+            records = None
+            outputs, stash = call.engine.forward(tensors, True, stream, _engine_view, _from_dlpack)
         else:
-            with _functions_of(call) as records:
-                capsules, stash = call.engine.forward(views, True, stream)
-            ctx.records = records        # the user Functions' own autograd records, for backward
-        outputs = tuple(map(_from_dlpack, capsules))
+            with _functions_of(call) as records:   # the user Functions' own autograd records, for backward
+                outputs, stash = call.engine.forward(tensors, True, stream, _engine_view, _from_dlpack)
         if call.non_diff is None:
             call.learn(tensors, outputs)
-        ctx.set_materialize_grads(False)
-        ctx.call = call
-        ctx.stash = stash
+        ctx.materialize_grads = False     # what ctx.set_materialize_grads(False) sets, less its frame
+        ctx.run = (call, stash, zero3, records)
         if call.non_diff:
             ctx.mark_non_differentiable(*[outputs[j] for j in call.non_diff])
         return outputs
@@ -136,44 +136,52 @@ class EngineFunction(torch.autograd.Function):
 
 
 _grad_enabled = torch.is_grad_enabled
+_is_not = operator.is_not
+_NONES = itertools.repeat(None)     # map(_is_not, grads, _NONES): which gradients are given
 
 
 def _backward(ctx, grad_outputs):
-    call = ctx.call
-    if ctx.stash is None:
+    call, stash, zero3, records = ctx.run
+    if stash is None:
         return (None,) * (2 + call.n_inputs)
-    zero3 = ctx.zero3
     if zero3 is not None:
         # autograd accumulates each gradient into .grad at the parameter's current shape, and
         # DeepSpeed's hooks then reduce it: the partitioned parameters are gathered again
         zero3.before_backward([t for _, t in ctx.zero3_inputs])
     if call.cuda:
-        views = [None if g is None else _engine_view(_dense(g)) for g in grad_outputs]
+        grads, convert = [None if g is None else _engine_view(_dense(g)) for g in grad_outputs], None
         stream = _stream(grad_outputs)
     else:
-        views = [None if g is None else _engine_view(g) for g in grad_outputs]
-        stream = None
+        grads, convert, stream = grad_outputs, _engine_view, None
+    # An input that no output in the loss depends on (left out of the loss, or reached only
+    # through a stop-gradient) gets no gradient (None), as in eager autograd, rather than the
+    # engine's zeros: an optimizer treats the two differently. The binding builds the result:
+    # (None, None) for call and zero3, then per input torch's tensor of its gradient, or None.
+    keep = None if call.output_deps is None else call.kept(tuple(map(_is_not, grad_outputs, _NONES)))
     if call.functions is None:
-        grads = call.engine.backward(ctx.stash, views, stream)
+        result = call.engine.backward(stash, grads, stream, convert, _from_dlpack, keep, 2)
     else:
-        with _functions_of(call, ctx.records):
-            grads = call.engine.backward(ctx.stash, views, stream)
-    if call.output_deps is not None:
-        # An input that no output in the loss depends on (left out of the loss, or reached
-        # only through a stop-gradient) gets no gradient (None), as in eager autograd,
-        # rather than the engine's zeros: an optimizer treats the two differently.
-        kept = call.kept(tuple([g is not None for g in grad_outputs]))
-        result = tuple([_from_dlpack(g) if k and g is not None else None for g, k in zip(grads, kept)])
-    else:
-        result = tuple([None if g is None else _from_dlpack(g) for g in grads])
+        with _functions_of(call, records):
+            result = call.engine.backward(stash, grads, stream, convert, _from_dlpack, keep, 2)
     if zero3 is not None:
-        zero3.after_backward([t for i, t in ctx.zero3_inputs if result[i] is None])
-    return (None, None) + result
+        zero3.after_backward([t for i, t in ctx.zero3_inputs if result[2 + i] is None])
+    return result
 
 
 @once_differentiable
 def _backward_once(ctx, *grad_outputs):
     return _backward(ctx, grad_outputs)
+
+
+def _apply_backward(ctx, *grad_outputs):
+    # What torch's BackwardCFunction.apply does for EngineFunction (no vjp, no boxed grads: its
+    # backward with these arguments), less its two frames; the autograd engine calls it per step.
+    if _grad_enabled():
+        return _backward_once(ctx, *grad_outputs)
+    return _backward(ctx, grad_outputs)
+
+
+EngineFunction._backward_cls.apply = _apply_backward
 
 
 # EngineFunction.apply less its Python wrapper (see _functorch_active above)
@@ -207,9 +215,8 @@ def run_training(call, tensors, zero3=None):
 def run_inference(call, tensors):
     """Forward-only (eval or no_grad): plain tensors, no autograd history, no stash."""
     with _functions_of(call, training=False):
-        capsules, _ = call.engine.forward(list(map(_engine_view, tensors)), False,
-                                          _stream(tensors) if call.cuda is not False else None)
-    outputs = tuple(map(_from_dlpack, capsules))
+        outputs, _ = call.engine.forward(tensors, False, _stream(tensors) if call.cuda is not False else None,
+                                         _engine_view, _from_dlpack)
     if call.cuda is None:
         call.cuda = any(t.is_cuda for t in tensors)
     return outputs

@@ -241,6 +241,116 @@ class _Entry:
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
+# --------------------------------------------------------------------------- the steady state
+
+_MISS = object()
+_Tensor = torch.Tensor
+_grad_enabled = torch._C.is_grad_enabled
+_any_autocast = torch._C._is_any_autocast_enabled
+_torch_threads = torch.get_num_threads
+_nn_module = torch.nn.modules.module
+_tracing_state = torch._C._get_tracing_state
+_requires_grad_of, _dtype_of = _capture._requires_grad_of, _capture._dtype_of
+# top-level argument types whose schema key is their _capture._constant_key (each a pytree leaf,
+# None included): a call that passes equal ones in the same places flattens alike
+_FAST_CONSTANTS = frozenset({type(None), bool, int, float, str})
+
+
+class _Fast:
+    """The call that a module's last slow call keyed, kept so that the next call with the same key
+    skips flattening, keying and the cache lookup: what ``_ortmod_call`` computes from the
+    arguments is re-checked against what it computed then, every item of the key, and any
+    difference (or anything that the slow path would do differently: a dirty module, another state
+    scan, ZeRO-3) goes the slow way.
+
+    Per top-level argument (positional, then keyword in order) it holds the exact type and, for a
+    tensor, (dtype, rank, requires_grad, device), for a constant its key: equal ones give an equal
+    pytree structure and equal leaf keys, hence the same export and full key. The shape checks that
+    depend on sizes (static dims, torch.export's shape guard) run as in the slow path. The entry is
+    the cache's most recently used one (the slow path drops this record before it touches the
+    cache), so a call here leaves the cache's order as the slow path would."""
+
+    __slots__ = ("entry", "state", "module", "export_key", "nargs", "kwnames", "types", "tensor_keys", "constants",
+                 "training", "grad", "autocast", "template", "input_slots", "tensor_positions", "dense")
+
+    @classmethod
+    def make(cls, module, state, entry, export_key, args, kwargs, flat):
+        """The record of a call that just ran ``entry`` under ``export_key`` (``flat``: its
+        flattened inputs), or None where its arguments are not all tensors and plain constants at
+        the top level (then every call takes the slow path)."""
+        values = list(args)
+        values.extend(kwargs.values())
+        tensor_keys, constants = [], []
+        for i, v in enumerate(values):
+            if isinstance(v, _Tensor):
+                device = v.device
+                tensor_keys.append((i, v.dtype, v.dim(), v.requires_grad, device.type == "cpu", device))
+            elif type(v) in _FAST_CONSTANTS:
+                constants.append((i, _capture._constant_key(v)))
+            else:
+                return None
+        # every argument is one leaf (the exact types make that hold for a later call too), unless a
+        # tensor subclass is one that pytree flattens further
+        if len(values) != len(flat.leaves) or any(a is not b for a, b in zip(values, flat.leaves)):
+            return None
+        template = [None] * len(entry.names)
+        for pos, name in entry.state_names:
+            template[pos] = state.by_name[name]
+        self = cls()
+        self.entry, self.state, self.module, self.export_key = entry, state, module, export_key
+        self.nargs, self.kwnames = len(args), tuple(kwargs)
+        self.types = tuple(map(type, values))
+        self.tensor_keys = tuple(tensor_keys)
+        self.constants = tuple(constants)
+        self.training, self.grad, self.autocast = export_key[1], export_key[2], export_key[4]
+        self.template = template
+        self.input_slots = tuple(entry.input_slots)
+        self.tensor_positions = tuple(k[0] for k in tensor_keys)
+        self.dense = any(not k[4] for k in tensor_keys)     # CUDA inputs: made dense as the slow path does
+        return self
+
+    def inputs(self, d, args, kwargs):
+        """The engine's inputs for this call when its key is the recorded one and the entry's
+        shape checks hold, else _MISS."""
+        state = self.state
+        if (d["_ortmod_dirty"] or d["_ortmod_state"] is not state or len(args) != self.nargs
+                or (tuple(kwargs) != self.kwnames if kwargs or self.kwnames else False)
+                or self.module.training is not self.training or _grad_enabled() is not self.grad
+                or (_autocast_key() != self.autocast if _any_autocast() else self.autocast)
+                # state.still_valid(), less its frame
+                or tuple(map(_requires_grad_of, state.params)) != state.grads
+                or tuple(map(_dtype_of, state.tensors)) != state.dtypes
+                or (state.params and hasattr(state.params[0], "ds_status"))):
+            return _MISS
+        values = args + tuple(kwargs.values()) if kwargs else args
+        if tuple(map(type, values)) != self.types:
+            return _MISS
+        for i, dtype, rank, requires_grad, cpu, device in self.tensor_keys:
+            v = values[i]
+            if (v.dtype is not dtype or v.dim() != rank or v.requires_grad is not requires_grad
+                    or (not v.is_cpu if cpu else v.device != device)):
+                return _MISS
+        for i, key in self.constants:
+            if _capture._constant_key(values[i]) != key:
+                return _MISS
+        entry = self.entry
+        if entry.static_dims or entry.shape_guard is not None:
+            tensors = [values[i] for i in self.tensor_positions]
+            for k, dim, size in entry.static_dims:
+                if tensors[k].shape[dim] != size:
+                    return _MISS
+            if entry.shape_guard is not None and not entry.shape_guard.holds(tuple(tuple(t.shape) for t in tensors)):
+                return _MISS
+        tensors = self.template.copy()
+        if self.dense:
+            for pos, i in self.input_slots:
+                tensors[pos] = _dense(_unwrap_if_dead(values[i]))
+        else:
+            for pos, i in self.input_slots:
+                tensors[pos] = _unwrap_if_dead(values[i])
+        return tensors
+
+
 def _dense(t):
     # The engine reads CUDA tensors in place and needs them dense (the binding copies strided
     # CPU tensors itself): a sliced CUDA batch (input_ids[:, :-1]) is laid out anew, the
@@ -323,6 +433,7 @@ class ORTModule(torch.nn.Module):
         d["_ortmod_variants"] = collections.OrderedDict()  # export key without its non-tensor values ->
         #                                                  [exports of it, the last export key]
         d["_ortmod_state"] = None     # StateInfo
+        d["_ortmod_fast"] = None      # _Fast: the last call's key, for the next call
         d["_ortmod_signatures"] = {}  # state signature -> small int (cheap to hash per call)
         d["_ortmod_generation"] = 0
         d["_ortmod_dirty"] = False
@@ -334,10 +445,43 @@ class ORTModule(torch.nn.Module):
 
     # -- the call ------------------------------------------------------------
 
+    def __call__(self, *args, **kwargs):
+        # nn.Module.__call__ (_wrapped_call_impl, then _call_impl) in one frame where it would only
+        # call forward: no compiled call, no tracing, no hook of this module or global ones;
+        # anything else goes through torch's own.
+        d = self.__dict__
+        if (self._compiled_call_impl is None and not (
+                d["_forward_pre_hooks"] or d["_forward_hooks"] or d["_backward_pre_hooks"] or d["_backward_hooks"]
+                or _nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
+                or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks)
+                and not _tracing_state()):
+            return self.forward(*args, **kwargs)
+        return torch.nn.Module.__call__(self, *args, **kwargs)
+
     def forward(self, *args, **kwargs):
-        if self._ortmod_fallback is not None:
+        d = self.__dict__
+        fast = d["_ortmod_fast"]
+        if fast is None and d["_ortmod_fallback"] is not None:
             return self._original_module(*args, **kwargs)
         try:
+            if fast is not None:
+                # the steady state: the last call's key again (see _Fast)
+                tensors = fast.inputs(d, args, kwargs)
+                if tensors is not _MISS:
+                    entry = fast.entry
+                    threads = _torch_threads()
+                    if threads != d.get("_ortmod_threads"):   # as _ortmod_execute
+                        self._C.set_num_threads(threads)
+                        d["_ortmod_threads"] = threads
+                    # (the record is never made under ZeRO-3: no parameters to gather)
+                    outputs = run_training(entry.call, tensors) if entry.needs_grad else run_inference(entry.call, tensors)
+                    if entry.guards:
+                        broken = next((g for g in entry.guards if not g.holds(outputs[g.output_index])), None)
+                        if broken is not None:
+                            return self._ortmod_guard_failed(broken, outputs, fast.export_key, args, kwargs, False)
+                    if entry.state_updates:
+                        _update_state(entry, outputs, fast.state)
+                    return outputs[0] if entry.single else entry.rebuild(outputs)
             return self._ortmod_run(args, kwargs)
         except Exception as e:
             category = self._ortmod_category(e)
@@ -349,6 +493,7 @@ class ORTModule(torch.nn.Module):
     def _ortmod_run(self, args, kwargs, retried=False):
         module = self._modules["_original_module"]
         d = self.__dict__
+        d["_ortmod_fast"] = None      # set again by a call that succeeds; kept while nothing else runs
         if d["_ortmod_dirty"]:
             self._ortmod_recheck()
         state = d["_ortmod_state"]
@@ -401,14 +546,7 @@ class ORTModule(torch.nn.Module):
             self._ortmod_forget(export_key)
             return self._ortmod_run(args, kwargs, retried=True)
         tensors = entry.inputs(flat.leaves, state)
-        threads = torch.get_num_threads()
-        if threads != d.get("_ortmod_threads"):   # torch, BLAS and the engine use one count
-            self._C.set_num_threads(threads)
-            d["_ortmod_threads"] = threads
-        if entry.needs_grad:
-            outputs = run_training(entry.call, tensors, state.zero3)
-        else:
-            outputs = run_inference(entry.call, tensors)
+        outputs = self._ortmod_execute(entry, tensors, state)
         if first_call and logger.isEnabledFor(logging.INFO):
             # the plan exists now: say what the passes and the planner made of the model
             from ._explain import summarize
@@ -423,7 +561,21 @@ class ORTModule(torch.nn.Module):
                 return self._ortmod_guard_failed(broken, outputs, export_key, args, kwargs, retried)
         if entry.state_updates:
             _update_state(entry, outputs, state)
-        return entry.rebuild(outputs)
+        result = entry.rebuild(outputs)
+        if state.zero3 is None:
+            d["_ortmod_fast"] = _Fast.make(module, state, entry, export_key, args, kwargs, flat)
+        return result
+
+    def _ortmod_execute(self, entry, tensors, state):
+        """Runs the engine on the call's graph inputs; returns its outputs as torch tensors."""
+        d = self.__dict__
+        threads = _torch_threads()
+        if threads != d.get("_ortmod_threads"):   # torch, BLAS and the engine use one count
+            self._C.set_num_threads(threads)
+            d["_ortmod_threads"] = threads
+        if entry.needs_grad:
+            return run_training(entry.call, tensors, state.zero3)
+        return run_inference(entry.call, tensors)
 
     def _ortmod_forget(self, export_key):
         """Drop an export and the engines built from it (the next call exports again)."""
@@ -770,6 +922,7 @@ class ORTModule(torch.nn.Module):
         for k in ("_ortmod_signatures", "_ortmod_dynamic_dims"):
             state[k] = {}
         state["_ortmod_state"] = None
+        state["_ortmod_fast"] = None
         state["_ortmod_generation"] = 0
         state["_ortmod_dirty"] = False
         state["_C"] = None
@@ -777,6 +930,7 @@ class ORTModule(torch.nn.Module):
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        self.__dict__.setdefault("_ortmod_fast", None)
         self._ortmod_load_engine_library()
         _watch(self)
 

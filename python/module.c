@@ -52,14 +52,24 @@ PyObject *om_py_raise_status(PyObject *module, om_status *st) {
 
 /* ---- DLPack in ------------------------------------------------------------------ */
 
-typedef struct input_hold {      /* keeps one input's memory alive while a stash needs it */
+/* What keeps one input's memory alive while a stash needs it: the DLPack tensor itself when
+ * the engine reads it in place (every step's case: nothing allocated), or, tagged with the low
+ * bit (both are malloc'd, so that bit is free), an input_hold that also owns a dense copy. */
+typedef struct input_hold {
     DLManagedTensor *mt;
     void *dense_copy;            /* om_alloc'd when the input was not contiguous */
 } input_hold;
 
+typedef void *input_keep;        /* a DLManagedTensor *, or an input_hold * | 1 */
+
 static void input_hold_release(void *p) {
-    input_hold *h = p;
-    if (!h) return;
+    if (!p) return;
+    if (!((uintptr_t)p & 1)) {
+        DLManagedTensor *mt = p;
+        if (mt->deleter) mt->deleter(mt);
+        return;
+    }
+    input_hold *h = (input_hold *)((uintptr_t)p & ~(uintptr_t)1);
     if (h->mt && h->mt->deleter) h->mt->deleter(h->mt);
     om_free(h->dense_copy);
     free(h);
@@ -98,17 +108,26 @@ static void gather_strided(char *dst, const char *src, int rank, const int64_t *
     }
 }
 
-/* obj: a capsule or anything with __dlpack__. Fills t and a hold that owns the DLPack
- * tensor. what names the argument in errors. Returns 0, or -1 with an exception set. */
-static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_tensor *t, input_hold **hold) {
-    *hold = NULL;
+/* The DLPack tensor of obj (a capsule, or anything with __dlpack__), taken over. "<what> <index>"
+ * names it in errors, formatted only then (a step's capsules never need it). */
+static DLManagedTensor *take_dlpack_at(PyObject *obj, const char *what, Py_ssize_t index) {
+    if (PyCapsule_CheckExact(obj) && PyCapsule_IsValid(obj, "dltensor")) {
+        DLManagedTensor *mt = PyCapsule_GetPointer(obj, "dltensor");
+        if (mt && PyCapsule_SetName(obj, "used_dltensor") == 0) return mt;
+        return NULL;
+    }
     char label[96];
     snprintf(label, sizeof label, "%s %zd", what, index);
-    DLManagedTensor *mt = om_py_take_dlpack(obj, label);
-    if (!mt) return -1;   /* ours now: the hold calls its deleter */
-    input_hold *h = calloc(1, sizeof *h);
-    if (!h) { mt->deleter(mt); PyErr_NoMemory(); return -1; }
-    h->mt = mt;
+    return om_py_take_dlpack(obj, label);
+}
+
+/* obj: a capsule or anything with __dlpack__. Fills t and what keeps its memory alive (an
+ * input_keep). what names the argument in errors. Returns 0, or -1 with an exception set. */
+static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_tensor *t, input_keep *hold) {
+    *hold = NULL;
+    DLManagedTensor *mt = take_dlpack_at(obj, what, index);
+    if (!mt) return -1;   /* ours now: the keep calls its deleter */
+    void *h = mt;
     DLTensor *d = &mt->dl_tensor;
     memset(t, 0, sizeof *t);
     if (d->device.device_type != kDLCPU && d->device.device_type != kDLCUDA) {
@@ -153,14 +172,21 @@ static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_
         return -1;
     } else {
         size_t es = om_dtype_size(t->dtype);
-        h->dense_copy = om_alloc(om_tensor_nbytes(t));
-        if (!h->dense_copy) { input_hold_release(h); PyErr_NoMemory(); return -1; }
-        gather_strided(h->dense_copy, base, d->ndim, d->shape, d->strides, es);
-        t->data = h->dense_copy;
+        input_hold *copy = calloc(1, sizeof *copy);
+        if (!copy) { input_hold_release(h); PyErr_NoMemory(); return -1; }
+        copy->mt = mt;
+        h = (void *)((uintptr_t)copy | 1);
+        copy->dense_copy = om_alloc(om_tensor_nbytes(t));
+        if (!copy->dense_copy) { input_hold_release(h); PyErr_NoMemory(); return -1; }
+        gather_strided(copy->dense_copy, base, d->ndim, d->shape, d->strides, es);
+        t->data = copy->dense_copy;
     }
     *hold = h;
     return 0;
 }
+
+/* Inputs, outputs and gradients of one call up to this many live on the C stack. */
+#define SMALL_CALL 8
 
 /* ---- DLPack out ----------------------------------------------------------------- */
 
@@ -473,32 +499,71 @@ static int check_nargs(const char *name, Py_ssize_t nargs, Py_ssize_t min, Py_ss
     return -1;
 }
 
-/* forward(inputs, training, stream=None) -> (list of capsules, stash or None) */
+/* The optional converters of forward and backward: None, or a callable of one argument. */
+static int parse_converter(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t i, PyObject **out) {
+    *out = i < nargs && args[i] != Py_None ? args[i] : NULL;
+    if (*out && !PyCallable_Check(*out)) {
+        PyErr_Format(PyExc_TypeError, "a converter must be callable or None, got %.100s", Py_TYPE(*out)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+/* to_capsule(obj) (a new reference), or obj itself when there is no converter. */
+static PyObject *to_capsule_of(PyObject *convert, PyObject *obj) {
+    return convert ? PyObject_CallOneArg(convert, obj) : Py_NewRef(obj);
+}
+
+/* from_capsule(capsule), consuming the capsule reference, or the capsule when there is none. */
+static PyObject *from_capsule_of(PyObject *convert, PyObject *cap) {
+    if (!convert || !cap) return cap;
+    PyObject *r = PyObject_CallOneArg(convert, cap);
+    Py_DECREF(cap);   /* the tensor owns the DLPack tensor now (or, on failure, the capsule frees it) */
+    return r;
+}
+
+/* forward(inputs, training, stream=None, to_capsule=None, from_capsule=None)
+ *   -> (outputs, stash or None)
+ * outputs: a list of capsules, or with from_capsule a tuple of from_capsule(capsule); inputs are
+ * capsules, or objects that to_capsule turns into capsules (torch.utils.dlpack.to_dlpack), so
+ * that a step's conversions run here rather than as Python loops around the call. */
 static PyObject *Engine_forward(EngineObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int stream_given = 0;
     void *stream = NULL;
-    if (check_nargs("forward", nargs, 2, 3) < 0) return NULL;
+    PyObject *to_capsule, *from_capsule;
+    if (check_nargs("forward", nargs, 2, 5) < 0) return NULL;
     PyObject *seq_in = args[0];
     int training = PyObject_IsTrue(args[1]);
     if (training < 0 || check_ready(self) < 0) return NULL;
     if (parse_stream(nargs > 2 ? args[2] : Py_None, &stream, &stream_given) < 0) return NULL;
+    if (parse_converter(args, nargs, 3, &to_capsule) < 0 || parse_converter(args, nargs, 4, &from_capsule) < 0)
+        return NULL;
     module_state *ms = state_of_type(Py_TYPE(self));
     PyObject *seq = PySequence_Fast(seq_in, "inputs must be a sequence of tensors");
     if (!seq) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     int n_out = om_engine_num_outputs(self->eng);
-    om_tensor *ins = calloc((size_t)n + 1, sizeof(om_tensor));
-    input_hold **holds = calloc((size_t)n + 1, sizeof(input_hold *));
-    om_tensor *outs = calloc((size_t)n_out + 1, sizeof(om_tensor));
+    /* a step's few inputs and outputs: on the stack (the engine copies what it keeps) */
+    om_tensor ins_small[SMALL_CALL], outs_small[SMALL_CALL];
+    input_keep holds_small[SMALL_CALL];
+    om_tensor *ins = n <= SMALL_CALL ? ins_small : calloc((size_t)n + 1, sizeof(om_tensor));
+    input_keep *holds = n <= SMALL_CALL ? holds_small : calloc((size_t)n + 1, sizeof(input_keep));
+    om_tensor *outs = n_out <= SMALL_CALL ? outs_small : calloc((size_t)n_out + 1, sizeof(om_tensor));
     PyObject *result = NULL, *list = NULL;
     om_stash *stash = NULL;
     if (!ins || !holds || !outs) { PyErr_NoMemory(); goto out; }
+    if (n <= SMALL_CALL) memset(holds, 0, sizeof holds_small);
+    if (n_out <= SMALL_CALL) memset(outs, 0, sizeof outs_small);
     if (n != om_engine_num_inputs(self->eng)) {
         PyErr_Format(PyExc_ValueError, "the model takes %d inputs, got %zd", om_engine_num_inputs(self->eng), n);
         goto out;
     }
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (tensor_from_py(PySequence_Fast_GET_ITEM(seq, i), "input", i, &ins[i], &holds[i]) < 0) goto out;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *cap = to_capsule_of(to_capsule, PySequence_Fast_GET_ITEM(seq, i));
+        int rc = cap ? tensor_from_py(cap, "input", i, &ins[i], &holds[i]) : -1;
+        Py_XDECREF(cap);
+        if (rc < 0) goto out;
+    }
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
     st = om_engine_forward_stream(self->eng, ins, (int)n, training, outs, &stash, (void **)holds, input_hold_release,
@@ -507,12 +572,13 @@ static PyObject *Engine_forward(EngineObject *self, PyObject *const *args, Py_ss
     if (st) { raise_status(ms, st); goto out; }
     if (stash)   /* the stash owns the holds now */
         for (Py_ssize_t i = 0; i < n; i++) holds[i] = NULL;
-    list = PyList_New(n_out);
+    list = from_capsule ? PyTuple_New(n_out) : PyList_New(n_out);
     if (!list) goto out;
     for (int i = 0; i < n_out; i++) {
-        PyObject *cap = capsule_from_tensor(&outs[i], stream);
-        if (!cap) goto out;
-        PyList_SET_ITEM(list, i, cap);
+        PyObject *item = from_capsule_of(from_capsule, capsule_from_tensor(&outs[i], stream));
+        if (!item) goto out;   /* the outputs not yet wrapped are freed below */
+        if (from_capsule) PyTuple_SET_ITEM(list, i, item);
+        else PyList_SET_ITEM(list, i, item);
     }
     PyObject *stash_obj = Py_None;
     if (stash) {
@@ -536,19 +602,37 @@ out:
     for (Py_ssize_t i = 0; holds && i < n; i++) input_hold_release(holds[i]);
     Py_XDECREF(list);
     Py_DECREF(seq);
-    free(ins);
-    free(holds);
-    free(outs);
+    if (ins != ins_small) free(ins);
+    if (holds != holds_small) free(holds);
+    if (outs != outs_small) free(outs);
     return result;
 }
 
-/* backward(stash, grad_outputs, stream=None) -> list (per input: capsule or None) */
+/* backward(stash, grad_outputs, stream=None, to_capsule=None, from_capsule=None, keep=None, lead=0)
+ *   -> per input: capsule or None (a list)
+ * With from_capsule: a tuple of `lead` Nones, then per input from_capsule(capsule) or None, None
+ * also where keep (a sequence of bools, one per input) is false: what an autograd.Function's
+ * backward returns, built here. to_capsule converts the output gradients as forward's does. */
 static PyObject *Engine_backward(EngineObject *self, PyObject *const *args, Py_ssize_t nargs) {
     void *stream = NULL;
     int stream_given = 0;
-    if (check_nargs("backward", nargs, 2, 3) < 0 || check_ready(self) < 0) return NULL;
+    PyObject *to_capsule, *from_capsule, *keep_in = NULL;
+    Py_ssize_t lead = 0;
+    if (check_nargs("backward", nargs, 2, 7) < 0 || check_ready(self) < 0) return NULL;
     PyObject *stash_obj = args[0], *seq_in = args[1];
     if (parse_stream(nargs > 2 ? args[2] : Py_None, &stream, &stream_given) < 0) return NULL;
+    if (parse_converter(args, nargs, 3, &to_capsule) < 0 || parse_converter(args, nargs, 4, &from_capsule) < 0)
+        return NULL;
+    if (nargs > 5 && args[5] != Py_None) keep_in = args[5];
+    if (nargs > 6) {
+        lead = PyLong_AsSsize_t(args[6]);
+        if (lead == -1 && PyErr_Occurred()) return NULL;
+        if (lead < 0 || lead > 64) { PyErr_SetString(PyExc_ValueError, "lead must be in 0..64"); return NULL; }
+    }
+    if ((keep_in || lead) && !from_capsule) {
+        PyErr_SetString(PyExc_TypeError, "keep and lead come with from_capsule");
+        return NULL;
+    }
     module_state *ms = state_of_type(Py_TYPE(self));
     if (!PyObject_TypeCheck(stash_obj, (PyTypeObject *)ms->StashType) || ((StashObject *)stash_obj)->engine != (PyObject *)self) {
         PyErr_SetString(PyExc_TypeError, "backward needs the stash that this engine's forward returned");
@@ -575,19 +659,37 @@ static PyObject *Engine_backward(EngineObject *self, PyObject *const *args, Py_s
     if (!seq) { atomic_store(&so->busy, 0); return NULL; }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     int n_out = om_engine_num_outputs(self->eng), n_in = om_engine_num_inputs(self->eng);
-    om_tensor *gouts = calloc((size_t)n_out + 1, sizeof(om_tensor));
-    input_hold **holds = calloc((size_t)n_out + 1, sizeof(input_hold *));
-    om_tensor *grads = calloc((size_t)n_in + 1, sizeof(om_tensor));
-    PyObject *list = NULL;
+    om_tensor gouts_small[SMALL_CALL], grads_small[SMALL_CALL];
+    input_keep holds_small[SMALL_CALL];
+    om_tensor *gouts = n_out <= SMALL_CALL ? gouts_small : calloc((size_t)n_out + 1, sizeof(om_tensor));
+    input_keep *holds = n_out <= SMALL_CALL ? holds_small : calloc((size_t)n_out + 1, sizeof(input_keep));
+    om_tensor *grads = n_in <= SMALL_CALL ? grads_small : calloc((size_t)n_in + 1, sizeof(om_tensor));
+    PyObject *list = NULL, *keep = NULL;
     if (!gouts || !holds || !grads) { PyErr_NoMemory(); goto out; }
+    if (n_out <= SMALL_CALL) {
+        memset(gouts, 0, sizeof gouts_small);
+        memset(holds, 0, sizeof holds_small);
+    }
+    if (n_in <= SMALL_CALL) memset(grads, 0, sizeof grads_small);
     if (n != n_out) {
         PyErr_Format(PyExc_ValueError, "backward needs %d output gradients, got %zd", n_out, n);
         goto out;
     }
+    if (keep_in) {
+        keep = PySequence_Fast(keep_in, "keep must be a sequence of bools");
+        if (!keep) goto out;
+        if (PySequence_Fast_GET_SIZE(keep) != n_in) {
+            PyErr_Format(PyExc_ValueError, "keep has %zd flags for %d inputs", PySequence_Fast_GET_SIZE(keep), n_in);
+            goto out;
+        }
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
         if (o == Py_None) continue;
-        if (tensor_from_py(o, "output gradient", i, &gouts[i], &holds[i]) < 0) goto out;
+        PyObject *cap = to_capsule_of(to_capsule, o);
+        int rc = cap ? tensor_from_py(cap, "output gradient", i, &gouts[i], &holds[i]) : -1;
+        Py_XDECREF(cap);
+        if (rc < 0) goto out;
     }
     om_status *st;
     Py_BEGIN_ALLOW_THREADS
@@ -597,20 +699,35 @@ static PyObject *Engine_backward(EngineObject *self, PyObject *const *args, Py_s
     if (st) { raise_status(ms, st); goto out; }
     om_stash_free(so->stash);   /* backward is done with what the forward kept */
     so->stash = NULL;
-    list = PyList_New(n_in);
+    if (!from_capsule) {
+        list = PyList_New(n_in);
+        if (!list) goto out;
+        for (int i = 0; i < n_in; i++) {
+            PyObject *item = grads[i].data ? capsule_from_tensor(&grads[i], stream) : Py_NewRef(Py_None);
+            if (!item) { Py_CLEAR(list); goto out; }
+            PyList_SET_ITEM(list, i, item);
+        }
+        goto out;
+    }
+    list = PyTuple_New(lead + n_in);
     if (!list) goto out;
+    for (Py_ssize_t i = 0; i < lead; i++) PyTuple_SET_ITEM(list, i, Py_NewRef(Py_None));
     for (int i = 0; i < n_in; i++) {
-        PyObject *item = grads[i].data ? capsule_from_tensor(&grads[i], stream) : Py_NewRef(Py_None);
+        int kept = 1;
+        if (keep && (kept = PyObject_IsTrue(PySequence_Fast_GET_ITEM(keep, i))) < 0) { Py_CLEAR(list); goto out; }
+        PyObject *item = grads[i].data && kept ? from_capsule_of(from_capsule, capsule_from_tensor(&grads[i], stream))
+                                               : Py_NewRef(Py_None);   /* not kept: freed below */
         if (!item) { Py_CLEAR(list); goto out; }
-        PyList_SET_ITEM(list, i, item);
+        PyTuple_SET_ITEM(list, lead + i, item);
     }
 out:
+    Py_XDECREF(keep);
     for (int i = 0; grads && i < n_in; i++) free_tensor_data(&grads[i], stream);
     for (int i = 0; holds && i < n_out; i++) input_hold_release(holds[i]);
     Py_DECREF(seq);
-    free(gouts);
-    free(holds);
-    free(grads);
+    if (gouts != gouts_small) free(gouts);
+    if (holds != holds_small) free(holds);
+    if (grads != grads_small) free(grads);
     atomic_store(&so->busy, 0);   /* after so->stash is freed and NULL: a next call sees "already used" */
     return list;
 }
@@ -650,13 +767,17 @@ static PyObject *Engine_get_output_diff(EngineObject *self, void *c) {
 
 static PyMethodDef Engine_methods[] = {
     {"forward", (PyCFunction)(void (*)(void))Engine_forward, METH_FASTCALL,
-     "forward(inputs, training, stream=None) -> (outputs, stash)\n\nRuns the forward. inputs: tensors (DLPack) in "
-     "graph-input order, read in place, all on one device. outputs: DLPack capsules on that device. stash: what backward "
-     "needs (None unless training with grad inputs). stream: for CUDA inputs, the cudaStream_t (an int, e.g. "
+     "forward(inputs, training, stream=None, to_capsule=None, from_capsule=None) -> (outputs, stash)\n\nRuns the "
+     "forward. inputs: tensors (DLPack) in graph-input order, read in place, all on one device; to_capsule, where given, "
+     "turns each into a DLPack capsule first (torch.utils.dlpack.to_dlpack). outputs: DLPack capsules on that device "
+     "(a list), or with from_capsule a tuple of from_capsule(capsule). stash: what backward needs (None unless training "
+     "with grad inputs). stream: for CUDA inputs, the cudaStream_t (an int, e.g. "
      "torch.cuda.current_stream().cuda_stream) the kernels are enqueued on; None = the legacy default stream."},
     {"backward", (PyCFunction)(void (*)(void))Engine_backward, METH_FASTCALL,
-     "backward(stash, grad_outputs, stream=None) -> grads\n\nOne DLPack capsule per graph input that needs a gradient, "
-     "None elsewhere. A None output gradient counts as zeros. stream: as for forward; None = the forward's stream."},
+     "backward(stash, grad_outputs, stream=None, to_capsule=None, from_capsule=None, keep=None, lead=0) -> grads\n\n"
+     "One DLPack capsule per graph input that needs a gradient, None elsewhere (a list). A None output gradient counts as "
+     "zeros. stream: as for forward; None = the forward's stream. to_capsule: as for forward. With from_capsule: a tuple "
+     "of lead Nones, then per input from_capsule(capsule), or None where keep (one bool per input) is false."},
     {"export_onnx", (PyCFunction)Engine_export_onnx, METH_VARARGS,
      "export_onnx(stage) -> bytes: 'optimized' (forward) or 'execution' (forward + backward)."},
     {"report", (PyCFunction)Engine_report, METH_NOARGS,

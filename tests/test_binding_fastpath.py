@@ -129,3 +129,299 @@ def test_guards_still_fire_on_the_short_path():
         warnings.simplefilter("ignore")
         net.register_buffer("extra", torch.zeros(1))    # a registration: re-checked
     ort(x.double())
+
+
+# --------------------------------------------------------------------------- the steady state
+#
+# A call with the last call's key takes ORTModule's recorded path (_module._Fast): every item of
+# the key is re-checked there, and each change below must reach the slow path and do what it
+# does, after the record was made (two identical calls first).
+
+def _steady(ort, *args, **kwargs):
+    for _ in range(2):
+        ort(*args, **kwargs)
+    assert ort._ortmod_fast is not None
+    return _exports(ort), ort._ortmod_engine_count
+
+
+class Affine(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, scale=1.0, shift=None, flag=False):
+        y = self.lin(x) * scale
+        if shift is not None:
+            y = y + shift
+        return -y if flag else y
+
+
+def _twin(module):
+    torch.manual_seed(0)
+    ref = module()
+    ort_net = module()
+    ort_net.load_state_dict(ref.state_dict())
+    return ref, ORTModule(ort_net)
+
+
+def test_steady_state_matches_eager_bit_for_bit_and_the_slow_path():
+    ref, ort = _twin(Affine)
+    x = torch.randn(3, 4)
+    slow = ort(x)                                   # the export's call: the slow path
+    fast = [ort(x) for _ in range(3)]               # the record's
+    for y in fast:
+        assert torch.equal(y, slow)
+    torch.testing.assert_close(slow, ref(x))
+
+
+X, S = torch.randn(3, 4), torch.randn(4)
+KEY_CHANGES = {   # name: (steady call, next call, how many exports the next call adds)
+    "scale": (((X, 2.0, None), {}), ((X, 3.0, None), {}), 1),
+    "scale_type": (((X, 2.0, None), {}), ((X, 2, None), {}), 1),
+    "none_to_tensor": (((X, 2.0, None), {}), ((X, 2.0, S), {}), 1),
+    "tensor_to_number": (((X, 2.0, S), {}), ((X, 2.0, 0.5), {}), 1),
+    "flag": (((X, 2.0, None), {}), ((X, 2.0, None, True), {}), 1),
+    "keyword": (((X, 2.0, None), {}), ((X,), {"scale": 2.0, "shift": None}), None),
+    "keyword_name": (((X,), {"scale": 2.0}), ((X,), {"shift": 2.0}), 1),
+    "keyword_order": (((X,), {"scale": 2.0, "shift": S}), ((X,), {"shift": S, "scale": 2.0}), None),
+    "arity": (((X, 2.0, None), {}), ((X, 2.0), {}), None),
+    "rank": (((X, 2.0, None), {}), ((X[None], 2.0, None), {}), 1),
+    "requires_grad": (((X, 2.0, None), {}), ((X.clone().requires_grad_(), 2.0, None), {}), 0),
+}
+
+
+@pytest.mark.parametrize("change", sorted(KEY_CHANGES))
+def test_every_argument_of_the_key_leaves_the_steady_state(change):
+    ref, ort = _twin(Affine)
+    (args0, kwargs0), (args, kwargs), added = KEY_CHANGES[change]
+    n, e = _steady(ort, *args0, **kwargs0)
+    out = ort(*args, **kwargs)
+    torch.testing.assert_close(out, ref(*args, **kwargs))
+    if added is not None:          # None: another structure of the same values, maybe the same graph
+        assert _exports(ort) == n + added, change
+    assert ort._ortmod_engine_count == e + 1 or added is None, change
+    if change == "requires_grad":
+        out.sum().backward()
+        assert args[0].grad is not None
+    _steady(ort, *args, **kwargs)           # and a new steady state
+    assert torch.equal(ort(*args, **kwargs), out)
+
+
+class Lookup(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, idx):
+        return self.emb(idx)
+
+
+def test_an_input_dtype_leaves_the_steady_state():
+    ref, ort = _twin(Lookup)
+    idx = torch.tensor([[1, 2, 3]])
+    n, _ = _steady(ort, idx)
+    for dtype in (torch.int32, torch.int64):
+        torch.testing.assert_close(ort(idx.to(dtype)), ref(idx.to(dtype)))
+    assert _exports(ort) == n + 1
+
+
+def test_parameters_changed_in_place_leave_the_steady_state():
+    ref, ort = _twin(Affine)
+    x = torch.randn(3, 4)
+    n, e = _steady(ort, x)
+    ort.module.lin.bias.requires_grad_(False)       # requires_grad of a parameter: a new engine
+    ort.module.zero_grad(set_to_none=True)
+    ort(x).sum().backward()
+    assert ort._ortmod_engine_count == e + 1 and _exports(ort) == n
+    assert ort.module.lin.bias.grad is None and ort.module.lin.weight.grad is not None
+    ref, ort = _twin(Offset)
+    n, e = _steady(ort, x)
+    ort.module.offset.data = ort.module.offset.data.double()   # a dtype changed in place
+    ref.offset.data = ref.offset.data.double()
+    out = ort(x)
+    assert out.dtype == torch.float64 and _exports(ort) == n + 1
+    torch.testing.assert_close(out, ref(x))
+
+
+class Offset(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("offset", torch.randn(4))
+
+    def forward(self, x):
+        return self.lin(x) + self.offset
+
+
+def test_module_state_leaves_the_steady_state():
+    ref, ort = _twin(Affine)
+    x = torch.randn(3, 4)
+    n, e = _steady(ort, x)
+    ort.eval()                                      # train/eval
+    ort(x)
+    assert _exports(ort) == n + 1
+    n, e = _steady(ort, x)
+    with torch.no_grad():                           # grad mode
+        assert not ort(x).requires_grad
+    n, e = _steady(ort, x)
+    ort.scale_hint = 2                              # an attribute set on the ORTModule: re-checked
+    ort(x)
+    assert ort._ortmod_fast is not None and _exports(ort) == n + 1
+    n, e = _steady(ort, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ort.module.lin.register_buffer("extra", torch.zeros(1))   # a registration inside: re-checked
+    ort(x)
+    assert _exports(ort) == n + 1
+    n, e = _steady(ort, x)
+    ort.module.lin.weight = nn.Parameter(torch.ones(4, 4))         # a new parameter object
+    ref.lin.weight = nn.Parameter(torch.ones(4, 4))
+    ref.lin.bias = ort.module.lin.bias
+    torch.testing.assert_close(ort(x), ref(x))
+
+
+def test_autocast_leaves_the_steady_state():
+    _, ort = _twin(Affine)
+    x = torch.randn(3, 4)
+    n, _ = _steady(ort, x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ort(x)
+        assert _exports(ort) == n + 1
+        n, _ = _steady(ort, x)
+    ort(x)
+    assert _exports(ort) == n              # the plain export is still cached
+
+
+def test_thread_count_follows_torch_in_the_steady_state():
+    from ortmod import _C
+    _, ort = _twin(Affine)
+    x = torch.randn(3, 4)
+    before = torch.get_num_threads()
+    _steady(ort, x)
+    try:
+        torch.set_num_threads(1 if before != 1 else 2)
+        ort(x)
+        assert _C.get_num_threads() == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    ort(x)
+    assert _C.get_num_threads() == before
+
+
+class ItemBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) * 2 if x.sum() > 0 else self.lin(x) - 1
+
+
+def test_value_guard_and_batchnorm_statistics_in_the_steady_state():
+    ref, ort = _twin(ItemBranch)
+    pos, neg = torch.ones(2, 4), -torch.ones(2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        n, _ = _steady(ort, pos)
+        out = ort(neg)                    # the frozen branch differs: exported again
+    assert _exports(ort) == n + 1
+    torch.testing.assert_close(out, ref(neg))
+    torch.manual_seed(0)
+    bn_ref = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    bn = ORTModule(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+    bn.module.load_state_dict(bn_ref.state_dict())
+    for _ in range(4):
+        x = torch.randn(5, 4)
+        torch.testing.assert_close(bn(x), bn_ref(x))
+    torch.testing.assert_close(bn.module[1].running_mean, bn_ref[1].running_mean)
+    torch.testing.assert_close(bn.module[1].running_var, bn_ref[1].running_var)
+    assert bn.module[1].num_batches_tracked.item() == 4
+
+
+def test_the_steady_state_leaves_the_cache_order_as_the_slow_path_does():
+    from ortmod import DebugOptions
+    torch.manual_seed(0)
+    ort = ORTModule(Affine(), debug_options=DebugOptions(max_cached_graphs=2))
+    x = torch.randn(3, 4)
+    for scale in (2.0, 2.0, 3.0, 3.0, 2.0, 2.0, 4.0):   # 3.0 is the least recently used at 4.0
+        ort(x, scale)
+    scales = sorted(k[0][0][1][1][2] for k in ort._ortmod_cache)
+    assert scales == ["2.0", "4.0"]
+
+
+def test_pickled_and_copied_modules_start_without_a_steady_state():
+    import copy
+    _, ort = _twin(Affine)
+    x = torch.randn(3, 4)
+    _steady(ort, x)
+    clone = copy.deepcopy(ort)
+    assert clone._ortmod_fast is None
+    torch.testing.assert_close(clone(x), ort(x))
+
+
+def test_parameters_that_deepspeed_partitions_later_leave_the_steady_state():
+    # ZeRO-3's deepspeed.zero.Init marks parameters with ds_status: the slow path scans the state
+    # again on every call while that marker is there without a ZeRO-3 state (here a bare marker,
+    # not a partition, so the scan finds none and the call runs as before)
+    _, ort = _twin(Affine)
+    x = torch.randn(3, 4)
+    _steady(ort, x)
+    generation = ort._ortmod_generation
+    next(ort.module.parameters()).ds_status = "marked"
+    for i in range(2):
+        ort(x)
+        assert ort._ortmod_generation == generation + 1 + i
+
+
+def test_the_binding_converts_tensors_itself_as_the_capsule_path_does():
+    # Engine.forward/backward with to_capsule/from_capsule (what EngineFunction passes) against
+    # the plain capsule calls on the same engine: the same bits, the same Nones, keep and lead
+    from torch.utils.dlpack import to_dlpack
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 3)
+    ort = ORTModule(lin)
+    x = torch.randn(2, 4)
+    ort(x).sum().backward()
+    entry = ort._ortmod_fast.entry
+    engine, tensors = entry.engine, ort._ortmod_fast.inputs(ort.__dict__, (x,), {})
+    caps, stash = engine.forward([to_dlpack(t) for t in tensors], True, None)
+    plain = [torch.from_dlpack(c) for c in caps]
+    outs, stash2 = engine.forward(tuple(tensors), True, None, to_dlpack, torch._C._from_dlpack)
+    assert isinstance(outs, tuple) and all(torch.equal(a, b) for a, b in zip(outs, plain))
+    g = torch.randn_like(plain[0])
+    want = [None if c is None else torch.from_dlpack(c) for c in engine.backward(stash, [to_dlpack(g)], None)]
+    keep = tuple(w is not None for w in want)
+    got = engine.backward(stash2, (g,), None, to_dlpack, torch._C._from_dlpack, (False,) + keep[1:], 2)
+    assert got[:3] == (None, None, None) and len(got) == 2 + len(want)
+    for a, b in zip(got[3:], want[1:]):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+    _, stash3 = engine.forward(tuple(tensors), True, None, to_dlpack, torch._C._from_dlpack)
+    with pytest.raises(TypeError, match="callable"):
+        engine.backward(stash3, (g,), None, 3)
+    with pytest.raises(ValueError, match="flags"):
+        engine.backward(stash3, (g,), None, to_dlpack, torch._C._from_dlpack, (True,), 2)
+    with pytest.raises(TypeError, match="from_capsule"):
+        engine.backward(stash3, (g,), None, to_dlpack, None, keep, 2)
+    assert engine.backward(stash3, (g,), None, to_dlpack, torch._C._from_dlpack, None, 0)[0] is None
+
+
+def test_hooks_and_tracing_still_go_through_torch_call():
+    # ORTModule.__call__ skips nn.Module's two call frames only where they would call forward
+    _, ort = _twin(Affine)
+    x = torch.randn(3, 4)
+    _steady(ort, x)
+    seen = []
+    handle = ort.register_forward_hook(lambda m, a, out: seen.append("module"))
+    ort(x)
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: seen.append("global"))
+    try:
+        ort(x)
+    finally:
+        handle.remove()
+    pre = ort.register_forward_pre_hook(lambda m, a: (a[0] * 2,))
+    doubled = ort(x)
+    pre.remove()
+    ort(x)
+    assert seen == ["module", "global"]
+    torch.testing.assert_close(doubled, ort(x * 2))

@@ -128,8 +128,10 @@ def test_forward_and_backward_are_strict_about_arguments():
     x, w = np.array([1, 2], np.float32), np.array([3, 4], np.float32)
     with pytest.raises(TypeError, match=r"forward\(\) takes at least 2 arguments \(1 given\)"):
         eng.forward([x, w])
-    with pytest.raises(TypeError, match=r"forward\(\) takes at most 3 arguments \(4 given\)"):
-        eng.forward([x, w], True, None, None)
+    with pytest.raises(TypeError, match=r"forward\(\) takes at most 5 arguments \(6 given\)"):
+        eng.forward([x, w], True, None, None, None, None)
+    with pytest.raises(TypeError, match="converter must be callable"):
+        eng.forward([x, w], True, None, 3)
     with pytest.raises(TypeError, match="keyword"):
         eng.forward([x, w], training=True)
     with pytest.raises(TypeError, match="stream must be an int"):
@@ -148,6 +150,8 @@ def test_forward_and_backward_are_strict_about_arguments():
         eng.backward(stash)
     with pytest.raises(TypeError, match="keyword"):
         eng.backward(stash, grad_outputs=[None])
+    with pytest.raises(TypeError, match=r"backward\(\) takes at most 7 arguments \(8 given\)"):
+        eng.backward(stash, [None], None, None, None, None, 0, 0)
     with pytest.raises(TypeError, match="needs the stash"):
         eng.backward(object(), [None])
     with pytest.raises(TypeError, match="grad_outputs must be a sequence"):

@@ -50,6 +50,15 @@ struct om_engine {
      * prof_op[node] * 2 + (node is backward). */
     struct om_op_time { double ns; long calls; } *prof;
     int *prof_op;
+    /* A call's bookkeeping, reused call after call (every call runs under lock, so one set
+     * serves them all; a step allocates nothing for it): where each value's bytes are and
+     * which OUT values went to the caller (scratch_values entries each), and backward's
+     * absent output gradients and their zeros (n_outputs + 1 each, made with the engine). */
+    void **scratch_data;
+    char *scratch_given;
+    size_t scratch_values;
+    void **scratch_zeros;
+    char *scratch_absent;
 };
 
 struct om_stash {
@@ -135,7 +144,12 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
         goto fail;
     }
     e->grad_inputs = calloc((size_t)g->n_inputs + 1, sizeof(bool));
-    if (!e->grad_inputs) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto fail; }
+    e->scratch_zeros = calloc((size_t)g->n_outputs + 1, sizeof(void *));
+    e->scratch_absent = calloc((size_t)g->n_outputs + 1, 1);
+    if (!e->grad_inputs || !e->scratch_zeros || !e->scratch_absent) {
+        st = om_error(OM_OUT_OF_MEMORY, "out of memory");
+        goto fail;
+    }
     for (int i = 0; opt->grad_inputs && i < g->n_inputs; i++) {
         e->grad_inputs[i] = opt->grad_inputs[i];
         e->has_backward |= opt->grad_inputs[i];
@@ -205,6 +219,10 @@ void om_engine_free(om_engine *e) {
     free(e->grad_inputs);
     free(e->prof);
     free(e->prof_op);
+    free(e->scratch_data);
+    free(e->scratch_given);
+    free(e->scratch_zeros);
+    free(e->scratch_absent);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }
@@ -519,12 +537,25 @@ static om_status *hand_out(frame *f, int v, char *given, om_tensor *t) {
     return st;
 }
 
-static om_status *frame_init(frame *f, om_plan *p, void *stream) {
+/* Under e->lock: f's value table and *given (per value: handed to the caller) are e's scratch,
+ * zeroed for this call. */
+static om_status *frame_init(om_engine *e, frame *f, om_plan *p, void *stream, char **given) {
     f->plan = p;
     f->stream = stream;
     if (p->device == OM_CUDA) OM_TRY(om_cuda_get(&f->cu));
-    f->data = calloc((size_t)p->n_values + 1, sizeof(void *));
-    if (!f->data) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+    const size_t n = (size_t)p->n_values + 1;
+    if (n > e->scratch_values) {
+        void **data = realloc(e->scratch_data, n * sizeof(void *));
+        if (data) e->scratch_data = data;
+        char *g = data ? realloc(e->scratch_given, n) : NULL;
+        if (g) e->scratch_given = g;
+        if (!g) return om_error(OM_OUT_OF_MEMORY, "out of memory");
+        e->scratch_values = n;
+    }
+    f->data = e->scratch_data;
+    memset(f->data, 0, n * sizeof(void *));
+    *given = e->scratch_given;
+    memset(*given, 0, n);
     for (int v = 0; v < p->n_values; v++)
         if (p->storage[v] == OM_ST_CONST) f->data[v] = f->cu ? om_device_plan_const(p, v) : p->vt[v].data;
     return NULL;
@@ -534,7 +565,6 @@ static om_status *frame_init(frame *f, om_plan *p, void *stream) {
 static void frame_free(frame *f, const char *given) {
     for (int v = 0; f->data && v < f->plan->n_values; v++)
         if (f->plan->storage[v] == OM_ST_OUT && (!given || !given[v])) frame_release(f, f->data[v]);
-    free(f->data);
 }
 
 om_status *om_engine_forward(om_engine *e, const om_tensor *inputs, int n_inputs, bool training,
@@ -558,8 +588,7 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     if (st) goto done;
     p = slot->plan;
     uint64_t call = ++e->calls;
-    if ((st = frame_init(&f, p, stream))) goto done;
-    given = calloc((size_t)p->n_values + 1, 1);
+    if ((st = frame_init(e, &f, p, stream, &given))) goto done;
     if (!f.cu && p->spare_stash) {   /* steady state: the last freed stash comes back */
         stash_buf = p->spare_stash;
         p->spare_stash = NULL;
@@ -595,11 +624,12 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
         }
     }
     if (training && e->has_backward) {
-        om_stash *s = calloc(1, sizeof *s);
-        om_tensor *ins = malloc(sizeof(om_tensor) * ((size_t)n_inputs + 1));
-        void **keep = calloc((size_t)n_inputs + 1, sizeof(void *));
-        if (!s || !ins || !keep) {
-            free(s); free(ins); free(keep);
+        /* one block: the stash, then its inputs, then their keepalives (om_stash_free frees it) */
+        om_stash *s = calloc(1, sizeof *s + sizeof(om_tensor) * ((size_t)n_inputs + 1)
+                                    + sizeof(void *) * ((size_t)n_inputs + 1));
+        om_tensor *ins = s ? (om_tensor *)(s + 1) : NULL;
+        void **keep = s ? (void **)(ins + n_inputs + 1) : NULL;
+        if (!s) {
             for (int k = 0; k < g->n_outputs; k++) frame_release(&f, outputs[k].data);
             st = om_error(OM_OUT_OF_MEMORY, "out of memory");
             goto done;
@@ -627,7 +657,6 @@ done:
         frame_release(&f, stash_buf);
     }
     if (f.data) frame_free(&f, given);
-    free(given);
     pthread_mutex_unlock(&e->lock);
     return st;
 }
@@ -697,13 +726,13 @@ static om_status *backward_on(om_engine *e, om_stash *s, const om_tensor *grad_o
     }
     frame f = {0};
     char *given = NULL;
-    void **zeros = calloc((size_t)g->n_outputs + 1, sizeof(void *));
-    char *absent = calloc((size_t)g->n_outputs + 1, 1);   /* per output: no gradient given (zeros) */
+    void **zeros = e->scratch_zeros;
+    char *absent = e->scratch_absent;   /* per output: no gradient given (zeros) */
+    memset(zeros, 0, sizeof(void *) * ((size_t)g->n_outputs + 1));
+    memset(absent, 0, (size_t)g->n_outputs + 1);
     if (s && stream_given) s->stream = stream;   /* the stash is freed in order on this stream */
-    om_status *st = frame_init(&f, p, s->stream);
+    om_status *st = frame_init(e, &f, p, s->stream, &given);
     if (st) goto done;
-    given = calloc((size_t)p->n_values + 1, 1);
-    if (!given || !zeros || !absent) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
     for (int i = 0; i < s->n_inputs; i++) f.data[g->inputs[i]] = s->inputs[i].data;
     for (int i = 0; i < g->n_outputs; i++) {
         int sv = p->seed_of_output[i];
@@ -768,11 +797,10 @@ done:
             if (p->storage[v] == OM_ST_OUT && !(g->values[v].producer >= g->n_fwd_nodes)) f.data[v] = NULL;
         frame_free(&f, given);
     }
-    if (zeros)
-        for (int i = 0; i < g->n_outputs; i++) frame_release(&f, zeros[i]);
-    free(zeros);
-    free(absent);
-    free(given);
+    for (int i = 0; i < g->n_outputs; i++) {
+        frame_release(&f, zeros[i]);
+        zeros[i] = NULL;
+    }
     pthread_mutex_unlock(&e->lock);
     return st;
 }
@@ -782,8 +810,6 @@ void om_stash_free(om_stash *s) {
     if (s->release)
         for (int i = 0; i < s->n_inputs; i++)
             if (s->keepalive[i]) s->release(s->keepalive[i]);
-    free(s->keepalive);
-    free(s->inputs);
     if (s->plan->device != OM_CPU) {
         om_device_free_data(s->plan->device, s->plan->device_id, s->buf, s->stream);
         s->buf = NULL;
