@@ -188,6 +188,17 @@ static int tensor_from_py(PyObject *obj, const char *what, Py_ssize_t index, om_
 /* Inputs, outputs and gradients of one call up to this many live on the C stack. */
 #define SMALL_CALL 8
 
+/* n zeroed elements of elem bytes: the caller's SMALL_CALL-element stack array where they fit,
+ * else the heap (NULL when out of memory); call_array_free gives back the latter. */
+static void *call_array(void *small, Py_ssize_t n, size_t elem) {
+    if (n <= SMALL_CALL) return memset(small, 0, SMALL_CALL * elem);
+    return calloc((size_t)n + 1, elem);
+}
+
+static void call_array_free(void *p, void *small) {
+    if (p != small) free(p);
+}
+
 /* ---- DLPack out ----------------------------------------------------------------- */
 
 typedef struct out_ctx {
@@ -546,14 +557,12 @@ static PyObject *Engine_forward(EngineObject *self, PyObject *const *args, Py_ss
     /* a step's few inputs and outputs: on the stack (the engine copies what it keeps) */
     om_tensor ins_small[SMALL_CALL], outs_small[SMALL_CALL];
     input_keep holds_small[SMALL_CALL];
-    om_tensor *ins = n <= SMALL_CALL ? ins_small : calloc((size_t)n + 1, sizeof(om_tensor));
-    input_keep *holds = n <= SMALL_CALL ? holds_small : calloc((size_t)n + 1, sizeof(input_keep));
-    om_tensor *outs = n_out <= SMALL_CALL ? outs_small : calloc((size_t)n_out + 1, sizeof(om_tensor));
+    om_tensor *ins = call_array(ins_small, n, sizeof(om_tensor));
+    input_keep *holds = call_array(holds_small, n, sizeof(input_keep));
+    om_tensor *outs = call_array(outs_small, n_out, sizeof(om_tensor));
     PyObject *result = NULL, *list = NULL;
     om_stash *stash = NULL;
     if (!ins || !holds || !outs) { PyErr_NoMemory(); goto out; }
-    if (n <= SMALL_CALL) memset(holds, 0, sizeof holds_small);
-    if (n_out <= SMALL_CALL) memset(outs, 0, sizeof outs_small);
     if (n != om_engine_num_inputs(self->eng)) {
         PyErr_Format(PyExc_ValueError, "the model takes %d inputs, got %zd", om_engine_num_inputs(self->eng), n);
         goto out;
@@ -602,9 +611,9 @@ out:
     for (Py_ssize_t i = 0; holds && i < n; i++) input_hold_release(holds[i]);
     Py_XDECREF(list);
     Py_DECREF(seq);
-    if (ins != ins_small) free(ins);
-    if (holds != holds_small) free(holds);
-    if (outs != outs_small) free(outs);
+    call_array_free(ins, ins_small);
+    call_array_free(holds, holds_small);
+    call_array_free(outs, outs_small);
     return result;
 }
 
@@ -661,16 +670,11 @@ static PyObject *Engine_backward(EngineObject *self, PyObject *const *args, Py_s
     int n_out = om_engine_num_outputs(self->eng), n_in = om_engine_num_inputs(self->eng);
     om_tensor gouts_small[SMALL_CALL], grads_small[SMALL_CALL];
     input_keep holds_small[SMALL_CALL];
-    om_tensor *gouts = n_out <= SMALL_CALL ? gouts_small : calloc((size_t)n_out + 1, sizeof(om_tensor));
-    input_keep *holds = n_out <= SMALL_CALL ? holds_small : calloc((size_t)n_out + 1, sizeof(input_keep));
-    om_tensor *grads = n_in <= SMALL_CALL ? grads_small : calloc((size_t)n_in + 1, sizeof(om_tensor));
+    om_tensor *gouts = call_array(gouts_small, n_out, sizeof(om_tensor));
+    input_keep *holds = call_array(holds_small, n_out, sizeof(input_keep));
+    om_tensor *grads = call_array(grads_small, n_in, sizeof(om_tensor));
     PyObject *list = NULL, *keep = NULL;
     if (!gouts || !holds || !grads) { PyErr_NoMemory(); goto out; }
-    if (n_out <= SMALL_CALL) {
-        memset(gouts, 0, sizeof gouts_small);
-        memset(holds, 0, sizeof holds_small);
-    }
-    if (n_in <= SMALL_CALL) memset(grads, 0, sizeof grads_small);
     if (n != n_out) {
         PyErr_Format(PyExc_ValueError, "backward needs %d output gradients, got %zd", n_out, n);
         goto out;
@@ -725,9 +729,9 @@ out:
     for (int i = 0; grads && i < n_in; i++) free_tensor_data(&grads[i], stream);
     for (int i = 0; holds && i < n_out; i++) input_hold_release(holds[i]);
     Py_DECREF(seq);
-    if (gouts != gouts_small) free(gouts);
-    if (holds != holds_small) free(holds);
-    if (grads != grads_small) free(grads);
+    call_array_free(gouts, gouts_small);
+    call_array_free(holds, holds_small);
+    call_array_free(grads, grads_small);
     atomic_store(&so->busy, 0);   /* after so->stash is freed and NULL: a next call sees "already used" */
     return list;
 }
