@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import ortmod
 from ortmod import ORTModule
 from modelparity import exported_op_types
+from test_ops_ctc import MaskedTargetsCTC     # Wav2Vec2ForCTC's call, the TorchScript path's test model
 from test_semantics import rel_close, run_both
 
 
@@ -141,27 +142,11 @@ def test_every_way_to_torchs_ctc_loss():
     both_dtypes(CTCHead((IL, TL), call=torch.ops.aten.ctc_loss.IntList), feats(), TG_PADDED)
 
 
-class MaskedTargetsCTC(nn.Module):
-    """Wav2Vec2ForCTC's call: targets = labels.masked_select(labels >= 0), lengths from the mask
-    (CTCLoss reads the labels through its mask input: masked_select's length is data)."""
-
-    def __init__(self, reduction):
-        super().__init__()
-        torch.manual_seed(1)
-        self.proj = nn.Linear(6, 6)
-        self.reduction = reduction
-
-    def forward(self, feats, labels, input_lengths):
-        mask = labels >= 0
-        lp = self.proj(feats).log_softmax(-1)
-        return F.ctc_loss(lp, labels.masked_select(mask), input_lengths, mask.sum(-1), reduction=self.reduction)
-
-
 @pytest.mark.parametrize("reduction", ["sum", "mean", "none"])
 def test_masked_select_targets_match_eager_and_a_new_mask_needs_no_export(reduction):
     labels = [torch.tensor([[1, 2, 2, 3, -100], [4, -100, 4, 1, -100], [2, 3, -100, -100, -100]]),
               torch.tensor([[1, -100, -100, -100, -100], [4, 4, 4, 1, 2], [2, 3, 1, -100, -100]])]
-    ort = run_both(MaskedTargetsCTC(reduction), feats(), labels[0], torch.tensor(IL), calls=2,
+    ort = run_both(MaskedTargetsCTC(6, reduction), feats(), labels[0], torch.tensor(IL), calls=2,
                    make_inputs=lambda k: (feats(seed=k), labels[k], torch.tensor(IL)))
     on_this_path(ort)
     assert "NonZero" not in exported_op_types(ort)
