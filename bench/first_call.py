@@ -19,53 +19,40 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("mlp", "cnn", "gpt2", "bert")
 
 
-class _ZooStep:
-    """A zoo case's model called on its batch, returning its loss (ORTModule wraps the model)."""
-
-    def __init__(self, model, batch, loss_of):
-        self.model, self.batch, self.loss_of = model, batch, loss_of
-
-    def train(self):
-        return self
-
-
 def child(model, path):
     sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
     import torch
     from ortmod import DebugOptions, ORTModule
 
+    def loss_of(out):
+        return out if isinstance(out, torch.Tensor) else out.loss
+
     def make():
+        """The model and its step: a function of the wrapped model that returns the loss."""
         if model == "mlp":
             sys.path.insert(0, os.path.join(ROOT, "demo"))
             import train_mlp
-            return train_mlp.Classifier(), (torch.randn(128, 2), torch.randint(0, 3, (128,))), {}
+            batch = (torch.randn(128, 2), torch.randint(0, 3, (128,)))
+            return train_mlp.Classifier(), lambda m: loss_of(m(*batch))
         if model == "cnn":
             import test_models_cnn as m
-            return m.TinyResNet(), m.make_batches()[0], {}
-        if model == "gpt2":
-            import test_models_gpt2 as m
-            return m.make_gpt2(0.1), (), m.make_batches()[0]
-        if model == "bert":
-            import test_models_bert as m
-            return m.make_bert(0.1), (), m.make_batches()[0]
+            batch = m.make_batches()[0]
+            return m.TinyResNet(), lambda ort: loss_of(ort(*batch))
+        if model in ("gpt2", "bert"):
+            m = __import__(f"test_models_{model}")
+            batch = m.make_batches()[0]
+            return getattr(m, f"make_{model}")(0.1), lambda ort: loss_of(ort(**batch))
         import test_model_zoo as zoo        # a zoo case: its model, first batch and loss
-        make_model, batches, loss_of = zoo.CASES[model.removeprefix("zoo:")]
+        make_model, batches, zoo_loss = zoo.CASES[model.removeprefix("zoo:")]
         batch = batches()[0]
-        return _ZooStep(make_model(), batch, loss_of), (), {}
+        return make_model(), lambda ort: zoo_loss(ort, batch)
 
     times, stages = [], None
     for _ in range(2):
-        net, args, kwargs = make()
-        if isinstance(net, _ZooStep):
-            ort = ORTModule(net.model, DebugOptions(capture=path)).train()
-            t = time.perf_counter()
-            loss = net.loss_of(ort, net.batch)
-        else:
-            ort = ORTModule(net, DebugOptions(capture=path)).train()
-            t = time.perf_counter()
-            out = ort(*args, **kwargs)
-            loss = out if isinstance(out, torch.Tensor) else out.loss
-        loss.backward()
+        net, step = make()
+        ort = ORTModule(net, DebugOptions(capture=path)).train()
+        t = time.perf_counter()
+        step(ort).backward()
         times.append(time.perf_counter() - t)
         if stages is None:      # the first call's: what the one-time setup adds shows there
             stages = next(iter(ort._ortmod_exports.values())).exported.timings
