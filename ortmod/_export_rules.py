@@ -1486,13 +1486,14 @@ def zoo_translations(op, ir, stop_gradient):
                 ir.DataType.INT64: torch.int64, ir.DataType.INT32: torch.int32, ir.DataType.INT16: torch.int16,
                 ir.DataType.INT8: torch.int8, ir.DataType.UINT8: torch.uint8}
 
+    ir_of = {t: i for i, t in torch_of.items()}
+
     def arange_of(start, end, step, dtype):
         bounds = (start, end, step)
         want = None if dtype is None or dtype == -1 else ir.DataType(dtype)
         if all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds):
             values = torch.arange(start, end, step, dtype=None if want is None else torch_of[want])
-            dt = want or {torch.int64: ir.DataType.INT64, torch.float32: ir.DataType.FLOAT,
-                          torch.float64: ir.DataType.DOUBLE}[values.dtype]
+            dt = want or ir_of[values.dtype]
             if values.dtype == torch.bfloat16:     # numpy has no bfloat16; onnx's ml_dtypes does
                 import ml_dtypes
                 array = values.float().numpy().astype(ml_dtypes.bfloat16)
