@@ -173,15 +173,10 @@ def _backward_once(ctx, *grad_outputs):
     return _backward(ctx, grad_outputs)
 
 
-def _apply_backward(ctx, *grad_outputs):
-    # What torch's BackwardCFunction.apply does for EngineFunction (no vjp, no boxed grads: its
-    # backward with these arguments), less its two frames; the autograd engine calls it per step.
-    if _grad_enabled():
-        return _backward_once(ctx, *grad_outputs)
-    return _backward(ctx, grad_outputs)
-
-
-EngineFunction._backward_cls.apply = _apply_backward
+# What torch's BackwardCFunction.apply does for EngineFunction (no vjp, no boxed grads: its
+# backward with these arguments), less its two frames; the autograd engine calls it per step
+# with the ctx as self.
+EngineFunction._backward_cls.apply = EngineFunction.backward
 
 
 # EngineFunction.apply less its Python wrapper (see _functorch_active above)
