@@ -468,20 +468,9 @@ class ORTModule(torch.nn.Module):
                 # the steady state: the last call's key again (see _Fast)
                 tensors = fast.inputs(d, args, kwargs)
                 if tensors is not _MISS:
-                    entry = fast.entry
-                    threads = _torch_threads()
-                    if threads != d.get("_ortmod_threads"):   # as _ortmod_execute
-                        self._C.set_num_threads(threads)
-                        d["_ortmod_threads"] = threads
                     # (the record is never made under ZeRO-3: no parameters to gather)
-                    outputs = run_training(entry.call, tensors) if entry.needs_grad else run_inference(entry.call, tensors)
-                    if entry.guards:
-                        broken = next((g for g in entry.guards if not g.holds(outputs[g.output_index])), None)
-                        if broken is not None:
-                            return self._ortmod_guard_failed(broken, outputs, fast.export_key, args, kwargs, False)
-                    if entry.state_updates:
-                        _update_state(entry, outputs, fast.state)
-                    return outputs[0] if entry.single else entry.rebuild(outputs)
+                    outputs = self._ortmod_execute(fast.entry, tensors, fast.state)
+                    return self._ortmod_result(fast.entry, outputs, fast.state, fast.export_key, args, kwargs, False)
             return self._ortmod_run(args, kwargs)
         except Exception as e:
             category = self._ortmod_category(e)
@@ -555,16 +544,24 @@ class ORTModule(torch.nn.Module):
         check = d.pop("_ortmod_check_shapes", None)
         if check is not None:
             _check_output_shapes(self._original_module, check, outputs)
+        # a call that held its guards is the next call's fast record (not under ZeRO-3)
+        record = None if state.zero3 is not None else \
+            (lambda: _Fast.make(module, state, entry, export_key, args, kwargs, flat))
+        return self._ortmod_result(entry, outputs, state, export_key, args, kwargs, retried, record)
+
+    def _ortmod_result(self, entry, outputs, state, export_key, args, kwargs, retried, record=None):
+        """The call's result from the engine's outputs: the guards checked (a broken one exports
+        again), the state updates copied into the module's buffers, the user's structure rebuilt;
+        ``record`` (the slow path's) makes the fast record once the guards held."""
         if entry.guards:
             broken = next((g for g in entry.guards if not g.holds(outputs[g.output_index])), None)
             if broken is not None:
                 return self._ortmod_guard_failed(broken, outputs, export_key, args, kwargs, retried)
         if entry.state_updates:
             _update_state(entry, outputs, state)
-        result = entry.rebuild(outputs)
-        if state.zero3 is None:
-            d["_ortmod_fast"] = _Fast.make(module, state, entry, export_key, args, kwargs, flat)
-        return result
+        if record is not None:
+            self.__dict__["_ortmod_fast"] = record()
+        return entry.rebuild(outputs)
 
     def _ortmod_execute(self, entry, tensors, state):
         """Runs the engine on the call's graph inputs; returns its outputs as torch tensors."""
