@@ -207,12 +207,57 @@ def _prepare(ep, registry):
 
 @functools.lru_cache(maxsize=None)
 def _registry():
-    """torchlib's registry plus ortmod's rules. Built once per process (building it takes a while)."""
-    from torch.onnx._internal.exporter import _registration
+    """torchlib's registry plus ortmod's rules. Built once per process."""
     from onnxscript import opset18 as op    # noqa: F401  (the exporter's traced functions use it)
-    registry = _registration.ONNXRegistry.from_torchlib(ONNX_OPSET)
+    registry = _torchlib_registry(ONNX_OPSET)
     for target, fn in _translations().items():
         registry.register_op(target, fn)
+    return registry
+
+
+def _torchlib_registry(opset):
+    """The registry torch's ONNXRegistry.from_torchlib builds, with each function's ONNX signature
+    inferred when the translation first asks for its op rather than for all ~500 up front.
+
+    from_torchlib spends about half its 0.6 s of every process's first export inferring
+    signatures (and parsing each function's source for its domain, which it then drops), while
+    a model reads a few dozen. Same functions, same order, same signatures: a test compares the
+    two registries op by op."""
+    from torch.onnx._internal.exporter import _registration
+    from torch.onnx._internal.exporter._torchlib import _torchlib_registry as torch_ops
+    from onnxscript.function_libs.torch_lib import ops, registration    # noqa: F401  (registers the ops)
+
+    class Registry(_registration.ONNXRegistry):
+        def get_decomps(self, target):
+            decomps = super().get_decomps(target)
+            for meta in decomps:
+                if meta.skip_signature_inference and getattr(meta, "_ortmod_deferred", False):
+                    meta.skip_signature_inference = meta._ortmod_deferred = False
+                    meta.__post_init__()
+            return decomps
+
+        def is_registered(self, target):
+            return bool(super().get_decomps(target))
+
+    registry = Registry()
+    registry._opset_version = opset
+    for meta in torch_ops.get_torchlib_ops():
+        registry._register(meta.fx_target, meta)
+    for qualified_name, functions in registration.default_registry.items():
+        if qualified_name.startswith("internal::"):
+            continue
+        try:        # as from_torchlib: an op this torch lacks is skipped
+            target = _registration._get_overload(qualified_name)
+        except Exception:
+            target = None
+        if target is None:
+            continue
+        for fn, is_complex in [(f, False) for f in functions.overloads] + [(f, True) for f in functions.complex]:
+            meta = _registration.OnnxDecompMeta(onnx_function=fn, fx_target=target, signature=None,
+                                                is_complex=is_complex, skip_signature_inference=True)
+            meta._ortmod_deferred = True
+            registry._register(target, meta)
+    registry._cleanup_registry_based_on_opset_version()
     return registry
 
 

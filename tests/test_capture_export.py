@@ -1393,3 +1393,24 @@ def test_an_overload_is_reviewed_by_its_own_name():
     m = _fn(lambda s, x: s.a(x) + (s.a(x).view(torch.int32) & 1).float(), a=nn.Linear(3, 4))
     with pytest.raises(ortmod.UnsupportedModelError, match=r"aten::view\.dtype"):
         ORTModule(m)(torch.randn(5, 3))
+
+
+# ---- the translator's registry -------------------------------------------------------------------
+
+def test_the_lazy_registry_is_torchs_registry():
+    """ortmod's registry defers each function's signature to its op's first use; once every op
+    has been asked for, it holds what torch's own from_torchlib builds, op by op and in order."""
+    from torch.onnx._internal.exporter import _registration
+    from ortmod._capture_export import ONNX_OPSET, _torchlib_registry
+    torch_reg = _registration.ONNXRegistry.from_torchlib(ONNX_OPSET)
+    ours = _torchlib_registry(ONNX_OPSET)
+    assert ours.opset_version == torch_reg.opset_version
+    assert list(ours.functions) == list(torch_reg.functions)
+
+    def described(metas):
+        return [(m.onnx_function, m.fx_target, m.is_custom, m.is_complex, m.opset_introduced, m.device,
+                 m.skip_signature_inference, str(m.signature)) for m in metas]
+    for name, metas in torch_reg.functions.items():
+        target = metas[0].fx_target
+        assert ours.is_registered(target)
+        assert described(ours.get_decomps(target)) == described(torch_reg.get_decomps(target)), name
