@@ -1111,6 +1111,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
         if isinstance(gm, torch.fx.GraphModule):
             _export_rules.unbatched_nll_loss_forward(gm)
             _export_rules.unbatched_cross_entropy_loss(gm)
+            _export_rules.keep_whole(gm)
             _export_ctc.masked_targets(gm)
 
     t1 = time.perf_counter()
@@ -1365,9 +1366,13 @@ def _check_cross_entropy(node):
     ls = _const_arg(node, 5, "label_smoothing", 0.0)
     if not isinstance(ls, (int, float)) or not 0.0 <= ls <= 1.0:
         return f"label_smoothing {ls!r} (eager takes a number in [0, 1])"
-    target = _meta_val(node.args[1])
+    target, x = _meta_val(node.args[1]), _meta_val(node.args[0])
     if isinstance(target, torch.Tensor) and target.is_floating_point() and _const_arg(node, 4, "ignore_index", -100) >= 0:
         return "ignore_index with probability targets (eager raises)"
+    if isinstance(target, torch.Tensor) and target.is_floating_point() and isinstance(x, torch.Tensor) \
+            and target.dtype != x.dtype:
+        return (f"probability targets of {target.dtype} for an input of {x.dtype} (eager computes in the "
+                "promoted dtype; cast them to one dtype)")
     return None
 
 
@@ -1885,4 +1890,7 @@ REVIEWED = frozenset({
     # attribute is not; elu's input_scale other than 1 is refused by _CHECKS)
     "aten::leaky_relu", "aten::elu", "aten::hardsigmoid", "aten::softplus", "aten::celu", "aten::selu", "aten::hardswish",
     "aten::mish", "aten::glu", "aten::log1p", "aten::xlogy.Tensor", "aten::binary_cross_entropy", "aten::soft_margin_loss",
+    # ortmod's rules: torch's decompositions divide by beta 0 (smooth_l1_loss: NaN gradients) or
+    # give a gradient at z == 0 where eager's margin kernels test z > 0
+    "aten::smooth_l1_loss", "aten::multi_margin_loss", "aten::multilabel_margin_loss", "ortmod::multi_margin_loss",
 })

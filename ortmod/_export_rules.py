@@ -108,6 +108,54 @@ def unbatched_cross_entropy_loss(gm):
     return count
 
 
+@torch.library.custom_op("ortmod::multi_margin_loss", mutates_args=())
+def multi_margin_loss(self: torch.Tensor, target: torch.Tensor, p: float, margin: float, weight: Optional[torch.Tensor],
+                      reduction: int) -> torch.Tensor:
+    """``aten.multi_margin_loss`` kept opaque through decomposition (keep_whole); only ever traced:
+    ``translations`` gives it ortmod's rule."""
+    return torch.ops.aten.multi_margin_loss.default(self, target, p, margin, weight, reduction)
+
+
+@multi_margin_loss.register_fake
+def _multi_margin_loss_fake(self, target, p, margin, weight, reduction):
+    return self.new_empty(target.shape if reduction == 0 else ())
+
+
+# aten ops that torch decomposes in Python at the Autograd key, whatever the decomposition table
+# says, and the opaque op each becomes before decomposition: (aten op, ortmod op, its arguments
+# as (name, default, conversion to the ortmod op's type))
+_KEPT_WHOLE = [
+    (torch.ops.aten.multi_margin_loss.default, torch.ops.ortmod.multi_margin_loss.default,
+     (("self", None, None), ("target", None, None), ("p", 1.0, float), ("margin", 1.0, float),
+      ("weight", None, None), ("reduction", 1, int))),
+]
+
+
+def keep_whole(gm):
+    """In the exported program, before decomposition: each call of a ``_KEPT_WHOLE`` aten op
+    becomes its opaque ortmod op, which ``translations`` gives the aten op's rule. Their Python
+    decompositions run at the Autograd key while decomposition re-traces, so registering a rule
+    does not keep them (multi_margin_loss's gave a gradient at z == 0, where eager's kernel tests
+    z > 0). Returns the count."""
+    count = 0
+    for aten_op, ortmod_op, names in _KEPT_WHOLE:
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or node.target is not aten_op:
+                continue
+            bound = dict(zip((n for n, _, _ in names), node.args), **node.kwargs)
+            args = tuple(bound.get(n, d) for n, d, _ in names)
+            if not all(convert is None or isinstance(a, (int, float)) for a, (_, _, convert) in zip(args, names)):
+                from ._capture import UnsupportedModelError
+                raise UnsupportedModelError(f"{aten_op.name()}: ortmod keeps its numbers only as constants")
+            node.target = ortmod_op
+            node.args = tuple(a if convert is None else convert(a) for a, (_, _, convert) in zip(args, names))
+            node.kwargs = {}
+            count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
 def translations(op, ir, stop_gradient):
     from typing import Optional, Sequence, Tuple
     from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor, TInt
@@ -1189,6 +1237,91 @@ def translations(op, ir, stop_gradient):
         gx = op.Div(op.Mul(op.Neg(target), z), op.Add(const(1.0, dt), z))
         return reduce_loss(with_gradients(loss, (self, gx)), reduction)
 
+    def piecewise(d, k, scale, quadratic, dt):
+        # Where(d <= -k, scale (-d - k/2), Where(d >= k, scale (d - k/2), quadratic)): the
+        # branches eager's smooth_l1/huber backward kernels take (_export_losses._piecewise)
+        half = const(0.5 * k, dt)
+        neg, pos = op.Sub(op.Neg(d), half), op.Sub(d, half)
+        if scale != 1.0:
+            neg, pos = op.Mul(const(scale, dt), neg), op.Mul(const(scale, dt), pos)
+        out = op.Where(op.GreaterOrEqual(d, const(k, dt)), pos, quadratic)
+        return op.Where(op.LessOrEqual(d, const(-k, dt)), neg, out)
+
+    def smooth_l1_loss(self: TFloat, target: TFloat, reduction: int = 1, beta: float = 1.0) -> TFloat:
+        # eager (Loss.cpp): z = |d|, z < beta ? 0.5 z^2 / beta : z - beta / 2; its backward -1
+        # for d <= -beta, 1 for d >= beta, d / beta between. beta 0 (aten's own op:
+        # F.smooth_l1_loss calls l1_loss then): |d|, with eager's gradient -1 at d == 0 for
+        # input and target alike; torch's decomposition divides by beta there (NaN gradients).
+        # The TorchScript path's rule (_export_losses).
+        dt = self.dtype
+        d = op.Sub(self, target)
+        if beta == 0.0:
+            zero, one = const(0.0, dt), const(1.0, dt)
+            at_zero = op.Neg(op.Add(grad_term(self, one), grad_term(target, one)))
+            out = op.Where(op.Less(d, zero), op.Neg(d), op.Where(op.Greater(d, zero), d, at_zero))
+            return reduce_loss(out, reduction)
+        quad = op.Div(op.Mul(op.Mul(const(0.5, dt), d), d), const(float(beta), dt))
+        return reduce_loss(piecewise(d, float(beta), 1.0, quad, dt), reduction)
+
+    def batched(x):
+        # a vector (C,) as a batch of one, as eager's dim <= 1 case
+        return op.Unsqueeze(x, ints([0])) if len(x.shape) == 1 else x
+
+    def classes_of(x, dt):
+        # (C as a float of dtype dt, arange(C)) for x of shape (N, C)
+        c = op.Gather(op.Shape(x), const(1, I64), axis=0)
+        return op.Cast(c, to=dt), op.Range(const(0, I64), c, const(1, I64))
+
+    def multi_margin_loss(self: TFloat, target: TInt, p: float = 1.0, margin: float = 1.0,
+                          weight: Optional[TFloat] = None, reduction: int = 1) -> TFloat:
+        # eager (MultiMarginCriterion.cpp): per sample, the sum over classes d != y of
+        # w[y] max(0, margin - x[y] + x[d])^p, over C. Its backward is dy w[y] (p 1) or
+        # 2 dy z w[y] (p 2) where z > 0 strictly, 0 for a NaN z: Where(z > 0) gives both
+        # (torch's decomposition gave a gradient at z == 0). The TorchScript path's rule.
+        dt = self.dtype
+        x = batched(self)
+        y = op.Reshape(target, ints([-1, 1]))
+        z = op.Add(op.Sub(const(float(margin), dt), op.GatherElements(x, y, axis=1)), x)
+        zero = const(0.0, dt)
+        c_f, classes = classes_of(x, dt)
+        counted = op.And(op.Greater(z, zero), op.Not(op.Equal(classes, y)))
+        h = op.Where(counted, z, zero)      # before squaring: 0 * NaN would reach the gradient
+        if p == 2:
+            h = op.Mul(h, h)
+        if weight is not None:
+            h = op.Mul(h, op.Gather(weight, y, axis=0))
+        out = op.Div(op.ReduceSum(h, ints([1]), keepdims=0), c_f)
+        if reduction == 0:      # (N,) for a 2-d input or a target (1,); 0-d for a 0-d target
+            return op.Reshape(out, op.Shape(target))
+        return reduce_loss(out, reduction)
+
+    def multilabel_margin_loss(self: TFloat, target: TInt, reduction: int = 1) -> TFloat:
+        # eager (MultilabelMarginCriterion.cpp): per sample, the targets y[0..k) up to the first
+        # negative entry; the sum over those slots k (a repeated class counts again) and the
+        # non-target classes i of max(0, 1 - x[y[k]] + x[i]), over C. Backward -dy at y[k], +dy
+        # at i where z > 0 strictly (Where's gradient). Registered, the op stays whole (torch's
+        # decomposition gave a gradient at z == 0). The TorchScript path's rule.
+        dt = self.dtype
+        rank = len(self.shape)
+        x = batched(self)
+        y = batched(target)                                                     # (N, K)
+        zero_i = const(0, I64)
+        stopped = op.CumSum(op.Cast(op.Less(y, zero_i), to=I64), const(1, I64))
+        valid = op.Equal(stopped, zero_i)                                       # before the first y < 0
+        ys = op.Where(valid, y, zero_i)
+        c_f, classes = classes_of(x, dt)
+        hit = op.And(op.Equal(op.Unsqueeze(ys, ints([2])), classes), op.Unsqueeze(valid, ints([2])))
+        is_target = op.Greater(op.ReduceMax(op.Cast(hit, to=dt), ints([1]), keepdims=0), const(0.0, dt))
+        x_y = op.GatherElements(x, ys, axis=1)                                  # (N, K)
+        z = op.Add(op.Sub(const(1.0, dt), op.Unsqueeze(x_y, ints([2]))), op.Unsqueeze(x, ints([1])))
+        mask = op.And(op.Unsqueeze(valid, ints([2])), op.Unsqueeze(op.Not(is_target), ints([1])))
+        mask = op.And(mask, op.Greater(z, const(0.0, dt)))                      # eager's z > 0 (NaN: 0)
+        h = op.Where(mask, z, const(0.0, dt))
+        out = op.Div(op.ReduceSum(h, ints([1, 2]), keepdims=0), c_f)
+        if reduction == 0:
+            return out if rank == 2 else op.Squeeze(out, ints([0]))
+        return reduce_loss(out, reduction)
+
     return {
         **upsampling,
         torch.ops.aten.cross_entropy_loss.default: cross_entropy,
@@ -1239,6 +1372,10 @@ def translations(op, ir, stop_gradient):
         torch.ops.aten.xlogy.Tensor: xlogy,
         torch.ops.aten.binary_cross_entropy.default: binary_cross_entropy,
         torch.ops.aten.soft_margin_loss.default: soft_margin_loss,
+        torch.ops.aten.smooth_l1_loss.default: smooth_l1_loss,
+        torch.ops.aten.multi_margin_loss.default: multi_margin_loss,
+        torch.ops.ortmod.multi_margin_loss.default: multi_margin_loss,      # keep_whole
+        torch.ops.aten.multilabel_margin_loss.default: multilabel_margin_loss,
         torch.ops.aten.nll_loss_nd.default: nll_loss_nd,
     }
 
