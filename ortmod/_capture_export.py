@@ -83,6 +83,12 @@ def _insert_stop_gradients(gm):
         if node.op != "call_function":
             continue
         if node.target in detaches:
+            if _written_through(node):
+                # a detach() changed in place changes what it aliases (nn.Embedding(max_norm=...)
+                # renormalizes its weight so); a stop_gradient copy would drop that change.
+                # Kept, functionalization names the change, and _check_output_kinds refuses a
+                # parameter's or an argument's (a buffer's is an update, as BatchNorm's)
+                continue
             node.target = sg
             count += 1
         elif set_grad is not None and node.target is set_grad and node.args and node.args[0] is False:
@@ -100,6 +106,26 @@ def _insert_stop_gradients(gm):
     if count:
         gm.recompile()
     return count
+
+
+def _written_through(node):
+    """Whether an op with a mutable schema writes into ``node``'s output or a view of it (through
+    ops whose result aliases their input: view, detach, slice, ...)."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        for user in n.users:
+            schema = getattr(user.target, "_schema", None)
+            if user.op != "call_function" or schema is None or user in seen:
+                continue
+            seen.add(user)
+            for k, a in enumerate(schema.arguments):
+                value = user.args[k] if k < len(user.args) else user.kwargs.get(a.name)
+                if value is n and a.alias_info is not None and a.alias_info.is_write:
+                    return True
+            if schema.returns and schema.returns[0].alias_info is not None:
+                todo.append(user)
+    return False
 
 
 def _splits_to_slices(gm):
@@ -181,6 +207,21 @@ def _views_to_view_copies(gm):
             changed = True
     if changed:
         gm.recompile()
+
+
+def _check_output_kinds(sig):
+    """Refuses outputs other than the module's own and its buffers' updates: a parameter or an
+    argument changed in place."""
+    from torch.export.graph_signature import OutputKind
+    for spec in sig.output_specs:
+        if spec.kind == OutputKind.PARAMETER_MUTATION:
+            raise UnsupportedModelError(f"forward mutates parameter '{_state_name(spec.target)}' in place; the "
+                                        "engine computes gradients for parameters it does not change")
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            raise UnsupportedModelError("forward mutates one of its tensor arguments in place, which ortmod does "
+                                        "not reproduce; do it out of place")
+        if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.BUFFER_MUTATION):
+            raise UnsupportedModelError(f"torch.export output of kind {spec.kind.name} is not supported by ortmod")
 
 
 def _prepare(ep, registry):
@@ -464,6 +505,8 @@ def _translations():
         torch.ops.aten.index.Tensor: index,
         torch.ops.aten.scaled_dot_product_attention.default: sdpa,
         torch.ops.ortmod.stop_gradient.default: stop_gradient_onnx,
+        # a detach() changed in place (_written_through) stays aten's: the same stop-gradient
+        torch.ops.aten.detach.default: stop_gradient_onnx,
         torch.ops.aten._native_batch_norm_legit_functional.default: batch_norm_functional,
     }
 
@@ -1090,15 +1133,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
 
     from torch.export.graph_signature import InputKind, OutputKind
     sig = ep.graph_signature
-    for spec in sig.output_specs:
-        if spec.kind in (OutputKind.PARAMETER_MUTATION,):
-            raise UnsupportedModelError(f"forward mutates parameter '{_state_name(spec.target)}' in place; the "
-                                        "engine computes gradients for parameters it does not change")
-        if spec.kind == OutputKind.USER_INPUT_MUTATION:
-            raise UnsupportedModelError("forward mutates one of its tensor arguments in place, which ortmod does "
-                                        "not reproduce; do it out of place")
-        if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.BUFFER_MUTATION):
-            raise UnsupportedModelError(f"torch.export output of kind {spec.kind.name} is not supported by ortmod")
+    _check_output_kinds(sig)
     n_user_out = sum(1 for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT)
     guards = _freeze_decisions(module, ep, n_user_out, strict_trace) if frozen else []
     guard = _shape_guard(ep, len(tensors))
@@ -1125,6 +1160,11 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     except Exception as e:
         raise _export_error(module, "decomposing the exported program", e) from e
     timings["decompose"] = time.perf_counter() - t1
+    # again on the decomposed program: the training IR keeps in-place ops as they are, and only
+    # decomposition's functionalization names what they mutate (nn.Embedding(max_norm=...)
+    # renormalizes its weight in place through a detach(): no mutation before, a
+    # PARAMETER_MUTATION after, which the outputs kept below would drop without a word)
+    _check_output_kinds(ep.graph_signature)
     for gm in ep.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule):
             _splits_to_slices(gm)
@@ -1146,6 +1186,11 @@ def _export(module, flat, recorder, strict_trace, dynamic):
         raise _export_error(module, "translating the exported program to ONNX", e) from e
     timings["translate"] = time.perf_counter() - t1
     model_ir = program.model
+    # torch's translator declares the default domain at torchlib's opset (18) whatever the
+    # registry's, and torch.onnx.export converts afterwards; the rules here are opset 20's (Gelu
+    # is 20's), the version the TorchScript path exports and the engine reads. Declared so, a
+    # saved graph (save_onnx, the runner) is valid ONNX.
+    model_ir.opset_imports[""] = ONNX_OPSET
     # Parameters and buffers are graph inputs, read where torch keeps them (state_dict names);
     # lifted constants stay initializers.
     state_kinds = {}
@@ -1714,6 +1759,9 @@ _PY_OPS = frozenset({operator.getitem, operator.add, operator.sub, operator.mul,
 # for every argument (or whose dropped arguments _CHECKS refuses)
 REVIEWED = frozenset({
     "getitem", "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int",
+    # ortmod's rule: StopGradient, as ortmod::stop_gradient (what _insert_stop_gradients makes of
+    # every other detach)
+    "aten::detach",
     # elementwise (add/sub with alpha: ortmod's rule, alpha in the op's dtype)
     "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::neg", "aten::relu",
     "aten::tanh", "aten::sigmoid", "aten::exp", "aten::log", "aten::sqrt", "aten::rsqrt", "aten::abs",

@@ -1414,3 +1414,33 @@ def test_the_lazy_registry_is_torchs_registry():
         target = metas[0].fx_target
         assert ours.is_registered(target)
         assert described(ours.get_decomps(target)) == described(torch_reg.get_decomps(target)), name
+
+
+# ---- in-place changes the training IR keeps as they are ----------------------------------------
+
+def test_a_parameter_renormalized_in_place_is_refused():
+    # nn.Embedding(max_norm=...) renormalizes its weight in place through a detach(): only
+    # decomposition names that change; the stop-gradient copy of the detach used to drop it, and
+    # the output differed from eager's without a word
+    with pytest.raises(ortmod.UnsupportedModelError, match="mutates parameter 'weight' in place"):
+        ORTModule(nn.Embedding(10, 4, max_norm=1.0))(torch.tensor([1, 2, 3]))
+
+
+class _DecayedBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(3))
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        self.scale.detach().mul_(0.5)          # changes the buffer itself
+        return self.lin(x) * self.scale
+
+
+def test_a_buffer_changed_in_place_through_a_detach_is_updated():
+    eager = _DecayedBuffer()
+    ort = ORTModule(copy.deepcopy(eager))
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        rel_close("output", ort(x), eager(x))
+        torch.testing.assert_close(ort.scale, eager.scale, rtol=0, atol=0)
