@@ -1288,11 +1288,10 @@ def _data_dependent_branch(e):
 
 
 def _output_vals(ep, n):
-    out = next(n for n in ep.graph.nodes if n.op == "output")
-    vals = []
-    for a in out.args[0][:n]:
-        vals.append(_meta_val(a))
-    return vals
+    """The traced values of the first ``n`` outputs in signature order, the order the translation
+    gives the graph's outputs (the output node's own order can put buffer updates first)."""
+    nodes = {node.name: node for node in ep.graph.nodes}
+    return [_meta_val(nodes.get(getattr(spec.arg, "name", None))) for spec in ep.graph_signature.output_specs[:n]]
 
 
 def _check_output_dtypes(module, proto, vals):
