@@ -1392,8 +1392,10 @@ def _check_batch_norm(node):
 
 
 def _check_rnn(node):
-    dropout, train = node.args[5], node.args[6]
-    if dropout and train:
+    # (input, hx, params, has_biases, num_layers, dropout, train, ...): eager applies dropout
+    # between layers only, none with one layer
+    layers, dropout, train = node.args[4], node.args[5], node.args[6]
+    if dropout and train and layers != 1:
         return "dropout between recurrent layers in training mode is dropped by the ONNX translation"
     return None
 
@@ -1940,4 +1942,10 @@ REVIEWED = frozenset({
     # ortmod's rules: torch's decompositions divide by beta 0 (smooth_l1_loss: NaN gradients) or
     # give a gradient at z == 0 where eager's margin kernels test z > 0
     "aten::smooth_l1_loss", "aten::multi_margin_loss", "aten::multilabel_margin_loss", "ortmod::multi_margin_loss",
+    # ortmod's rule: the engine's Erf (torchlib's is a local function)
+    "aten::special_erf",
+    # torchlib's rules as they are: Reciprocal (the TorchScript path's op); roll, each (shift,
+    # dim) a Concat of two Slices at Mod(-shift, size) (Python's sign, 0 <= r < size), flattened
+    # first without dims: eager's data movement and, through Slice and Concat, its gradient
+    "aten::reciprocal", "aten::roll",
 })

@@ -1157,6 +1157,11 @@ def translations(op, ir, stop_gradient):
         b = op.Slice(self, half, size, ints([axis]))
         return op.Mul(a, op.Sigmoid(b))
 
+    def erf(self: TFloat) -> TFloat:
+        # eager: erf, gradient 2 / sqrt(pi) exp(-x^2): the engine's Erf, as the TorchScript
+        # path exports it. torchlib's rule (for erf and special_erf) is an ONNX local function.
+        return op.Erf(self)
+
     def log1p(self: TFloat) -> TFloat:
         # eager: log1p(x), gradient dy / (1 + x). torchlib's Log(1 + x) loses small x entirely
         # (0 for |x| < 6e-8 in float32) and is a local function. The value from Log alone to a
@@ -1369,6 +1374,8 @@ def translations(op, ir, stop_gradient):
         torch.ops.aten.mish.default: mish,
         torch.ops.aten.glu.default: glu,
         torch.ops.aten.log1p.default: log1p,
+        torch.ops.aten.erf.default: erf,
+        torch.ops.aten.special_erf.default: erf,
         torch.ops.aten.xlogy.Tensor: xlogy,
         torch.ops.aten.binary_cross_entropy.default: binary_cross_entropy,
         torch.ops.aten.soft_margin_loss.default: soft_margin_loss,

@@ -72,7 +72,7 @@ class _TracedDiffers(torch.nn.Module):
         self.detach_b = detach_b
 
     def forward(self, x):
-        tracing = torch.jit.is_tracing()
+        tracing = torch.jit.is_tracing() or torch.compiler.is_exporting()     # either capture path
         if self.detach_b:       # the traced graph stops b's gradient
             return self.a(x) + (self.b(x).detach() if tracing else self.b(x))
         return self.a(x) * (2.0 if tracing else 1.0)

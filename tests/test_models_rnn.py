@@ -95,7 +95,9 @@ def test_rnn_interlayer_dropout_is_a_clear_export_error():
     model = RNNClassifier(nn.LSTM)
     model.rnn = nn.LSTM(16, 32, num_layers=2, batch_first=True, dropout=0.2)
     model = ORTModule(model)
-    with pytest.raises(ortmod.ExportError, match="torch.onnx.export failed.*dropout in training mode"):
+    # the TorchScript exporter fails naming it; the torch.export path refuses it by name
+    with pytest.raises((ortmod.ExportError, ortmod.UnsupportedModelError),
+                       match="torch.onnx.export failed.*dropout in training mode|dropout between recurrent layers"):
         model(*make_batches(1)[0])
 
 
