@@ -354,32 +354,57 @@ class _ObjectNode:
     template and the new children, so the user gets what the module returns, with the engine's
     tensors in it."""
 
-    __slots__ = ("template", "keys", "values")
+    __slots__ = ("template", "keys", "values", "aliases")
 
-    def __init__(self, obj, children, numbers=None):
-        self.keys = list(children)
-        self.values = [children[k] for k in self.keys]
+    def __init__(self, obj, children, numbers=None, items=None, aliases=None):
+        # keys: ("attr", name) or ("item", key), the latter for a dict subclass pytree does not
+        # know (a transformers ModelOutput whose class was made while torch.export traced): its
+        # items are children too, or the template would hand the traced tensors back. aliases:
+        # {attribute: item key} where both held one object (ModelOutput's fields), rebuilt so
+        self.keys = [("attr", k) for k in children] + [("item", k) for k in (items or {})]
+        self.values = [children[k] for k in children] + list((items or {}).values())
+        self.aliases = dict(aliases or {})
         self.template = copy.copy(obj)
-        for k in self.keys:                 # the template keeps no traced tensor alive
+        for kind, k in self.keys:           # the template keeps no traced tensor alive
+            if kind == "attr":
+                self.template.__dict__[k] = None
+            else:
+                dict.__setitem__(self.template, k, None)
+        for k in self.aliases:
             self.template.__dict__[k] = None
         for k, v in (numbers or {}).items():
             self.template.__dict__[k] = v
 
 
 def _object_flatten(node):
-    return node.values, (node.template, tuple(node.keys))
+    return node.values, (node.template, tuple(node.keys), tuple(node.aliases.items()))
 
 
 def _object_unflatten(values, context):
-    template, keys = context
+    template, keys, aliases = context
     obj = copy.copy(template)
-    for k, v in zip(keys, values):
-        obj.__dict__[k] = v
+    for (kind, k), v in zip(keys, values):
+        if kind == "attr":
+            obj.__dict__[k] = v
+        else:
+            dict.__setitem__(obj, k, v)
+    for attr, key in aliases:
+        obj.__dict__[attr] = dict.__getitem__(obj, key)
     return obj
 
 
 pytree.register_pytree_node(_ObjectNode, _object_flatten, _object_unflatten,
                             serialized_type_name="ortmod._capture._ObjectNode")
+
+
+def check_output_leaves(wrapper):
+    """Refuses an output leaf that is neither an engine output nor a constant, naming its path."""
+    for i, v in enumerate(wrapper.out_leaves):
+        if i not in wrapper.out_tensor_positions and not isinstance(v, _CONSTANT_OUTPUT_TYPES):
+            path = pytree.keystr(pytree.tree_flatten_with_path(
+                pytree.tree_unflatten(list(range(len(wrapper.out_leaves))), wrapper.out_spec))[0][i][0])
+            raise UnsupportedDataError(
+                f"output{path} is a {type(v).__name__}, which ortmod cannot rebuild from the engine's outputs")
 
 
 def _holds_tensor(v, depth=0):
@@ -390,6 +415,8 @@ def _holds_tensor(v, depth=0):
     leaves = pytree.tree_leaves(v)
     if leaves != [v]:
         return any(_holds_tensor(x, depth + 1) for x in leaves)
+    if isinstance(v, dict) and any(_holds_tensor(x, depth + 1) for x in v.values()):    # a dict subclass pytree does not know
+        return True
     d = getattr(v, "__dict__", None)
     return isinstance(d, dict) and any(_holds_tensor(x, depth + 1) for x in d.values())
 
@@ -422,9 +449,13 @@ def expand_objects(tree, depth=0, reference=None, guards=None):
                 numbers[k] = r
                 guards.records.append((v, "a number traced as a tensor", r,
                                        f"output attribute {type(leaf).__name__}.{k}", True))
+        item_values = {k: v for k, v in leaf.items() if _holds_tensor(v)} if isinstance(leaf, dict) else {}
+        aliases = {k: next(ik for ik, iv in item_values.items() if iv is v) for k, v in d.items()
+                   if any(iv is v for iv in item_values.values())}
         children = {k: expand_objects(v, depth + 1, ref_d.get(k), guards) for k, v in d.items()
-                    if k not in numbers and _holds_tensor(v)}
-        return _ObjectNode(leaf, children, numbers)
+                    if k not in numbers and k not in aliases and _holds_tensor(v)}
+        items = {k: expand_objects(v, depth + 1, None, guards) for k, v in item_values.items()}
+        return _ObjectNode(leaf, children, numbers, items, aliases)
     if reference is not None:
         try:
             return pytree.tree_map(expand, tree, reference)
@@ -829,13 +860,7 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
                     "(e.g. nn.Embedding(max_norm=...) renormalises its weight on every call)")
         if not outs:
             raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
-        for i, v in enumerate(wrapper.out_leaves):
-            if i not in wrapper.out_tensor_positions and not isinstance(v, _CONSTANT_OUTPUT_TYPES):
-                path = pytree.keystr(pytree.tree_flatten_with_path(
-                    pytree.tree_unflatten(list(range(len(wrapper.out_leaves))), wrapper.out_spec))[0][i][0])
-                raise UnsupportedDataError(
-                    f"output{path} is a {type(v).__name__}, which ortmod cannot rebuild from the "
-                    "engine's outputs")
+        check_output_leaves(wrapper)
         # A buffer that forward mutates in place (other than BatchNorm's statistics, which
         # are handled below) would be frozen by tracing: refuse instead of going stale.
         buffer_names = {id(b): n for n, b in module.named_buffers(remove_duplicate=False)}

@@ -52,7 +52,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _capture, _export_ctc, _export_rules_rnn, _pyop
-from ._capture import (Exported, ExportError, GraphInput, UnsupportedDataError, UnsupportedModelError,
+from ._capture import (Exported, ExportError, GraphInput, UnsupportedModelError,
                        _FlatWrapper)
 
 ONNX_OPSET = 20
@@ -359,8 +359,21 @@ def _translations():
             return op.Constant(value=ir.tensor(v, dtype=dt))
 
         rank = len(key.shape)
-        if enable_gqa and (len(query.shape) < 3 or query.shape[-3] != key.shape[-3]):
-            raise NotImplementedError("ortmod: scaled_dot_product_attention(enable_gqa=True) on this path")
+        if enable_gqa and len(query.shape) >= 3 and query.shape[-3] != key.shape[-3]:
+            # eager repeats each key/value head for Hq / Hkv query heads (repeat_interleave on
+            # dim -3): Unsqueeze, Expand, Reshape, whose gradient sums over the repeats, as eager's
+            hq, hkv = query.shape[-3], key.shape[-3]
+            if not (isinstance(hq, int) and isinstance(hkv, int)) or hkv == 0 or hq % hkv:
+                raise NotImplementedError(f"ortmod: scaled_dot_product_attention(enable_gqa=True) with {hq} query "
+                                          f"and {hkv} key heads")
+
+            def repeated(t):
+                i64 = ir.DataType.INT64
+                outer, inner = op.Shape(t, end=-3), op.Shape(t, start=-2)
+                wide = op.Expand(op.Unsqueeze(t, const([rank - 2], i64)),
+                                 op.Concat(outer, const([hkv, hq // hkv], i64), inner, axis=0))
+                return op.Reshape(wide, op.Concat(outer, const([hq], i64), inner, axis=0))
+            key, value = repeated(key), repeated(value)
         if scale is None:
             wide = ir.DataType.DOUBLE if dtype == ir.DataType.DOUBLE else ir.DataType.FLOAT
             e = op.Cast(op.Shape(query, start=-1), to=wide)
@@ -1126,10 +1139,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     wrapper.take_structure()
     if not wrapper.out_tensor_positions:
         raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
-    for i, v in enumerate(wrapper.out_leaves):
-        if i not in wrapper.out_tensor_positions and not isinstance(v, _capture._CONSTANT_OUTPUT_TYPES):
-            raise UnsupportedDataError(f"output {i} is a {type(v).__name__}, which ortmod cannot rebuild from "
-                                       "the engine's outputs")
+    _capture.check_output_leaves(wrapper)
 
     from torch.export.graph_signature import InputKind, OutputKind
     sig = ep.graph_signature
@@ -1397,6 +1407,15 @@ def _check_rnn(node):
     layers, dropout, train = node.args[4], node.args[5], node.args[6]
     if dropout and train and layers != 1:
         return "dropout between recurrent layers in training mode is dropped by the ONNX translation"
+    return None
+
+
+def _check_one_float_dtype(node):
+    # ortmod's distance rules compute in their inputs' one dtype (eps, p as its constants);
+    # eager promotes mixed ones
+    dtypes = {v.dtype for v in map(_meta_val, node.args) if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    if len(dtypes) > 1:
+        return f"inputs of {sorted(map(str, dtypes))}: ortmod takes them in one float dtype (cast them first)"
     return None
 
 
@@ -1701,6 +1720,8 @@ _CHECKS = {
     "aten::cross_entropy_loss": _check_cross_entropy, "ortmod::cross_entropy_loss": _check_cross_entropy,
     "aten::_native_batch_norm_legit_functional": _check_batch_norm,
     "aten::embedding": _check_embedding,
+    "aten::cosine_similarity": _check_one_float_dtype, "aten::cdist": _check_one_float_dtype,
+    "aten::_cdist_forward": _check_one_float_dtype,
     # norms and recurrent layers (issue 16)
     "aten::instance_norm": _check_instance_norm,
     "aten::_native_batch_norm_legit": _check_batch_norm,     # .no_stats: its saved mean / invstd
@@ -1742,14 +1763,18 @@ def _audit(module, ep):
             why = check(node) if check is not None else None
             # by the overload's own name: an overload of a reviewed op is another schema, with its
             # own torchlib rule (clamp.Tensor was Max where clamp is Clip)
-            if why is None and name not in REVIEWED and target not in _PY_OPS:
+            unreviewed = why is None and name not in REVIEWED and target not in _PY_OPS
+            if unreviewed:
                 why = "not yet reviewed for the torch.export capture path"
             if why is not None:
                 where = _user_line(node.meta.get("stack_trace") or "")
                 where = f" (at {where})" if where else ""
-                raise UnsupportedModelError(
+                error = UnsupportedModelError(
                     f"{type(module).__name__}: {name}{where}: {why}; ORTMOD_CAPTURE=torchscript captures with the "
                     "TorchScript exporter instead")
+                if unreviewed:      # an op this path cannot run, as an op the engine lacks on the other path
+                    error.fallback_category = "FALLBACK_UNSUPPORTED_ONNX_MODEL"
+                raise error
 
 
 _PY_OPS = frozenset({operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv,

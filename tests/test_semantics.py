@@ -206,7 +206,10 @@ def test_gaussian_nll_var_below_eps(kwargs, homoscedastic):
 
 def test_gaussian_nll_negative_var_raises_as_eager():
     x = torch.randn(3, 4)
-    with pytest.raises(ValueError, match="negative"):
+    # the torch.export path cannot trace the value check (fake tensors have no values): it names
+    # the branch instead of capturing a graph without it
+    errors, match = (ValueError, ortmod.ExportError) if _export_path() else ValueError, "negative"
+    with pytest.raises(errors, match=match):
         ORTModule(GaussianNLL())(x, x.clone(), -torch.ones(3, 4, requires_grad=True))
 
 
@@ -265,7 +268,8 @@ def test_group_and_instance_norm(module, shape):
 
 def test_instance_norm_running_stats():
     m = nn.InstanceNorm2d(3, track_running_stats=True, affine=True)
-    with pytest.raises(ortmod.UnsupportedModelError, match="mutates buffer 'running_mean'"):
+    with pytest.raises(ortmod.UnsupportedModelError,
+                       match="mutates buffer 'running_mean'|InstanceNorm with track_running_stats=True in training"):
         ORTModule(copy.deepcopy(m))(torch.randn(2, 3, 4, 4))
     with torch.no_grad():
         m.running_mean.uniform_(-1, 1)
