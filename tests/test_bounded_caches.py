@@ -80,7 +80,9 @@ def test_rss_stays_flat_over_1000_new_batch_sizes():
 
 
 def test_rss_stays_flat_over_1000_new_non_tensor_values():
-    out = growth("value")
+    # the cache bound is the point, not the capture: the TorchScript path's exports are the
+    # cheap ones (1000 torch.export exports take minutes)
+    out = growth("value", env={"ORTMOD_CAPTURE": "torchscript"})
     assert out["exported"] == 1000 and out["engines"] == 16 and out["exports"] == 16
     assert out["growth"] < 8, out      # unbounded: +21 MiB
     # one warning, naming the argument
