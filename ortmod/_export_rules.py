@@ -320,6 +320,10 @@ def translations(op, ir, stop_gradient):
             # between calls), so the matrix is built in the graph from integers: no gradient flows
             # into it, and x's is eager's (each input gets dy_i / len_i from every window it is in).
             r = len(self.shape)
+            if r == rank + 2 and all(isinstance(o, int) and o == 1 for o in output_size):
+                # one window over each whole plane: the engine's GlobalAveragePool, as the
+                # TorchScript path exports it (the same sums, and the ResNet pooling's speed)
+                return op.GlobalAveragePool(self)
             y = self
             for k in range(rank):
                 axis = r - rank + k
