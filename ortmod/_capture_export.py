@@ -477,8 +477,9 @@ class ShapeGuard:
 
     ``dims``: per input tensor, per dim, an int (specialised: must be equal) or a sympy
     expression of the export's size symbols. Plain symbols bind to the call's sizes; everything
-    else (derived dims, ``range_constraints``, runtime assertions the export put in the graph) is
-    evaluated on them. A shape set that passed is remembered, so steady state costs one lookup."""
+    else (derived dims, ``range_constraints``, runtime assertions the export put in the graph, the
+    guards its ShapeEnv took) is evaluated on them. A shape set that passed is remembered, so
+    steady state costs one lookup."""
 
     def __init__(self, dims, ranges, assertions):
         self.dims = dims
@@ -575,6 +576,18 @@ def _shape_guard(ep, n_inputs):
             # one over a value read from a tensor (an unbacked symbol) is a guard's (_freeze_decisions)
             if isinstance(cond, torch.SymBool) and not _free_unbacked(cond):
                 assertions.append(cond.node.expr)
+    # The guards the trace took on sizes that neither a range nor an assertion in the graph says
+    # (``if x.size(0) == 3:`` gives Ne(s0, 3) with s0's range still [2, oo]): torch.export keeps
+    # them only as its ShapeEnv's guards (ExportedProgram.module() checks them), so without them
+    # a size the trace did not take its branch for would run the graph
+    import sympy
+    from torch.export.exported_program import _get_shape_env
+    shape_env = _get_shape_env(ep.graph_module)
+    for g in shape_env.guards if shape_env is not None else ():
+        # in the placeholders' symbols (a symbol the trace found equal to another is replaced)
+        cond = shape_env.simplify(g.expr)
+        if cond != sympy.true and not any(str(s).startswith("u") for s in cond.free_symbols):
+            assertions.append(cond)
     return ShapeGuard(dims, ranges, assertions)
 
 

@@ -194,6 +194,24 @@ def test_a_specialised_size_reexports():
     assert captured_with(ort) == {"export"}
 
 
+def test_a_branch_on_a_size_reexports_for_the_other_side():
+    """``if x.size(0) == 3`` in a symbolic trace at another size: torch.export keeps Ne(s0, 3)
+    only as a guard of its ShapeEnv (no range, no assertion in the graph says it); size 3 must
+    export again, not run the other side's graph."""
+    class Branch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y * 2 if x.size(0) == 3 else y * 3
+
+    sizes = (4, 5, 3, 6)
+    ort = run_both(Branch(), calls=len(sizes), make_inputs=lambda k: (torch.randn(sizes[k], 4),))
+    assert captured_with(ort) == {"export"}
+
+
 # ---- stop-gradient, refusals ---------------------------------------------------------------------
 
 class DetachAndNoGrad(nn.Module):
