@@ -25,9 +25,11 @@ Training semantics, as on the TorchScript path:
 * **Dynamic sizes**, as torch.compile's automatic dynamic shapes: the first export holds every
   input dim static (a static trace is several times faster than a symbolic one: GPT-2's first
   call 7.7 s -> see bench/first_call.py); a call with another size there exports again with the
-  dims that varied as torch.export's symbolic shapes (``Dim.AUTO``). What the export specialised (a dim fixed to its traced size, two dims made equal, a range, a
-  runtime assertion on sizes) is checked on every call by ``ShapeGuard``: a call it rejects is
-  exported again, never run on a stale graph.
+  dims that varied as torch.export's symbolic shapes (``Dim.AUTO``), traced size-obliviously (a
+  size 1 is not specialised), so that export serves the later sizes its guards admit. What the
+  export specialised (a dim fixed to its traced size, two dims made equal, a range, a runtime
+  assertion or a guard on sizes) is checked on every call by ``ShapeGuard``: a call it rejects
+  is exported again, never run on a stale graph.
 * **Custom autograd.Function** runs its own forward and backward, by the TorchScript path's
   mechanism (ortmod/_pyop.py). torch.export would inline its forward and lose its backward: while
   it traces, a user's ``Function.apply`` becomes the opaque op ``ortmod::python_op`` (kept through
@@ -54,6 +56,7 @@ import torch.utils._pytree as pytree
 from . import _capture, _export_ctc, _export_rules_rnn, _pyop
 from ._capture import (Exported, ExportError, GraphInput, UnsupportedModelError,
                        _FlatWrapper)
+from ._logging import logger
 
 ONNX_OPSET = 20
 
@@ -533,8 +536,9 @@ class ShapeGuard:
 
     ``dims``: per input tensor, per dim, an int (specialised: must be equal) or a sympy
     expression of the export's size symbols. Plain symbols bind to the call's sizes; everything
-    else (derived dims, ``range_constraints``, runtime assertions the export put in the graph) is
-    evaluated on them. A shape set that passed is remembered, so steady state costs one lookup."""
+    else (derived dims, ``range_constraints``, runtime assertions the export put in the graph, the
+    guards its ShapeEnv took) is evaluated on them. A shape set that passed is remembered, so
+    steady state costs one lookup."""
 
     def __init__(self, dims, ranges, assertions):
         self.dims = dims
@@ -631,6 +635,18 @@ def _shape_guard(ep, n_inputs):
             # one over a value read from a tensor (an unbacked symbol) is a guard's (_freeze_decisions)
             if isinstance(cond, torch.SymBool) and not _free_unbacked(cond):
                 assertions.append(cond.node.expr)
+    # The guards the trace took on sizes that neither a range nor an assertion in the graph says
+    # (``if x.size(0) == 3:`` gives Ne(s0, 3) with s0's range still [2, oo]): torch.export keeps
+    # them only as its ShapeEnv's guards (ExportedProgram.module() checks them), so without them
+    # a size the trace did not take its branch for would run the graph
+    import sympy
+    from torch.export.exported_program import _get_shape_env
+    shape_env = _get_shape_env(ep.graph_module)
+    for g in shape_env.guards if shape_env is not None else ():
+        # in the placeholders' symbols (a symbol the trace found equal to another is replaced)
+        cond = shape_env.simplify(g.expr)
+        if cond != sympy.true and not any(str(s).startswith("u") for s in cond.free_symbols):
+            assertions.append(cond)
     return ShapeGuard(dims, ranges, assertions)
 
 
@@ -1107,34 +1123,58 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim()) if (k, d) in dynamic}
                  for k, t in enumerate(tensors))
 
-    def trace(inputs, real_values=False):
+    def trace(inputs, real_values, size_oblivious):
+        # size-oblivious, as torch.onnx exports dynamic shapes: torch.export otherwise
+        # specialises a dim whose sample size is 0 or 1 ("0/1 specialization") and excludes
+        # 0 and 1 from one traced at another size, so batches of 1 and of n would export in
+        # turn; where the graph does depend on a size being 1, its guard says so (ShapeGuard)
         with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module), \
-                (_real_values_decide() if real_values else contextlib.nullcontext()), _GradModeSemantics():
+                (_real_values_decide() if real_values else contextlib.nullcontext()), _GradModeSemantics(), \
+                torch.fx.experimental._config.patch(backed_size_oblivious=size_oblivious):
             return torch.export.export(wrapper, inputs, dynamic_shapes=(dims,), strict=False)
 
-    frozen = False
-    with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
+    def capture(size_oblivious):
+        """The exported program, and whether real values decided data-dependent branches."""
+        recorder.calls.clear()
         try:
-            ep = trace(tensors)
+            return trace(tensors, False, size_oblivious), False
         except UnsupportedModelError:
             raise
         except Exception as e:
             if not _data_dependent(e):
                 raise _export_error(module, "torch.export.export", e) from e
-            # Python branched on a tensor's value (`if torch.equal(mask, causal):`): export again,
-            # deciding such branches with the call's real values; each decision is then guarded
-            # (_freeze_decisions), as the TorchScript path guards what its trace froze
-            recorder.calls.clear()
-            # the real tensors are copied beside the fake ones, which an input whose elements
-            # share memory (an expand()ed one) cannot be: those go in as dense copies, same values
-            real = tuple(t.contiguous() if torch._debug_has_internal_overlap(t) == 1 else t for t in tensors)
+        # Python branched on a tensor's value (`if torch.equal(mask, causal):`): export again,
+        # deciding such branches with the call's real values; each decision is then guarded
+        # (_freeze_decisions), as the TorchScript path guards what its trace froze
+        recorder.calls.clear()
+        # the real tensors are copied beside the fake ones, which an input whose elements
+        # share memory (an expand()ed one) cannot be: those go in as dense copies, same values
+        real = tuple(t.contiguous() if torch._debug_has_internal_overlap(t) == 1 else t for t in tensors)
+        try:
+            return trace(real, True, size_oblivious), True
+        except UnsupportedModelError:
+            raise
+        except Exception as e2:
+            raise _export_error(module, "torch.export.export", e2) from e2
+
+    with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
+        # Size-oblivious tracing takes a dynamic size for one that is not 1 where it decides
+        # something by it, which a size 1 in the sample can contradict (a size 1 dim broadcast
+        # against another dynamic one): then the trace fails, or the export does not hold for
+        # its own sample, and it is traced again with torch's 0/1 specialisation.
+        ep = None
+        if dynamic:
             try:
-                ep = trace(real, real_values=True)
-            except UnsupportedModelError:
-                raise
-            except Exception as e2:
-                raise _export_error(module, "torch.export.export", e2) from e2
-            frozen = True
+                ep, frozen = capture(size_oblivious=True)
+                guard = _shape_guard(ep, len(tensors))
+            except ExportError as e:
+                logger.info("size-oblivious export failed (%s); exporting with 0/1 specialisation", e)
+            else:
+                if not guard.holds(tuple(tuple(t.shape) for t in tensors)):
+                    ep = None
+        if ep is None:
+            ep, frozen = capture(size_oblivious=False)
+            guard = _shape_guard(ep, len(tensors))
     timings["torch.export"] = time.perf_counter() - t0 - timings["imports"]
     wrapper.take_structure()
     if not wrapper.out_tensor_positions:
@@ -1146,7 +1186,6 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     _check_output_kinds(sig)
     n_user_out = sum(1 for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT)
     guards = _freeze_decisions(module, ep, n_user_out, strict_trace) if frozen else []
-    guard = _shape_guard(ep, len(tensors))
     _insert_stop_gradients(ep.graph_module)
     for gm in ep.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule) and gm is not ep.graph_module:

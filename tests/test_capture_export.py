@@ -79,6 +79,18 @@ def test_mlp_trains_with_parity_and_new_batch_sizes_reuse_the_export():
     assert captured_with(ort) == {"export"}
 
 
+def test_every_later_batch_size_reuses_the_dynamic_export():
+    """Automatic dynamic shapes: the first export holds the batch static, the first new size
+    exports it symbolic, and every later size reuses that export; size 1 too, in either order
+    (torch.export would specialise a dim traced at size 1, and a dim traced at another size
+    would exclude 1: each 1 after another size would export again)."""
+    eager, ort, _ = train_parity(MLP, mlp_batches((8, 1, 5, 13, 1, 8, 2)), lambda m, b: m(*b), steps=7)
+    assert captured_with(ort) == {"export"}
+    assert ort._ortmod_export_count == 2
+    eager, ort, _ = train_parity(MLP, mlp_batches((8, 5, 1, 13, 1)), lambda m, b: m(*b), steps=5)
+    assert ort._ortmod_export_count == 2
+
+
 def test_cnn_with_batchnorm_parity_and_buffers():
     import test_models_cnn as cnn
     # 6 steps, not train_parity's 10: this model's training reaches a near-tie at step 7 (see
@@ -174,8 +186,8 @@ def test_sequence_length_and_batch_change_without_a_stale_graph():
         for (n, pe), po in zip(eager.named_parameters(), ort.parameters()):
             rel_close(f"grad of {n} at ({b}, {t})", po.grad, pe.grad)
             pe.grad = po.grad = None
-    # static sizes first, then both dims symbolic; batch 1 is specialised by torch.export (a
-    # size-1 dim): its own export, then back
+    # static sizes first, then both dims symbolic; the trace guards on batch 1 (GPT-2's own
+    # graph is another for it, Ne(s0, 1) at other sizes): its own export, then back
     assert 3 <= ort._ortmod_export_count <= 4
 
 
@@ -191,6 +203,41 @@ def test_a_specialised_size_reexports():
     run_both(Fixed(), torch.randn(6, 5), calls=1)
     ort = run_both(Fixed(), torch.randn(6, 5), calls=3,
                    make_inputs=lambda k: (torch.randn(6, (5, 7, 5)[k]),))
+    assert captured_with(ort) == {"export"}
+
+
+def test_a_branch_on_a_size_reexports_for_the_other_side():
+    """``if x.size(0) == 3`` in a symbolic trace at another size: torch.export keeps Ne(s0, 3)
+    only as a guard of its ShapeEnv (no range, no assertion in the graph says it); size 3 must
+    export again, not run the other side's graph."""
+    class Branch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y * 2 if x.size(0) == 3 else y * 3
+
+    sizes = (4, 5, 3, 6)
+    ort = run_both(Branch(), calls=len(sizes), make_inputs=lambda k: (torch.randn(sizes[k], 4),))
+    assert captured_with(ort) == {"export"}
+
+
+def test_a_size_1_broadcast_against_a_symbolic_size():
+    """A size 1 broadcast against another symbolic dim: size-oblivious tracing takes the two as
+    equal and fails, so that export is traced with torch's 0/1 specialisation instead."""
+    class Add(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, y):
+            return self.lin(x) + y
+
+    sizes = ((4, 4), (1, 5), (1, 6), (3, 3), (1, 1), (2, 1))
+    ort = run_both(Add(), calls=len(sizes),
+                   make_inputs=lambda k: (torch.randn(sizes[k][0], 4), torch.randn(sizes[k][1], 4)))
     assert captured_with(ort) == {"export"}
 
 
@@ -1238,7 +1285,7 @@ def test_padding_computed_from_the_size():
         return F.pad(x, (0, (4 - x.shape[-1] % 4) % 4, 1, (3 - x.shape[-2] % 3) % 3), mode=mode)
 
     torch.manual_seed(0)
-    shapes = ((2, 3, 5, 6), (4, 2, 4, 6), (3, 3, 7, 6))   # no size 1: torch.export specialises it
+    shapes = ((2, 3, 5, 6), (4, 2, 4, 6), (3, 3, 7, 6))
     for mode in ("constant", "reflect"):
         m = _fn(lambda s, x: pad_to(s, s.a(x), mode), a=nn.Linear(6, 6))
         for dt in (torch.float32, torch.float64):

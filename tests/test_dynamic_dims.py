@@ -3,7 +3,12 @@
 The first export declares every input dim dynamic. Where torch's exporter needs a size it
 cannot read from a dynamic dim (an adaptive pool's input, InstanceNorm's channels), ortmod
 exports again with static input dims; the graph then holds only for those sizes, and a call
-with another size there exports again, declaring the dims that changed dynamic."""
+with another size there exports again, declaring the dims that changed dynamic.
+
+The torch.export path (ORTMOD_CAPTURE=export) starts from the other end, as torch.compile's
+automatic dynamic shapes: its first export holds every dim static, a call with another size
+exports again with the dims that varied symbolic, and later sizes reuse that export. Counts of
+exports are each path's own."""
 import copy
 
 import pytest
@@ -11,8 +16,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ortmod import ORTModule
+from ortmod import DebugOptions, ORTModule
 from tests.test_semantics import rel_close
+
+
+def export_path():
+    return DebugOptions().capture == "export"
 
 
 def check_calls(module, shapes):
@@ -46,7 +55,9 @@ class PoolHead(nn.Module):
 
 def test_static_export_follows_every_size_change():
     counts = check_calls(PoolHead(), [(2, 3, 6, 6), (2, 3, 6, 6), (3, 3, 6, 6), (3, 3, 8, 8), (2, 3, 6, 6)])
-    assert counts == [1, 1, 2, 3, 4]
+    # torch.export traces the pools with symbolic sizes: the last call reuses the export that
+    # made the batch and the spatial dims symbolic
+    assert counts == ([1, 1, 2, 3, 3] if export_path() else [1, 1, 2, 3, 4])
 
 
 class LengthMean(nn.Module):
@@ -60,20 +71,24 @@ class LengthMean(nn.Module):
 
 
 def test_dynamic_export_is_reused_across_sizes():
-    assert check_calls(LengthMean(), [(2, 4, 5), (3, 7, 5), (1, 1, 5)]) == [1, 1, 1]
+    counts = check_calls(LengthMean(), [(2, 4, 5), (3, 7, 5), (1, 1, 5), (6, 2, 5)])
+    # torch.export path: static first, then symbolic for every later size (size 1 too)
+    assert counts == ([1, 2, 2, 2] if export_path() else [1, 1, 1, 1])
 
 
 def test_static_dims_are_checked_before_the_engine_runs(monkeypatch):
     """An export whose dims are all static (forced here) holds for its sizes only: another
-    size exports again, declaring the dim that changed dynamic."""
-    from ortmod import _capture
-    real = _capture.export
+    size exports again, declaring the dim that changed dynamic. (The torch.export path's exports
+    are like that without forcing: the same sequence.)"""
+    from ortmod import _capture, _capture_export
+    path = _capture_export if export_path() else _capture
+    real = path.export
     seen = []
 
     def only_learned(module, flat, dynamic=None, **kw):
         seen.append(dynamic)
         return real(module, flat, dynamic=dynamic or frozenset(), **kw)
-    monkeypatch.setattr(_capture, "export", only_learned)
+    monkeypatch.setattr(path, "export", only_learned)
     counts = check_calls(LengthMean(), [(2, 4, 5), (2, 4, 5), (3, 4, 5), (6, 4, 5), (6, 9, 5), (2, 2, 5)])
     assert counts == [1, 1, 2, 2, 3, 3]
     assert seen == [None, frozenset({(0, 0)}), frozenset({(0, 0), (0, 1)})]
@@ -96,7 +111,9 @@ def test_eval_mode_survives_a_retried_export():
 def test_output_shape_the_exporter_got_wrong_is_refused(monkeypatch):
     """torch's adaptive pool rule reads an unbatched (C, H, W) input as batched: the first
     engine run of an export must return eager's shapes. (ortmod's own rule, in _export_nn,
-    exports it right; torch's is put back here to have an export that gets a shape wrong.)"""
+    exports it right; torch's is put back here to have an export that gets a shape wrong.)
+    The wrong rule is a TorchScript symbolic, so the TorchScript path is picked whatever
+    ORTMOD_CAPTURE says: the torch.export path never reads it."""
     import ortmod
     from ortmod import _export_nn, _semantics
 
@@ -105,4 +122,4 @@ def test_output_shape_the_exporter_got_wrong_is_refused(monkeypatch):
         return {name: _semantics._torch_symbolic(registration, name, opset)}
     monkeypatch.setattr(_export_nn, "symbolics", torchs_rule)
     with pytest.raises(ortmod.UnsupportedModelError, match=r"shape \(3, 5, 3\) where eager gives \(3, 3, 3\)"):
-        ORTModule(nn.AdaptiveAvgPool2d(3))(torch.randn(3, 5, 6))
+        ORTModule(nn.AdaptiveAvgPool2d(3), DebugOptions(capture="torchscript"))(torch.randn(3, 5, 6))

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ortmod import ORTModule
+from ortmod import DebugOptions, ORTModule
 
 RTOL, ATOL = 1e-4, 1e-5
 GRAD_ATOL = 1e-6          # gradients are compared from identical weights: tighter
@@ -144,8 +144,9 @@ def test_adamw_parity(variant, batch_sizes):
         assert_close(po, pe, f"final parameter {name}")
     # the losses must actually move: a frozen engine would not pass this
     assert eager_losses[-1].item() < eager_losses[0].item()
-    # all batch sizes share one export
-    assert ort._ortmod_export_count == 1
+    # all batch sizes share one export; on the torch.export path, the first is static and the
+    # one the first new size made (its batch dim symbolic) serves every later size
+    assert ort._ortmod_export_count == (2 if len(set(batch_sizes)) > 1 and DebugOptions().capture == "export" else 1)
 
 
 def _grads(model):
