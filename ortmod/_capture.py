@@ -323,24 +323,25 @@ class _FlatWrapper(torch.nn.Module):
         for i, t in zip(self._tensor_indices, tensors):
             leaves[i] = t
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
-        out = self.module(*args, **kwargs)
-        tracing = torch.jit.is_tracing()
-        if tracing and self.guards is not None and self.eager_out is not None:
-            expanded = expand_objects(out, reference=self.eager_out, guards=self.guards)
-        else:
-            expanded = expand_objects(out)
-            if not tracing:
-                self.eager_out = out      # what the trace's output objects are compared with
-        out_leaves, self.out_spec = pytree.tree_flatten(expanded)
+        out_leaves, self.out_spec = pytree.tree_flatten(self.expand(self.module(*args, **kwargs)))
         self.out_leaves = list(out_leaves)
         self.out_tensor_positions = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
         for i in self.out_tensor_positions:
             self.out_leaves[i] = None      # do not keep traced tensors alive
         outs = tuple(v for v in out_leaves if isinstance(v, torch.Tensor))
-        if self.guards is not None and torch.jit.is_tracing():
+        if self.guards is not None:     # set only while a trace runs
             # values Python took out of tensors: extra graph outputs, checked after every call
             outs += self.guards.tensors()
         return outs
+
+    def expand(self, out):
+        """``out`` with its objects expanded (expand_objects). The TorchScript trace's is compared
+        with the eager run's (kept here by that run), so that what the trace made a tensor where
+        eager has a number comes back as eager's number, guarded."""
+        if not torch.jit.is_tracing():
+            self.eager_out = out
+            return expand_objects(out)
+        return expand_objects(out, reference=self.eager_out, guards=self.guards)
 
 
 # ---------------------------------------------------------------------------
@@ -407,61 +408,97 @@ def check_output_leaves(wrapper):
                 f"output{path} is a {type(v).__name__}, which ortmod cannot rebuild from the engine's outputs")
 
 
-def _holds_tensor(v, depth=0):
-    if isinstance(v, torch.Tensor):
+_SYMBOLIC_NUMBERS = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def holds(v, wanted, depth=0):
+    """Whether ``v``, or a value in its containers or attributes, is one that ``wanted(value)``
+    accepts."""
+    if wanted(v):
         return True
     if depth > 6 or isinstance(v, _CONSTANT_OUTPUT_TYPES):
         return False
     leaves = pytree.tree_leaves(v)
     if leaves != [v]:
-        return any(_holds_tensor(x, depth + 1) for x in leaves)
-    if isinstance(v, dict) and any(_holds_tensor(x, depth + 1) for x in v.values()):    # a dict subclass pytree does not know
+        return any(holds(x, wanted, depth + 1) for x in leaves)
+    if isinstance(v, dict) and any(holds(x, wanted, depth + 1) for x in v.values()):    # a dict subclass pytree does not know
         return True
     d = getattr(v, "__dict__", None)
-    return isinstance(d, dict) and any(_holds_tensor(x, depth + 1) for x in d.values())
+    return isinstance(d, dict) and any(holds(x, wanted, depth + 1) for x in d.values())
+
+
+def _holds_tensor(v):
+    return holds(v, lambda x: isinstance(x, torch.Tensor))
+
+
+def _holds_traced(v):
+    """A tensor, or a number that torch.export traced symbolically (which only a guard makes
+    eager's number again, as a 0-d tensor the TorchScript trace made of one)."""
+    return holds(v, lambda x: isinstance(x, (torch.Tensor,) + _SYMBOLIC_NUMBERS))
 
 
 _NUMBER_TYPES = (bool, int, float)
 
 
-def expand_objects(tree, depth=0, reference=None, guards=None):
+def traced_number(value, reference):
+    """The TorchScript trace's stand-in for a Python number: (eager's number, the traced 0-d
+    tensor) where the trace has a 0-d tensor and the eager run's ``reference`` is a number (jit
+    tracing returns ``x.shape[-2]`` as a tensor, so ``self.cumulative_length += k.shape[-2]``
+    makes one); else None."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and isinstance(reference, _NUMBER_TYPES):
+        return reference, value
+    return None
+
+
+def expand_objects(tree, depth=0, reference=None, guards=None, number=traced_number, where="output"):
     """``tree`` with every leaf that is a plain object holding tensors replaced by an
     _ObjectNode, recursively (a DynamicCache's list of layers, each with keys and values).
 
-    While tracing, ``reference`` is the same output from the eager run: an attribute that eager
-    kept as a Python number but the trace made a 0-d tensor (a size: jit tracing returns
-    ``x.shape[-2]`` as a tensor, so ``self.cumulative_length += key_states.shape[-2]`` is one) is
-    given back as eager's number, and its traced tensor is guarded on ``guards`` (checked against
-    that number after every call: another value means a new export, never a stale one)."""
-    def expand(leaf, ref=None):
+    While tracing, a number eager returns that the trace holds as a stand-in (``number(value,
+    reference)`` gives eager's number and the stand-in as a 0-d tensor; ``reference`` is the same
+    output from the eager run, where there was one) is given back as eager's number, and the
+    stand-in is guarded on ``guards`` (checked against that number after every call: another
+    value means a new export, never a stale one). That holds for the output's own leaves and
+    for the attributes of its objects."""
+    def guarded(leaf, ref, what):
+        traced = number(leaf, ref) if guards is not None else None
+        if traced is None:
+            return False, leaf
+        value, tensor = traced
+        guards.records.append((tensor, "a number traced as a tensor", value, what, True))
+        return True, value
+
+    def expand(path, leaf, ref=None):
+        is_number, value = guarded(leaf, ref, where + pytree.keystr(path))
+        if is_number:
+            return value
         if isinstance(leaf, (torch.Tensor,) + _CONSTANT_OUTPUT_TYPES) or depth > 6:
             return leaf
         d = getattr(leaf, "__dict__", None)
-        if not isinstance(d, dict) or isinstance(leaf, (type, torch.nn.Module)) or not _holds_tensor(leaf):
+        if not isinstance(d, dict) or isinstance(leaf, (type, torch.nn.Module)) or not _holds_traced(leaf):
             return leaf
         ref_d = getattr(ref, "__dict__", None) if type(ref) is type(leaf) else None
         ref_d = ref_d if isinstance(ref_d, dict) else {}
         numbers = {}
         for k, v in d.items():
-            r = ref_d.get(k)
-            if (guards is not None and isinstance(v, torch.Tensor) and v.dim() == 0
-                    and isinstance(r, _NUMBER_TYPES)):
-                numbers[k] = r
-                guards.records.append((v, "a number traced as a tensor", r,
-                                       f"output attribute {type(leaf).__name__}.{k}", True))
-        item_values = {k: v for k, v in leaf.items() if _holds_tensor(v)} if isinstance(leaf, dict) else {}
+            is_number, value = guarded(v, ref_d.get(k), f"output attribute {type(leaf).__name__}.{k}")
+            if is_number:
+                numbers[k] = value
+        item_values = {k: v for k, v in leaf.items() if _holds_traced(v)} if isinstance(leaf, dict) else {}
         aliases = {k: next(ik for ik, iv in item_values.items() if iv is v) for k, v in d.items()
                    if any(iv is v for iv in item_values.values())}
-        children = {k: expand_objects(v, depth + 1, ref_d.get(k), guards) for k, v in d.items()
-                    if k not in numbers and k not in aliases and _holds_tensor(v)}
-        items = {k: expand_objects(v, depth + 1, None, guards) for k, v in item_values.items()}
+        children = {k: expand_objects(v, depth + 1, ref_d.get(k), guards, number,
+                                      f"output attribute {type(leaf).__name__}.{k}")
+                    for k, v in d.items() if k not in numbers and k not in aliases and _holds_traced(v)}
+        items = {k: expand_objects(v, depth + 1, None, guards, number, f"output item {type(leaf).__name__}[{k!r}]")
+                 for k, v in item_values.items()}
         return _ObjectNode(leaf, children, numbers, items, aliases)
     if reference is not None:
         try:
-            return pytree.tree_map(expand, tree, reference)
+            return pytree.tree_map_with_path(expand, tree, reference)
         except (ValueError, TypeError, KeyError):   # structures differ: nothing to compare with
             pass
-    return pytree.tree_map(expand, tree)
+    return pytree.tree_map_with_path(expand, tree)
 
 
 @dataclasses.dataclass

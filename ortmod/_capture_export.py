@@ -49,11 +49,12 @@ import itertools
 import sys
 import threading
 import time
+import warnings
 
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _export_ctc, _export_rules_rnn, _pyop
+from . import _capture, _export_ctc, _export_rules_rnn, _pyop, _semantics
 from ._capture import (Exported, ExportError, GraphInput, UnsupportedModelError,
                        _FlatWrapper)
 from ._logging import logger
@@ -1053,9 +1054,10 @@ _ONNX_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, 
 
 
 class _ExportWrapper(_FlatWrapper):
-    """_FlatWrapper whose output structure survives torch.export: non-strict export restores the
-    state a traced forward changes on the module (even in a dict it holds), so the structure goes
-    into a process-wide table under the wrapper's number."""
+    """_FlatWrapper for torch.export. Non-strict export restores the state a traced forward
+    changes on the module (even in a dict it holds) and warns of a tensor assigned to it, so the
+    output structure and the guarded numbers go into a process-wide table under the wrapper's
+    number, and nothing of the call is kept on the wrapper (the TorchScript path's eager_out)."""
 
     _tokens = itertools.count()
     _seen = {}
@@ -1063,16 +1065,57 @@ class _ExportWrapper(_FlatWrapper):
     def __init__(self, module, flat):
         super().__init__(module, flat)
         self.__dict__["_token"] = next(self._tokens)
+        self.guards = _semantics.TraceGuards()
+
+    def expand(self, out):
+        # no eager run comes first: a number torch.export traced symbolically (``x.shape[0]``, an
+        # int eager returns) is eager's number by its value for this call, guarded as the
+        # TorchScript path guards the 0-d tensor its trace makes of one
+        return _capture.expand_objects(out, guards=self.guards, number=_symbolic_number)
 
     def forward(self, *tensors):
+        # taken inside the trace, where torch has put its fakes in for the parameters (an RNN's
+        # _flat_weights holds them too): what forward itself sets is what changes from here
+        attributes = _user_attributes(self.module)
         outs = super().forward(*tensors)
-        _ExportWrapper._seen[self._token] = (self.out_spec, self.out_leaves, self.out_tensor_positions)
+        _ExportWrapper._seen[self._token] = (self.out_spec, self.out_leaves, self.out_tensor_positions,
+                                             [(kind, value, where, internal)
+                                              for _, kind, value, where, internal in self.guards.records],
+                                             _set_to_trace_values(self.module, attributes))
         return outs
 
     def take_structure(self):
+        """The output structure of the last trace; returns its guarded numbers ((kind, value,
+        where, internal) per extra output after the module's tensors) and the module's attributes
+        that held values of the trace when forward returned."""
         seen = _ExportWrapper._seen.pop(self._token, None)
-        if seen is not None:
-            self.out_spec, self.out_leaves, self.out_tensor_positions = seen
+        self.guards.reset()         # no traced tensor kept alive
+        if seen is None:
+            return [], []
+        self.out_spec, self.out_leaves, self.out_tensor_positions, numbers, assigned = seen
+        return numbers, assigned
+
+
+_SYMBOLIC_DTYPES = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64, torch.SymBool: torch.bool}
+
+
+def _symbolic_number(value, reference=None):
+    """torch.export's stand-in for a Python number computed from sizes (a SymInt for
+    ``x.shape[0]``, whose value the user's int would be): (eager's number, the symbolic value as a
+    0-d tensor of the graph) where ``value`` is one; else None. Its value for the traced call is
+    its symbols' hint, read without the guard that int() would add (it would make the size
+    static)."""
+    dtype = _SYMBOLIC_DTYPES.get(type(value))
+    if dtype is None:
+        return None
+    hint = value.node.hint if value.node.has_hint() else None
+    if hint is None:
+        raise UnsupportedModelError(
+            f"the module returns a {type(value).__name__.replace('Sym', '').lower()} computed from a tensor's "
+            f"value ({value.node.expr}) that the torch.export capture path cannot give back as a number; "
+            "return it as a tensor, or use ORTMOD_CAPTURE=torchscript, which guards it")
+    number = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)](hint)
+    return number, torch.scalar_tensor(value, dtype=dtype)
 
 
 def available():
@@ -1157,7 +1200,9 @@ def _export(module, flat, recorder, strict_trace, dynamic):
         except Exception as e2:
             raise _export_error(module, "torch.export.export", e2) from e2
 
-    with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)):
+    attributes = _attribute_names(module)
+    with _export_lock, _capture._preserved_state(module, _capture.cuda_devices(module, flat)), \
+            _removing_trace_values(module, attributes):
         # Size-oblivious tracing takes a dynamic size for one that is not 1 where it decides
         # something by it, which a size 1 in the sample can contradict (a size 1 dim broadcast
         # against another dynamic one): then the trace fails, or the export does not hold for
@@ -1176,7 +1221,14 @@ def _export(module, flat, recorder, strict_trace, dynamic):
             ep, frozen = capture(size_oblivious=False)
             guard = _shape_guard(ep, len(tensors))
     timings["torch.export"] = time.perf_counter() - t0 - timings["imports"]
-    wrapper.take_structure()
+    numbers, assigned = wrapper.take_structure()
+    if assigned:
+        # eager leaves each call's value there; ortmod runs forward only when it exports
+        raise UnsupportedModelError(
+            f"{type(module).__name__}.forward sets {', '.join(assigned)} to a value computed in the call (a "
+            "tensor, or a number from a size): eager leaves each call's value there, but ortmod runs forward "
+            "only when it exports, so the attribute would not follow later calls; return the value as an "
+            "output instead")
     if not wrapper.out_tensor_positions:
         raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
     _capture.check_output_leaves(wrapper)
@@ -1185,7 +1237,15 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     sig = ep.graph_signature
     _check_output_kinds(sig)
     n_user_out = sum(1 for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT)
-    guards = _freeze_decisions(module, ep, n_user_out, strict_trace) if frozen else []
+    # the module's tensors, then its guarded numbers (the wrapper's), then what real values decided
+    n_tensors = len(wrapper.out_tensor_positions)
+    if n_user_out != n_tensors + len(numbers):
+        raise ExportError(f"the exported program has {n_user_out} outputs, expected {n_tensors} tensors and "
+                          f"{len(numbers)} guarded numbers")
+    guards = [_semantics.Guard(n_tensors + k, value, kind, where, internal)
+              for k, (kind, value, where, internal) in enumerate(numbers)]
+    if frozen:
+        guards += _freeze_decisions(module, ep, n_user_out, strict_trace)
     _insert_stop_gradients(ep.graph_module)
     for gm in ep.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule) and gm is not ep.graph_module:
@@ -1204,7 +1264,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     t1 = time.perf_counter()
     try:
         # an export that real values decided carries them into decomposition's re-trace too
-        with _integer_signbit_as_lt() if frozen else contextlib.nullcontext():
+        with _integer_signbit_as_lt() if frozen else contextlib.nullcontext(), _without_torch_deprecations():
             ep = _prepare(ep, registry)
     except Exception as e:
         raise _export_error(module, "decomposing the exported program", e) from e
@@ -1223,14 +1283,15 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     sig = ep.graph_signature
     mutations = [s for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
     user_specs = [s for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
-    if len(user_specs) != n_user_out + len(guards):
+    if len(user_specs) != n_tensors + len(guards):
         raise ExportError("decomposition changed the exported program's outputs")
     for s in mutations:
         s.kind = OutputKind.USER_OUTPUT
     sig.output_specs[:] = user_specs + mutations
     t1 = time.perf_counter()
     try:
-        program = _core._exported_program_to_onnx_program(ep, registry=registry)
+        with _without_torch_deprecations():
+            program = _core._exported_program_to_onnx_program(ep, registry=registry)
     except Exception as e:
         raise _export_error(module, "translating the exported program to ONNX", e) from e
     timings["translate"] = time.perf_counter() - t1
@@ -1275,10 +1336,10 @@ def _export(module, flat, recorder, strict_trace, dynamic):
         else:
             k = int(gi.name[len("input_"):])
             graph_inputs[gi.name] = GraphInput(gi.name, "input", leaf_index=tensor_indices[k])
-    if len(proto.graph.output) != n_user_out + len(guards) + len(mutations):
+    if len(proto.graph.output) != n_tensors + len(guards) + len(mutations):
         raise ExportError(f"the ONNX translation has {len(proto.graph.output)} outputs, expected "
-                          f"{n_user_out}, {len(guards)} guards and {len(mutations)} buffer updates")
-    updates = [(n_user_out + len(guards) + k, _state_name(s.target)) for k, s in enumerate(mutations)]
+                          f"{n_tensors}, {len(guards)} guards and {len(mutations)} buffer updates")
+    updates = [(n_tensors + len(guards) + k, _state_name(s.target)) for k, s in enumerate(mutations)]
     output_deps = _capture._output_dependencies(proto)
     onnx_bytes = proto.SerializeToString()
     timings["total"] = time.perf_counter() - t0
@@ -1292,6 +1353,73 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     exported.capture = "export"
     exported.timings = timings
     return exported
+
+
+@contextlib.contextmanager
+def _without_torch_deprecations():
+    """torch's own deprecation warnings while it decomposes and translates (run_decompositions
+    deep-copies pytree specs, and each LeafSpec copied warns): nothing the user can act on, and
+    the TorchScript path's capture ignores the same categories."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+# the attributes nn.Module keeps its own state in (parameters, buffers, hooks): not the user's
+_MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)
+
+
+def _attribute_names(module):
+    """The names in each submodule's __dict__, before the trace."""
+    return {id(m): set(m.__dict__) for m in module.modules()}
+
+
+def _is_trace_value(v):
+    from torch._subclasses.fake_tensor import is_fake
+    return isinstance(v, _capture._SYMBOLIC_NUMBERS) or (isinstance(v, torch.Tensor) and is_fake(v))
+
+
+def _user_attributes(module):
+    """{(submodule name, attribute): (value, whether it holds a value the trace computed)} for the
+    attributes of the module and its submodules that are not nn.Module's own. The parameters and
+    buffers themselves (torch's fakes of them, which an RNN's _flat_weights lists) are no such
+    value."""
+    modules = list(module.named_modules(remove_duplicate=False))
+    state = {id(t) for _, m in modules for t in (*m._parameters.values(), *m._buffers.values())}
+
+    def computed(v):
+        return _is_trace_value(v) and id(v) not in state
+    return {(name, key): (value, _capture.holds(value, computed))
+            for name, m in modules for key, value in list(m.__dict__.items()) if key not in _MODULE_ATTRIBUTES}
+
+
+def _set_to_trace_values(module, before):
+    """``sub.name`` of each attribute that holds a value of the trace (a fake tensor or a symbolic
+    number, in a container or an object it holds included) and did not before (``before``:
+    _user_attributes), or holds another object now: what forward set."""
+    changed = []
+    for (name, key), (value, traced) in _user_attributes(module).items():
+        old = before.get((name, key))
+        if traced and (old is None or old[0] is not value or not old[1]):
+            changed.append(f"{name + '.' if name else ''}{key}")
+    return list(dict.fromkeys(changed))
+
+
+@contextlib.contextmanager
+def _removing_trace_values(module, before):
+    """torch.export puts back the module's attributes that existed before the trace, and leaves
+    an attribute the forward added with the trace's fake tensor or symbolic number in the user's
+    module: such attributes are removed again, whatever the export's outcome (a forward that
+    sets them is refused by name: _ExportWrapper reports them)."""
+    try:
+        yield
+    finally:
+        for m in module.modules():
+            known = before.get(id(m), ())
+            for key in [k for k, v in m.__dict__.items()
+                        if k not in known and _capture.holds(v, _is_trace_value)]:
+                del m.__dict__[key]
 
 
 def _state_name(target):

@@ -8,6 +8,7 @@ it tests the selection itself.
 import copy
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -1503,3 +1504,55 @@ def test_output_dtypes_are_checked_against_the_outputs_they_belong_to():
     assert o(x).shape == e(x).shape
     for name in ("running_mean", "running_var", "num_batches_tracked"):
         assert torch.equal(getattr(o.module, name), getattr(e, name)), name
+
+
+def test_an_export_warns_of_nothing():
+    """torch.export warns of a tensor assigned to a module during the trace (ortmod's wrapper kept
+    the call's output on itself) and torch's decomposition of its own deprecations: neither is the
+    user's to hear."""
+    m = ORTModule(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m(torch.randn(3, 4)).sum().backward()
+    assert captured_with(m) == {"export"}
+
+
+class KeepsTheOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+        self.previous = None
+
+    def forward(self, x):
+        h = self.l(x)
+        self.previous = h              # existed: torch.export put None back
+        return h.sum()
+
+
+class KeepsTheSize(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.rows = x.shape[0]         # new: torch.export left its symbolic number here
+        return self.l(x).sum()
+
+
+def test_a_forward_keeping_values_of_the_call_on_the_module_is_refused_by_name():
+    """Eager leaves each call's tensor or size on the module; ortmod runs forward only when it
+    exports, so it refuses by name, and leaves no value of the trace (a fake tensor, a SymInt) in
+    the user's module."""
+    m = KeepsTheOutput()
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"KeepsTheOutput.forward sets previous to a value"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # torch's own word on the tensor attribute
+        ORTModule(m)(torch.randn(3, 4))
+    assert m.previous is None
+    m = KeepsTheSize()
+    ort = ORTModule(m)
+    ort(torch.randn(3, 4))
+    assert type(m.rows) is int and m.rows == 3  # exported with static sizes: the size is an int
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"KeepsTheSize.forward sets rows to a value"):
+        ort(torch.randn(5, 4))                  # another size: exported again with it symbolic
+    assert type(m.rows) is int

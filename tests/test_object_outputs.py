@@ -2,6 +2,7 @@
 expand_objects): transformers models called as their docs show, with the default use_cache=True,
 return a DynamicCache whose keys and values are the engine's."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -81,6 +82,33 @@ def test_number_attribute_traced_as_a_tensor_comes_back_as_eagers_number():
         rel_close("keys", co.keys, ce.keys)
         rel_close("loss", lo, le)
     assert o._ortmod_export_count == 2
+
+
+class ReturnsSizes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        n = x.shape[0]
+        return self.l(x).sum(), n, {"half": n / 2, "big": n > 4}
+
+
+def test_numbers_from_sizes_are_returned_as_eagers_numbers():
+    """A number computed from a size is returned as eager's int, float or bool: the TorchScript trace
+    makes it a 0-d tensor, torch.export a symbolic number; each is guarded, so another size gives its
+    own number (a new export), never the first one's."""
+    torch.manual_seed(0)
+    m = ReturnsSizes()
+    o = ORTModule(copy.deepcopy(m))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # a size that changes a guarded number says so
+        for n in (3, 3, 5, 7):
+            x = torch.randn(n, 4)
+            (le, ne, de), (lo, no, do) = m(x), o(x)
+            assert type(no) is int and no == ne == n
+            assert {k: type(v) for k, v in do.items()} == {"half": float, "big": bool} and do == de
+            rel_close("loss", lo, le)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "mistral"])
