@@ -12,7 +12,7 @@ CMAKE_ARGS ?=
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUBLAS_PKG := $(if $(findstring release 12.,$(shell $(NVCC) --version 2>/dev/null)),nvidia-cublas-cu12,nvidia-cublas==13.10.0.20)
 
-.PHONY: setup apt venv build runner cuda test test-deepspeed test-wheel conformance demo bench clean
+.PHONY: setup apt venv build runner cuda test test-export test-deepspeed test-wheel conformance demo bench clean
 
 -include bench/bench.mk
 -include tests/fuzz/fuzz.mk
@@ -49,9 +49,14 @@ build: venv
 	@$(PY) -c "import ortmod._C" || (echo "build failed: ortmod._C does not import"; exit 1)
 runner cuda: build
 
-# tests/test_deepspeed.py is make test-deepspeed's (it installs DeepSpeed; .ci/run runs both)
+# tests/test_deepspeed.py is make test-deepspeed's (it installs DeepSpeed; .ci/run runs both).
+# The suite runs on the default capture path, the torch.export path's own tests on theirs;
+# make test-export runs every test on the torch.export path (~30 min on 2 cores).
 test: setup
 	timeout 1500 $(PY) -m pytest tests -q --ignore=tests/test_deepspeed.py
+
+test-export: setup
+	ORTMOD_CAPTURE=export timeout 3000 $(PY) -m pytest tests -q --ignore=tests/test_deepspeed.py
 
 # DeepSpeed (ZeRO 0-3, fp32/bf16/fp16, with and without ORTModule and FP16_Optimizer), one process
 # over gloo on the CPU. Installs DeepSpeed into .venv first when it is missing, with no ops built

@@ -549,9 +549,12 @@ class Exported:
 @contextlib.contextmanager
 def _preserved_state(module, cuda_devices=()):
     """Tracing runs the module in torch: keep RNG (the CPU's and that of the CUDA devices the
-    call uses: dropout draws there) and buffers (e.g. BatchNorm stats) unchanged."""
+    call uses: dropout draws there) and buffers (e.g. BatchNorm stats) unchanged, and refuse a
+    forward that changes a plain attribute of a submodule (``self.calls += 1``): ortmod runs
+    forward only when it exports, so later calls would leave it as the export did."""
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
     training = module.training
+    attributes = _plain_attributes(module)
     with torch.random.fork_rng(devices=list(cuda_devices)):
         try:
             yield buffers
@@ -560,6 +563,27 @@ def _preserved_state(module, cuda_devices=()):
                 for b, saved in buffers:
                     b.copy_(saved)
             module.train(training)
+    changed = [(m, k, v) for (m, k), v in attributes.items()
+               if k in vars(m) and type(vars(m)[k]) is not type(v) or vars(m).get(k, v) != v]
+    for m, k, v in changed:      # the module as it was: the call fails
+        setattr(m, k, v)
+    if changed:
+        m, k, v = changed[0]
+        raise UnsupportedModelError(
+            f"{type(m).__name__}.forward changes its attribute {k} (from {v!r}): ortmod runs forward only when it "
+            "exports, so the attribute would not change on later calls as in eager; keep that bookkeeping out "
+            "of forward, or in a buffer")
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain_attributes(module):
+    """{(submodule, name): value} of the submodules' attributes holding plain Python values (a
+    lazy module's, whose class changes on its first call as it sets its sizes, excepted)."""
+    internal = set(vars(torch.nn.Module()))
+    return {(m, k): v for m in module.modules() if not isinstance(m, torch.nn.modules.lazy.LazyModuleMixin)
+            for k, v in vars(m).items() if k not in internal and type(v) in _PLAIN}
 
 
 # Non-tensor output values that can be returned as they were at export time.

@@ -1225,10 +1225,10 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     if assigned:
         # eager leaves each call's value there; ortmod runs forward only when it exports
         raise UnsupportedModelError(
-            f"{type(module).__name__}.forward sets {', '.join(assigned)} to a value computed in the call (a "
-            "tensor, or a number from a size): eager leaves each call's value there, but ortmod runs forward "
-            "only when it exports, so the attribute would not follow later calls; return the value as an "
-            "output instead")
+            f"{type(module).__name__}.forward sets {', '.join(assigned)} in the call (a tensor or a number from "
+            "a size, or a new value of a plain attribute): eager leaves each call's value there, but ortmod runs "
+            "forward only when it exports, so the attribute would not follow later calls; return the value as "
+            "an output instead, or keep that bookkeeping out of forward")
     if not wrapper.out_tensor_positions:
         raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
     _capture.check_output_leaves(wrapper)
@@ -1329,6 +1329,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     outs_meta = _output_vals(ep, n_user_out)
     _check_output_dtypes(module, proto, outs_meta)
 
+    _drop_unread_state(proto, state_kinds)
     graph_inputs = {}
     for gi in proto.graph.input:
         if gi.name in state_kinds:
@@ -1397,11 +1398,14 @@ def _user_attributes(module):
 def _set_to_trace_values(module, before):
     """``sub.name`` of each attribute that holds a value of the trace (a fake tensor or a symbolic
     number, in a container or an object it holds included) and did not before (``before``:
-    _user_attributes), or holds another object now: what forward set."""
+    _user_attributes), or holds another object now, or held a plain Python value that changed
+    (torch.export puts that one back without a word): what forward set."""
     changed = []
     for (name, key), (value, traced) in _user_attributes(module).items():
         old = before.get((name, key))
-        if traced and (old is None or old[0] is not value or not old[1]):
+        plain_changed = (old is not None and type(old[0]) in _capture._PLAIN
+                         and (type(value) is not type(old[0]) or value != old[0]))   # self.calls += 1
+        if plain_changed or traced and (old is None or old[0] is not value or not old[1]):
             changed.append(f"{name + '.' if name else ''}{key}")
     return list(dict.fromkeys(changed))
 
@@ -1462,6 +1466,28 @@ def _data_dependent_branch(e):
             continue
         return f"{name}:{f.lineno}: {(f.line or '').strip()}"
     return None
+
+
+def _drop_unread_state(proto, state_kinds):
+    """Removes the parameter and buffer inputs no node reads (torch.export lists every one; the
+    TorchScript exporter only those the graph uses): such a parameter is then no input of the
+    engine's autograd node, as in eager, where a head the loss leaves out is never reached.
+    Passed in, it had a gradient edge that delivered nothing, on which DeepSpeed ZeRO-3's gradient
+    hook still ran (and failed on the missing .grad)."""
+    read = set()
+
+    def collect(graph):
+        for node in graph.node:
+            read.update(node.input)
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    collect(sub)
+        read.update(o.name for o in graph.output)
+    collect(proto.graph)
+    keep = [gi for gi in proto.graph.input if gi.name not in state_kinds or gi.name in read]
+    if len(keep) != len(proto.graph.input):
+        del proto.graph.input[:]
+        proto.graph.input.extend(keep)
 
 
 def _output_vals(ep, n):

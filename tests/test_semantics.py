@@ -471,3 +471,22 @@ def test_index_put_accumulate_with_a_mask_is_refused_by_name():
         return
     with pytest.raises(ortmod.UnsupportedModelError, match="index_put: accumulate=True with a boolean mask"):
         ORTModule(MaskedAccumulate())(torch.randn(4, 3))
+
+
+class _CountsCalls(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1             # eager: 1, 2, 3, ... ; ortmod runs forward only to export
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("capture", ["torchscript", "export"])
+def test_a_forward_changing_a_plain_attribute_is_refused_by_name(capture):
+    m = _CountsCalls()
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"calls"):
+        ORTModule(m, ortmod.DebugOptions(capture=capture))(torch.randn(2, 3))
+    assert m.calls == 0             # as before the call that failed
