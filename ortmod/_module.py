@@ -62,8 +62,8 @@ class DebugOptions:
                  (also ORTMOD_INLINE_AUTOGRAD_FUNCTIONS=1).
     capture:     how the forward is captured (also ORTMOD_CAPTURE): "torchscript" (torch's
                  TorchScript ONNX exporter, ortmod/_capture.py), "export" (torch.export,
-                 ortmod/_capture_export.py) or "auto" (the default: TorchScript, and torch.export
-                 where the TorchScript exporter is missing or fails with an ExportError).
+                 ortmod/_capture_export.py) or "auto" (the default: torch.export, and the TorchScript
+                 exporter where torch.export's path is missing or cannot capture the model).
     max_cached_graphs: exports and engines kept per ORTModule, the least recently used dropped
                  past it (one per schema: non-tensor argument values, train/eval, ...). None: the
                  environment variable ORTMOD_MAX_CACHED_GRAPHS, else 16.
@@ -734,27 +734,34 @@ class ORTModule(torch.nn.Module):
 
     def _ortmod_capture(self, module, flat, strict, inline, dynamic=None):
         """Export with the capture path the options pick (see DebugOptions.capture)."""
-        path = self._debug_options.capture
-        if path == "export" or self.__dict__.get("_ortmod_capture_path") == "export":
-            from . import _capture_export
+        from . import _capture_export
+
+        def by_export():
             return _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline,
                                           dynamic=dynamic)
-        if path == "torchscript":
+
+        def by_torchscript():
             return _capture.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
-        try:     # "auto"
-            return _capture.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
-        except (ImportError, _capture.ExportError) as first:   # the TorchScript exporter is gone, or failed
+
+        path = self._debug_options.capture
+        if path == "export":
+            return by_export()
+        if path == "torchscript" or self.__dict__.get("_ortmod_capture_path") == "torchscript":
+            return by_torchscript()
+        try:     # "auto": torch.export, and the TorchScript exporter where that cannot capture
+            return by_export()
+        except (ImportError, _capture.ExportError, _capture.UnsupportedModelError) as first:
+            # (a refusal the TorchScript path shares, strict_trace's or a parameter changed in
+            # place, comes back from it too: the first error is raised, with the second noted)
             try:
-                from . import _capture_export     # imported here: the TorchScript path does not need it
-                exported = _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline,
-                                                  dynamic=dynamic)
+                exported = by_torchscript()
             except Exception as e:
-                first.add_note(f"ortmod also tried the torch.export capture path: {type(e).__name__}: {e}")
+                first.add_note(f"ortmod also tried the TorchScript capture path: {type(e).__name__}: {e}")
                 raise first
-            logger.info("the TorchScript exporter failed (%s); captured %s with torch.export instead",
-                        str(first).split("\n", 1)[0][:200], type(module).__name__)
-            if isinstance(first, ImportError):    # it will not come back in this process
-                self.__dict__["_ortmod_capture_path"] = "export"
+            logger.info("the torch.export path could not capture %s (%s); captured it with the TorchScript "
+                        "exporter instead", type(module).__name__, str(first).split("\n", 1)[0][:200])
+            if isinstance(first, ImportError) or isinstance(first.__cause__, ImportError):
+                self.__dict__["_ortmod_capture_path"] = "torchscript"   # it will not come back in this process
             return exported
 
     def _ortmod_engine(self, exported, flat, state, want_grad):

@@ -395,7 +395,7 @@ def test_torchscript_selected_without_its_exporter_is_a_clear_error(without_torc
         ORTModule(nn.Linear(3, 3))(torch.randn(2, 3))
 
 
-def test_auto_falls_back_when_the_torchscript_export_fails(ortmod_env):
+def test_auto_captures_with_torch_export_first(ortmod_env):
     ortmod_env.setenv("ORTMOD_CAPTURE", "auto")
 
     class RMS(nn.Module):          # the TorchScript exporter has no rms_norm at opset 20
@@ -406,19 +406,38 @@ def test_auto_falls_back_when_the_torchscript_export_fails(ortmod_env):
         def forward(self, x):
             return F.rms_norm(self.l(x), (8,))
 
-    try:
-        ORTModule(RMS(), DebugOptions(capture="torchscript"))(torch.randn(2, 8))
-        pytest.skip("this torch's TorchScript exporter exports rms_norm")
-    except ortmod.ExportError:
-        pass
-    except Exception as e:      # the export path itself may refuse; then auto must say both
-        pytest.skip(f"TorchScript export did not fail with ExportError: {e}")
-    try:
-        ort = run_both(RMS(), torch.randn(3, 8))
-    except ortmod.ExportError as e:
-        assert "also tried the torch.export capture path" in "".join(getattr(e, "__notes__", []))
-        return
+    ort = run_both(RMS(), torch.randn(3, 8))
     assert captured_with(ort) == {"export"}
+
+
+class _FloorDivision(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):          # float division with a rounding mode: refused on the torch.export path
+        y = self.l(x)
+        return torch.div(y, 0.3, rounding_mode="floor") + y
+
+
+def test_auto_falls_back_to_torchscript_where_torch_export_cannot_capture(ortmod_env):
+    with pytest.raises(ortmod.UnsupportedModelError, match="rounding_mode='floor'"):
+        ORTModule(_FloorDivision())(torch.randn(3, 4))
+    ortmod_env.setenv("ORTMOD_CAPTURE", "auto")
+    ort = run_both(_FloorDivision(), torch.randn(3, 4))
+    assert captured_with(ort) == {"torchscript"}
+
+
+def test_auto_raises_the_torch_export_error_noting_the_torchscript_one(ortmod_env):
+    ortmod_env.setenv("ORTMOD_CAPTURE", "auto")
+
+    class FFT(nn.Module):          # neither path captures an FFT
+        def forward(self, x):
+            return torch.fft.fft(x).real
+
+    with pytest.raises(ortmod.UnsupportedModelError, match="aten::_fft_r2c") as info:
+        ORTModule(FFT())(torch.randn(2, 8))
+    assert any("also tried the TorchScript capture path" in n for n in getattr(info.value, "__notes__", []))
 
 
 # ---- ops reviewed against torchlib's rules (ortmod/_export_rules.py) -------------------------------
