@@ -549,12 +549,9 @@ class Exported:
 @contextlib.contextmanager
 def _preserved_state(module, cuda_devices=()):
     """Tracing runs the module in torch: keep RNG (the CPU's and that of the CUDA devices the
-    call uses: dropout draws there) and buffers (e.g. BatchNorm stats) unchanged, and refuse a
-    forward that changes a plain attribute of a submodule (``self.calls += 1``): ortmod runs
-    forward only when it exports, so later calls would leave it as the export did."""
+    call uses: dropout draws there) and buffers (e.g. BatchNorm stats) unchanged."""
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
     training = module.training
-    attributes = _plain_attributes(module)
     with torch.random.fork_rng(devices=list(cuda_devices)):
         try:
             yield buffers
@@ -563,27 +560,44 @@ def _preserved_state(module, cuda_devices=()):
                 for b, saved in buffers:
                     b.copy_(saved)
             module.train(training)
-    changed = [(m, k, v) for (m, k), v in attributes.items()
-               if k in vars(m) and type(vars(m)[k]) is not type(v) or vars(m).get(k, v) != v]
-    for m, k, v in changed:      # the module as it was: the call fails
-        setattr(m, k, v)
-    if changed:
-        m, k, v = changed[0]
-        raise UnsupportedModelError(
-            f"{type(m).__name__}.forward changes its attribute {k} (from {v!r}): ortmod runs forward only when it "
-            "exports, so the attribute would not change on later calls as in eager; keep that bookkeeping out "
-            "of forward, or in a buffer")
 
 
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def _plain_attributes(module):
+def plain_attributes(module):
     """{(submodule, name): value} of the submodules' attributes holding plain Python values (a
     lazy module's, whose class changes on its first call as it sets its sizes, excepted)."""
     internal = set(vars(torch.nn.Module()))
     return {(m, k): v for m in module.modules() if not isinstance(m, torch.nn.modules.lazy.LazyModuleMixin)
             for k, v in vars(m).items() if k not in internal and type(v) in _PLAIN}
+
+
+def changed_attributes(before):
+    """'Class.name (old -> new)' of each attribute of ``before`` (plain_attributes) whose value
+    forward changed."""
+    out = []
+    for (m, k), v in before.items():
+        now = vars(m).get(k, v)
+        if type(now) is not type(v) or now != v:
+            out.append(f"{type(m).__name__}.{k} ({v!r} -> {now!r})")
+    return list(dict.fromkeys(out))
+
+
+def warn_attribute_changes(module, changes, strict_trace):
+    """A forward that changes a plain attribute of a submodule: ortmod runs forward only when it
+    exports, so the change happens then, not on every call as in eager. Idempotent changes (Swin
+    fitting its window to the input, the same every call) are harmless; a counter is not: a
+    warning, and an error under strict_trace."""
+    if not changes:
+        return
+    from ._semantics import TraceHazardWarning
+    what = (f"{type(module).__name__}.forward changes {', '.join(changes)}: ortmod runs forward only when it "
+            "exports, so such an attribute changes then, not on every call as in eager")
+    if strict_trace:
+        raise UnsupportedModelError(what + " (strict_trace is on)")
+    warnings.warn("ortmod: " + what + " (DebugOptions(strict_trace=True) or ORTMOD_STRICT_TRACE=1 makes this "
+                  "an error)", TraceHazardWarning, stacklevel=2)
 
 
 # Non-tensor output values that can be returned as they were at export time.
@@ -908,6 +922,7 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
     bn_buffers = _batchnorm_buffers(module)
     expected_mutations = {n for names in bn_buffers.values() for n in names}
 
+    attributes = plain_attributes(module)
     with _preserved_state(module, cuda_devices(module, flat)) as saved_buffers:
         # One eager run first, to learn the output structure and ranks (all output
         # dimensions are declared dynamic, and dynamic_axes needs the ranks).
@@ -961,6 +976,7 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
               for k, (_, kind, value, where, internal) in enumerate(recorder.records)]
     recorder.reset()
     unguarded = _semantics.unguarded_tracer_warnings(caught, {g.where for g in guards})
+    warn_attribute_changes(module, changed_attributes(attributes), strict_trace)
     hazards = list(dict.fromkeys([g.describe() for g in guards if not g.internal] + unguarded))
     if hazards and strict_trace:
         raise UnsupportedModelError(

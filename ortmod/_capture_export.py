@@ -1061,6 +1061,7 @@ class _ExportWrapper(_FlatWrapper):
 
     _tokens = itertools.count()
     _seen = {}
+    _plain_changes = {}
 
     def __init__(self, module, flat):
         super().__init__(module, flat)
@@ -1077,7 +1078,10 @@ class _ExportWrapper(_FlatWrapper):
         # taken inside the trace, where torch has put its fakes in for the parameters (an RNN's
         # _flat_weights holds them too): what forward itself sets is what changes from here
         attributes = _user_attributes(self.module)
+        plain = _capture.plain_attributes(self.module)
         outs = super().forward(*tensors)
+        # (torch.export puts changed plain attributes back: they are read here, before it does)
+        _ExportWrapper._plain_changes[self._token] = _capture.changed_attributes(plain)
         _ExportWrapper._seen[self._token] = (self.out_spec, self.out_leaves, self.out_tensor_positions,
                                              [(kind, value, where, internal)
                                               for _, kind, value, where, internal in self.guards.records],
@@ -1222,13 +1226,14 @@ def _export(module, flat, recorder, strict_trace, dynamic):
             guard = _shape_guard(ep, len(tensors))
     timings["torch.export"] = time.perf_counter() - t0 - timings["imports"]
     numbers, assigned = wrapper.take_structure()
+    _capture.warn_attribute_changes(module, _ExportWrapper._plain_changes.pop(wrapper._token, []), strict_trace)
     if assigned:
         # eager leaves each call's value there; ortmod runs forward only when it exports
         raise UnsupportedModelError(
-            f"{type(module).__name__}.forward sets {', '.join(assigned)} in the call (a tensor or a number from "
-            "a size, or a new value of a plain attribute): eager leaves each call's value there, but ortmod runs "
-            "forward only when it exports, so the attribute would not follow later calls; return the value as "
-            "an output instead, or keep that bookkeeping out of forward")
+            f"{type(module).__name__}.forward sets {', '.join(assigned)} to a value computed in the call (a "
+            "tensor, or a number from a size): eager leaves each call's value there, but ortmod runs forward "
+            "only when it exports, so the attribute would not follow later calls; return the value as an "
+            "output instead")
     if not wrapper.out_tensor_positions:
         raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
     _capture.check_output_leaves(wrapper)
@@ -1398,14 +1403,11 @@ def _user_attributes(module):
 def _set_to_trace_values(module, before):
     """``sub.name`` of each attribute that holds a value of the trace (a fake tensor or a symbolic
     number, in a container or an object it holds included) and did not before (``before``:
-    _user_attributes), or holds another object now, or held a plain Python value that changed
-    (torch.export puts that one back without a word): what forward set."""
+    _user_attributes), or holds another object now: what forward set."""
     changed = []
     for (name, key), (value, traced) in _user_attributes(module).items():
         old = before.get((name, key))
-        plain_changed = (old is not None and type(old[0]) in _capture._PLAIN
-                         and (type(value) is not type(old[0]) or value != old[0]))   # self.calls += 1
-        if plain_changed or traced and (old is None or old[0] is not value or not old[1]):
+        if traced and (old is None or old[0] is not value or not old[1]):
             changed.append(f"{name + '.' if name else ''}{key}")
     return list(dict.fromkeys(changed))
 

@@ -1563,7 +1563,7 @@ def test_a_forward_keeping_values_of_the_call_on_the_module_is_refused_by_name()
     exports, so it refuses by name, and leaves no value of the trace (a fake tensor, a SymInt) in
     the user's module."""
     m = KeepsTheOutput()
-    with pytest.raises(ortmod.UnsupportedModelError, match=r"KeepsTheOutput.forward sets previous in the call"), \
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"KeepsTheOutput.forward sets previous to a value"), \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")         # torch's own word on the tensor attribute
         ORTModule(m)(torch.randn(3, 4))
@@ -1572,6 +1572,6 @@ def test_a_forward_keeping_values_of_the_call_on_the_module_is_refused_by_name()
     ort = ORTModule(m)
     ort(torch.randn(3, 4))
     assert type(m.rows) is int and m.rows == 3  # exported with static sizes: the size is an int
-    with pytest.raises(ortmod.UnsupportedModelError, match=r"KeepsTheSize.forward sets rows in the call"):
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"KeepsTheSize.forward sets rows to a value"):
         ort(torch.randn(5, 4))                  # another size: exported again with it symbolic
     assert type(m.rows) is int
