@@ -564,13 +564,15 @@ def _preserved_state(module, cuda_devices=()):
 
 _PLAIN = (bool, int, float, str, type(None))
 
+# the attributes nn.Module keeps its own state in (parameters, buffers, hooks): not the user's
+MODULE_ATTRIBUTES = frozenset(vars(torch.nn.Module()))
+
 
 def plain_attributes(module):
     """{(submodule, name): value} of the submodules' attributes holding plain Python values (a
     lazy module's, whose class changes on its first call as it sets its sizes, excepted)."""
-    internal = set(vars(torch.nn.Module()))
     return {(m, k): v for m in module.modules() if not isinstance(m, torch.nn.modules.lazy.LazyModuleMixin)
-            for k, v in vars(m).items() if k not in internal and type(v) in _PLAIN}
+            for k, v in vars(m).items() if k not in MODULE_ATTRIBUTES and type(v) in _PLAIN}
 
 
 def changed_attributes(before):

@@ -1061,7 +1061,6 @@ class _ExportWrapper(_FlatWrapper):
 
     _tokens = itertools.count()
     _seen = {}
-    _plain_changes = {}
 
     def __init__(self, module, flat):
         super().__init__(module, flat)
@@ -1080,27 +1079,30 @@ class _ExportWrapper(_FlatWrapper):
         attributes = _user_attributes(self.module)
         plain = _capture.plain_attributes(self.module)
         outs = super().forward(*tensors)
-        # (torch.export puts changed plain attributes back: they are read here, before it does)
-        _ExportWrapper._plain_changes[self._token] = _capture.changed_attributes(plain)
+        # (plain attributes forward changed are read here: torch.export puts them back after)
         _ExportWrapper._seen[self._token] = (self.out_spec, self.out_leaves, self.out_tensor_positions,
                                              [(kind, value, where, internal)
                                               for _, kind, value, where, internal in self.guards.records],
-                                             _set_to_trace_values(self.module, attributes))
+                                             _set_to_trace_values(self.module, attributes),
+                                             _capture.changed_attributes(plain))
         return outs
 
     def take_structure(self):
         """The output structure of the last trace; returns its guarded numbers ((kind, value,
-        where, internal) per extra output after the module's tensors) and the module's attributes
-        that held values of the trace when forward returned."""
+        where, internal) per extra output after the module's tensors), the module's attributes
+        that held values of the trace when forward returned, and the plain attributes forward
+        changed (_capture.changed_attributes)."""
         seen = _ExportWrapper._seen.pop(self._token, None)
         self.guards.reset()         # no traced tensor kept alive
         if seen is None:
-            return [], []
-        self.out_spec, self.out_leaves, self.out_tensor_positions, numbers, assigned = seen
-        return numbers, assigned
+            return [], [], []
+        self.out_spec, self.out_leaves, self.out_tensor_positions, numbers, assigned, changed = seen
+        return numbers, assigned, changed
 
 
-_SYMBOLIC_DTYPES = {torch.SymInt: torch.int64, torch.SymFloat: torch.float64, torch.SymBool: torch.bool}
+# per symbolic number type: the dtype of its 0-d tensor in the graph and the Python type eager has
+_SYMBOLIC_TYPES = {torch.SymInt: (torch.int64, int), torch.SymFloat: (torch.float64, float),
+                   torch.SymBool: (torch.bool, bool)}
 
 
 def _symbolic_number(value, reference=None):
@@ -1109,17 +1111,16 @@ def _symbolic_number(value, reference=None):
     0-d tensor of the graph) where ``value`` is one; else None. Its value for the traced call is
     its symbols' hint, read without the guard that int() would add (it would make the size
     static)."""
-    dtype = _SYMBOLIC_DTYPES.get(type(value))
-    if dtype is None:
+    if type(value) not in _SYMBOLIC_TYPES:
         return None
+    dtype, python_type = _SYMBOLIC_TYPES[type(value)]
     hint = value.node.hint if value.node.has_hint() else None
     if hint is None:
         raise UnsupportedModelError(
             f"the module returns a {type(value).__name__.replace('Sym', '').lower()} computed from a tensor's "
             f"value ({value.node.expr}) that the torch.export capture path cannot give back as a number; "
             "return it as a tensor, or use ORTMOD_CAPTURE=torchscript, which guards it")
-    number = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)](hint)
-    return number, torch.scalar_tensor(value, dtype=dtype)
+    return python_type(hint), torch.scalar_tensor(value, dtype=dtype)
 
 
 def available():
@@ -1225,8 +1226,8 @@ def _export(module, flat, recorder, strict_trace, dynamic):
             ep, frozen = capture(size_oblivious=False)
             guard = _shape_guard(ep, len(tensors))
     timings["torch.export"] = time.perf_counter() - t0 - timings["imports"]
-    numbers, assigned = wrapper.take_structure()
-    _capture.warn_attribute_changes(module, _ExportWrapper._plain_changes.pop(wrapper._token, []), strict_trace)
+    numbers, assigned, changed = wrapper.take_structure()
+    _capture.warn_attribute_changes(module, changed, strict_trace)
     if assigned:
         # eager leaves each call's value there; ortmod runs forward only when it exports
         raise UnsupportedModelError(
@@ -1372,10 +1373,6 @@ def _without_torch_deprecations():
         yield
 
 
-# the attributes nn.Module keeps its own state in (parameters, buffers, hooks): not the user's
-_MODULE_ATTRIBUTES = frozenset(torch.nn.Module().__dict__)
-
-
 def _attribute_names(module):
     """The names in each submodule's __dict__, before the trace."""
     return {id(m): set(m.__dict__) for m in module.modules()}
@@ -1397,7 +1394,7 @@ def _user_attributes(module):
     def computed(v):
         return _is_trace_value(v) and id(v) not in state
     return {(name, key): (value, _capture.holds(value, computed))
-            for name, m in modules for key, value in list(m.__dict__.items()) if key not in _MODULE_ATTRIBUTES}
+            for name, m in modules for key, value in list(m.__dict__.items()) if key not in _capture.MODULE_ATTRIBUTES}
 
 
 def _set_to_trace_values(module, before):
