@@ -3,7 +3,11 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.ortmod-deps
 APT_PKGS := cmake ninja-build protobuf-c-compiler libprotobuf-c-dev libopenblas-dev libdlpack-dev
-PY_PKGS  := torch==2.13.0 onnx onnxscript onnxruntime numpy pytest scikit-build-core transformers expecttest
+# ml_dtypes (onnx's) below 0.7: 0.7.0's extension takes ~0.38 s to load under numpy 2.4 (it registers
+# ufunc loops one by one, each a linear search), 0.6.0's 2 ms; every torch.export first call
+# imports it through onnx (bench/first_call.py)
+PY_PKGS  := torch==2.13.0 onnx "ml_dtypes>=0.5.4,<0.7" onnxscript onnxruntime numpy pytest scikit-build-core \
+	transformers expecttest
 # the one build (CMakeLists.txt), configured once into BUILD_DIR; CMAKE_ARGS add -D options there
 BUILD_DIR  := build/cmake
 CMAKE_ARGS ?=

@@ -714,8 +714,9 @@ class ORTModule(torch.nn.Module):
         inline = self._debug_options.inline_autograd_functions
         dynamic = self.__dict__.get("_ortmod_dynamic_dims", {}).get(export_key)
         state = self.__dict__["_ortmod_state"]
-        with _zero3.plain_linear(), (state.zero3.hooks_off(module) if state is not None and state.zero3 is not None
-                                     else contextlib.nullcontext()):
+        with _capture.collector_paused(), _zero3.plain_linear(), \
+                (state.zero3.hooks_off(module) if state is not None and state.zero3 is not None
+                 else contextlib.nullcontext()):
             exported = self._ortmod_capture(module, flat, strict, inline, dynamic)
         warned = self.__dict__.setdefault("_ortmod_hazards_warned", set())
         new = [h for h in exported.hazards if h.split(" (", 1)[0] not in warned]
