@@ -901,6 +901,7 @@ static PyObject *get_num_threads(PyObject *m, PyObject *unused) { return PyLong_
 
 /* How many float32 GEMMs ran on the bf16 kernel (ortmod.h, testing): tests prove the path ran with it. */
 static PyObject *gemm_bf16_count(PyObject *m, PyObject *unused) { return PyLong_FromLongLong(om_gemm_bf16_count()); }
+static PyObject *gemm_f32_count(PyObject *m, PyObject *unused) { return PyLong_FromLongLong(om_gemm_f32_count()); }
 
 /* use_openmp(address or None): run the pool's jobs as regions of the OpenMP runtime whose
  * GOMP_parallel entry point is at address (ortmod/_threads.py finds torch's). */
@@ -928,6 +929,7 @@ static PyMethodDef module_methods[] = {
     {"uses_openmp", uses_openmp, METH_NOARGS, "uses_openmp() -> bool: the engine's parallel work runs on OpenMP."},
     {"get_num_threads", get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
     {"gemm_bf16_count", gemm_bf16_count, METH_NOARGS, "gemm_bf16_count() -> int: GEMMs run on the bf16 kernel"},
+    {"gemm_f32_count", gemm_f32_count, METH_NOARGS, "gemm_f32_count() -> int: GEMMs run on the AVX-512 fp32 kernel"},
     {"op_table", op_table, METH_NOARGS, "op_table() -> [(name, domain, has_gradient_rule)]: the engine's op table."},
     {"op_attributes", op_attributes, METH_NOARGS,
      "op_attributes() -> [(name, domain, attrs)]: per op, the attributes it implements (\"name:type[=v1|v2]\", "

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from oputil import check_op, make_model, run
+from oputil import _Cap, check_op, make_model, run
 
 RNG = np.random.default_rng(1234)
 
@@ -84,6 +84,49 @@ def test_gemm(ta, tb, cshape):
     check_op("Gemm", {"A": A, "B": B, "C": C}, ref,
              attrs={"transA": ta, "transB": tb, "alpha": alpha, "beta": beta},
              grad=["A", "B"] + ([] if C is None else ["C"]))
+
+
+
+def _avx512():
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    return " avx512f" in flags and " avx512vl" in flags
+
+
+@pytest.mark.parametrize("M,N,K", [(2, 8, 1), (13, 33, 257), (12, 32, 256), (37, 100, 700), (300, 31, 40),
+                                   (11, 1000, 3), (130, 70, 513)])
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_float32_gemm_kernel_every_layout_and_edge(M, N, K, ta, tb):
+    """The engine's AVX-512 float32 GEMM (ops/gemm_f32.c) where the CPU has one: tiles of 12 x 32
+    over passes of 256 k, so sizes one either side of those edges, every transpose, alpha and
+    beta; fp32-level agreement with fp64 (relative to |A||B|), and the same bits at one thread and
+    at two (each element sums its k in a fixed order, however the tiles are shared out)."""
+    from onnx import TensorProto, helper
+
+    from ortmod import _C
+    node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], transA=ta, transB=tb, alpha=0.75, beta=0.5)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(x, TensorProto.FLOAT, None) for x in "abc"],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    eng = _C.Engine(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]).SerializeToString(), None)
+    a = randn(K, M) if ta else randn(M, K)
+    b = randn(N, K) if tb else randn(K, N)
+    c = randn(M, N)
+    A, B = (a.T if ta else a).astype(np.float64), (b.T if tb else b).astype(np.float64)
+    want = 0.75 * A @ B + 0.5 * c
+    scale = 0.75 * np.abs(A) @ np.abs(B) + 0.5 * np.abs(c)
+    ys = []
+    try:
+        for threads in (1, 2):
+            _C.set_num_threads(threads)
+            before = _C.gemm_f32_count()
+            caps, _ = eng.forward([a, b, c], False)
+            ys.append(np.from_dlpack(_Cap(caps[0])).copy())
+            assert _C.gemm_f32_count() - before == (1 if _avx512() else 0)
+    finally:
+        _C.set_num_threads(torch.get_num_threads())
+    err = (np.abs(ys[0] - want) / scale).max()
+    assert err < 4e-7 * max(1.0, K ** 0.5 / 4), err
+    assert np.array_equal(ys[0], ys[1])
 
 
 # ---- Softmax / LogSoftmax -----------------------------------------------------------------

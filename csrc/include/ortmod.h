@@ -263,6 +263,8 @@ bool om_op_table_entry(int i, const char **name, const char **domain, bool *has_
 /* How many float32 products ran on the bf16 GEMM kernel in this process: a test proves the
  * path ran with it on a CPU that has AVX512-BF16. */
 int64_t om_gemm_bf16_count(void);
+/* How many float32 products ran on the engine's AVX-512 GEMM kernel (ops/gemm_f32.c). */
+int64_t om_gemm_f32_count(void);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,5 @@
-/* gemm.c — om_gemm (see gemm.h): BLAS per block, blocks on the engine's pool. */
+/* gemm.c — om_gemm (see gemm.h): the engine's float32 kernels where they apply (gemm_bf16.c,
+ * gemm_f32.c), else BLAS per block, blocks on the engine's pool. */
 #include "ops/gemm.h"
 
 #include <cblas.h>
@@ -83,6 +84,7 @@ void om_gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
     if (dt == OM_F32 && M * N * K >= BF16_MIN_FMAS &&
         om_gemm_bf16(ta, tb, M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, ldc))
         return;
+    if (dt == OM_F32 && om_gemm_f32(ta, tb, M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, ldc)) return;
     gemm_job j = {.dt = dt, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
                   .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
     /* cut the longer side of C: each block then still multiplies a full-width panel */

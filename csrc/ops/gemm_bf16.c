@@ -39,6 +39,8 @@ int64_t om_gemm_bf16_count(void) { return __atomic_load_n(&bf16_calls, __ATOMIC_
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
+#include "ops/transpose16.h"
+
 static int cpu_has_bf16(void) {
     static int has = -1;
     if (has < 0) {
@@ -117,32 +119,6 @@ TARGET static uint32_t pack_cols(const pack_job *j, int64_t c0, uint32_t *o) {
         }
     }
     return bad | m;
-}
-
-/* r[t][q] -> r[q][t] for 16 x 16 uint32 (t: row of the input, q: its element). After the 32- and
- * 64-bit unpacks, v[m] of rows 4g..4g+3 holds in its 128-bit lane L the element 4L+m of those four
- * rows; two rounds of lane shuffles then gather lane L of the four groups. */
-TARGET static void transpose16(__m512i r[16]) {
-    __m512i t[16], v[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int g = 0; g < 4; g++) {   /* v[4g + m]: rows 4g..4g+3, elements 4L + m */
-        v[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-        v[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-        v[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-        v[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-    }
-    for (int m = 0; m < 4; m++) {
-        const __m512i s_lo = _mm512_shuffle_i32x4(v[m], v[4 + m], 0x44), s_hi = _mm512_shuffle_i32x4(v[m], v[4 + m], 0xee);
-        const __m512i t_lo = _mm512_shuffle_i32x4(v[8 + m], v[12 + m], 0x44);
-        const __m512i t_hi = _mm512_shuffle_i32x4(v[8 + m], v[12 + m], 0xee);
-        r[m] = _mm512_shuffle_i32x4(s_lo, t_lo, 0x88);
-        r[4 + m] = _mm512_shuffle_i32x4(s_lo, t_lo, 0xdd);
-        r[8 + m] = _mm512_shuffle_i32x4(s_hi, t_hi, 0x88);
-        r[12 + m] = _mm512_shuffle_i32x4(s_hi, t_hi, 0xdd);
-    }
 }
 
 /* A panel of B when B is stored transposed (N x K: its columns j are rows of X): 16 rows and 16
