@@ -42,7 +42,13 @@ def child(config, model_name, batch):
     if config != "eager":
         os.environ["ORTMODULE_MEMORY_OPT_LEVEL"] = config[-1]
         from ortmod import ORTModule
-        import torch.onnx  # noqa: F401  (loaded before the baseline, like torch itself)
+        # the capture paths' modules (torch.onnx; torch.export's torch._dynamo and the ONNX
+        # translator with onnxscript) are loaded before the baseline, like torch itself: code
+        # loaded once per process, not memory of a step; what an export leaves behind is counted
+        import torch.onnx  # noqa: F401
+        import torch.export._trace  # noqa: F401
+        from torch.onnx._internal.exporter import _core  # noqa: F401
+        import onnxscript.function_libs.torch_lib.ops  # noqa: F401
         model = ORTModule(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     libc = ctypes.CDLL("libc.so.6")
