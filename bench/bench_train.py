@@ -16,9 +16,9 @@ included), peak resident memory of the process. Ratios are in steps/s (> 1: ortm
 Roofline: the eager process counts one step's matrix FLOPs (torch's FlopCounterMode: matmuls,
 convolutions, attention, forward and backward); the GEMM time at the machine's peak is that
 count over the fastest float32 GEMM rate measured: OpenBLAS's own threads at 2048^3, the
-engine's MatMul (its own AVX-512 kernel, ops/gemm_f32.c, where the CPU has one) at 2048^3 and at
-the models' shapes. "rest" is the share of each
-mode's step beyond it (issue 18's goal for ortmod: <= 15%).
+engine's MatMul (its own AVX-512 kernel, ops/gemm_f32.c, where OpenBLAS runs a narrower one)
+at 2048^3 and at the models' shapes. "rest" is the share of each mode's step beyond it (issue
+18's goal for ortmod: <= 15%).
 
 Also: per-step binding overhead (a tiny model whose kernels take ~1 us) and the engine's GEMM
 path at the models' shapes against the same peak.
@@ -299,8 +299,9 @@ def gemm_roofline(threads):
 
 
 def engine_matmul_gflops(threads):
-    """GFLOP/s of a one-node MatMul model run by the engine: om_gemm (its AVX-512 kernel, or BLAS
-    single-threaded in blocks, on the engine's pool), plus the engine's per-call work."""
+    """GFLOP/s of a one-node MatMul model run by the engine: om_gemm (BLAS single-threaded in
+    blocks, or its AVX-512 kernel where OpenBLAS runs a narrower one, on the engine's pool), plus
+    the engine's per-call work."""
     import numpy as np
     import onnx
     import torch

@@ -1,5 +1,6 @@
 """float32 GEMM rates at the benchmark models' shapes: the engine's MatMul (om_gemm: its AVX-512
-kernel, ops/gemm_f32.c, where the CPU has one), OpenBLAS as this environment loads it (a machine
+kernel, ops/gemm_f32.c, where the CPU has AVX-512 and OpenBLAS a narrower kernel; else BLAS),
+OpenBLAS as this environment loads it (a machine
 may pin its kernel with OPENBLAS_CORETYPE), OpenBLAS with its own choice of kernel (a child
 process without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE), and torch.mm (eager's BLAS).
 

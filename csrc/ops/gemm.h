@@ -5,9 +5,9 @@
  * Row-major C (M x N) = alpha op(A) op(B) + beta C, op(X) = X or X^T, float32 or float64
  * (dt), leading dimensions in elements as BLAS takes them. float32 operands that hold only bf16
  * values take the bf16 kernel (om_gemm_bf16: same products, fp32 accumulation, twice the rate);
- * other float32 products the engine's AVX-512 kernel where the CPU has one (om_gemm_f32), BLAS
- * otherwise; float64 BLAS. An empty inner dimension (K = 0) gives C = beta C, with beta = 0
- * writing zeros (BLAS would leave C as it was).
+ * other float32 products go to BLAS, or to the engine's AVX-512 kernel where the CPU has AVX-512
+ * and OpenBLAS was pinned to a kernel without it (om_gemm_f32); float64 to BLAS. An empty inner
+ * dimension (K = 0) gives C = beta C, with beta = 0 writing zeros (BLAS would leave C as it was).
  *
  * Threading: BLAS runs single-threaded; a product big enough to share is cut into blocks of
  * rows (or of columns, when C is wide and short) that run on the engine's pool, the same
@@ -34,8 +34,9 @@ int om_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* How many products it computed: om_gemm_bf16_count, public (ortmod.h, "testing"). */
 
-/* float32 C = alpha op(A) op(B) + beta C on AVX-512 FMAs (ops/gemm_f32.c): 1 when it computed C,
- * 0 when it did not (no such CPU; alpha 0; fewer than 2 rows or 8 columns): then the caller
+/* float32 C = alpha op(A) op(B) + beta C on AVX-512 FMAs (ops/gemm_f32.c), where the CPU has them
+ * and the BLAS is an OpenBLAS running a kernel without: 1 when it computed C, 0 when it did not
+ * (that case is not this machine's; alpha 0; fewer than 2 rows or 8 columns): then the caller
  * runs sgemm. Counted by om_gemm_f32_count (ortmod.h, "testing"). */
 int om_gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc);

@@ -1,11 +1,13 @@
-/* gemm_f32.c — float32 GEMMs on AVX-512 FMAs: the engine's own kernel where the CPU has them.
+/* gemm_f32.c — float32 GEMMs on AVX-512 FMAs, for where the BLAS runs at half the CPU's width.
  *
- * Why not BLAS here: OpenBLAS picks its kernel per CPU, and where a machine pins an older build
- * to its AVX2 kernel (OPENBLAS_CORETYPE=Haswell: 0.3.21's AVX-512 kernels misbehave on some newer
- * CPUs) sgemm runs at half of what the cores' 512-bit FMAs give. Measured on one Zen 5 core:
- * OpenBLAS's Haswell kernel 120-130 GFLOP/s, its own AVX-512 kernel (unpinned) ~230, this one
- * 190-255 on the benchmark models' shapes, eager torch's MKL ~112. `python bench/gemm_kernels.py`
- * prints the comparison.
+ * CPU GEMMs go to BLAS (DESIGN.md). One case is taken here instead: a CPU with AVX-512 whose
+ * OpenBLAS runs a kernel without it. OpenBLAS picks its kernel per CPU at load, and a machine may
+ * pin an older build to its AVX2 kernel (OPENBLAS_CORETYPE=Haswell: 0.3.21's AVX-512 kernels
+ * misbehave on some newer CPUs), which then runs at half of what the cores' 512-bit FMAs give.
+ * Measured on one Zen 5 core at the benchmark models' shapes (`python bench/gemm_kernels.py`):
+ * OpenBLAS's Haswell kernel 116-128 GFLOP/s, its own AVX-512 kernels (unpinned) 154-249, this
+ * kernel 190-254, eager torch's MKL 98-112. Where OpenBLAS runs an AVX-512 kernel (or the BLAS
+ * is another one), every product stays with BLAS.
  *
  * Layout (one micro-kernel, as llm.c and BLIS do it): C is cut into tiles of MR x NR (12 x 32:
  * 24 accumulators in zmm registers). For each pass over KC values of k:
@@ -23,6 +25,7 @@
 #include "ops/gemm.h"
 
 #include <string.h>
+#include <strings.h>
 
 #include "core/threadpool.h"
 
@@ -43,13 +46,23 @@ int64_t om_gemm_f32_count(void) { return __atomic_load_n(&f32_calls, __ATOMIC_RE
 
 #include "ops/transpose16.h"
 
-static int cpu_has_avx512(void) {
-    static int has = -1;
-    if (has < 0) {
+/* OpenBLAS's name for the kernel it loaded; weak, so that another BLAS links too (then absent). */
+extern char *openblas_get_corename(void) __attribute__((weak));
+
+/* 1 when this kernel runs float32 products: the CPU has AVX-512 and the BLAS is an OpenBLAS
+ * that loaded a kernel without it. Its AVX-512 kernels are SkylakeX's and those built on them. */
+static int takes_float32(void) {
+    static int wanted = -1;
+    if (wanted < 0) {
+        static const char *const avx512_cores[] = {"skylakex", "cooperlake", "sapphirerapids", NULL};
         __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+        const char *core = openblas_get_corename ? openblas_get_corename() : NULL;
+        int narrower = core != NULL;
+        for (int i = 0; core && avx512_cores[i]; i++)
+            if (strcasecmp(core, avx512_cores[i]) == 0) narrower = 0;
+        wanted = narrower && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
     }
-    return has;
+    return wanted;
 }
 
 typedef struct f32_job {
@@ -159,7 +172,7 @@ int om_gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     /* alpha 0: BLAS scales C and reads neither operand (an inf there gives no NaN); very thin
      * products would waste most of a tile: both stay with BLAS */
-    if (!cpu_has_avx512() || M < 2 || N < 8 || K <= 0 || alpha == 0.0f) return 0;
+    if (!takes_float32() || M < 2 || N < 8 || K <= 0 || alpha == 0.0f) return 0;
     f32_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
                  .n_blocks = (M + MR - 1) / MR, .n_panels = (N + NR - 1) / NR, .alpha = alpha, .beta = beta,
                  .A = A, .B = B, .C = C};
