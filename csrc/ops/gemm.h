@@ -28,8 +28,8 @@ void om_gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
 
 /* float32 C = alpha op(A) op(B) + beta C on AVX512-BF16, when every value of A and B is a bf16
  * value (the widened operands of a node that computes in bf16): 1 when it computed C, 0 when it
- * did not (no such CPU, an operand bf16 does not hold exactly): then the caller runs sgemm
- * (ops/gemm_bf16.c). om_gemm tries it for big enough float32 products. */
+ * did not (no such CPU, an operand bf16 does not hold exactly): then the caller takes its
+ * float32 path (ops/gemm_bf16.c). om_gemm tries it for big enough float32 products. */
 int om_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* How many products it computed: om_gemm_bf16_count, public (ortmod.h, "testing"). */

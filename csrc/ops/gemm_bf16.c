@@ -10,7 +10,8 @@
  * The operands are packed to bf16 pairs first; packing checks that each value is a bf16 value
  * (low 16 bits zero) and not a bf16 subnormal (VDPBF16PS reads those as zero). When one is not
  * — any ordinary float32 matrix, at its first elements — om_gemm_bf16 returns 0 and the caller
- * runs sgemm: the result never depends on which path ran beyond summation order. Results below
+ * takes its float32 path (om_gemm_f32, else sgemm): the result never depends on which path ran
+ * beyond summation order. Results below
  * fp32's normal range (~1.2e-38) are flushed to zero by the instruction.
  *
  * Layout (llm.c-style, one micro-kernel): C is cut into tiles of MR rows x NR columns.
