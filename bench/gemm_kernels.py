@@ -17,7 +17,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
-# (M, N, K, transpose B) of forward, dX and dW products; conv: im2col products of the CNN
+# (M, N, K), row-major operands: forward, dX and dW products of the models; conv: im2col products of the CNN
 SHAPES = {
     "gpt2 qkv": (1024, 768, 256), "gpt2 qkv dX": (1024, 256, 768), "gpt2 qkv dW": (256, 768, 1024),
     "gpt2 head": (1024, 4096, 256), "mlp": (256, 1024, 1024), "mlp dW": (1024, 1024, 256),

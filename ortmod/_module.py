@@ -735,9 +735,8 @@ class ORTModule(torch.nn.Module):
 
     def _ortmod_capture(self, module, flat, strict, inline, dynamic=None):
         """Export with the capture path the options pick (see DebugOptions.capture)."""
-        from . import _capture_export
-
         def by_export():
+            from . import _capture_export     # here: the TorchScript path does not need it
             return _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline,
                                           dynamic=dynamic)
 

@@ -11,9 +11,6 @@
 /* OpenBLAS's own thread count; weak so another BLAS links too. */
 extern void openblas_set_num_threads(int n) __attribute__((weak));
 
-/* Below this many multiply-adds a product is not worth a wake-up of the pool (~2-5 µs;
- * 1M FMAs take ~10 µs on one AVX2 core). */
-#define SHARE_MIN_FMAS ((int64_t)1 << 20)
 /* Rows or columns per block are a multiple of this, so that no thread gets a sliver that
  * the BLAS micro-kernel handles with its slow edge code. */
 #define BLOCK_ALIGN 16
@@ -92,7 +89,7 @@ void om_gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
     const int64_t blocks = ((j.by_rows ? M : N) + BLOCK_ALIGN - 1) / BLOCK_ALIGN;
     /* Two ranges per thread at most (each BLAS call packs its operands once more), so a
      * thread that the OS preempts holds up less; 64 rows or columns at least. */
-    int R = M * N * K < SHARE_MIN_FMAS ? 1 : om_pool_ranges(blocks, 4);
+    int R = M * N * K < OM_GEMM_SHARE_MIN_FMAS ? 1 : om_pool_ranges(blocks, 4);
     const int cap = 2 * om_get_num_threads();
     pthread_once(&blas_once, blas_single_threaded);
     om_pool_run(blocks, R < cap ? R : cap, gemm_blocks, &j);

@@ -23,6 +23,10 @@
 
 #include "ortmod.h"
 
+/* Below this many multiply-adds a product is not worth a wake-up of the pool (~2-5 µs; 1M FMAs
+ * take ~10 µs on one AVX2 core): it runs on the calling thread (gemm.c, gemm_f32.c). */
+#define OM_GEMM_SHARE_MIN_FMAS ((int64_t)1 << 20)
+
 void om_gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
 

@@ -32,8 +32,6 @@
 #define MR 12
 #define NR 32
 #define KC 256
-/* Below this many multiply-adds a product is not worth a wake-up of the pool (gemm.c's rule). */
-#define SHARE_MIN_FMAS ((int64_t)1 << 20)
 
 static int64_t f32_calls;   /* products this kernel computed (om_gemm_f32_count) */
 
@@ -178,7 +176,7 @@ int om_gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
                  .A = A, .B = B, .C = C};
     j.by_rows = j.n_blocks > j.n_panels;
     const int64_t units = j.by_rows ? j.n_blocks : j.n_panels;
-    if (M * N * K < SHARE_MIN_FMAS) f32_range(&j, 0, units);
+    if (M * N * K < OM_GEMM_SHARE_MIN_FMAS) f32_range(&j, 0, units);
     else om_pool_for(units, 1, f32_range, &j);
     __atomic_fetch_add(&f32_calls, 1, __ATOMIC_RELAXED);
     return 1;
