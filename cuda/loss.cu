@@ -45,6 +45,11 @@ __global__ void sce_forward_kernel(const T *x, T *logp, const void *lab, int lab
     for (int64_t pos = blockIdx.x; pos < g.N * g.S; pos += gridDim.x) {
         int64_t i = pos / g.S, s = pos - i * g.S;
         const T *xr = x + i * g.C * g.S + s;
+        // logp may be x's own buffer (in place, loss.c): the label's score is read before the
+        // block's first barrier, every log-prob written after its last
+        int64_t l = label_at(lab, lab64, pos);
+        int skip = (a.has_ignore && l == a.ignore) || l < 0 || l >= g.C;
+        A xl = threadIdx.x == 0 && !skip ? ld(xr[l * g.S]) : (A)0;
         A m = -INFINITY;
         for (int64_t c = threadIdx.x; c < g.C; c += blockDim.x) { A v = ld(xr[c * g.S]); m = v > m ? v : m; }
         m = block_max(m);
@@ -57,10 +62,8 @@ __global__ void sce_forward_kernel(const T *x, T *logp, const void *lab, int lab
             for (int64_t c = threadIdx.x; c < g.C; c += blockDim.x) lr[c * g.S] = st<T>((ld(xr[c * g.S]) - m) - ls);
         }
         if (threadIdx.x == 0) {
-            int64_t l = label_at(lab, lab64, pos);
-            int skip = (a.has_ignore && l == a.ignore) || l < 0 || l >= g.C;
             A wl = skip ? (A)0 : w ? ld(w[l]) : (A)1;
-            A li = skip ? (A)0 : -wl * ((ld(xr[l * g.S]) - m) - ls);
+            A li = skip ? (A)0 : -wl * ((xl - m) - ls);
             if (loss_none) loss_none[pos] = st<T>(li);
             else { li_buf[pos] = (float)li; wl_buf[pos] = (float)wl; }
         }

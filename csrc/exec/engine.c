@@ -962,7 +962,12 @@ const char *om_engine_report_json(om_engine *e) {
             taken[best] = 1;
             sb_printf(&b, "%s{\"name\": ", r ? ", " : "");
             sb_json_str(&b, g->values[best].name);
-            sb_printf(&b, ", \"bytes\": %zu, \"where\": \"%s\"}", best_nb, storage_name(p->storage[best]));
+            sb_printf(&b, ", \"bytes\": %zu, \"where\": \"%s\"", best_nb, storage_name(p->storage[best]));
+            if (p->bytes_of && p->bytes_of[best] != best) {   /* no bytes of its own: an in-place op's output */
+                sb_printf(&b, ", \"in_place_of\": ");
+                sb_json_str(&b, g->values[p->bytes_of[best]].name);
+            }
+            sb_printf(&b, "}");
         }
         free(taken);
         sb_printf(&b, "]}");

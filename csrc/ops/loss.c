@@ -186,7 +186,8 @@ static int64_t sce_grain(int64_t C, int64_t S) {
         for (int64_t t = lo; t < hi; t++) {                                                         \
             const int64_t i = t / nch, s0 = (t % nch) * LS_CHUNK;                                   \
             const int64_t w = S - s0 < LS_CHUNK ? S - s0 : LS_CHUNK;                                \
-            const T *restrict xr = xp + i * C * S + s0;                                             \
+            /* lp may be x's own buffer (in place, set below): the loss reads x first */             \
+            const T *xr = xp + i * C * S + s0;                                                      \
             T mx[LS_CHUNK], ls[LS_CHUNK]; /* log p = (x - mx) - ls, as eager: exact near the max */ \
             if (S == 1) {                                                                           \
                 /* contiguous row: the common (N, C) case */                                        \
@@ -214,16 +215,6 @@ static int64_t sce_grain(int64_t C, int64_t S) {
                     for (int64_t j = 0; j < w; j++) sum[j] += EXP_T(xr[c * S + j] - m[j]);          \
                 for (int64_t j = 0; j < w; j++) mx[j] = m[j], ls[j] = LOG_T(sum[j]);                \
             }                                                                                       \
-            if (lpp) {                                                                              \
-                T *restrict lr = lpp + i * C * S + s0;                                              \
-                if (S == 1) { /* one unit-stride loop: the nest below would run its inner loop once */ \
-                    const T m0 = mx[0], l0 = ls[0];                                                 \
-                    for (int64_t c = 0; c < C; c++) lr[c] = (xr[c] - m0) - l0;                      \
-                } else {                                                                            \
-                    for (int64_t c = 0; c < C; c++)                                                 \
-                        for (int64_t j = 0; j < w; j++) lr[c * S + j] = (xr[c * S + j] - mx[j]) - ls[j]; \
-                }                                                                                   \
-            }                                                                                       \
             for (int64_t j = 0; j < w; j++) {                                                       \
                 const int64_t pos = i * S + s0 + j, l = label_at(lab, pos);                         \
                 if (has_ign && l == ign) {                                                          \
@@ -234,6 +225,16 @@ static int64_t sce_grain(int64_t C, int64_t S) {
                 const T li = -wl * ((xr[l * S + j] - mx[j]) - ls[j]);                               \
                 if (red == RED_NONE) lossp[pos] = li;                                               \
                 else { tot += li; wsum += wl; }                                                     \
+            }                                                                                       \
+            if (lpp) {                                                                              \
+                T *lr = lpp + i * C * S + s0;                                                       \
+                if (S == 1) { /* one unit-stride loop: the nest below would run its inner loop once */ \
+                    const T m0 = mx[0], l0 = ls[0];                                                 \
+                    for (int64_t c = 0; c < C; c++) lr[c] = (xr[c] - m0) - l0;                      \
+                } else {                                                                            \
+                    for (int64_t c = 0; c < C; c++)                                                 \
+                        for (int64_t j = 0; j < w; j++) lr[c * S + j] = (xr[c * S + j] - mx[j]) - ls[j]; \
+                }                                                                                   \
             }                                                                                       \
         }                                                                                           \
         c->part[2 * om_pool_range_id()] = tot;                                                            \
@@ -369,8 +370,8 @@ static double mean_denominator(const om_tensor *lab, const void *wp, om_dtype dt
                 lj[j] = ignored ? -1 : l;                                                           \
                 coef[j] = ignored ? (T)0 : (wp ? wp[l] : (T)1) * (red == RED_NONE ? dl[pos] : base);\
             }                                                                                       \
-            const T *restrict lr = lpp + i * C * S + s0;                                            \
-            T *restrict dr = dxp + i * C * S + s0;                                                  \
+            const T *lr = lpp + i * C * S + s0; /* dr may be lr's own buffer (in place) */          \
+            T *dr = dxp + i * C * S + s0;                                                           \
             if (S == 1) {                                                                           \
                 const T k = coef[0];                                                                \
                 for (int64_t c = 0; c < C; c++) dr[c] = EXP_G(lr[c]) * k;                           \
@@ -534,12 +535,16 @@ static om_status *nll_grad_cpu(om_kernel_ctx *ctx) {
 
 const om_op_def om_op_softmax_cross_entropy_loss = {
     .name = "SoftmaxCrossEntropyLoss", .domain = "", .min_in = 2, .max_in = 3, .min_out = 1, .max_out = 2,
+    /* log_prob takes the scores' bytes when nothing else reads them (the logits of a language model) */
+    .flags = OM_OP_INPLACE, .inplace_in = 0, .inplace_out = 1,
     .infer = sce_infer, .grad = sce_grad, .cpu = sce_cpu, .diff_inputs = 0x1,
     .attrs = "ignore_index:int reduction:string=mean|sum|none",
 };
 
 const om_op_def om_op_softmax_cross_entropy_loss_grad = {
     .name = "SoftmaxCrossEntropyLossGrad", .domain = "ortmod", .min_in = 3, .max_in = 4, .min_out = 1, .max_out = 1,
+    /* dscores takes the stashed log_prob's bytes: the forward's (N, C, S) buffer serves three times */
+    .flags = OM_OP_INPLACE, .inplace_in = 1, .inplace_out = 0,
     .infer = sce_grad_infer, .grad = NULL, .cpu = sce_grad_cpu, .diff_inputs = 0,
     .attrs = "ignore_index:int reduction:string=mean|sum|none",
 };

@@ -42,8 +42,10 @@ enum {
     OM_OP_ALIAS = 1 << 0,      /* output 0 may share input 0's memory (Reshape, Identity, ...) */
     OM_OP_RANDOM = 1 << 1,     /* never fold at plan time, never merge */
     OM_OP_SHAPE_ONLY = 1 << 2, /* reads only input shapes (Shape, Size): foldable once shapes are known */
-    OM_OP_INPLACE = 1 << 3,    /* output 0 may overwrite input 0 when both have the same shape and input 0
-                                  dies here: the kernel reads each element before writing the same element */
+    OM_OP_INPLACE = 1 << 3,    /* output inplace_out may overwrite input inplace_in (both 0 unless the def
+                                  says otherwise) when both have the same shape and dtype and the input dies
+                                  here: every read of an input element comes before the write of the same
+                                  output element, none after it */
     OM_OP_ANY_DTYPE = 1 << 4,  /* the CPU kernel only moves or converts elements (by element size, or
                                   Cast), so it takes every dtype the shape rule allows, fp16/bf16 too.
                                   The other CPU kernels compute in fp32/fp64 only: on fp16/bf16 they run
@@ -59,6 +61,7 @@ typedef struct om_op_def {
     int min_in, max_in;
     int min_out, max_out;
     unsigned flags;
+    int inplace_in, inplace_out;   /* with OM_OP_INPLACE: which input's buffer which output may take */
     /* dtype rule; NULL means: every output has the dtype of input 0. */
     om_dtype (*dtype)(const om_graph *g, const om_node *n, int out_index);
     om_status *(*infer)(om_kernel_ctx *ctx);

@@ -17,6 +17,7 @@ void om_plan_free(om_plan *p) {
     free(p->storage);
     free(p->offset);
     free(p->alias_of);
+    free(p->bytes_of);
     free(p->owned);
     free(p->fwd_prog);
     free(p->bwd_prog);
@@ -130,6 +131,9 @@ static void size_cpu_twins(const om_graph *g, om_plan *p, const int *prog, int n
         if (b > p->twin_bytes) p->twin_bytes = b;
     }
 }
+
+/* Storage placed in the frame: the one timeline that in-place reuse may merge across. */
+static int in_frame(om_storage s) { return s == OM_ST_FWD || s == OM_ST_STASH || s == OM_ST_BWD; }
 
 static int root_of(const om_plan *p, int v) {
     while (p->storage[v] == OM_ST_ALIAS) v = p->alias_of[v];
@@ -445,22 +449,30 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
             if (v >= 0 && p->storage[v] == OM_ST_BWD) p->storage[v] = OM_ST_OUT;
         }
 
-    /* In-place reuse: an INPLACE op's output takes its first input's buffer when that input
-     * dies at this node (same arena, same size); the merged buffer lives until the output's
-     * last use. share[] points each merged output at the buffer that owns the bytes. */
+    /* In-place reuse: an INPLACE op's output takes its input's buffer (the pair the op names)
+     * when that input dies at this node (same size and dtype); the merged buffer lives until
+     * the output's last use. Forward scratch, stash and backward scratch are one timeline in
+     * one frame (below), so a merge may cross them: the loss's log-probabilities take its
+     * logits' bytes in the forward, and their gradient takes theirs in the backward (a forward
+     * runs one backward, so the stash is never read again). share[] points each merged output
+     * at the buffer that owns the bytes. */
     share = malloc(sizeof(int) * ((size_t)nv + 1));
     if (!share) goto oom;
     for (int v = 0; v < nv; v++) share[v] = v;
     for (int k = 0; k < nn; k++) {
         const om_node *n = &g->nodes[k];
-        if (step_of[k] < 0 || !(n->op->flags & OM_OP_INPLACE) || n->n_in < 1 || n->in[0] < 0 || n->out[0] < 0) continue;
-        int a = root_of(p, n->in[0]), b = n->out[0];
-        om_storage sa = p->storage[a];
-        if ((sa != OM_ST_FWD && sa != OM_ST_BWD) || p->storage[b] != sa || last[a] != step_of[k]) continue;
-        if (!om_shape_equal(&p->vt[a], &p->vt[b]) || p->vt[a].dtype != p->vt[b].dtype) continue;
+        if (step_of[k] < 0 || !(n->op->flags & OM_OP_INPLACE)) continue;
+        const int ii = n->op->inplace_in, oi = n->op->inplace_out;
+        if (ii >= n->n_in || oi >= n->n_out || n->in[ii] < 0 || n->out[oi] < 0) continue;
+        /* the shapes compared are the node's own (a reshaped view's root holds the same bytes) */
+        int a = root_of(p, n->in[ii]), b = n->out[oi];
+        if (!in_frame(p->storage[a]) || !in_frame(p->storage[b]) || last[a] != step_of[k]) continue;
+        if (!om_shape_equal(&p->vt[n->in[ii]], &p->vt[b]) || p->vt[a].dtype != p->vt[b].dtype) continue;
         int owner = share[a];
         share[b] = owner;
         if (last[b] > last[owner]) last[owner] = last[b];
+        /* bytes that the backward reaches are stash bytes, wherever they were first written */
+        if (p->storage[b] != OM_ST_FWD && p->storage[owner] == OM_ST_FWD) p->storage[owner] = OM_ST_STASH;
     }
     /* One timeline, one buffer per forward call (the "frame"): forward scratch, the stash
      * and backward scratch are placed together. A stashed value lives from its forward step
@@ -481,6 +493,8 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     for (int v = 0; v < nv; v++)
         if (share[v] != v) p->offset[v] = p->offset[share[v]];
     if (p->device == OM_CPU && (st = release_schedule(p, iv, n_iv, result, share, nn))) goto fail;
+    p->bytes_of = share;   /* the report names the merges */
+    share = NULL;
 
     goto done;
 oom:

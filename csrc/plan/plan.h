@@ -32,6 +32,7 @@ typedef struct om_plan {
     om_storage *storage;
     size_t *offset;               /* into the frame */
     int *alias_of;
+    int *bytes_of;                /* per value: the buffer whose bytes it took in place (itself if none) */
     char *owned;                  /* vt[v].data was allocated by the plan */
     int *fwd_prog, n_fwd_prog;    /* runtime node ids, in order */
     int *bwd_prog, n_bwd_prog;
