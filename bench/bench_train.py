@@ -18,7 +18,8 @@ convolutions, attention, forward and backward); the GEMM time at the machine's p
 count over the fastest float32 GEMM rate measured: OpenBLAS's own threads at 2048^3, the
 engine's MatMul (its own AVX-512 kernel, ops/gemm_f32.c, where OpenBLAS runs a narrower one)
 at 2048^3 and at the models' shapes. "rest" is the share of each mode's step beyond it (issue
-18's goal for ortmod: <= 15%).
+18's goal for ortmod: <= 15%). "floor" is the least rest that training with AdamW allows: its
+28 bytes of traffic per parameter at the measured memory bandwidth against the GEMMs at peak.
 
 Also: per-step binding overhead (a tiny model whose kernels take ~1 us) and the engine's GEMM
 path at the models' shapes against the same peak.
@@ -292,6 +293,7 @@ def gemm_roofline(threads):
     for model, shapes in GEMM_SHAPES.items():
         for (M, N, K) in shapes:
             rows["shapes"][f"{model} {M}x{N}x{K}"] = {"gflops": engine_gflops(M, N, K)}
+    rows["stream_gbs"] = stream_bandwidth(threads)
     rows["peak_gflops"] = peak = max([peak, engine_peak] + [v["gflops"] for v in rows["shapes"].values()])
     for v in rows["shapes"].values():
         v["of_peak"] = v["gflops"] / peak
@@ -375,22 +377,53 @@ def machine():
             "load_avg": os.getloadavg()}
 
 
-def roofline(results, models_, modes, peak_gflops):
+def stream_bandwidth(threads):
+    """GB/s of torch.add over 64M float32 (two arrays read, one written: 768 MiB a pass), best of
+    five, at the benchmark's thread count: what a memory-bound pass such as an optimizer's can move."""
+    import torch
+    torch.set_num_threads(threads)
+    a, b = torch.rand(1 << 26), torch.rand(1 << 26)
+    c = torch.empty_like(a)
+    torch.add(a, b, out=c)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.add(a, b, out=c)
+        best = min(best, time.perf_counter() - t0)
+    return 3 * a.numel() * 4 / best / 1e9
+
+
+# AdamW's least traffic per float32 parameter: reads parameter, gradient and both moments, writes
+# parameter and both moments (a fused one-pass optimizer moves exactly this)
+ADAM_BYTES_PER_PARAM = 7 * 4
+
+
+def roofline(results, models_, modes, peak_gflops, stream_gbs=None):
     """Per model: the step's matrix FLOPs, their time at the measured sgemm peak, and each mode's
-    rest (the step beyond that time) as a share of its step."""
+    rest (the step beyond that time) as a share of its step. With the measured stream bandwidth,
+    also the floor of the rest: the optimizer's own traffic at that bandwidth against the GEMMs at
+    peak, the least rest any mode training with Adam can have, whatever else it fuses."""
     print(f"\nroofline: matrix FLOPs per step (FlopCounterMode on the eager model) at {peak_gflops:.1f} GFLOP/s; "
-          "rest = share of the step beyond that (goal for ortmod: <= 15%)")
-    print(f"  {'model':11s}{'GFLOP/step':>11s}{'GEMM ms':>9s}" + "".join(f"{'rest ' + SHORT[md]:>11s}" for md in modes))
+          "rest = share of the step beyond that (goal for ortmod: <= 15%)"
+          + (f"; floor = AdamW's {ADAM_BYTES_PER_PARAM} bytes per parameter at {stream_gbs:.1f} GB/s (torch.add) "
+             "alone" if stream_gbs else ""))
+    print(f"  {'model':11s}{'GFLOP/step':>11s}{'GEMM ms':>9s}{'Adam ms':>9s}{'floor':>7s}"
+          + "".join(f"{'rest ' + SHORT[md]:>11s}" for md in modes))
     out = {}
     for m in models_:
         flops = results[m].get("eager", {}).get("matrix_flops")
         if not flops:
             continue
         gemm_s = flops / (peak_gflops * 1e9)
+        params = results[m]["eager"].get("params")
+        adam_s = params * ADAM_BYTES_PER_PARAM / (stream_gbs * 1e9) if stream_gbs and params else None
+        floor = adam_s / (gemm_s + adam_s) if adam_s else None
         rest = {md: 1.0 - gemm_s / results[m][md]["median_s"] for md in modes if "median_s" in results[m][md]}
-        out[m] = {"matrix_gflop": flops / 1e9, "gemm_ms_at_peak": gemm_s * 1e3, "rest_share": rest}
-        print(f"  {m:11s}{flops / 1e9:11.2f}{gemm_s * 1e3:9.1f}" +
-              "".join(f"{(f'{100 * rest[md]:.0f}%' if md in rest else '-'):>11s}" for md in modes))
+        out[m] = {"matrix_gflop": flops / 1e9, "gemm_ms_at_peak": gemm_s * 1e3, "rest_share": rest,
+                  "adam_ms_at_stream": adam_s * 1e3 if adam_s else None, "rest_floor": floor}
+        print(f"  {m:11s}{flops / 1e9:11.2f}{gemm_s * 1e3:9.1f}"
+              + (f"{adam_s * 1e3:9.1f}{100 * floor:6.0f}%" if adam_s else f"{'-':>9s}{'-':>7s}")
+              + "".join(f"{(f'{100 * rest[md]:.0f}%' if md in rest else '-'):>11s}" for md in modes))
     return out
 
 
@@ -592,7 +625,10 @@ def main():
                       "engine's float32 products run on its own AVX-512 kernel")
             for k, v in gm["shapes"].items():
                 print(f"  {k:24s} {v['gflops']:7.1f} GFLOP/s  {100 * v['of_peak']:5.1f}% of peak")
-            extras["roofline"] = roofline(results, models_, modes, gm["peak_gflops"])
+            if gm.get("stream_gbs"):
+                print(f"  memory bandwidth: {gm['stream_gbs']:.1f} GB/s (torch.add of 64M float32, {gm['threads']} "
+                      "threads)")
+            extras["roofline"] = roofline(results, models_, modes, gm["peak_gflops"], gm.get("stream_gbs"))
 
     os.makedirs(RESULTS, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -157,7 +157,11 @@ def _backward(ctx, grad_outputs):
     # through a stop-gradient) gets no gradient (None), as in eager autograd, rather than the
     # engine's zeros: an optimizer treats the two differently. The binding builds the result:
     # (None, None) for call and zero3, then per input torch's tensor of its gradient, or None.
-    keep = None if call.output_deps is None else call.kept(tuple(map(_is_not, grad_outputs, _NONES)))
+    if call.output_deps is None:
+        keep = None
+    else:
+        present = tuple(map(_is_not, grad_outputs, _NONES))
+        keep = call._kept.get(present) or call.kept(present)     # kept's cache, read without its frame
     if call.functions is None:
         result = call.engine.backward(stash, grads, stream, convert, _from_dlpack, keep, 2)
     else:
@@ -209,9 +213,12 @@ def run_training(call, tensors, zero3=None):
 
 def run_inference(call, tensors):
     """Forward-only (eval or no_grad): plain tensors, no autograd history, no stash."""
-    with _functions_of(call, training=False):
-        outputs, _ = call.engine.forward(tensors, False, _stream(tensors) if call.cuda is not False else None,
-                                         _engine_view, _from_dlpack)
+    stream = _stream(tensors) if call.cuda is not False else None
+    if call.functions is None:       # no PythonOp nodes: no scope (a generator's frames per call)
+        outputs, _ = call.engine.forward(tensors, False, stream, _engine_view, _from_dlpack)
+    else:
+        with _functions_of(call, training=False):
+            outputs, _ = call.engine.forward(tensors, False, stream, _engine_view, _from_dlpack)
     if call.cuda is None:
         call.cuda = any(t.is_cuda for t in tensors)
     return outputs

@@ -271,12 +271,13 @@ class _Fast:
     cache), so a call here leaves the cache's order as the slow path would."""
 
     __slots__ = ("entry", "state", "module", "export_key", "nargs", "kwnames", "types", "tensor_keys", "constants",
-                 "training", "grad", "autocast", "template", "input_slots", "tensor_positions", "dense")
+                 "training", "grad", "autocast", "template", "input_slots", "tensor_positions", "dense", "attrs_are",
+                 "steady_inputs")
 
     @classmethod
-    def make(cls, module, state, entry, export_key, args, kwargs, flat):
+    def make(cls, module, state, entry, export_key, args, kwargs, flat, C):
         """The record of a call that just ran ``entry`` under ``export_key`` (``flat``: its
-        flattened inputs), or None where its arguments are not all tensors and plain constants at
+        flattened inputs; ``C``: the extension, whose loops check the state and CPU inputs), or None where its arguments are not all tensors and plain constants at
         the top level (then every call takes the slow path)."""
         values = list(args)
         values.extend(kwargs.values())
@@ -307,6 +308,7 @@ class _Fast:
         self.input_slots = tuple(entry.input_slots)
         self.tensor_positions = tuple(k[0] for k in tensor_keys)
         self.dense = any(not k[4] for k in tensor_keys)     # CUDA inputs: made dense as the slow path does
+        self.attrs_are, self.steady_inputs = C.attrs_are, C.steady_inputs
         return self
 
     def inputs(self, d, args, kwargs):
@@ -318,36 +320,42 @@ class _Fast:
                 or self.module.training is not self.training or _grad_enabled() is not self.grad
                 or (_autocast_key() != self.autocast if _any_autocast() else self.autocast)
                 # state.still_valid(), less its frame
-                or tuple(map(_requires_grad_of, state.params)) != state.grads
-                or tuple(map(_dtype_of, state.tensors)) != state.dtypes
+                or not self.attrs_are(state.params, "requires_grad", state.grads)
+                or not self.attrs_are(state.tensors, "dtype", state.dtypes)
                 or (state.params and hasattr(state.params[0], "ds_status"))):
             return _MISS
         values = args + tuple(kwargs.values()) if kwargs else args
-        if tuple(map(type, values)) != self.types:
+        if self.dense:            # CUDA inputs: here, made dense as the slow path does
+            tensors = self._cuda_inputs(values)
+        else:                     # the same checks and list, in the extension
+            tensors = self.steady_inputs(values, self.types, self.tensor_keys, self.template, self.input_slots,
+                                         _unwrap_if_dead)
+        if tensors is None:
             return _MISS
-        for i, dtype, rank, requires_grad, cpu, device in self.tensor_keys:
-            v = values[i]
-            if (v.dtype is not dtype or v.dim() != rank or v.requires_grad is not requires_grad
-                    or (not v.is_cpu if cpu else v.device != device)):
-                return _MISS
         for i, key in self.constants:
             if _capture._constant_key(values[i]) != key:
                 return _MISS
         entry = self.entry
         if entry.static_dims or entry.shape_guard is not None:
-            tensors = [values[i] for i in self.tensor_positions]
+            shaped = [values[i] for i in self.tensor_positions]
             for k, dim, size in entry.static_dims:
-                if tensors[k].shape[dim] != size:
+                if shaped[k].shape[dim] != size:
                     return _MISS
-            if entry.shape_guard is not None and not entry.shape_guard.holds(tuple(tuple(t.shape) for t in tensors)):
+            if entry.shape_guard is not None and not entry.shape_guard.holds(tuple(tuple(t.shape) for t in shaped)):
                 return _MISS
+        return tensors
+
+    def _cuda_inputs(self, values):
+        if tuple(map(type, values)) != self.types:
+            return None
+        for i, dtype, rank, requires_grad, cpu, device in self.tensor_keys:
+            v = values[i]
+            if (v.dtype is not dtype or v.dim() != rank or v.requires_grad is not requires_grad
+                    or (not v.is_cpu if cpu else v.device != device)):
+                return None
         tensors = self.template.copy()
-        if self.dense:
-            for pos, i in self.input_slots:
-                tensors[pos] = _dense(_unwrap_if_dead(values[i]))
-        else:
-            for pos, i in self.input_slots:
-                tensors[pos] = _unwrap_if_dead(values[i])
+        for pos, i in self.input_slots:
+            tensors[pos] = _dense(_unwrap_if_dead(values[i]))
         return tensors
 
 
@@ -447,18 +455,21 @@ class ORTModule(torch.nn.Module):
 
     def __call__(self, *args, **kwargs):
         # nn.Module.__call__ (_wrapped_call_impl, then _call_impl) in one frame where it would only
-        # call forward: no compiled call, no tracing, no hook of this module or global ones;
-        # anything else goes through torch's own.
+        # call forward: no compiled call, no tracing, no hook of this module or global ones, no
+        # forward replaced on the instance; anything else goes through torch's own.
         d = self.__dict__
         if (self._compiled_call_impl is None and not (
                 d["_forward_pre_hooks"] or d["_forward_hooks"] or d["_backward_pre_hooks"] or d["_backward_hooks"]
                 or _nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks
                 or _nn_module._global_backward_pre_hooks or _nn_module._global_backward_hooks)
-                and not _tracing_state()):
-            return self.forward(*args, **kwargs)
+                and not _tracing_state() and "forward" not in d):
+            return self._ortmod_forward(args, kwargs)
         return torch.nn.Module.__call__(self, *args, **kwargs)
 
     def forward(self, *args, **kwargs):
+        return self._ortmod_forward(args, kwargs)
+
+    def _ortmod_forward(self, args, kwargs):
         d = self.__dict__
         fast = d["_ortmod_fast"]
         if fast is None and d["_ortmod_fallback"] is not None:
@@ -468,9 +479,18 @@ class ORTModule(torch.nn.Module):
                 # the steady state: the last call's key again (see _Fast)
                 tensors = fast.inputs(d, args, kwargs)
                 if tensors is not _MISS:
-                    # (the record is never made under ZeRO-3: no parameters to gather)
-                    outputs = self._ortmod_execute(fast.entry, tensors, fast.state)
-                    return self._ortmod_result(fast.entry, outputs, fast.state, fast.export_key, args, kwargs, False)
+                    # _ortmod_execute and _ortmod_result inlined (a tiny model's step is mostly this
+                    # path); the record is never made under ZeRO-3: no parameters to gather
+                    entry = fast.entry
+                    threads = _torch_threads()
+                    if threads != d["_ortmod_threads"]:      # torch, BLAS and the engine use one count
+                        self._C.set_num_threads(threads)
+                        d["_ortmod_threads"] = threads
+                    outputs = run_training(entry.call, tensors) if entry.needs_grad else \
+                        run_inference(entry.call, tensors)
+                    if entry.guards or entry.state_updates:
+                        return self._ortmod_result(entry, outputs, fast.state, fast.export_key, args, kwargs, False)
+                    return outputs[0] if entry.single else entry.rebuild(outputs)
             return self._ortmod_run(args, kwargs)
         except Exception as e:
             category = self._ortmod_category(e)
@@ -546,7 +566,7 @@ class ORTModule(torch.nn.Module):
             _check_output_shapes(self._original_module, check, outputs)
         # a call that held its guards is the next call's fast record (not under ZeRO-3)
         record = None if state.zero3 is not None else \
-            (lambda: _Fast.make(module, state, entry, export_key, args, kwargs, flat))
+            (lambda: _Fast.make(module, state, entry, export_key, args, kwargs, flat, self._C))
         return self._ortmod_result(entry, outputs, state, export_key, args, kwargs, retried, record)
 
     def _ortmod_result(self, entry, outputs, state, export_key, args, kwargs, retried, record=None):

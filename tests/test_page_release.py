@@ -38,7 +38,7 @@ MODELS = {
             lambda: bench_models.mlp_batch(batch=70, d_in=200)),
     # a frame above 16 MiB: it sits on 2 MiB huge pages, and its ranges are cut to whole ones
     "gpt2-huge-frame": (lambda: bench_models.GPT(vocab=4096, d=64, heads=2, layers=1, max_len=64),
-                        lambda: bench_models.gpt_batch(batch=8, seq=64, vocab=4096)),
+                        lambda: bench_models.gpt_batch(batch=16, seq=64, vocab=4096)),
 }
 HUGE_FRAME_BYTES = 16 << 20
 

@@ -112,17 +112,18 @@ static om_status *mmb_dims(const om_kernel_ctx *ctx, int64_t *M, int64_t *N, int
     OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));
     OM_TRY(om_check_float(n, w, 1, x->dtype));
     OM_TRY(om_check_float(n, b, 2, x->dtype));
-    char sx[128], sw[128];
-    om_shape_str(x, sx, sizeof sx);
-    om_shape_str(w, sw, sizeof sw);
-    if (x->rank < 1 || w->rank != 2)
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': x %s must have rank >= 1 and W %s rank 2", n->op->name,
-                        n->name, sx, sw);
+    if (x->rank < 1 || w->rank != 2 || (tb ? w->dims[1] : w->dims[0]) != x->dims[x->rank - 1]) {
+        char sx[128], sw[128];   /* formatted for the error only: this runs on every call */
+        om_shape_str(x, sx, sizeof sx);
+        om_shape_str(w, sw, sizeof sw);
+        if (x->rank < 1 || w->rank != 2)
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': x %s must have rank >= 1 and W %s rank 2",
+                            n->op->name, n->name, sx, sw);
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': shapes %s and %s%s do not multiply", n->op->name, n->name,
+                        sx, sw, tb ? "^T" : "");
+    }
     *K = x->dims[x->rank - 1];
     *N = tb ? w->dims[0] : w->dims[1];
-    if ((tb ? w->dims[1] : w->dims[0]) != *K)
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': shapes %s and %s%s do not multiply", n->op->name, n->name, sx,
-                        sw, tb ? "^T" : "");
     *M = *K ? om_tensor_numel(x) / *K : 0;
     if (*K == 0) {
         *M = 1;
