@@ -425,3 +425,33 @@ def test_hooks_and_tracing_still_go_through_torch_call():
     ort(x)
     assert seen == ["module", "global"]
     torch.testing.assert_close(doubled, ort(x * 2))
+
+
+def test_steady_state_checks_in_the_extension_miss_on_every_key_item():
+    """_C.steady_inputs and _C.attrs_are, the C loops of the steady state: each item of a
+    recorded key that changes (type, dtype, rank, requires_grad, device) is a miss (None), equal
+    ones give the engine's inputs; malformed arguments are errors, not garbage."""
+    from ortmod import _C
+    x = torch.randn(2, 3)
+    keys = ((0, torch.float32, 2, False, True, x.device),)
+    template = ["w", None]
+
+    def run(v, types=(torch.Tensor,), k=keys):
+        return _C.steady_inputs((v,), types, k, template, ((1, 0),), lambda t: t)
+
+    got = run(x)
+    assert got[0] == "w" and got[1] is x and template == ["w", None]     # a copy of the template
+    assert run(x.double()) is None
+    assert run(x[0]) is None
+    assert run(x.clone().requires_grad_()) is None
+    assert run(x, types=(nn.Parameter,)) is None
+    assert run(1.0, types=(float,), k=()) == ["w", 1.0]
+    with pytest.raises(TypeError):
+        _C.steady_inputs([x], (torch.Tensor,), keys, template, ((1, 0),), lambda t: t)
+    with pytest.raises(ValueError, match="out of range"):
+        _C.steady_inputs((x,), (torch.Tensor,), keys, template, ((5, 0),), lambda t: t)
+    p = nn.Parameter(torch.ones(2))
+    assert _C.attrs_are([p], "requires_grad", (True,)) and not _C.attrs_are([p], "requires_grad", (False,))
+    assert not _C.attrs_are([p, p], "dtype", (torch.float32,))          # lengths differ
+    with pytest.raises(AttributeError):
+        _C.attrs_are([object()], "dtype", (torch.float32,))
