@@ -157,11 +157,7 @@ def _backward(ctx, grad_outputs):
     # through a stop-gradient) gets no gradient (None), as in eager autograd, rather than the
     # engine's zeros: an optimizer treats the two differently. The binding builds the result:
     # (None, None) for call and zero3, then per input torch's tensor of its gradient, or None.
-    if call.output_deps is None:
-        keep = None
-    else:
-        present = tuple(map(_is_not, grad_outputs, _NONES))
-        keep = call._kept.get(present) or call.kept(present)     # kept's cache, read without its frame
+    keep = None if call.output_deps is None else call.kept(tuple(map(_is_not, grad_outputs, _NONES)))
     if call.functions is None:
         result = call.engine.backward(stash, grads, stream, convert, _from_dlpack, keep, 2)
     else:

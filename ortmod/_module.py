@@ -250,7 +250,6 @@ _any_autocast = torch._C._is_any_autocast_enabled
 _torch_threads = torch.get_num_threads
 _nn_module = torch.nn.modules.module
 _tracing_state = torch._C._get_tracing_state
-_requires_grad_of, _dtype_of = _capture._requires_grad_of, _capture._dtype_of
 # top-level argument types whose schema key is their _capture._constant_key (each a pytree leaf,
 # None included): a call that passes equal ones in the same places flattens alike
 _FAST_CONSTANTS = frozenset({type(None), bool, int, float, str})
@@ -277,8 +276,9 @@ class _Fast:
     @classmethod
     def make(cls, module, state, entry, export_key, args, kwargs, flat, C):
         """The record of a call that just ran ``entry`` under ``export_key`` (``flat``: its
-        flattened inputs; ``C``: the extension, whose loops check the state and CPU inputs), or None where its arguments are not all tensors and plain constants at
-        the top level (then every call takes the slow path)."""
+        flattened inputs; ``C``: the extension, whose loops check the state and CPU inputs), or
+        None where its arguments are not all tensors and plain constants at the top level (then
+        every call takes the slow path)."""
         values = list(args)
         values.extend(kwargs.values())
         tensor_keys, constants = [], []
@@ -479,18 +479,9 @@ class ORTModule(torch.nn.Module):
                 # the steady state: the last call's key again (see _Fast)
                 tensors = fast.inputs(d, args, kwargs)
                 if tensors is not _MISS:
-                    # _ortmod_execute and _ortmod_result inlined (a tiny model's step is mostly this
-                    # path); the record is never made under ZeRO-3: no parameters to gather
-                    entry = fast.entry
-                    threads = _torch_threads()
-                    if threads != d["_ortmod_threads"]:      # torch, BLAS and the engine use one count
-                        self._C.set_num_threads(threads)
-                        d["_ortmod_threads"] = threads
-                    outputs = run_training(entry.call, tensors) if entry.needs_grad else \
-                        run_inference(entry.call, tensors)
-                    if entry.guards or entry.state_updates:
-                        return self._ortmod_result(entry, outputs, fast.state, fast.export_key, args, kwargs, False)
-                    return outputs[0] if entry.single else entry.rebuild(outputs)
+                    # (the record is never made under ZeRO-3: no parameters to gather)
+                    outputs = self._ortmod_execute(fast.entry, tensors, fast.state)
+                    return self._ortmod_result(fast.entry, outputs, fast.state, fast.export_key, args, kwargs, False)
             return self._ortmod_run(args, kwargs)
         except Exception as e:
             category = self._ortmod_category(e)
