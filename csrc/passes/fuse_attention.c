@@ -12,7 +12,8 @@
  *
  * Scalars are constants (folded into the scale attribute) or values computed only from
  * shapes (SDPA's 1/sqrt(head dim) of a dynamic-shape export): those become inputs, read at
- * run time, and the shape rule checks they are scalars. An additive mask of the form
+ * run time, as does a float64 constant that the float32 attribute cannot hold (0.3 on
+ * float64 inputs); the shape rule checks they are scalars. An additive mask of the form
  * Where(Equal(Trilu(Expand(1, shape), upper=0), 0), -inf, 0) — SDPA's is_causal — becomes
  * causal=1 (no mask tensor is read), with the Expand's shape checked to be (L, S) at plan
  * time. Every other mask is an input of the fused op (it may broadcast; it gets a
@@ -37,10 +38,13 @@ static int peel_scalar(om_graph *g, const int *uses, int v, factors *f) {
         int s = n->in[side], u = n->in[1 - side];
         if (s < 0 || u < 0) return v;
         double cv;
-        if (fm_const_scalar(g, s, &cv) && g->values[s].constant->dtype == g->values[v].dtype) {
+        const int is_const = fm_const_scalar(g, s, &cv) && g->values[s].constant->dtype == g->values[v].dtype;
+        if (is_const && !(g->values[s].dtype == OM_F64 && (double)(float)cv != cv)) {
             if (div && cv == 0) return v;
             f->scale = div ? f->scale / cv : f->scale * cv;
-        } else if (fm_shape_derived(g, s, 0) && f->n < 3 && om_dtype_is_float(g->values[s].dtype)) {
+        } else if ((is_const || fm_shape_derived(g, s, 0)) && f->n < 3 && om_dtype_is_float(g->values[s].dtype)) {
+            /* read at run time, in double: a shape-derived scalar, or a float64 constant that
+             * the float32 scale attribute cannot hold (SDPA's scale=0.3 on float64 inputs) */
             if (div) f->inv |= 1 << f->n;
             f->in[f->n++] = s;
         } else {
@@ -155,6 +159,9 @@ static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
     if (fm_is(tr, "Transpose") && is_swap_last2(tr)) { K = tr->in[0]; kt = 0; }
     om_dtype dt = fm_dtype(g, Q);
     if (!om_dtype_is_float(dt) || fm_dtype(g, K) != dt || fm_dtype(g, V) != dt) return NULL;
+    /* the scale attribute is float32: a float64 product of exact factors that it cannot hold
+     * stays unfused (the kernel computes everything else in the inputs' dtype) */
+    if (dt == OM_F64 && (double)(float)f.scale != f.scale) return NULL;
     int cshape = mask >= 0 ? causal_shape(g, mask) : -1;
     if (mask >= 0 && cshape < 0 && fm_dtype(g, mask) != dt) return NULL;
     for (int i = 0; i < f.nd; i++) dead[nd++] = f.dead[i];
