@@ -16,6 +16,7 @@ import inspect
 import io
 import itertools
 import operator
+import sys
 import warnings
 
 import torch
@@ -877,6 +878,8 @@ def _trace_to_onnx(module, wrapper, tensors, input_names, output_names, dynamic_
     from torch.onnx import TrainingMode
     from . import _pyop, _semantics
     f = io.BytesIO()
+    # an error being handled by the caller is not this export's: the walk below stops there
+    outer = sys.exc_info()[1]
     recorder = wrapper.guards = _semantics.TraceGuards()
     functions = _pyop.FunctionRecorder(inline_all=inline_functions)
     try:
@@ -906,9 +909,9 @@ def _trace_to_onnx(module, wrapper, tensors, input_names, output_names, dynamic_
         raise
     except Exception as e:
         cause = e
-        while cause is not None and not isinstance(cause, UnsupportedModelError):
+        while cause is not None and cause is not outer and not isinstance(cause, UnsupportedModelError):
             cause = cause.__cause__ or cause.__context__
-        if cause is not None:
+        if cause is not None and cause is not outer:
             raise cause from e
         first = str(e).strip().split("\n", 1)[0]
         first = first[:500] + (" ..." if len(first) > 500 else "")

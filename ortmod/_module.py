@@ -761,19 +761,23 @@ class ORTModule(torch.nn.Module):
             return by_torchscript()
         try:     # "auto": torch.export, and the TorchScript exporter where that cannot capture
             return by_export()
-        except (ImportError, _capture.ExportError, _capture.UnsupportedModelError) as first:
-            # (a refusal the TorchScript path shares, strict_trace's or a parameter changed in
-            # place, comes back from it too: the first error is raised, with the second noted)
-            try:
-                exported = by_torchscript()
-            except Exception as e:
-                first.add_note(f"ortmod also tried the TorchScript capture path: {type(e).__name__}: {e}")
-                raise first
-            logger.info("the torch.export path could not capture %s (%s); captured it with the TorchScript "
-                        "exporter instead", type(module).__name__, str(first).split("\n", 1)[0][:200])
-            if isinstance(first, ImportError) or isinstance(first.__cause__, ImportError):
-                self.__dict__["_ortmod_capture_path"] = "torchscript"   # it will not come back in this process
-            return exported
+        except (ImportError, _capture.ExportError, _capture.UnsupportedModelError) as e:
+            first = e
+        # outside the except block: the TorchScript attempt's errors must not carry the first one
+        # as their __context__ (its export reads a refusal from the context chain, and would
+        # report torch.export's refusal as its own). A refusal the TorchScript path shares,
+        # strict_trace's or a parameter changed in place, comes back from it too: the first error
+        # is raised, with the second noted.
+        try:
+            exported = by_torchscript()
+        except Exception as e:
+            first.add_note(f"ortmod also tried the TorchScript capture path: {type(e).__name__}: {e}")
+            raise first
+        logger.info("the torch.export path could not capture %s (%s); captured it with the TorchScript "
+                    "exporter instead", type(module).__name__, str(first).split("\n", 1)[0][:200])
+        if isinstance(first, ImportError) or isinstance(first.__cause__, ImportError):
+            self.__dict__["_ortmod_capture_path"] = "torchscript"   # it will not come back in this process
+        return exported
 
     def _ortmod_engine(self, exported, flat, state, want_grad):
         module = self._original_module

@@ -428,6 +428,29 @@ def test_auto_falls_back_to_torchscript_where_torch_export_cannot_capture(ortmod
     assert captured_with(ort) == {"torchscript"}
 
 
+class _ChannelsLastUpsample(nn.Module):
+    """nearest 2x upsampling of a channels-last tensor (refused by the torch.export path), then
+    a conv: the TorchScript path's export retries with static sizes inside, whose internal error
+    once carried the torch.export refusal as its __context__ and was reported as that refusal."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        h = self.conv(x).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        return self.conv(F.interpolate(h, scale_factor=2.0, mode="nearest"))
+
+
+def test_auto_reaches_the_torchscript_path_after_a_torch_export_refusal(ortmod_env):
+    ortmod_env.setenv("ORTMOD_CAPTURE", "export")
+    with pytest.raises(ortmod.UnsupportedModelError, match="channels-last"):
+        ORTModule(_ChannelsLastUpsample())(torch.randn(2, 8, 5, 6))
+    ortmod_env.setenv("ORTMOD_CAPTURE", "auto")
+    ort = run_both(_ChannelsLastUpsample(), torch.randn(2, 8, 5, 6), calls=2)
+    assert captured_with(ort) == {"torchscript"}
+
+
 def test_auto_raises_the_torch_export_error_noting_the_torchscript_one(ortmod_env):
     ortmod_env.setenv("ORTMOD_CAPTURE", "auto")
 
