@@ -44,8 +44,8 @@ import, by name.
 """
 import contextlib
 import functools
-import operator
 import itertools
+import operator
 import sys
 import threading
 import time
@@ -923,7 +923,7 @@ def _run_function(xs, call):
         # output holds (checked below): the forward runs in PyTorch, the graph never sees it
         with torch.enable_grad(), (shape_env.ignore_fresh_unbacked_symbols() if shape_env is not None
                                    else contextlib.nullcontext()):
-            ys = _original_apply.__func__(spec.cls, *spec.args(copies))
+            ys = _unpatched_apply(spec.cls)(*spec.args(copies))
     except UnsupportedModelError:
         raise
     except Exception as e:
@@ -948,7 +948,12 @@ def _run_function(xs, call):
             f"{spec.name} (called at {spec.where}) returns a tensor whose size depends on tensor values; on the "
             "torch.export path ortmod plans a Function's outputs from their sizes (ORTMOD_CAPTURE=torchscript "
             "captures it with the TorchScript exporter)")
-    if spec.out_dtypes is None:
+    if spec.out_dtypes is None and issubclass(spec.cls, _OpCall):
+        # autograd does not record below python_op's dispatch, where a custom op's own autograd
+        # runs: its floating outputs are differentiable as eager's are (an op without a registered
+        # backward raises in eager's backward, and in the runner's, naming the op)
+        spec.set_outputs(ys, returns_tuple, [y.is_floating_point() and any(spec.requires_grad) for y in ys])
+    elif spec.out_dtypes is None:
         differentiable = [y.requires_grad for y in ys]
         if any(spec.requires_grad) and not any(differentiable) and not _autograd_records(copies, spec):
             raise RuntimeError(f"ortmod: autograd does not record inside the fake kernel of {spec.name}, so which "
@@ -997,7 +1002,7 @@ def _export_apply(cls, *args, **kwargs):
         # the autograd wrapper torch.library gives ortmod's own ops (ortmod::ctc_loss: the graph
         # keeps the op, and the engine differentiates its node)
         return _original_apply.__func__(cls, *args, **kwargs)
-    if not recorder.keeps(cls):
+    if not (issubclass(cls, _OpCall) or recorder.keeps(cls)):
         raise _pyop.refuse_torch_function(cls)
     if kwargs:
         raise _pyop.refuse_keywords(cls)
@@ -1028,16 +1033,83 @@ def _function_records(recorder):
         _functions.recorder = None
 
 
+# ---- a library's custom op (torch.library): a callback node like a user's Function ----------
+#
+# torch.export keeps a custom op as one node of the graph, which the engine cannot run. Its
+# forward and its registered backward are the library's code, so each call becomes
+# ortmod::python_op as a Function's does: the op stands where the Function class would (an
+# _OpCall class whose ``apply`` calls it); at run time _pyop.FunctionRunner calls the op with
+# grad enabled and differentiates it through its registered autograd. An op without one fails
+# in its backward as in eager, naming the op.
+
+# torch's own namespaces: the translation and the audit deal with these ops
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "ortmod", "higher_order", "_c10d_functional", "c10d", "profiler",
+                               "_c10d_functional_autograd", "_dtensor", "quantized_decomposed", "onnx", "rngprims",
+                               "debugprims", "inductor", "quantized", "_quantized", "_export", "mkldnn", "sparse"})
+
+
+class _OpCall:
+    """Stands where a Function class does in a _pyop.FunctionSpec (subclassed per op)."""
+    op = None
+
+    @classmethod
+    def apply(cls, *args):
+        return cls.op(*args)
+
+
+_OP_CALLS = {}
+
+
+def _op_call_class(op):
+    cls = _OP_CALLS.get(op)
+    if cls is None:
+        cls = _OP_CALLS[op] = type(str(op), (_OpCall,), {"op": op, "__module__": op.namespace,
+                                                         "__qualname__": f"{op._opname}.{op._overloadname}"})
+    return cls
+
+
+def _library_op(func):
+    """func as the OpOverload of a library's custom op, else None."""
+    if isinstance(func, torch._ops.OpOverloadPacket) and func.overloads() == ["default"]:
+        func = func.default
+    if isinstance(func, torch._ops.OpOverload) and func.namespace not in _TORCH_NAMESPACES:
+        return func
+    return None
+
+
+class _LibraryOpCalls(torch.overrides.TorchFunctionMode):
+    """While torch.export traces: a call of a library's custom op becomes ortmod::python_op."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = _library_op(func)
+        if op is None or getattr(_functions, "inside", 0) or getattr(_functions, "recorder", None) is None:
+            return func(*args, **kwargs)
+        if kwargs:
+            raise UnsupportedModelError(f"the custom op {op} is called with keyword arguments; ortmod captures a "
+                                        "custom op's positional arguments only")
+        return _export_apply(_op_call_class(op), *args)
+
+
+def _unpatched_apply(cls):
+    """cls.apply as torch defines it, while ortmod's interception is in place."""
+    if issubclass(cls, _OpCall):
+        return cls.apply
+    return functools.partial(_original_apply.__func__, cls)
+
+
 @contextlib.contextmanager
 def _intercepting_apply(recorder):
-    """While torch.export traces: a user's Function.apply becomes ortmod::python_op. With
-    ``recorder.inline_all`` apply is left alone, and torch.export inlines every Function, as asked."""
+    """While torch.export traces: a user's Function.apply, and a library's custom op, become
+    ortmod::python_op. With ``recorder.inline_all`` apply is left alone, and torch.export inlines
+    every Function, as asked (a custom op stays an op, which the audit refuses by name)."""
     if recorder.inline_all:
         yield
         return
     torch.autograd.Function.apply = classmethod(_export_apply)
     try:
-        yield
+        with _LibraryOpCalls():
+            yield
     finally:
         torch.autograd.Function.apply = _original_apply
 

@@ -160,7 +160,15 @@ class FunctionRecorder:
         """Run this Function as a callback (True) or inline its forward (False)?"""
         if self.inline_all:
             return False
-        return not (cls.__module__ or "").startswith("torch.")
+        return not (cls.__module__ or "").startswith("torch.") or is_custom_op_function(cls)
+
+
+def is_custom_op_function(cls):
+    """The autograd.Function torch.library makes for a library's custom op with a registered
+    backward (torch.library.custom_op + register_autograd): its forward runs the op's own kernel
+    and its backward the registered one, both the library's code, so it runs in PyTorch as a
+    user's Function does."""
+    return cls.__module__ == "torch._library.autograd" and cls.__name__.startswith("GeneratedBackwardFor_")
 
 
 def _note_apply(original):
@@ -330,6 +338,12 @@ class FunctionRunner:
         if record is None:
             raise RuntimeError(f"backward of {spec.name}: its forward record is missing (ortmod bug)")
         xs, ys = record
+        for k, (y, c) in enumerate(zip(ys, grad_outputs)):
+            if c is not None and spec.out_differentiable and spec.out_differentiable[k] and not y.requires_grad:
+                # the trace gave this output a gradient; a zero here would be silently wrong
+                raise RuntimeError(f"{spec.name} (called at {spec.where}): output {k} has no autograd history at "
+                                   "run time, so no gradient can flow through it (an op with no autograd kernel: "
+                                   "register one, e.g. torch.library.register_autograd)")
         pairs = [(y, torch.from_dlpack(c)) for y, c in zip(ys, grad_outputs)
                  if c is not None and isinstance(y, torch.Tensor) and y.requires_grad]
         wanted = [i for i, c in enumerate(grad_inputs) if c is not None and xs[i].requires_grad]
