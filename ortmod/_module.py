@@ -27,6 +27,7 @@ import collections
 import json
 import logging
 import dataclasses
+import inspect
 import os
 import sys
 import warnings
@@ -377,6 +378,70 @@ def _load_C():
     return _C
 
 
+# --------------------------------------------------------------------------- forward
+
+def _ortmodule_forward(self, *args, **kwargs):
+    """ORTModule's forward as a plain function (what ``ORTModule.forward`` and a bound forward's
+    ``__func__`` are: a wrapper that rebinds it, as Accelerate's mixed-precision output cast does,
+    still runs the engine)."""
+    return self._ortmod_forward(args, kwargs)
+
+
+class _BoundForward:
+    # ``ORTModule(model).forward``: a call runs the engine, as the method did; what introspects a
+    # callable (inspect.signature, ``__wrapped__``, ``__name__``, ``__doc__``) sees the wrapped
+    # model's forward. The HF Trainer drops every dataset column that the signature does not name:
+    # with ``(*args, **kwargs)`` it dropped them all. (No docstring: ``__doc__`` is the wrapped one.)
+
+    __slots__ = ("__self__",)
+
+    def __init__(self, owner):
+        self.__self__ = owner
+
+    def __call__(self, *args, **kwargs):
+        return self.__self__._ortmod_forward(args, kwargs)
+
+    @property
+    def __func__(self):
+        return _ortmodule_forward
+
+    @property
+    def __wrapped__(self):
+        return self.__self__._modules["_original_module"].forward
+
+    @property
+    def __signature__(self):
+        return inspect.signature(self.__wrapped__)
+
+    @property
+    def __name__(self):
+        return getattr(self.__wrapped__, "__name__", "forward")
+
+    @property
+    def __doc__(self):
+        return getattr(self.__wrapped__, "__doc__", None)
+
+    def __eq__(self, other):
+        return isinstance(other, _BoundForward) and other.__self__ is self.__self__
+
+    def __hash__(self):
+        return hash((_BoundForward, id(self.__self__)))
+
+    def __repr__(self):
+        return f"<ORTModule forward of {self.__wrapped__!r}>"
+
+
+class _ForwardDescriptor:
+    """``ORTModule.forward``: on the class the plain function, on an instance a _BoundForward."""
+
+    def __get__(self, obj, cls=None):
+        return _ortmodule_forward if obj is None else _BoundForward(obj)
+
+
+def _new_ortmodule():
+    return ORTModule.__new__(ORTModule)
+
+
 # --------------------------------------------------------------------------- ORTModule
 
 class ORTModule(torch.nn.Module):
@@ -466,8 +531,31 @@ class ORTModule(torch.nn.Module):
             return self._ortmod_forward(args, kwargs)
         return torch.nn.Module.__call__(self, *args, **kwargs)
 
-    def forward(self, *args, **kwargs):
-        return self._ortmod_forward(args, kwargs)
+    forward = _ForwardDescriptor()
+
+    # -- what libraries that introspect a model read ---------------------------
+    #
+    # Trainers and launchers decide what to do with a model by looking at it: the HF Trainer keeps
+    # the dataset columns that inspect.signature(model.forward) names and saves with
+    # save_pretrained when isinstance(model, PreTrainedModel); Accelerate and DeepSpeed read
+    # attributes of the user's model (config, _keys_to_ignore_on_save, ...). ORTModule answers as
+    # the wrapped model does, the way a transparent proxy does (wrapt's ObjectProxy): its forward's
+    # signature is the wrapped forward's, ``__class__`` is the wrapped model's class (so isinstance
+    # holds for both ORTModule and that class; type() stays ORTModule), attributes it does not
+    # have are the wrapped model's (__getattr__ below). What it computes stays its own.
+
+    @property
+    def __class__(self):
+        return type(self.__dict__["_modules"]["_original_module"]) if "_modules" in self.__dict__ \
+            and "_original_module" in self.__dict__["_modules"] else type(self)
+
+    def _get_name(self):
+        return "ORTModule"       # repr: nn.Module's reads self.__class__.__name__
+
+    def __reduce_ex__(self, protocol):
+        # pickle checks that the class it rebuilds is obj.__class__: ORTModule's is the wrapped
+        # model's, so it is rebuilt from its own type here (state: __getstate__/__setstate__)
+        return (_new_ortmodule, (), self.__getstate__())
 
     def _ortmod_forward(self, args, kwargs):
         d = self.__dict__
