@@ -36,7 +36,7 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _options, _pyop, _semantics, _threads, _zero3
+from . import _capture, _options, _pyop, _quiet, _semantics, _threads, _zero3
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
 from ._options import options
@@ -813,7 +813,8 @@ class ORTModule(torch.nn.Module):
         inline = self._debug_options.inline_autograd_functions
         dynamic = self.__dict__.get("_ortmod_dynamic_dims", {}).get(export_key)
         state = self.__dict__["_ortmod_state"]
-        with _capture.collector_paused(), _zero3.plain_linear(), \
+        # (torch's and the ONNX libraries' logs and warnings: at LogLevel.VERBOSE only, _quiet.py)
+        with _quiet.quiet_capture(type(module).__name__), _capture.collector_paused(), _zero3.plain_linear(), \
                 (state.zero3.hooks_off(module) if state is not None and state.zero3 is not None
                  else contextlib.nullcontext()):
             exported = self._ortmod_capture(module, flat, strict, inline, dynamic)
