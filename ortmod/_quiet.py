@@ -9,14 +9,18 @@ of printed; at LogLevel.VERBOSE they go to the "ortmod" logger afterwards, and a
 leaving the capture carries them (a note says how many, ``exc.ortmod_capture_log`` holds the
 text). Other warnings (ortmod's own, the user's, the model library's) are shown as they were.
 What the capturing thread prints to sys.stderr is kept the same way (torch.export prints a failed
-trace's partial FX graph with print()). To see them, LogLevel.VERBOSE (ORTMODULE_LOG_LEVEL=VERBOSE)
+trace's partial FX graph with print()), and what torch's C++ code writes to the stderr descriptor
+in the known shapes of its notes (the TorchScript exporter's "In-place op on output of
+tensor.shape", once per such op: 52 lines for MobileNetV2). To see them, LogLevel.VERBOSE (ORTMODULE_LOG_LEVEL=VERBOSE)
 logs them after each capture, TORCH_LOGS' included.
 """
 import contextlib
 import logging
 import io
 import os
+import re
 import sys
+import tempfile
 import threading
 import warnings
 
@@ -67,8 +71,9 @@ class _Collector(logging.Filter):
 
 
 class _ThreadStderr:
-    """sys.stderr while a capture runs: what the capturing thread writes is kept (torch.export
-    prints a failed trace's partial FX graph there with print()), other threads write through."""
+    """sys.stderr while a capture runs: what torch's or the ONNX libraries' code writes on the
+    capturing thread is kept (torch.export prints a failed trace's partial FX graph there with
+    print()); the rest (the user's forward printing, other threads) writes through."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -76,7 +81,7 @@ class _ThreadStderr:
         self.kept = io.StringIO()
 
     def write(self, text):
-        if threading.get_ident() == self._thread:
+        if threading.get_ident() == self._thread and _written_by_noisy_code():
             return self.kept.write(text)
         return self._stream.write(text)
 
@@ -90,6 +95,51 @@ class _ThreadStderr:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+# what torch's C++ code writes to the stderr file descriptor itself while it exports (the
+# TorchScript exporter's std::cerr notes, c10's printed warnings): lines of these shapes go to the
+# capture's log; any other line written to the descriptor meanwhile is written back after it
+_NATIVE_NOISE = re.compile(r"^(In-place op on output of tensor\.shape\b|\[W\d{4} |Warning: )")
+
+
+@contextlib.contextmanager
+def _native_stderr(log):
+    """File descriptor 2 goes to a temporary file for the duration; afterwards the lines that
+    _NATIVE_NOISE matches go to ``log``, the rest back to stderr."""
+    try:
+        fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else 2
+        saved = os.dup(fd)
+    except (OSError, ValueError, AttributeError):
+        yield            # no descriptor to redirect (an embedded interpreter, a closed stderr)
+        return
+    with tempfile.TemporaryFile() as tmp:
+        _flush_stderr()
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            _flush_stderr()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode("utf-8", "replace")
+            passed = []
+            for line in text.splitlines(keepends=True):
+                if _NATIVE_NOISE.match(line):
+                    log.lines.append("torch (native): " + line.rstrip("\n"))
+                else:
+                    passed.append(line)
+            if passed:
+                os.write(fd, "".join(passed).encode("utf-8", "replace"))
+
+
+def _flush_stderr():
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
 
 
 def _handlers():
@@ -107,13 +157,24 @@ def _handlers():
     return found
 
 
-def _is_noisy_warning(msg):
+def _noisy_file(filename):
     global _NOISY_DIRS
-    if issubclass(msg.category, torch.jit.TracerWarning):
-        return True          # ortmod's own trace-hazard warnings say what matters of these
     if _NOISY_DIRS is None:
         _NOISY_DIRS = _noisy_dirs()
-    return str(msg.filename).startswith(_NOISY_DIRS)
+    return str(filename).startswith(_NOISY_DIRS)
+
+
+def _written_by_noisy_code():
+    """Whether the Python code writing to sys.stderr now (print() or a write, two frames up) is
+    torch's or the ONNX libraries'."""
+    frame = sys._getframe(2)
+    return frame is not None and _noisy_file(frame.f_code.co_filename)
+
+
+def _is_noisy_warning(msg):
+    if issubclass(msg.category, torch.jit.TracerWarning):
+        return True          # ortmod's own trace-hazard warnings say what matters of these
+    return _noisy_file(msg.filename)
 
 
 class CaptureLog:
@@ -139,7 +200,7 @@ def quiet_capture(what):
     stderr = sys.stderr
     proxy = sys.stderr = _ThreadStderr(stderr)
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with _native_stderr(log), warnings.catch_warnings(record=True) as caught:
             try:
                 yield log
             finally:

@@ -41,8 +41,18 @@ SCRIPT = textwrap.dedent("""
                 return loss * 2
             return loss
 
+    class ConvNet(nn.Module):         # the TorchScript exporter's C++ writes a note per in-place op
+        def __init__(self):           # on a shape to the stderr descriptor ("In-place op on ...")
+            super().__init__()
+            self.conv, self.bn, self.head = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(4, 3)
+        def forward(self, x, y):
+            h = torch.relu_(self.bn(self.conv(x)))
+            h = nn.functional.adaptive_avg_pool2d(h, 1).flatten(1)
+            return nn.functional.cross_entropy(self.head(h), y)
+
     model = ORTModule({model}())
-    x, y = torch.randn(8, 2), torch.randint(0, 3, (8,))
+    x = torch.randn(8, 3, 8, 8) if {model} is ConvNet else torch.randn(8, 2)
+    y = torch.randint(0, 3, (8,))
     for _ in range(2):
         model(x, y).backward()
     print("trained", model._ortmod_export_count)
@@ -71,9 +81,9 @@ def _torchvision_missing():
     return False
 
 
-@pytest.mark.parametrize("capture", ["auto", "torchscript"])
-def test_first_call_prints_nothing(tmp_path, capture):
-    assert first_call(tmp_path, "MLP", capture) == ""
+@pytest.mark.parametrize("model,capture", [("MLP", "auto"), ("MLP", "torchscript"), ("ConvNet", "torchscript")])
+def test_first_call_prints_nothing(tmp_path, model, capture):
+    assert first_call(tmp_path, model, capture) == ""
 
 
 def test_a_frozen_branch_prints_only_ortmods_warning(tmp_path):
@@ -89,6 +99,8 @@ def test_a_frozen_branch_prints_only_ortmods_warning(tmp_path):
 
 
 def test_verbose_shows_what_was_kept(tmp_path):
+    err = first_call(tmp_path, "ConvNet", "torchscript", log_level="VERBOSE")
+    assert "torch (native): In-place op on output of tensor.shape" in err
     err = first_call(tmp_path, "Branchy", "auto", log_level="VERBOSE")
     assert "while capturing Branchy, torch and the ONNX libraries said" in err
     if _torchvision_missing():
@@ -120,3 +132,22 @@ def test_a_refusal_carries_what_torch_said(capfd, ortmod_env):
     log = getattr(info.value, "ortmod_capture_log", "")
     assert "def forward" in log or "symbolic_shapes" in log, log
     assert any("ortmod_capture_log" in note for note in getattr(info.value, "__notes__", []))
+
+
+class Talky(nn.Module):
+    """A forward that prints to stderr, through Python and through the descriptor."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        print("the user's print", file=sys.stderr)
+        os.write(2, b"the user's os.write\n")
+        return self.lin(x)
+
+
+def test_what_the_users_forward_prints_still_shows(capfd):
+    ORTModule(Talky())(torch.randn(2, 4)).sum().backward()
+    err = capfd.readouterr().err
+    assert "the user's print" in err and "the user's os.write" in err, err
