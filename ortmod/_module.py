@@ -438,6 +438,33 @@ class _ForwardDescriptor:
         return _ortmodule_forward if obj is None else _BoundForward(obj)
 
 
+_FSDP2_REFUSAL = (
+    "ortmod: FSDP2 (torch.distributed.fsdp.fully_shard) is not supported under ORTModule yet: its parameters "
+    "are DTensor shards that FSDP's module hooks gather around each submodule's call, and the engine runs the "
+    "whole forward as one graph without calling the submodules. Use DistributedDataParallel(ORTModule(model)) "
+    "or DeepSpeed ZeRO 1-3 (deepspeed.initialize(model=ORTModule(model))) to shard across processes")
+
+
+def _refuse_fsdp2(module, params=None):
+    """UnsupportedModelError naming FSDP2 where ``module`` or one of its submodules went through
+    fully_shard, or holds DTensor parameters (which torch.export and the engine cannot read)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if fsdp is None and dtensor is None:          # neither imported: no such module exists
+        return
+    fsdp_module = getattr(fsdp, "FSDPModule", None)
+    dtensor_type = getattr(dtensor, "DTensor", None)
+    if fsdp_module is not None:
+        sharded = next((name or type(module).__name__ for name, m in module.named_modules()
+                        if isinstance(m, fsdp_module)), None)
+        if sharded is not None:
+            raise _capture.UnsupportedModelError(f"{_FSDP2_REFUSAL} (fully_shard was applied to {sharded})")
+    if dtensor_type is not None:
+        for p in (module.parameters() if params is None else params):
+            if isinstance(p, dtensor_type):
+                raise _capture.UnsupportedModelError(f"{_FSDP2_REFUSAL} (the model holds DTensor parameters)")
+
+
 def _new_ortmodule():
     return ORTModule.__new__(ORTModule)
 
@@ -548,6 +575,22 @@ class ORTModule(torch.nn.Module):
     def __class__(self):
         return type(self.__dict__["_modules"]["_original_module"]) if "_modules" in self.__dict__ \
             and "_original_module" in self.__dict__["_modules"] else type(self)
+
+    @__class__.setter
+    def __class__(self, cls):
+        # A library that swaps a module's class for a subclass it builds from ``module.__class__``
+        # (FSDP2's fully_shard, torch.nn.utils.parametrize) built it from the wrapped model's
+        # class: the object would stop being an ORTModule. A subclass of ORTModule is taken.
+        if isinstance(cls, type) and issubclass(cls, ORTModule):
+            object.__dict__["__class__"].__set__(self, cls)
+            return
+        name = getattr(cls, "__name__", repr(cls))
+        if any(getattr(b, "__module__", "").startswith("torch.distributed.fsdp") for b in getattr(cls, "__mro__", ())):
+            raise TypeError(_FSDP2_REFUSAL + " (here fully_shard(ORTModule(model)), which would make the ORTModule "
+                            f"a {name})")
+        raise TypeError(f"ortmod: an ORTModule's class cannot become {name}: a library is swapping it for a "
+                        "subclass of the wrapped model's class. Apply it to the model inside ORTModule "
+                        "(ORTModule(...(model)))")
 
     def _get_name(self):
         return "ORTModule"       # repr: nn.Module's reads self.__class__.__name__
@@ -705,6 +748,7 @@ class ORTModule(torch.nn.Module):
         d = self.__dict__
         d["_ortmod_generation"] += 1
         state = _capture.StateInfo(module, d["_ortmod_generation"])
+        _refuse_fsdp2(module, state.params)       # fully_shard applied after wrapping
         zero3 = _zero3.partitioned_params(state.params)
         if zero3:
             state.zero3 = _zero3.Zero3(zero3)
