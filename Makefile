@@ -7,7 +7,7 @@ APT_PKGS := cmake ninja-build protobuf-c-compiler libprotobuf-c-dev libopenblas-
 # ufunc loops one by one, each a linear search), 0.6.0's 2 ms; every torch.export first call
 # imports it through onnx (bench/first_call.py)
 PY_PKGS  := torch==2.13.0 onnx "ml_dtypes>=0.5.4,<0.7" onnxscript onnxruntime numpy pytest scikit-build-core \
-	transformers expecttest
+	transformers expecttest accelerate
 # the one build (CMakeLists.txt), configured once into BUILD_DIR; CMAKE_ARGS add -D options there
 BUILD_DIR  := build/cmake
 CMAKE_ARGS ?=
@@ -53,18 +53,19 @@ build: venv
 	@$(PY) -c "import ortmod._C" || (echo "build failed: ortmod._C does not import"; exit 1)
 runner cuda: build
 
-# tests/test_deepspeed.py is make test-deepspeed's (it installs DeepSpeed; .ci/run runs both).
+# tests/test_deepspeed*.py are make test-deepspeed's (it installs DeepSpeed; .ci/run runs both).
 # The suite runs on the TorchScript capture path (tests/conftest.py), the torch.export path's
 # own tests and those of "auto" on theirs; make test-export runs every test on the torch.export
 # path, the default's first choice (~18 min on one core).
 test: setup
-	timeout 1500 $(PY) -m pytest tests -q --ignore=tests/test_deepspeed.py
+	timeout 1500 $(PY) -m pytest tests -q --ignore=tests/test_deepspeed.py --ignore=tests/test_deepspeed_multiprocess.py
 
 test-export: setup
-	ORTMOD_CAPTURE=export timeout 3000 $(PY) -m pytest tests -q --ignore=tests/test_deepspeed.py
+	ORTMOD_CAPTURE=export timeout 3000 $(PY) -m pytest tests -q --ignore=tests/test_deepspeed.py \
+	  --ignore=tests/test_deepspeed_multiprocess.py
 
 # DeepSpeed (ZeRO 0-3, fp32/bf16/fp16, with and without ORTModule and FP16_Optimizer), one process
-# over gloo on the CPU. Installs DeepSpeed into .venv first when it is missing, with no ops built
+# over gloo on the CPU, and ZeRO 1-3 in two (tests/test_deepspeed_multiprocess.py, ~30 s). Installs DeepSpeed into .venv first when it is missing, with no ops built
 # (DS_BUILD_OPS=0: ~30 s); the tests then take ~3-4 min. Here a missing DeepSpeed fails the tests
 # instead of skipping them (ORTMOD_REQUIRE_DEEPSPEED=1). The DeepSpeed tests run on each capture path.
 DS_VERSION := 0.19.8
@@ -74,9 +75,9 @@ test-deepspeed: setup
 	  2>/dev/null || (echo "installing $(DS_PKG) (DS_BUILD_OPS=0)"; \
 	  DS_BUILD_OPS=0 $(PY) -m pip install -q --disable-pip-version-check $(DS_PKG))
 	ORTMOD_REQUIRE_DEEPSPEED=1 DS_ACCELERATOR=cpu timeout 900 $(PY) -m pytest -q tests/test_deepspeed.py \
-	  tests/test_optim_fp16.py
+	  tests/test_deepspeed_multiprocess.py tests/test_optim_fp16.py
 	ORTMOD_CAPTURE=export ORTMOD_REQUIRE_DEEPSPEED=1 DS_ACCELERATOR=cpu timeout 900 $(PY) -m pytest -q \
-	  tests/test_deepspeed.py
+	  tests/test_deepspeed.py tests/test_deepspeed_multiprocess.py
 
 # the product as a user installs it (tests/wheel/check.sh): a fresh venv, `pip install .` (the
 # isolated build through scikit-build-core), then ortmod-train and the demo from outside the

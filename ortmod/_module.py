@@ -27,6 +27,7 @@ import collections
 import json
 import logging
 import dataclasses
+import inspect
 import os
 import sys
 import warnings
@@ -35,7 +36,7 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import _capture, _options, _pyop, _semantics, _threads, _zero3
+from . import _capture, _options, _pyop, _quiet, _semantics, _threads, _zero3
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
 from ._options import options
@@ -377,6 +378,97 @@ def _load_C():
     return _C
 
 
+# --------------------------------------------------------------------------- forward
+
+def _ortmodule_forward(self, *args, **kwargs):
+    """ORTModule's forward as a plain function (what ``ORTModule.forward`` and a bound forward's
+    ``__func__`` are: a wrapper that rebinds it, as Accelerate's mixed-precision output cast does,
+    still runs the engine)."""
+    return self._ortmod_forward(args, kwargs)
+
+
+class _BoundForward:
+    # ``ORTModule(model).forward``: a call runs the engine, as the method did; what introspects a
+    # callable (inspect.signature, ``__wrapped__``, ``__name__``, ``__doc__``) sees the wrapped
+    # model's forward. The HF Trainer drops every dataset column that the signature does not name:
+    # with ``(*args, **kwargs)`` it dropped them all. (No docstring: ``__doc__`` is the wrapped one.)
+
+    __slots__ = ("__self__",)
+
+    def __init__(self, owner):
+        self.__self__ = owner
+
+    def __call__(self, *args, **kwargs):
+        return self.__self__._ortmod_forward(args, kwargs)
+
+    @property
+    def __func__(self):
+        return _ortmodule_forward
+
+    @property
+    def __wrapped__(self):
+        return self.__self__._modules["_original_module"].forward
+
+    @property
+    def __signature__(self):
+        return inspect.signature(self.__wrapped__)
+
+    @property
+    def __name__(self):
+        return getattr(self.__wrapped__, "__name__", "forward")
+
+    @property
+    def __doc__(self):
+        return getattr(self.__wrapped__, "__doc__", None)
+
+    def __eq__(self, other):
+        return isinstance(other, _BoundForward) and other.__self__ is self.__self__
+
+    def __hash__(self):
+        return hash((_BoundForward, id(self.__self__)))
+
+    def __repr__(self):
+        return f"<ORTModule forward of {self.__wrapped__!r}>"
+
+
+class _ForwardDescriptor:
+    """``ORTModule.forward``: on the class the plain function, on an instance a _BoundForward."""
+
+    def __get__(self, obj, cls=None):
+        return _ortmodule_forward if obj is None else _BoundForward(obj)
+
+
+_FSDP2_REFUSAL = (
+    "ortmod: FSDP2 (torch.distributed.fsdp.fully_shard) is not supported under ORTModule yet: its parameters "
+    "are DTensor shards that FSDP's module hooks gather around each submodule's call, and the engine runs the "
+    "whole forward as one graph without calling the submodules. Use DistributedDataParallel(ORTModule(model)) "
+    "or DeepSpeed ZeRO 1-3 (deepspeed.initialize(model=ORTModule(model))) to shard across processes")
+
+
+def _refuse_fsdp2(module, params=None):
+    """UnsupportedModelError naming FSDP2 where ``module`` or one of its submodules went through
+    fully_shard, or holds DTensor parameters (which torch.export and the engine cannot read)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if fsdp is None and dtensor is None:          # neither imported: no such module exists
+        return
+    fsdp_module = getattr(fsdp, "FSDPModule", None)
+    dtensor_type = getattr(dtensor, "DTensor", None)
+    if fsdp_module is not None:
+        sharded = next((name or type(module).__name__ for name, m in module.named_modules()
+                        if isinstance(m, fsdp_module)), None)
+        if sharded is not None:
+            raise _capture.UnsupportedModelError(f"{_FSDP2_REFUSAL} (fully_shard was applied to {sharded})")
+    if dtensor_type is not None:
+        for p in (module.parameters() if params is None else params):
+            if isinstance(p, dtensor_type):
+                raise _capture.UnsupportedModelError(f"{_FSDP2_REFUSAL} (the model holds DTensor parameters)")
+
+
+def _new_ortmodule():
+    return ORTModule.__new__(ORTModule)
+
+
 # --------------------------------------------------------------------------- ORTModule
 
 class ORTModule(torch.nn.Module):
@@ -466,8 +558,47 @@ class ORTModule(torch.nn.Module):
             return self._ortmod_forward(args, kwargs)
         return torch.nn.Module.__call__(self, *args, **kwargs)
 
-    def forward(self, *args, **kwargs):
-        return self._ortmod_forward(args, kwargs)
+    forward = _ForwardDescriptor()
+
+    # -- what libraries that introspect a model read ---------------------------
+    #
+    # Trainers and launchers decide what to do with a model by looking at it: the HF Trainer keeps
+    # the dataset columns that inspect.signature(model.forward) names and saves with
+    # save_pretrained when isinstance(model, PreTrainedModel); Accelerate and DeepSpeed read
+    # attributes of the user's model (config, _keys_to_ignore_on_save, ...). ORTModule answers as
+    # the wrapped model does, the way a transparent proxy does (wrapt's ObjectProxy): its forward's
+    # signature is the wrapped forward's, ``__class__`` is the wrapped model's class (so isinstance
+    # holds for both ORTModule and that class; type() stays ORTModule), attributes it does not
+    # have are the wrapped model's (__getattr__ below). What it computes stays its own.
+
+    @property
+    def __class__(self):
+        return type(self.__dict__["_modules"]["_original_module"]) if "_modules" in self.__dict__ \
+            and "_original_module" in self.__dict__["_modules"] else type(self)
+
+    @__class__.setter
+    def __class__(self, cls):
+        # A library that swaps a module's class for a subclass it builds from ``module.__class__``
+        # (FSDP2's fully_shard, torch.nn.utils.parametrize) built it from the wrapped model's
+        # class: the object would stop being an ORTModule. A subclass of ORTModule is taken.
+        if isinstance(cls, type) and issubclass(cls, ORTModule):
+            object.__dict__["__class__"].__set__(self, cls)
+            return
+        name = getattr(cls, "__name__", repr(cls))
+        if any(getattr(b, "__module__", "").startswith("torch.distributed.fsdp") for b in getattr(cls, "__mro__", ())):
+            raise TypeError(_FSDP2_REFUSAL + " (here fully_shard(ORTModule(model)), which would make the ORTModule "
+                            f"a {name})")
+        raise TypeError(f"ortmod: an ORTModule's class cannot become {name}: a library is swapping it for a "
+                        "subclass of the wrapped model's class. Apply it to the model inside ORTModule "
+                        "(ORTModule(...(model)))")
+
+    def _get_name(self):
+        return "ORTModule"       # repr: nn.Module's reads self.__class__.__name__
+
+    def __reduce_ex__(self, protocol):
+        # pickle checks that the class it rebuilds is obj.__class__: ORTModule's is the wrapped
+        # model's, so it is rebuilt from its own type here (state: __getstate__/__setstate__)
+        return (_new_ortmodule, (), self.__getstate__())
 
     def _ortmod_forward(self, args, kwargs):
         d = self.__dict__
@@ -617,6 +748,7 @@ class ORTModule(torch.nn.Module):
         d = self.__dict__
         d["_ortmod_generation"] += 1
         state = _capture.StateInfo(module, d["_ortmod_generation"])
+        _refuse_fsdp2(module, state.params)       # fully_shard applied after wrapping
         zero3 = _zero3.partitioned_params(state.params)
         if zero3:
             state.zero3 = _zero3.Zero3(zero3)
@@ -725,7 +857,8 @@ class ORTModule(torch.nn.Module):
         inline = self._debug_options.inline_autograd_functions
         dynamic = self.__dict__.get("_ortmod_dynamic_dims", {}).get(export_key)
         state = self.__dict__["_ortmod_state"]
-        with _capture.collector_paused(), _zero3.plain_linear(), \
+        # (torch's and the ONNX libraries' logs and warnings: at LogLevel.VERBOSE only, _quiet.py)
+        with _quiet.quiet_capture(type(module).__name__), _capture.collector_paused(), _zero3.plain_linear(), \
                 (state.zero3.hooks_off(module) if state is not None and state.zero3 is not None
                  else contextlib.nullcontext()):
             exported = self._ortmod_capture(module, flat, strict, inline, dynamic)

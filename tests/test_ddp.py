@@ -1,5 +1,6 @@
-"""DistributedDataParallel(ORTModule(model)): two processes on this machine (gloo),
-the same gradients as DDP over the eager model, and the same weights after two steps."""
+"""DistributedDataParallel(ORTModule(model)): two processes on this machine (gloo, one thread
+each), the same gradients as DDP over the eager model at every step, and the same weights after
+five SGD steps (1e-6 of their size)."""
 import copy
 import os
 import socket
@@ -11,7 +12,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 WORLD = 2
-STEPS = 2
+STEPS = 5
 
 
 class Net(nn.Module):
@@ -21,6 +22,13 @@ class Net(nn.Module):
 
     def forward(self, x, y):
         return nn.functional.cross_entropy(self.net(x), y)
+
+
+def _rel(a, b):
+    """||a - b|| / ||b|| over lists of tensors."""
+    num = sum(float((x.double() - y.double()).pow(2).sum()) for x, y in zip(a, b))
+    den = sum(float(y.double().pow(2).sum()) for y in b)
+    return (num / max(den, 1e-30)) ** 0.5
 
 
 def _free_port():
@@ -56,6 +64,7 @@ def _worker(rank, port, out_dir):
                 result[key].append([p.grad.clone() for p in model.parameters()])
                 opt.step()
         result["params_e"] = [p.detach().clone() for p in eager.parameters()]
+        result["params_0"] = [p.detach().clone() for p in base.parameters()]
         result["params_o"] = [p.detach().clone() for p in ort.parameters()]
         result["exports"] = ort.module._ortmod_export_count
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -78,6 +87,10 @@ def test_ddp_over_ortmodule_matches_ddp_over_eager(tmp_path):
                 torch.testing.assert_close(go, ge, rtol=1e-4, atol=1e-6)
         for pe, po in zip(res["params_e"], res["params_o"]):
             torch.testing.assert_close(po, pe, rtol=1e-4, atol=1e-5)
+        err = _rel(res["params_o"], res["params_e"])
+        assert err < 1e-6, err
+        moved = _rel(res["params_e"], res["params_0"])      # far from the start: the test can tell
+        assert moved > 1e-2, moved
     # DDP averaged the gradients: both ranks hold the same ones although their data differ
     for g0, g1 in zip(results[0]["grads_o"][0], results[1]["grads_o"][0]):
         torch.testing.assert_close(g0, g1, rtol=0, atol=0)
