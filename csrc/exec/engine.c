@@ -3,6 +3,7 @@
 #include "autodiff/autodiff.h"
 #include "core/options.h"
 #include "exec/device.h"
+#include "ops/gemm.h"
 #include "passes/pass.h"
 #include "plan/backward_variants.h"
 #include "plan/plan.h"
@@ -57,7 +58,7 @@ struct om_engine {
     pthread_mutex_t lock;       /* plans' arenas are shared: one call at a time */
     /* profiling (CPU): wall time and calls per (op, phase); NULL when off. Indexed by
      * prof_op[node] * 2 + (node is backward). */
-    struct om_op_time { double ns; long calls; } *prof;
+    struct om_op_time { double ns, gemm_ns; long calls; } *prof;   /* gemm_ns: of ns, inside om_gemm */
     int *prof_op;
     /* A call's bookkeeping, reused call after call (every call runs under lock, so one set
      * serves them all; a step allocates nothing for it): where each value's bytes are and
@@ -228,6 +229,7 @@ void om_engine_free(om_engine *e) {
     free(e->report);
     om_graph_free(e->g);
     free(e->grad_inputs);
+    if (e->prof) om_gemm_timing(false);
     free(e->prof);
     free(e->prof_op);
     free(e->scratch_data);
@@ -494,6 +496,7 @@ static void *resolve(frame *f, int v) {
  * only CPU kernels are timed. */
 void om_engine_set_profiling(om_engine *e, bool on) {
     pthread_mutex_lock(&e->lock);
+    if (e->prof) om_gemm_timing(false);
     free(e->prof);
     free(e->prof_op);
     e->prof = NULL;
@@ -510,16 +513,20 @@ void om_engine_set_profiling(om_engine *e, bool on) {
                 while (k < om_op_count() && om_op_at(k) != e->g->nodes[i].op) k++;
                 e->prof_op[i] = k < om_op_count() ? k : 0;
             }
+            om_gemm_timing(true);
         }
     }
     pthread_mutex_unlock(&e->lock);
 }
 
-static void profile_add(om_engine *e, int node, const struct timespec *t0) {
+static void profile_add(om_engine *e, int node, const struct timespec *t0, int64_t gemm0) {
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     struct om_op_time *t = &e->prof[e->prof_op[node] * 2 + (node >= e->g->n_fwd_nodes)];
-    t->ns += (double)(t1.tv_sec - t0->tv_sec) * 1e9 + (double)(t1.tv_nsec - t0->tv_nsec);
+    const double ns = (double)(t1.tv_sec - t0->tv_sec) * 1e9 + (double)(t1.tv_nsec - t0->tv_nsec);
+    const double gemm = (double)(om_gemm_time_ns() - gemm0);
+    t->ns += ns;
+    t->gemm_ns += gemm < ns ? gemm : ns;   /* the count is process-wide: never more than the kernel took */
     t->calls++;
 }
 
@@ -550,14 +557,18 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
         if (om_kernel_nothing_to_do(&ctx)) continue;   /* empty outputs: its loops would run for nothing */
         om_status *st;
         struct timespec t0;
-        if (e->prof && !f->cu) clock_gettime(CLOCK_MONOTONIC, &t0);
+        int64_t gemm0 = 0;
+        if (e->prof && !f->cu) {
+            gemm0 = om_gemm_time_ns();
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+        }
         if (f->cu && !(n->op->flags & OM_OP_CALLBACK)) {
             for (int i = 0; i < n->n_in; i++)   /* host copies of what was known at plan time */
                 in_host[i] = n->in[i] >= 0 && f->plan->storage[n->in[i]] == OM_ST_CONST ? f->plan->vt[n->in[i]].data : NULL;
             st = om_device_plan_kernel(f->plan, prog[s])(&ctx, &x);
         } else {
             st = f->cu ? n->op->cpu(&ctx) : om_cpu_run(&ctx, f->twin, f->plan->twin_bytes);
-            if (e->prof) profile_add(e, prog[s], &t0);
+            if (e->prof) profile_add(e, prog[s], &t0, gemm0);
         }
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
         release_after(f, prog[s]);
@@ -929,12 +940,17 @@ static void op_counts(sbuf *b, const om_graph *g, int from, int to) {
     sb_printf(b, "}");
 }
 
-/* "profile": {"forward_ms", "backward_ms", "ops": [{op, phase, calls, ms}] slowest first} */
+/* "profile": {"forward_ms", "backward_ms", "forward_gemm_ms", "backward_gemm_ms",
+ *             "ops": [{op, phase, calls, ms, gemm_ms}] slowest first}; gemm_ms: of ms, inside om_gemm */
 static void profile_json(sbuf *b, const om_engine *e) {
     int n = om_op_count() * 2;
-    double fwd = 0, bwd = 0;
-    for (int i = 0; i < n; i++) *(i % 2 ? &bwd : &fwd) += e->prof[i].ns;
-    sb_printf(b, ", \"profile\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"ops\": [", fwd / 1e6, bwd / 1e6);
+    double fwd = 0, bwd = 0, fwd_gemm = 0, bwd_gemm = 0;
+    for (int i = 0; i < n; i++) {
+        *(i % 2 ? &bwd : &fwd) += e->prof[i].ns;
+        *(i % 2 ? &bwd_gemm : &fwd_gemm) += e->prof[i].gemm_ns;
+    }
+    sb_printf(b, ", \"profile\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"forward_gemm_ms\": %.3f, "
+              "\"backward_gemm_ms\": %.3f, \"ops\": [", fwd / 1e6, bwd / 1e6, fwd_gemm / 1e6, bwd_gemm / 1e6);
     char *taken = calloc((size_t)n, 1);
     for (int r = 0; taken; r++) {   /* selection by time: the table is small */
         int best = -1;
@@ -942,9 +958,9 @@ static void profile_json(sbuf *b, const om_engine *e) {
             if (!taken[i] && e->prof[i].calls && (best < 0 || e->prof[i].ns > e->prof[best].ns)) best = i;
         if (best < 0) break;
         taken[best] = 1;
-        sb_printf(b, "%s{\"op\": \"%s\", \"phase\": \"%s\", \"calls\": %ld, \"ms\": %.3f}", r ? ", " : "",
-                  om_op_at(best / 2)->name, best % 2 ? "backward" : "forward", e->prof[best].calls,
-                  e->prof[best].ns / 1e6);
+        sb_printf(b, "%s{\"op\": \"%s\", \"phase\": \"%s\", \"calls\": %ld, \"ms\": %.3f, \"gemm_ms\": %.3f}",
+                  r ? ", " : "", om_op_at(best / 2)->name, best % 2 ? "backward" : "forward", e->prof[best].calls,
+                  e->prof[best].ns / 1e6, e->prof[best].gemm_ns / 1e6);
     }
     free(taken);
     sb_printf(b, "]}");
