@@ -4,11 +4,16 @@
 BENCH_PY ?= .venv/bin/python
 BENCH_ARGS ?=
 
-.PHONY: bench bench-train bench-memory
-bench: bench-train bench-memory
+.PHONY: bench bench-train bench-equal-gemm bench-memory
+bench: bench-train bench-equal-gemm bench-memory
 
 bench-train:
 	$(BENCH_PY) bench/bench_train.py $(BENCH_ARGS)
+
+# the goal ratios again with the engine's GEMMs on OpenBLAS pinned to eager's vector width
+# (bench_train.py --gemm blas): what holds on a CPU where the engine's own kernel has no edge
+bench-equal-gemm:
+	$(BENCH_PY) bench/bench_train.py --gemm blas --modes eager,compile,ortmod --no-extras $(BENCH_ARGS)
 
 bench-memory:
 	$(BENCH_PY) bench/bench_memory.py

@@ -21,12 +21,30 @@ at 2048^3 and at the models' shapes. "rest" is the share of each mode's step bey
 18's goal for ortmod: <= 15%). "floor" is the least rest that training with AdamW allows: its
 28 bytes of traffic per parameter at the measured memory bandwidth against the GEMMs at peak.
 
+Non-GEMM time (issue 39), a measure that does not depend on the GEMM kernel: the step's median
+time less its time inside GEMM calls, each side by its own profiler over a few more steps. eager
+and compile: torch.profiler's self time of aten::mm/addmm/bmm/baddbmm/linear/matmul, and of the
+convolutions (oneDNN runs each as one kernel) and, where eager runs attention as one kernel
+(scaled_dot_product_attention), of that too. ortmod: the engine's profiler (om_engine_set_profiling):
+each kernel's time inside om_gemm, the Conv kernels whole, and FusedAttention whole only where
+eager's attention is one kernel (else its softmax counts outside GEMMs, as eager's does). Beside
+each number: the CPU model, its FMA width, and each side's GEMM rate inside the step (matrix
+FLOPs over its GEMM time); AdamW's own traffic floor stays in the roofline.
+
+--gemm blas (the equal-GEMM switch): the engine's float32 products all go to OpenBLAS
+(om_gemm_blas_only), pinned (OPENBLAS_CORETYPE, unless already set) to eager's vector width: its
+Haswell (AVX2) kernel where eager's MKL runs AVX2 (AMD CPUs, CPUs without AVX-512), SkylakeX
+where MKL runs AVX-512 (Intel's). Ratios then compare the steps with GEMMs at about one rate;
+the printed rates say how close.
+
 Also: per-step binding overhead (a tiny model whose kernels take ~1 us) and the engine's GEMM
 path at the models' shapes against the same peak.
 
     .venv/bin/python bench/bench_train.py [--models mlp,gpt2,resnet,bert,llama] [--steps 20]
         [--warmup 3] [--threads N] [--modes eager,compile,ortmod,...] [--quick]
-    (--models all adds the other sizes: mlp-gelu, gpt2-192, resnet-w48)
+        [--gemm auto|blas] [--prof-steps 3]
+    (--models all adds the other sizes: mlp-gelu, gpt2-192, resnet-w48, and GPT-2 124M at batch
+    4 x 256, which runs min(--steps, 3) steps after one warm-up and one profiled step)
 
 Writes bench/results/train_<timestamp>.json (and train_latest.json) and train_latest.png.
 """
@@ -52,8 +70,103 @@ SHORT = {"eager": "eagr", "compile": "comp", "ortmod": "ortm", "eager-adamw": "e
 RATIOS = (("ortmod", "eager"), ("ortmod", "compile"), ("ortmod", "eager-adamw"), ("ortmod-adamw", "eager-adamw"))
 
 
+# models whose step takes seconds: (steps, warm-up steps, profiled steps) at most
+HEAVY = {"gpt2-124m": (3, 1, 1)}
+
+# GEMM-carrying ops of each side's profiler (module docstring): torch's by self time
+TORCH_GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul"}
+TORCH_CONV_OPS = {"aten::conv2d", "aten::convolution", "aten::_convolution", "aten::mkldnn_convolution",
+                  "aten::convolution_backward", "aten::mkldnn_convolution_backward", "aten::_slow_conv2d_forward",
+                  "aten::_slow_conv2d_backward", "aten::thnn_conv2d", "aten::_nnpack_spatial_convolution"}
+TORCH_SDPA_OPS = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                  "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                  "aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_efficient_attention"}
+ENGINE_CONV_OPS = {"Conv", "ConvGradX", "ConvGradW", "ConvTranspose"}
+ENGINE_ATTENTION_OPS = {"FusedAttention", "FusedAttentionGrad"}
+
+
 def is_ortmod(mode):
     return mode.startswith("ortmod")
+
+
+def gemm_switch():
+    """--gemm blas reaches the children as BENCH_GEMM=blas: every float32 product of the engine
+    goes to BLAS (ops/gemm_f32.c's om_gemm_blas_only)."""
+    if os.environ.get("BENCH_GEMM") != "blas":
+        return
+    from ortmod import _C
+    ctypes.c_int.in_dll(ctypes.CDLL(_C.__file__), "om_gemm_blas_only").value = 1
+
+
+def gemm_kernel_name(mode):
+    """Whose float32 GEMM kernel this process ran: torch's BLAS for eager and compile; for
+    ortmod the engine's AVX-512 kernel when it took products (ops/gemm_f32.c), else OpenBLAS
+    with the kernel it loaded."""
+    import torch
+    if not is_ortmod(mode):
+        blas = "MKL" if torch.backends.mkl.is_available() else "torch's BLAS"
+        return f"{blas} (ATen {torch.backends.cpu.get_cpu_capability()})"
+    from ortmod import _C
+    lib = ctypes.CDLL(_C.__file__)
+    core = "?"
+    if hasattr(lib, "openblas_get_corename"):
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        core = lib.openblas_get_corename().decode()
+    if _C.gemm_f32_count() > 0:
+        return f"engine AVX-512 (OpenBLAS {core} loaded)"
+    return f"OpenBLAS {core}"
+
+
+def timed_steps(step, n):
+    """Wall seconds of n steps (the profiled ones: their GEMM time is taken out of this same time,
+    so that load that comes and goes between timed and profiled steps cannot skew it)."""
+    t = 0.0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        t += time.perf_counter() - t0
+    return t
+
+
+def torch_gemm_seconds(step, n):
+    """Per step: the profiled step's wall time, and torch.profiler's self time of the
+    GEMM-carrying ops over n steps, split as (matmuls, convolutions, scaled_dot_product_attention)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        wall = timed_steps(step, n)
+    mm = conv = sdpa = 0.0
+    for ev in prof.key_averages():
+        us = ev.self_cpu_time_total
+        if ev.key in TORCH_GEMM_OPS:
+            mm += us
+        elif ev.key in TORCH_CONV_OPS:
+            conv += us
+        elif ev.key in TORCH_SDPA_OPS:
+            sdpa += us
+    return wall / n, mm / n / 1e6, conv / n / 1e6, sdpa / n / 1e6
+
+
+def engine_gemm_seconds(model, step, n):
+    """Per step: the profiled step's wall time, and the engine profiler's time inside om_gemm
+    over n steps, split as (products outside conv and attention kernels, Conv kernels whole,
+    FusedAttention's products, its kernels whole)."""
+    from ortmod._explain import engine_reports
+    for entry in model._ortmod_cache.values():
+        entry.engine.set_profiling(True)     # resets the counters
+    wall = timed_steps(step, n)
+    mm = conv = att_gemm = att_whole = 0.0
+    for r in engine_reports(model):
+        for o in r.get("profile", {}).get("ops", []):
+            if o["op"] in ENGINE_CONV_OPS:
+                conv += o["ms"]
+            elif o["op"] in ENGINE_ATTENTION_OPS:
+                att_gemm += o["gemm_ms"]
+                att_whole += o["ms"]
+            else:
+                mm += o["gemm_ms"]
+    for entry in model._ortmod_cache.values():
+        entry.engine.set_profiling(False)
+    return (wall / n,) + tuple(x / n / 1e3 for x in (mm, conv, att_gemm, att_whole))
 
 
 def make_optimizer(mode, model):
@@ -79,7 +192,7 @@ def matrix_flops(model, data):
 # ---------------------------------------------------------------------------------------
 # child: one (model, mode)
 # ---------------------------------------------------------------------------------------
-def run_child(model_name, mode, steps, warmup, threads):
+def run_child(model_name, mode, steps, warmup, threads, prof_steps=3):
     sys.path.insert(0, HERE)
     sys.path.insert(0, ROOT)
     import torch
@@ -87,6 +200,7 @@ def run_child(model_name, mode, steps, warmup, threads):
     import models
     torch.manual_seed(0)
     torch.set_num_threads(threads)
+    gemm_switch()
     ctor, batch_fn = models.BENCH_MODELS[model_name]
     model = ctor()
     model.train()
@@ -125,6 +239,13 @@ def run_child(model_name, mode, steps, warmup, threads):
         out["min_s"] = min(times)
         out["steps_per_s"] = 1.0 / out["median_s"]
         out["times_s"] = times
+        if prof_steps > 0:   # after the timed steps: the profilers cost time of their own
+            if is_ortmod(mode):
+                out["gemm_s"] = dict(zip(("step", "matmul", "conv", "attention_products", "attention_whole"),
+                                         engine_gemm_seconds(model, step, prof_steps)))
+            else:
+                out["gemm_s"] = dict(zip(("step", "matmul", "conv", "sdpa"), torch_gemm_seconds(step, prof_steps)))
+        out["gemm_kernel"] = gemm_kernel_name(mode)
         if is_ortmod(mode):
             try:
                 from ortmod import _C
@@ -356,24 +477,61 @@ def fmt_cell(r):
     return f"{r['median_s'] * 1e3:8.1f} ms {r['steps_per_s']:6.2f}/s"
 
 
-def machine():
-    cpu = "unknown"
+def cpuinfo():
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    info = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
+                if not line.strip():
                     break
+                k, _, v = line.partition(":")
+                info[k.strip()] = v.strip()
     except OSError:
         pass
-    flags = ""
+    return info
+
+
+def fma_width(info):
+    """(text, bits): the width at which the cores execute FMAs. AVX-512 is not always 512 bits
+    wide: Zen 4 (AMD family 25) and Zen 5's mobile parts run each 512-bit FMA as two 256-bit
+    halves, so a 512-bit kernel gains little there over a 256-bit one."""
+    flags = set(info.get("flags", "").split())
+    vendor, name = info.get("vendor_id", ""), info.get("model name", "")
     try:
-        with open("/proc/cpuinfo") as f:
-            fl = next(l for l in f if l.startswith("flags")).split()
-        flags = " ".join(x for x in ("avx2", "fma", "avx512f") if x in fl)
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "isa": flags, "online_cpus": os.cpu_count(), "python": platform.python_version(),
+        family = int(info.get("cpu family", "0"))
+    except ValueError:
+        family = 0
+    if "avx512f" in flags:
+        if vendor == "AuthenticAMD" and family == 25:
+            return "AVX-512 on 256-bit datapaths (Zen 4: each 512-bit FMA double-pumped)", 256
+        if vendor == "AuthenticAMD" and family >= 26 and "Ryzen AI" in name:
+            return "AVX-512 on 256-bit datapaths (Zen 5 mobile)", 256
+        if vendor == "AuthenticAMD" and family >= 26:
+            return "AVX-512 on 512-bit datapaths (Zen 5)", 512
+        return "AVX-512 on 512-bit datapaths", 512
+    if "avx2" in flags and "fma" in flags:
+        return "AVX2 with FMA, 256-bit", 256
+    return "no FMA (SSE, 128-bit)", 128
+
+
+def eager_blas_core(info):
+    """The OpenBLAS kernel of eager's vector width: MKL runs AVX-512 on Intel's AVX-512 CPUs and
+    AVX2 elsewhere (AMD's included)."""
+    flags = set(info.get("flags", "").split())
+    if "avx512f" in flags and info.get("vendor_id") == "GenuineIntel":
+        return "SkylakeX"
+    return "Haswell"
+
+
+def machine():
+    info = cpuinfo()
+    fl = info.get("flags", "").split()
+    flags = " ".join(x for x in ("avx2", "fma", "avx512f") if x in fl)
+    width, bits = fma_width(info)
+    return {"cpu": info.get("model name", "unknown"), "vendor": info.get("vendor_id", ""),
+            "family_model": f"{info.get('cpu family', '?')}/{info.get('model', '?')}", "isa": flags,
+            "fma_width": width, "fma_bits": bits, "online_cpus": os.cpu_count(), "python": platform.python_version(),
             "load_avg": os.getloadavg()}
 
 
@@ -424,6 +582,70 @@ def roofline(results, models_, modes, peak_gflops, stream_gbs=None):
         print(f"  {m:11s}{flops / 1e9:11.2f}{gemm_s * 1e3:9.1f}"
               + (f"{adam_s * 1e3:9.1f}{100 * floor:6.0f}%" if adam_s else f"{'-':>9s}{'-':>7s}")
               + "".join(f"{(f'{100 * rest[md]:.0f}%' if md in rest else '-'):>11s}" for md in modes))
+    return out
+
+
+def step_gemm_seconds(results_m, mode):
+    """(profiled step, its time inside GEMM-carrying calls) in seconds, the median of each over
+    the rounds, by the mode's own profiler (the module docstring says which calls); the
+    non-GEMM time is the median over the rounds of their difference. None when not profiled."""
+    rounds = results_m.get(mode, {}).get("gemm_rounds_s")
+    if not rounds:
+        return None
+    # FusedAttention counts whole where eager's attention is one kernel too, else its products only
+    torch_side = [g for md in ("eager", "eager-adamw", "compile") for g in results_m.get(md, {}).get("gemm_rounds_s", [])]
+    whole = any(g["sdpa"] > 0 for g in torch_side)
+
+    def gemm(g):
+        if not is_ortmod(mode):
+            return g["matmul"] + g["conv"] + g["sdpa"]
+        return g["matmul"] + g["conv"] + (g["attention_whole"] if whole else g["attention_products"])
+    return (statistics.median(g["step"] for g in rounds), statistics.median(gemm(g) for g in rounds),
+            statistics.median(g["step"] - gemm(g) for g in rounds))
+
+
+def non_gemm_table(results, models_, modes, mach, roof):
+    """Per model and mode: the step's median time less its GEMM time, with the GEMM rate that
+    time gives the step's matrix FLOPs; ortmod's non-GEMM time over eager's and compile's (issue
+    39's goals: <= 0.5 and <= 0.7); AdamW's traffic floor from the roofline."""
+    print(f"\nnon-GEMM time per step (ms): a profiled step less its time inside GEMM calls, each side by its own "
+          f"profiler (median over rounds); [GFLOP/s] = the step's matrix FLOPs over that side's GEMM time.\n  CPU: {mach['cpu']} "
+          f"({mach['vendor']} {mach['family_model']}), FMAs: {mach['fma_width']}; --gemm {mach['gemm_switch']}, "
+          f"OPENBLAS_CORETYPE={mach['openblas_coretype'] or 'unset'}")
+    head = f"  {'model':11s}" + "".join(f"{SHORT[md] + ' ms [GF/s]':>20s}" for md in modes) + \
+        f"{'ortm/eagr':>10s}{'ortm/comp':>10s}{'AdamW floor':>12s}"
+    print(head)
+    out = {}
+    kernels = {}
+    for m in models_:
+        flops = results[m].get("eager", {}).get("matrix_flops")
+        row, cells = f"  {m:11s}", {}
+        for md in modes:
+            r = results[m].get(md, {})
+            sg = step_gemm_seconds(results[m], md)
+            if "median_s" not in r or sg is None:
+                row += f"{'-':>20s}"
+                continue
+            step, g, non_gemm = sg
+            rate = flops / g / 1e9 if flops and g > 0 else None
+            cells[md] = {"non_gemm_ms": non_gemm * 1e3, "gemm_ms": g * 1e3, "gemm_gflops": rate,
+                         "profiled_step_ms": step * 1e3, "gemm_kernel": r.get("gemm_kernel")}
+            kernels.setdefault(md, set()).add(r.get("gemm_kernel"))
+            row += f"{cells[md]['non_gemm_ms']:>10.1f}" + (f" [{rate:5.0f}]" if rate else f" {'[-]':>7s}") + "  "
+        for other in ("eager", "compile"):
+            if "ortmod" in cells and other in cells and cells[other]["non_gemm_ms"] > 0:
+                cells[f"ortmod/{other}"] = cells["ortmod"]["non_gemm_ms"] / cells[other]["non_gemm_ms"]
+                row += f"{cells[f'ortmod/{other}']:>9.2f}x"
+            else:
+                row += f"{'-':>10s}"
+        adam = roof.get(m, {}).get("adam_ms_at_stream")
+        row += f"{(f'{adam:.1f} ms' if adam else '-'):>12s}"
+        cells["adamw_floor_ms"] = adam
+        out[m] = cells
+        print(row)
+    for md, ks in kernels.items():
+        print(f"  {SHORT[md]}: GEMMs on {', '.join(sorted(k or '?' for k in ks))}")
+    print("  goals (issue 39): ortmod's non-GEMM time <= 0.5x eager's and <= 0.7x torch.compile's")
     return out
 
 
@@ -500,6 +722,11 @@ def main():
                     help="time the modes step by step in one process instead (their thread pools then disturb "
                          "each other: OpenBLAS's spinning threads slow torch's OpenMP team)")
     ap.add_argument("--gemm-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--gemm", default="auto", choices=("auto", "blas"),
+                    help="blas: the engine's float32 products on OpenBLAS pinned to eager's vector width (equal "
+                         "GEMM rates; see the module docstring)")
+    ap.add_argument("--prof-steps", type=int, default=3,
+                    help="profiled steps per process after the timed ones, for the non-GEMM time (0: none)")
     a = ap.parse_args()
     if a.quick:
         a.steps, a.warmup = 5, 1
@@ -508,7 +735,8 @@ def main():
         a.threads = torch.get_num_threads()
 
     if a.child:
-        print("@@RESULT " + json.dumps(run_child(a.child[0], a.child[1], a.steps, a.warmup, a.threads)))
+        print("@@RESULT " + json.dumps(run_child(a.child[0], a.child[1], a.steps, a.warmup, a.threads,
+                                                 a.prof_steps)))
         return
     if a.interleave_child:
         print("@@RESULT " + json.dumps(run_interleaved(a.interleave_child, a.modes.split(","), a.steps, a.warmup,
@@ -518,14 +746,25 @@ def main():
         print("@@RESULT " + json.dumps(binding_overhead(a.threads)))
         return
     if a.gemm_child:
+        gemm_switch()
         print("@@RESULT " + json.dumps(gemm_roofline(a.threads)))
         return
 
     models_ = list(BENCH_MODELS) if a.models == "all" else [m for m in a.models.split(",") if m]
     modes = [m for m in a.modes.split(",") if m]
     mach = machine()
-    print(f"machine: {mach['cpu']} ({mach['isa']}), {mach['online_cpus']} online CPUs, "
-          f"load average {mach['load_avg'][0]:.1f}")
+    if a.gemm == "blas":   # the children inherit both
+        os.environ["BENCH_GEMM"] = "blas"
+        os.environ.setdefault("OPENBLAS_CORETYPE", eager_blas_core(cpuinfo()))
+    else:
+        os.environ.pop("BENCH_GEMM", None)
+    mach["gemm_switch"] = a.gemm
+    mach["openblas_coretype"] = os.environ.get("OPENBLAS_CORETYPE")
+    print(f"machine: {mach['cpu']} ({mach['vendor']} family/model {mach['family_model']}; {mach['isa']}; FMAs: "
+          f"{mach['fma_width']}), {mach['online_cpus']} online CPUs, load average {mach['load_avg'][0]:.1f}")
+    print(f"GEMMs: --gemm {a.gemm}" + (" (the engine's float32 products on OpenBLAS)" if a.gemm == "blas" else "")
+          + f"; OPENBLAS_CORETYPE={mach['openblas_coretype'] or 'unset'}; each cell's kernel and GEMM rate are "
+          "printed with the non-GEMM table")
     print(f"threads: {a.threads} for torch, torch.compile and the ortmod pool (BLAS single-threaded inside it); "
           f"{a.steps} timed steps after {a.warmup} warm-up; step = fwd + bwd + optimizer + zero_grad; eager and "
           f"compile step with AdamW(fused=True), ortmod with FusedAdam, *-adamw with torch's default AdamW")
@@ -537,11 +776,14 @@ def main():
         results[m] = {}
         rounds = 1 if a.interleave else max(1, a.rounds)
         runs = {mode: [] for mode in modes}
+        steps, warmup, prof_steps = a.steps, a.warmup, a.prof_steps
+        if m in HEAVY:
+            steps, warmup, prof_steps = (min(x, cap) for x, cap in zip((steps, warmup, prof_steps), HEAVY[m]))
         for _ in range(rounds):
             for mode in modes:
-                runs[mode].append(spawn(["--child", m, mode, "--steps", str(a.steps if not a.interleave else 3),
-                                         "--warmup", str(a.warmup if not a.interleave else 1),
-                                         "--threads", str(a.threads)], a.timeout))
+                runs[mode].append(spawn(["--child", m, mode, "--steps", str(steps if not a.interleave else 3),
+                                         "--warmup", str(warmup if not a.interleave else 1),
+                                         "--prof-steps", str(prof_steps), "--threads", str(a.threads)], a.timeout))
         for mode in modes:
             ok = [r for r in runs[mode] if "error" not in r]
             if not ok:
@@ -552,6 +794,7 @@ def main():
             r.update(median_s=statistics.median(times), min_s=min(times), steps_per_s=1.0 / statistics.median(times),
                      times_s=times, round_medians_s=[x["median_s"] for x in ok],
                      first_call_s=min(x["first_call_s"] for x in ok), peak_rss_mib=max(x["peak_rss_mib"] for x in ok))
+            r["gemm_rounds_s"] = [x["gemm_s"] for x in ok if "gemm_s" in x]
             results[m][mode] = r
         if a.interleave:
             inter = spawn(["--interleave-child", m, "--modes", ",".join(modes), "--steps", str(a.steps),
@@ -629,6 +872,8 @@ def main():
                 print(f"  memory bandwidth: {gm['stream_gbs']:.1f} GB/s (torch.add of 64M float32, {gm['threads']} "
                       "threads)")
             extras["roofline"] = roofline(results, models_, modes, gm["peak_gflops"], gm.get("stream_gbs"))
+
+    extras["non_gemm"] = non_gemm_table(results, models_, modes, mach, extras.get("roofline", {}))
 
     os.makedirs(RESULTS, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -41,12 +41,14 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A GPT-2-style decoder; forward(idx, targets) returns the mean cross-entropy."""
 
-    def __init__(self, vocab=4096, d=256, heads=4, layers=4, max_len=128):
+    def __init__(self, vocab=4096, d=256, heads=4, layers=4, max_len=128, tie=False):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(max_len, d)
         self.blocks = nn.ModuleList(Block(d, heads, max_len) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
+        if tie:   # GPT-2's own: the output projection is the token embedding
+            self.head.weight = self.wte.weight
         self.register_buffer("pos", torch.arange(max_len), persistent=False)
 
     def forward(self, idx, targets):
@@ -258,5 +260,9 @@ BENCH_MODELS = {
     "mlp-gelu": (lambda: MLP(d_in=768, width=768, act=F.gelu), lambda: mlp_batch(batch=192, d_in=768)),
     "gpt2-192": (lambda: GPT(d=192, heads=4, max_len=96), lambda: gpt_batch(batch=6, seq=96)),
     "resnet-w48": (lambda: ResNet(width=48), lambda: cnn_batch(batch=48)),
+    # GPT-2 124M as released (50257 tokens, 1024 positions, 12 x 768, tied head), batch 4 x 256:
+    # seconds a step on a few cores, so bench_train.py runs it for few steps (HEAVY there)
+    "gpt2-124m": (lambda: GPT(vocab=50257, d=768, heads=12, layers=12, max_len=1024, tie=True),
+                  lambda: gpt_batch(batch=4, seq=256, vocab=50257)),
 }
 DEFAULT_MODELS = ("mlp", "gpt2", "resnet", "bert", "llama")

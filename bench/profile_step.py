@@ -4,7 +4,8 @@
 
 Runs the model's training step (forward, backward, AdamW) with the engine's profiler on
 (ORTMOD_PROFILE=1) and prints: the step time, the time inside engine kernels (forward and
-backward), the rest (Python, binding, loss, optimizer), and the slowest ops. Kernel times are
+backward) and inside their GEMM calls, the rest (Python, binding, loss, optimizer), and the
+slowest ops with each one's time inside and outside GEMMs. Kernel times are
 wall times of CPU kernels, so they are comparable between ops on the same run only."""
 import argparse
 import json
@@ -63,14 +64,20 @@ def main():
     med = statistics.median(times) * 1e3
     print(f"{a.model}{' (bf16)' if a.bf16 else ''}: {torch.get_num_threads()} threads, {a.steps} steps, median step {med:.1f} ms "
           f"(mean {statistics.mean(times) * 1e3:.1f})")
-    print(f"  engine kernels per step: forward {fwd:.1f} ms, backward {bwd:.1f} ms; "
-          f"everything else {statistics.mean(times) * 1e3 - fwd - bwd:.1f} ms")
+    gemm = sum(p.get("forward_gemm_ms", 0) + p.get("backward_gemm_ms", 0) for p in prof) / a.steps
+    print(f"  engine kernels per step: forward {fwd:.1f} ms, backward {bwd:.1f} ms, of which inside GEMMs "
+          f"{gemm:.1f} ms; everything else {statistics.mean(times) * 1e3 - fwd - bwd:.1f} ms; non-GEMM time "
+          f"(the mean step less its GEMMs) {statistics.mean(times) * 1e3 - gemm:.1f} ms")
     ops = sorted((o for p in prof for o in p["ops"]), key=lambda o: -o["ms"])
-    print(f"  {'op':<28} {'phase':<9} {'calls/step':>10} {'ms/step':>9} {'share':>6}")
+    print(f"  {'op':<28} {'phase':<9} {'calls/step':>10} {'ms/step':>9} {'share':>6} {'in GEMMs':>9} {'outside':>8}")
     for o in ops[:a.top]:
         ms = o["ms"] / a.steps
+        g = o.get("gemm_ms", 0) / a.steps
         print(f"  {o['op']:<28} {o['phase']:<9} {o['calls'] / a.steps:>10.0f} {ms:>9.2f} "
-              f"{100 * ms / max(fwd + bwd, 1e-9):>5.0f}%")
+              f"{100 * ms / max(fwd + bwd, 1e-9):>5.0f}% {g:>9.2f} {ms - g:>8.2f}")
+    outside = sorted(ops, key=lambda o: -(o["ms"] - o.get("gemm_ms", 0)))
+    print(f"  largest kernel time outside GEMMs: " + ", ".join(
+        f"{o['op']} ({o['phase'][:3]}) {(o['ms'] - o.get('gemm_ms', 0)) / a.steps:.2f} ms" for o in outside[:6]))
     if "--json" in sys.argv:
         print(json.dumps(prof))
 

@@ -76,3 +76,44 @@ def test_profiler_times_every_kernel_by_op_and_phase(ortmod_env):
     entry.engine.set_profiling(False)
     (r,) = engine_reports(model)
     assert "profile" not in r
+
+
+def test_profiler_splits_each_kernels_time_inside_and_outside_gemms(ortmod_env):
+    """Each op's profile entry says how much of its time went to om_gemm (gemm_ms): the products
+    of MatMul-family ops and attention, nothing of an elementwise op. make bench's non-GEMM time
+    for ortmod is the step's time less these."""
+    from ortmod._explain import engine_reports
+
+    class Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(256, 512), nn.Linear(512, 8)
+
+        def forward(self, x, y):
+            return F.cross_entropy(self.b(torch.tanh(self.a(x))), y)
+    ortmod_env.setenv("ORTMOD_PROFILE", "1")
+    torch.manual_seed(0)
+    model = ORTModule(Wide())
+    x, y = torch.randn(256, 256), torch.randint(0, 8, (256,))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # no wake-up of a pool thread that a loaded machine has descheduled
+    try:
+        for _ in range(3):
+            model(x, y).backward()
+    finally:
+        torch.set_num_threads(threads)
+    (r,) = engine_reports(model)
+    prof = r["profile"]
+    for o in prof["ops"]:
+        assert 0 <= o["gemm_ms"] <= o["ms"] + 1e-6, o
+    by_op = {}
+    for o in prof["ops"]:
+        by_op[o["op"]] = by_op.get(o["op"], 0.0) + o["gemm_ms"]
+    assert by_op.get("Tanh", 0.0) == 0.0 and by_op.get("SoftmaxCrossEntropyLoss", 0.0) == 0.0, prof["ops"]
+    # the products (256x512x256 and its gradients, 67M multiply-adds a step) are most of a MatMul's time
+    gemm_ops = [o for o in prof["ops"] if o["gemm_ms"] > 0]
+    assert gemm_ops and all("MatMul" in o["op"] or "Gemm" in o["op"] for o in gemm_ops), gemm_ops
+    assert sum(o["gemm_ms"] for o in gemm_ops) > 0.5 * sum(o["ms"] for o in gemm_ops), gemm_ops
+    for phase in ("forward", "backward"):
+        total = sum(o["gemm_ms"] for o in prof["ops"] if o["phase"] == phase)
+        assert abs(prof[f"{phase}_gemm_ms"] - total) < 1e-2

@@ -1,6 +1,8 @@
 """MatMul, Gemm, FusedMatMul, Softmax, LogSoftmax, LayerNormalization, SoftmaxCrossEntropyLoss
 and NegativeLogLikelihoodLoss: float32 parity against PyTorch (used only as the reference)
 and float64 finite-difference checks of the engine's gradients."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -136,6 +138,47 @@ def test_float32_gemm_kernel_every_layout_and_edge(M, N, K, ta, tb):
     err = (np.abs(ys[0] - want) / scale).max()
     assert err < 4e-7 * max(1.0, K ** 0.5 / 4), err
     assert np.array_equal(ys[0], ys[1])
+
+
+BLAS_ONLY = r"""
+import ctypes, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from onnx import TensorProto, helper
+from ortmod import _C
+lib = ctypes.CDLL(_C.__file__)
+lib.openblas_get_corename.restype = ctypes.c_char_p
+g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "g",
+                      [helper.make_tensor_value_info(x, TensorProto.FLOAT, None) for x in "ab"],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+eng = _C.Engine(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]).SerializeToString(), None)
+a, b = np.random.rand(64, 96).astype(np.float32), np.random.rand(96, 80).astype(np.float32)
+counts = []
+for blas_only in (0, 1, 0):
+    ctypes.c_int.in_dll(lib, "om_gemm_blas_only").value = blas_only
+    before = _C.gemm_f32_count()
+    eng.forward([a, b], False)
+    counts.append(_C.gemm_f32_count() - before)
+print(lib.openblas_get_corename().decode(), counts)
+"""
+
+
+def test_bench_switch_sends_float32_gemms_to_blas():
+    """bench_train.py --gemm blas sets om_gemm_blas_only: with OpenBLAS pinned to its AVX2 kernel on
+    an AVX-512 CPU, where the engine's own kernel takes float32 products, they go to BLAS instead
+    while it is set, and back to the engine's kernel when it is cleared."""
+    import subprocess
+    import sys
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    if " avx512f" not in flags or " avx512vl" not in flags:
+        pytest.skip("no AVX-512: every float32 product is BLAS's already")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", BLAS_ONLY, root], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OPENBLAS_CORETYPE="Haswell"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    core, counts = r.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert core.lower() == "haswell" and counts == "[1, 0, 1]", r.stdout
 
 
 # ---- Softmax / LogSoftmax -----------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include "autodiff/autodiff.h"
 #include "core/options.h"
 #include "exec/device.h"
+#include "ops/gemm.h"
 #include "passes/pass.h"
 #include "plan/backward_variants.h"
 #include "plan/plan.h"
@@ -45,10 +46,19 @@ struct om_engine {
     char *report;               /* last om_engine_report_json result */
     int memory_opt_level, n_recomputed;
     int n_plans;                /* in the cache */
+    /* CPU: one frame for all plans. A forward takes the spare (when it is large enough for its
+     * plan) and its stash owns it until om_stash_free gives it back; a forward that finds none
+     * (another forward's stash holds it) makes its own. Of the buffers given back, one stays as
+     * the spare: the largest, as long as it is no larger than the largest cached plan's frame
+     * (max_frame), its pages handed back to the system (om_release_pages) so that only its
+     * address is kept. Plans hold no frame, in the cache or evicted. */
+    void *spare_frame;
+    size_t spare_bytes;         /* its capacity */
+    size_t max_frame;           /* the largest stash_size of the cached CPU plans */
     pthread_mutex_t lock;       /* plans' arenas are shared: one call at a time */
     /* profiling (CPU): wall time and calls per (op, phase); NULL when off. Indexed by
      * prof_op[node] * 2 + (node is backward). */
-    struct om_op_time { double ns; long calls; } *prof;
+    struct om_op_time { double ns, gemm_ns; long calls; } *prof;   /* gemm_ns: of ns, inside om_gemm */
     int *prof_op;
     /* A call's bookkeeping, reused call after call (every call runs under lock, so one set
      * serves them all; a step allocates nothing for it): where each value's bytes are and
@@ -66,6 +76,7 @@ struct om_stash {
     om_plan *plan;
     plan_slot *slot;            /* holds a reference on the plan */
     void *buf;
+    size_t buf_bytes;           /* CPU: buf's capacity (the engine's frame may exceed this plan's) */
     om_tensor *inputs;          /* views of the forward's inputs (kept alive by keepalive) */
     void **keepalive;
     om_release_fn release;
@@ -213,10 +224,12 @@ void om_engine_free(om_engine *e) {
         free(sl);
     }
     free(e->buckets);
+    om_free(e->spare_frame);
     om_pass_log_free(&e->pass_log);
     free(e->report);
     om_graph_free(e->g);
     free(e->grad_inputs);
+    if (e->prof) om_gemm_timing(false);
     free(e->prof);
     free(e->prof_op);
     free(e->scratch_data);
@@ -351,6 +364,16 @@ static void evict_oldest(om_engine *e) {
     sl->cached = 0;
     e->n_plans--;
     e->n_evicted++;
+    if (sl->plan->device == OM_CPU && sl->plan->stash_size == e->max_frame) {   /* it may have been the largest */
+        e->max_frame = 0;
+        for (const plan_slot *o = e->newest; o; o = o->older)
+            if (o->plan->device == OM_CPU && o->plan->stash_size > e->max_frame) e->max_frame = o->plan->stash_size;
+        if (e->spare_frame && e->spare_bytes > e->max_frame) {   /* no cached plan needs that much */
+            om_free(e->spare_frame);
+            e->spare_frame = NULL;
+            e->spare_bytes = 0;
+        }
+    }
     if (e->n_evicted == 1)
         logf_(e, OM_LOG_INFO, "plan cache full (%d shape sets): evicting the least recently used; every new shape set "
               "from now on costs a plan (ORTMOD_MAX_CACHED_PLANS sets the limit)", e->max_plans);
@@ -388,11 +411,43 @@ static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, plan_s
     e->n_plans++;
     e->n_planned++;
     const om_plan *p = sl->plan;
+    if (p->device == OM_CPU && p->stash_size > e->max_frame) e->max_frame = p->stash_size;
     logf_(e, OM_LOG_INFO, "planned shape set %ld: %d forward + %d backward kernels, frame %zu bytes (stash %zu)",
           e->n_planned, p->n_fwd_prog, p->n_bwd_prog, p->stash_size, p->stash_value_bytes);
     while (e->n_plans > e->max_plans) evict_oldest(e);   /* never the new one: it is the newest */
     *out = sl;
     return NULL;
+}
+
+/* Under e->lock. A CPU frame of at least nbytes: the engine's spare when it is large enough,
+ * else a new block (a spare too small for this plan goes: the new one replaces it). */
+static void *cpu_frame_take(om_engine *e, size_t nbytes, size_t *cap) {
+    if (e->spare_frame && e->spare_bytes >= nbytes) {   /* steady state: the last frame given back */
+        void *b = e->spare_frame;
+        *cap = e->spare_bytes;
+        e->spare_frame = NULL;
+        e->spare_bytes = 0;
+        return b;
+    }
+    om_free(e->spare_frame);
+    e->spare_frame = NULL;
+    e->spare_bytes = 0;
+    *cap = nbytes;
+    return om_alloc_frame(nbytes);
+}
+
+/* Under e->lock. A CPU frame no call uses any more: it becomes the spare, pages released, if it
+ * is larger than the spare and no larger than a cached plan needs; else it is freed. */
+static void cpu_frame_give_back(om_engine *e, void *buf, size_t cap) {
+    if (!buf) return;
+    if (cap > e->max_frame || (e->spare_frame && e->spare_bytes >= cap)) {
+        om_free(buf);
+        return;
+    }
+    om_free(e->spare_frame);
+    om_release_pages(buf, cap, e->memory_opt_level > 0);   /* kept for its address, not its pages */
+    e->spare_frame = buf;
+    e->spare_bytes = cap;
 }
 
 typedef struct frame {          /* where every value's bytes are during one call */
@@ -441,6 +496,7 @@ static void *resolve(frame *f, int v) {
  * only CPU kernels are timed. */
 void om_engine_set_profiling(om_engine *e, bool on) {
     pthread_mutex_lock(&e->lock);
+    if (e->prof) om_gemm_timing(false);
     free(e->prof);
     free(e->prof_op);
     e->prof = NULL;
@@ -457,16 +513,20 @@ void om_engine_set_profiling(om_engine *e, bool on) {
                 while (k < om_op_count() && om_op_at(k) != e->g->nodes[i].op) k++;
                 e->prof_op[i] = k < om_op_count() ? k : 0;
             }
+            om_gemm_timing(true);
         }
     }
     pthread_mutex_unlock(&e->lock);
 }
 
-static void profile_add(om_engine *e, int node, const struct timespec *t0) {
+static void profile_add(om_engine *e, int node, const struct timespec *t0, int64_t gemm0) {
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     struct om_op_time *t = &e->prof[e->prof_op[node] * 2 + (node >= e->g->n_fwd_nodes)];
-    t->ns += (double)(t1.tv_sec - t0->tv_sec) * 1e9 + (double)(t1.tv_nsec - t0->tv_nsec);
+    const double ns = (double)(t1.tv_sec - t0->tv_sec) * 1e9 + (double)(t1.tv_nsec - t0->tv_nsec);
+    const double gemm = (double)(om_gemm_time_ns() - gemm0);
+    t->ns += ns;
+    t->gemm_ns += gemm < ns ? gemm : ns;   /* the count is process-wide: never more than the kernel took */
     t->calls++;
 }
 
@@ -497,14 +557,18 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
         if (om_kernel_nothing_to_do(&ctx)) continue;   /* empty outputs: its loops would run for nothing */
         om_status *st;
         struct timespec t0;
-        if (e->prof && !f->cu) clock_gettime(CLOCK_MONOTONIC, &t0);
+        int64_t gemm0 = 0;
+        if (e->prof && !f->cu) {
+            gemm0 = om_gemm_time_ns();
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+        }
         if (f->cu && !(n->op->flags & OM_OP_CALLBACK)) {
             for (int i = 0; i < n->n_in; i++)   /* host copies of what was known at plan time */
                 in_host[i] = n->in[i] >= 0 && f->plan->storage[n->in[i]] == OM_ST_CONST ? f->plan->vt[n->in[i]].data : NULL;
             st = om_device_plan_kernel(f->plan, prog[s])(&ctx, &x);
         } else {
             st = f->cu ? n->op->cpu(&ctx) : om_cpu_run(&ctx, f->twin, f->plan->twin_bytes);
-            if (e->prof) profile_add(e, prog[s], &t0);
+            if (e->prof) profile_add(e, prog[s], &t0, gemm0);
         }
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
         release_after(f, prog[s]);
@@ -584,17 +648,14 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     frame f = {0};
     char *given = NULL;
     void *stash_buf = NULL;
+    size_t stash_cap = 0;   /* CPU: stash_buf's capacity */
     om_status *st = find_plan(e, inputs, n_inputs, &slot);
     if (st) goto done;
     p = slot->plan;
     uint64_t call = ++e->calls;
     if ((st = frame_init(e, &f, p, stream, &given))) goto done;
-    if (!f.cu && p->spare_stash) {   /* steady state: the last freed stash comes back */
-        stash_buf = p->spare_stash;
-        p->spare_stash = NULL;
-    } else {
-        stash_buf = f.cu ? frame_alloc(&f, p->stash_size) : om_alloc_frame(p->stash_size);
-    }
+    stash_cap = p->stash_size;
+    stash_buf = f.cu ? frame_alloc(&f, p->stash_size) : cpu_frame_take(e, p->stash_size, &stash_cap);
     if (!given || !stash_buf) {
         st = om_error(OM_OUT_OF_MEMORY, "out of memory for the forward's buffers (%zu bytes for these input shapes)",
                       p->stash_size);
@@ -641,6 +702,7 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
         s->slot = slot;
         slot->refs++;
         s->buf = stash_buf;
+        s->buf_bytes = stash_cap;
         stash_buf = NULL;
         s->inputs = ins;
         s->keepalive = keep;
@@ -650,12 +712,8 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
         *stash_out = s;
     }
 done:
-    if (stash_buf && !f.cu && p && !p->spare_stash) {
-        om_release_pages(stash_buf, p->stash_size, e->memory_opt_level > 0);   /* kept for its address, not its pages */
-        p->spare_stash = stash_buf;
-    } else if (stash_buf) {
-        frame_release(&f, stash_buf);
-    }
+    if (stash_buf && !f.cu) cpu_frame_give_back(e, stash_buf, stash_cap);
+    else if (stash_buf) frame_release(&f, stash_buf);
     if (f.data) frame_free(&f, given);
     pthread_mutex_unlock(&e->lock);
     return st;
@@ -817,13 +875,8 @@ void om_stash_free(om_stash *s) {
     pthread_mutex_lock(&s->eng->lock);
     plan_slot *sl = s->slot;
     const int last = --sl->refs == 0 && !sl->cached;   /* the plan was evicted while this stash lived */
-    if (s->buf && !last && !s->plan->spare_stash) {     /* CPU: the next forward takes it */
-        om_release_pages(s->buf, s->plan->stash_size, s->eng->memory_opt_level > 0);  /* its address, not its pages */
-        s->plan->spare_stash = s->buf;
-        s->buf = NULL;
-    }
+    cpu_frame_give_back(s->eng, s->buf, s->buf_bytes);   /* CPU: the next forward takes it, or it goes */
     pthread_mutex_unlock(&s->eng->lock);
-    om_free(s->buf);
     if (last) {
         free_plan(sl->plan);
         free(sl);
@@ -887,12 +940,17 @@ static void op_counts(sbuf *b, const om_graph *g, int from, int to) {
     sb_printf(b, "}");
 }
 
-/* "profile": {"forward_ms", "backward_ms", "ops": [{op, phase, calls, ms}] slowest first} */
+/* "profile": {"forward_ms", "backward_ms", "forward_gemm_ms", "backward_gemm_ms",
+ *             "ops": [{op, phase, calls, ms, gemm_ms}] slowest first}; gemm_ms: of ms, inside om_gemm */
 static void profile_json(sbuf *b, const om_engine *e) {
     int n = om_op_count() * 2;
-    double fwd = 0, bwd = 0;
-    for (int i = 0; i < n; i++) *(i % 2 ? &bwd : &fwd) += e->prof[i].ns;
-    sb_printf(b, ", \"profile\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"ops\": [", fwd / 1e6, bwd / 1e6);
+    double fwd = 0, bwd = 0, fwd_gemm = 0, bwd_gemm = 0;
+    for (int i = 0; i < n; i++) {
+        *(i % 2 ? &bwd : &fwd) += e->prof[i].ns;
+        *(i % 2 ? &bwd_gemm : &fwd_gemm) += e->prof[i].gemm_ns;
+    }
+    sb_printf(b, ", \"profile\": {\"forward_ms\": %.3f, \"backward_ms\": %.3f, \"forward_gemm_ms\": %.3f, "
+              "\"backward_gemm_ms\": %.3f, \"ops\": [", fwd / 1e6, bwd / 1e6, fwd_gemm / 1e6, bwd_gemm / 1e6);
     char *taken = calloc((size_t)n, 1);
     for (int r = 0; taken; r++) {   /* selection by time: the table is small */
         int best = -1;
@@ -900,9 +958,9 @@ static void profile_json(sbuf *b, const om_engine *e) {
             if (!taken[i] && e->prof[i].calls && (best < 0 || e->prof[i].ns > e->prof[best].ns)) best = i;
         if (best < 0) break;
         taken[best] = 1;
-        sb_printf(b, "%s{\"op\": \"%s\", \"phase\": \"%s\", \"calls\": %ld, \"ms\": %.3f}", r ? ", " : "",
-                  om_op_at(best / 2)->name, best % 2 ? "backward" : "forward", e->prof[best].calls,
-                  e->prof[best].ns / 1e6);
+        sb_printf(b, "%s{\"op\": \"%s\", \"phase\": \"%s\", \"calls\": %ld, \"ms\": %.3f, \"gemm_ms\": %.3f}",
+                  r ? ", " : "", om_op_at(best / 2)->name, best % 2 ? "backward" : "forward", e->prof[best].calls,
+                  e->prof[best].ns / 1e6, e->prof[best].gemm_ns / 1e6);
     }
     free(taken);
     sb_printf(b, "]}");
@@ -922,6 +980,10 @@ const char *om_engine_report_json(om_engine *e) {
     op_counts(&b, g, g->n_fwd_nodes, g->n_nodes);
     sb_printf(&b, ", \"plan_cache\": {\"plans\": %d, \"max_plans\": %d, \"planned\": %ld, \"evicted\": %ld}",
               e->n_plans, e->max_plans, e->n_planned, e->n_evicted);
+    /* CPU: the one frame the plans share, when no call holds it (bytes of address space, its
+     * pages handed back), and the largest frame a cached plan needs */
+    sb_printf(&b, ", \"shared_frame\": {\"spare_bytes\": %zu, \"largest_plan_frame_bytes\": %zu}",
+              e->spare_frame ? e->spare_bytes : 0, e->max_frame);
     sb_printf(&b, ", \"plans\": [");
     int i = 0;
     for (const plan_slot *sl = e->oldest; sl; sl = sl->newer, i++) {   /* least recently used first */

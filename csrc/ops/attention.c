@@ -35,6 +35,7 @@
 
 #include "core/threadpool.h"
 #include "ops/attention_geom.h"
+#include "ops/broadcast.h"
 #include "ops/gemm.h"
 #include "ops/op.h"
 #include "ops/vecmath.h"
@@ -44,6 +45,88 @@
 
 #define BQ 64
 #define BK 128
+
+/* ---- a row of a score tile ----------------------------------------------------------------
+ * The softmax's work between the two products of a tile, one row at a time. float: 16 partial
+ * maxima and sums (a serial chain does not vectorize; the lanes combine in a fixed order, so the
+ * result does not depend on the thread split), exp_f32, and per-ISA clones (OM_VEC_CLONES):
+ * AVX-512 or AVX2 where the CPU has them, without -march=native. double: plain loops, libm. */
+
+/* s[c] += the mask row (mr, or its one value when m_col is 0) */
+OM_VEC_CLONES static void row_add_mask_f32(float *restrict s, const float *restrict mr, int64_t m_col, int n) {
+    if (m_col) for (int c = 0; c < n; c++) s[c] += mr[c];
+    else for (int c = 0; c < n; c++) s[c] += mr[0];
+}
+static void row_add_mask_f64(double *restrict s, const double *restrict mr, int64_t m_col, int n) {
+    if (m_col) for (int c = 0; c < n; c++) s[c] += mr[c];
+    else for (int c = 0; c < n; c++) s[c] += mr[0];
+}
+
+/* the largest of s[0..n) (NaN ignored, as `s > m ? s : m` does), -inf when none is larger */
+OM_VEC_CLONES static float row_max_f32(const float *restrict s, int n) {
+    float ml[16], m = -INFINITY;
+    int c0 = 0;
+    for (int k = 0; k < 16; k++) ml[k] = -INFINITY;
+    for (; c0 + 16 <= n; c0 += 16)
+        for (int k = 0; k < 16; k++) ml[k] = s[c0 + k] > ml[k] ? s[c0 + k] : ml[k];
+    for (int c = c0; c < n; c++) m = s[c] > m ? s[c] : m;
+    for (int k = 0; k < 16; k++) m = ml[k] > m ? ml[k] : m;
+    return m;
+}
+static double row_max_f64(const double *restrict s, int n) {
+    double m = -INFINITY;
+    for (int c = 0; c < n; c++) m = s[c] > m ? s[c] : m;
+    return m;
+}
+
+/* s[c] = exp(s[c] - m); returns their sum */
+OM_VEC_CLONES static float row_exp_sum_f32(float *restrict s, int n, float m) {
+    float sl[16], sum = 0;
+    int c0 = 0;
+    for (int k = 0; k < 16; k++) sl[k] = 0;
+    for (; c0 + 16 <= n; c0 += 16)
+        for (int k = 0; k < 16; k++) {
+            s[c0 + k] = exp_f32(s[c0 + k] - m);
+            sl[k] += s[c0 + k];
+        }
+    for (int c = c0; c < n; c++) {
+        s[c] = exp_f32(s[c] - m);
+        sum += s[c];
+    }
+    for (int k = 0; k < 16; k++) sum += sl[k];
+    return sum;
+}
+static double row_exp_sum_f64(double *restrict s, int n, double m) {
+    double sum = 0;
+    for (int c = 0; c < n; c++) {
+        s[c] = exp(s[c] - m);
+        sum += s[c];
+    }
+    return sum;
+}
+
+/* s[c] = exp(s[c] - m) */
+OM_VEC_CLONES static void row_exp_f32(float *restrict s, int n, float m) {
+    for (int c = 0; c < n; c++) s[c] = exp_f32(s[c] - m);
+}
+static void row_exp_f64(double *restrict s, int n, double m) {
+    for (int c = 0; c < n; c++) s[c] = exp(s[c] - m);
+}
+
+/* ds[c] = p[c] (ds[c] - d): the softmax's backward without dropout */
+OM_VEC_CLONES static void row_softmax_grad_f32(float *restrict ds, const float *restrict p, int n, float d) {
+    for (int c = 0; c < n; c++) ds[c] = p[c] * (ds[c] - d);
+}
+static void row_softmax_grad_f64(double *restrict ds, const double *restrict p, int n, double d) {
+    for (int c = 0; c < n; c++) ds[c] = p[c] * (ds[c] - d);
+}
+
+#define ROW_ADD_MASK(s, ...) _Generic((s), float *: row_add_mask_f32, default: row_add_mask_f64)(s, __VA_ARGS__)
+#define ROW_MAX(s, n) _Generic((s), float *: row_max_f32, default: row_max_f64)(s, n)
+#define ROW_EXP_SUM(s, n, m) _Generic((s), float *: row_exp_sum_f32, default: row_exp_sum_f64)(s, n, m)
+#define ROW_EXP(s, n, m) _Generic((s), float *: row_exp_f32, default: row_exp_f64)(s, n, m)
+#define ROW_SOFTMAX_GRAD(ds, ...) \
+    _Generic((ds), float *: row_softmax_grad_f32, default: row_softmax_grad_f64)(ds, __VA_ARGS__)
 
 static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
 static int wanted(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out && ctx->out[j].data != NULL; }
@@ -201,20 +284,15 @@ typedef struct attn_job {
                     for (int r = 0; r < bq; r++) {                                                              \
                         T *restrict s = Sb + r * bk;                                                            \
                         const int64_t i = i0 + r;                                                               \
-                        if (M) {                                                                                \
-                            const T *restrict mr = M + mo + i * g->m_row + j0 * g->m_col;                       \
-                            if (g->m_col) for (int c = 0; c < bk; c++) s[c] += mr[c];                           \
-                            else for (int c = 0; c < bk; c++) s[c] += mr[0];                                    \
-                        }                                                                                       \
-                        if (g->causal)                                                                          \
-                            for (int c = (int)(i - j0 + 1 > 0 ? i - j0 + 1 : 0); c < bk; c++) s[c] = -INFINITY; \
-                        T mx = -INFINITY;                                                                       \
-                        for (int c = 0; c < bk; c++) mx = s[c] > mx ? s[c] : mx;                                \
+                        if (M) ROW_ADD_MASK(s, M + mo + i * g->m_row + j0 * g->m_col, g->m_col, bk);            \
+                        /* causal: keys past the query's own are -inf, whose exp is 0 */                        \
+                        const int live = g->causal ? (int)(i - j0 + 1 < 0 ? 0 : i - j0 + 1 < bk ? i - j0 + 1 : bk) : bk; \
+                        for (int c = live; c < bk; c++) s[c] = 0;                                               \
+                        const T mx = ROW_MAX(s, live);                                                          \
                         const T m_new = mx > mrow[r] ? mx : mrow[r];                                            \
-                        if (m_new == -INFINITY) { for (int c = 0; c < bk; c++) s[c] = 0; continue; }           \
+                        if (m_new == -INFINITY) { for (int c = 0; c < live; c++) s[c] = 0; continue; }         \
                         const T corr = ATTN_EXP(mrow[r] - m_new);                                                    \
-                        T sum = 0;                                                                              \
-                        for (int c = 0; c < bk; c++) { s[c] = ATTN_EXP(s[c] - m_new); sum += s[c]; }                 \
+                        const T sum = ROW_EXP_SUM(s, live, m_new);                                              \
                         lrow[r] = lrow[r] * corr + sum;                                                         \
                         mrow[r] = m_new;                                                                        \
                         if (corr != (T)1) { T *restrict a = acc + r * Dv; for (int64_t d = 0; d < Dv; d++) a[d] *= corr; } \
@@ -374,14 +452,10 @@ static int bwd_batches_independent(const om_kernel_ctx *ctx, const attn_geom *g)
                         T *restrict pd = Pd + r * bk;                                                           \
                         const int64_t i = i0 + r;                                                               \
                         const T lse = LSE[t * L + i];                                                           \
-                        if (M) {                                                                                \
-                            const T *restrict mr = M + mo + i * g->m_row + j0 * g->m_col;                       \
-                            if (g->m_col) for (int c = 0; c < bk; c++) p[c] += mr[c];                           \
-                            else for (int c = 0; c < bk; c++) p[c] += mr[0];                                    \
-                        }                                                                                       \
-                        for (int c = 0; c < bk; c++) p[c] = ATTN_EXP(p[c] - lse);                                    \
-                        if (g->causal)                                                                          \
-                            for (int c = (int)(i - j0 + 1 > 0 ? i - j0 + 1 : 0); c < bk; c++) p[c] = 0;         \
+                        if (M) ROW_ADD_MASK(p, M + mo + i * g->m_row + j0 * g->m_col, g->m_col, bk);            \
+                        const int live = g->causal ? (int)(i - j0 + 1 < 0 ? 0 : i - j0 + 1 < bk ? i - j0 + 1 : bk) : bk; \
+                        ROW_EXP(p, live, lse);                                                                  \
+                        for (int c = live; c < bk; c++) p[c] = 0;                                               \
                         if (g->dropout) {                                                                       \
                             const uint64_t base = (uint64_t)((t * L + i) * S + j0);                             \
                             for (int c = 0; c < bk; c++)                                                        \
@@ -411,7 +485,7 @@ static int bwd_batches_independent(const om_kernel_ctx *ctx, const attn_geom *g)
                             }                                                                                   \
                             (void)pd;                                                                           \
                         } else {                                                                                \
-                            for (int c = 0; c < bk; c++) ds[c] = p[c] * (ds[c] - dr);                           \
+                            ROW_SOFTMAX_GRAD(ds, p, bk, dr);                                                    \
                         }                                                                                       \
                         if (dM) {                                                                               \
                             T *restrict mr = dM + mo + (i0 + r) * g->m_row + j0 * g->m_col;                     \

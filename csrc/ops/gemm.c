@@ -4,7 +4,9 @@
 
 #include <cblas.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/threadpool.h"
 
@@ -60,8 +62,35 @@ static void gemm_blocks(void *ctx, int64_t lo, int64_t hi) {
     }
 }
 
+static atomic_int timing_users;
+static atomic_llong timed_ns;
+
+void om_gemm_timing(bool on) { atomic_fetch_add_explicit(&timing_users, on ? 1 : -1, memory_order_relaxed); }
+int64_t om_gemm_time_ns(void) { return atomic_load_explicit(&timed_ns, memory_order_relaxed); }
+
+static void gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                 int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+
 void om_gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
+    if (atomic_load_explicit(&timing_users, memory_order_relaxed) <= 0) {
+        gemm(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    gemm(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int64_t ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+    if (om_pool_in_parallel()) {   /* one of the pool's threads, each in a product of its own */
+        const int n = om_get_num_threads();
+        ns /= n > 1 ? n : 1;
+    }
+    atomic_fetch_add_explicit(&timed_ns, ns, memory_order_relaxed);
+}
+
+static void gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                 int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
     if (M <= 0 || N <= 0) return;
     const size_t es = dt == OM_F32 ? sizeof(float) : sizeof(double);
     if (K <= 0) {   /* an empty sum: C = beta C */

@@ -30,6 +30,15 @@
 void om_gemm(om_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
 
+/* GEMM time, for the engine's profiler (om_engine_set_profiling): while at least one caller has
+ * it on, om_gemm adds its wall time to a process-wide count. A product called from inside a
+ * parallel range (attention's heads, a convolution's images) runs beside the pool's other
+ * threads, each in its own product: it adds its time over the thread count, so that the count
+ * stays a wall time when every thread multiplies. The profiler reads the count before and after
+ * each kernel: the difference is the kernel's time inside GEMMs, the rest its time outside. */
+void om_gemm_timing(bool on);    /* counted: each on is undone by one off */
+int64_t om_gemm_time_ns(void);
+
 /* float32 C = alpha op(A) op(B) + beta C on AVX512-BF16, when every value of A and B is a bf16
  * value (the widened operands of a node that computes in bf16): 1 when it computed C, 0 when it
  * did not (no such CPU, an operand bf16 does not hold exactly): then the caller takes its

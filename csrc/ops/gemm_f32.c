@@ -35,6 +35,11 @@
 
 static int64_t f32_calls;   /* products this kernel computed (om_gemm_f32_count) */
 
+/* Benchmarks set it through ctypes (default visibility, as om_release_poison): every float32
+ * product then goes to BLAS, so that a comparison with eager PyTorch can run both sides' GEMMs
+ * at one vector width (bench_train.py --gemm blas, with OpenBLAS pinned by OPENBLAS_CORETYPE). */
+__attribute__((visibility("default"))) int om_gemm_blas_only;
+
 int64_t om_gemm_f32_count(void) { return __atomic_load_n(&f32_calls, __ATOMIC_RELAXED); }
 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
@@ -170,7 +175,9 @@ int om_gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     /* alpha 0: BLAS scales C and reads neither operand (an inf there gives no NaN); very thin
      * products would waste most of a tile: both stay with BLAS */
-    if (!takes_float32() || M < 2 || N < 8 || K <= 0 || alpha == 0.0f) return 0;
+    if (__atomic_load_n(&om_gemm_blas_only, __ATOMIC_RELAXED) || !takes_float32() || M < 2 || N < 8 || K <= 0 ||
+        alpha == 0.0f)
+        return 0;
     f32_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
                  .n_blocks = (M + MR - 1) / MR, .n_panels = (N + NR - 1) / NR, .alpha = alpha, .beta = beta,
                  .A = A, .B = B, .C = C};

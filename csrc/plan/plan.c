@@ -24,7 +24,6 @@ void om_plan_free(om_plan *p) {
     free(p->seed_of_output);
     free(p->release_at);
     free(p->release_range);
-    om_free(p->spare_stash);
     om_plan_free_variants(p);
     free(p);
 }

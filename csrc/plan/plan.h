@@ -44,8 +44,6 @@ typedef struct om_plan {
                                      in fp16/bf16 (om_cpu_run), one node at a time; 0 bytes if none */
     /* where the plan runs: the device of its inputs (all inputs share one) */
     om_device_type device;
-    void *spare_stash;            /* CPU: a freed stash buffer kept for the next forward, so that the
-                                     steady state allocates no stash */
     struct om_bwd_variant *variants; /* backward programs for calls where some output gradients are
                                      absent (zero): what they cannot reach is skipped
                                      (plan/backward_variants.h) */
