@@ -155,6 +155,9 @@ static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
     if (fm_is(tr, "Transpose") && is_swap_last2(tr)) { K = tr->in[0]; kt = 0; }
     om_dtype dt = fm_dtype(g, Q);
     if (!om_dtype_is_float(dt) || fm_dtype(g, K) != dt || fm_dtype(g, V) != dt) return NULL;
+    /* the scale attribute is a float (float32): a float64 graph whose constant scale float32
+     * cannot hold (SDPA's scale=0.3) keeps its own ops, which multiply in float64 */
+    if (dt == OM_F64 && f.scale != (double)(float)f.scale) return NULL;
     int cshape = mask >= 0 ? causal_shape(g, mask) : -1;
     if (mask >= 0 && cshape < 0 && fm_dtype(g, mask) != dt) return NULL;
     for (int i = 0; i < f.nd; i++) dead[nd++] = f.dead[i];
