@@ -32,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from tests.modelfuzz import known  # noqa: E402
 from tests.modelfuzz import oracle as O  # noqa: E402
 
 MARK = "=== modelfuzz case "
@@ -139,12 +140,32 @@ class Worker:
         self.stop()
         req = self.req
         spec = req.get("spec")
-        return {"seed": spec.get("seed") if spec else req.get("seed"), "status": status, "note": why,
+        if spec is None:        # the worker drew it from the seed: draw it again, to shrink it
+            from tests.modelfuzz import spec as S
+            try:
+                spec = S.generate(req["seed"])
+            except Exception:
+                spec = None
+        where = _last_phase(self.err_path)
+        if where and where.startswith("eager"):
+            status = O.EAGER_CRASH
+        return {"seed": spec.get("seed") if spec else req.get("seed"), "status": status, "note": f"{why} in {where}",
                 "stderr": _crash_text(self.err_path), "spec": spec}
 
 
 def _exit_text(rc):
     return f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+
+
+def _last_phase(path):
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    text = text[text.rfind(MARK):] if MARK in text else text
+    i = text.rfind(O.PHASE_MARK)
+    return text[i + len(O.PHASE_MARK):].split("\n", 1)[0] if i >= 0 else None
 
 
 def _crash_text(path):
@@ -156,11 +177,12 @@ def _crash_text(path):
     except OSError:
         return ""
     text = text[text.rfind(MARK):] if MARK in text else text
-    lines = [ln.rstrip() for ln in text.splitlines()[1:] if ln.strip()]
+    lines = [ln.rstrip() for ln in text.splitlines()[1:] if ln.strip() and not ln.startswith(O.PHASE_MARK)]
     fatal = next((i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")), None)
     if fatal is None:
         return " | ".join(lines[-4:])[-600:]
-    frames = [ln.strip().replace(ROOT + os.sep, "") for ln in lines[fatal + 1:] if ln.strip().startswith("File ")][:4]
+    cur = next((i for i in range(fatal, len(lines)) if lines[i].startswith("Current thread")), fatal)
+    frames = [ln.strip().replace(ROOT + os.sep, "") for ln in lines[cur + 1:] if ln.strip().startswith("File ")][:4]
     return " | ".join(lines[max(0, fatal - 2):fatal + 1] + frames)[-900:]
 
 
@@ -209,7 +231,7 @@ def one_line(rec):
         return f"{d['key']}: error {d['err']:.2e}, eager's band {d['band']:.2e}{more}"
     if st == O.ERROR:
         return "; ".join(f"{k}: {v} [{rec.get('where', {}).get(k, '')}]" for k, v in rec["errors"].items())
-    if st in (O.CRASH, O.HANG):
+    if st in (O.CRASH, O.HANG, O.EAGER_CRASH):
         return f"{rec['note']}; {rec.get('stderr', '')}"
     if st == O.REFUSED:
         return "; ".join(f"{k}: {v}" for k, v in rec["refused"].items())
@@ -220,12 +242,18 @@ def report(records, secs, out=print):
     c = collections.Counter(r["status"] for r in records)
     n = len(records)
     out(f"\n=== modelfuzz: {n} models in {secs:.0f} s ({n / max(secs, 1e-9):.2f} models/s) ===")
-    order = ["ok", "refused", "mismatch64", "mismatch32", "error", "crash", "hang", "invalid", "harness-error"]
+    order = ["ok", "refused", "known", "mismatch64", "mismatch32", "error", "crash", "hang", "eager-crash", "invalid",
+             "harness-error"]
     out("  " + "  ".join(f"{s} {c.get(s, 0)}" for s in order if s in c or s in ("ok", "refused", "mismatch64",
                                                                                 "mismatch32", "error", "crash", "hang")))
     by_path = collections.Counter((r.get("capture"), r["status"]) for r in records)
     for path in sorted({r.get("capture") for r in records if r.get("capture")}):
         out(f"  {path:<12} " + "  ".join(f"{s} {by_path[path, s]}" for s in order if by_path[path, s]))
+    kn = collections.Counter(r["known"] for r in records if r["status"] == "known")
+    if kn:
+        out("\nknown bugs (reported, not fixed; tests/modelfuzz/known.py):")
+        for name, v in kn.most_common():
+            out(f"  {v:5d}  {name}")
     refusals = collections.Counter()
     example = {}
     for r in records:
@@ -242,6 +270,11 @@ def report(records, secs, out=print):
         out("\nfailures:")
         for r in bad:
             out(f"  {r['status']:<10} seed {r.get('seed')}: {one_line(r)}"[:700])
+    ec = [r for r in records if r["status"] == O.EAGER_CRASH]
+    if ec:
+        out("\neager PyTorch itself crashed (not ortmod's; ortmod ran after or not at all):")
+        for r in ec:
+            out(f"  seed {r.get('seed')}: {one_line(r)}"[:500])
     inv = [r for r in records if r["status"] == O.INVALID]
     if inv:
         out(f"\ninvalid (eager itself cannot run the spec): {len(inv)}, e.g. seed {inv[0].get('seed')}: "
@@ -292,6 +325,8 @@ def main(argv=None):
             reqs = [{"seed": s} for s in range(args.seed, args.seed + args.models)]
         jl = open(args.json, "a") if args.json else None
         for rec in pool.run(reqs):
+            if rec["status"] in O.FAILURES:
+                rec = known.attribute(pool, rec)
             records.append(rec)
             if jl:
                 jl.write(json.dumps({k: v for k, v in rec.items() if k != "spec"}) + "\n")
