@@ -19,7 +19,7 @@ from tests.modelfuzz import spec as S
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REGRESSIONS = sorted(glob.glob(os.path.join(HERE, "modelfuzz", "regressions", "*.json")))
-SAMPLE_SEEDS = range(0, 40)
+SAMPLE_SEEDS = range(0, 30)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def _fmt(rec):
 
 
 def test_fixed_seed_sample(pool):
-    """40 generated models (both capture paths, float32 and float64): none silently wrong,
+    """30 generated models (both capture paths, float32 and float64): none silently wrong,
     none crashing, hanging or raising anything but ortmod's own refusals."""
     # a failure that a known bug (tests/modelfuzz/known.py: reported, pinned by an "open"
     # regression case) explains is counted as known only if the model passes without its trigger
@@ -84,14 +84,18 @@ def _with_fault(fault, **changes):
 
 
 @pytest.mark.parametrize("fault,status", [(None, O.OK), ("grad64", O.MISMATCH64), ("grad32", O.MISMATCH32),
-                                          ("raise", O.ERROR), ("crash", O.CRASH)])
+                                          ("raise", O.ERROR), ("crash", O.CRASH),
+                                          ("eager_crash", O.EAGER_CRASH)])
 def test_oracle_classifies_injected_faults(pool, fault, status):
     """A gradient 1e-6 off in float64, one 3e-2 off in float32, a foreign exception and an
-    abort() in the ORTModule run are each caught and named; the untouched model passes."""
+    abort() in the ORTModule run are each caught and named, an abort() in eager PyTorch is
+    told apart; the untouched model passes."""
     rec = pool.run_one({"spec": _with_fault(fault)})
     assert rec["status"] == status, _fmt(rec)
     if fault == "crash":
-        assert "SIGABRT" in rec["note"]
+        assert "SIGABRT" in rec["note"] and "in ortmod float64" in rec["note"], rec["note"]
+    if fault == "eager_crash":      # PyTorch's own crash: reported, not ortmod's failure
+        assert "in eager referee" in rec["note"] and O.EAGER_CRASH not in O.FAILURES
     # the worker that crashed is replaced: the next case runs
     assert pool.run_one({"spec": TINY})["status"] == O.OK
 

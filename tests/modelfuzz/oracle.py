@@ -121,7 +121,7 @@ def trace(model, args, spec, *, ort=False, channels_last=False, fault=None):
         if grad_input:
             a[0].requires_grad_(True)
         before = _ENGINE_CALLS[0]
-        if fault == "crash" and ort:
+        if (fault == "crash" and ort) or (fault == "eager_crash" and not ort):
             os.abort()
         if fault == "hang" and ort:
             time.sleep(10 ** 6)
@@ -328,7 +328,7 @@ def _classify(spec, rec):
     phase("eager referee")
     try:
         ref = trace(copy.deepcopy(model).double(),
-                    tuple(a.double() if a.is_floating_point() else a for a in args), spec)
+                    tuple(a.double() if a.is_floating_point() else a for a in args), spec, fault=spec.get("_fault"))
         if model_dtype == torch.float32:
             trace(copy.deepcopy(model), args, spec)
     except Exception as e:
