@@ -7,10 +7,12 @@ forward under no_grad. A run is a *trace*: every observable tensor by name ("s0 
 "s0 grad input", "s1 grad layers.0.weight", "s0 buf layers.2.running_mean", "param ...",
 "eval out0"). Traces are compared name by name, each tensor relative to its own size:
 
-    err = max|got - ref| / max(max|ref|, FLOOR * the largest max|ref| of its category)
+    err = max|got - ref| / max(max|ref|, floor * the largest max|ref| of its category)
 
-(the floor keeps a gradient that is mathematically zero, and computed as rounding noise by
-everyone, from counting as wrong.)
+(the floor — FLOOR64 for the float64 oracle, FLOOR32 for the float32 one — keeps a gradient
+that is mathematically zero, and computed as rounding noise, from counting as wrong: with one
+key, attention's key-projection gradient is exactly 0 in eager's softmax backward and 1e-8 of
+the largest gradient in ortmod's fused kernel, seed 2193.)
 
 Two oracles (a kink — relu, a max-pool tie, clamp, abs — turns a rounding difference into a
 different gradient element, so "eager fp32 is closer to fp64 than ortmod fp32" proves nothing):
@@ -48,7 +50,7 @@ LR = 0.05
 TOL64 = 1e-9
 TOL32 = 1e-4
 BAND_FACTOR = 10.0
-FLOOR = 1e-4
+FLOOR64, FLOOR32 = 1e-4, 1e-3
 CATEGORIES = ("out", "grad", "buf", "param", "eval")
 
 OK, REFUSED, MISMATCH64, MISMATCH32, ERROR, INVALID, CRASH, HANG, EAGER_CRASH = (
@@ -283,8 +285,8 @@ def rel_err(got, ref, floor):
     return (g[fr] - r[fr]).abs().max().item() / scale
 
 
-def errors(got, ref, sc):
-    return {k: rel_err(got.get(k), v, FLOOR * sc[_category(k)]) for k, v in ref.items() if k in got or v is not None}
+def errors(got, ref, sc, floor):
+    return {k: rel_err(got.get(k), v, floor * sc[_category(k)]) for k, v in ref.items() if k in got or v is not None}
 
 
 # --------------------------------------------------------------------------- one spec
@@ -371,7 +373,7 @@ def _classify(spec, rec):
     # oracle 1: float64, exact
     ort64 = _ort_trace(model, args, spec, torch.float64, rec, "float64")
     if ort64 is not None:
-        e64 = errors(ort64, ref, sc)
+        e64 = errors(ort64, ref, sc, FLOOR64)
         worst = max(e64, key=e64.get)
         rec["err64"] = {"key": worst, "err": e64[worst]}
         if e64[worst] > TOL64:
@@ -380,7 +382,7 @@ def _classify(spec, rec):
             for k, e in e64.items():
                 if e <= TOL64:
                     continue
-                b = max((rel_err(t.get(k), ref[k], FLOOR * sc[_category(k)]) for t in band.values()), default=0.0)
+                b = max((rel_err(t.get(k), ref[k], FLOOR64 * sc[_category(k)]) for t in band.values()), default=0.0)
                 if e > max(BAND_FACTOR * b, TOL64):
                     bad.append({"key": k, "err": e, "band": b})
             if bad:
@@ -394,11 +396,11 @@ def _classify(spec, rec):
         ort32 = _ort_trace(model, args, spec, torch.float32, rec, "float32")
         if ort32 is not None:
             band = eager_variants(model, args, spec, torch.float32)
-            e32 = errors(ort32, ref, sc)
+            e32 = errors(ort32, ref, sc, FLOOR32)
             bad = []
             worst_band = 0.0
             for k, e in e32.items():
-                b = max((rel_err(t.get(k), ref[k], FLOOR * sc[_category(k)]) for t in band.values()), default=0.0)
+                b = max((rel_err(t.get(k), ref[k], FLOOR32 * sc[_category(k)]) for t in band.values()), default=0.0)
                 worst_band = max(worst_band, b)
                 if e > max(BAND_FACTOR * b, TOL32):
                     bad.append({"key": k, "err": e, "band": b})
