@@ -311,6 +311,7 @@ def main(argv=None):
     p.add_argument("--spec", action="append", help="replay these spec / regression files instead")
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # a kill still stops the workers (finally)
     pool = Pool(args.jobs, args.timeout, args.recycle, args.threads)
     t0 = time.time()
     records = []
