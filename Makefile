@@ -20,6 +20,7 @@ CUBLAS_PKG := $(if $(findstring release 12.,$(shell $(NVCC) --version 2>/dev/nul
 
 -include bench/bench.mk
 -include tests/fuzz/fuzz.mk
+-include tests/modelfuzz/modelfuzz.mk
 
 setup: apt venv build
 

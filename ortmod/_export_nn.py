@@ -570,6 +570,7 @@ def _is_list_value(v):
     return isinstance(t, torch._C.ListType) or (v.node().kind() == "prim::ListConstruct")
 
 
+@torch.enable_grad()     # the export may run under the caller's no_grad (an eval forward)
 def _probe_nearest(op, spatial, out, scales, what, dtype):
     """Eager's source index along each axis, forward and backward, read off eager's own kernels
     in the input's op-math dtype (float32 for float16 / bfloat16: the index arithmetic differs
