@@ -7,15 +7,17 @@ calls one. `pip install --no-deps torch==X` plus the few pure-Python libraries t
 this script, gives a torch that runs on the CPU: for each NVIDIA library torch's shared objects name
 and the loader cannot find, it builds a stub with that library's soname and symbol version, in which
 every function torch imports from it prints which library and function were called and aborts. A
-CPU run that called one would stop loudly, never compute on a stub. libcudart and libcupti (which
-torch queries for devices and the profiler) are used from the system's CUDA toolkit where one is
-installed; otherwise they are stubbed too, and `torch.cuda.is_available()` aborts instead of saying
-False: the venv is then for CPU runs that never ask.
+CPU run that called one would stop loudly, never compute on a stub. The CUDA runtime and CUPTI,
+which torch's own static initialisers and `torch.cuda.is_available()` call, are the real NVIDIA
+wheels (a few MB; `--runtime-reqs` prints torch's pins of them), and the driver (libcuda.so.1) a
+stub without functions: the runtime then finds no device, and `torch.cuda.is_available()` is False.
 
-    python scripts/torch_cpu_stubs.py VENV      # after pip install --no-deps torch==X into VENV
+    python scripts/torch_cpu_stubs.py --runtime-reqs VENV   # the CUDA runtime's requirements
+    python scripts/torch_cpu_stubs.py VENV                  # after pip install --no-deps torch==X
+                                                            # and those requirements
 
-The stubs go to VENV's site-packages/nvidia/cu13/lib (or cu12), a directory torch's RPATH already
-lists, each named for the library it stands for; `STUBS.txt` there lists them.
+The stubs go to the first nvidia/ directory torch's RPATH lists (nvidia/cudnn/lib), each named for
+the library it stands for; `STUBS.txt` there lists them.
 """
 import os
 import re
@@ -117,17 +119,54 @@ def build_stub(soname, versions, symbols, out_dir, tmp):
     return path
 
 
+def runtime_reqs(site):
+    """torch's own pins of the CUDA runtime and CUPTI wheels (cu12: nvidia-cuda-runtime-cu12,
+    nvidia-cuda-cupti-cu12; cu13: cuda-toolkit[cudart,cupti])."""
+    meta = [os.path.join(site, d, "METADATA") for d in os.listdir(site)
+            if d.startswith("torch-") and d.endswith(".dist-info")]
+    reqs = []
+    for line in open(meta[0]).read().splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = line.split(":", 1)[1].split(";")[0].strip()
+        name = re.split(r"[\[=<>~ ]", req)[0]
+        if name in ("nvidia-cuda-runtime-cu12", "nvidia-cuda-cupti-cu12"):
+            reqs.append(req)
+        elif name == "cuda-toolkit":
+            reqs.append("cuda-toolkit[cudart,cupti]" + req[req.index("=="):] if "==" in req else "cuda-toolkit[cudart,cupti]")
+    return reqs
+
+
+def stub_dir(site, lib_dir):
+    """The first site-packages/nvidia/... directory in libtorch_cuda.so's RPATH."""
+    out = subprocess.run(["readelf", "-d", os.path.join(lib_dir, "libtorch_cuda.so")],
+                         capture_output=True, text=True).stdout
+    m = re.search(r"R(?:UN)?PATH\)\s+Library r(?:un)?path: \[([^\]]*)\]", out)
+    for entry in (m.group(1).split(":") if m else []):
+        if entry.startswith("$ORIGIN/../../nvidia/"):
+            return os.path.normpath(os.path.join(lib_dir, entry[len("$ORIGIN/"):]))
+    sys.exit(f"libtorch_cuda.so's RPATH lists no nvidia/ directory: {m.group(1) if m else 'none'}")
+
+
 def main():
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    if args[:1] == ["--runtime-reqs"] and len(args) == 2:
+        site, _ = torch_lib_dir(os.path.abspath(args[1]))
+        print(" ".join(f"'{r}'" for r in runtime_reqs(site)))
+        return
+    if len(args) != 1:
         sys.exit(__doc__)
-    venv = os.path.abspath(sys.argv[1])
+    venv = os.path.abspath(args[0])
     site, lib_dir = torch_lib_dir(venv)
     wanted = missing_libs(lib_dir)
     if not wanted:
         print(f"{lib_dir}: every library torch names is found; no stubs needed")
         return
-    cu = "cu13" if any(s.endswith(".so.13") for s in wanted) else "cu12"
-    out_dir = os.path.join(site, "nvidia", cu, "lib")
+    runtime = sorted(so for so in wanted if so.startswith(("libcudart.", "libcupti.")))
+    if runtime:
+        sys.exit(f"{' '.join(runtime)} missing: install torch's CUDA runtime wheels first "
+                 f"(pip install {' '.join(runtime_reqs(site))})")
+    out_dir = stub_dir(site, lib_dir)
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         made = [build_stub(so, vers, syms, out_dir, tmp) for so, (vers, syms) in sorted(wanted.items())]

@@ -110,6 +110,28 @@ def test_the_running_release_is_declared():
     assert compat.VERSION == torch.__version__.split("+")[0]
 
 
+def test_the_declared_range_is_the_matrix():
+    """pyproject.toml's torch range, compat.SUPPORTED and the Makefile's TORCH_RELEASES agree."""
+    import re
+    root = ROOT.parent
+    declared = re.search(r'"torch>=(\d+)\.(\d+),<(\d+)\.(\d+)"', (root / "pyproject.toml").read_text()).groups()
+    lo, hi = (int(declared[0]), int(declared[1])), (int(declared[2]), int(declared[3]) - 1)
+    assert (lo, hi) == compat.SUPPORTED
+    matrix = re.search(r"^TORCH_RELEASES := (.*)$", (root / "Makefile").read_text(), re.M).group(1).split()
+    minors = sorted({tuple(int(p) for p in r.split(".")[:2]) for r in matrix})
+    assert minors == [(2, m) for m in range(lo[1], hi[1] + 1)], matrix
+
+
+def test_an_untested_release_is_refused_at_import(monkeypatch):
+    monkeypatch.setattr(compat, "RELEASE", (2, 9, 1))
+    monkeypatch.setattr(compat, "VERSION", "2.9.1")
+    monkeypatch.delenv("ORTMOD_UNTESTED_TORCH", raising=False)
+    with pytest.raises(ImportError, match=r"ortmod is tested with torch 2\.10 to 2\.14 .*not torch 2\.9\.1"):
+        compat._refuse_untested_release()
+    monkeypatch.setenv("ORTMOD_UNTESTED_TORCH", "1")
+    compat._refuse_untested_release()
+
+
 def test_call_apply_runs_torch_own_apply_for_the_class():
     class Double(torch.autograd.Function):
         @staticmethod
