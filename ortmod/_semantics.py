@@ -101,6 +101,9 @@ def _gaussian_nll_var_lifted(args, kwargs):
     if torch.any(var < 0):
         raise ValueError("var has negative entry/entries")
     bound["var"] = torch.where(var < eps, (var - var.detach()) + eps, var)
+    # and the function's clamp is to the float just below eps: the lifted var never sits at its
+    # bound, where torch 2.14's clamp gives no gradient (2.13's all of it); values unchanged
+    bound["eps"] = math.nextafter(float(eps), -math.inf)
     n = min(len(args), len(names))
     return tuple(bound.pop(k) for k in names[:n]), bound
 
@@ -357,8 +360,11 @@ def _clamp_symbolic(which):
         dtype = _dtype_of(x)
         # the overload eager ran, noted on the traced graph (_clamp_overloads_noted): the exporter's
         # passes make a Scalar bound a tensor and the node clamp.Tensor
+        if ortmod_clamp_tensor is None and len(_inplace_clamps) == 1:
+            ortmod_clamp_tensor = next(iter(_inplace_clamps))     # an in-place clamp the passes replaced
         if ortmod_clamp_tensor is None:
-            _refuse(f"torch.{which} whose overload ortmod did not note", "an ortmod bug for this torch")
+            _refuse(f"torch.{which} whose overload (number or tensor bounds) ortmod did not note",
+                    f"their gradients at the bound differ on torch {compat.VERSION}")
         tensor = ortmod_clamp_tensor == 1
         mode = compat.require_clamp_mode("tensor" if tensor else "number")
 
@@ -1062,6 +1068,11 @@ def _scalars_typed_as(dtype, optimize_graph):
     return run
 
 
+# the overloads of the in-place clamps (clamp_, ...) of the graph converting: the exporter's passes
+# replace each by a new out-of-place node, without the note
+_inplace_clamps = set()
+
+
 def _clamp_overloads_noted(optimize_graph, noting):
     """Wraps the exporter's conversion of the traced graph: before its passes make a number bound
     a tensor, each clamp / clamp_min / clamp_max notes whether eager ran its Tensor overload
@@ -1069,12 +1080,15 @@ def _clamp_overloads_noted(optimize_graph, noting):
     from torch 2.14)."""
     def note(block):
         for node in block.nodes():
-            if node.kind() in ("aten::clamp", "aten::clamp_min", "aten::clamp_max", "aten::clip"):
+            if node.kind().rstrip("_") in ("aten::clamp", "aten::clamp_min", "aten::clamp_max", "aten::clip"):
                 node.i_("ortmod_clamp_tensor", int(".Tensor(" in node.schema()))
+                if node.kind().endswith("_"):
+                    _inplace_clamps.add(node.i("ortmod_clamp_tensor"))
             for sub in node.blocks():
                 note(sub)
 
     def run(graph, *args, **kw):
+        _inplace_clamps.clear()
         note(graph)
         return optimize_graph(graph, *args, **kw)
     if not noting:      # torch's own clamp rules take no such attribute
