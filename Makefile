@@ -6,8 +6,9 @@ APT_PKGS := cmake ninja-build protobuf-c-compiler libprotobuf-c-dev libopenblas-
 # ml_dtypes (onnx's) below 0.7: 0.7.0's extension takes ~0.38 s to load under numpy 2.4 (it registers
 # ufunc loops one by one, each a linear search), 0.6.0's 2 ms; every torch.export first call
 # imports it through onnx (bench/first_call.py)
-PY_PKGS  := torch==2.13.0 onnx "ml_dtypes>=0.5.4,<0.7" onnxscript onnxruntime numpy pytest scikit-build-core \
-	transformers expecttest accelerate
+TORCH_PIN := 2.13.0
+PY_LIBS  := onnx "ml_dtypes>=0.5.4,<0.7" onnxscript onnxruntime numpy pytest transformers expecttest accelerate
+PY_PKGS  := torch==$(TORCH_PIN) $(PY_LIBS) scikit-build-core
 # the one build (CMakeLists.txt), configured once into BUILD_DIR; CMAKE_ARGS add -D options there
 BUILD_DIR  := build/cmake
 CMAKE_ARGS ?=
@@ -16,7 +17,8 @@ CMAKE_ARGS ?=
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUBLAS_PKG := $(if $(findstring release 12.,$(shell $(NVCC) --version 2>/dev/null)),nvidia-cublas-cu12,nvidia-cublas==13.10.0.20)
 
-.PHONY: setup apt venv build runner cuda test test-export test-deepspeed test-wheel conformance demo bench clean
+.PHONY: setup apt venv build runner cuda test test-export test-deepspeed test-wheel conformance demo bench clean \
+	torch-venv test-torch test-compat
 
 -include bench/bench.mk
 -include tests/fuzz/fuzz.mk
@@ -85,6 +87,46 @@ test-deepspeed: setup
 # checkout, against the installed package. ~5-10 min: it compiles everything once more.
 test-wheel: apt
 	timeout 1800 bash tests/wheel/check.sh
+
+# ---- the torch release matrix (README "Torch releases"): pyproject.toml declares exactly these ----
+# make test-torch TORCH=2.14.1: the whole suite on that release; make test-compat TORCH=2.11.0: the
+# compat job (capture paths, semantics, the fast conformance subset, the model zoo). Each release gets
+# its own venv, .venv-torch-$(TORCH) (TORCH_VENV= to put it elsewhere), installed the light way: PyPI's
+# builds other than 2.13.0 are CUDA builds (~4 GB with their nvidia-* wheels), so torch goes in with
+# --no-deps, then the pure-Python libraries torch imports and its CUDA runtime wheels (a few MB), then
+# scripts/torch_cpu_stubs.py stands in for the NVIDIA libraries a CPU run never calls (cuDNN, cuBLAS,
+# NCCL, ...: ~3 GB). 1.7 GB a venv, 2-5 min. The extension links no
+# libtorch: the one `make build` serves every release.
+TORCH_RELEASES := 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1
+TORCH ?= 2.14.1
+TORCH_VENV ?= .venv-torch-$(TORCH)
+TORCH_PY := $(TORCH_VENV)/bin/python
+TORCH_IMPORT_DEPS := filelock "typing-extensions>=4.10" "sympy>=1.13.3" "networkx>=2.5.1" jinja2 "fsspec>=0.8.5"
+torch-venv: $(TORCH_VENV)/.ortmod-torch-$(TORCH)
+$(TORCH_VENV)/.ortmod-torch-$(TORCH):
+	@case " $(TORCH_RELEASES) " in *" $(TORCH) "*) ;; *) echo "TORCH=$(TORCH) is not one of the tested \
+	  releases ($(TORCH_RELEASES))"; exit 1;; esac
+	@test -x $(TORCH_PY) || python3 -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install -q --disable-pip-version-check --no-cache-dir --no-deps torch==$(TORCH)
+	$(TORCH_PY) -m pip install -q --disable-pip-version-check --no-cache-dir $(TORCH_IMPORT_DEPS) $(PY_LIBS) \
+	  2>&1 | grep -v "requires nvidia\|requires cuda\|requires triton\|requires setuptools\|dependency conflicts" || true
+	@reqs="$$(python3 scripts/torch_cpu_stubs.py --runtime-reqs $(TORCH_VENV))"; if [ -n "$$reqs" ]; then \
+	  echo "CUDA runtime wheels: $$reqs"; eval $(TORCH_PY) -m pip install -q --disable-pip-version-check \
+	  --no-cache-dir $$reqs; fi
+	python3 scripts/torch_cpu_stubs.py $(TORCH_VENV)
+	$(TORCH_PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(v != '$(TORCH)' and \
+	  f'{v} installed, $(TORCH) wanted')"
+	@touch $@
+
+test-torch: build torch-venv
+	timeout 1500 $(TORCH_PY) -m pytest tests -q --ignore=tests/test_deepspeed.py
+
+# the compat job: both capture paths' own tests, custom autograd.Functions, semantics, the fast
+# conformance subset and the model zoo's default selection, on the default capture path ("auto")
+COMPAT_TESTS := tests/test_capture_export.py tests/test_autograd_function.py tests/test_semantics.py \
+	tests/test_conformance.py tests/test_model_zoo.py tests/test_torch_compat.py tests/test_module.py
+test-compat: build torch-venv
+	timeout 1500 $(TORCH_PY) -m pytest $(COMPAT_TESTS) -q
 
 # torch's own module test database and training-code patterns, eager vs ORTModule, with the
 # scoreboards (tests/conformance/; ~10-30 min). Records go to build/conformance-*.json.

@@ -20,7 +20,9 @@ import sys
 import warnings
 
 import torch
-import torch.utils._pytree as pytree
+
+from .capture import compat
+from .capture.compat import pytree
 
 from ._logging import logger
 
@@ -632,7 +634,7 @@ def _batchnorm_buffers(module):
     """Buffers that eager BatchNorm updates during a training forward, per BN module name."""
     out = {}
     for name, m in module.named_modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats:
+        if isinstance(m, compat.BatchNormBase) and m.training and m.track_running_stats:
             prefix = name + "." if name else ""
             if m.momentum is None:
                 raise UnsupportedModelError(
@@ -689,11 +691,11 @@ def _add_batchnorm_outputs(model, state_names):
 def _diff_symbolic(g, input, n, dim, prepend, append):
     """torch.diff (n=1): Slice(x, 1:) - Slice(x, :-1) along dim, after Concat of
     prepend/append. transformers' masking utilities call it on position ids."""
-    from torch.onnx import symbolic_helper as sh
-    n, dim = sh._maybe_get_const(n, "i"), sh._maybe_get_const(dim, "i")
+    from .capture.compat import symbolic_helper as sh
+    n, dim = sh.maybe_get_const(n, "i"), sh.maybe_get_const(dim, "i")
     if n != 1 or not isinstance(dim, int):
-        return sh._unimplemented("aten::diff", "only n=1 with a constant dim")
-    parts = [t for t in (prepend, input, append) if not sh._is_none(t)]
+        return sh.unimplemented("aten::diff", "only n=1 with a constant dim")
+    parts = [t for t in (prepend, input, append) if not sh.is_none(t)]
     x = g.op("Concat", *parts, axis_i=dim) if len(parts) > 1 else input
 
     def const(v):
@@ -733,15 +735,15 @@ def _sdpa_symbolic(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     builds the scale, the causal mask and a boolean mask's -inf/0 from float32 constants, and
     for fp16/bf16 queries its type promotion then casts the scores (and, downstream, whole
     layers' weights) to float32 — with an invalid Cast (to=15) for bf16."""
-    from torch.onnx import symbolic_helper as sh
-    dropout_p = sh._maybe_get_const(dropout_p, "f")
-    is_causal = sh._maybe_get_const(is_causal, "b")
-    enable_gqa = sh._maybe_get_const(enable_gqa, "b")
-    scale = None if sh._is_none(scale) else sh._maybe_get_const(scale, "f")
+    from .capture.compat import symbolic_helper as sh
+    dropout_p = sh.maybe_get_const(dropout_p, "f")
+    is_causal = sh.maybe_get_const(is_causal, "b")
+    enable_gqa = sh.maybe_get_const(enable_gqa, "b")
+    scale = None if sh.is_none(scale) else sh.maybe_get_const(scale, "f")
     qtype = query.type().scalarType() if query.type() is not None else None
     if qtype not in _FLOAT_TYPES or not isinstance(enable_gqa, bool) or not isinstance(dropout_p, float) \
             or not isinstance(is_causal, bool) or (scale is not None and not isinstance(scale, float)):
-        return sh._unimplemented("aten::scaled_dot_product_attention",
+        return sh.unimplemented("aten::scaled_dot_product_attention",
                                  "a float query, constant dropout_p / is_causal / scale / enable_gqa")
     onnx_type, dtype = _FLOAT_TYPES[qtype]
 
@@ -749,9 +751,9 @@ def _sdpa_symbolic(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
         return g.op("Constant", value_t=torch.tensor(v, dtype=dt))
 
     if enable_gqa:   # grouped-query attention: each key/value head serves Hq / Hkv query heads
-        rank = sh._get_tensor_rank(key)
+        rank = sh.get_tensor_rank(key)
         if rank is None or rank < 3:
-            return sh._unimplemented("aten::scaled_dot_product_attention", "enable_gqa with a key of known rank >= 3")
+            return sh.unimplemented("aten::scaled_dot_product_attention", "enable_gqa with a key of known rank >= 3")
         key, value = (_repeat_heads(g, query, t, rank, const) for t in (key, value))
 
     if scale is None:   # 1/sqrt(E) from the query's last dim: in fp64 for fp64 queries (torch's is a
@@ -763,9 +765,9 @@ def _sdpa_symbolic(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
         s = g.op("Cast", g.op("Div", const([1.0], wide), g.op("Sqrt", e)), to_i=onnx_type)
     else:
         s = const(scale)
-    rank = sh._get_tensor_rank(key)
+    rank = sh.get_tensor_rank(key)
     if rank is None:
-        return sh._unimplemented("aten::scaled_dot_product_attention", "a key of unknown rank")
+        return sh.unimplemented("aten::scaled_dot_product_attention", "a key of unknown rank")
     perm = list(range(rank))
     perm[-1], perm[-2] = perm[-2], perm[-1]
     scores = g.op("MatMul", g.op("Mul", query, s), g.op("Transpose", key, perm_i=perm))
@@ -777,7 +779,7 @@ def _sdpa_symbolic(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
                     g.op("Slice", shape_k, const([-2], torch.int64), const([-1], torch.int64)), axis_i=0)
         tril = g.op("Trilu", g.op("Expand", const([1.0]), size), upper_i=0)
         scores = g.op("Add", scores, g.op("Where", g.op("Equal", tril, zero), neg_inf, zero))
-    elif not sh._is_none(attn_mask):
+    elif not sh.is_none(attn_mask):
         mtype = attn_mask.type().scalarType() if attn_mask.type() is not None else None
         if mtype == "Bool":   # fully masked rows give NaN in the softmax: 0, as torch's kernels
             attn_mask = g.op("Where", attn_mask, zero, neg_inf)
@@ -826,9 +828,9 @@ def _onnxscript_functions_when_used(parsed):
     function group in torch's registry (what that step looks up). ``parsed`` gets the model read
     on the way ("model": an ortmod._onnx_wire.Model, for export() to reuse)."""
     try:
-        from torch.onnx._internal.torchscript_exporter import onnx_proto_utils, registration
-        original = onnx_proto_utils._add_onnxscript_fn
-    except (ImportError, AttributeError):     # another torch: its own step runs as it is
+        registration = compat.ts_registration.module()
+        original = compat.ts_proto_utils.add_onnxscript_fn
+    except compat.TorchFeatureMissing:     # another torch: its own step runs as it is
         yield
         return
     from . import _onnx_wire
@@ -852,11 +854,8 @@ def _onnxscript_functions_when_used(parsed):
         parsed["model"] = model
         return model_bytes
 
-    onnx_proto_utils._add_onnxscript_fn = add_onnxscript_fn
-    try:
+    with compat.ts_proto_utils.patched("add_onnxscript_fn", add_onnxscript_fn):
         yield
-    finally:
-        onnx_proto_utils._add_onnxscript_fn = original
 
 
 def _parameter_versions(module):
@@ -1065,7 +1064,7 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
 def _check_output_dtypes(module, model, outs):
     """The exported graph must return what eager returned: an exporter that typed an output
     otherwise (its implicit promotion) would hand back another dtype, silently."""
-    from torch.onnx._internal.torchscript_exporter import _type_utils
+    from .capture.compat import ts_type_utils as _type_utils
     from ._onnx_wire import data_type_name
     for j, (out, t) in enumerate(zip(model.graph.output, outs)):
         elem = out.elem_type

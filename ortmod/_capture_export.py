@@ -52,7 +52,9 @@ import time
 import warnings
 
 import torch
-import torch.utils._pytree as pytree
+
+from .capture import compat
+from .capture.compat import pytree
 
 from . import _capture, _export_ctc, _export_rules_rnn, _pyop, _semantics
 from ._capture import (Exported, ExportError, GraphInput, UnsupportedModelError,
@@ -202,7 +204,7 @@ def _views_to_view_copies(gm):
     a mutating op keeps its views (an alias there is meaning); _audit refuses such ops anyway."""
     targets = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in nodes):
+    if any(isinstance(n.target, compat.OpOverload) and n.target._schema.is_mutable for n in nodes):
         return
     changed = False
     for node in nodes:
@@ -229,21 +231,28 @@ def _check_output_kinds(sig):
 
 
 def _prepare(ep, registry):
-    """torch's _core._prepare_exported_program_for_export (decomposition for the registry, explicit
-    type promotion, assertions removed, under backed_size_oblivious as there), with
-    _views_to_view_copies between decomposition and the type-promotion pass that runs the graph
-    again."""
-    from torch.onnx._internal.exporter import _fx_passes
-    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
-        ep = _fx_passes.decompose_with_registry(ep, registry)
-        gm = ep.graph_module
+    """torch's own preparation of a program for the ONNX translator (compat.prepare_for_onnx),
+    with _views_to_view_copies between decomposition and the type-promotion pass that runs the
+    graph again."""
+    from . import _export_rules
+    # eager's clamp by a number and by a tensor differ at the bound from 2.14 (compat.clamp_semantics):
+    # a number the type-promotion pass makes a tensor becomes a number again
+    numbers_differ = len(set(compat.clamp_semantics())) > 1
+
+    def each_graph(gm, fn):
         for sub in gm.modules():
             if isinstance(sub, torch.fx.GraphModule):
-                _views_to_view_copies(sub)
-        _fx_passes.insert_type_promotion_nodes(gm)
-        gm = _fx_passes.remove_assertion_nodes(gm)
-        ep._graph_module = gm
-        return ep
+                fn(sub)
+
+    def after_decomposition(gm):
+        each_graph(gm, _views_to_view_copies)
+        if numbers_differ:
+            each_graph(gm, _export_rules.mark_number_clamps)
+
+    def after_promotion(gm):
+        if numbers_differ:
+            each_graph(gm, _export_rules.number_clamps_back)
+    return compat.prepare_for_onnx(ep, registry, after_decomposition, after_promotion)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,50 +269,7 @@ def _registry():
     return registry
 
 
-def _torchlib_registry(opset):
-    """The registry torch's ONNXRegistry.from_torchlib builds, with each function's ONNX signature
-    inferred when the translation first asks for its op rather than for all ~500 up front.
-
-    from_torchlib spends about half its 0.6 s of every process's first export inferring
-    signatures (and parsing each function's source for its domain, which it then drops), while
-    a model reads a few dozen. Same functions, same order, same signatures: a test compares the
-    two registries op by op."""
-    from torch.onnx._internal.exporter import _registration
-    from torch.onnx._internal.exporter._torchlib import _torchlib_registry as torch_ops
-    from onnxscript.function_libs.torch_lib import ops, registration    # noqa: F401  (registers the ops)
-
-    class Registry(_registration.ONNXRegistry):
-        def get_decomps(self, target):
-            decomps = super().get_decomps(target)
-            for meta in decomps:
-                if meta.skip_signature_inference and getattr(meta, "_ortmod_deferred", False):
-                    meta.skip_signature_inference = meta._ortmod_deferred = False
-                    meta.__post_init__()
-            return decomps
-
-        def is_registered(self, target):
-            return bool(super().get_decomps(target))
-
-    registry = Registry()
-    registry._opset_version = opset
-    for meta in torch_ops.get_torchlib_ops():
-        registry._register(meta.fx_target, meta)
-    for qualified_name, functions in registration.default_registry.items():
-        if qualified_name.startswith("internal::"):
-            continue
-        try:        # as from_torchlib: an op this torch lacks is skipped
-            target = _registration._get_overload(qualified_name)
-        except Exception:
-            target = None
-        if target is None:
-            continue
-        for fn, is_complex in [(f, False) for f in functions.overloads] + [(f, True) for f in functions.complex]:
-            meta = _registration.OnnxDecompMeta(onnx_function=fn, fx_target=target, signature=None,
-                                                is_complex=is_complex, skip_signature_inference=True)
-            meta._ortmod_deferred = True
-            registry._register(target, meta)
-    registry._cleanup_registry_based_on_opset_version()
-    return registry
+_torchlib_registry = compat.torchlib_registry
 
 
 def _translations():
@@ -495,7 +461,7 @@ def _translations():
         # function_id of the call's FunctionSpec in Exported.functions, the output dtypes. Built
         # here, not through an onnxscript Op: an op schema gives a fixed number of outputs.
         from onnxscript import evaluator
-        from torch.onnx._internal.exporter import _tensors
+        from .capture.compat import onnx_tensors as _tensors
         recorder = _functions.recorder
         spec = recorder.calls[call]
         dtypes = spec.onnx_dtypes()
@@ -515,6 +481,7 @@ def _translations():
         **_export_rules.translations(op, ir, stop_gradient_op),
         **_export_rules_rnn.translations(op, ir, stop_gradient_op),
         **_export_rules.zoo_translations(op, ir, stop_gradient_op),
+        **_export_rules.clamp_translations(op, ir, stop_gradient_op, *compat.clamp_semantics()),
         torch.ops.aten.cosine_similarity.default: cosine_similarity,
         torch.ops.aten.embedding.default: embedding,
         torch.ops.aten.sort.default: sort,
@@ -641,8 +608,7 @@ def _shape_guard(ep, n_inputs):
     # them only as its ShapeEnv's guards (ExportedProgram.module() checks them), so without them
     # a size the trace did not take its branch for would run the graph
     import sympy
-    from torch.export.exported_program import _get_shape_env
-    shape_env = _get_shape_env(ep.graph_module)
+    shape_env = compat.shape_env_of(ep.graph_module)
     for g in shape_env.guards if shape_env is not None else ():
         # in the placeholders' symbols (a symbol the trace found equal to another is replaced)
         cond = shape_env.simplify(g.expr)
@@ -716,10 +682,6 @@ def _real_values_decide():
     buffers' real values: torch 2.13 gives their fakes uninitialised real tensors (a branch on a
     Linear's output was decided on garbage). Should another torch misdecide still, the guards
     catch it on the first call: the engine's value differs from the decision, and ortmod refuses."""
-    import torch._functorch.config as functorch_config
-    from torch.export import _trace
-    fakify = _trace._fakify_params_buffers
-
     def fakify_with_values(fake_mode, mod):
         fakes = fakify(fake_mode, mod)
         state = {**dict(mod.named_parameters(remove_duplicate=False)),
@@ -730,12 +692,11 @@ def _real_values_decide():
                 fake.real_tensor = real.detach().clone()
         return fakes
 
-    _trace._fakify_params_buffers = fakify_with_values
-    try:
-        with functorch_config.patch(fake_tensor_propagate_real_tensors=True), _integer_signbit_as_lt():
-            yield
-    finally:
-        _trace._fakify_params_buffers = fakify
+    export_trace = compat.export_trace
+    fakify = export_trace.fakify_params_buffers
+    with export_trace.patched("fakify_params_buffers", fakify_with_values), compat.propagate_real_tensors(), \
+            _integer_signbit_as_lt():
+        yield
 
 
 @contextlib.contextmanager
@@ -747,7 +708,7 @@ def _integer_signbit_as_lt():
     torch.div(lengths, stride, rounding_mode="floor")); there, while real values decide, signbit
     of an integer tensor is computed as x < 0, its meaning (a bool, as eager's). Only the fake
     computation changes: the graph records the op the module called."""
-    from torch._decomp import decomposition_table
+    decomposition_table = compat.decomposition_table()
     signbit = torch.ops.aten.signbit.default
     with _signbit_lock:
         # the table is torch's, process-wide: the first of overlapping exports (another thread's
@@ -817,7 +778,7 @@ def _freeze_decisions(module, ep, n_user_out, strict_trace):
                 asserted |= _free_unbacked(node.args[0].meta.get("val"))
     picked = []
     for node in ep.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(node.target, compat.OpOverload):
             continue
         if node.target.name().split(".")[0] not in _ITEM_OPS:
             continue
@@ -915,7 +876,7 @@ def _run_function(xs, call):
     # requires_grad is then eager's (mark_non_differentiable, integer outputs)
     copies = [x.detach().requires_grad_(rg) for x, rg in zip(xs, spec.requires_grad)]
     versions = [c._version for c in copies]
-    fake_mode = torch._guards.detect_fake_mode(xs)
+    fake_mode = compat.detect_fake_mode(xs)
     shape_env = getattr(fake_mode, "shape_env", None)
     _functions.inside = getattr(_functions, "inside", 0) + 1
     try:
@@ -991,7 +952,7 @@ def _concrete(value):
     return value
 
 
-_original_apply = torch.autograd.Function.__dict__["apply"]
+_original_apply = compat.function_apply()
 _OWN_OP_FUNCTIONS = "GeneratedBackwardFor_ortmod_"     # torch._library.autograd's class names
 
 
@@ -1001,7 +962,7 @@ def _export_apply(cls, *args, **kwargs):
         # another thread, a Function called by a user's forward (eager runs it as plain code), or
         # the autograd wrapper torch.library gives ortmod's own ops (ortmod::ctc_loss: the graph
         # keeps the op, and the engine differentiates its node)
-        return _original_apply.__func__(cls, *args, **kwargs)
+        return compat.call_apply(_original_apply, cls, *args, **kwargs)
     if not (issubclass(cls, _OpCall) or recorder.keeps(cls)):
         raise _pyop.refuse_torch_function(cls)
     if kwargs:
@@ -1070,9 +1031,9 @@ def _op_call_class(op):
 
 def _library_op(func):
     """func as the OpOverload of a library's custom op, else None."""
-    if isinstance(func, torch._ops.OpOverloadPacket) and func.overloads() == ["default"]:
+    if isinstance(func, compat.OpOverloadPacket) and func.overloads() == ["default"]:
         func = func.default
-    if isinstance(func, torch._ops.OpOverload) and func.namespace not in _TORCH_NAMESPACES:
+    if isinstance(func, compat.OpOverload) and func.namespace not in _TORCH_NAMESPACES:
         return func
     return None
 
@@ -1095,7 +1056,7 @@ def _unpatched_apply(cls):
     """cls.apply as torch defines it, while ortmod's interception is in place."""
     if issubclass(cls, _OpCall):
         return cls.apply
-    return functools.partial(_original_apply.__func__, cls)
+    return functools.partial(compat.call_apply, _original_apply, cls)
 
 
 @contextlib.contextmanager
@@ -1106,12 +1067,8 @@ def _intercepting_apply(recorder):
     if recorder.inline_all:
         yield
         return
-    torch.autograd.Function.apply = classmethod(_export_apply)
-    try:
-        with _LibraryOpCalls():
-            yield
-    finally:
-        torch.autograd.Function.apply = _original_apply
+    with compat.patched_function_apply(_export_apply), _LibraryOpCalls():
+        yield
 
 
 _export_lock = threading.Lock()
@@ -1198,9 +1155,9 @@ def _symbolic_number(value, reference=None):
 def available():
     """Whether this torch has what this path uses (torch.export and its ONNX translator)."""
     try:
-        from torch.onnx._internal.exporter import _core, _registration  # noqa: F401
+        compat.onnx_core.module(), compat.onnx_registration.module()
         import onnxscript  # noqa: F401
-    except ImportError:
+    except (ImportError, compat.TorchFeatureMissing):
         return False
     return hasattr(torch, "export")
 
@@ -1225,9 +1182,10 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     t0 = time.perf_counter()
     try:    # once per process, with torch.export's own (torch._dynamo) below: ~3 s of a first call
         import onnx
-        from torch.onnx._internal.exporter import _core
+        _core = compat.onnx_core
+        _core.module()
         import onnx_ir
-    except ImportError as e:
+    except (ImportError, compat.TorchFeatureMissing) as e:
         raise ExportError(f"the torch.export capture path needs torch's ONNX translator and onnxscript: {e}") from e
     timings = {"imports": time.perf_counter() - t0}
     # BatchNorm(momentum=None) in training: refused by name, as on the TorchScript path (its
@@ -1250,7 +1208,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
         # turn; where the graph does depend on a size being 1, its guard says so (ShapeGuard)
         with _intercepting_apply(recorder), _export_rules_rnn.static_projection_lengths(module), \
                 (_real_values_decide() if real_values else contextlib.nullcontext()), _GradModeSemantics(), \
-                torch.fx.experimental._config.patch(backed_size_oblivious=size_oblivious):
+                compat.size_oblivious(size_oblivious):
             return torch.export.export(wrapper, inputs, dynamic_shapes=(dims,), strict=False)
 
     def capture(size_oblivious):
@@ -1269,7 +1227,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
         recorder.calls.clear()
         # the real tensors are copied beside the fake ones, which an input whose elements
         # share memory (an expand()ed one) cannot be: those go in as dense copies, same values
-        real = tuple(t.contiguous() if torch._debug_has_internal_overlap(t) == 1 else t for t in tensors)
+        real = tuple(t.contiguous() if compat.has_internal_overlap(t) == 1 else t for t in tensors)
         try:
             return trace(real, True, size_oblivious), True
         except UnsupportedModelError:
@@ -1369,7 +1327,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     t1 = time.perf_counter()
     try:
         with _without_torch_deprecations():
-            program = _core._exported_program_to_onnx_program(ep, registry=registry)
+            program = _core.exported_program_to_onnx_program(ep, registry=registry)
     except Exception as e:
         raise _export_error(module, "translating the exported program to ONNX", e) from e
     timings["translate"] = time.perf_counter() - t1
@@ -1451,8 +1409,7 @@ def _attribute_names(module):
 
 
 def _is_trace_value(v):
-    from torch._subclasses.fake_tensor import is_fake
-    return isinstance(v, _capture._SYMBOLIC_NUMBERS) or (isinstance(v, torch.Tensor) and is_fake(v))
+    return isinstance(v, _capture._SYMBOLIC_NUMBERS) or (isinstance(v, torch.Tensor) and compat.is_fake(v))
 
 
 def _user_attributes(module):
@@ -1727,11 +1684,22 @@ def _check_cumsum(node):
     return None
 
 
+def _clamp_mode_missing(node):
+    # a torch whose clamp gradient at a bound none of ortmod's rules reproduces (compat.clamp_semantics)
+    kind = "tensor" if str(node.target).endswith(".Tensor") else "number"
+    try:
+        compat.require_clamp_mode(kind)
+    except compat.TorchFeatureMissing as e:
+        return str(e)
+    return None
+
+
 def _check_clamp_tensor(node):
     # clamp.Tensor(self, min, max): ortmod's rule is Clip, for 0-d (or absent) bounds; a larger
     # bound would be Max / Min, whose gradient at ties is not clamp's
-    if node.target is not torch.ops.aten.clamp.Tensor:
-        return None
+    missing = _clamp_mode_missing(node)
+    if missing or node.target is not torch.ops.aten.clamp.Tensor:
+        return missing
     for k, name in ((1, "min"), (2, "max")):
         bound = node.args[k] if len(node.args) > k else node.kwargs.get(name)
         val = _meta_val(bound)
@@ -1760,8 +1728,9 @@ def _check_arange(node):
 def _check_clamp_min(node):
     # torchlib: a number or a 0-d bound gives Clip (torch.clamp's rule); a larger bound gives Max,
     # whose gradient at ties is not clamp_min's
-    if node.target is torch.ops.aten.clamp_min.default:
-        return None
+    missing = _clamp_mode_missing(node)
+    if missing or node.target is torch.ops.aten.clamp_min.default:
+        return missing
     bound = node.args[1] if len(node.args) > 1 else None
     val = _meta_val(bound)
     if isinstance(val, torch.Tensor) and val.dim() == 0:
@@ -2019,7 +1988,7 @@ def _audit(module, ep):
             if node.op != "call_function":
                 continue
             target = node.target
-            name = target.name() if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
+            name = target.name() if isinstance(target, compat.OpOverload) else getattr(target, "__name__", str(target))
             if AUDIT_LOG is not None:
                 AUDIT_LOG.add(name)
             base = name.split(".", 1)[0]

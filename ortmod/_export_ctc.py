@@ -29,6 +29,8 @@ from typing import Optional
 
 import torch
 
+from .capture import compat
+
 # eager's at::Reduction: None, Mean, Sum
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -41,14 +43,14 @@ def symbolics(registration, opset):
 def _lengths(g, what, v):
     """input_lengths / target_lengths as an int64 (or int32) tensor value: a constant list, a
     list built in the trace, or a tensor (eager takes any integral dtype: cast to int64)."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     from ._semantics import _const, _dtype_of, _onnx_dtype, _refuse
-    c = sh._maybe_get_const(v, "is")
-    if not sh._is_value(c):
+    c = sh.maybe_get_const(v, "is")
+    if not sh.is_value(c):
         return _const(g, [int(x) for x in (c if isinstance(c, (list, tuple)) else [c])], torch.int64)
-    if sh._is_packed_list(v):
+    if sh.is_packed_list(v):
         items = [g.op("Cast", g.op("Reshape", x, _const(g, [1], torch.int64)), to_i=_onnx_dtype(torch.int64))
-                 for x in sh._unpack_list(v)]
+                 for x in sh.unpack_list(v)]
         return g.op("Concat", *items, axis_i=0) if items else _const(g, [], torch.int64)
     # the trace ran eager's ctc_loss, which refused lengths that are not integral; a dtype the
     # trace did not record (graph inputs) is cast like any integral one
@@ -63,13 +65,13 @@ def _masked_select_parts(targets):
     (GatherND(x, Transpose(NonZero(Expand(mask, Shape(x)))))), else None. CTCLoss reads such
     targets through its mask input: NonZero's output length is data, which a planned engine
     cannot have (Wav2Vec2ForCTC's labels.masked_select(labels >= 0))."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     node = targets.node()
-    if node.kind() != "onnx::GatherND" or (node.hasAttribute("batch_dims") and sh._node_get(node, "batch_dims") != 0):
+    if node.kind() != "onnx::GatherND" or (node.hasAttribute("batch_dims") and sh.node_get(node, "batch_dims") != 0):
         return None
     x, idx = list(node.inputs())
     tr = idx.node()
-    if tr.kind() != "onnx::Transpose" or list(sh._node_get(tr, "perm")) != [1, 0]:
+    if tr.kind() != "onnx::Transpose" or list(sh.node_get(tr, "perm")) != [1, 0]:
         return None
     nz = next(tr.inputs()).node()
     if nz.kind() != "onnx::NonZero":
@@ -79,12 +81,12 @@ def _masked_select_parts(targets):
 
 
 def _ctc_loss_symbolic(g, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     from ._semantics import _const, _dtype_of, _onnx_dtype, _refuse
-    blank = sh._maybe_get_const(blank, "i")
-    reduction = sh._maybe_get_const(reduction, "i")
-    zero_infinity = sh._maybe_get_const(zero_infinity, "b")
-    if sh._is_value(blank) or sh._is_value(reduction) or sh._is_value(zero_infinity):
+    blank = sh.maybe_get_const(blank, "i")
+    reduction = sh.maybe_get_const(reduction, "i")
+    zero_infinity = sh.maybe_get_const(zero_infinity, "b")
+    if sh.is_value(blank) or sh.is_value(reduction) or sh.is_value(zero_infinity):
         _refuse("ctc_loss", "ortmod keeps blank, reduction and zero_infinity only as constants")
     if int(reduction) not in _REDUCTIONS:
         _refuse("ctc_loss", f"unknown reduction {reduction}")
@@ -103,9 +105,9 @@ def _ctc_loss_symbolic(g, log_probs, targets, input_lengths, target_lengths, bla
     tl = _lengths(g, "target_lengths", target_lengths)
     loss = g.op("ortmod::CTCLoss", log_probs, targets, il, tl, *extra, blank_i=int(blank),
                 zero_infinity_i=int(bool(zero_infinity)))
-    rank = sh._get_tensor_rank(log_probs)
-    if isinstance(log_probs.type(), torch._C.TensorType) and rank in (2, 3):
-        sizes = sh._get_tensor_sizes(log_probs)
+    rank = sh.get_tensor_rank(log_probs)
+    if isinstance(log_probs.type(), compat.JitTensorType) and rank in (2, 3):
+        sizes = sh.get_tensor_sizes(log_probs)
         loss.setType(log_probs.type().with_sizes([sizes[1]] if rank == 3 else []))
     mode = _REDUCTIONS[int(reduction)]
     if mode == "none":
@@ -133,7 +135,7 @@ def ctc_loss_op(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: t
     if targets_mask is not None:
         targets = torch.masked_select(targets, targets_mask)
     # without the function mode that would hand this call back to ortmod::ctc_loss
-    with torch._C.DisableTorchFunction():
+    with compat.DisableTorchFunction():
         return torch.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 0, zero_infinity)
 
 
@@ -201,7 +203,7 @@ def traced_ctc_loss(func, args, kwargs):
     blank = _constant("blank", bound.get("blank", 0), int)
     reduction = bound.get("reduction", default_reduction)
     if isinstance(reduction, str):
-        reduction = torch.nn._reduction.get_enum(reduction)     # eager's ValueError for others
+        reduction = compat.reduction_enum(reduction)     # eager's ValueError for others
     reduction = _constant("reduction", reduction, int)
     if reduction not in _REDUCTIONS:
         _refuse(f"unknown reduction {reduction}")
@@ -291,7 +293,7 @@ def export_translations(ir):
     from typing import Optional
     from onnxscript import evaluator
     from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TTensor
-    from torch.onnx._internal.exporter import _tensors
+    from .capture.compat import onnx_tensors as _tensors
 
     def ctc_loss_onnx(log_probs: TFloat, targets: TTensor, input_lengths: TTensor, target_lengths: TTensor,
                       blank: int = 0, zero_infinity: bool = False,

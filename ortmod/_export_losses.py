@@ -21,7 +21,7 @@ from ._semantics import (_const, _dtype_of, _float_const_arg, _input_rank_or_non
 
 
 def _sh():
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     return sh
 
 
@@ -34,16 +34,16 @@ def _reduction_arg(reduction, what):
 
 def _bool_arg(value, what, name):
     sh = _sh()
-    v = sh._maybe_get_const(value, "b")
-    if sh._is_value(v):
+    v = sh.maybe_get_const(value, "b")
+    if sh.is_value(v):
         _refuse(what, f"ortmod keeps {name} only as a constant")
     return bool(v)
 
 
 def _int_arg(value, what, name):
     sh = _sh()
-    v = sh._maybe_get_const(value, "i")
-    if sh._is_value(v) or not isinstance(v, int):
+    v = sh.maybe_get_const(value, "i")
+    if sh.is_value(v) or not isinstance(v, int):
         _refuse(what, f"ortmod keeps {name} only as a constant")
     return int(v)
 
@@ -154,7 +154,7 @@ def _binary_cross_entropy_symbolic(g, input, target, weight, reduction):
     are given exactly, as gradient terms on a stopped forward (_with_gradients)."""
     sh = _sh()
     what = "binary_cross_entropy"
-    has_w = not (weight is None or sh._is_none(weight))
+    has_w = not (weight is None or sh.is_none(weight))
     dt = _same_float_dtype(what, input, target, *([weight] if has_w else []))
     _reduction_arg(reduction, what)
     one, lo = _const(g, 1.0, dt), _const(g, -100.0, dt)
@@ -183,7 +183,7 @@ def _margin_ranking_loss_symbolic(g, input1, input2, target, margin, reduction):
 
 
 def _target_dtype_or_none(target):
-    from torch.onnx._internal.torchscript_exporter import _type_utils
+    from .capture.compat import ts_type_utils as _type_utils
     try:
         return _type_utils.JitScalarType.from_value(target).dtype()
     except Exception:
@@ -265,7 +265,7 @@ def _multi_margin_loss_symbolic(g, input, target, p, margin, weight, reduction):
     gives both, and eager's 0 for a NaN z (its test fails; Relu would propagate the NaN)."""
     sh = _sh()
     what = "multi_margin_loss"
-    has_w = not (weight is None or sh._is_none(weight))
+    has_w = not (weight is None or sh.is_none(weight))
     dt = _same_float_dtype(what, input, *([weight] if has_w else []))
     r = _reduction_arg(reduction, what)
     p_v = _float_const_arg(p, what, "p")
@@ -402,7 +402,7 @@ def _cross_entropy_symbolic(stock):
         prob = t_dt is not None and (t_dt.is_floating_point or t_dt.is_complex)
         if not prob and ls == 0.0 and rank != 1:
             return stock(g, self, target, weight, reduction, ignore_index, label_smoothing)
-        has_w = not (weight is None or sh._is_none(weight))
+        has_w = not (weight is None or sh.is_none(weight))
         dt = _same_float_dtype(what, self, *([weight] if has_w else []))
         r = _reduction_arg(reduction, what)
         ignore = _int_arg(ignore_index, what, "ignore_index")
@@ -510,7 +510,8 @@ def symbolics(registration, opset):
     from ._semantics import _torch_symbolic
     # torch registers its opset-12 rules (cross_entropy_loss's) when that module is imported,
     # which its exporter does lazily
-    from torch.onnx._internal.torchscript_exporter import symbolic_opset12  # noqa: F401
+    from .capture.compat import ts_opset12
+    ts_opset12.module()
     rules = dict(_RULES)
     stock = _torch_symbolic(registration, "aten::cross_entropy_loss", opset)
     if stock is not None:

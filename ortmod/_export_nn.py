@@ -7,6 +7,8 @@ that names what it cannot reproduce.
 registers them only while ortmod exports."""
 import torch
 
+from .capture.compat import JitListType, JitTensorType
+
 from ._semantics import (_avg_pool_symbolic, _const, _dtype_of, _input_rank_or_none, _onnx_dtype, _refuse,
                          _torch_symbolic)
 
@@ -22,8 +24,8 @@ class _NeedsStaticSizes(RuntimeError):
 
 
 def _sizes(x):
-    from torch.onnx import symbolic_helper as sh
-    return sh._get_tensor_sizes(x)
+    from .capture.compat import symbolic_helper as sh
+    return sh.get_tensor_sizes(x)
 
 
 def _axes(g, axes):
@@ -37,20 +39,20 @@ def _slice(g, x, axis, start, end):
 def _int_list(value, what, name):
     """A constant int or int list argument as a list (elements may be None); None if it is
     not constant."""
-    from torch.onnx import symbolic_helper as sh
-    if sh._is_none(value):
+    from .capture.compat import symbolic_helper as sh
+    if sh.is_none(value):
         return None
-    v = sh._maybe_get_const(value, "is")
-    if sh._is_value(v):
-        if not sh._is_packed_list(v):
+    v = sh.maybe_get_const(value, "is")
+    if sh.is_value(v):
+        if not sh.is_packed_list(v):
             return None
         out = []
-        for e in sh._unpack_list(v):
-            if sh._is_none(e):
+        for e in sh.unpack_list(v):
+            if sh.is_none(e):
                 out.append(None)
                 continue
-            c = sh._maybe_get_const(e, "i")
-            if sh._is_value(c):
+            c = sh.maybe_get_const(e, "i")
+            if sh.is_value(c):
                 return None
             out.append(int(c))
         return out
@@ -65,7 +67,7 @@ def _rms_norm_symbolic(g, x, normalized_shape, weight, eps):
     normalized dims) + eps), cast back to the input dtype, then times weight. eps None is the
     op-math dtype's machine epsilon. Eager differentiates those same ops (pow, mean, add,
     rsqrt, mul), so the engine's gradient is eager's."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     shape = _int_list(normalized_shape, "rms_norm", "normalized_shape")
     if shape is None or None in shape:
         _refuse("rms_norm", "ortmod keeps normalized_shape only as a constant")
@@ -73,11 +75,11 @@ def _rms_norm_symbolic(g, x, normalized_shape, weight, eps):
     if dt is None:
         _refuse("rms_norm", "the input's floating dtype must be known at export")
     op_dt = torch.float32 if dt in _HALF else dt
-    if sh._is_none(eps):
+    if sh.is_none(eps):
         eps_v = torch.finfo(op_dt).eps
     else:
-        eps_v = sh._maybe_get_const(eps, "f")
-        if sh._is_value(eps_v):
+        eps_v = sh.maybe_get_const(eps, "f")
+        if sh.is_value(eps_v):
             _refuse("rms_norm", "ortmod keeps eps only as a constant")
     xs = x if op_dt == dt else g.op("Cast", x, to_i=_onnx_dtype(op_dt))
     axes = _axes(g, range(-len(shape), 0))
@@ -93,7 +95,7 @@ def _rms_norm_symbolic(g, x, normalized_shape, weight, eps):
     y = g.op("Mul", xs, inv)
     if op_dt != dt:
         y = g.op("Cast", y, to_i=_onnx_dtype(dt))
-    if not sh._is_none(weight):
+    if not sh.is_none(weight):
         y = g.op("Mul", y, weight)
     return y
 
@@ -104,9 +106,9 @@ def _threshold_symbolic(g, x, threshold, value):
     """threshold(x, th, v) = v where x <= th, else x (NaN passes: NaN <= th is false), and the
     gradient dy where x > th or NaN, 0 elsewhere: eager's threshold and threshold_backward
     both test x <= th. torch's rule exports only th = v = 0 (as Relu)."""
-    from torch.onnx import symbolic_helper as sh
-    th, v = sh._maybe_get_const(threshold, "f"), sh._maybe_get_const(value, "f")
-    if sh._is_value(th) or sh._is_value(v):
+    from .capture.compat import symbolic_helper as sh
+    th, v = sh.maybe_get_const(threshold, "f"), sh.maybe_get_const(value, "f")
+    if sh.is_value(th) or sh.is_value(v):
         _refuse("threshold", "ortmod keeps threshold and value only as constants")
     dt = _dtype_of(x, None)
     if dt is None:
@@ -119,13 +121,13 @@ def _bilinear_symbolic(g, x1, x2, weight, bias):
     """bilinear: y[..., o] = sum_ij x1[..., i] W[o, i, j] x2[..., j] + b[o], as two Einsums
     (the engine's Einsum takes two operands): x1 W first, then its product with x2. Eager's
     _trilinear sums in another order, so values agree to rounding."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     r1, r2 = _input_rank_or_none(x1), _input_rank_or_none(x2)
     if r1 is None or r2 is None or r1 != r2 or r1 < 1:
         _refuse("bilinear", "ortmod needs both inputs' ranks, equal, at export")
     t = g.op("Einsum", x1, weight, equation_s="...i,oij->...oj")
     y = g.op("Einsum", t, x2, equation_s="...oj,...j->...o")
-    if bias is not None and not sh._is_none(bias):
+    if bias is not None and not sh.is_none(bias):
         y = g.op("Add", y, bias)
     return y
 
@@ -295,16 +297,16 @@ def _pad_symbolic(g, input, pad, mode, value):
     whose size is unknown is exported as an If (squeeze only if it is 1), which the engine
     does not run. Every other F.pad is _semantics' rule, which this one overrides for
     aten::pad and runs."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     from . import _semantics
-    pads = _int_list(pad, "F.pad", "pad") if sh._parse_arg(mode, "s") == "constant" else None
+    pads = _int_list(pad, "F.pad", "pad") if sh.parse_arg(mode, "s") == "constant" else None
     rank = _input_rank_or_none(input)
     if pads is None or None in pads or len(pads) % 2 or rank is None or len(pads) // 2 > rank:
         return _semantics._pad_symbolic(g, input, pad, mode, value)
     begin, end = [0] * rank, [0] * rank
     for k in range(len(pads) // 2):          # pad's first pair pads the last dim
         begin[rank - 1 - k], end[rank - 1 - k] = pads[2 * k], pads[2 * k + 1]
-    value = sh._if_scalar_type_as(sh._maybe_get_scalar(value), input)
+    value = sh.if_scalar_type_as(sh.maybe_get_scalar(value), input)
     return g.op("Pad", input, _const(g, begin + end, _I64), value, mode_s="constant")
 
 
@@ -323,7 +325,7 @@ def _shape_keeping(original):
             have = _sizes(out)
         except Exception:   # anything unexpected: torch's rule as it is
             return out
-        if wanted is None or not isinstance(out.type(), torch._C.TensorType):
+        if wanted is None or not isinstance(out.type(), JitTensorType):
             return out
         if have is None:
             have = [None] * len(wanted)
@@ -339,13 +341,13 @@ def _shape_keeping(original):
 def _shape_list_partly_const(size):
     """A shape list's elements: the constant ones as ints, the computed ones as None; None when
     the shape is not a list."""
-    from torch.onnx import symbolic_helper as sh
-    if not sh._is_value(size) or not sh._is_packed_list(size):
+    from .capture.compat import symbolic_helper as sh
+    if not sh.is_value(size) or not sh.is_packed_list(size):
         return None
     out = []
-    for e in sh._unpack_list(size):
-        c = sh._maybe_get_const(e, "i")
-        out.append(None if sh._is_value(c) else int(c))
+    for e in sh.unpack_list(size):
+        c = sh.maybe_get_const(e, "i")
+        out.append(None if sh.is_value(c) else int(c))
     return out
 
 
@@ -388,10 +390,10 @@ def _fractional_max_pool_symbolic(rank):
     what = f"fractional_max_pool{rank}d"
 
     def symbolic(g, x, kernel_size, output_size, random_samples):
-        from torch.onnx import symbolic_helper as sh
-        kernel = sh._maybe_get_const(kernel_size, "is")
-        out_size = sh._maybe_get_const(output_size, "is")
-        if sh._is_value(kernel) or sh._is_value(out_size):
+        from .capture.compat import symbolic_helper as sh
+        kernel = sh.maybe_get_const(kernel_size, "is")
+        out_size = sh.maybe_get_const(output_size, "is")
+        if sh.is_value(kernel) or sh.is_value(out_size):
             _refuse(what, "ortmod needs kernel_size and output_size as constants")
         k, o = [int(v) for v in kernel], [int(v) for v in out_size]
         if random_samples.node().kind() not in ("prim::Param", "onnx::Constant"):
@@ -448,24 +450,24 @@ _AXIS_NAMES = {1: ("W",), 2: ("H", "W"), 3: ("D", "H", "W")}
 
 
 def _float_or_none(value, what):
-    from torch.onnx import symbolic_helper as sh
-    if value is None or sh._is_none(value):
+    from .capture.compat import symbolic_helper as sh
+    if value is None or sh.is_none(value):
         return None
-    v = sh._maybe_get_const(value, "f")
-    if sh._is_value(v):
+    v = sh.maybe_get_const(value, "f")
+    if sh.is_value(v):
         raise _NeedsStaticSizes(f"{what}: a scale is not a constant at export")
     return float(v)
 
 
 def _float_list_or_none(value, what):
-    from torch.onnx import symbolic_helper as sh
-    if value is None or sh._is_none(value):
+    from .capture.compat import symbolic_helper as sh
+    if value is None or sh.is_none(value):
         return None
-    v = sh._maybe_get_const(value, "fs")
-    if sh._is_value(v):
-        if not sh._is_packed_list(v):
+    v = sh.maybe_get_const(value, "fs")
+    if sh.is_value(v):
+        if not sh.is_packed_list(v):
             raise _NeedsStaticSizes(f"{what}: scale_factors are not constants at export")
-        return [_float_or_none(e, what) for e in sh._unpack_list(v)]
+        return [_float_or_none(e, what) for e in sh.unpack_list(v)]
     return [float(v)] if isinstance(v, (int, float)) else [float(e) for e in v]
 
 
@@ -492,8 +494,8 @@ def _upsample_call(g, what, rank, x, output_size, scale_args, align_corners=None
     if scales is not None:
         scales = _traced_scales(g, len(scale_args), scales)
     out = _int_list(output_size, what, "output_size")
-    from torch.onnx import symbolic_helper as sh
-    if out is None and not sh._is_none(output_size):
+    from .capture.compat import symbolic_helper as sh
+    if out is None and not sh.is_none(output_size):
         # computed from sizes (recompute_scale_factor, size=y.shape[2:]): the traced output's
         # sizes, but only while every graph input is static (the export the graph then holds
         # only for); else export again so
@@ -547,7 +549,7 @@ def _traced_scales(g, count, scales):
 def _all_inputs_static(g):
     for v in g.graph.inputs():
         t = v.type()
-        if isinstance(t, torch._C.TensorType):
+        if isinstance(t, JitTensorType):
             s = t.varyingSizes()
             if s is None or None in s:
                 return False
@@ -559,7 +561,7 @@ def _traced_output_sizes(g):
     if node is None or node.outputsSize() != 1:
         return None
     t = node.output().type()
-    s = t.varyingSizes() if isinstance(t, torch._C.TensorType) else None
+    s = t.varyingSizes() if isinstance(t, JitTensorType) else None
     if s is None or len(s) < 3 or None in s:
         return None
     return list(s[2:])
@@ -567,7 +569,7 @@ def _traced_output_sizes(g):
 
 def _is_list_value(v):
     t = v.type()
-    return isinstance(t, torch._C.ListType) or (v.node().kind() == "prim::ListConstruct")
+    return isinstance(t, JitListType) or (v.node().kind() == "prim::ListConstruct")
 
 
 @torch.enable_grad()     # the export may run under the caller's no_grad (an eval forward)
@@ -711,9 +713,9 @@ def _linear_symbolic(rank):
         the op-math dtype (float32 for half inputs, cast back at the end, as eager's kernel).
         The tables are checked against eager on a random probe and on NaN probes (which
         elements each output reads), refused on any difference."""
-        from torch.onnx import symbolic_helper as sh
-        ac = sh._maybe_get_const(align_corners, "b")
-        if sh._is_value(ac):
+        from .capture.compat import symbolic_helper as sh
+        ac = sh.maybe_get_const(align_corners, "b")
+        if sh.is_value(ac):
             _refuse(what, "ortmod keeps align_corners only as a constant")
         ac = bool(ac)
         dtype = _dtype_of(input, None)
@@ -775,9 +777,9 @@ def _exact_in_float32(v):
 
 
 def _const_floats(what, *values):
-    from torch.onnx import symbolic_helper as sh
-    out = [sh._maybe_get_const(v, "f") for v in values]
-    if any(sh._is_value(v) for v in out):
+    from .capture.compat import symbolic_helper as sh
+    out = [sh.maybe_get_const(v, "f") for v in values]
+    if any(sh.is_value(v) for v in out):
         _refuse(what, "ortmod keeps its coefficients only as constants")
     return [float(v) for v in out]
 
@@ -813,8 +815,8 @@ def _leaky_relu_float64(original):
 
 def _rrelu_float64(original):
     def symbolic(g, x, lower, upper, training, generator):
-        from torch.onnx import symbolic_helper as sh
-        if _is_float64(x) and sh._maybe_get_const(training, "b") is False:
+        from .capture.compat import symbolic_helper as sh
+        if _is_float64(x) and sh.maybe_get_const(training, "b") is False:
             lo, up = _const_floats("rrelu", lower, upper)
             slope = (lo + up) / 2   # eager's rrelu in eval: leaky_relu with the mean slope
             if not _exact_in_float32(slope):

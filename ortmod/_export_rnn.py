@@ -44,13 +44,13 @@ def symbolics(registration, opset):
 
 def _lstm_symbolic(stock):
     def symbolic(g, *args):
-        from torch.onnx import symbolic_helper as sh
-        packed = sh._is_tensor_list(args[3])
-        weights = sh._unpack_list(args[3] if packed else args[2])
+        from .capture.compat import symbolic_helper as sh
+        packed = sh.is_tensor_list(args[3])
+        weights = sh.unpack_list(args[3] if packed else args[2])
         has_biases, num_layers, bidirectional = (args[4], args[5], args[8]) if packed else (args[3], args[4], args[7])
-        consts = [sh._maybe_get_const(v, kind) for v, kind in
+        consts = [sh.maybe_get_const(v, kind) for v, kind in
                   ((has_biases, "b"), (num_layers, "i"), (bidirectional, "b"))]
-        if any(sh._is_value(c) for c in consts):
+        if any(sh.is_value(c) for c in consts):
             return _stock(stock, g, args)   # not ortmod's to tell apart: torch's rule answers
         has_biases, num_layers, bidirectional = consts
         directions = 2 if bidirectional else 1
@@ -69,7 +69,7 @@ def _lstm_symbolic(stock):
         if dropout and train and num_layers > 1:
             _refuse(_WHAT, "dropout between layers in training mode (eager draws a random mask "
                            "ortmod cannot reproduce); set dropout=0 or train in eval mode")
-        h0, c0 = sh._unpack_list(hx)
+        h0, c0 = sh.unpack_list(hx)
         return _unrolled(g, input, h0, c0, weights, bool(has_biases), int(num_layers), directions,
                          bool(batch_first))
     return symbolic
@@ -82,16 +82,16 @@ def _stock(stock, g, args):
 
 
 def _const_arg(v, kind, name):
-    from torch.onnx import symbolic_helper as sh
-    c = sh._maybe_get_const(v, kind)
-    if sh._is_value(c):
+    from .capture.compat import symbolic_helper as sh
+    c = sh.maybe_get_const(v, kind)
+    if sh.is_value(c):
         _refuse(_WHAT, f"{name} is not a constant at export")
     return c
 
 
 def _sizes(v):
-    from torch.onnx import symbolic_helper as sh
-    return sh._get_tensor_sizes(v)
+    from .capture.compat import symbolic_helper as sh
+    return sh.get_tensor_sizes(v)
 
 
 class _Consts:

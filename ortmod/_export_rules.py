@@ -1712,3 +1712,102 @@ def zoo_translations(op, ir, stop_gradient):
         torch.ops.aten.arange.start: arange_start,
         torch.ops.aten.arange.start_step: arange_start_step,
     }
+
+
+def clamp_translations(op, ir, stop_gradient, number_mode, tensor_mode):
+    """clamp's gradient at its bound as eager computes it on the running torch
+    (capture.compat.clamp_semantics). To 2.13 every mode is torch.clamp's backward, all of dy at a
+    bound, which torchlib's Clip (and ortmod's clamp_tensor) has: nothing is registered. 2.14
+    gives none at a number bound (``exclusive``: x passes where lo < x < hi, NaN gets nothing)
+    and half at a tensor bound (``half``: all where lo == x == hi, and at NaN). The value is
+    Clip's either way; the gradient reaches x through the Where branch that keeps it."""
+    from typing import Optional
+    from onnxscript.function_libs.torch_lib.tensor_typing import TReal
+
+    def bound(b, like):
+        return None if b is None else op.CastLike(op.Reshape(b, op.Constant(value_ints=[])), like)
+
+    def exclusive(self, lo, hi):
+        inside = None
+        if lo is not None:
+            inside = op.Greater(self, lo)
+        if hi is not None:
+            below = op.Less(self, hi)
+            inside = below if inside is None else op.And(inside, below)
+        return op.Where(inside, self, stop_gradient(op.Clip(self, lo, hi)))
+
+    def half(self, lo, hi):
+        outside = tie = None
+        if lo is not None:
+            outside, tie = op.Less(self, lo), op.Equal(self, lo)
+        if hi is not None:
+            above, at_hi = op.Greater(self, hi), op.Equal(self, hi)
+            outside = above if outside is None else op.Or(outside, above)
+            tie = at_hi if tie is None else op.Xor(tie, at_hi)
+        one_half = op.CastLike(op.Constant(value_float=0.5), self)
+        halfway = op.Add(op.Mul(self, one_half), op.Mul(stop_gradient(self), one_half))   # x, half its gradient
+        return op.Where(outside, stop_gradient(op.Clip(self, lo, hi)), op.Where(tie, halfway, self))
+
+    def rules(form):
+        def clamp(self: TReal, min: Optional[TReal] = None, max: Optional[TReal] = None) -> TReal:
+            if min is None and max is None:
+                return op.Identity(self)
+            return form(self, bound(min, self), bound(max, self))
+
+        def clamp_min(self: TReal, min: TReal) -> TReal:
+            return form(self, bound(min, self), None)
+
+        def clamp_max(self: TReal, max: TReal) -> TReal:
+            return form(self, None, bound(max, self))
+        return clamp, clamp_min, clamp_max
+
+    aten = torch.ops.aten
+    out = {}
+    if number_mode == "exclusive":
+        clamp, clamp_min, clamp_max = rules(exclusive)
+        out.update({aten.clamp.default: clamp, aten.clamp_min.default: clamp_min, aten.clamp_max.default: clamp_max})
+    if tensor_mode == "half":
+        clamp, clamp_min, clamp_max = rules(half)
+        out.update({aten.clamp.Tensor: clamp, aten.clamp_min.Tensor: clamp_min, aten.clamp_max.Tensor: clamp_max})
+    return out
+
+
+_NUMBER_CLAMPS = {torch.ops.aten.clamp.Tensor: torch.ops.aten.clamp.default,
+                  torch.ops.aten.clamp_min.Tensor: torch.ops.aten.clamp_min.default,
+                  torch.ops.aten.clamp_max.Tensor: torch.ops.aten.clamp_max.default}
+
+
+def mark_number_clamps(gm):
+    """Before type promotion: clamp / clamp_min / clamp_max with number bounds (eager's number
+    kernel, whose gradient at a bound 2.14 made differ from a tensor bound's)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _NUMBER_CLAMPS.values():
+            node.meta["ortmod_number_clamp"] = True
+
+
+def number_clamps_back(gm):
+    """After type promotion, which makes a number bound a tensor in a float64 graph
+    (scalar_tensor, clamp.Tensor): the number again, so that the rule is the number kernel's."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _NUMBER_CLAMPS or not node.meta.get("ortmod_number_clamp"):
+            continue
+        args = list(node.args)
+        ok = True
+        for i in range(1, len(args)):
+            b = args[i]
+            if b is None:
+                continue
+            if (isinstance(b, torch.fx.Node) and b.target is torch.ops.aten.scalar_tensor.default
+                    and isinstance(b.args[0], (int, float))):
+                args[i] = b.args[0]
+            elif not isinstance(b, (int, float)):
+                ok = False
+        if ok and not node.kwargs:
+            node.target, node.args = _NUMBER_CLAMPS[node.target], tuple(args)
+            changed = True
+    if changed:
+        for node in list(gm.graph.nodes):
+            if node.target is torch.ops.aten.scalar_tensor.default and not node.users:
+                gm.graph.erase_node(node)
+        gm.recompile()

@@ -17,6 +17,8 @@ import itertools
 import operator
 
 import torch
+
+from .capture import compat
 from torch.autograd.function import once_differentiable
 from torch.utils.dlpack import to_dlpack
 
@@ -29,11 +31,11 @@ from . import _pyop
 # itself, not wrapped: it runs once per input per step.
 _engine_view = to_dlpack
 # torch.from_dlpack on a capsule calls exactly this, after a hasattr(__dlpack__) test.
-_from_dlpack = torch._C._from_dlpack
+_from_dlpack = compat.from_dlpack
 # torch.autograd.Function.apply without its Python wrapper: with no functorch transform active
 # the wrapper only unwraps dead functorch wrappers (done for the call's inputs in _module.py's
 # _Entry.inputs: parameters are never such wrappers) and calls this.
-_functorch_active = torch._C._are_functorch_transforms_active
+_functorch_active = compat.functorch_transforms_active
 
 
 def _dense(g):
@@ -187,7 +189,7 @@ EngineFunction._backward_cls.apply = EngineFunction.backward
 
 
 # EngineFunction.apply less its Python wrapper (see _functorch_active above)
-_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, EngineFunction)
+_apply = compat.engine_function_apply(EngineFunction)
 
 
 @contextlib.contextmanager

@@ -34,7 +34,9 @@ import warnings
 import weakref
 
 import torch
-import torch.utils._pytree as pytree
+
+from .capture import compat
+from .capture.compat import pytree
 
 from . import _capture, _options, _pyop, _quiet, _semantics, _threads, _zero3
 from ._function import CompiledCall, run_inference, run_training
@@ -239,18 +241,18 @@ class _Entry:
         return pytree.tree_unflatten(leaves, self.output_spec)
 
 
-_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+_unwrap_if_dead = compat.unwrap_if_dead
 
 
 # --------------------------------------------------------------------------- the steady state
 
 _MISS = object()
 _Tensor = torch.Tensor
-_grad_enabled = torch._C.is_grad_enabled
-_any_autocast = torch._C._is_any_autocast_enabled
+_grad_enabled = compat.is_grad_enabled
+_any_autocast = compat.is_any_autocast_enabled
 _torch_threads = torch.get_num_threads
 _nn_module = torch.nn.modules.module
-_tracing_state = torch._C._get_tracing_state
+_tracing_state = compat.get_tracing_state
 # top-level argument types whose schema key is their _capture._constant_key (each a pytree leaf,
 # None included): a call that passes equal ones in the same places flattens alike
 _FAST_CONSTANTS = frozenset({type(None), bool, int, float, str})

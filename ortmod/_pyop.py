@@ -27,6 +27,9 @@ import threading
 
 import torch
 
+from .capture import compat
+from .capture.compat import pytree
+
 from ._capture import UnsupportedModelError
 
 _DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 6: torch.int32, 7: torch.int64, 9: torch.bool,
@@ -61,7 +64,7 @@ class FunctionSpec:
         self.where = where
         self.arg_kinds = ["t" if isinstance(a, torch.Tensor) else "c" for a in args]
         self.constants = [a for a in args if not isinstance(a, torch.Tensor)]
-        if any(isinstance(leaf, torch.Tensor) for leaf in torch.utils._pytree.tree_leaves(self.constants)):
+        if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(self.constants)):
             raise UnsupportedModelError(f"{cls.__qualname__}.apply (at {where}) takes a tensor inside a container "
                                         "argument; ortmod passes a Function's tensors as direct arguments only")
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -146,7 +149,7 @@ class FunctionRecorder:
             raise UnsupportedModelError(f"{cls.__qualname__}.apply (at {where}) returns something other than "
                                         "tensors; ortmod runs Functions that return a tensor or a tuple of tensors")
         try:
-            node = torch._C._get_value_trace(outputs[0]).node()
+            node = compat.get_value_trace(outputs[0]).node()
         except RuntimeError:
             return                      # not traced: nothing of it is in the graph
         if node.kind() == "prim::TupleUnpack":  # a Function returning a tuple
@@ -175,7 +178,7 @@ def _note_apply(original):
     def apply(cls, *args, **kwargs):
         recorder = getattr(_local, "recorder", None)
         if recorder is None or not torch.jit.is_tracing():
-            return original.__func__(cls, *args, **kwargs)
+            return compat.call_apply(original, cls, *args, **kwargs)
         if kwargs:
             raise refuse_keywords(cls)
         kept = recorder.keeps(cls)
@@ -184,7 +187,7 @@ def _note_apply(original):
         _local.depth = getattr(_local, "depth", 0) + 1
         _local.kept_depth = getattr(_local, "kept_depth", 0) + kept
         try:
-            out = original.__func__(cls, *args)
+            out = compat.call_apply(original, cls, *args)
         finally:
             _local.depth -= 1
             _local.kept_depth -= kept
@@ -193,7 +196,7 @@ def _note_apply(original):
             # an output eager gives no history (the call is under the forward's own
             # torch.no_grad(), or ctx.mark_non_differentiable) is a stop-gradient in the graph:
             # _semantics.StopGradientMode does this for torch's ops, apply does not pass through it
-            out = torch.utils._pytree.tree_map(
+            out = pytree.tree_map(
                 lambda t: t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.requires_grad
                 else t, out)
         return out
@@ -231,7 +234,7 @@ def capturing_functions(recorder, opset):
     """For one torch.onnx.export (called with ``autograd_inlining=recorder.inline_all``): note the
     Function calls, and export the user's as ortmod::PythonOp."""
     fn = torch.autograd.function.Function
-    original_apply = fn.__dict__["apply"]
+    original_apply = compat.function_apply()
     _local.recorder = recorder
     fn.apply = _note_apply(original_apply)
     if not recorder.inline_all:

@@ -32,13 +32,16 @@ import threading
 
 import torch
 
+from .capture import compat
+from .capture.compat import JitTensorType, pytree
+
 from . import _pyop
 
 # ---------------------------------------------------------------------------------------------
 # stop-gradient
 
 def _tensors(tree):
-    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
 class StopGradientMode(torch.overrides.TorchFunctionMode):
@@ -65,7 +68,7 @@ class StopGradientMode(torch.overrides.TorchFunctionMode):
         if not any(t.requires_grad for t in inputs):
             return out
         refuse_in_place_without_grad(func, args)
-        return torch.utils._pytree.tree_map(
+        return pytree.tree_map(
             lambda t: t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
 
 
@@ -98,6 +101,9 @@ def _gaussian_nll_var_lifted(args, kwargs):
     if torch.any(var < 0):
         raise ValueError("var has negative entry/entries")
     bound["var"] = torch.where(var < eps, (var - var.detach()) + eps, var)
+    # and the function's clamp is to the float just below eps: the lifted var never sits at its
+    # bound, where torch 2.14's clamp gives no gradient (2.13's all of it); values unchanged
+    bound["eps"] = math.nextafter(float(eps), -math.inf)
     n = min(len(args), len(names))
     return tuple(bound.pop(k) for k in names[:n]), bound
 
@@ -179,7 +185,7 @@ _SCALAR_DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch
 
 def _dtype_of(value, default=torch.float32):
     t = value.type()
-    if isinstance(t, torch._C.TensorType):
+    if isinstance(t, JitTensorType):
         return _SCALAR_DTYPES.get(t.scalarType(), default)
     return default
 
@@ -196,9 +202,9 @@ def _refuse(what, why):
 def _embedding_symbolic(g, weight, indices, padding_idx, scale_grad_by_freq, sparse):
     """Gather, and for padding_idx: the rows looked up at pad positions get no gradient, which
     leaves the padding row's gradient zero exactly as eager's embedding_backward does."""
-    from torch.onnx import symbolic_helper as sh
-    padding_idx = sh._maybe_get_const(padding_idx, "i")
-    scale = sh._maybe_get_const(scale_grad_by_freq, "b")
+    from .capture.compat import symbolic_helper as sh
+    padding_idx = sh.maybe_get_const(padding_idx, "i")
+    scale = sh.maybe_get_const(scale_grad_by_freq, "b")
     if not isinstance(padding_idx, int):
         _refuse("embedding", "padding_idx must be a constant")
     if scale:
@@ -223,9 +229,9 @@ def _embedding_renorm_symbolic(g, weight, indices, max_norm, norm_type):
 def _softplus_symbolic(g, x, beta, threshold):
     """softplus(x) = x where beta*x > threshold, else log(1 + exp(beta*x)) / beta (torch's rule;
     torch's symbolic drops the threshold branch)."""
-    from torch.onnx import symbolic_helper as sh
-    beta = sh._maybe_get_const(beta, "f")
-    threshold = sh._maybe_get_const(threshold, "f")
+    from .capture.compat import symbolic_helper as sh
+    beta = sh.maybe_get_const(beta, "f")
+    threshold = sh.maybe_get_const(threshold, "f")
     if not isinstance(beta, float) or not isinstance(threshold, float):
         _refuse("softplus", "beta and threshold must be constants")
     dt = _dtype_of(x)
@@ -239,9 +245,9 @@ def _softplus_symbolic(g, x, beta, threshold):
 def _kl_div_symbolic(g, input, target, reduction, log_target):
     """eager: log_target ? exp(t) * (t - input) : xlogy(t, t) - t * input. torch's symbolic masks
     t <= 0 to 0, which zeroes the gradient -t there (and hides eager's NaN for t < 0)."""
-    from torch.onnx import symbolic_helper as sh
-    reduction = sh._maybe_get_const(reduction, "i")
-    log_target = sh._maybe_get_const(log_target, "b")
+    from .capture.compat import symbolic_helper as sh
+    reduction = sh.maybe_get_const(reduction, "i")
+    log_target = sh.maybe_get_const(log_target, "b")
     dt = _dtype_of(input)
     if log_target:
         out = g.op("Mul", g.op("Exp", target), g.op("Sub", target, input))
@@ -262,14 +268,14 @@ def _index_add_symbolic(g, self, dim, index, source, alpha=None):
     """self.index_add(dim, index, source, alpha): ScatterElements with reduction add, so repeated
     indices add up as in eager (torch's opset-9 symbolic scatters without a reduction: a repeated
     row overwrites), and alpha is kept."""
-    from torch.onnx import symbolic_helper as sh
-    dim = sh._maybe_get_const(dim, "i")
-    rank = sh._get_tensor_rank(self)
-    if not isinstance(dim, int) or rank is None or sh._get_tensor_rank(source) != rank:
+    from .capture.compat import symbolic_helper as sh
+    dim = sh.maybe_get_const(dim, "i")
+    rank = sh.get_tensor_rank(self)
+    if not isinstance(dim, int) or rank is None or sh.get_tensor_rank(source) != rank:
         _refuse("index_add", "needs a constant dim and self and source of one known rank")
     dim = dim % rank if rank else 0
-    if alpha is not None and not sh._is_none(alpha):
-        a = sh._maybe_get_const(alpha, "f")
+    if alpha is not None and not sh.is_none(alpha):
+        a = sh.maybe_get_const(alpha, "f")
         if not isinstance(a, (int, float)):
             _refuse("index_add", "alpha must be a constant")
         if a != 1:
@@ -288,15 +294,15 @@ def _index_put_symbolic(original):
     the result to self (a repeated index keeps only its last value), and with a boolean mask it
     ignores accumulate (masked_fill/masked_scatter replace). accumulate=False is torch's rule."""
     def symbolic(g, self, indices_list_value, values, accumulate=False):
-        from torch.onnx import symbolic_helper as sh
-        acc = sh._maybe_get_const(accumulate, "b")
+        from .capture.compat import symbolic_helper as sh
+        acc = sh.maybe_get_const(accumulate, "b")
         if not isinstance(acc, (bool, int)):
             _refuse("index_put", "accumulate must be a constant")
         if not acc:
             return original(g, self, indices_list_value, values, accumulate)
-        indices = (sh._unpack_list(indices_list_value) if sh._is_packed_list(indices_list_value)
+        indices = (sh.unpack_list(indices_list_value) if sh.is_packed_list(indices_list_value)
                    else [indices_list_value])
-        if any(sh._is_bool(i) for i in indices):
+        if any(sh.is_bool(i) for i in indices):
             _refuse("index_put", "accumulate=True with a boolean mask index")
         out = original(g, self, indices_list_value, values, False)
         node = out.node()
@@ -309,16 +315,16 @@ def _index_put_symbolic(original):
 
 def _avg_pool_symbolic(rank, original):
     def symbolic(g, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None):
-        from torch.onnx import symbolic_helper as sh
-        if divisor_override is None or sh._is_none(divisor_override):
+        from .capture.compat import symbolic_helper as sh
+        if divisor_override is None or sh.is_none(divisor_override):
             return original(g, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
                             divisor_override)
-        divisor = sh._maybe_get_const(divisor_override, "i")
-        ceil = sh._maybe_get_const(ceil_mode, "b")
+        divisor = sh.maybe_get_const(divisor_override, "i")
+        ceil = sh.maybe_get_const(ceil_mode, "b")
         if not isinstance(divisor, int) or ceil:
             _refuse(f"avg_pool{rank}d(divisor_override=...)",
                     "ortmod keeps divisor_override only as a constant and without ceil_mode")
-        kernel = sh._maybe_get_const(kernel_size, "is")
+        kernel = sh.maybe_get_const(kernel_size, "is")
         kernel = [kernel] * rank if isinstance(kernel, int) else list(kernel)
         if len(kernel) == 1:
             kernel = kernel * rank
@@ -332,14 +338,73 @@ def _avg_pool_symbolic(rank, original):
 def _hardtanh_symbolic(g, x, min_val, max_val):
     """hardtanh (and relu6) as ortmod::HardTanh: Clip's forward, hardtanh's gradient (0 at
     the bounds, dy at NaN). torch's rule gives Clip, whose gradient is torch.clamp's."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     dtype = _dtype_of(x)
-    lo, hi = sh._maybe_get_const(min_val, "f"), sh._maybe_get_const(max_val, "f")
+    lo, hi = sh.maybe_get_const(min_val, "f"), sh.maybe_get_const(max_val, "f")
     if not isinstance(lo, float) or not isinstance(hi, float):
         _refuse("hardtanh with tensor bounds", "ortmod keeps hardtanh's bounds only as constants")
     out = g.op("ortmod::HardTanh", x, _const(g, lo, dtype), _const(g, hi, dtype))
     out.setType(x.type())
     return out
+
+
+def _clamp_symbolic(which):
+    """clamp / clamp_min / clamp_max where eager's gradient at a bound is not torch.clamp's of
+    2.13 (capture.compat.clamp_semantics; registered only then): Clip's value, the gradient through
+    the Where branch that keeps x. A number bound (a constant of a Scalar type): ``exclusive``,
+    none at the bound or at NaN. A 0-d tensor bound: ``half``, half at a bound, all where both
+    bounds meet x, all at NaN (eager 2.14)."""
+    def symbolic(g, x, *bounds, ortmod_clamp_tensor=None):
+        from .capture.compat import symbolic_helper as sh
+        lo, hi = {"clamp": bounds, "clamp_min": (bounds[0], None), "clamp_max": (None, bounds[0])}[which]
+        dtype = _dtype_of(x)
+        # the overload eager ran, noted on the traced graph (_clamp_overloads_noted): the exporter's
+        # passes make a Scalar bound a tensor and the node clamp.Tensor
+        if ortmod_clamp_tensor is None and len(_inplace_clamps) == 1:
+            ortmod_clamp_tensor = next(iter(_inplace_clamps))     # an in-place clamp the passes replaced
+        if ortmod_clamp_tensor is None:
+            _refuse(f"torch.{which} whose overload (number or tensor bounds) ortmod did not note",
+                    f"their gradients at the bound differ on torch {compat.VERSION}")
+        tensor = ortmod_clamp_tensor == 1
+        mode = compat.require_clamp_mode("tensor" if tensor else "number")
+
+        def bound(b):
+            if b is None or sh.is_none(b):
+                return None
+            if tensor:
+                if sh.get_tensor_rank(b) != 0:
+                    _refuse(f"torch.{which} with a bound of more than one element",
+                            f"ortmod reproduces torch {compat.VERSION}'s gradient at a tensor bound for 0-d bounds")
+                return g.op("Cast", b, to_i=_onnx_dtype(dtype))
+            v = sh.maybe_get_const(b, "f")
+            if sh.is_value(v):
+                _refuse(f"torch.{which} with a number bound computed in the graph",
+                        "ortmod keeps a number bound only as a constant")
+            return _const(g, float(v), dtype)
+        lo, hi = bound(lo), bound(hi)
+        if lo is None and hi is None:
+            return x
+        value = g.op("Clip", x, lo if lo is not None else _const(g, -math.inf, dtype), *([hi] if hi is not None else []))
+        clipped = g.op("ortmod::StopGradient", value)
+        if mode == compat.CLAMP_EXCLUSIVE:
+            keep = [g.op("Greater", x, lo)] if lo is not None else []
+            keep += [g.op("Less", x, hi)] if hi is not None else []
+            inside = keep[0] if len(keep) == 1 else g.op("And", *keep)
+            out = g.op("Where", inside, x, clipped)
+        elif mode == compat.CLAMP_HALF:
+            outside = [g.op("Less", x, lo)] if lo is not None else []
+            outside += [g.op("Greater", x, hi)] if hi is not None else []
+            ties = [g.op("Equal", x, b) for b in (lo, hi) if b is not None]
+            half = _const(g, 0.5, dtype)
+            halfway = g.op("Add", g.op("Mul", x, half), g.op("Mul", g.op("ortmod::StopGradient", x), half))
+            tie = ties[0] if len(ties) == 1 else g.op("Xor", *ties)
+            out = g.op("Where", outside[0] if len(outside) == 1 else g.op("Or", *outside), clipped,
+                       g.op("Where", tie, halfway, x))
+        else:       # inclusive: torch.clamp's backward, Clip's
+            out = value
+        out.setType(x.type())
+        return out
+    return symbolic
 
 
 def _relu6_symbolic(g, x):
@@ -349,16 +414,16 @@ def _relu6_symbolic(g, x):
 
 
 def _sort_node(g, x, dim, descending, stable):
-    from torch.onnx import symbolic_helper as sh
-    dim, descending = sh._maybe_get_const(dim, "i"), sh._maybe_get_const(descending, "b")
-    stable = sh._maybe_get_const(stable, "b") if stable is not None else False
-    if sh._is_value(dim) or sh._is_value(descending) or sh._is_value(stable):
+    from .capture.compat import symbolic_helper as sh
+    dim, descending = sh.maybe_get_const(dim, "i"), sh.maybe_get_const(descending, "b")
+    stable = sh.maybe_get_const(stable, "b") if stable is not None else False
+    if sh.is_value(dim) or sh.is_value(descending) or sh.is_value(stable):
         _refuse("torch.sort / torch.argsort with tensor arguments",
                 "ortmod keeps dim, descending and stable only as constants")
     values, indices = g.op("ortmod::Sort", x, axis_i=int(dim), descending_i=int(bool(descending)),
                            stable_i=int(bool(stable)), outputs=2)
     values.setType(x.type())
-    if isinstance(x.type(), torch._C.TensorType):
+    if isinstance(x.type(), JitTensorType):
         indices.setType(x.type().with_dtype(torch.int64))
     return values, indices
 
@@ -404,17 +469,17 @@ def _per_channel(g, v, rank):
 
 
 def _affine(g, y, weight, bias, rank):
-    from torch.onnx import symbolic_helper as sh
-    if weight is not None and not sh._is_none(weight):
+    from .capture.compat import symbolic_helper as sh
+    if weight is not None and not sh.is_none(weight):
         y = g.op("Mul", y, _per_channel(g, weight, rank))
-    if bias is not None and not sh._is_none(bias):
+    if bias is not None and not sh.is_none(bias):
         y = g.op("Add", y, _per_channel(g, bias, rank))
     return y
 
 
 def _input_rank(x, what):
-    from torch.onnx import symbolic_helper as sh
-    rank = sh._get_tensor_rank(x)
+    from .capture.compat import symbolic_helper as sh
+    rank = sh.get_tensor_rank(x)
     if rank is None or rank < 2:
         _refuse(what, "ortmod needs the input's rank (at least 2) at export")
     return rank
@@ -423,10 +488,10 @@ def _input_rank(x, what):
 def _group_norm_symbolic(g, x, num_groups, weight, bias, eps, cudnn_enabled):
     """group_norm decomposed into ops the engine differentiates (ONNX has no GroupNormalization
     before opset 18, and torch's rule goes through InstanceNormalization)."""
-    from torch.onnx import symbolic_helper as sh
-    groups = sh._get_const(num_groups, "i", "num_groups")
+    from .capture.compat import symbolic_helper as sh
+    groups = sh.get_const(num_groups, "i", "num_groups")
     rank = _input_rank(x, "group_norm")
-    y = _normalized(g, x, groups, sh._get_const(eps, "f", "eps"), _dtype_of(x))
+    y = _normalized(g, x, groups, sh.get_const(eps, "f", "eps"), _dtype_of(x))
     return _affine(g, y, weight, bias, rank)
 
 
@@ -435,12 +500,12 @@ def _instance_norm_symbolic(g, x, weight, bias, running_mean, running_var, use_i
     """instance_norm decomposed (torch's rule needs a static channel count and gives
     InstanceNormalization). Running statistics are read in eval mode; updating them in training
     (track_running_stats=True) is refused."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     rank = _input_rank(x, "instance_norm")
     dtype = _dtype_of(x)
-    eps_v = sh._get_const(eps, "f", "eps")
-    stats = not (sh._is_none(running_mean) or sh._is_none(running_var))
-    if sh._get_const(use_input_stats, "b", "use_input_stats"):
+    eps_v = sh.get_const(eps, "f", "eps")
+    stats = not (sh.is_none(running_mean) or sh.is_none(running_var))
+    if sh.get_const(use_input_stats, "b", "use_input_stats"):
         if stats:
             _refuse("InstanceNorm with track_running_stats=True in training",
                     "ortmod does not update instance norm's running statistics")
@@ -460,11 +525,11 @@ def _extremum_symbolic(arg_op, original):
     first of them). The values are gathered at ArgMax's index instead, so the gradient flows
     to that element only, as in eager. max(x) and max(x, y) keep torch's rule."""
     def symbolic(g, self, dim_or_y=None, keepdim=None):
-        from torch.onnx import symbolic_helper as sh
+        from .capture.compat import symbolic_helper as sh
         if keepdim is None:
             return original(g, self, dim_or_y, keepdim)
-        dim = sh._get_const(dim_or_y, "i", "dim")
-        keep = sh._get_const(keepdim, "i", "keepdim")
+        dim = sh.get_const(dim_or_y, "i", "dim")
+        keep = sh.get_const(keepdim, "i", "keepdim")
         indices = g.op(arg_op, self, axis_i=dim, keepdims_i=1)
         values = g.op("GatherElements", self, indices, axis_i=dim)
         if not keep:
@@ -483,9 +548,9 @@ def _stop_gradient(g, x):
 
 
 def _float_const_arg(value, what, name):
-    from torch.onnx import symbolic_helper as sh
-    v = sh._maybe_get_const(value, "f")
-    if sh._is_value(v) or not isinstance(v, (int, float)):
+    from .capture.compat import symbolic_helper as sh
+    v = sh.maybe_get_const(value, "f")
+    if sh.is_value(v) or not isinstance(v, (int, float)):
         _refuse(what, f"ortmod keeps {name} only as a constant")
     return float(v)
 
@@ -536,12 +601,12 @@ def _p_norm(g, x, p, axes, keepdim, what):
 
 
 def _input_rank_or_none(x):
-    from torch.onnx import symbolic_helper as sh
-    return sh._get_tensor_rank(x)
+    from .capture.compat import symbolic_helper as sh
+    return sh.get_tensor_rank(x)
 
 
 def _onnx_dtype(dtype):
-    from torch.onnx._internal.torchscript_exporter import _type_utils
+    from .capture.compat import ts_type_utils as _type_utils
     return _type_utils.JitScalarType.from_dtype(dtype).onnx_type()
 
 
@@ -555,13 +620,13 @@ def _same_float_dtype(what, *xs):
 def _pairwise_distance_symbolic(g, x1, x2, p, eps, keepdim):
     """eager (Distance.cpp): at::norm(x1 - x2 + eps, p, -1, keepdim). torch's rule computes
     (sum (x1 - x2)^p)^(1 / (p + eps)): eps in the exponent and no abs (odd p is wrong)."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     what = "pairwise_distance"
     dt = _same_float_dtype(what, x1, x2)
     p = _float_const_arg(p, what, "p")
     eps = _float_const_arg(eps, what, "eps")
-    keep = sh._maybe_get_const(keepdim, "b")
-    if sh._is_value(keep):
+    keep = sh.maybe_get_const(keepdim, "b")
+    if sh.is_value(keep):
         _refuse(what, "ortmod keeps keepdim only as a constant")
     if _input_rank_or_none(x1) is None or _input_rank_or_none(x2) is None:
         _refuse(what, "ortmod needs the inputs' ranks at export")
@@ -578,33 +643,33 @@ def _string_const(v):
 
 
 def _norm_dims(dim, rank, what):
-    from torch.onnx import symbolic_helper as sh
-    if dim is None or sh._is_none(dim):
+    from .capture.compat import symbolic_helper as sh
+    if dim is None or sh.is_none(dim):
         if rank is None:
             _refuse(what, "ortmod needs the input's rank at export")
         return list(range(rank))
-    dims = sh._maybe_get_const(dim, "is")
-    if sh._is_value(dims):
+    dims = sh.maybe_get_const(dim, "is")
+    if sh.is_value(dims):
         _refuse(what, "ortmod keeps dim only as a constant")
     return [dims] if isinstance(dims, int) else list(dims)
 
 
 def _with_dtype(g, x, dtype, what):
-    from torch.onnx import symbolic_helper as sh
-    if dtype is None or sh._is_none(dtype):
+    from .capture.compat import symbolic_helper as sh
+    if dtype is None or sh.is_none(dtype):
         return x
-    d = sh._maybe_get_const(dtype, "i")
-    if sh._is_value(d):
+    d = sh.maybe_get_const(dtype, "i")
+    if sh.is_value(d):
         _refuse(what, "ortmod keeps dtype only as a constant")
-    from torch.onnx._internal.torchscript_exporter import _type_utils
+    from .capture.compat import ts_type_utils as _type_utils
     return g.op("Cast", x, to_i=_type_utils.JitScalarType(d).onnx_type())
 
 
 def _vector_norm(g, x, ord, dim, keepdim, dtype, what):
-    from torch.onnx import symbolic_helper as sh
-    p = 2.0 if ord is None or sh._is_none(ord) else _float_const_arg(ord, what, "ord")
-    keep = sh._maybe_get_const(keepdim, "b")
-    if sh._is_value(keep):
+    from .capture.compat import symbolic_helper as sh
+    p = 2.0 if ord is None or sh.is_none(ord) else _float_const_arg(ord, what, "ord")
+    keep = sh.maybe_get_const(keepdim, "b")
+    if sh.is_value(keep):
         _refuse(what, "ortmod keeps keepdim only as a constant")
     axes = _norm_dims(dim, _input_rank_or_none(x), what)
     return _p_norm(g, _with_dtype(g, x, dtype, what), p, axes, bool(keep), what)
@@ -620,7 +685,7 @@ def _vector_norm_symbolic(g, self, ord, dim, keepdim, dtype=None):
 def _norm_symbolic(g, self, p, dim=None, keepdim=None, dtype=None):
     """aten::norm (at::norm, as C++ callers such as triplet_margin_loss reach it): torch's rule
     takes p 1 and 2 only."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     if _string_const(p) is not None:
         _refuse("torch.norm(p=<str>)", "ortmod takes string orders through torch.linalg.matrix_norm only")
     keepdim = keepdim if keepdim is not None else _const(g, 0, torch.int64)
@@ -628,8 +693,8 @@ def _norm_symbolic(g, self, p, dim=None, keepdim=None, dtype=None):
 
 
 def _frobenius(g, x, dim, keepdim, what):
-    from torch.onnx import symbolic_helper as sh
-    keep = sh._maybe_get_const(keepdim, "b")
+    from .capture.compat import symbolic_helper as sh
+    keep = sh.maybe_get_const(keepdim, "b")
     axes = _norm_dims(dim, _input_rank_or_none(x), what)
     return _p_norm(g, x, 2.0, axes, bool(keep), what)
 
@@ -644,7 +709,7 @@ def _frobenius_norm_symbolic(g, self, dim=None, keepdim=None):
 def _matrix_norm_symbolic(original):
     def symbolic(g, self, ord, dim, keepdim, dtype=None):
         """'fro' as ReduceL2 (see _frobenius_norm_symbolic); other orders keep torch's rule."""
-        from torch.onnx import symbolic_helper as sh
+        from .capture.compat import symbolic_helper as sh
         if _string_const(ord) == "fro":
             return _frobenius(g, _with_dtype(g, self, dtype, "linalg.matrix_norm"), dim, keepdim,
                               "linalg.matrix_norm")
@@ -658,9 +723,9 @@ def _linalg_norm_symbolic(original_matrix):
     def symbolic(g, self, ord, dim, keepdim, dtype=None):
         """eager's linalg_norm dispatch (LinearAlgebra.cpp): a given ord with two dims (or none,
         on a matrix) is a matrix norm, anything else a vector norm (ord None: 2)."""
-        from torch.onnx import symbolic_helper as sh
-        given = not sh._is_none(ord)
-        dims = None if sh._is_none(dim) else _norm_dims(dim, None, "linalg.norm")
+        from .capture.compat import symbolic_helper as sh
+        given = not sh.is_none(ord)
+        dims = None if sh.is_none(dim) else _norm_dims(dim, None, "linalg.norm")
         if given and ((dims is not None and len(dims) == 2) or (dims is None and _input_rank_or_none(self) == 2)):
             if dims is None:
                 dim = _const(g, [0, 1], torch.int64)
@@ -675,8 +740,8 @@ _LOSS_REDUCTIONS = {0: None, 1: "ReduceMean", 2: "ReduceSum"}
 
 
 def _loss_reduction(g, out, reduction, what):
-    from torch.onnx import symbolic_helper as sh
-    r = sh._maybe_get_const(reduction, "i")
+    from .capture.compat import symbolic_helper as sh
+    r = sh.maybe_get_const(reduction, "i")
     if r not in _LOSS_REDUCTIONS:
         _refuse(what, f"reduction {r!r} is not one of none, mean, sum")
     return out if r == 0 else g.op(_LOSS_REDUCTIONS[r], out, keepdims_i=0)
@@ -687,7 +752,7 @@ def _triplet_margin_loss_symbolic(g, anchor, positive, negative, margin, p, eps,
     is min(d(anchor, negative), d(positive, negative)) (torch.minimum: ties share dy, as the
     engine's Min); clamp_min(margin + d_pos - d_neg, 0), reduced. torch's exporter has no rule
     (it inlines p 1 and 2 without swap through aten::norm and fails on the rest)."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     what = "triplet_margin_loss"
     dt = _same_float_dtype(what, anchor, positive, negative)
     ranks = {_input_rank_or_none(v) for v in (anchor, positive, negative)}
@@ -695,8 +760,8 @@ def _triplet_margin_loss_symbolic(g, anchor, positive, negative, margin, p, eps,
         _refuse(what, "ortmod needs anchor, positive and negative of one known rank")
     p_v, eps_v = _float_const_arg(p, what, "p"), _float_const_arg(eps, what, "eps")
     margin_v = _float_const_arg(margin, what, "margin")
-    swap_v = sh._maybe_get_const(swap, "b")
-    if sh._is_value(swap_v):
+    swap_v = sh.maybe_get_const(swap, "b")
+    if sh.is_value(swap_v):
         _refuse(what, "ortmod keeps swap only as a constant")
 
     def dist(a, b):
@@ -718,8 +783,8 @@ def _cosine_embedding_loss_symbolic(g, input1, input2, target, margin, reduction
     """eager (Loss.cpp): over dim d = target.dim(), cos = sum(x1 x2) / sqrt((sum x1^2 + E)(sum x2^2 + E));
     the loss is 1 - cos where target == 1, clamp_min(cos - margin, 0) where target == -1, else 0.
     torch's exporter has no rule."""
-    from torch.onnx import symbolic_helper as sh
-    from torch.onnx._internal.torchscript_exporter import _type_utils
+    from .capture.compat import symbolic_helper as sh
+    from .capture.compat import ts_type_utils as _type_utils
     what = "cosine_embedding_loss"
     dt = _same_float_dtype(what, input1, input2)
     t_rank, x_rank = _input_rank_or_none(target), _input_rank_or_none(input1)
@@ -772,7 +837,7 @@ def _cdist_symbolic(g, x1, x2, p, compute_mode=None):
     more than 25 rows; otherwise the norm of every difference, with _cdist_backward's gradient
     (for p = inf every tie gets the whole dy). torch's rule reuses its pairwise_distance rule:
     eps in the exponent, no abs (NaN for odd p), and the mm path whatever the mode."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     what = "torch.cdist"
     dt = _same_float_dtype(what, x1, x2)
     p_v = _float_const_arg(p, what, "p")
@@ -781,8 +846,8 @@ def _cdist_symbolic(g, x1, x2, p, compute_mode=None):
         _refuse(what, "ortmod needs inputs of one known rank, at least 2")
     if p_v < 0:
         _refuse(what, "p must be non-negative")
-    mode = None if compute_mode is None or sh._is_none(compute_mode) else sh._maybe_get_const(compute_mode, "i")
-    if sh._is_value(mode):
+    mode = None if compute_mode is None or sh.is_none(compute_mode) else sh.maybe_get_const(compute_mode, "i")
+    if sh.is_value(mode):
         _refuse(what, "ortmod keeps compute_mode only as a constant")
     mode = mode or 0
 
@@ -797,7 +862,7 @@ def _cdist_symbolic(g, x1, x2, p, compute_mode=None):
         return direct(x1, x2)
     if mode == 1:
         return _euclidean_dist_mm(g, x1, x2, dt)
-    rows1, rows2 = sh._get_tensor_dim_size(x1, -2), sh._get_tensor_dim_size(x2, -2)
+    rows1, rows2 = sh.get_tensor_dim_size(x1, -2), sh.get_tensor_dim_size(x2, -2)
     if rows1 is not None and rows2 is not None:
         if rows1 > _CDIST_MM_ROWS or rows2 > _CDIST_MM_ROWS:
             return _euclidean_dist_mm(g, x1, x2, dt)
@@ -857,14 +922,14 @@ def _cosine_similarity_symbolic(g, x1, x2, dim, eps):
     (keepdim), each clamped to eps in place under no_grad; sum((x1 / n1) * (x2 / n2), dim).
     torch's rule divides by max(sqrt(|x1|^2 |x2|^2), eps): Sqrt's gradient at a zero vector is
     inf * 0 = NaN, and its gradient below eps is a true clamp's, not eager's."""
-    from torch.onnx import symbolic_helper as sh
+    from .capture.compat import symbolic_helper as sh
     what = "cosine_similarity"
     dt = _same_float_dtype(what, x1, x2)
-    dim = sh._maybe_get_const(dim, "i")
-    if sh._is_value(dim) or not isinstance(dim, int):
+    dim = sh.maybe_get_const(dim, "i")
+    if sh.is_value(dim) or not isinstance(dim, int):
         _refuse(what, "ortmod keeps dim only as a constant")
     eps_c = _const(g, _float_const_arg(eps, what, "eps"), dt)
-    s1, s2 = sh._get_tensor_sizes(x1), sh._get_tensor_sizes(x2)
+    s1, s2 = sh.get_tensor_sizes(x1), sh.get_tensor_sizes(x2)
     if not (s1 is not None and s1 == s2 and None not in s1):
         x1, x2 = g.op("Expand", x1, g.op("Shape", x2)), g.op("Expand", x2, g.op("Shape", x1))
     ax = _const(g, [dim], torch.int64)
@@ -883,19 +948,19 @@ def _pad_symbolic(g, input, pad, mode, value):
     torch's per-node ONNX shape inference then corrupts the heap (the process aborts in
     free()). The padded dims are the last len(pad) / 2, so the axes count from the end here.
     Negative pads crop first and wrap what is left, as eager's circular pad does."""
-    from torch.onnx import symbolic_helper as sh
-    from torch.onnx._internal.torchscript_exporter import symbolic_opset11
-    if sh._parse_arg(mode, "s") != "circular":
+    from .capture.compat import symbolic_helper as sh
+    from .capture.compat import ts_opset11 as symbolic_opset11
+    if sh.parse_arg(mode, "s") != "circular":
         return symbolic_opset11.pad(g, input, pad, mode, value)
-    padding = sh._maybe_get_const(pad, "is")
-    if sh._is_value(padding) and sh._is_packed_list(padding):
+    padding = sh.maybe_get_const(pad, "is")
+    if sh.is_value(padding) and sh.is_packed_list(padding):
         try:
-            padding = [sh._get_const(v, "i", "padding") for v in sh._unpack_list(padding)]
+            padding = [sh.get_const(v, "i", "padding") for v in sh.unpack_list(padding)]
         except RuntimeError:   # torch's SymbolicValueError: a padding computed at run time
             padding = None
     if not isinstance(padding, (list, tuple)) or len(padding) % 2:
         _refuse("F.pad(mode='circular')", "the padding must be constant, one (left, right) pair per padded dim")
-    rank = sh._get_tensor_rank(input)
+    rank = sh.get_tensor_rank(input)
     ndim = len(padding) // 2
     if rank is None or rank < ndim:
         _refuse("F.pad(mode='circular')", f"the input's rank must be known and at least {ndim}")
@@ -948,7 +1013,7 @@ def _keeping_traced_dtypes(run_symbolic):
                 if new is None or new.node().kind() not in _PROMOTING_OPS:
                     continue
                 told, tnew = old.type(), new.type()
-                if not isinstance(told, torch._C.TensorType) or not isinstance(tnew, torch._C.TensorType):
+                if not isinstance(told, JitTensorType) or not isinstance(tnew, JitTensorType):
                     continue
                 want, got = told.dtype(), tnew.dtype()
                 if want in _FLOAT_DTYPES and got in _FLOAT_DTYPES and want != got:
@@ -964,8 +1029,8 @@ def _keeping_traced_dtypes(run_symbolic):
 # the export context: our symbolics and the stop-gradient pass, only while ortmod exports
 
 def _exporter_modules():
-    from torch.onnx._internal.torchscript_exporter import registration
-    return registration
+    from .capture.compat import ts_registration
+    return ts_registration
 
 
 _TORCH_SYMBOLICS = {}
@@ -1003,14 +1068,43 @@ def _scalars_typed_as(dtype, optimize_graph):
     return run
 
 
+# the overloads of the in-place clamps (clamp_, ...) of the graph converting: the exporter's passes
+# replace each by a new out-of-place node, without the note
+_inplace_clamps = set()
+
+
+def _clamp_overloads_noted(optimize_graph, noting):
+    """Wraps the exporter's conversion of the traced graph: before its passes make a number bound
+    a tensor, each clamp / clamp_min / clamp_max notes whether eager ran its Tensor overload
+    (``ortmod_clamp_tensor``), which _clamp_symbolic reads (their gradients at a bound differ
+    from torch 2.14)."""
+    def note(block):
+        for node in block.nodes():
+            if node.kind().rstrip("_") in ("aten::clamp", "aten::clamp_min", "aten::clamp_max", "aten::clip"):
+                node.i_("ortmod_clamp_tensor", int(".Tensor(" in node.schema()))
+                if node.kind().endswith("_"):
+                    _inplace_clamps.add(node.i("ortmod_clamp_tensor"))
+            for sub in node.blocks():
+                note(sub)
+
+    def run(graph, *args, **kw):
+        _inplace_clamps.clear()
+        note(graph)
+        return optimize_graph(graph, *args, **kw)
+    if not noting:      # torch's own clamp rules take no such attribute
+        return optimize_graph
+    run.__wrapped__ = optimize_graph
+    return run
+
+
 @contextlib.contextmanager
 def _quiet_onnx_logging(verbose):
-    enabled = torch._C._jit_is_onnx_log_enabled()
-    torch._C._jit_set_onnx_log_enabled(enabled or bool(verbose))
+    enabled = compat.onnx_log_enabled()
+    compat.set_onnx_log_enabled(enabled or bool(verbose))
     try:
         yield
     finally:
-        torch._C._jit_set_onnx_log_enabled(enabled)
+        compat.set_onnx_log_enabled(enabled)
 
 
 @contextlib.contextmanager
@@ -1020,7 +1114,6 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
 
     ``scalar_dtype``: the one floating dtype the model computes in, when it is not torch's
     default (a float64 model): untyped 0-d values take it (``_scalars_typed_as``)."""
-    from torch.onnx._internal.torchscript_exporter import utils as exporter
     with _export_lock:   # also around reading torch's rules: another export may have ortmod's in
         registration = _exporter_modules()
         symbolics = {
@@ -1048,6 +1141,9 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             "aten::cosine_embedding_loss": _cosine_embedding_loss_symbolic,
             "aten::dist": _dist_symbolic,
         }
+        own_clamps = set(compat.clamp_semantics()) != {compat.CLAMP_INCLUSIVE}
+        if own_clamps:
+            symbolics.update({f"aten::{w}": _clamp_symbolic(w) for w in ("clamp", "clamp_min", "clamp_max")})
         matrix_norm = _torch_symbolic(registration, "aten::linalg_matrix_norm", opset)
         if matrix_norm is not None:
             symbolics["aten::linalg_matrix_norm"] = _matrix_norm_symbolic(matrix_norm)
@@ -1057,7 +1153,8 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
                 symbolics[name] = _extremum_symbolic(arg_op, _torch_symbolic(registration, name, opset))
         # torch registers its opset-11 index_put (the one that scatters) when that module is
         # imported, which its exporter does lazily: before it, the registry holds opset 9's stub
-        from torch.onnx._internal.torchscript_exporter import symbolic_opset11  # noqa: F401
+        from .capture.compat import ts_opset11
+        ts_opset11.module()
         if _torch_symbolic(registration, "aten::index_put", opset) is not None:
             symbolics["aten::index_put"] = _index_put_symbolic(_torch_symbolic(registration, "aten::index_put", opset))
         for rank in (1, 2, 3):
@@ -1071,22 +1168,19 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             symbolics.update(rules.symbolics(registration, opset))
         for name, fn in symbolics.items():
             torch.onnx.register_custom_op_symbolic(name, fn, opset)
-        run_symbolic = exporter._run_symbolic_function
-        exporter._run_symbolic_function = _keeping_traced_dtypes(run_symbolic)
-        optimize_graph = exporter._optimize_graph
-        onnx_logging = exporter.setup_onnx_logging
-        # torch 2.x tests the function _jit_is_onnx_log_enabled, not its value, so every export
-        # turned the exporter's log on: a failed export printed its whole graph to stderr
-        exporter.setup_onnx_logging = _quiet_onnx_logging
-        if scalar_dtype is not None and scalar_dtype != torch.get_default_dtype():
-            exporter._optimize_graph = _scalars_typed_as(scalar_dtype, optimize_graph)
+        ts = compat.ts_utils
+        retype = scalar_dtype is not None and scalar_dtype != torch.get_default_dtype()
         try:
-            with StopGradientMode() if stop_gradients else contextlib.nullcontext():
+            # torch 2.x tests the function _jit_is_onnx_log_enabled, not its value, so every export
+            # turned the exporter's log on: a failed export printed its whole graph to stderr
+            with ts.patched("run_symbolic_function", _keeping_traced_dtypes(ts.run_symbolic_function)), \
+                    ts.patched("setup_onnx_logging", _quiet_onnx_logging), \
+                    ts.patched("optimize_graph", _clamp_overloads_noted(
+                        _scalars_typed_as(scalar_dtype, ts.optimize_graph) if retype else ts.optimize_graph,
+                        own_clamps)), \
+                    (StopGradientMode() if stop_gradients else contextlib.nullcontext()):
                 yield
         finally:
-            exporter._run_symbolic_function = run_symbolic
-            exporter._optimize_graph = optimize_graph
-            exporter.setup_onnx_logging = onnx_logging
             for name in symbolics:
                 torch.onnx.unregister_custom_op_symbolic(name, opset)
 

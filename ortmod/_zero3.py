@@ -34,6 +34,8 @@ import sys
 
 import torch
 
+from .capture import compat
+
 
 def _status(name):
     mod = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
@@ -132,7 +134,7 @@ def plain_linear():
         return
     pp = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
     original = getattr(getattr(pp, "InsertPostInitMethodToModuleSubClasses", None), "linear_bk", None) \
-        or torch._C._nn.linear
+        or compat.nn_linear
     F.linear = original
     try:
         yield
