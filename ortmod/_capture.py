@@ -781,9 +781,11 @@ def _sdpa_symbolic(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causa
         scores = g.op("Add", scores, g.op("Where", g.op("Equal", tril, zero), neg_inf, zero))
     elif not sh.is_none(attn_mask):
         mtype = attn_mask.type().scalarType() if attn_mask.type() is not None else None
-        if mtype == "Bool":   # fully masked rows give NaN in the softmax: 0, as torch's kernels
+        # a fully masked row (all False, or all -inf in a float mask) gives NaN in the softmax:
+        # 0, as torch's kernels give (math: _safe_softmax, the CPU flash kernel likewise)
+        guard_nan = True
+        if mtype == "Bool":
             attn_mask = g.op("Where", attn_mask, zero, neg_inf)
-            guard_nan = True
         elif mtype != qtype:
             attn_mask = g.op("Cast", attn_mask, to_i=onnx_type)
         scores = g.op("Add", scores, attn_mask)

@@ -360,9 +360,11 @@ def _translations():
             tril = op.Trilu(op.Expand(const([1.0]), size), upper=0)
             scores = op.Add(scores, op.Where(op.Equal(tril, zero), neg_inf, zero))
         elif attn_mask is not None:
+            # a fully masked row (all False, or all -inf in a float mask) gives NaN in the
+            # softmax: 0, as torch's kernels give (math: _safe_softmax, the CPU flash kernel too)
+            guard_nan = True
             if attn_mask.dtype == ir.DataType.BOOL:
                 attn_mask = op.Where(attn_mask, zero, neg_inf)
-                guard_nan = True
             elif attn_mask.dtype != dtype:
                 attn_mask = op.Cast(attn_mask, to=dtype)
             scores = op.Add(scores, attn_mask)

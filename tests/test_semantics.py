@@ -492,3 +492,51 @@ def test_a_forward_changing_a_plain_attribute_is_named(capture):
         ORTModule(_CountsCalls(), ortmod.DebugOptions(capture=capture))(torch.randn(2, 3))
     with pytest.raises(ortmod.UnsupportedModelError, match=r"_CountsCalls.calls .*strict_trace is on"):
         ORTModule(_CountsCalls(), ortmod.DebugOptions(capture=capture, strict_trace=True))(torch.randn(2, 3))
+
+
+# ---- attention: a fully masked row --------------------------------------------------------------
+
+class MaskedSDPA(nn.Module):
+    def __init__(self, mask):
+        super().__init__()
+        self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float", "float-learned-shape"])
+def test_sdpa_fully_masked_row_gives_zero_as_eager(kind):
+    # eager's SDPA gives a row whose keys are all masked 0 (its math path's _safe_softmax and the
+    # CPU flash kernel alike), for a float mask of -inf as for a bool one; ortmod gave NaN
+    # for the float mask (found by the model fuzzer, seed 40635: nn.MultiheadAttention merges
+    # attn_mask and key_padding_mask into one float mask)
+    L = 5
+    if kind == "bool":
+        mask = torch.ones(L, L, dtype=torch.bool)
+        mask[1] = False
+    else:
+        mask = torch.zeros(2, 1, L, L) if kind == "float-learned-shape" else torch.zeros(L, L)
+        mask[..., 1, :] = float("-inf")
+        mask[..., 3, 2:] = float("-inf")
+    q, k, v = (torch.randn(2, 3, L, 4) for _ in range(3))
+    run_both(MaskedSDPA(mask), q, k, v)
+
+
+def test_multihead_attention_with_both_masks_fully_masking_a_row():
+    L, B, E = 5, 2, 8
+    attn_mask = torch.zeros(L, L, dtype=torch.bool)
+    attn_mask[1, [0, 4]] = True
+    kpm = torch.zeros(B, L, dtype=torch.bool)
+    kpm[1, 1:4] = True          # with attn_mask: query 1 of the second sequence sees no key
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = nn.MultiheadAttention(E, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.mha(x, x, x, attn_mask=attn_mask, key_padding_mask=kpm, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    run_both(M(), torch.randn(B, L, E))
