@@ -103,6 +103,22 @@ def _insert_stop_gradients(gm):
                 a = args[k]
                 val = _meta_val(a)
                 if isinstance(val, torch.Tensor) and val.is_floating_point():
+                    if _region_writes(gm, node, k):
+                        # the region updates it in place (an EMA buffer, spectral_norm's u and v
+                        # written by F.normalize(out=...)): a stop_gradient copy would take the
+                        # write, and the buffer would never change. A graph input is passed as it
+                        # is (functionalization names a buffer's update; _check_output_kinds
+                        # refuses a parameter's or an argument's), and so is a value without a
+                        # gradient; one with a gradient is refused (the capture's in-place check
+                        # refuses it first, naming the op), its write would need the region's
+                        # stop-gradient undone
+                        if a.op != "placeholder" and val.requires_grad:
+                            from ._capture import UnsupportedModelError
+                            raise UnsupportedModelError(
+                                f"a torch.no_grad() region writes in place into {a.name}, a value computed "
+                                "in the graph: ortmod takes in-place writes in no_grad regions only into "
+                                "buffers")
+                        continue
                     with gm.graph.inserting_before(node):
                         s = gm.graph.call_function(sg, (a,))
                     s.meta["val"] = val
@@ -114,13 +130,33 @@ def _insert_stop_gradients(gm):
     return count
 
 
-def _written_through(node):
+def _region_writes(gm, call, k):
+    """Whether the no_grad region ``call`` (wrap_with_set_grad_enabled(False, submodule, *args))
+    writes in place into its argument ``k`` (or a view of it), in its own ops or a nested
+    region's."""
+    body = getattr(gm, call.args[1].target, None) if isinstance(call.args[1], torch.fx.Node) else None
+    if not isinstance(body, torch.fx.GraphModule):
+        return True         # a body ortmod cannot read: assume a write rather than drop one
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    if k - 2 >= len(placeholders):
+        return True
+    return _written_through(placeholders[k - 2], body)
+
+
+def _written_through(node, gm=None):
     """Whether an op with a mutable schema writes into ``node``'s output or a view of it (through
     ops whose result aliases their input: view, detach, slice, ...)."""
+    set_grad = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
     seen, todo = set(), [node]
     while todo:
         n = todo.pop()
         for user in n.users:
+            if gm is not None and user.op == "call_function" and set_grad is not None and user.target is set_grad \
+                    and user not in seen:
+                seen.add(user)      # a nested region: what its body does to the argument
+                if any(_region_writes(gm, user, k) for k, a in enumerate(user.args) if k >= 2 and a is n):
+                    return True
+                continue
             schema = getattr(user.target, "_schema", None)
             if user.op != "call_function" or schema is None or user in seen:
                 continue
