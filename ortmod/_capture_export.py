@@ -1966,6 +1966,15 @@ def _check_celu(node):
     return None
 
 
+def _check_unfold(node):
+    # torchlib's unfold builds its window offsets (range(size)) and the transpose from Python
+    # numbers: a size or step traced as a symbol has none
+    size, step = _const_arg(node, 2, "size", None), _const_arg(node, 3, "step", None)
+    if not isinstance(size, int) or not isinstance(step, int):
+        return f"size {size!r} and step {step!r} must be numbers, not sizes traced as symbols"
+    return None
+
+
 _CHECKS = {
     "aten::upsample_nearest2d": _check_upsample_nearest, "aten::upsample_nearest3d": _check_upsample_nearest,
     "aten::_upsample_nearest_exact2d": _check_upsample_nearest, "aten::_upsample_nearest_exact3d": _check_upsample_nearest,
@@ -1978,7 +1987,7 @@ _CHECKS = {
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
     "aten::adaptive_avg_pool3d": _check_adaptive_pool, "aten::adaptive_max_pool2d": _check_adaptive_pool,
     "aten::adaptive_max_pool3d": _check_adaptive_pool,
-    "aten::constant_pad_nd": _check_constant_pad,
+    "aten::constant_pad_nd": _check_constant_pad, "aten::unfold": _check_unfold,
     "aten::avg_pool2d": _check_avg_pool, "aten::avg_pool3d": _check_avg_pool,
     "aten::index_put": _check_index_put,
     "aten::_local_scalar_dense": _check_local_scalar_dense,
@@ -2242,4 +2251,13 @@ REVIEWED = frozenset({
     # dim) a Concat of two Slices at Mod(-shift, size) (Python's sign, 0 <= r < size), flattened
     # first without dims: eager's data movement and, through Slice and Concat, its gradient
     "aten::reciprocal", "aten::roll",
+    # torchlib's rules as they are (issue 37): mv and dot are MatMul of a matrix and a vector and
+    # of two vectors (numpy's 1-d rules, eager's shapes; the engine's MatMul gradient for a 1-d
+    # operand is the outer product / the other vector scaled, as eager's; spectral_norm's power
+    # iteration and sigma); unfold is a Gather along dim of the windows' indices (Range of the
+    # starts, 0 .. L - size by step, plus 0 .. size - 1) and a Transpose of the window axis to the
+    # end: eager's (..., windows, ..., size) view, overlapping windows' gradients summed by
+    # Gather's (step < size), the elements between windows none (step > size); _CHECKS refuses a
+    # size or step traced as a symbol
+    "aten::mv", "aten::dot", "aten::unfold",
 })
