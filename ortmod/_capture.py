@@ -98,7 +98,7 @@ class FlatInputs:
     def paths(self):
         # key paths only matter for error messages: computed on a cache miss, not per step
         if self._paths is None:
-            self._paths = [p for p, _ in pytree.tree_flatten_with_path(self._tree)[0]]
+            self._paths = [p for p, _ in compat.tree_flatten_with_path(self._tree)[0]]
         return self._paths
 
     def tensor_indices(self):
@@ -352,33 +352,79 @@ class _FlatWrapper(torch.nn.Module):
 # outputs that are plain Python objects holding tensors (transformers' DynamicCache, ...)
 
 
+def _slot_names(cls):
+    """The attribute names the __slots__ of ``cls`` and its bases declare (a dataclass made with
+    slots=True keeps its fields there, with no __dict__)."""
+    names = []
+    for c in cls.__mro__:
+        slots = c.__dict__.get("__slots__", ())
+        for name in ((slots,) if isinstance(slots, str) else slots):
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{c.__name__.lstrip('_')}{name}"      # a private slot's mangled name
+            if name not in names:
+                names.append(name)
+    return names
+
+
+_NO_VALUE = object()
+
+
+def object_attributes(obj):
+    """{name: value} of what ``obj`` holds in its __dict__ and its slots, or None for an object
+    with neither (a number, a C type's instance)."""
+    d = getattr(obj, "__dict__", None)
+    attrs = dict(d) if isinstance(d, dict) else None
+    for name in _slot_names(type(obj)):
+        v = getattr(obj, name, _NO_VALUE)       # an unset slot has no value to keep
+        if v is not _NO_VALUE and (attrs is None or name not in attrs):
+            attrs = {} if attrs is None else attrs
+            attrs[name] = v
+    return attrs
+
+
+def _set_attribute(obj, kind, name, value):
+    """Sets what _ObjectNode took out, past a frozen dataclass's __setattr__: an attribute in the
+    __dict__, a slot through its descriptor, an item of a dict subclass."""
+    if kind == "attr":
+        obj.__dict__[name] = value
+    elif kind == "slot":
+        object.__setattr__(obj, name, value)
+    else:
+        dict.__setitem__(obj, name, value)
+
+
 class _ObjectNode:
     """Stands, in a flattened output, for an object that is no pytree node but holds tensors in
-    its attributes: its tensor-holding attributes are its children, the rest stay on a template
-    (a shallow copy without them). Unflattening builds a new object of the same class from the
-    template and the new children, so the user gets what the module returns, with the engine's
-    tensors in it."""
+    its attributes (a user's class, a dataclass, frozen or with slots): its tensor-holding
+    attributes are its children, the rest stay on a template (a shallow copy without them).
+    Unflattening builds a new object of the same class from the template and the new children,
+    so the user gets what the module returns, with the engine's tensors in it."""
 
     __slots__ = ("template", "keys", "values", "aliases")
 
     def __init__(self, obj, children, numbers=None, items=None, aliases=None):
-        # keys: ("attr", name) or ("item", key), the latter for a dict subclass pytree does not
-        # know (a transformers ModelOutput whose class was made while torch.export traced): its
-        # items are children too, or the template would hand the traced tensors back. aliases:
-        # {attribute: item key} where both held one object (ModelOutput's fields), rebuilt so
-        self.keys = [("attr", k) for k in children] + [("item", k) for k in (items or {})]
+        # keys: ("attr", name), ("slot", name) or ("item", key), the last for a dict subclass
+        # pytree does not know (a transformers ModelOutput whose class was made while
+        # torch.export traced): its items are children too, or the template would hand the
+        # traced tensors back. aliases: {attribute: item key} where both held one object
+        # (ModelOutput's fields), rebuilt so
+        d = getattr(obj, "__dict__", None)
+        d = d if isinstance(d, dict) else {}
+
+        def kind(name):
+            return "attr" if name in d else "slot"
+        self.keys = [(kind(k), k) for k in children] + [("item", k) for k in (items or {})]
         self.values = [children[k] for k in children] + list((items or {}).values())
-        self.aliases = dict(aliases or {})
+        self.aliases = {k: (kind(k), item) for k, item in (aliases or {}).items()}
         self.template = copy.copy(obj)
-        for kind, k in self.keys:           # the template keeps no traced tensor alive
-            if kind == "attr":
-                self.template.__dict__[k] = None
-            else:
-                dict.__setitem__(self.template, k, None)
-        for k in self.aliases:
-            self.template.__dict__[k] = None
+        for kind_, k in self.keys:          # the template keeps no traced tensor alive
+            _set_attribute(self.template, kind_, k, None)
+        for k, (kind_, _) in self.aliases.items():
+            _set_attribute(self.template, kind_, k, None)
         for k, v in (numbers or {}).items():
-            self.template.__dict__[k] = v
+            _set_attribute(self.template, kind(k), k, v)
 
 
 def _object_flatten(node):
@@ -389,12 +435,9 @@ def _object_unflatten(values, context):
     template, keys, aliases = context
     obj = copy.copy(template)
     for (kind, k), v in zip(keys, values):
-        if kind == "attr":
-            obj.__dict__[k] = v
-        else:
-            dict.__setitem__(obj, k, v)
-    for attr, key in aliases:
-        obj.__dict__[attr] = dict.__getitem__(obj, key)
+        _set_attribute(obj, kind, k, v)
+    for attr, (kind, key) in aliases:
+        _set_attribute(obj, kind, attr, dict.__getitem__(obj, key))
     return obj
 
 
@@ -406,7 +449,7 @@ def check_output_leaves(wrapper):
     """Refuses an output leaf that is neither an engine output nor a constant, naming its path."""
     for i, v in enumerate(wrapper.out_leaves):
         if i not in wrapper.out_tensor_positions and not isinstance(v, _CONSTANT_OUTPUT_TYPES):
-            path = pytree.keystr(pytree.tree_flatten_with_path(
+            path = pytree.keystr(compat.tree_flatten_with_path(
                 pytree.tree_unflatten(list(range(len(wrapper.out_leaves))), wrapper.out_spec))[0][i][0])
             raise UnsupportedDataError(
                 f"output{path} is a {type(v).__name__}, which ortmod cannot rebuild from the engine's outputs")
@@ -427,8 +470,8 @@ def holds(v, wanted, depth=0):
         return any(holds(x, wanted, depth + 1) for x in leaves)
     if isinstance(v, dict) and any(holds(x, wanted, depth + 1) for x in v.values()):    # a dict subclass pytree does not know
         return True
-    d = getattr(v, "__dict__", None)
-    return isinstance(d, dict) and any(holds(x, wanted, depth + 1) for x in d.values())
+    d = object_attributes(v)
+    return d is not None and any(holds(x, wanted, depth + 1) for x in d.values())
 
 
 def _holds_tensor(v):
@@ -478,11 +521,12 @@ def expand_objects(tree, depth=0, reference=None, guards=None, number=traced_num
             return value
         if isinstance(leaf, (torch.Tensor,) + _CONSTANT_OUTPUT_TYPES) or depth > 6:
             return leaf
-        d = getattr(leaf, "__dict__", None)
-        if not isinstance(d, dict) or isinstance(leaf, (type, torch.nn.Module)) or not _holds_traced(leaf):
+        if isinstance(leaf, (type, torch.nn.Module)):
             return leaf
-        ref_d = getattr(ref, "__dict__", None) if type(ref) is type(leaf) else None
-        ref_d = ref_d if isinstance(ref_d, dict) else {}
+        d = object_attributes(leaf)
+        if d is None or not _holds_traced(leaf):
+            return leaf
+        ref_d = (object_attributes(ref) if type(ref) is type(leaf) else None) or {}
         numbers = {}
         for k, v in d.items():
             is_number, value = guarded(v, ref_d.get(k), f"output attribute {type(leaf).__name__}.{k}")
@@ -499,10 +543,10 @@ def expand_objects(tree, depth=0, reference=None, guards=None, number=traced_num
         return _ObjectNode(leaf, children, numbers, items, aliases)
     if reference is not None:
         try:
-            return pytree.tree_map_with_path(expand, tree, reference)
+            return compat.tree_map_with_path(expand, tree, reference)
         except (ValueError, TypeError, KeyError):   # structures differ: nothing to compare with
             pass
-    return pytree.tree_map_with_path(expand, tree)
+    return compat.tree_map_with_path(expand, tree)
 
 
 @dataclasses.dataclass

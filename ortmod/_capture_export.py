@@ -103,6 +103,22 @@ def _insert_stop_gradients(gm):
                 a = args[k]
                 val = _meta_val(a)
                 if isinstance(val, torch.Tensor) and val.is_floating_point():
+                    if _region_writes(gm, node, k):
+                        # the region updates it in place (an EMA buffer, spectral_norm's u and v
+                        # written by F.normalize(out=...)): a stop_gradient copy would take the
+                        # write, and the buffer would never change. A graph input is passed as it
+                        # is (functionalization names a buffer's update; _check_output_kinds
+                        # refuses a parameter's or an argument's), and so is a value without a
+                        # gradient; one with a gradient is refused (the capture's in-place check
+                        # refuses it first, naming the op), its write would need the region's
+                        # stop-gradient undone
+                        if a.op != "placeholder" and val.requires_grad:
+                            from ._capture import UnsupportedModelError
+                            raise UnsupportedModelError(
+                                f"a torch.no_grad() region writes in place into {a.name}, a value computed "
+                                "in the graph: ortmod takes in-place writes in no_grad regions only into "
+                                "buffers")
+                        continue
                     with gm.graph.inserting_before(node):
                         s = gm.graph.call_function(sg, (a,))
                     s.meta["val"] = val
@@ -114,13 +130,33 @@ def _insert_stop_gradients(gm):
     return count
 
 
-def _written_through(node):
+def _region_writes(gm, call, k):
+    """Whether the no_grad region ``call`` (wrap_with_set_grad_enabled(False, submodule, *args))
+    writes in place into its argument ``k`` (or a view of it), in its own ops or a nested
+    region's."""
+    body = getattr(gm, call.args[1].target, None) if isinstance(call.args[1], torch.fx.Node) else None
+    if not isinstance(body, torch.fx.GraphModule):
+        return True         # a body ortmod cannot read: assume a write rather than drop one
+    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+    if k - 2 >= len(placeholders):
+        return True
+    return _written_through(placeholders[k - 2], body)
+
+
+def _written_through(node, gm=None):
     """Whether an op with a mutable schema writes into ``node``'s output or a view of it (through
     ops whose result aliases their input: view, detach, slice, ...)."""
+    set_grad = getattr(torch.ops.higher_order, "wrap_with_set_grad_enabled", None)
     seen, todo = set(), [node]
     while todo:
         n = todo.pop()
         for user in n.users:
+            if gm is not None and user.op == "call_function" and set_grad is not None and user.target is set_grad \
+                    and user not in seen:
+                seen.add(user)      # a nested region: what its body does to the argument
+                if any(_region_writes(gm, user, k) for k, a in enumerate(user.args) if k >= 2 and a is n):
+                    return True
+                continue
             schema = getattr(user.target, "_schema", None)
             if user.op != "call_function" or schema is None or user in seen:
                 continue
@@ -1932,6 +1968,15 @@ def _check_celu(node):
     return None
 
 
+def _check_unfold(node):
+    # torchlib's unfold builds its window offsets (range(size)) and the transpose from Python
+    # numbers: a size or step traced as a symbol has none
+    size, step = _const_arg(node, 2, "size", None), _const_arg(node, 3, "step", None)
+    if not isinstance(size, int) or not isinstance(step, int):
+        return f"size {size!r} and step {step!r} must be numbers, not sizes traced as symbols"
+    return None
+
+
 _CHECKS = {
     "aten::upsample_nearest2d": _check_upsample_nearest, "aten::upsample_nearest3d": _check_upsample_nearest,
     "aten::_upsample_nearest_exact2d": _check_upsample_nearest, "aten::_upsample_nearest_exact3d": _check_upsample_nearest,
@@ -1944,7 +1989,7 @@ _CHECKS = {
     "aten::adaptive_avg_pool1d": _check_adaptive_pool, "aten::adaptive_avg_pool2d": _check_adaptive_pool,
     "aten::adaptive_avg_pool3d": _check_adaptive_pool, "aten::adaptive_max_pool2d": _check_adaptive_pool,
     "aten::adaptive_max_pool3d": _check_adaptive_pool,
-    "aten::constant_pad_nd": _check_constant_pad,
+    "aten::constant_pad_nd": _check_constant_pad, "aten::unfold": _check_unfold,
     "aten::avg_pool2d": _check_avg_pool, "aten::avg_pool3d": _check_avg_pool,
     "aten::index_put": _check_index_put,
     "aten::_local_scalar_dense": _check_local_scalar_dense,
@@ -2208,4 +2253,13 @@ REVIEWED = frozenset({
     # dim) a Concat of two Slices at Mod(-shift, size) (Python's sign, 0 <= r < size), flattened
     # first without dims: eager's data movement and, through Slice and Concat, its gradient
     "aten::reciprocal", "aten::roll",
+    # torchlib's rules as they are (issue 37): mv and dot are MatMul of a matrix and a vector and
+    # of two vectors (numpy's 1-d rules, eager's shapes; the engine's MatMul gradient for a 1-d
+    # operand is the outer product / the other vector scaled, as eager's; spectral_norm's power
+    # iteration and sigma); unfold is a Gather along dim of the windows' indices (Range of the
+    # starts, 0 .. L - size by step, plus 0 .. size - 1) and a Transpose of the window axis to the
+    # end: eager's (..., windows, ..., size) view, overlapping windows' gradients summed by
+    # Gather's (step < size), the elements between windows none (step > size); _CHECKS refuses a
+    # size or step traced as a symbol
+    "aten::mv", "aten::dot", "aten::unfold",
 })

@@ -59,6 +59,43 @@ def _int_list(value, what, name):
     return [int(v)] if isinstance(v, int) else [int(e) for e in v]
 
 
+# ---- unfold ----------------------------------------------------------------------------------
+
+def _unfold_symbolic(g, x, dimension, size, step):
+    """Tensor.unfold(dim, size, step): a Gather along dim of each window's indices (the starts
+    0 .. L - size by step, Range of the traced length, plus 0 .. size - 1), the window axis then
+    moved to the end: eager's (..., windows, ..., size). torch's opset-9 rule unsqueezes at the
+    dim as given: a negative one gave (..., size, windows), transposed values where the two are
+    equal, without a word. Overlapping windows' gradients sum in Gather's (step < size)."""
+    from .capture.compat import symbolic_helper as sh
+    dim, size, step = (sh.maybe_get_const(v, "i") for v in (dimension, size, step))
+    rank = _input_rank_or_none(x)
+    if not all(isinstance(v, int) for v in (dim, size, step)) or rank is None:
+        _refuse("unfold", "ortmod takes a constant dimension, size and step, on an input of known rank")
+    if rank == 0:       # eager: a 0-d tensor's one window of size 1 (size and step checked by eager)
+        return g.op("Unsqueeze", x, _axes(g, [0]))
+    dim = dim + rank if dim < 0 else dim
+    length = g.op("Gather", g.op("Shape", x), _const(g, dim, _I64), axis_i=0)
+    starts = g.op("Range", _const(g, 0, _I64), g.op("Sub", length, _const(g, size - 1, _I64)),
+                  _const(g, step, _I64))
+    indices = g.op("Add", g.op("Unsqueeze", starts, _axes(g, [1])), _const(g, [list(range(size))], _I64))
+    windows = g.op("Gather", x, indices, axis_i=dim)      # (..., windows, size, ...)
+    perm = list(range(rank + 1))
+    perm.append(perm.pop(dim + 1))
+    return g.op("Transpose", windows, perm_i=perm)
+
+
+# ---- vdot ------------------------------------------------------------------------------------
+
+def _vdot_symbolic(g, x, y):
+    """torch.vdot of real vectors is their dot product (spectral_norm's sigma, u . W v): MatMul of
+    two 1-d tensors, as torch's rule for dot. A complex vdot conjugates x: not a dtype ortmod takes."""
+    dtype = _dtype_of(x, None)
+    if dtype is None or dtype.is_complex or not dtype.is_floating_point:
+        _refuse("vdot", f"ortmod takes real floating vectors, not {dtype}")
+    return g.op("MatMul", x, y)
+
+
 # ---- rms_norm --------------------------------------------------------------------------------
 
 def _rms_norm_symbolic(g, x, normalized_shape, weight, eps):
@@ -881,6 +918,8 @@ def symbolics(registration, opset):
         "aten::threshold": _threshold_symbolic,
         "aten::bilinear": _bilinear_symbolic,
         "aten::pad": _pad_symbolic,
+        "aten::unfold": _unfold_symbolic,
+        "aten::vdot": _vdot_symbolic,
         **_float64_activation_rules(registration, opset),
     }
     for name in ("aten::view", "aten::reshape"):

@@ -59,6 +59,61 @@ def _refuse_untested_release():
 _refuse_untested_release()
 
 
+# ---- pytree key paths --------------------------------------------------------------------------
+#
+# A class registered with a flatten function only (diffusers' BaseOutput registers every output
+# dataclass so) has no key paths: pytree.tree_flatten_with_path raises for it. ortmod's paths name
+# leaves in messages and pair an output with the eager run's, so such a node's children are keyed
+# by its flatten's context where that lists one key per child (a dict's flatten), else by position.
+
+
+def _keyed_children(node):
+    """[(KeyEntry, child)] of a pytree node, or None for a leaf."""
+    node_type = pytree._get_node_type(node)
+    node_def = pytree.SUPPORTED_NODES.get(node_type)
+    if node_def is None:
+        return None
+    if node_def.flatten_with_keys_fn is not None:
+        return list(node_def.flatten_with_keys_fn(node)[0])
+    children, context = node_def.flatten_fn(node)
+    children = list(children)
+    if isinstance(context, (list, tuple)) and len(context) == len(children) and \
+            all(isinstance(k, (str, int)) for k in context):
+        return [(pytree.MappingKey(k), c) for k, c in zip(context, children)]
+    return [(pytree.SequenceKey(i), c) for i, c in enumerate(children)]
+
+
+def _key_paths(node, prefix, out):
+    keyed = _keyed_children(node)
+    if keyed is None:
+        out.append((prefix, node))
+        return
+    for key, child in keyed:
+        _key_paths(child, prefix + (key,), out)
+
+
+def tree_flatten_with_path(tree):
+    """pytree.tree_flatten_with_path, also through nodes registered without key paths."""
+    try:
+        return pytree.tree_flatten_with_path(tree)
+    except ValueError as e:
+        if "flatten_with_keys_fn" not in str(e):
+            raise
+    spec = pytree.tree_structure(tree)
+    pairs = []
+    _key_paths(tree, (), pairs)
+    return pairs, spec
+
+
+def tree_map_with_path(fn, tree, *rests):
+    """pytree.tree_map_with_path, also through nodes registered without key paths: ``rests`` must
+    have ``tree``'s structure (ValueError/TypeError/KeyError otherwise, as pytree raises)."""
+    pairs, spec = tree_flatten_with_path(tree)
+    others = [spec.flatten_up_to(r) for r in rests]
+    return pytree.tree_unflatten([fn(path, leaf, *(o[i] for o in others))
+                                  for i, (path, leaf) in enumerate(pairs)], spec)
+
+
 # ---- torch._C bindings ORTModule's call path reads (bound once: they are hot) ------------------
 
 from_dlpack = torch._C._from_dlpack
