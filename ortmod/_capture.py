@@ -463,7 +463,8 @@ def holds(v, wanted, depth=0):
     accepts."""
     if wanted(v):
         return True
-    if depth > 6 or isinstance(v, _CONSTANT_OUTPUT_TYPES):
+    # a tensor is a leaf: a fake one's slots (fake_mode, its real tensor, its constant) are torch's
+    if depth > 6 or isinstance(v, _CONSTANT_OUTPUT_TYPES + (torch.Tensor,)):
         return False
     leaves = pytree.tree_leaves(v)
     if leaves != [v]:
