@@ -1947,6 +1947,7 @@ _CHECKS = {
     "aten::index_put": _check_index_put,
     "aten::_local_scalar_dense": _check_local_scalar_dense,
     "aten::clamp_min": _check_clamp_min,
+    "ortmod::clamp_number": _clamp_mode_missing,
     "aten::cumsum": _check_cumsum,
     "aten::arange": _check_arange,
     "aten::pad": _check_pad,
@@ -2048,6 +2049,9 @@ REVIEWED = frozenset({
     "ortmod::python_op",     # a user's autograd.Function (its own forward and backward, in PyTorch)
     # torch's CTC loss: the engine's CTCLoss node (_export_ctc.py; eager's reduction traced around it)
     "ortmod::ctc_loss",
+    # a clamp by numbers where eager's number and tensor kernels differ at the bound (2.14): the
+    # number kernel's rule, its bounds 0-d tensors of the clamped dtype (_export_rules.number_clamps_back)
+    "ortmod::clamp_number",
     # selection and norms (TopK, ortmod's Sort, ReduceLogSumExp; clamp_min is Clip);
     # linalg_vector_norm: ortmod's rule, every order with eager's gradient at zeros (the
     # TorchScript path's _p_norm), keepdim without a dim, dtype

@@ -101,11 +101,29 @@ def _gaussian_nll_var_lifted(args, kwargs):
     if torch.any(var < 0):
         raise ValueError("var has negative entry/entries")
     bound["var"] = torch.where(var < eps, (var - var.detach()) + eps, var)
-    # and the function's clamp is to the float just below eps: the lifted var never sits at its
-    # bound, where torch 2.14's clamp gives no gradient (2.13's all of it); values unchanged
-    bound["eps"] = math.nextafter(float(eps), -math.inf)
+    # and the function's clamp is to the float of var's dtype just below eps there: the lifted
+    # var never sits at its bound, where torch 2.14's clamp gives no gradient (2.13's all of it);
+    # values unchanged. (Below eps in float64 only, a float32 var's bound rounds back to eps.)
+    bound["eps"] = _float_below(eps, var.dtype)
     n = min(len(args), len(names))
     return tuple(bound.pop(k) for k in names[:n]), bound
+
+
+def _float_below(x, dtype):
+    """The largest number of ``dtype`` below ``x`` rounded to ``dtype``, as a Python float
+    (computed without torch ops: this runs while torch traces)."""
+    import struct
+    import numpy as np
+    if dtype == torch.bfloat16:     # float32's upper half: round to nearest even, then one step down
+        bits = struct.unpack("<I", struct.pack("<f", float(x)))[0]
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        as_float = lambda b: struct.unpack("<f", struct.pack("<I", b))[0]     # noqa: E731
+        step = -(1 << 16) if as_float(bits) > 0 else (1 << 16)
+        return as_float(bits + step) if as_float(bits) != 0 else -as_float(1 << 16)
+    np_type = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}.get(dtype)
+    if np_type is None:
+        return math.nextafter(float(x), -math.inf)
+    return float(np.nextafter(np_type(x), np_type(-np.inf)))
 
 
 def linear_cross_entropy_reference(args, kwargs):
