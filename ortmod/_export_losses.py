@@ -26,7 +26,7 @@ def _sh():
 
 
 def _reduction_arg(reduction, what):
-    r = _sh()._maybe_get_const(reduction, "i")
+    r = _sh().maybe_get_const(reduction, "i")
     if r not in (0, 1, 2):
         _refuse(what, f"reduction {r!r} is not one of none, mean, sum")
     return r
@@ -360,7 +360,7 @@ _REDUCTION_NAMES = {0: "none", 1: "mean", 2: "sum"}
 
 
 def _static_dim(x, axis):
-    sizes = _sh()._get_tensor_sizes(x)
+    sizes = _sh().get_tensor_sizes(x)
     v = sizes[axis] if sizes is not None and len(sizes) > axis else None
     return v if isinstance(v, int) else None
 

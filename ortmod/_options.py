@@ -76,6 +76,8 @@ VARIABLES = (
              "exports and engines one ORTModule keeps (DebugOptions.max_cached_graphs)"),
     Variable("ORTMOD_THREADS", "threads", "own", "python", "torch: run the engine's kernels on torch's OpenMP team"),
     Variable("ORTMOD_TRAIN_BINARY", "train_binary", None, "python", "the runner binary the ortmod-train script runs"),
+    Variable("ORTMOD_UNTESTED_TORCH", "untested_torch", False, "python",
+             "import with a torch release outside the tested range (pyproject.toml), untested"),
     Variable("ORTMOD_MAX_CACHED_PLANS", "max_cached_plans", DEFAULT_MAX_CACHED_PLANS, "engine",
              "plans one engine keeps (DebugOptions.max_cached_plans, Engine(max_plans=))"),
     Variable("ORTMODULE_MEMORY_OPT_LEVEL", "memory_opt_level", 0, "engine",
@@ -172,7 +174,7 @@ def _path(value, where):
 _PARSE = {
     "log_level": _log_level, "fallback_policy": _fallback_policy, "capture": _capture,
     "strict_trace": _flag, "inline_autograd_functions": _flag, "max_cached_graphs": _cache_limit,
-    "threads": _threads, "train_binary": _path,
+    "threads": _threads, "train_binary": _path, "untested_torch": _flag,
 }
 _PARSE_ENV = dict(_PARSE, max_cached_graphs=lambda text, where: _cache_limit(text, where, from_env=True))
 

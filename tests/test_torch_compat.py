@@ -13,6 +13,7 @@ import pathlib
 import pytest
 import torch
 
+import ortmod
 from ortmod.capture import compat
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "ortmod"
@@ -126,10 +127,16 @@ def test_an_untested_release_is_refused_at_import(monkeypatch):
     monkeypatch.setattr(compat, "RELEASE", (2, 9, 1))
     monkeypatch.setattr(compat, "VERSION", "2.9.1")
     monkeypatch.delenv("ORTMOD_UNTESTED_TORCH", raising=False)
+    ortmod.options.reload()
     with pytest.raises(ImportError, match=r"ortmod is tested with torch 2\.10 to 2\.14 .*not torch 2\.9\.1"):
         compat._refuse_untested_release()
     monkeypatch.setenv("ORTMOD_UNTESTED_TORCH", "1")
-    compat._refuse_untested_release()
+    ortmod.options.reload()
+    try:
+        compat._refuse_untested_release()
+    finally:
+        monkeypatch.delenv("ORTMOD_UNTESTED_TORCH")
+        ortmod.options.reload()
 
 
 def test_call_apply_runs_torch_own_apply_for_the_class():

@@ -48,8 +48,8 @@ def _refuse_untested_release():
     """At import: a release outside the matrix is refused by name. ORTMOD_UNTESTED_TORCH=1 lets one
     through on purpose (to try a new release: the behaviours compat measures are still checked
     at capture, and a mode none of the rules reproduces is refused there)."""
-    import os
-    if release_supported() or os.environ.get("ORTMOD_UNTESTED_TORCH") == "1":
+    from .._options import options
+    if release_supported() or options.untested_torch:
         return
     raise ImportError(f"ortmod is tested with torch {SUPPORTED[0][0]}.{SUPPORTED[0][1]} to "
                       f"{SUPPORTED[1][0]}.{SUPPORTED[1][1]} (pyproject.toml, make test-compat), not torch {VERSION}: "
