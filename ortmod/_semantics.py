@@ -366,6 +366,18 @@ def _hardtanh_symbolic(g, x, min_val, max_val):
     return out
 
 
+def _clamp_min_number(g, x, lo):
+    """clamp_min(x, lo) by a number, as eager's number kernel differentiates it on this torch
+    (capture.compat.clamp_semantics): to 2.13 Clip (all of dy at the bound), on 2.14 none at the
+    bound (Clip's value, the gradient through the Where branch that keeps x). The loss kernels
+    that clamp_min a margin term by 0 (hinge_embedding, margin_ranking, triplet_margin,
+    cosine_embedding) take it: their kink sits exactly at the bound."""
+    value = g.op("Clip", x, lo)
+    if compat.require_clamp_mode("number") == compat.CLAMP_INCLUSIVE:
+        return value
+    return g.op("Where", g.op("Greater", x, lo), x, g.op("ortmod::StopGradient", value))
+
+
 def _clamp_symbolic(which):
     """clamp / clamp_min / clamp_max where eager's gradient at a bound is not torch.clamp's of
     2.13 (capture.compat.clamp_semantics; registered only then): Clip's value, the gradient through
@@ -789,7 +801,7 @@ def _triplet_margin_loss_symbolic(g, anchor, positive, negative, margin, p, eps,
     if swap_v:
         d_neg = g.op("Min", d_neg, dist(positive, negative))
     out = g.op("Sub", g.op("Add", _const(g, margin_v, dt), d_pos), d_neg)
-    out = g.op("Clip", out, _const(g, 0.0, dt))
+    out = _clamp_min_number(g, out, _const(g, 0.0, dt))      # eager: clamp_min(..., 0)
     return _loss_reduction(g, out, reduction, what)
 
 
@@ -821,7 +833,7 @@ def _cosine_embedding_loss_symbolic(g, input1, input2, target, margin, reduction
     cos = g.op("Div", prod, g.op("Sqrt", g.op("Mul", mag1, mag2)))
     zero = _const(g, 0.0, dt)
     pos = g.op("Sub", _const(g, 1.0, dt), cos)
-    neg = g.op("Clip", g.op("Sub", cos, _const(g, margin_v, dt)), zero)
+    neg = _clamp_min_number(g, g.op("Sub", cos, _const(g, margin_v, dt)), zero)
     out = g.op("Add", g.op("Where", g.op("Equal", target, _const(g, 1, t_dtype)), pos, zero),
                g.op("Where", g.op("Equal", target, _const(g, -1, t_dtype)), neg, zero))
     return _loss_reduction(g, out, reduction, what)
