@@ -207,9 +207,21 @@ def _views_to_view_copies(gm):
     if any(isinstance(n.target, compat.OpOverload) and n.target._schema.is_mutable for n in nodes):
         return
     changed = False
+    # torch 2.10 and 2.11's view_copy refuses such strides on fake tensors (its real kernel copies):
+    # a contiguous clone goes first there (Identity in ONNX)
+    contiguous_first = not compat.view_copy_copies_on_fakes()
     for node in nodes:
         if node.target in targets:
             node.target = torch.ops.aten.view_copy.default
+            src = node.args[0]
+            val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+            if contiguous_first and isinstance(val, torch.Tensor):
+                with gm.graph.inserting_before(node):
+                    clone = gm.graph.call_function(torch.ops.aten.clone.default, (src,),
+                                                   {"memory_format": torch.contiguous_format})
+                clone.meta.update({k: v for k, v in src.meta.items() if k != "val"})
+                clone.meta["val"] = val.clone(memory_format=torch.contiguous_format)
+                node.args = (clone,) + tuple(node.args[1:])
             changed = True
     if changed:
         gm.recompile()
