@@ -775,6 +775,13 @@ def _real_value(value, ep):
     return float(v) if isinstance(value, torch.SymFloat) else int(v)
 
 
+def _decided_or_asserted(val, asserted):
+    decided = isinstance(val, (bool, int, float)) or (
+        isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not val.node.expr.free_symbols)
+    # else a number the graph computes with symbolically: nothing was decided
+    return decided or bool(_free_unbacked(val) & asserted)
+
+
 def _freeze_decisions(module, ep, n_user_out, strict_trace):
     """The guards of an export whose data-dependent branches real values decided: each ``item``
     node that a decision rests on (a constant result, or an unbacked symbol some runtime assertion
@@ -789,16 +796,15 @@ def _freeze_decisions(module, ep, n_user_out, strict_trace):
             if isinstance(node.args[0], torch.fx.Node):
                 asserted |= _free_unbacked(node.args[0].meta.get("val"))
     picked = []
-    for node in ep.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, compat.OpOverload):
-            continue
-        if node.target.name().split(".")[0] not in _ITEM_OPS:
-            continue
+    items = [node for node in ep.graph.nodes if node.op == "call_function" and isinstance(node.target, compat.OpOverload)
+             and node.target.name().split(".")[0] in _ITEM_OPS]
+    # torch 2.11 leaves a branch's Python bool read from a tensor as an unbacked SymBool (Eq(u0, 1))
+    # with no runtime assertion on it: where nothing else ties the decision to a value, each such
+    # bool is guarded (a bool only decides; a guard too many costs an export, never a result)
+    tied = [n for n in items if _decided_or_asserted(n.meta.get("val"), asserted)]
+    bools = [n for n in items if isinstance(n.meta.get("val"), torch.SymBool)]
+    for node in tied or bools:
         val = node.meta.get("val")
-        decided = isinstance(val, (bool, int, float)) or (
-            isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not val.node.expr.free_symbols)
-        if not decided and not (_free_unbacked(val) & asserted):
-            continue      # a number the graph computes with symbolically: nothing was decided
         value = _real_value(val, ep)
         source = node.args[0]
         stack = node.meta.get("stack_trace") or ""
