@@ -259,16 +259,23 @@ onnx_type_promotion = Internals("ONNX translator's type promotion pass", "torch.
 @contextlib.contextmanager
 def _promotion_finds_its_own_overload():
     """The type-promotion pass re-dispatches a promoted node's op under a dispatch mode and takes
-    the first op it records as the node's new overload. On torch 2.11 a float64 node's re-run
-    records ``prim.device`` first (a device query of its fake arguments), and the pass fails with
-    "Expected same OpOverload packet, got prim.device != aten.mul". The overload is the first
-    recorded op of the node's own packet, as the pass means; none is still its error."""
+    the first op it records as the node's new overload. On torch 2.11 and 2.12 a re-run with a
+    number argument records ``prim.device`` first (a composite overload's device query, as
+    where.ScalarOther's before its where.self), and the pass fails with "Expected same OpOverload
+    packet, got prim.device != aten.mul". The overload is the one the packet's schemas match for
+    these arguments (what the dispatcher resolves, before any composite decomposes); where that
+    cannot be told, the first recorded op of the node's own packet; none is still its error."""
     if not onnx_type_promotion.has("OpTraceDispatchMode") or not onnx_type_promotion.has("find_compatible_op_overload"):
         yield
         return
     trace_mode = onnx_type_promotion.OpTraceDispatchMode
 
     def find_compatible_op_overload(op, args, kwargs):
+        try:
+            name = torch._C._jit_resolve_packet(op._qualified_op_name, *args, **kwargs)
+            return getattr(op, name or "default")
+        except Exception:       # noqa: BLE001  (arguments the schema matcher cannot read: dispatch tells)
+            pass
         mode = trace_mode()
         with mode:
             op(*args, **kwargs)
