@@ -243,9 +243,21 @@ def _views_to_view_copies(gm):
     if any(isinstance(n.target, compat.OpOverload) and n.target._schema.is_mutable for n in nodes):
         return
     changed = False
+    # torch 2.10 and 2.11's view_copy refuses such strides on fake tensors (its real kernel copies):
+    # a contiguous clone goes first there (Identity in ONNX)
+    contiguous_first = not compat.view_copy_copies_on_fakes()
     for node in nodes:
         if node.target in targets:
             node.target = torch.ops.aten.view_copy.default
+            src = node.args[0]
+            val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+            if contiguous_first and isinstance(val, torch.Tensor):
+                with gm.graph.inserting_before(node):
+                    clone = gm.graph.call_function(torch.ops.aten.clone.default, (src,),
+                                                   {"memory_format": torch.contiguous_format})
+                clone.meta.update({k: v for k, v in src.meta.items() if k != "val"})
+                clone.meta["val"] = val.clone(memory_format=torch.contiguous_format)
+                node.args = (clone,) + tuple(node.args[1:])
             changed = True
     if changed:
         gm.recompile()
@@ -801,6 +813,13 @@ def _real_value(value, ep):
     return float(v) if isinstance(value, torch.SymFloat) else int(v)
 
 
+def _decided_or_asserted(val, asserted):
+    decided = isinstance(val, (bool, int, float)) or (
+        isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not val.node.expr.free_symbols)
+    # else a number the graph computes with symbolically: nothing was decided
+    return decided or bool(_free_unbacked(val) & asserted)
+
+
 def _freeze_decisions(module, ep, n_user_out, strict_trace):
     """The guards of an export whose data-dependent branches real values decided: each ``item``
     node that a decision rests on (a constant result, or an unbacked symbol some runtime assertion
@@ -815,16 +834,15 @@ def _freeze_decisions(module, ep, n_user_out, strict_trace):
             if isinstance(node.args[0], torch.fx.Node):
                 asserted |= _free_unbacked(node.args[0].meta.get("val"))
     picked = []
-    for node in ep.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, compat.OpOverload):
-            continue
-        if node.target.name().split(".")[0] not in _ITEM_OPS:
-            continue
+    items = [node for node in ep.graph.nodes if node.op == "call_function" and isinstance(node.target, compat.OpOverload)
+             and node.target.name().split(".")[0] in _ITEM_OPS]
+    # torch 2.11 leaves a branch's Python bool read from a tensor as an unbacked SymBool (Eq(u0, 1))
+    # with no runtime assertion on it: where nothing else ties the decision to a value, each such
+    # bool is guarded (a bool only decides; a guard too many costs an export, never a result)
+    tied = [n for n in items if _decided_or_asserted(n.meta.get("val"), asserted)]
+    bools = [n for n in items if isinstance(n.meta.get("val"), torch.SymBool)]
+    for node in tied or bools:
         val = node.meta.get("val")
-        decided = isinstance(val, (bool, int, float)) or (
-            isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not val.node.expr.free_symbols)
-        if not decided and not (_free_unbacked(val) & asserted):
-            continue      # a number the graph computes with symbolically: nothing was decided
         value = _real_value(val, ep)
         source = node.args[0]
         stack = node.meta.get("stack_trace") or ""
@@ -1994,6 +2012,7 @@ _CHECKS = {
     "aten::index_put": _check_index_put,
     "aten::_local_scalar_dense": _check_local_scalar_dense,
     "aten::clamp_min": _check_clamp_min,
+    "ortmod::clamp_number": _clamp_mode_missing,
     "aten::cumsum": _check_cumsum,
     "aten::arange": _check_arange,
     "aten::pad": _check_pad,
@@ -2095,6 +2114,9 @@ REVIEWED = frozenset({
     "ortmod::python_op",     # a user's autograd.Function (its own forward and backward, in PyTorch)
     # torch's CTC loss: the engine's CTCLoss node (_export_ctc.py; eager's reduction traced around it)
     "ortmod::ctc_loss",
+    # a clamp by numbers where eager's number and tensor kernels differ at the bound (2.14): the
+    # number kernel's rule, its bounds 0-d tensors of the clamped dtype (_export_rules.number_clamps_back)
+    "ortmod::clamp_number",
     # selection and norms (TopK, ortmod's Sort, ReduceLogSumExp; clamp_min is Clip);
     # linalg_vector_norm: ortmod's rule, every order with eager's gradient at zeros (the
     # TorchScript path's _p_norm), keepdim without a dim, dtype

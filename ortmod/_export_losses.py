@@ -16,7 +16,7 @@ forward: ``Pow(1 + (x - StopGradient(x)), StopGradient(g)) - 1`` (_grad_term).
 """
 import torch
 
-from ._semantics import (_const, _dtype_of, _float_const_arg, _input_rank_or_none, _loss_reduction,
+from ._semantics import (_clamp_min_number, _const, _dtype_of, _float_const_arg, _input_rank_or_none, _loss_reduction,
                          _onnx_dtype, _refuse, _same_float_dtype, _stop_gradient)
 
 
@@ -172,14 +172,14 @@ def _binary_cross_entropy_symbolic(g, input, target, weight, reduction):
 
 def _margin_ranking_loss_symbolic(g, input1, input2, target, margin, reduction):
     """eager (Loss.cpp): clamp_min(-target (input1 - input2) + margin, 0), reduced; clamp_min's
-    gradient passes at the bound (x >= 0), as Clip's."""
+    gradient at the bound is the number kernel's of the running torch (_clamp_min_number)."""
     what = "margin_ranking_loss"
     dt = _same_float_dtype(what, input1, input2)
     target = _target_as(g, target, dt, what)
     _reduction_arg(reduction, what)
     m = _float_const_arg(margin, what, "margin")
     out = g.op("Add", g.op("Mul", g.op("Neg", target), g.op("Sub", input1, input2)), _const(g, m, dt))
-    return _loss_reduction(g, g.op("Clip", out, _const(g, 0.0, dt)), reduction, what)
+    return _loss_reduction(g, _clamp_min_number(g, out, _const(g, 0.0, dt)), reduction, what)
 
 
 def _target_dtype_or_none(target):
@@ -217,7 +217,7 @@ def _hinge_embedding_loss_symbolic(g, input, target, margin, reduction):
     _reduction_arg(reduction, what)
     m = _float_const_arg(margin, what, "margin")
     zero = _const(g, 0.0, dt)
-    clamped = g.op("Clip", g.op("Sub", _const(g, m, dt), input), zero)
+    clamped = _clamp_min_number(g, g.op("Sub", _const(g, m, dt), input), zero)
     out_margin = g.op("Where", g.op("Not", g.op("Equal", target, _const(g, 1, t_dt))), clamped, zero)
     out_self = g.op("Where", g.op("Not", g.op("Equal", target, _const(g, -1, t_dt))), input, zero)
     return _loss_reduction(g, g.op("Add", out_margin, out_self), reduction, what)

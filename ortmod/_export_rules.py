@@ -1765,7 +1765,10 @@ def clamp_translations(op, ir, stop_gradient, number_mode, tensor_mode):
     out = {}
     if number_mode == "exclusive":
         clamp, clamp_min, clamp_max = rules(exclusive)
-        out.update({aten.clamp.default: clamp, aten.clamp_min.default: clamp_min, aten.clamp_max.default: clamp_max})
+        out.update({aten.clamp.default: clamp, aten.clamp_min.default: clamp_min, aten.clamp_max.default: clamp_max,
+                    torch.ops.ortmod.clamp_number.default: clamp})
+    else:       # ortmod::clamp_number (number_clamps_back) where the number kernel is Clip's
+        out[torch.ops.ortmod.clamp_number.default] = rules(lambda self, lo, hi: op.Clip(self, lo, hi))[0]
     if tensor_mode == "half":
         clamp, clamp_min, clamp_max = rules(half)
         out.update({aten.clamp.Tensor: clamp, aten.clamp_min.Tensor: clamp_min, aten.clamp_max.Tensor: clamp_max})
@@ -1777,6 +1780,23 @@ _NUMBER_CLAMPS = {torch.ops.aten.clamp.Tensor: torch.ops.aten.clamp.default,
                   torch.ops.aten.clamp_max.Tensor: torch.ops.aten.clamp_max.default}
 
 
+@torch.library.custom_op("ortmod::clamp_number", mutates_args=())
+def clamp_number(self: torch.Tensor, min: Optional[torch.Tensor] = None,
+                 max: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A clamp whose bounds were numbers in the module's code (eager's number kernel, and its
+    gradient at a bound), carried as 0-d tensors of the clamped tensor's dtype. The bound must
+    stay a tensor: the ONNX translator types a Python float as a float32 constant, so a float64
+    clamp to 0.1 would clamp to float32's 0.1 (1.5e-9 above it) and give no gradient to values
+    that sit between the two (F.gaussian_nll_loss's lifted var on 2.14 did). Only ever traced:
+    ``clamp_translations`` gives it the number kernel's rule."""
+    return torch.clamp(self, min, max)
+
+
+@clamp_number.register_fake
+def _clamp_number_fake(self, min=None, max=None):
+    return torch.empty_like(self)
+
+
 def mark_number_clamps(gm):
     """Before type promotion: clamp / clamp_min / clamp_max with number bounds (eager's number
     kernel, whose gradient at a bound 2.14 made differ from a tensor bound's)."""
@@ -1785,27 +1805,56 @@ def mark_number_clamps(gm):
             node.meta["ortmod_number_clamp"] = True
 
 
+def _number_bound(gm, node, b, dtype):
+    """A clamp's bound as a 0-d tensor node of the clamped tensor's ``dtype``, or None where it
+    cannot be one exactly."""
+    if b is None:
+        return None, True
+    if isinstance(b, torch.fx.Node) and b.target is torch.ops.aten.scalar_tensor.default:
+        val = b.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dtype == dtype:
+            return b, True
+        b = b.args[0] if isinstance(b.args[0], (int, float)) else b
+    if isinstance(b, (int, float)) and not isinstance(b, bool):
+        with gm.graph.inserting_before(node):
+            t = gm.graph.call_function(torch.ops.aten.scalar_tensor.default, (b,), {"dtype": dtype})
+        t.meta["val"] = torch.empty((), dtype=dtype, device=node.args[0].meta["val"].device)
+        return t, True
+    return None, False
+
+
 def number_clamps_back(gm):
     """After type promotion, which makes a number bound a tensor in a float64 graph
-    (scalar_tensor, clamp.Tensor): the number again, so that the rule is the number kernel's."""
+    (scalar_tensor, clamp.Tensor): the number kernel's rule again, ``ortmod::clamp_number``, with
+    the bound a 0-d tensor of the clamped dtype (a float64 graph's bound stays float64)."""
     changed = False
+    names = {"min": 1, "max": 2}
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in _NUMBER_CLAMPS or not node.meta.get("ortmod_number_clamp"):
+        if node.op != "call_function" or not node.meta.get("ortmod_number_clamp"):
             continue
-        args = list(node.args)
-        ok = True
-        for i in range(1, len(args)):
-            b = args[i]
-            if b is None:
-                continue
-            if (isinstance(b, torch.fx.Node) and b.target is torch.ops.aten.scalar_tensor.default
-                    and isinstance(b.args[0], (int, float))):
-                args[i] = b.args[0]
-            elif not isinstance(b, (int, float)):
-                ok = False
-        if ok and not node.kwargs:
-            node.target, node.args = _NUMBER_CLAMPS[node.target], tuple(args)
-            changed = True
+        if node.target not in _NUMBER_CLAMPS and node.target not in _NUMBER_CLAMPS.values():
+            continue
+        self_val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(self_val, torch.Tensor) or not self_val.is_floating_point():
+            continue
+        args = list(node.args) + [None] * (3 - len(node.args))
+        for k, v in node.kwargs.items():
+            if k not in names:
+                break
+            args[names[k]] = v
+        else:
+            name = str(node.target.overloadpacket.__name__)
+            if name == "clamp_max":
+                lo, hi = None, args[1]
+            elif name == "clamp_min":
+                lo, hi = args[1], None
+            else:
+                lo, hi = args[1], args[2]
+            (lo, ok_lo), (hi, ok_hi) = (_number_bound(gm, node, lo, self_val.dtype),
+                                        _number_bound(gm, node, hi, self_val.dtype))
+            if ok_lo and ok_hi:
+                node.target, node.args, node.kwargs = torch.ops.ortmod.clamp_number.default, (args[0], lo, hi), {}
+                changed = True
     if changed:
         for node in list(gm.graph.nodes):
             if node.target is torch.ops.aten.scalar_tensor.default and not node.users:

@@ -101,11 +101,29 @@ def _gaussian_nll_var_lifted(args, kwargs):
     if torch.any(var < 0):
         raise ValueError("var has negative entry/entries")
     bound["var"] = torch.where(var < eps, (var - var.detach()) + eps, var)
-    # and the function's clamp is to the float just below eps: the lifted var never sits at its
-    # bound, where torch 2.14's clamp gives no gradient (2.13's all of it); values unchanged
-    bound["eps"] = math.nextafter(float(eps), -math.inf)
+    # and the function's clamp is to the float of var's dtype just below eps there: the lifted
+    # var never sits at its bound, where torch 2.14's clamp gives no gradient (2.13's all of it);
+    # values unchanged. (Below eps in float64 only, a float32 var's bound rounds back to eps.)
+    bound["eps"] = _float_below(eps, var.dtype)
     n = min(len(args), len(names))
     return tuple(bound.pop(k) for k in names[:n]), bound
+
+
+def _float_below(x, dtype):
+    """The largest number of ``dtype`` below ``x`` rounded to ``dtype``, as a Python float
+    (computed without torch ops: this runs while torch traces)."""
+    import struct
+    import numpy as np
+    if dtype == torch.bfloat16:     # float32's upper half: round to nearest even, then one step down
+        bits = struct.unpack("<I", struct.pack("<f", float(x)))[0]
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        as_float = lambda b: struct.unpack("<f", struct.pack("<I", b))[0]     # noqa: E731
+        step = -(1 << 16) if as_float(bits) > 0 else (1 << 16)
+        return as_float(bits + step) if as_float(bits) != 0 else -as_float(1 << 16)
+    np_type = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}.get(dtype)
+    if np_type is None:
+        return math.nextafter(float(x), -math.inf)
+    return float(np.nextafter(np_type(x), np_type(-np.inf)))
 
 
 def linear_cross_entropy_reference(args, kwargs):
@@ -346,6 +364,18 @@ def _hardtanh_symbolic(g, x, min_val, max_val):
     out = g.op("ortmod::HardTanh", x, _const(g, lo, dtype), _const(g, hi, dtype))
     out.setType(x.type())
     return out
+
+
+def _clamp_min_number(g, x, lo):
+    """clamp_min(x, lo) by a number, as eager's number kernel differentiates it on this torch
+    (capture.compat.clamp_semantics): to 2.13 Clip (all of dy at the bound), on 2.14 none at the
+    bound (Clip's value, the gradient through the Where branch that keeps x). The loss kernels
+    that clamp_min a margin term by 0 (hinge_embedding, margin_ranking, triplet_margin,
+    cosine_embedding) take it: their kink sits exactly at the bound."""
+    value = g.op("Clip", x, lo)
+    if compat.require_clamp_mode("number") == compat.CLAMP_INCLUSIVE:
+        return value
+    return g.op("Where", g.op("Greater", x, lo), x, g.op("ortmod::StopGradient", value))
 
 
 def _clamp_symbolic(which):
@@ -771,7 +801,7 @@ def _triplet_margin_loss_symbolic(g, anchor, positive, negative, margin, p, eps,
     if swap_v:
         d_neg = g.op("Min", d_neg, dist(positive, negative))
     out = g.op("Sub", g.op("Add", _const(g, margin_v, dt), d_pos), d_neg)
-    out = g.op("Clip", out, _const(g, 0.0, dt))
+    out = _clamp_min_number(g, out, _const(g, 0.0, dt))      # eager: clamp_min(..., 0)
     return _loss_reduction(g, out, reduction, what)
 
 
@@ -803,7 +833,7 @@ def _cosine_embedding_loss_symbolic(g, input1, input2, target, margin, reduction
     cos = g.op("Div", prod, g.op("Sqrt", g.op("Mul", mag1, mag2)))
     zero = _const(g, 0.0, dt)
     pos = g.op("Sub", _const(g, 1.0, dt), cos)
-    neg = g.op("Clip", g.op("Sub", cos, _const(g, margin_v, dt)), zero)
+    neg = _clamp_min_number(g, g.op("Sub", cos, _const(g, margin_v, dt)), zero)
     out = g.op("Add", g.op("Where", g.op("Equal", target, _const(g, 1, t_dtype)), pos, zero),
                g.op("Where", g.op("Equal", target, _const(g, -1, t_dtype)), neg, zero))
     return _loss_reduction(g, out, reduction, what)

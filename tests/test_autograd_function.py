@@ -530,8 +530,15 @@ def test_keyword_and_container_arguments_are_refused(capture):
             return Boxed.apply(x, [x * 2])
 
     x = torch.randn(2, 3, requires_grad=True)
-    with pytest.raises(ortmod.UnsupportedModelError, match="GradReverse.apply is called with keyword arguments"):
-        ORTModule(Kw())(x)
+    try:
+        Kw()(x)
+    except TypeError:       # torch 2.11's Function.apply takes no keyword arguments: eager's error,
+        # or ortmod's naming them where its capture sees the call first (the torch.export path)
+        with pytest.raises((TypeError, ortmod.UnsupportedModelError), match="keyword arguments"):
+            ORTModule(Kw())(x)
+    else:
+        with pytest.raises(ortmod.UnsupportedModelError, match="GradReverse.apply is called with keyword arguments"):
+            ORTModule(Kw())(x)
     with pytest.raises(ortmod.UnsupportedModelError, match="Boxed.apply .* takes a tensor inside a container"):
         ORTModule(InBox())(x)
 

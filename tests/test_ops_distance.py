@@ -259,7 +259,14 @@ def test_triplet_margin_loss(p, swap):
     check_against_eager(lambda x, y, z: F.triplet_margin_loss(x, y, z, p=p, swap=swap), a, pos, neg)
 
 
-@pytest.mark.parametrize("case", ["swap_tie", "none_margin_eps", "unbatched", "module_sum"])
+def _dyadic_triplet():
+    a = torch.randint(-8, 8, (5, 6), dtype=torch.float64) / 4
+    neg = a - 0.5
+    neg[:, -1] -= 1.0
+    return a, a - 0.5, neg
+
+
+@pytest.mark.parametrize("case", ["swap_tie", "none_margin_eps", "unbatched", "module_sum", "at_the_clamp"])
 def test_triplet_margin_loss_arguments(case):
     a, pos, neg = _rows(5, 6), _rows(5, 6), _rows(5, 6)
     fn, inputs = {
@@ -269,6 +276,11 @@ def test_triplet_margin_loss_arguments(case):
                             (a, pos, neg)),
         "unbatched": (lambda x, y, z: F.triplet_margin_loss(x, y, z, p=3), (_rows(6), _rows(6), _rows(6))),
         "module_sum": (nn.TripletMarginLoss(margin=2.0, p=3, swap=True, reduction="sum"), (a, pos, neg)),
+        # p=1 distances of 3 and 4 in exact dyadics, margin 1: every row's loss sits exactly at
+        # clamp_min's bound, whose gradient there is eager's number kernel's (all of dy to 2.13,
+        # none on 2.14)
+        "at_the_clamp": (lambda x, y, z: F.triplet_margin_loss(x, y, z, margin=1.0, p=1, eps=0.0, reduction="none"),
+                         _dyadic_triplet()),
     }[case]
     check_against_eager(fn, *inputs)
 

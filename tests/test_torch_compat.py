@@ -243,3 +243,41 @@ def test_clamp_gradient_at_the_bound_is_eager_own(name, dtype, capture):
     assert torch.equal(outs[0].isnan(), outs[1].isnan())
     assert torch.equal(outs[0].nan_to_num(7.0), outs[1].nan_to_num(7.0)), (name, outs)
     assert torch.equal(grads[0], grads[1]), (name, compat.clamp_semantics(), grads)
+
+
+# a float64 clamp by a number float32 cannot hold: the translator types a Python float as float32,
+# so on 2.14's number rule ortmod clamped to float32's 0.1 (1.5e-9 above 0.1) and gave no gradient
+# to the values between the two, F.gaussian_nll_loss's lifted var among them (a var gradient 0
+# where eager's was -59, silently)
+BOUNDS_OFF_FLOAT32 = {
+    "clamp_min": lambda x: torch.clamp(x, min=0.1),
+    "clamp_max": lambda x: x.clamp(max=-0.1),
+    "clamp_both": lambda x: torch.clamp(x, -0.1, 0.1),
+}
+
+
+@pytest.mark.parametrize("capture", ["export", "torchscript"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(BOUNDS_OFF_FLOAT32))
+def test_clamp_by_a_number_float32_cannot_hold(name, dtype, capture):
+    from ortmod import DebugOptions, ORTModule
+
+    fn = BOUNDS_OFF_FLOAT32[name]
+
+    class Clamp(torch.nn.Module):
+        def forward(self, x):
+            return fn(x * 1.0)
+
+    f32 = float(torch.tensor(0.1, dtype=torch.float32))          # 0.10000000149...
+    vals = [0.1, 0.1 + 1e-12, f32, 0.1 - 1e-12, 0.3, 0.0]
+    x = torch.tensor([vals + [-v for v in vals]], dtype=dtype)
+    w = torch.arange(1.0, x.numel() + 1.0, dtype=dtype).view(1, -1)
+    grads, outs = [], []
+    for model in (Clamp(), ORTModule(Clamp(), DebugOptions(capture=capture))):
+        xi = x.clone().requires_grad_()
+        y = model(xi)
+        (y * w).sum().backward()
+        outs.append(y.detach())
+        grads.append(xi.grad)
+    assert torch.equal(outs[0], outs[1]), (name, outs)
+    assert torch.equal(grads[0], grads[1]), (name, compat.clamp_semantics(), grads)

@@ -300,11 +300,59 @@ def prepare_for_onnx(ep, registry, after_decomposition, after_promotion):
         ep = passes.decompose_with_registry(ep, registry)
         gm = ep.graph_module
         after_decomposition(gm)
-        passes.insert_type_promotion_nodes(gm)
+        with _promotion_finds_its_own_overload():
+            passes.insert_type_promotion_nodes(gm)
         after_promotion(gm)
         gm = passes.remove_assertion_nodes(gm)
         ep._graph_module = gm
         return ep
+
+
+onnx_type_promotion = Internals("ONNX translator's type promotion pass", "torch.onnx._internal.fx.passes.type_promotion")
+
+
+@contextlib.contextmanager
+def _promotion_finds_its_own_overload():
+    """The type-promotion pass re-dispatches a promoted node's op under a dispatch mode and takes
+    the first op it records as the node's new overload. On torch 2.11 and 2.12 a re-run with a
+    number argument records ``prim.device`` first (a composite overload's device query, as
+    where.ScalarOther's before its where.self), and the pass fails with "Expected same OpOverload
+    packet, got prim.device != aten.mul". The overload is the one the packet's schemas match for
+    these arguments (what the dispatcher resolves, before any composite decomposes); where that
+    cannot be told, the first recorded op of the node's own packet; none is still its error."""
+    if not onnx_type_promotion.has("OpTraceDispatchMode") or not onnx_type_promotion.has("find_compatible_op_overload"):
+        yield
+        return
+    trace_mode = onnx_type_promotion.OpTraceDispatchMode
+
+    def find_compatible_op_overload(op, args, kwargs):
+        try:
+            name = torch._C._jit_resolve_packet(op._qualified_op_name, *args, **kwargs)
+            return getattr(op, name or "default")
+        except Exception:       # noqa: BLE001  (arguments the schema matcher cannot read: dispatch tells)
+            pass
+        mode = trace_mode()
+        with mode:
+            op(*args, **kwargs)
+        own = [o for o in mode.traced_ops if isinstance(o, OpOverload) and o.overloadpacket == op]
+        if not own:
+            raise AssertionError(f"Expected an overload of {op} among the traced ops {mode.traced_ops}")
+        return own[0]
+    with onnx_type_promotion.patched("find_compatible_op_overload", find_compatible_op_overload):
+        yield
+
+
+@functools.lru_cache(maxsize=None)
+def view_copy_copies_on_fakes():
+    """Whether aten.view_copy of strides a view cannot take copies on fake tensors, as its real
+    kernel does (2.12 on); 2.10 and 2.11's fake kernel raises "Cannot view a tensor ..."."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        try:
+            torch.ops.aten.view_copy.default(torch.empty(2, 3).t(), [6])
+            return True
+        except (RuntimeError, ValueError):
+            return False
 
 
 def torchlib_registry(opset):
