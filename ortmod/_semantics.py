@@ -372,10 +372,7 @@ def _clamp_min_number(g, x, lo):
     bound (Clip's value, the gradient through the Where branch that keeps x). The loss kernels
     that clamp_min a margin term by 0 (hinge_embedding, margin_ranking, triplet_margin,
     cosine_embedding) take it: their kink sits exactly at the bound."""
-    value = g.op("Clip", x, lo)
-    if compat.require_clamp_mode("number") == compat.CLAMP_INCLUSIVE:
-        return value
-    return g.op("Where", g.op("Greater", x, lo), x, g.op("ortmod::StopGradient", value))
+    return _clamp_as_eager(g, x, lo, None, compat.require_clamp_mode("number"))
 
 
 def _clamp_symbolic(which):
@@ -414,27 +411,35 @@ def _clamp_symbolic(which):
         lo, hi = bound(lo), bound(hi)
         if lo is None and hi is None:
             return x
-        value = g.op("Clip", x, lo if lo is not None else _const(g, -math.inf, dtype), *([hi] if hi is not None else []))
-        clipped = g.op("ortmod::StopGradient", value)
-        if mode == compat.CLAMP_EXCLUSIVE:
-            keep = [g.op("Greater", x, lo)] if lo is not None else []
-            keep += [g.op("Less", x, hi)] if hi is not None else []
-            inside = keep[0] if len(keep) == 1 else g.op("And", *keep)
-            out = g.op("Where", inside, x, clipped)
-        elif mode == compat.CLAMP_HALF:
-            outside = [g.op("Less", x, lo)] if lo is not None else []
-            outside += [g.op("Greater", x, hi)] if hi is not None else []
-            ties = [g.op("Equal", x, b) for b in (lo, hi) if b is not None]
-            half = _const(g, 0.5, dtype)
-            halfway = g.op("Add", g.op("Mul", x, half), g.op("Mul", g.op("ortmod::StopGradient", x), half))
-            tie = ties[0] if len(ties) == 1 else g.op("Xor", *ties)
-            out = g.op("Where", outside[0] if len(outside) == 1 else g.op("Or", *outside), clipped,
-                       g.op("Where", tie, halfway, x))
-        else:       # inclusive: torch.clamp's backward, Clip's
-            out = value
-        out.setType(x.type())
-        return out
+        return _clamp_as_eager(g, x, lo, hi, mode)
     return symbolic
+
+
+def _clamp_as_eager(g, x, lo, hi, mode):
+    """Clip of x to the bounds lo and/or hi (graph values of x's dtype, None where absent), with
+    the gradient at a bound that eager's clamp kernel gives in ``mode`` (capture.compat's
+    CLAMP_INCLUSIVE: Clip's; EXCLUSIVE: none at a bound or NaN; HALF: half at a bound)."""
+    dtype = _dtype_of(x)
+    value = g.op("Clip", x, lo if lo is not None else _const(g, -math.inf, dtype), *([hi] if hi is not None else []))
+    clipped = g.op("ortmod::StopGradient", value)
+    if mode == compat.CLAMP_EXCLUSIVE:
+        keep = [g.op("Greater", x, lo)] if lo is not None else []
+        keep += [g.op("Less", x, hi)] if hi is not None else []
+        inside = keep[0] if len(keep) == 1 else g.op("And", *keep)
+        out = g.op("Where", inside, x, clipped)
+    elif mode == compat.CLAMP_HALF:
+        outside = [g.op("Less", x, lo)] if lo is not None else []
+        outside += [g.op("Greater", x, hi)] if hi is not None else []
+        ties = [g.op("Equal", x, b) for b in (lo, hi) if b is not None]
+        half = _const(g, 0.5, dtype)
+        halfway = g.op("Add", g.op("Mul", x, half), g.op("Mul", g.op("ortmod::StopGradient", x), half))
+        tie = ties[0] if len(ties) == 1 else g.op("Xor", *ties)
+        out = g.op("Where", outside[0] if len(outside) == 1 else g.op("Or", *outside), clipped,
+                   g.op("Where", tie, halfway, x))
+    else:       # inclusive: torch.clamp's backward, Clip's
+        out = value
+    out.setType(x.type())
+    return out
 
 
 def _relu6_symbolic(g, x):
