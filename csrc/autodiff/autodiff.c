@@ -35,7 +35,7 @@ static int sum_contribs(om_grad_state *s, contrib *c) {
     if (c->n == 0) return -1;
     while (c->n > 1) {
         int m = 0;
-        for (int i = 0; i + 1 < c->n; i += 2) c->ids[m++] = om_emit2(&s->ctx, "Add", c->ids[i], c->ids[i + 1]);
+        for (int i = 0; i + 1 < c->n; i += 2) c->ids[m++] = om_emit2(&s->ctx, om_op_add_id, c->ids[i], c->ids[i + 1]);
         if (c->n % 2) c->ids[m++] = c->ids[c->n - 1];
         c->n = m;
         if (s->status) return -1;

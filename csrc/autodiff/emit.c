@@ -11,20 +11,24 @@ om_status *om_grad_fail(om_grad_ctx *c, om_status *st) {
     return s->status;
 }
 
-int om_emit_node(om_grad_ctx *c, const char *op_type, const int *in, int n_in, int *out, int n_out,
+int om_emit_node(om_grad_ctx *c, om_op_id op_id, const int *in, int n_in, int *out, int n_out,
                  int *node_id) {
     om_grad_state *s = (om_grad_state *)c;
     om_graph *g = c->g;
     if (s->status) return -1;
+    const om_op_def *op = om_op_get(op_id);
+    if (!op) {
+        om_grad_fail(c, om_error(OM_INTERNAL, "gradient of node '%s' emitted op id %d, which is not in the op table",
+                                 g->nodes[c->node].name, (int)op_id));
+        return -1;
+    }
+    const char *op_type = op->name;
     for (int i = 0; i < n_in; i++)
         if (in[i] < -1 || in[i] >= g->n_values) {
             om_grad_fail(c, om_error(OM_INTERNAL, "gradient of node '%s' emitted %s with an invalid input",
                                      g->nodes[c->node].name, op_type));
             return -1;
         }
-    const om_op_def *op = om_op_find(op_type, "");
-    const char *domain = "";
-    if (!op) domain = "ortmod";
     char name[256];
     snprintf(name, sizeof name, "%s_grad/%s_%d", g->nodes[c->node].name, op_type, g->n_nodes);
     int ids[16];
@@ -37,7 +41,7 @@ int om_emit_node(om_grad_ctx *c, const char *op_type, const int *in, int n_in, i
         }
     }
     int id;
-    om_status *st = om_graph_add_node(g, op_type, domain, name, in, n_in, ids, n_out, &id);
+    om_status *st = om_graph_add_op(g, op_id, name, in, n_in, ids, n_out, &id);
     if (st) {
         om_grad_fail(c, om_error_context(st, "gradient of node '%s'", g->nodes[c->node].name));
         return -1;
@@ -54,15 +58,15 @@ int om_emit_node(om_grad_ctx *c, const char *op_type, const int *in, int n_in, i
     return ids[0];
 }
 
-int om_emit(om_grad_ctx *c, const char *op_type, const int *in, int n_in) {
-    return om_emit_node(c, op_type, in, n_in, NULL, 1, NULL);
+int om_emit(om_grad_ctx *c, om_op_id op, const int *in, int n_in) {
+    return om_emit_node(c, op, in, n_in, NULL, 1, NULL);
 }
 
-int om_emit1(om_grad_ctx *c, const char *op_type, int a) { return om_emit(c, op_type, &a, 1); }
+int om_emit1(om_grad_ctx *c, om_op_id op, int a) { return om_emit(c, op, &a, 1); }
 
-int om_emit2(om_grad_ctx *c, const char *op_type, int a, int b) {
+int om_emit2(om_grad_ctx *c, om_op_id op, int a, int b) {
     int in[2] = {a, b};
-    return om_emit(c, op_type, in, 2);
+    return om_emit(c, op, in, 2);
 }
 
 int om_emit_last(const om_grad_ctx *c) { return ((const om_grad_state *)c)->last; }
@@ -104,12 +108,12 @@ void om_emit_attr_float(om_grad_ctx *c, const char *name, float v) {
     retype_last(c);
 }
 
-int om_emit_shape(om_grad_ctx *c, int x) { return om_emit1(c, "Shape", x); }
+int om_emit_shape(om_grad_ctx *c, int x) { return om_emit1(c, om_op_shape_id, x); }
 
 int om_emit_sum_to(om_grad_ctx *c, int dy, int x) {
     int shape = om_emit_shape(c, x);
     if (shape < 0) return -1;
-    int r = om_emit2(c, "SumToShape", dy, shape);
+    int r = om_emit2(c, om_op_sum_to_shape_id, dy, shape);
     return r;
 }
 

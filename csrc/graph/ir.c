@@ -72,11 +72,19 @@ int om_graph_find_value(const om_graph *g, const char *name) {
 
 om_status *om_graph_add_node(om_graph *g, const char *op_type, const char *domain, const char *name,
                              const int *in, int n_in, const int *out, int n_out, int *node_id) {
-    const om_op_def *op = om_op_find(op_type, domain ? domain : "");
-    if (!op)
+    const om_op_id id = om_op_find_id(op_type, domain ? domain : "");
+    if (id == OM_OP_NONE)
         return om_error(OM_UNSUPPORTED_OP, "unsupported op '%s%s%s' (node '%s')",
                         domain && *domain ? domain : "", domain && *domain ? "::" : "", op_type,
                         name ? name : "?");
+    return om_graph_add_op(g, id, name, in, n_in, out, n_out, node_id);
+}
+
+om_status *om_graph_add_op(om_graph *g, om_op_id op_id, const char *name, const int *in, int n_in, const int *out,
+                           int n_out, int *node_id) {
+    const om_op_def *op = om_op_get(op_id);
+    if (!op) return om_error(OM_INTERNAL, "node '%s': op id %d is not in the op table", name ? name : "?", (int)op_id);
+    const char *op_type = op->name;
     if (n_in < op->min_in || n_in > op->max_in || n_out < op->min_out || n_out > op->max_out)
         return om_error(OM_INVALID_MODEL, "node '%s' (%s) has %d inputs and %d outputs; expected %d..%d and %d..%d",
                         name ? name : "?", op_type, n_in, n_out, op->min_in, op->max_in, op->min_out,
@@ -87,6 +95,7 @@ om_status *om_graph_add_node(om_graph *g, const char *op_type, const char *domai
     om_node *n = &g->nodes[id];
     memset(n, 0, sizeof(*n));
     n->op = op;
+    n->op_id = op_id;
     char buf[48];
     if (!name || !*name) {
         snprintf(buf, sizeof buf, "%s_%d", op_type, id);

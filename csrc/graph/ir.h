@@ -9,6 +9,7 @@
 #define OM_IR_H
 
 #include "core/core.h"
+#include "ops/op_list.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -45,6 +46,7 @@ typedef struct om_value {
 
 typedef struct om_node {
     const struct om_op_def *op;
+    om_op_id op_id;      /* op's id (its index in the op table), resolved with op: passes match on it */
     char *name;
     int n_in, n_out;
     int *in, *out;       /* value ids; -1 marks an absent optional input/output */
@@ -89,6 +91,9 @@ int om_graph_add_value(om_graph *g, const char *name, om_dtype dtype);
  * "ortmod"). in/out may contain -1. Returns the node id in *node_id. */
 om_status *om_graph_add_node(om_graph *g, const char *op_type, const char *domain, const char *name,
                              const int *in, int n_in, const int *out, int n_out, int *node_id);
+/* The same, for an op the engine names itself (autodiff, passes): by id, checked by the compiler. */
+om_status *om_graph_add_op(om_graph *g, om_op_id op, const char *name, const int *in, int n_in, const int *out,
+                           int n_out, int *node_id);
 int om_graph_find_value(const om_graph *g, const char *name);   /* -1 if none */
 
 /* Attributes: lookups return the default when absent. */
@@ -148,8 +153,8 @@ int *om_graph_use_counts(const om_graph *g);
 /* Every read of value `from` (node inputs, graph outputs) now reads `to`. */
 void om_graph_replace_uses(om_graph *g, int from, int to);
 /* Rewrites node idx as a new op with new inputs/outputs; attributes are cleared. */
-om_status *om_graph_replace_node(om_graph *g, int idx, const char *op_type, const char *domain,
-                                 const int *in, int n_in, const int *out, int n_out);
+om_status *om_graph_replace_node(om_graph *g, int idx, om_op_id op, const int *in, int n_in, const int *out,
+                                 int n_out);
 /* Drops dead nodes (and constants nothing reads), renumbers producers. */
 om_status *om_graph_compact(om_graph *g);
 /* 1 when values a and b hold equal constant tensors. */

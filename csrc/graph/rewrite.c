@@ -45,10 +45,10 @@ static void clear_attrs(om_node *n) {
     n->n_attr = 0;
 }
 
-om_status *om_graph_replace_node(om_graph *g, int idx, const char *op_type, const char *domain,
-                                 const int *in, int n_in, const int *out, int n_out) {
-    const om_op_def *op = om_op_find(op_type, domain ? domain : "");
-    if (!op) return om_error(OM_INTERNAL, "rewrite to unknown op '%s'", op_type);
+om_status *om_graph_replace_node(om_graph *g, int idx, om_op_id op_id, const int *in, int n_in, const int *out,
+                                 int n_out) {
+    const om_op_def *op = om_op_get(op_id);
+    if (!op) return om_error(OM_INTERNAL, "rewrite to op id %d, which is not in the op table", (int)op_id);
     om_node *n = &g->nodes[idx];
     /* padded with -1 to the op's arity, as om_graph_add_node does */
     const int cap_in = om_node_slots(n_in, op->max_in), cap_out = om_node_slots(n_out, op->max_out);
@@ -64,6 +64,7 @@ om_status *om_graph_replace_node(om_graph *g, int idx, const char *op_type, cons
     n->n_in = n_in;
     n->n_out = n_out;
     n->op = op;
+    n->op_id = op_id;
     n->dead = 0;
     for (int j = 0; j < n_out; j++)
         if (out[j] >= 0) g->values[out[j]].producer = idx;

@@ -362,7 +362,7 @@ static om_status *attn_grad(om_grad_ctx *c) {
     int in[13] = {dy, in_f[0], in_f[1], in_f[2], o, lse, in_f[3], in_f[4], in_f[5], in_f[6], in_f[7], in_f[8], seed};
     int out[4], want[4] = {c->need_dx[0], c->need_dx[1], c->need_dx[2], in_f[3] >= 0 && c->need_dx[3]};
     int id = -1;
-    if (om_emit_node(c, "FusedAttentionGrad", in, 13, out, 4, &id) < 0) return NULL;
+    if (om_emit_node(c, om_op_fused_attention_grad_id, in, 13, out, 4, &id) < 0) return NULL;
     om_node *n = &c->g->nodes[id];
     for (int j = 0; j < 4; j++)
         if (!want[j]) {

@@ -125,7 +125,7 @@ static om_status *python_op_grad(om_grad_ctx *c) {
     if (!any) return NULL;
     int64_t id = om_attr_int(&c->g->nodes[c->node], "function_id", -1);
     int node = -1;
-    if (om_emit_node(c, "PythonOpGrad", in, n_y + n_x, out, n_x, &node) < 0) return NULL;
+    if (om_emit_node(c, om_op_python_op_grad_id, in, n_y + n_x, out, n_x, &node) < 0) return NULL;
     om_emit_attr_int(c, "function_id", id);
     om_emit_attr_ints(c, "input_dtypes", dtypes, n_x);
     om_node *g = &c->g->nodes[node];

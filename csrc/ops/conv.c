@@ -718,7 +718,7 @@ static om_status *conv_grad(om_grad_ctx *c) {
     if (c->need_dx[0]) {
         int in[3] = {dy, w, -1};
         if ((in[2] = om_emit_shape(c, x)) < 0) return NULL;
-        int v = om_emit(c, "ConvGradX", in, 3);
+        int v = om_emit(c, om_op_conv_grad_x_id, in, 3);
         if (v < 0) return NULL;
         om_copy_attrs(c, c->node);
         c->dx[0] = v;
@@ -728,7 +728,7 @@ static om_status *conv_grad(om_grad_ctx *c) {
         /* without dW the kernel needs no X: pass none so that X is not kept for backward */
         int in[3] = {dy, need_w ? x : -1, -1}, out[2] = {-1, -1};
         if ((in[2] = om_emit_shape(c, w)) < 0) return NULL;
-        if (om_emit_node(c, "ConvGradW", in, 3, out, need_b ? 2 : 1, NULL) < 0) return NULL;
+        if (om_emit_node(c, om_op_conv_grad_w_id, in, 3, out, need_b ? 2 : 1, NULL) < 0) return NULL;
         om_copy_attrs(c, c->node);
         if (need_w) c->dx[1] = out[0];
         if (need_b) c->dx[2] = out[1];
@@ -991,7 +991,7 @@ static om_status *convt_grad(om_grad_ctx *c) {
     }
     if (c->need_dx[0]) {
         int in[2] = {dy, w};
-        int v = om_emit(c, "Conv", in, 2);
+        int v = om_emit(c, om_op_conv_id, in, 2);
         if (v < 0) return NULL;
         convt_copy_attrs(c, c->node, pads, np);
         c->dx[0] = v;
@@ -999,7 +999,7 @@ static om_status *convt_grad(om_grad_ctx *c) {
     if (c->need_dx[1]) {
         int in[3] = {x, dy, -1}, out[1] = {-1};
         if ((in[2] = om_emit_shape(c, w)) < 0) return NULL;
-        if (om_emit_node(c, "ConvGradW", in, 3, out, 1, NULL) < 0) return NULL;
+        if (om_emit_node(c, om_op_conv_grad_w_id, in, 3, out, 1, NULL) < 0) return NULL;
         convt_copy_attrs(c, c->node, pads, np);
         c->dx[1] = out[0];
     }
@@ -1008,16 +1008,16 @@ static om_status *convt_grad(om_grad_ctx *c) {
         if (known) {   /* one sum over (N, *S) */
             int64_t axes[1 + OM_SP] = {0};
             for (int i = 0; i < nsp; i++) axes[1 + i] = 2 + i;
-            if ((v = om_emit1(c, "ReduceSum", dy)) < 0) return NULL;
+            if ((v = om_emit1(c, om_op_reduce_sum_id, dy)) < 0) return NULL;
             om_emit_attr_ints(c, "axes", axes, 1 + nsp);
         } else {   /* the rank is not known before planning: over N, then over (C, S...) flattened */
             const int64_t axis0 = 0, axis1 = 1;
-            if ((v = om_emit1(c, "ReduceSum", dy)) < 0) return NULL;
+            if ((v = om_emit1(c, om_op_reduce_sum_id, dy)) < 0) return NULL;
             om_emit_attr_ints(c, "axes", &axis0, 1);
             om_emit_attr_int(c, "keepdims", 0);
-            if ((v = om_emit1(c, "Flatten", v)) < 0) return NULL;
+            if ((v = om_emit1(c, om_op_flatten_id, v)) < 0) return NULL;
             om_emit_attr_int(c, "axis", 1);
-            if ((v = om_emit1(c, "ReduceSum", v)) < 0) return NULL;
+            if ((v = om_emit1(c, om_op_reduce_sum_id, v)) < 0) return NULL;
             om_emit_attr_ints(c, "axes", &axis1, 1);
         }
         om_emit_attr_int(c, "keepdims", 0);

@@ -429,7 +429,7 @@ static om_status *ctc_grad(om_grad_ctx *c) {
     const int la = om_node_ensure_output(c->g, node, 1, dt);
     if (la < 0) return om_grad_fail(c, om_error(OM_INTERNAL, "CTCLoss: cannot add the log_alpha output"));
     int in[7] = {dloss, lp, tg, il, tl, la, mask};
-    int v = om_emit(c, "CTCLossGrad", in, mask >= 0 ? 7 : 6);
+    int v = om_emit(c, om_op_ctc_loss_grad_id, in, mask >= 0 ? 7 : 6);
     if (v < 0) return NULL;
     om_emit_attr_int(c, "blank", blank);
     om_emit_attr_int(c, "zero_infinity", zero_inf);

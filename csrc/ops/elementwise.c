@@ -352,7 +352,7 @@ static om_status *sub_grad(om_grad_ctx *c) {
         /* negate after the reduction: the reduced tensor is the smaller one */
         int s = om_emit_sum_to(c, dy, in[1]);
         EMIT_OK(s);
-        EMIT_OK(c->dx[1] = om_emit1(c, "Neg", s));
+        EMIT_OK(c->dx[1] = om_emit1(c, om_op_neg_id, s));
     }
     return NULL;
 }
@@ -364,7 +364,7 @@ static om_status *mul_grad(om_grad_ctx *c) {
     if (dy < 0) return NULL;
     for (int i = 0; i < 2; i++) {
         if (!c->need_dx[i]) continue;
-        int t = om_emit2(c, "Mul", dy, in[1 - i]);
+        int t = om_emit2(c, om_op_mul_id, dy, in[1 - i]);
         EMIT_OK(t);
         EMIT_OK(c->dx[i] = om_emit_sum_to(c, t, in[i]));
     }
@@ -378,18 +378,18 @@ static om_status *div_grad(om_grad_ctx *c) {
     int dy = c->dy[0];
     if (dy < 0) return NULL;
     if (c->need_dx[0]) {
-        int t = om_emit2(c, "Div", dy, in[1]);
+        int t = om_emit2(c, om_op_div_id, dy, in[1]);
         EMIT_OK(t);
         EMIT_OK(c->dx[0] = om_emit_sum_to(c, t, in[0]));
     }
     if (c->need_dx[1]) {
-        int q = om_emit2(c, "Div", out[0], in[1]);
+        int q = om_emit2(c, om_op_div_id, out[0], in[1]);
         EMIT_OK(q);
-        int t = om_emit2(c, "Mul", dy, q);
+        int t = om_emit2(c, om_op_mul_id, dy, q);
         EMIT_OK(t);
         int s = om_emit_sum_to(c, t, in[1]);
         EMIT_OK(s);
-        EMIT_OK(c->dx[1] = om_emit1(c, "Neg", s));
+        EMIT_OK(c->dx[1] = om_emit1(c, om_op_neg_id, s));
     }
     return NULL;
 }
@@ -404,29 +404,29 @@ static om_status *pow_grad(om_grad_ctx *c) {
     if (c->need_dx[0]) {
         int b = in[1];
         if (vdt(c->g, b) != dt) {   /* integer exponent: do the arithmetic in a's dtype */
-            b = om_emit1(c, "Cast", in[1]);
+            b = om_emit1(c, om_op_cast_id, in[1]);
             EMIT_OK(b);
             om_emit_attr_int(c, "to", dt);
             c->g->values[b].dtype = dt;
         }
         int one = om_emit_scalar(c, dt, 1.0);
         EMIT_OK(one);
-        int bm1 = om_emit2(c, "Sub", b, one);
+        int bm1 = om_emit2(c, om_op_sub_id, b, one);
         EMIT_OK(bm1);
-        int p = om_emit2(c, "Pow", in[0], bm1);
+        int p = om_emit2(c, om_op_pow_id, in[0], bm1);
         EMIT_OK(p);
-        int t = om_emit2(c, "Mul", b, p);
+        int t = om_emit2(c, om_op_mul_id, b, p);
         EMIT_OK(t);
-        int u = om_emit2(c, "Mul", dy, t);
+        int u = om_emit2(c, om_op_mul_id, dy, t);
         EMIT_OK(u);
         EMIT_OK(c->dx[0] = om_emit_sum_to(c, u, in[0]));
     }
     if (c->need_dx[1] && vdt(c->g, in[1]) == dt) {
-        int l = om_emit1(c, "Log", in[0]);
+        int l = om_emit1(c, om_op_log_id, in[0]);
         EMIT_OK(l);
-        int t = om_emit2(c, "Mul", out[0], l);
+        int t = om_emit2(c, om_op_mul_id, out[0], l);
         EMIT_OK(t);
-        int u = om_emit2(c, "Mul", dy, t);
+        int u = om_emit2(c, om_op_mul_id, dy, t);
         EMIT_OK(u);
         EMIT_OK(c->dx[1] = om_emit_sum_to(c, u, in[1]));
     }
@@ -442,25 +442,25 @@ static om_status *maxmin_grad(om_grad_ctx *c) {
     node_io(c, in, 2, out, 1);
     int dy = c->dy[0];
     if (dy < 0) return NULL;
-    const int is_max = strcmp(c->g->nodes[c->node].op->name, "Max") == 0;
-    int tie = om_emit2(c, "Equal", in[0], in[1]);
+    const int is_max = c->g->nodes[c->node].op_id == om_op_max_id;
+    int tie = om_emit2(c, om_op_equal_id, in[0], in[1]);
     EMIT_OK(tie);
     int half = om_emit_scalar(c, vdt(c->g, dy), 0.5);
     EMIT_OK(half);
     int zero = om_emit_scalar(c, vdt(c->g, dy), 0.0);
     EMIT_OK(zero);
-    int halved = om_emit2(c, "Mul", dy, half);
+    int halved = om_emit2(c, om_op_mul_id, dy, half);
     EMIT_OK(halved);
     int sel[3] = {tie, halved, dy};
-    int share = om_emit(c, "Where", sel, 3);
+    int share = om_emit(c, om_op_where_id, sel, 3);
     EMIT_OK(share);
     for (int k = 0; k < 2; k++) {
         if (!c->need_dx[k]) continue;
         /* input k loses where the other one wins */
-        int loses = om_emit2(c, (k == 0) == is_max ? "Less" : "Greater", in[0], in[1]);
+        int loses = om_emit2(c, (k == 0) == is_max ? om_op_less_id : om_op_greater_id, in[0], in[1]);
         EMIT_OK(loses);
         int pick[3] = {loses, zero, share};
-        int t = om_emit(c, "Where", pick, 3);
+        int t = om_emit(c, om_op_where_id, pick, 3);
         EMIT_OK(t);
         EMIT_OK(c->dx[k] = om_emit_sum_to(c, t, in[k]));
     }
@@ -476,21 +476,21 @@ static om_status *prelu_grad(om_grad_ctx *c) {
     if (dy < 0) return NULL;
     int zero = om_emit_scalar(c, vdt(c->g, dy), 0.0);
     EMIT_OK(zero);
-    int pos = om_emit2(c, "Greater", in[0], zero);
+    int pos = om_emit2(c, om_op_greater_id, in[0], zero);
     EMIT_OK(pos);
     if (c->need_dx[0]) {
-        int scaled = om_emit2(c, "Mul", in[1], dy);
+        int scaled = om_emit2(c, om_op_mul_id, in[1], dy);
         EMIT_OK(scaled);
         int pick[3] = {pos, dy, scaled};
-        int t = om_emit(c, "Where", pick, 3);
+        int t = om_emit(c, om_op_where_id, pick, 3);
         EMIT_OK(t);
         EMIT_OK(c->dx[0] = om_emit_sum_to(c, t, in[0]));
     }
     if (c->need_dx[1]) {
-        int xdy = om_emit2(c, "Mul", in[0], dy);
+        int xdy = om_emit2(c, om_op_mul_id, in[0], dy);
         EMIT_OK(xdy);
         int pick[3] = {pos, zero, xdy};
-        int t = om_emit(c, "Where", pick, 3);
+        int t = om_emit(c, om_op_where_id, pick, 3);
         EMIT_OK(t);
         EMIT_OK(c->dx[1] = om_emit_sum_to(c, t, in[1]));
     }
@@ -555,7 +555,7 @@ static om_status *where_grad(om_grad_ctx *c) {
     for (int i = 1; i <= 2; i++) {
         if (!c->need_dx[i]) continue;
         int w[3] = {in[0], i == 1 ? dy : zero, i == 1 ? zero : dy};
-        int t = om_emit(c, "Where", w, 3);
+        int t = om_emit(c, om_op_where_id, w, 3);
         EMIT_OK(t);
         EMIT_OK(c->dx[i] = om_emit_sum_to(c, t, in[i]));
     }
@@ -698,7 +698,7 @@ static om_status *infer_gelu_grad(om_kernel_ctx *ctx) {
 /* ---- unary gradients ---------------------------------------------------------------------- */
 
 /* dx = OP(dy, saved), saved = forward input (use_out 0) or output (1). */
-static om_status *grad_fused(om_grad_ctx *c, const char *op, int use_out) {
+static om_status *grad_fused(om_grad_ctx *c, om_op_id op, int use_out) {
     int in[1], out[1];
     node_io(c, in, 1, out, 1);
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
@@ -708,19 +708,19 @@ static om_status *grad_fused(om_grad_ctx *c, const char *op, int use_out) {
 
 static om_status *neg_grad(om_grad_ctx *c) {
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
-    EMIT_OK(c->dx[0] = om_emit1(c, "Neg", c->dy[0]));
+    EMIT_OK(c->dx[0] = om_emit1(c, om_op_neg_id, c->dy[0]));
     return NULL;
 }
-static om_status *relu_grad(om_grad_ctx *c) { return grad_fused(c, "ReluGrad", 1); }
-static om_status *tanh_grad(om_grad_ctx *c) { return grad_fused(c, "TanhGrad", 1); }
-static om_status *sigmoid_grad(om_grad_ctx *c) { return grad_fused(c, "SigmoidGrad", 1); }
-static om_status *abs_grad(om_grad_ctx *c) { return grad_fused(c, "AbsGrad", 0); }
-static om_status *exp_grad(om_grad_ctx *c) { return grad_fused(c, "Mul", 1); }
-static om_status *log_grad(om_grad_ctx *c) { return grad_fused(c, "Div", 0); }
+static om_status *relu_grad(om_grad_ctx *c) { return grad_fused(c, om_op_relu_grad_id, 1); }
+static om_status *tanh_grad(om_grad_ctx *c) { return grad_fused(c, om_op_tanh_grad_id, 1); }
+static om_status *sigmoid_grad(om_grad_ctx *c) { return grad_fused(c, om_op_sigmoid_grad_id, 1); }
+static om_status *abs_grad(om_grad_ctx *c) { return grad_fused(c, om_op_abs_grad_id, 0); }
+static om_status *exp_grad(om_grad_ctx *c) { return grad_fused(c, om_op_mul_id, 1); }
+static om_status *log_grad(om_grad_ctx *c) { return grad_fused(c, om_op_div_id, 0); }
 
 static om_status *gelu_grad(om_grad_ctx *c) {
     int tanh_mode = gelu_mode(&c->g->nodes[c->node]) == 1;
-    OM_TRY(grad_fused(c, "GeluGrad", 0));
+    OM_TRY(grad_fused(c, om_op_gelu_grad_id, 0));
     if (tanh_mode && c->dx[0] >= 0)
         om_grad_fail(c, om_node_set_string(c->g, om_emit_last(c), "approximate", "tanh"));
     return NULL;
@@ -731,17 +731,17 @@ static om_status *erf_grad(om_grad_ctx *c) {
     int in[1], out[1];
     node_io(c, in, 1, out, 1);
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
-    int x2 = om_emit2(c, "Mul", in[0], in[0]);
+    int x2 = om_emit2(c, om_op_mul_id, in[0], in[0]);
     EMIT_OK(x2);
-    int nx2 = om_emit1(c, "Neg", x2);
+    int nx2 = om_emit1(c, om_op_neg_id, x2);
     EMIT_OK(nx2);
-    int e = om_emit1(c, "Exp", nx2);
+    int e = om_emit1(c, om_op_exp_id, nx2);
     EMIT_OK(e);
     int k = om_emit_scalar(c, vdt(c->g, in[0]), 1.1283791670955126);
     EMIT_OK(k);
-    int t = om_emit2(c, "Mul", e, k);
+    int t = om_emit2(c, om_op_mul_id, e, k);
     EMIT_OK(t);
-    EMIT_OK(c->dx[0] = om_emit2(c, "Mul", c->dy[0], t));
+    EMIT_OK(c->dx[0] = om_emit2(c, om_op_mul_id, c->dy[0], t));
     return NULL;
 }
 
@@ -752,9 +752,9 @@ static om_status *sqrt_grad(om_grad_ctx *c) {
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
     int h = om_emit_scalar(c, vdt(c->g, out[0]), 0.5);
     EMIT_OK(h);
-    int t = om_emit2(c, "Mul", c->dy[0], h);
+    int t = om_emit2(c, om_op_mul_id, c->dy[0], h);
     EMIT_OK(t);
-    EMIT_OK(c->dx[0] = om_emit2(c, "Div", t, out[0]));
+    EMIT_OK(c->dx[0] = om_emit2(c, om_op_div_id, t, out[0]));
     return NULL;
 }
 
@@ -763,11 +763,11 @@ static om_status *reciprocal_grad(om_grad_ctx *c) {
     int in[1], out[1];
     node_io(c, in, 1, out, 1);
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
-    int y2 = om_emit2(c, "Mul", out[0], out[0]);
+    int y2 = om_emit2(c, om_op_mul_id, out[0], out[0]);
     EMIT_OK(y2);
-    int t = om_emit2(c, "Mul", c->dy[0], y2);
+    int t = om_emit2(c, om_op_mul_id, c->dy[0], y2);
     EMIT_OK(t);
-    EMIT_OK(c->dx[0] = om_emit1(c, "Neg", t));
+    EMIT_OK(c->dx[0] = om_emit1(c, om_op_neg_id, t));
     return NULL;
 }
 
@@ -776,9 +776,9 @@ static om_status *sin_grad(om_grad_ctx *c) {
     int in[1], out[1];
     node_io(c, in, 1, out, 1);
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
-    int d = om_emit1(c, "Cos", in[0]);
+    int d = om_emit1(c, om_op_cos_id, in[0]);
     EMIT_OK(d);
-    EMIT_OK(c->dx[0] = om_emit2(c, "Mul", c->dy[0], d));
+    EMIT_OK(c->dx[0] = om_emit2(c, om_op_mul_id, c->dy[0], d));
     return NULL;
 }
 
@@ -786,11 +786,11 @@ static om_status *cos_grad(om_grad_ctx *c) {
     int in[1], out[1];
     node_io(c, in, 1, out, 1);
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
-    int d = om_emit1(c, "Sin", in[0]);
+    int d = om_emit1(c, om_op_sin_id, in[0]);
     EMIT_OK(d);
-    int t = om_emit2(c, "Mul", c->dy[0], d);
+    int t = om_emit2(c, om_op_mul_id, c->dy[0], d);
     EMIT_OK(t);
-    EMIT_OK(c->dx[0] = om_emit1(c, "Neg", t));
+    EMIT_OK(c->dx[0] = om_emit1(c, om_op_neg_id, t));
     return NULL;
 }
 
@@ -800,12 +800,12 @@ static om_status *sign_grad(om_grad_ctx *c) {
     int in[1], out[1];
     node_io(c, in, 1, out, 1);
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
-    int mask = om_emit2(c, "Equal", in[0], in[0]);
+    int mask = om_emit2(c, om_op_equal_id, in[0], in[0]);
     EMIT_OK(mask);
     int zero = om_emit_scalar(c, vdt(c->g, c->dy[0]), 0.0);
     EMIT_OK(zero);
     int in3[3] = {mask, zero, zero};
-    EMIT_OK(c->dx[0] = om_emit(c, "Where", in3, 3));
+    EMIT_OK(c->dx[0] = om_emit(c, om_op_where_id, in3, 3));
     return NULL;
 }
 
@@ -837,7 +837,7 @@ static om_status *identity_cpu(om_kernel_ctx *ctx) {
 
 static om_status *identity_grad(om_grad_ctx *c) {
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
-    EMIT_OK(c->dx[0] = om_emit1(c, "Identity", c->dy[0]));
+    EMIT_OK(c->dx[0] = om_emit1(c, om_op_identity_id, c->dy[0]));
     return NULL;
 }
 
@@ -947,7 +947,7 @@ static om_status *cast_grad(om_grad_ctx *c) {
     node_io(c, in, 1, out, 1);
     om_dtype from = vdt(c->g, in[0]), to = vdt(c->g, out[0]);
     if (c->dy[0] < 0 || !c->need_dx[0] || !om_dtype_is_float(from) || !om_dtype_is_float(to)) return NULL;
-    int v = om_emit1(c, "Cast", c->dy[0]);
+    int v = om_emit1(c, om_op_cast_id, c->dy[0]);
     EMIT_OK(v);
     om_emit_attr_int(c, "to", from);
     /* the dtype rule ran at emit time, before "to" was set */
@@ -1063,7 +1063,7 @@ static om_status *dropout_grad(om_grad_ctx *c) {
     node_io(c, in, 3, out, 2);
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
     if (in[2] < 0) {
-        EMIT_OK(c->dx[0] = om_emit1(c, "Identity", c->dy[0]));
+        EMIT_OK(c->dx[0] = om_emit1(c, om_op_identity_id, c->dy[0]));
         return NULL;
     }
     int mask = om_node_ensure_output(c->g, c->node, 1, OM_BOOL);
@@ -1071,7 +1071,7 @@ static om_status *dropout_grad(om_grad_ctx *c) {
         return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "node '%s': cannot add the Dropout mask output",
                                         c->g->nodes[c->node].name));
     int g_in[4] = {c->dy[0], mask, in[1], in[2]};
-    EMIT_OK(c->dx[0] = om_emit(c, "DropoutGrad", g_in, 4));
+    EMIT_OK(c->dx[0] = om_emit(c, om_op_dropout_grad_id, g_in, 4));
     return NULL;
 }
 
@@ -1202,7 +1202,7 @@ static om_status *sum_to_shape_grad(om_grad_ctx *c) {
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
     int s = om_emit_shape(c, in[0]);
     EMIT_OK(s);
-    EMIT_OK(c->dx[0] = om_emit2(c, "Expand", c->dy[0], s));
+    EMIT_OK(c->dx[0] = om_emit2(c, om_op_expand_id, c->dy[0], s));
     return NULL;
 }
 

@@ -90,7 +90,7 @@ static void gemm(om_dtype dt, int ta, int tb, int M, int N, int K, const void *A
 }
 
 /* Emits op with n_out outputs and detaches those whose want[j] is 0. Returns the node id. */
-static int emit_partial(om_grad_ctx *c, const char *op, const int *in, int n_in, int *out, int n_out, const int *want) {
+static int emit_partial(om_grad_ctx *c, om_op_id op, const int *in, int n_in, int *out, int n_out, const int *want) {
     int id = -1;
     if (om_emit_node(c, op, in, n_in, out, n_out, &id) < 0) return -1;
     om_node *n = &c->g->nodes[id];
@@ -190,7 +190,7 @@ static om_status *emit_matmul_bias_grad(om_grad_ctx *c, int dy, int x, int w, in
     if (xs < 0 || ws < 0 || bs < 0) return NULL;
     int in[6] = {dy, c->need_dx[1] ? x : -1, c->need_dx[0] ? w : -1, xs, ws, bs};
     int out[3], want[3] = {c->need_dx[0], c->need_dx[1], c->need_dx[2]};
-    if (emit_partial(c, "MatMulBiasGrad", in, 6, out, 3, want) < 0) return NULL;
+    if (emit_partial(c, om_op_matmul_bias_grad_id, in, 6, out, 3, want) < 0) return NULL;
     if (tb) om_emit_attr_int(c, "transB", 1);
     for (int i = 0; i < 3; i++) c->dx[i] = out[i];
     return NULL;
@@ -459,7 +459,7 @@ static om_status *bias_gelu_grad(om_grad_ctx *c) {
     int tanh_mode = gelu_tanh_mode(f);
     if (dy < 0) return NULL;
     int in[3] = {dy, x, b}, out[2], want[2] = {c->need_dx[0], c->need_dx[1]};
-    if (emit_partial(c, "BiasGeluGrad", in, 3, out, 2, want) < 0) return NULL;
+    if (emit_partial(c, om_op_bias_gelu_grad_id, in, 3, out, 2, want) < 0) return NULL;
     if (tanh_mode == 1) om_grad_fail(c, om_node_set_string(c->g, om_emit_last(c), "approximate", "tanh"));
     c->dx[0] = out[0];
     c->dx[1] = out[1];
@@ -573,10 +573,10 @@ static om_status *mmbg_fwd_grad(om_grad_ctx *c) {
     if (dy >= 0) {
         int z = om_node_ensure_output(c->g, c->node, 1, c->g->values[x].dtype);
         if (z < 0) return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"));
-        int g = om_emit2(c, "GeluGrad", dy, z);
+        int g = om_emit2(c, om_op_gelu_grad_id, dy, z);
         if (g < 0) return NULL;
         if (tanh_mode) om_grad_fail(c, om_node_set_string(c->g, om_emit_last(c), "approximate", "tanh"));
-        dz = dz_direct < 0 ? g : om_emit2(c, "Add", g, dz_direct);
+        dz = dz_direct < 0 ? g : om_emit2(c, om_op_add_id, g, dz_direct);
         if (dz < 0) return NULL;
     }
     return emit_matmul_bias_grad(c, dz, x, w, b, tb);
@@ -734,7 +734,7 @@ static om_status *bias_dropout_grad(om_grad_ctx *c) {
     int bshape = -1;
     if (b >= 0 && c->need_dx[1] && (bshape = om_emit_shape(c, b)) < 0) return NULL;
     int in[5] = {dy, mask, ratio, tm, bshape}, out[2], want[2] = {c->need_dx[0], c->need_dx[1] && b >= 0};
-    if (emit_partial(c, "BiasDropoutGrad", in, 5, out, 2, want) < 0) return NULL;
+    if (emit_partial(c, om_op_bias_dropout_grad_id, in, 5, out, 2, want) < 0) return NULL;
     c->dx[0] = out[0];
     c->dx[1] = out[1];
     return NULL;
@@ -860,7 +860,7 @@ static om_status *sln_grad(om_grad_ctx *c) {
     int inv = om_node_ensure_output(c->g, c->node, 1, om_dtype_stat(c->g->values[x].dtype));
     if (inv < 0) return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"));
     int in[4] = {dy, x, s, inv}, out[2], want[2] = {c->need_dx[0], c->need_dx[1]};
-    if (emit_partial(c, "SimplifiedLayerNormalizationGrad", in, 4, out, 2, want) < 0) return NULL;
+    if (emit_partial(c, om_op_simplified_layer_norm_grad_id, in, 4, out, 2, want) < 0) return NULL;
     c->dx[0] = out[0];
     c->dx[1] = out[1];
     return NULL;

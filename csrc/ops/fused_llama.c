@@ -47,7 +47,7 @@ static int wanted(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out && ct
 static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
 
 /* Emits op with n_out outputs and detaches those whose want[j] is 0 (their out[j] = -1). */
-static int emit_partial(om_grad_ctx *c, const char *op, const int *in, int n_in, int *out, int n_out, const int *want) {
+static int emit_partial(om_grad_ctx *c, om_op_id op, const int *in, int n_in, int *out, int n_out, const int *want) {
     int id = -1;
     if (om_emit_node(c, op, in, n_in, out, n_out, &id) < 0) return -1;
     om_node *n = &c->g->nodes[id];
@@ -168,7 +168,7 @@ static om_status *swiglu_grad(om_grad_ctx *c) {
     if (dy < 0) return NULL;
     int in[3] = {dy, gate, up}, out[2], want[2] = {c->need_dx[0], c->need_dx[1]};
     if (!want[0] && !want[1]) return NULL;
-    if (emit_partial(c, "SwiGLUGrad", in, 3, out, 2, want) < 0) return NULL;
+    if (emit_partial(c, om_op_swiglu_grad_id, in, 3, out, 2, want) < 0) return NULL;
     if (want[0]) c->dx[0] = om_emit_sum_to(c, out[0], gate);
     if (want[1]) c->dx[1] = om_emit_sum_to(c, out[1], up);
     return NULL;
@@ -388,7 +388,7 @@ static om_status *rope_grad(om_grad_ctx *c) {
     if (!want[0] && !want[1] && !want[2]) return NULL;
     /* x is read only for cos's and sin's gradients (normally constants: not wanted) */
     int in[6] = {dy, cs, sn, f->in[3], f->in[4], want[1] || want[2] ? x : -1};
-    if (emit_partial(c, "FusedRotaryGrad", in, 6, out, 3, want) < 0) return NULL;
+    if (emit_partial(c, om_op_fused_rotary_grad_id, in, 6, out, 3, want) < 0) return NULL;
     c->dx[0] = out[0];
     if (want[1]) c->dx[1] = om_emit_sum_to(c, out[1], cs);
     if (want[2]) c->dx[2] = om_emit_sum_to(c, out[2], sn);

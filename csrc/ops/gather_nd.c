@@ -120,7 +120,7 @@ static om_status *gather_nd_grad(om_grad_ctx *c) {
     int shp = om_emit_shape(c, x);
     if (shp < 0) return NULL;
     int in[3] = {dy, shp, ind};
-    int dx = om_emit(c, "GatherNDGrad", in, 3);
+    int dx = om_emit(c, om_op_gather_nd_grad_id, in, 3);
     if (dx < 0) return NULL;
     om_emit_attr_int(c, "batch_dims", b);
     c->dx[0] = dx;
@@ -255,7 +255,7 @@ static om_status *scatter_nd_grad(om_grad_ctx *c) {
     const int ind = n->in[1], upd = n->in[2];   /* n dangles once a node is emitted */
     if (c->need_dx[2]) {
         int in[2] = {dy, ind};
-        int du = om_emit(c, "GatherND", in, 2);
+        int du = om_emit(c, om_op_gather_nd_id, in, 2);
         if (du < 0) return NULL;
         c->dx[2] = du;
     }
@@ -267,10 +267,10 @@ static om_status *scatter_nd_grad(om_grad_ctx *c) {
             const om_dtype dt = c->g->values[dy].dtype;
             int zero = om_emit_scalar(c, dt, 0.0);
             int shp = zero < 0 ? -1 : om_emit_shape(c, upd);
-            int zeros = shp < 0 ? -1 : om_emit2(c, "Expand", zero, shp);
+            int zeros = shp < 0 ? -1 : om_emit2(c, om_op_expand_id, zero, shp);
             if (zeros < 0) return NULL;
             int in[3] = {dy, ind, zeros};
-            int dx = om_emit(c, "ScatterND", in, 3);
+            int dx = om_emit(c, om_op_scatter_nd_id, in, 3);
             if (dx < 0) return NULL;
             c->dx[0] = dx;
         }

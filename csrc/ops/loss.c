@@ -304,17 +304,17 @@ static om_status *sce_grad(om_grad_ctx *c) {
     int acc = -1;
     if (dloss >= 0) {
         int in[4] = {dloss, logp, labels, weights};
-        acc = om_emit(c, "SoftmaxCrossEntropyLossGrad", in, weights >= 0 ? 4 : 3);
+        acc = om_emit(c, om_op_softmax_cross_entropy_loss_grad_id, in, weights >= 0 ? 4 : 3);
         if (acc < 0) return NULL;
         om_status *st = copy_loss_attrs(c, reduction, has_ignore, ignore);
         if (st) return om_grad_fail(c, st);
     }
     if (dlogp >= 0) {
         /* log_prob is also used downstream: add its LogSoftmax gradient over C */
-        int v = om_emit2(c, "LogSoftmaxGrad", dlogp, logp);
+        int v = om_emit2(c, om_op_log_softmax_grad_id, dlogp, logp);
         if (v < 0) return NULL;
         om_emit_attr_int(c, "axis", 1);
-        acc = acc < 0 ? v : om_emit2(c, "Add", acc, v);
+        acc = acc < 0 ? v : om_emit2(c, om_op_add_id, acc, v);
         if (acc < 0) return NULL;
     }
     c->dx[0] = acc;
@@ -466,7 +466,7 @@ static om_status *nll_grad(om_grad_ctx *c) {
     int shape = om_emit_shape(c, x);
     if (shape < 0) return NULL;
     int in[4] = {dloss, target, shape, weight};
-    int v = om_emit(c, "NegativeLogLikelihoodLossGrad", in, weight >= 0 ? 4 : 3);
+    int v = om_emit(c, om_op_nll_loss_grad_id, in, weight >= 0 ? 4 : 3);
     if (v < 0) return NULL;
     om_status *st = copy_loss_attrs(c, reduction, has_ignore, ignore);
     if (st) return om_grad_fail(c, st);

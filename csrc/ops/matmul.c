@@ -160,7 +160,7 @@ static void bgemm_run(om_dtype dt, const mm_geom *g, const bgemm *m, double alph
 /* ---- MatMul / FusedMatMul --------------------------------------------------------- */
 
 static void mm_trans(const om_node *n, int *ta, int *tb, double *alpha) {
-    int fused = strcmp(n->op->name, "FusedMatMul") == 0;
+    int fused = n->op_id == om_op_fused_matmul_id;
     *ta = fused ? (int)om_attr_int(n, "transA", 0) != 0 : 0;
     *tb = fused ? (int)om_attr_int(n, "transB", 0) != 0 : 0;
     *alpha = fused ? om_attr_float(n, "alpha", 1.0f) : 1.0;
@@ -211,7 +211,7 @@ static om_status *matmul_grad(om_grad_ctx *c) {
         int shape = om_emit_shape(c, x);
         if (shape < 0) return NULL;
         int in[3] = {dy, other, shape};
-        int v = om_emit(c, "MatMulGrad", in, 3);
+        int v = om_emit(c, om_op_matmul_grad_id, in, 3);
         if (v < 0) return NULL;
         om_emit_attr_int(c, "input", i);
         if (ta) om_emit_attr_int(c, "transA", 1);
@@ -378,7 +378,7 @@ static om_status *gemm_grad(om_grad_ctx *c) {
     om_dtype dt = c->g->values[n->out[0]].dtype;
     if (dy < 0) return NULL;
     if (c->need_dx[0]) {
-        int v = !ta ? om_emit2(c, "Gemm", dy, b) : om_emit2(c, "Gemm", b, dy);
+        int v = !ta ? om_emit2(c, om_op_gemm_id, dy, b) : om_emit2(c, om_op_gemm_id, b, dy);
         if (v < 0) return NULL;
         om_emit_attr_int(c, "transA", !ta ? 0 : tb);
         om_emit_attr_int(c, "transB", !ta ? !tb : 1);
@@ -386,7 +386,7 @@ static om_status *gemm_grad(om_grad_ctx *c) {
         c->dx[0] = v;
     }
     if (c->need_dx[1]) {
-        int v = !tb ? om_emit2(c, "Gemm", a, dy) : om_emit2(c, "Gemm", dy, a);
+        int v = !tb ? om_emit2(c, om_op_gemm_id, a, dy) : om_emit2(c, om_op_gemm_id, dy, a);
         if (v < 0) return NULL;
         om_emit_attr_int(c, "transA", !tb ? !ta : 1);
         om_emit_attr_int(c, "transB", !tb ? 0 : ta);
@@ -398,7 +398,7 @@ static om_status *gemm_grad(om_grad_ctx *c) {
         if (beta != 1.0f) {
             int s = om_emit_scalar(c, dt, beta);
             if (s < 0) return NULL;
-            g = om_emit2(c, "Mul", dy, s);
+            g = om_emit2(c, om_op_mul_id, dy, s);
             if (g < 0) return NULL;
         }
         int v = om_emit_sum_to(c, g, cc);

@@ -178,7 +178,7 @@ static om_status *is_inf_cpu(om_kernel_ctx *ctx) {
 static om_status *clip_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     if (!is_arith(ctx->in[0].dtype)) return om_err_dtype(n, 0, ctx->in[0].dtype);
-    int first = strcmp(n->op->name, "ClipGrad") == 0;   /* ClipGrad: (dy, x, min?, max?) */
+    int first = n->op_id == om_op_clip_grad_id;   /* ClipGrad: (dy, x, min?, max?) */
     for (int i = 1 + first; i < ctx->n_in; i++) {
         if (!present(ctx, i)) continue;
         if (ctx->in[i].dtype != ctx->in[first].dtype) return om_err_dtype(n, i, ctx->in[i].dtype);
@@ -213,7 +213,7 @@ static om_status *clip_grad(om_grad_ctx *c) {
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
     int in[4] = {c->dy[0], n->in[0], n->n_in > 1 ? n->in[1] : -1, n->n_in > 2 ? n->in[2] : -1};
     int k = in[3] >= 0 ? 4 : in[2] >= 0 ? 3 : 2;
-    EMIT_OK(c->dx[0] = om_emit(c, "ClipGrad", in, k));
+    EMIT_OK(c->dx[0] = om_emit(c, om_op_clip_grad_id, in, k));
     return NULL;
 }
 
@@ -255,11 +255,12 @@ typedef struct act_params {
     double alpha, beta, gamma;
 } act_params;
 
+/* name: the op's (forward) or the grad node's "activation" attribute, which names its forward op */
 static int act_kind(const char *name) {
-    static const char *const names[] = {"LeakyRelu", "Softplus", "Elu", "Selu", "HardSigmoid", "HardSwish",
-                                        "Mish", "Softsign", "Celu"};
-    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
-        if (strcmp(names[i], name) == 0) return i;
+    static const om_op_id ops[] = {om_op_leaky_relu_id, om_op_softplus_id, om_op_elu_id, om_op_selu_id, om_op_hard_sigmoid_id, om_op_hard_swish_id,
+                                        om_op_mish_id, om_op_softsign_id, om_op_celu_id};
+    for (int i = 0; i < (int)(sizeof ops / sizeof ops[0]); i++)
+        if (strcmp(om_op_get(ops[i])->name, name) == 0) return i;
     return -1;
 }
 
@@ -324,7 +325,7 @@ static om_status *act_grad(om_grad_ctx *c) {
     om_status *st = act_read(&c->g->nodes[node], c->g->nodes[node].op->name, &p);
     if (st) return om_grad_fail(c, st);
     const char *name = c->g->nodes[node].op->name;   /* static string of the op def */
-    EMIT_OK(c->dx[0] = om_emit2(c, "ActivationGrad", c->dy[0], c->g->nodes[node].in[0]));
+    EMIT_OK(c->dx[0] = om_emit2(c, om_op_activation_grad_id, c->dy[0], c->g->nodes[node].in[0]));
     om_status *s2 = om_node_set_string(c->g, om_emit_last(c), "activation", name);
     if (s2) return om_grad_fail(c, s2);
     om_emit_attr_float(c, "alpha", (float)p.alpha);
@@ -436,7 +437,7 @@ static om_status *tile_grad(om_grad_ctx *c) {
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
     int shp = om_emit_shape(c, x);
     EMIT_OK(shp);
-    EMIT_OK(c->dx[0] = om_emit2(c, "TileGrad", c->dy[0], shp));
+    EMIT_OK(c->dx[0] = om_emit2(c, om_op_tile_grad_id, c->dy[0], shp));
     return NULL;
 }
 
@@ -527,7 +528,7 @@ static om_status *trilu_grad(om_grad_ctx *c) {
     if (c->dy[0] < 0 || !c->need_dx[0]) return NULL;
     int in[2] = {c->dy[0], n->n_in > 1 ? n->in[1] : -1};
     const int64_t upper = om_attr_int(n, "upper", 1);
-    EMIT_OK(c->dx[0] = om_emit(c, "Trilu", in, in[1] >= 0 ? 2 : 1));
+    EMIT_OK(c->dx[0] = om_emit(c, om_op_trilu_id, in, in[1] >= 0 ? 2 : 1));
     om_emit_attr_int(c, "upper", upper);
     return NULL;
 }
@@ -631,7 +632,7 @@ static om_status *pad_grad(om_grad_ctx *c) {
     snprintf(mode, sizeof mode, "%s", om_attr_string(n, "mode", "constant"));
     int in[4] = {c->dy[0], -1, pads, axes};
     EMIT_OK(in[1] = om_emit_shape(c, x));
-    EMIT_OK(c->dx[0] = om_emit(c, "PadGrad", in, axes >= 0 ? 4 : 3));
+    EMIT_OK(c->dx[0] = om_emit(c, om_op_pad_grad_id, in, axes >= 0 ? 4 : 3));
     om_status *st = om_node_set_string(c->g, om_emit_last(c), "mode", mode);
     if (st) return om_grad_fail(c, st);
     return NULL;
@@ -859,7 +860,7 @@ static om_status *einsum_grad(om_grad_ctx *c) {
             gin[0] = ins[0];
             gin[1] = c->dy[0];
         }
-        int v = om_emit(c, "Einsum", gin, nin);
+        int v = om_emit(c, om_op_einsum_id, gin, nin);
         EMIT_OK(v);
         om_status *st = om_node_set_string(c->g, om_emit_last(c), "equation", geq);
         if (st) return om_grad_fail(c, st);

@@ -225,7 +225,7 @@ static om_status *softmax_cpu(om_kernel_ctx *ctx) { return softmax_run(ctx, 0); 
 static om_status *log_softmax_cpu(om_kernel_ctx *ctx) { return softmax_run(ctx, 1); }
 
 /* dx = y * (dy - sum_D(dy * y))  (Softmax)   or   dx = dy - exp(y) * sum_D(dy)  (LogSoftmax) */
-static om_status *softmax_grad_rule(om_grad_ctx *c, const char *grad_op) {
+static om_status *softmax_grad_rule(om_grad_ctx *c, om_op_id grad_op) {
     const om_node *n = &c->g->nodes[c->node];
     int y = n->out[0], dy = c->dy[0];
     int legacy = c->g->opset > 0 && c->g->opset < 13;
@@ -239,8 +239,8 @@ static om_status *softmax_grad_rule(om_grad_ctx *c, const char *grad_op) {
     return NULL;
 }
 
-static om_status *softmax_grad(om_grad_ctx *c) { return softmax_grad_rule(c, "SoftmaxGrad"); }
-static om_status *log_softmax_grad(om_grad_ctx *c) { return softmax_grad_rule(c, "LogSoftmaxGrad"); }
+static om_status *softmax_grad(om_grad_ctx *c) { return softmax_grad_rule(c, om_op_softmax_grad_id); }
+static om_status *log_softmax_grad(om_grad_ctx *c) { return softmax_grad_rule(c, om_op_log_softmax_grad_id); }
 
 // dy, y, dx are (outer, D, inner); the reduction runs over D.
 #define SOFTMAX_GRAD_KERNEL(T, LOG, dyp, yp, dxp, s, lo_, hi_)                              \
@@ -454,7 +454,7 @@ static om_status *ln_grad(om_grad_ctx *c) {
     int out[3] = {-1, -1, -1};
     int nid;
     int n_out = has_bias ? 3 : 2;
-    if (om_emit_node(c, "LayerNormalizationGrad", in, n_in, out, n_out, &nid) < 0) return NULL;
+    if (om_emit_node(c, om_op_layer_norm_grad_id, in, n_in, out, n_out, &nid) < 0) return NULL;
     om_emit_attr_int(c, "axis", axis);
     if (c->need_dx[0]) c->dx[0] = out[0];
     if (c->need_dx[1]) c->dx[1] = out[1];

@@ -310,7 +310,7 @@ static om_status *bn_grad_rule(om_grad_ctx *c, int relu) {
     in[n_in++] = scale;
     in[n_in++] = stat0;
     in[n_in++] = stat1;
-    if (om_emit_node(c, relu ? "BatchNormReluGrad" : "BatchNormalizationGrad", in, n_in, out, 3, NULL) < 0)
+    if (om_emit_node(c, relu ? om_op_batch_norm_relu_grad_id : om_op_batch_norm_grad_id, in, n_in, out, 3, NULL) < 0)
         return NULL;
     om_emit_attr_int(c, "training_mode", train);
     om_emit_attr_float(c, "epsilon", eps);

@@ -87,7 +87,13 @@ typedef struct om_op_def {
     const char *attrs;
 } om_op_def;
 
+/* By name and domain, for the ONNX import: a linear search, done once per node. */
 const om_op_def *om_op_find(const char *name, const char *domain);
+om_op_id om_op_find_id(const char *name, const char *domain);   /* OM_OP_NONE when unknown */
+/* By id: an index. */
+const om_op_def *om_op_get(om_op_id id);
+/* 1 for an op of OM_OP_CHEAP_LIST (ops/op_list.h): level-1 recompute runs it twice. */
+int om_op_cheap(om_op_id id);
 
 int om_op_count(void);
 const om_op_def *om_op_at(int i);
@@ -100,11 +106,11 @@ om_status *om_node_check_attrs(const om_node *n);
  * Each emits one node after the current last node and returns its first output's value
  * id; on failure it returns -1 and the error is kept for the autodiff pass to report.
  * Output dtypes come from the op's dtype rule. */
-int om_emit(om_grad_ctx *c, const char *op_type, const int *in, int n_in);
-int om_emit_node(om_grad_ctx *c, const char *op_type, const int *in, int n_in, int *out, int n_out,
+int om_emit(om_grad_ctx *c, om_op_id op, const int *in, int n_in);
+int om_emit_node(om_grad_ctx *c, om_op_id op, const int *in, int n_in, int *out, int n_out,
                  int *node_id);    /* several outputs; out[] filled */
-int om_emit1(om_grad_ctx *c, const char *op_type, int a);
-int om_emit2(om_grad_ctx *c, const char *op_type, int a, int b);
+int om_emit1(om_grad_ctx *c, om_op_id op, int a);
+int om_emit2(om_grad_ctx *c, om_op_id op, int a, int b);
 /* The last node emitted through c, to set attributes on (om_node_set_int(c->g, ...)). */
 int om_emit_last(const om_grad_ctx *c);
 /* Sets an int/ints/float attribute on the last emitted node. */

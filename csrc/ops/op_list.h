@@ -204,4 +204,27 @@
     OP(om_op_ctc_loss_grad, "CTCLossGrad", "ortmod", ctc_grad_cuda) \
     /* end */
 
+/* The ops cheap enough to run twice and whose results are as large as their inputs: what
+ * level-1 recompute (plan/recompute.c) clones into the backward instead of keeping alive.
+ * Listed by symbol, so a misspelling fails to compile; om_op_cheap(id) reads it. */
+#define OM_OP_CHEAP_LIST(X) \
+    X(om_op_gelu) X(om_op_relu) X(om_op_tanh) X(om_op_sigmoid) X(om_op_add) X(om_op_sub) X(om_op_mul) \
+    X(om_op_div) X(om_op_neg) X(om_op_erf) X(om_op_sqrt) X(om_op_cast) X(om_op_layer_norm) \
+    X(om_op_transpose) X(om_op_reshape) X(om_op_flatten) X(om_op_squeeze) X(om_op_unsqueeze) \
+    X(om_op_identity) X(om_op_expand) X(om_op_where) X(om_op_bias_gelu) X(om_op_leaky_relu) \
+    X(om_op_softplus) X(om_op_simplified_layer_norm) X(om_op_swiglu) X(om_op_fused_rotary)
+
+/* Every op's id: its om_op_def's symbol with _id (om_op_mul -> om_op_mul_id), its index in the
+ * op table. Gradient rules emit and passes match by id, so a misspelled op is an undeclared
+ * identifier at compile time rather than an "unsupported op" in whichever model first reaches
+ * it; the id also carries the domain ("Gelu" and an "ortmod" op of a like name are two ids).
+ * Names (strings) are for the ONNX import and for messages. OM_OP_NONE is no op. */
+typedef enum om_op_id {
+    OM_OP_NONE = -1,
+#define OM_OP_ID_(sym, ...) sym##_id,
+    OM_OP_LIST(OM_OP_ID_, OM_OP_ID_)
+#undef OM_OP_ID_
+    OM_OP_COUNT
+} om_op_id;
+
 #endif

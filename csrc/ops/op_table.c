@@ -1,5 +1,5 @@
-/* op_table.c — the one table of ops. Every other part of the engine finds ops here, by
- * name and domain. The ops are those of ops/op_list.h, which the CUDA provider's kernel
+/* op_table.c — the one table of ops. Every other part of the engine finds ops here: by id
+ * (om_op_id, ops/op_list.h), or by name and domain for the ONNX import. The ops are those of ops/op_list.h, which the CUDA provider's kernel
  * table is expanded from too: adding an op is its definition in the family file plus one
  * line there. Also here: the check of a node's attributes against what its op implements
  * (om_op_def.attrs). */
@@ -14,17 +14,26 @@ OM_OP_LIST(OM_DECLARE, OM_DECLARE)
 
 #define OM_ENTRY(sym, name, domain, ...) &sym,
 static const om_op_def *const op_table[] = {OM_OP_LIST(OM_ENTRY, OM_ENTRY)};
+_Static_assert(sizeof op_table / sizeof op_table[0] == OM_OP_COUNT, "one id per op table entry");
 
-const om_op_def *om_op_find(const char *name, const char *domain) {
+om_op_id om_op_find_id(const char *name, const char *domain) {
     if (!domain || strcmp(domain, "ai.onnx") == 0) domain = "";
     /* ORT exports its contrib ops under com.microsoft; ours of the same name serve them */
     int ms = strcmp(domain, "com.microsoft") == 0;
     for (size_t i = 0; i < sizeof op_table / sizeof op_table[0]; i++)
         if (strcmp(op_table[i]->name, name) == 0 &&
             (strcmp(op_table[i]->domain, domain) == 0 || (ms && strcmp(op_table[i]->domain, "ortmod") == 0)))
-            return op_table[i];
-    return NULL;
+            return (om_op_id)i;
+    return OM_OP_NONE;
 }
+
+const om_op_def *om_op_find(const char *name, const char *domain) { return om_op_get(om_op_find_id(name, domain)); }
+
+const om_op_def *om_op_get(om_op_id id) { return id >= 0 && id < OM_OP_COUNT ? op_table[id] : NULL; }
+
+#define OM_CHEAP(sym) [sym##_id] = 1,
+static const unsigned char cheap[OM_OP_COUNT] = {OM_OP_CHEAP_LIST(OM_CHEAP)};
+int om_op_cheap(om_op_id id) { return id >= 0 && id < OM_OP_COUNT && cheap[id]; }
 
 int om_op_count(void) { return (int)(sizeof op_table / sizeof op_table[0]); }
 const om_op_def *om_op_at(int i) { return i >= 0 && i < om_op_count() ? op_table[i] : NULL; }

@@ -349,7 +349,7 @@ static om_status *max_pool_grad(om_grad_ctx *c) {
                                         c->g->nodes[node].name));
     int in[3] = {dy, idx, -1};
     if ((in[2] = om_emit_shape(c, x)) < 0) return NULL;
-    int v = om_emit(c, "MaxPoolGrad", in, 3);
+    int v = om_emit(c, om_op_max_pool_grad_id, in, 3);
     if (v < 0) return NULL;
     c->dx[0] = v;
     return NULL;
@@ -503,7 +503,7 @@ static om_status *average_pool_grad(om_grad_ctx *c) {
     if (dy < 0 || !c->need_dx[0]) return NULL;
     int in[2] = {dy, -1};
     if ((in[1] = om_emit_shape(c, x)) < 0) return NULL;
-    int v = om_emit(c, "AveragePoolGrad", in, 2);
+    int v = om_emit(c, om_op_average_pool_grad_id, in, 2);
     if (v < 0) return NULL;
     om_copy_attrs(c, c->node);
     c->dx[0] = v;
@@ -634,7 +634,7 @@ static om_status *global_pool_cpu(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0];
     const int64_t P = x->dims[0] * x->dims[1];
     global_args a = {.x = x->data, .out = ctx->out[0].data, .S = P ? om_tensor_numel(x) / P : 0,
-                     .is_max = strcmp(n->op->name, "GlobalMaxPool") == 0};
+                     .is_max = n->op_id == om_op_global_max_pool_id};
     switch (x->dtype) {
     case OM_F32: om_pool_for(P, plane_grain(a.S), global_pool_f32, &a); break;
     case OM_F64: om_pool_for(P, plane_grain(a.S), global_pool_f64, &a); break;
@@ -647,12 +647,12 @@ static om_status *global_pool_cpu(om_kernel_ctx *ctx) {
  * dY to the first position equal to the max, as PyTorch's max reduction does. */
 static om_status *global_pool_grad(om_grad_ctx *c) {
     const om_node *n = &c->g->nodes[c->node];
-    const int is_max = strcmp(n->op->name, "GlobalMaxPool") == 0;
+    const int is_max = n->op_id == om_op_global_max_pool_id;
     const int x = n->in[0], y = n->out[0], dy = c->dy[0];
     if (dy < 0 || !c->need_dx[0]) return NULL;
     int in[4] = {dy, is_max ? x : -1, is_max ? y : -1, -1};
     if ((in[3] = om_emit_shape(c, x)) < 0) return NULL;
-    int v = om_emit(c, "GlobalPoolGrad", in, 4);
+    int v = om_emit(c, om_op_global_pool_grad_id, in, 4);
     if (v < 0) return NULL;
     c->dx[0] = v;
     return NULL;

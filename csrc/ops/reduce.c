@@ -372,7 +372,7 @@ static om_status *reduce_log_sum_exp_cpu(om_kernel_ctx *ctx) {
 
 /* Emits op_type(dy, Shape(x) [, x, y] [, axes]) with the forward's reduction attributes.
  * The axes input sits last: index 2 for ReduceGrad, 4 for ReduceMinMaxGrad. */
-static om_status *reduce_grad_common(om_grad_ctx *c, const char *op_type, int mean, int with_xy) {
+static om_status *reduce_grad_common(om_grad_ctx *c, om_op_id op_type, int mean, int with_xy) {
     const om_node *n = &c->g->nodes[c->node];
     const int x = n->in[0], y = n->out[0], axes = n->n_in > 1 ? n->in[1] : -1, dy = c->dy[0];
     const int64_t keep = om_attr_int(n, "keepdims", 1), noop = om_attr_int(n, "noop_with_empty_axes", 0);
@@ -400,14 +400,14 @@ static om_status *reduce_grad_common(om_grad_ctx *c, const char *op_type, int me
     return NULL;
 }
 
-static om_status *reduce_sum_grad(om_grad_ctx *c) { return reduce_grad_common(c, "ReduceGrad", 0, 0); }
-static om_status *reduce_mean_grad(om_grad_ctx *c) { return reduce_grad_common(c, "ReduceGrad", 1, 0); }
-static om_status *reduce_min_max_grad(om_grad_ctx *c) { return reduce_grad_common(c, "ReduceMinMaxGrad", 0, 1); }
+static om_status *reduce_sum_grad(om_grad_ctx *c) { return reduce_grad_common(c, om_op_reduce_grad_id, 0, 0); }
+static om_status *reduce_mean_grad(om_grad_ctx *c) { return reduce_grad_common(c, om_op_reduce_grad_id, 1, 0); }
+static om_status *reduce_min_max_grad(om_grad_ctx *c) { return reduce_grad_common(c, om_op_reduce_min_max_grad_id, 0, 1); }
 /* L1, L2, SumSquare, LogSumExp: ReduceValueGrad(dy, Shape(x), x, y [, axes]) with the forward's
  * op name in "reduction" */
 static om_status *reduce_value_grad(om_grad_ctx *c) {
     const char *op = c->g->nodes[c->node].op->name;   /* a static string: stays valid */
-    OM_TRY(reduce_grad_common(c, "ReduceValueGrad", 0, 1));
+    OM_TRY(reduce_grad_common(c, om_op_reduce_value_grad_id, 0, 1));
     if (c->dx[0] >= 0) om_emit_attr_string(c, "reduction", op);
     return NULL;
 }
@@ -539,11 +539,12 @@ static om_status *reduce_min_max_grad_cpu(om_kernel_ctx *ctx) {
 enum { VG_L1, VG_L2, VG_SUMSQ, VG_LSE };
 
 static int value_grad_kind(const om_node *n) {
+    /* "reduction" names the forward op, as its ONNX name (the attribute is exported) */
     const char *r = om_attr_string(n, "reduction", "");
-    if (strcmp(r, "ReduceL1") == 0) return VG_L1;
-    if (strcmp(r, "ReduceL2") == 0) return VG_L2;
-    if (strcmp(r, "ReduceSumSquare") == 0) return VG_SUMSQ;
-    if (strcmp(r, "ReduceLogSumExp") == 0) return VG_LSE;
+    if (strcmp(r, om_op_get(om_op_reduce_l1_id)->name) == 0) return VG_L1;
+    if (strcmp(r, om_op_get(om_op_reduce_l2_id)->name) == 0) return VG_L2;
+    if (strcmp(r, om_op_get(om_op_reduce_sum_square_id)->name) == 0) return VG_SUMSQ;
+    if (strcmp(r, om_op_get(om_op_reduce_log_sum_exp_id)->name) == 0) return VG_LSE;
     return -1;
 }
 

@@ -60,7 +60,10 @@
     default: return om_err_dtype((node), 0, (dt));                              \
     }
 
-static const char *cell_name(int cell) { return cell == CELL_LSTM ? "LSTM" : cell == CELL_GRU ? "GRU" : "RNN"; }
+/* For messages: the cell's op name. */
+static const char *cell_name(int cell) {
+    return om_op_get(cell == CELL_LSTM ? om_op_lstm_id : cell == CELL_GRU ? om_op_gru_id : om_op_rnn_id)->name;
+}
 
 static const char *nm(const om_node *n) { return n && n->name ? n->name : ""; }
 
@@ -294,7 +297,7 @@ static om_status *rnn_grad(om_grad_ctx *c, int cell) {
     int in[11] = {x, w, r, h0, c0, y, s1, s2, dy0, dy1, dy2};
     int out[6] = {-1, -1, -1, -1, -1, -1};
     const int nout = cell == CELL_LSTM ? 6 : 5;
-    static const char *grad_op[3] = {"LSTMGrad", "GRUGrad", "RNNGrad"};
+    static const om_op_id grad_op[3] = {om_op_lstm_grad_id, om_op_gru_grad_id, om_op_rnn_grad_id};
     if (om_emit_node(c, grad_op[cell], in, 11, out, nout, NULL) < 0) return NULL;
     const int last = om_emit_last(c);
     om_grad_fail(c, om_node_set_string(c->g, last, "direction", dir_copy));

@@ -142,7 +142,7 @@ static om_status *cumsum_grad(om_grad_ctx *c) {
     if (dy < 0 || !c->need_dx[0]) return NULL;
     const int64_t excl = om_attr_int(n, "exclusive", 0) != 0, rev = om_attr_int(n, "reverse", 0) != 0;
     int in[2] = {dy, n->in[1]};
-    int dx = om_emit(c, "CumSum", in, 2);
+    int dx = om_emit(c, om_op_cumsum_id, in, 2);
     if (dx < 0) return NULL;
     om_emit_attr_int(c, "exclusive", excl);
     om_emit_attr_int(c, "reverse", !rev);
@@ -265,7 +265,7 @@ static om_status *gather_elements_grad(om_grad_ctx *c) {
     int shp = om_emit_shape(c, x);
     if (shp < 0) return NULL;
     int in[3] = {dy, shp, ind};
-    int dx = om_emit(c, "GatherElementsGrad", in, 3);
+    int dx = om_emit(c, om_op_gather_elements_grad_id, in, 3);
     if (dx < 0) return NULL;
     om_emit_attr_int(c, "axis", axis);
     c->dx[0] = dx;
@@ -367,7 +367,7 @@ static om_status *scatter_elements_grad(om_grad_ctx *c) {
     const int ind = n->in[1], upd = n->in[2];   /* n dangles once a node is emitted */
     if (c->need_dx[2]) {
         int in[2] = {dy, ind};
-        int du = om_emit(c, "GatherElements", in, 2);
+        int du = om_emit(c, om_op_gather_elements_id, in, 2);
         if (du < 0) return NULL;
         om_emit_attr_int(c, "axis", axis);
         c->dx[2] = du;
@@ -380,10 +380,10 @@ static om_status *scatter_elements_grad(om_grad_ctx *c) {
             const om_dtype dt = c->g->values[dy].dtype;
             int zero = om_emit_scalar(c, dt, 0.0);
             int shp = zero < 0 ? -1 : om_emit_shape(c, upd);
-            int zeros = shp < 0 ? -1 : om_emit2(c, "Expand", zero, shp);
+            int zeros = shp < 0 ? -1 : om_emit2(c, om_op_expand_id, zero, shp);
             if (zeros < 0) return NULL;
             int in[3] = {dy, ind, zeros};
-            int dx = om_emit(c, "ScatterElements", in, 3);
+            int dx = om_emit(c, om_op_scatter_elements_id, in, 3);
             if (dx < 0) return NULL;
             om_emit_attr_int(c, "axis", axis);
             c->dx[0] = dx;

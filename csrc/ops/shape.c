@@ -162,7 +162,7 @@ static om_status *reshape_back_grad(om_grad_ctx *c) {
     if (dy < 0 || !c->need_dx[0]) return NULL;
     int shp = om_emit_shape(c, x);
     if (shp < 0) return NULL;
-    int dx = om_emit2(c, "Reshape", dy, shp);
+    int dx = om_emit2(c, om_op_reshape_id, dy, shp);
     if (dx < 0) return NULL;
     om_emit_attr_int(c, "allowzero", 1);
     c->dx[0] = dx;
@@ -593,7 +593,7 @@ static om_status *transpose_grad(om_grad_ctx *c) {
         if (p[i] < 0 || p[i] >= k) return om_grad_fail(c, node_error(n, OM_INVALID_ARGUMENT, "invalid perm"));
         inv[p[i]] = i;
     }
-    int dx = om_emit1(c, "Transpose", dy);
+    int dx = om_emit1(c, om_op_transpose_id, dy);
     if (dx < 0) return NULL;
     if (k >= 0) om_emit_attr_ints(c, "perm", inv, k);
     c->dx[0] = dx;
@@ -663,7 +663,7 @@ static om_status *gather_grad(om_grad_ctx *c) {
     int shp = om_emit_shape(c, x);
     if (shp < 0) return NULL;
     int in[3] = {dy, shp, ind};
-    int dx = om_emit(c, "GatherGrad", in, 3);
+    int dx = om_emit(c, om_op_gather_grad_id, in, 3);
     if (dx < 0) return NULL;
     om_emit_attr_int(c, "axis", axis);
     c->dx[0] = dx;
@@ -804,7 +804,7 @@ static om_status *concat_grad(om_grad_ctx *c) {
     for (int i = 0; i < k && ok; i++) ok = (in[1 + i] = om_emit_shape(c, xs[i])) >= 0;
     for (int i = 0; i < k && ok; i++) {
         if (!c->need_dx[i]) continue;
-        int dx = om_emit(c, "ConcatGrad", in, k + 1);
+        int dx = om_emit(c, om_op_concat_grad_id, in, k + 1);
         ok = dx >= 0;
         om_emit_attr_int(c, "axis", axis);
         om_emit_attr_int(c, "index", i);
@@ -955,7 +955,7 @@ static om_status *slice_grad(om_grad_ctx *c) {
     if (k > 6) k = 6;
     for (int i = 2; i < k; i++) in[i] = n->in[i - 1];
     if ((in[1] = om_emit_shape(c, x)) < 0) return NULL;
-    int dx = om_emit(c, "SliceGrad", in, k);
+    int dx = om_emit(c, om_op_slice_grad_id, in, k);
     if (dx < 0) return NULL;
     c->dx[0] = dx;
     return NULL;
@@ -1225,7 +1225,7 @@ static om_status *split_grad(om_grad_ctx *c) {
     }
     for (int j = 0; j < k; j++) in[2 + j] = c->dy[j];
     in[1] = split;
-    int dx = (in[0] = om_emit_shape(c, x)) < 0 ? -1 : om_emit(c, "SplitGrad", in, k + 2);
+    int dx = (in[0] = om_emit_shape(c, x)) < 0 ? -1 : om_emit(c, om_op_split_grad_id, in, k + 2);
     if (dx >= 0) {
         om_emit_attr_int(c, "axis", axis);
         if (sa) om_emit_attr_ints(c, "split", sa, na);

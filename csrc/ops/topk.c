@@ -42,7 +42,7 @@ static const char *nm(const om_node *n) { return n && n->name ? n->name : "?"; }
 static om_status *select_geometry(const om_kernel_ctx *ctx, int *axis, int64_t *k) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
-    const int is_topk = strcmp(n->op->name, "TopK") == 0;
+    const int is_topk = n->op_id == om_op_topk_id;
     if (x->rank == 0)
         return om_error(OM_INVALID_ARGUMENT, "the input is a scalar: there is no axis to order along");
     OM_TRY(om_norm_axis(n, om_attr_int(n, "axis", -1), x->rank, axis));
@@ -168,7 +168,7 @@ static om_status *select_cpu(om_kernel_ctx *ctx) {
         else if (d > axis) j.inner *= x->dims[d];
     }
     j.dt = x->dtype;
-    if (strcmp(n->op->name, "TopK") == 0) {
+    if (n->op_id == om_op_topk_id) {
         j.mode = SEL_TOPK;
         j.desc = om_attr_int(n, "largest", 1) != 0;
         j.sorted = om_attr_int(n, "sorted", 1) != 0;
@@ -204,7 +204,7 @@ static om_status *select_grad(om_grad_ctx *c) {
     int shp = om_emit_shape(c, x);
     if (shp < 0) return NULL;
     int in[3] = {dy, shp, ind};
-    int dx = om_emit(c, "GatherElementsGrad", in, 3);
+    int dx = om_emit(c, om_op_gather_elements_grad_id, in, 3);
     if (dx < 0) return NULL;
     om_emit_attr_int(c, "axis", axis);   /* GatherElementsGrad wraps a negative axis */
     c->dx[0] = dx;

@@ -12,13 +12,12 @@ static int const_scalar_is(const om_graph *g, int v, double x) {
 }
 
 static int passthrough(const om_graph *g, const om_node *n) {
-    const char *op = n->op->name;
-    if (strcmp(n->op->domain, "") != 0) return 0;
-    if (strcmp(op, "Identity") == 0) return 1;
-    if (strcmp(op, "Cast") == 0)
+    const om_op_id op = n->op_id;
+    if (op == om_op_identity_id) return 1;
+    if (op == om_op_cast_id)
         return n->in[0] >= 0 && om_attr_int(n, "to", 0) == (int64_t)g->values[n->in[0]].dtype;
-    if (strcmp(op, "Concat") == 0) return n->n_in == 1;
-    if (strcmp(op, "Dropout") == 0) {
+    if (op == om_op_concat_id) return n->n_in == 1;
+    if (op == om_op_dropout_id) {
         int ratio = n->n_in > 1 ? n->in[1] : -1, mode = n->n_in > 2 ? n->in[2] : -1;
         int no_training = mode < 0 || const_scalar_is(g, mode, 0);
         int zero_ratio = ratio >= 0 && const_scalar_is(g, ratio, 0);
@@ -37,7 +36,7 @@ om_status *om_pass_eliminate_identity(om_pass_ctx *c) {
     for (int k = 0; k < g->n_nodes; k++) {
         om_node *n = &g->nodes[k];
         if (n->dead || n->n_in < 1 || n->in[0] < 0 || n->out[0] < 0 || is_output[n->out[0]]) continue;
-        if (strcmp(n->op->name, "Dropout") == 0 && n->n_out > 1 && n->out[1] >= 0 && uses[n->out[1]] > 0) continue;
+        if (n->op_id == om_op_dropout_id && n->n_out > 1 && n->out[1] >= 0 && uses[n->out[1]] > 0) continue;
         if (!passthrough(g, n)) continue;
         om_graph_replace_uses(g, n->out[0], n->in[0]);
         n->dead = 1;

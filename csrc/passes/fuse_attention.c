@@ -30,9 +30,9 @@ typedef struct factors {
 /* If v = Mul(u, s) or Div(u, s) with s a scalar constant or shape-derived value and v read
  * once, records s and returns u; otherwise returns v. */
 static int peel_scalar(om_graph *g, const int *uses, int v, factors *f) {
-    om_node *n = fm_single(g, uses, v, "Mul");
+    om_node *n = fm_single(g, uses, v, om_op_mul_id);
     int div = 0;
-    if (!n) { n = fm_single(g, uses, v, "Div"); div = 1; }
+    if (!n) { n = fm_single(g, uses, v, om_op_div_id); div = 1; }
     if (!n || n->n_in != 2 || f->nd >= 8) return v;
     for (int side = div ? 1 : 0; side < 2; side++) {
         int s = n->in[side], u = n->in[1 - side];
@@ -63,24 +63,24 @@ static om_node *scores_matmul(om_graph *g, const int *uses, int v, factors *f) {
         if (u == v) break;
         v = u;
     }
-    return fm_single(g, uses, v, "MatMul");
+    return fm_single(g, uses, v, om_op_matmul_id);
 }
 
 /* SDPA's causal mask: returns the Expand's shape value, or -1. */
 static int causal_shape(om_graph *g, int mask) {
     om_node *w = fm_producer(g, mask);
     double lo, zero;
-    if (!fm_is(w, "Where") || !fm_const_scalar(g, w->in[1], &lo) || !(lo <= -1e30) ||
+    if (!fm_is(w, om_op_where_id) || !fm_const_scalar(g, w->in[1], &lo) || !(lo <= -1e30) ||
         !fm_const_scalar(g, w->in[2], &zero) || zero != 0)
         return -1;
     om_node *eq = fm_producer(g, w->in[0]);
-    if (!fm_is(eq, "Equal")) return -1;
+    if (!fm_is(eq, om_op_equal_id)) return -1;
     int tri_v = fm_const_near(g, eq->in[1], 0.0, 0) ? eq->in[0] : fm_const_near(g, eq->in[0], 0.0, 0) ? eq->in[1] : -1;
     om_node *tri = fm_producer(g, tri_v);
-    if (!fm_is(tri, "Trilu") || om_attr_int(tri, "upper", 1) != 0) return -1;
+    if (!fm_is(tri, om_op_trilu_id) || om_attr_int(tri, "upper", 1) != 0) return -1;
     if (tri->n_in > 1 && tri->in[1] >= 0 && !fm_const_near(g, tri->in[1], 0.0, 0)) return -1;
     om_node *ex = fm_producer(g, tri->in[0]);
-    if (!fm_is(ex, "Expand") || !fm_const_near(g, ex->in[0], 1.0, 0) || ex->in[1] < 0) return -1;
+    if (!fm_is(ex, om_op_expand_id) || !fm_const_near(g, ex->in[0], 1.0, 0) || ex->in[1] < 0) return -1;
     return fm_shape_derived(g, ex->in[1], 0) ? ex->in[1] : -1;
 }
 
@@ -104,24 +104,24 @@ static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
     int nan_to_zero = 0;
     /* P <- Dropout / Cast / Where(IsNaN) in any order, each at most once */
     for (int step = 0; step < 4 && p >= 0; step++) {
-        om_node *n = fm_single(g, uses, p, "Dropout");
+        om_node *n = fm_single(g, uses, p, om_op_dropout_id);
         if (n && !drop && fm_n_outputs(n) >= 1 && !(n->n_out > 1 && n->out[1] >= 0 && uses[n->out[1]] > 0)) {
             drop = n;
             dead[nd++] = n;
             p = n->in[0];
             continue;
         }
-        n = fm_single(g, uses, p, "Cast");
+        n = fm_single(g, uses, p, om_op_cast_id);
         if (n && fm_noop_cast(g, n)) {
             dead[nd++] = n;
             p = n->in[0];
             continue;
         }
-        n = fm_single(g, uses, p, "Where");
+        n = fm_single(g, uses, p, om_op_where_id);
         if (n && !nan_to_zero && fm_const_near(g, n->in[1], 0.0, 0)) {
-            om_node *isn = fm_single(g, uses, n->in[0], "IsNaN");
+            om_node *isn = fm_single(g, uses, n->in[0], om_op_is_nan_id);
             int sm = n->in[2];
-            if (isn && sm >= 0 && isn->in[0] == sm && uses[sm] == 2 && fm_is(fm_producer(g, sm), "Softmax")) {
+            if (isn && sm >= 0 && isn->in[0] == sm && uses[sm] == 2 && fm_is(fm_producer(g, sm), om_op_softmax_id)) {
                 nan_to_zero = 1;
                 dead[nd++] = n;
                 dead[nd++] = isn;
@@ -132,13 +132,13 @@ static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
         break;
     }
     om_node *sm = fm_producer(g, p);
-    if (!fm_is(sm, "Softmax") || uses[p] != (nan_to_zero ? 2 : 1) || sm->in[0] < 0) return NULL;
+    if (!fm_is(sm, om_op_softmax_id) || uses[p] != (nan_to_zero ? 2 : 1) || sm->in[0] < 0) return NULL;
     if (om_attr_int(sm, "axis", g->opset >= 13 ? -1 : 1) != -1) return NULL;
     dead[nd++] = sm;
     factors f = {.scale = 1.0};
     int s = sm->in[0], mask = -1;
     om_node *mm1 = NULL;
-    om_node *add = fm_single(g, uses, s, "Add");
+    om_node *add = fm_single(g, uses, s, om_op_add_id);
     if (add && add->n_in == 2) {
         for (int side = 0; side < 2 && !mm1; side++) {
             factors f2 = f;
@@ -156,7 +156,7 @@ static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
     int Kv = peel_scalar(g, uses, mm1->in[1], &f);
     int K = Kv, kt = 1;
     om_node *tr = fm_producer(g, Kv);
-    if (fm_is(tr, "Transpose") && is_swap_last2(tr)) { K = tr->in[0]; kt = 0; }
+    if (fm_is(tr, om_op_transpose_id) && is_swap_last2(tr)) { K = tr->in[0]; kt = 0; }
     om_dtype dt = fm_dtype(g, Q);
     if (!om_dtype_is_float(dt) || fm_dtype(g, K) != dt || fm_dtype(g, V) != dt) return NULL;
     /* the scale attribute is float32: a float64 product of exact factors that it cannot hold
@@ -180,7 +180,7 @@ static om_status *try_fuse(om_pass_ctx *c, const int *uses, int k) {
     while (n_in > 3 && in[n_in - 1] < 0) n_in--;
     int out[3] = {mm2->out[0], lse, seed};
     for (int i = 0; i < nd; i++) dead[i]->dead = 1;
-    OM_TRY(fm_rewrite(c, k, "FusedAttention", "ortmod", in, n_in, out, seed >= 0 ? 3 : 2));
+    OM_TRY(fm_rewrite(c, k, om_op_fused_attention_id, in, n_in, out, seed >= 0 ? 3 : 2));
     if (f.scale != 1.0) OM_TRY(om_node_set_float(g, k, "scale", (float)f.scale));
     if (f.inv) OM_TRY(om_node_set_int(g, k, "inv", f.inv));
     if (cshape >= 0) OM_TRY(om_node_set_int(g, k, "causal", 1));
@@ -195,7 +195,7 @@ om_status *om_pass_attention(om_pass_ctx *c) {
     if (!uses) return om_error(OM_OUT_OF_MEMORY, "out of memory in attention");
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++)
-        if (fm_is(&g->nodes[k], "MatMul")) st = try_fuse(c, uses, k);
+        if (fm_is(&g->nodes[k], om_op_matmul_id)) st = try_fuse(c, uses, k);
     free(uses);
     return st;
 }

@@ -18,8 +18,8 @@ om_status *om_pass_batch_norm_relu(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *relu = &g->nodes[k];
-        if (!fm_is(relu, "Relu") || relu->n_in != 1 || relu->out[0] < 0) continue;
-        om_node *bn = fm_single(g, uses, relu->in[0], "BatchNormalization");
+        if (!fm_is(relu, om_op_relu_id) || relu->n_in != 1 || relu->out[0] < 0) continue;
+        om_node *bn = fm_single(g, uses, relu->in[0], om_op_batch_norm_id);
         if (!bn || bn->n_in != 5 || bn->n_out < 1 || bn->out[0] != relu->in[0]) continue;
         int ok = 1;
         for (int i = 0; i < 5; i++) ok &= bn->in[i] >= 0;
@@ -41,7 +41,7 @@ om_status *om_pass_batch_norm_relu(om_pass_ctx *c) {
         relu->dead = 1;
         /* the value Y was is read by nothing now (its reader is dead), and produced by nothing */
         g->values[bn->out[0]].producer = -1;
-        if ((st = fm_rewrite(c, at, "BatchNormRelu", "ortmod", in, 5, out, n_out))) break;
+        if ((st = fm_rewrite(c, at, om_op_batch_norm_relu_id, in, 5, out, n_out))) break;
         if (has_eps) st = om_node_set_float(g, at, "epsilon", eps_v);
         if (!st && has_mom) st = om_node_set_float(g, at, "momentum", mom_v);
         if (!st && has_tm) st = om_node_set_int(g, at, "training_mode", tm_v);

@@ -15,11 +15,11 @@ om_status *om_pass_bias_dropout_residual(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *dr = &g->nodes[k];
-        if (!fm_is(dr, "Dropout")) continue;
+        if (!fm_is(dr, om_op_dropout_id)) continue;
         if (dr->n_out > 1 && dr->out[1] >= 0 && uses[dr->out[1]] > 0) continue;
         int x = dr->in[0], b = -1, r = -1;
         if (x < 0 || dr->out[0] < 0) continue;
-        om_node *add = fm_single(g, uses, x, "Add");
+        om_node *add = fm_single(g, uses, x, om_op_add_id);
         if (add && add->n_in == 2) {
             int side = fm_is_vector(g, add->in[1]) ? 1 : fm_is_vector(g, add->in[0]) ? 0 : -1;
             if (side >= 0 && add->in[1 - side] >= 0 && fm_dtype(g, add->in[side]) == fm_dtype(g, x)) {
@@ -32,7 +32,7 @@ om_status *om_pass_bias_dropout_residual(om_pass_ctx *c) {
             add = NULL;
         }
         om_node *radd = fm_sole_consumer(g, uses, dr->out[0]);
-        if (!fm_is(radd, "Add") || radd->n_in != 2 || radd->out[0] < 0) radd = NULL;
+        if (!fm_is(radd, om_op_add_id) || radd->n_in != 2 || radd->out[0] < 0) radd = NULL;
         if (radd) {
             r = fm_other(radd, dr->out[0]);
             /* a vector residual would broadcast: not this pattern */
@@ -46,7 +46,7 @@ om_status *om_pass_bias_dropout_residual(om_pass_ctx *c) {
         int out[1] = {last->out[0]};
         if (add) add->dead = 1;
         if (radd) dr->dead = 1;
-        if ((st = fm_rewrite(c, fm_index(g, last), "BiasDropout", "ortmod", in, n_in, out, 1))) break;
+        if ((st = fm_rewrite(c, fm_index(g, last), om_op_bias_dropout_id, in, n_in, out, 1))) break;
     }
     free(uses);
     return st;

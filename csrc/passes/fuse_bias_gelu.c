@@ -15,8 +15,8 @@ om_status *om_pass_bias_gelu(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *ge = &g->nodes[k];
-        if (!fm_is(ge, "Gelu") || ge->out[0] < 0) continue;
-        om_node *add = fm_single(g, uses, ge->in[0], "Add");
+        if (!fm_is(ge, om_op_gelu_id) || ge->out[0] < 0) continue;
+        om_node *add = fm_single(g, uses, ge->in[0], om_op_add_id);
         if (!add || add->n_in != 2) continue;
         int side = fm_is_vector(g, add->in[1]) ? 1 : fm_is_vector(g, add->in[0]) ? 0 : -1;
         if (side < 0) continue;
@@ -26,7 +26,7 @@ om_status *om_pass_bias_gelu(om_pass_ctx *c) {
         snprintf(approx, sizeof approx, "%s", om_attr_string(ge, "approximate", "none"));
         int in[2] = {x, b}, out[1] = {ge->out[0]};
         add->dead = 1;
-        if ((st = fm_rewrite(c, k, "BiasGelu", "ortmod", in, 2, out, 1))) break;
+        if ((st = fm_rewrite(c, k, om_op_bias_gelu_id, in, 2, out, 1))) break;
         if (strcmp(approx, "none") != 0) st = om_node_set_string(g, k, "approximate", approx);
     }
     free(uses);

@@ -13,7 +13,7 @@
 
 /* 1 when n is ReduceMean over axes [-1] with keepdims. */
 static int mean_last(const om_graph *g, const om_node *n) {
-    if (!fm_is(n, "ReduceMean") || om_attr_int(n, "keepdims", 1) != 1) return 0;
+    if (!fm_is(n, om_op_reduce_mean_id) || om_attr_int(n, "keepdims", 1) != 1) return 0;
     const int64_t *ax;
     int na = om_attr_ints(n, "axes", &ax);
     if (na == 1) return ax[0] == -1;
@@ -25,9 +25,9 @@ static int mean_last(const om_graph *g, const om_node *n) {
 
 /* d^2 as Pow(d, 2) or Mul(d, d), the single reader chain: returns the node or NULL. */
 static om_node *square_of(om_graph *g, const int *uses, int v, int *d) {
-    om_node *p = fm_single(g, uses, v, "Pow");
+    om_node *p = fm_single(g, uses, v, om_op_pow_id);
     if (p && fm_const_near(g, p->in[1], 2.0, 0)) { *d = p->in[0]; return p; }
-    p = fm_single(g, uses, v, "Mul");
+    p = fm_single(g, uses, v, om_op_mul_id);
     if (p && p->n_in == 2 && p->in[0] >= 0 && p->in[0] == p->in[1]) { *d = p->in[0]; return p; }
     return NULL;
 }
@@ -39,7 +39,7 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *mul = &g->nodes[k];
-        if (!fm_is(mul, "Mul") || mul->n_in != 2 || mul->out[0] < 0) continue;
+        if (!fm_is(mul, om_op_mul_id) || mul->n_in != 2 || mul->out[0] < 0) continue;
         for (int side = 0; side < 2; side++) {
             int scale = mul->in[1 - side], nv = mul->in[side];
             if (!fm_is_vector(g, scale)) continue;
@@ -47,25 +47,25 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
             int nd = 0;
             /* a Cast to the dtype it already has between the normalization and the scale
              * (transformers' RMSNorm casts back to the input dtype: a no-op in fp32) */
-            om_node *back = fm_single(g, uses, nv, "Cast");
+            om_node *back = fm_single(g, uses, nv, om_op_cast_id);
             if (back && fm_noop_cast(g, back)) {
                 dead[nd++] = back;
                 nv = back->in[0];
             }
             /* normalized = num / Sqrt(...), num * Reciprocal(Sqrt(...)) or num * (1 / Sqrt(...)) */
-            om_node *norm = fm_single(g, uses, nv, "Div"), *sq = NULL;
+            om_node *norm = fm_single(g, uses, nv, om_op_div_id), *sq = NULL;
             int num = -1;
             if (norm) {
-                sq = fm_single(g, uses, norm->in[1], "Sqrt");
+                sq = fm_single(g, uses, norm->in[1], om_op_sqrt_id);
                 num = norm->in[0];
-            } else if ((norm = fm_single(g, uses, nv, "Mul")) && norm->n_in == 2) {
+            } else if ((norm = fm_single(g, uses, nv, om_op_mul_id)) && norm->n_in == 2) {
                 for (int s2 = 0; s2 < 2 && !sq; s2++) {
-                    om_node *rc = fm_single(g, uses, norm->in[s2], "Reciprocal");
+                    om_node *rc = fm_single(g, uses, norm->in[s2], om_op_reciprocal_id);
                     int r_in = rc ? rc->in[0] : -1;
-                    if (!rc && (rc = fm_single(g, uses, norm->in[s2], "Div")) && rc->n_in == 2 &&
+                    if (!rc && (rc = fm_single(g, uses, norm->in[s2], om_op_div_id)) && rc->n_in == 2 &&
                         fm_const_near(g, rc->in[0], 1.0, 0))   /* 1 / Sqrt: torch.rsqrt as exported */
                         r_in = rc->in[1];
-                    if (rc && r_in >= 0 && (sq = fm_single(g, uses, r_in, "Sqrt"))) {
+                    if (rc && r_in >= 0 && (sq = fm_single(g, uses, r_in, om_op_sqrt_id))) {
                         dead[nd++] = rc;
                         num = norm->in[1 - s2];
                     }
@@ -74,12 +74,12 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
             if (!norm || !sq) continue;
             dead[nd++] = norm;
             dead[nd++] = sq;
-            om_node *ae = fm_single(g, uses, sq->in[0], "Add");
+            om_node *ae = fm_single(g, uses, sq->in[0], om_op_add_id);
             double eps;
             int vv = -1;
             if (ae && fm_const_scalar(g, ae->in[1], &eps)) vv = ae->in[0];
             else if (ae && fm_const_scalar(g, ae->in[0], &eps)) vv = ae->in[1];
-            om_node *var = vv >= 0 ? fm_single(g, uses, vv, "ReduceMean") : NULL;
+            om_node *var = vv >= 0 ? fm_single(g, uses, vv, om_op_reduce_mean_id) : NULL;
             if (!var || !mean_last(g, var)) continue;
             dead[nd++] = ae;
             dead[nd++] = var;
@@ -90,8 +90,8 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
             /* LayerNorm when num = x - ReduceMean(x): num read by the square and the norm only */
             om_node *sub = fm_producer(g, num);
             int x = -1, is_ln = 0;
-            if (fm_is(sub, "Sub") && uses[num] == (sqr->in[0] == sqr->in[1] && fm_is(sqr, "Mul") ? 3 : 2)) {
-                om_node *mean = fm_single(g, uses, sub->in[1], "ReduceMean");
+            if (fm_is(sub, om_op_sub_id) && uses[num] == (sqr->in[0] == sqr->in[1] && fm_is(sqr, om_op_mul_id) ? 3 : 2)) {
+                om_node *mean = fm_single(g, uses, sub->in[1], om_op_reduce_mean_id);
                 if (mean && mean->in[0] == sub->in[0] && mean_last(g, mean)) {
                     x = sub->in[0];
                     is_ln = 1;
@@ -109,7 +109,7 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
             int bias = -1;
             if (is_ln) {
                 om_node *ba = fm_sole_consumer(g, uses, mul->out[0]);
-                int b = fm_is(ba, "Add") ? fm_other(ba, mul->out[0]) : -1;
+                int b = fm_is(ba, om_op_add_id) ? fm_other(ba, mul->out[0]) : -1;
                 if (b >= 0 && ba->out[0] >= 0 && fm_is_vector(g, b) && fm_dtype(g, b) == fm_dtype(g, x)) {
                     bias = b;
                     last = ba;
@@ -119,8 +119,8 @@ om_status *om_pass_layer_norm(om_pass_ctx *c) {
             for (int i = 0; i < nd; i++) dead[i]->dead = 1;
             int li = fm_index(g, last);
             int in[3] = {x, scale, bias}, out[1] = {last->out[0]};
-            if (is_ln) st = fm_rewrite(c, li, "LayerNormalization", "", in, bias >= 0 ? 3 : 2, out, 1);
-            else st = fm_rewrite(c, li, "SimplifiedLayerNormalization", "ortmod", in, 2, out, 1);
+            if (is_ln) st = fm_rewrite(c, li, om_op_layer_norm_id, in, bias >= 0 ? 3 : 2, out, 1);
+            else st = fm_rewrite(c, li, om_op_simplified_layer_norm_id, in, 2, out, 1);
             if (!st) st = om_node_set_int(g, li, "axis", -1);
             if (!st) st = om_node_set_float(g, li, "epsilon", (float)eps);
             break;

@@ -36,17 +36,12 @@ static inline om_node *fm_producer(om_graph *g, int v) {
     return n->dead ? NULL : n;
 }
 
-static inline int fm_is(const om_node *n, const char *op) {
-    return n && !n->dead && strcmp(n->op->name, op) == 0 && n->op->domain[0] == 0;
-}
-
-/* Like fm_is, for the ops of domain "ortmod" (the fused ops, the backward ops). */
-static inline int fm_is_ortmod(const om_node *n, const char *op) {
-    return n && !n->dead && strcmp(n->op->name, op) == 0 && strcmp(n->op->domain, "ortmod") == 0;
-}
+/* 1 when n is live and of op. An id names the domain too: the fused and backward ops are
+ * "ortmod" ids, and a com.microsoft node resolves to the "ortmod" op of its name. */
+static inline int fm_is(const om_node *n, om_op_id op) { return n && !n->dead && n->op_id == op; }
 
 /* The live producer of v if it is an op-typed node whose output v is read only once. */
-static inline om_node *fm_single(om_graph *g, const int *uses, int v, const char *op) {
+static inline om_node *fm_single(om_graph *g, const int *uses, int v, om_op_id op) {
     om_node *n = fm_producer(g, v);
     return fm_is(n, op) && uses[v] == 1 ? n : NULL;
 }
@@ -84,7 +79,7 @@ static inline int fm_rank(const om_graph *g, int v) {
     if (g->values[v].constant) return g->values[v].constant->rank;
     if (g->values[v].producer < 0) return g->values[v].rank_hint;
     const om_node *n = &g->nodes[g->values[v].producer];
-    if (strcmp(n->op->name, "Gemm") == 0 && n->op->domain[0] == 0) return 2;
+    if (n->op_id == om_op_gemm_id) return 2;
     return -1;
 }
 
@@ -124,7 +119,7 @@ static inline int fm_is_vector(const om_graph *g, int v) { return fm_rank(g, v) 
 
 /* 1 when the Cast node n does not change the dtype of its input. */
 static inline int fm_noop_cast(const om_graph *g, const om_node *n) {
-    return fm_is(n, "Cast") && n->in[0] >= 0 && n->out[0] >= 0 &&
+    return fm_is(n, om_op_cast_id) && n->in[0] >= 0 && n->out[0] >= 0 &&
            om_attr_int(n, "to", 0) == (int64_t)g->values[n->in[0]].dtype;
 }
 
@@ -138,17 +133,17 @@ static inline int fm_matrix_weight(om_graph *g, int w, int *transposed) {
     if (fm_rank(g, w) == 2) return w;
     om_node *t = fm_producer(g, w);
     const int64_t *perm;
-    int np = fm_is(t, "Transpose") ? om_attr_ints(t, "perm", &perm) : -2;
+    int np = fm_is(t, om_op_transpose_id) ? om_attr_ints(t, "perm", &perm) : -2;
     if (!t || t->n_in < 1 || fm_rank(g, t->in[0]) != 2 || !(np == -1 || (np == 2 && perm[0] == 1 && perm[1] == 0)))
         return -1;
     *transposed = 1;
     return t->in[0];
 }
 
-/* Rewrites node idx as op (of domain "" or "ortmod") and reports the fusion. */
-static inline om_status *fm_rewrite(om_pass_ctx *c, int idx, const char *op, const char *domain, const int *in, int n_in,
-                                    const int *out, int n_out) {
-    OM_TRY(om_graph_replace_node(c->g, idx, op, domain, in, n_in, out, n_out));
+/* Rewrites node idx as op and reports the fusion. */
+static inline om_status *fm_rewrite(om_pass_ctx *c, int idx, om_op_id op, const int *in, int n_in, const int *out,
+                                    int n_out) {
+    OM_TRY(om_graph_replace_node(c->g, idx, op, in, n_in, out, n_out));
     om_pass_fired(c, c->g->nodes[idx].name);
     return NULL;
 }

@@ -21,19 +21,19 @@ om_status *om_pass_matmul_add_bias(om_pass_ctx *c) {
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *add = &g->nodes[k];
         if (add->dead || add->n_out < 1 || add->out[0] < 0) continue;
-        if (fm_is(add, "Gemm") && add->n_in == 3 && add->in[0] >= 0 && add->in[1] >= 0 && fm_is_vector(g, add->in[2]) &&
+        if (fm_is(add, om_op_gemm_id) && add->n_in == 3 && add->in[0] >= 0 && add->in[1] >= 0 && fm_is_vector(g, add->in[2]) &&
             om_attr_float(add, "alpha", 1.0f) == 1.0f && om_attr_float(add, "beta", 1.0f) == 1.0f &&
             om_attr_int(add, "transA", 0) == 0 && fm_dtype(g, add->in[0]) == fm_dtype(g, add->in[2]) &&
             fm_dtype(g, add->in[1]) == fm_dtype(g, add->in[2])) {
             const int tb = om_attr_int(add, "transB", 0) != 0;
             int in[3] = {add->in[0], add->in[1], add->in[2]}, out[1] = {add->out[0]};
-            if ((st = fm_rewrite(c, k, "MatMulBias", "ortmod", in, 3, out, 1))) break;   /* clears attrs */
+            if ((st = fm_rewrite(c, k, om_op_matmul_bias_id, in, 3, out, 1))) break;   /* clears attrs */
             if (tb) st = om_node_set_int(g, k, "transB", 1);
             continue;
         }
-        if (!fm_is(add, "Add") || add->n_in != 2) continue;
+        if (!fm_is(add, om_op_add_id) || add->n_in != 2) continue;
         for (int side = 0; side < 2; side++) {
-            om_node *mm = fm_single(g, uses, add->in[side], "MatMul");
+            om_node *mm = fm_single(g, uses, add->in[side], om_op_matmul_id);
             int b = add->in[1 - side];
             if (!mm || !fm_is_vector(g, b)) continue;
             int x = mm->in[0], tb = 0, w = fm_matrix_weight(g, mm->in[1], &tb);
@@ -41,7 +41,7 @@ om_status *om_pass_matmul_add_bias(om_pass_ctx *c) {
             if (fm_dtype(g, x) != fm_dtype(g, b) || fm_dtype(g, w) != fm_dtype(g, b)) continue;
             int in[3] = {x, w, b}, out[1] = {add->out[0]};
             mm->dead = 1;
-            if ((st = fm_rewrite(c, k, "MatMulBias", "ortmod", in, 3, out, 1))) break;
+            if ((st = fm_rewrite(c, k, om_op_matmul_bias_id, in, 3, out, 1))) break;
             if (tb) st = om_node_set_int(g, k, "transB", 1);
             break;
         }

@@ -15,15 +15,15 @@
 #include "passes/fuse_match.h"
 
 /* The live ortmod-domain producer of v if v is read once. */
-static om_node *single_ortmod(om_graph *g, const int *uses, int v, const char *op) {
+static om_node *single_ortmod(om_graph *g, const int *uses, int v, om_op_id op) {
     om_node *n = fm_producer(g, v);
-    return fm_is_ortmod(n, op) && uses[v] == 1 ? n : NULL;
+    return fm_is(n, op) && uses[v] == 1 ? n : NULL;
 }
 
 /* Inputs of the fused node for GELU node k, or 0 when the pattern does not apply. */
 static int match(om_graph *g, const int *uses, om_node *ge, int in[3], int *tb) {
-    if (fm_is_ortmod(ge, "BiasGelu")) {
-        om_node *mm = fm_single(g, uses, ge->in[0], "MatMul");
+    if (fm_is(ge, om_op_bias_gelu_id)) {
+        om_node *mm = fm_single(g, uses, ge->in[0], om_op_matmul_id);
         if (!mm) return 0;
         int w = fm_matrix_weight(g, mm->in[1], tb), x = mm->in[0], b = ge->in[1];
         if (w < 0 || x < 0 || !fm_is_vector(g, b)) return 0;
@@ -32,8 +32,8 @@ static int match(om_graph *g, const int *uses, om_node *ge, int in[3], int *tb) 
         mm->dead = 1;
         return 1;
     }
-    if (fm_is(ge, "Gelu")) {
-        om_node *mb = single_ortmod(g, uses, ge->in[0], "MatMulBias");
+    if (fm_is(ge, om_op_gelu_id)) {
+        om_node *mb = single_ortmod(g, uses, ge->in[0], om_op_matmul_bias_id);
         if (!mb || mb->n_in < 3) return 0;
         *tb = om_attr_int(mb, "transB", 0) != 0;
         in[0] = mb->in[0], in[1] = mb->in[1], in[2] = mb->in[2];
@@ -48,17 +48,17 @@ static int match(om_graph *g, const int *uses, om_node *ge, int in[3], int *tb) 
  * readers read the last view. Returns 1 when it rewrote. */
 static int through_views(om_pass_ctx *c, const int *uses, om_node *ge, om_status **st) {
     om_graph *g = c->g;
-    if (!fm_is(ge, "Gelu")) return 0;
+    if (!fm_is(ge, om_op_gelu_id)) return 0;
     int v = ge->in[0], views = 0;
-    for (om_node *r; (r = fm_single(g, uses, v, "Reshape")) != NULL; views++) v = r->in[0];
-    om_node *mb = views ? single_ortmod(g, uses, v, "MatMulBias") : NULL;
+    for (om_node *r; (r = fm_single(g, uses, v, om_op_reshape_id)) != NULL; views++) v = r->in[0];
+    om_node *mb = views ? single_ortmod(g, uses, v, om_op_matmul_bias_id) : NULL;
     if (!mb || mb->n_in < 3 || ge->out[0] < 0) return 0;
     char approx[16];
     snprintf(approx, sizeof approx, "%s", om_attr_string(ge, "approximate", "none"));
     const int mi = fm_index(g, mb), tb = om_attr_int(mb, "transB", 0) != 0;
     int in[3] = {mb->in[0], mb->in[1], mb->in[2]}, out[1] = {mb->out[0]};
     const int y = ge->out[0], last = ge->in[0];
-    if ((*st = fm_rewrite(c, mi, "MatMulBiasGelu", "ortmod", in, 3, out, 1))) return 1;   /* clears attrs */
+    if ((*st = fm_rewrite(c, mi, om_op_matmul_bias_gelu_id, in, 3, out, 1))) return 1;   /* clears attrs */
     if (tb && (*st = om_node_set_int(g, mi, "transB", 1))) return 1;
     if (strcmp(approx, "none") != 0 && (*st = om_node_set_string(g, mi, "approximate", approx))) return 1;
     ge->dead = 1;
@@ -80,7 +80,7 @@ om_status *om_pass_matmul_bias_gelu(om_pass_ctx *c) {
         if (ge->dead || ge->n_out < 1 || ge->out[0] < 0) continue;
         int in[3], tb = 0, out[1] = {ge->out[0]};
         if (!match(g, uses, ge, in, &tb)) continue;
-        if ((st = fm_rewrite(c, k, "MatMulBiasGelu", "ortmod", in, 3, out, 1))) break;
+        if ((st = fm_rewrite(c, k, om_op_matmul_bias_gelu_id, in, 3, out, 1))) break;
         if (tb) st = om_node_set_int(g, k, "transB", 1);
         if (!st && strcmp(approx, "none") != 0) st = om_node_set_string(g, k, "approximate", approx);
     }

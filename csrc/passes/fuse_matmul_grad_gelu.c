@@ -20,12 +20,12 @@ om_status *om_pass_matmul_grad_gelu(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *gg = &g->nodes[k];
-        if (!fm_is_ortmod(gg, "GeluGrad") || gg->n_in < 2 || gg->out[0] < 0 || gg->in[0] < 0 || gg->in[1] < 0) continue;
+        if (!fm_is(gg, om_op_gelu_grad_id) || gg->n_in < 2 || gg->out[0] < 0 || gg->in[0] < 0 || gg->in[1] < 0) continue;
         const int z = gg->in[1], last = gg->in[0];
         int dh = last;
-        for (om_node *r; (r = fm_single(g, uses, dh, "Reshape")) != NULL;) dh = r->in[0];
+        for (om_node *r; (r = fm_single(g, uses, dh, om_op_reshape_id)) != NULL;) dh = r->in[0];
         om_node *mg = fm_producer(g, dh);
-        if (!fm_is_ortmod(mg, "MatMulBiasGrad") || dh < 0 || mg->out[0] != dh || uses[dh] != 1) continue;
+        if (!fm_is(mg, om_op_matmul_bias_grad_id) || dh < 0 || mg->out[0] != dh || uses[dh] != 1) continue;
         if (mg->n_in > 6 && mg->in[6] >= 0) continue;   /* carries a GELU already */
         if (fm_dtype(g, z) != fm_dtype(g, dh)) continue;
         int is_input_grad = 0;   /* (a gradient the caller reads: never, for a product's dx) */
@@ -40,7 +40,7 @@ om_status *om_pass_matmul_grad_gelu(om_pass_ctx *c) {
         char approx[16];
         snprintf(approx, sizeof approx, "%s", om_attr_string(gg, "approximate", "none"));
         const int dz = gg->out[0];
-        if ((st = om_graph_replace_node(g, mi, "MatMulBiasGrad", "ortmod", in, 7, out, 3))) break;   /* clears attrs */
+        if ((st = om_graph_replace_node(g, mi, om_op_matmul_bias_grad_id, in, 7, out, 3))) break;   /* clears attrs */
         if (tb && (st = om_node_set_int(g, mi, "transB", 1))) break;
         if (strcmp(approx, "none") != 0 && (st = om_node_set_string(g, mi, "approximate", approx))) break;
         gg->dead = 1;

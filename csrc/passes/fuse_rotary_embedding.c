@@ -26,14 +26,14 @@ static int rank_of(const om_graph *g, int v, int depth) {
     int r = fm_rank(g, v);
     if (r >= 0 || v < 0 || depth > 8 || g->values[v].producer < 0) return r;
     const om_node *n = &g->nodes[g->values[v].producer];
-    if (n->dead || n->op->domain[0]) return -1;
-    const char *op = n->op->name;
-    if (strcmp(op, "Transpose") == 0) {
+    if (n->dead) return -1;
+    const om_op_id op = n->op_id;
+    if (op == om_op_transpose_id) {
         const int64_t *perm;
         int np = om_attr_ints(n, "perm", &perm);
         return np > 0 ? np : -1;
     }
-    if (strcmp(op, "Slice") == 0 || strcmp(op, "Neg") == 0 || strcmp(op, "Identity") == 0 || strcmp(op, "Cast") == 0)
+    if (op == om_op_slice_id || op == om_op_neg_id || op == om_op_identity_id || op == om_op_cast_id)
         return n->n_in > 0 ? rank_of(g, n->in[0], depth + 1) : -1;
     return -1;
 }
@@ -67,11 +67,11 @@ static int slice_ok(const om_graph *g, const om_node *sl, int x, int r) {
 
 /* The rotate_half(x) value rot: on a match returns x, sets *split and *end, and adds the nodes to dead[]. */
 static int rotate_half_of(om_graph *g, const int *uses, int rot, int *split, int *end, om_node **dead, int *nd) {
-    om_node *cat = fm_single(g, uses, rot, "Concat");
+    om_node *cat = fm_single(g, uses, rot, om_op_concat_id);
     if (!cat || cat->n_in != 2 || cat->n_attr != 1) return -1;
-    om_node *neg = fm_single(g, uses, cat->in[0], "Neg");
-    om_node *lo = fm_single(g, uses, cat->in[1], "Slice");              /* x[..., 0:s] */
-    om_node *hi = neg && neg->n_in == 1 ? fm_single(g, uses, neg->in[0], "Slice") : NULL;   /* x[..., s:e] */
+    om_node *neg = fm_single(g, uses, cat->in[0], om_op_neg_id);
+    om_node *lo = fm_single(g, uses, cat->in[1], om_op_slice_id);              /* x[..., 0:s] */
+    om_node *hi = neg && neg->n_in == 1 ? fm_single(g, uses, neg->in[0], om_op_slice_id) : NULL;   /* x[..., s:e] */
     if (!lo || !hi || hi == lo) return -1;
     int x = hi->in[0], r = rank_of(g, x, 0);
     if (x < 0 || !is_last_axis(om_attr_int(cat, "axis", 0), r) || !slice_ok(g, hi, x, r) || !slice_ok(g, lo, x, r))
@@ -98,11 +98,11 @@ om_status *om_pass_rotary_embedding(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *add = &g->nodes[k];
-        if (!fm_is(add, "Add") || add->n_in != 2 || add->out[0] < 0) continue;
+        if (!fm_is(add, om_op_add_id) || add->n_in != 2 || add->out[0] < 0) continue;
         int done = 0;
         for (int side = 0; side < 2 && !done; side++) {
-            om_node *ms = fm_single(g, uses, add->in[side], "Mul");        /* rotate_half(x) * sin */
-            om_node *mc = fm_single(g, uses, add->in[1 - side], "Mul");    /* x * cos */
+            om_node *ms = fm_single(g, uses, add->in[side], om_op_mul_id);        /* rotate_half(x) * sin */
+            om_node *mc = fm_single(g, uses, add->in[1 - side], om_op_mul_id);    /* x * cos */
             if (!ms || !mc || ms == mc || ms->n_in != 2 || mc->n_in != 2) continue;
             for (int rs = 0; rs < 2 && !done; rs++) {
                 om_node *dead[6];
@@ -116,7 +116,7 @@ om_status *om_pass_rotary_embedding(om_pass_ctx *c) {
                 for (int i = 0; i < nd; i++) dead[i]->dead = 1;
                 ms->dead = mc->dead = 1;
                 int in[5] = {x, cos, sin, split, end}, out[1] = {add->out[0]};
-                st = fm_rewrite(c, k, "FusedRotary", "ortmod", in, 5, out, 1);
+                st = fm_rewrite(c, k, om_op_fused_rotary_id, in, 5, out, 1);
                 done = 1;
             }
         }

@@ -14,10 +14,10 @@ om_status *om_pass_softmax_cross_entropy(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *nll = &g->nodes[k];
-        if (!fm_is(nll, "NegativeLogLikelihoodLoss") || nll->n_in < 2 || nll->in[1] < 0 || nll->out[0] < 0) continue;
+        if (!fm_is(nll, om_op_nll_loss_id) || nll->n_in < 2 || nll->in[1] < 0 || nll->out[0] < 0) continue;
         int lp = nll->in[0];
         om_node *ls = fm_producer(g, lp);
-        if (!fm_is(ls, "LogSoftmax")) continue;
+        if (!fm_is(ls, om_op_log_softmax_id)) continue;
         int x = ls->in[0];
         if (x < 0) continue;
         int64_t axis = om_attr_int(ls, "axis", g->opset >= 13 ? -1 : 1);
@@ -31,7 +31,7 @@ om_status *om_pass_softmax_cross_entropy(om_pass_ctx *c) {
         int in[3] = {x, nll->in[1], nll->n_in > 2 ? nll->in[2] : -1};
         int out[2] = {nll->out[0], uses[lp] > 1 ? lp : -1};
         ls->dead = 1;
-        if ((st = fm_rewrite(c, k, "SoftmaxCrossEntropyLoss", "", in, in[2] >= 0 ? 3 : 2, out, out[1] >= 0 ? 2 : 1)))
+        if ((st = fm_rewrite(c, k, om_op_softmax_cross_entropy_loss_id, in, in[2] >= 0 ? 3 : 2, out, out[1] >= 0 ? 2 : 1)))
             break;
         st = om_node_set_string(g, k, "reduction", reduction);
         if (!st && has_ignore) st = om_node_set_int(g, k, "ignore_index", ignore);

@@ -14,11 +14,11 @@
 
 /* If v = Mul(g, Sigmoid(g)) (single-use links), returns g and adds both nodes to dead[]. */
 static int silu_input(om_graph *g, const int *uses, int v, om_node **dead, int *nd) {
-    om_node *mul = fm_single(g, uses, v, "Mul");
+    om_node *mul = fm_single(g, uses, v, om_op_mul_id);
     if (!mul || mul->n_in != 2) return -1;
     for (int side = 0; side < 2; side++) {
         int x = mul->in[side];
-        om_node *sig = fm_single(g, uses, mul->in[1 - side], "Sigmoid");
+        om_node *sig = fm_single(g, uses, mul->in[1 - side], om_op_sigmoid_id);
         if (x < 0 || !sig || sig->n_in != 1 || sig->in[0] != x) continue;
         dead[(*nd)++] = mul;
         dead[(*nd)++] = sig;
@@ -34,7 +34,7 @@ om_status *om_pass_swiglu(om_pass_ctx *c) {
     om_status *st = NULL;
     for (int k = 0; k < g->n_nodes && !st; k++) {
         om_node *top = &g->nodes[k];
-        if (!fm_is(top, "Mul") || top->n_in != 2 || top->out[0] < 0) continue;
+        if (!fm_is(top, om_op_mul_id) || top->n_in != 2 || top->out[0] < 0) continue;
         om_node *dead[2];
         for (int side = 0; side < 2; side++) {
             int nd = 0, up = top->in[1 - side];
@@ -44,7 +44,7 @@ om_status *om_pass_swiglu(om_pass_ctx *c) {
             if (!om_dtype_is_float(dt) || fm_dtype(g, up) != dt) continue;
             for (int i = 0; i < nd; i++) dead[i]->dead = 1;
             int in[2] = {gate, up}, out[1] = {top->out[0]};
-            st = fm_rewrite(c, k, "SwiGLU", "ortmod", in, 2, out, 1);
+            st = fm_rewrite(c, k, om_op_swiglu_id, in, 2, out, 1);
             break;
         }
     }

@@ -7,7 +7,7 @@
 
 /* 1 when n is a Transpose that swaps the last two axes of a value of known rank. */
 static int swaps_last_two(const om_graph *g, const om_node *t) {
-    if (!fm_is(t, "Transpose") || t->in[0] < 0) return 0;
+    if (!fm_is(t, om_op_transpose_id) || t->in[0] < 0) return 0;
     const int64_t *perm;
     int np = om_attr_ints(t, "perm", &perm);
     if (np < 0) return fm_rank(g, t->in[0]) == 2;   /* default perm reverses the axes: a swap only for rank 2 */
@@ -21,13 +21,13 @@ om_status *om_pass_transpose_matmul(om_pass_ctx *c) {
     om_graph *g = c->g;
     for (int k = 0; k < g->n_nodes; k++) {
         om_node *n = &g->nodes[k];
-        if (!fm_is(n, "MatMul") || n->n_in != 2 || n->in[0] < 0 || n->in[1] < 0) continue;
+        if (!fm_is(n, om_op_matmul_id) || n->n_in != 2 || n->in[0] < 0 || n->in[1] < 0) continue;
         om_node *ta = fm_producer(g, n->in[0]), *tb = fm_producer(g, n->in[1]);
         int fa = swaps_last_two(g, ta), fb = swaps_last_two(g, tb);
         if (!fa && !fb) continue;
         int in[2] = {fa ? ta->in[0] : n->in[0], fb ? tb->in[0] : n->in[1]};
         int out[1] = {n->out[0]};
-        OM_TRY(om_graph_replace_node(g, k, "FusedMatMul", "ortmod", in, 2, out, 1));
+        OM_TRY(om_graph_replace_node(g, k, om_op_fused_matmul_id, in, 2, out, 1));
         OM_TRY(om_node_set_int(g, k, "transA", fa));
         OM_TRY(om_node_set_int(g, k, "transB", fb));
         OM_TRY(om_node_set_float(g, k, "alpha", 1.0f));

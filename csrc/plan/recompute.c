@@ -6,19 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Level 1: ops cheap enough to run twice, whose results are as large as their inputs. */
-static int cheap_op(const om_op_def *op) {
-    static const char *const names[] = {
-        "Gelu", "Relu", "Tanh", "Sigmoid", "Add", "Sub", "Mul", "Div", "Neg", "Erf", "Sqrt", "Cast",
-        "LayerNormalization", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
-        "Expand", "Where", "BiasGelu", "LeakyRelu", "Softplus", "SimplifiedLayerNormalization",
-        "SwiGLU", "FusedRotary",
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(op->name, names[i]) == 0) return 1;
-    return 0;
-}
-
 typedef struct rc_state {
     om_graph *g;
     int nf;                /* forward nodes */
@@ -92,6 +79,7 @@ static om_status *emit_clone(rc_state *s, int k) {
     om_node n;
     memset(&n, 0, sizeof n);
     n.op = src->op;
+    n.op_id = src->op_id;
     n.backward = 1;
     char name[512];
     snprintf(name, sizeof name, "%s/recompute", src->name);
@@ -149,7 +137,7 @@ om_status *om_recompute(om_graph *g, int level, int *n_recomputed) {
         /* a cheap node whose inputs the backward reads anyway: its outputs need no stash */
         for (int k = 0; k < s.nf; k++) {
             const om_node *n = &g->nodes[k];
-            if (!cheap_op(n->op) || (n->op->flags & OM_OP_RANDOM)) continue;
+            if (!om_op_cheap(n->op_id) || (n->op->flags & OM_OP_RANDOM)) continue;
             int used = 0, inputs_kept = 1;
             for (int j = 0; j < n->n_out; j++) used |= n->out[j] >= 0 && bwd_uses[n->out[j]] > 0;
             for (int i = 0; i < n->n_in; i++) {
@@ -166,7 +154,7 @@ om_status *om_recompute(om_graph *g, int level, int *n_recomputed) {
             if (n->op->flags & OM_OP_RANDOM)
                 for (int j = 0; j < n->n_out; j++)
                     if (n->out[j] >= 0) boundary[n->out[j]] = 1;
-            if ((strcmp(n->op->name, "LayerNormalization") == 0 || strcmp(n->op->name, "SimplifiedLayerNormalization") == 0) &&
+            if ((n->op_id == om_op_layer_norm_id || n->op_id == om_op_simplified_layer_norm_id) &&
                 n->n_in > 0 && n->in[0] >= 0)
                 boundary[n->in[0]] = 1;
         }
