@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Lists every op with its CPU kernel and its CUDA kernel, from the one op list both devices are
-built from (csrc/ops/op_list.h), and checks that each op has both.
+built from (csrc/ops/op_list.h), and checks that each op has both. (The list also generates the
+ops' ids, om_op_<sym>_id, which the compiler checks; tests/test_op_ids.py keeps names out of csrc/.)
 
     python scripts/ops.py            # the listing: name, domain, CPU family file and op def,
                                      # CUDA file and kernel function (or why the op has none)

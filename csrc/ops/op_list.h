@@ -10,6 +10,11 @@
  *
  *     HOST_OP(om_op_constant, "Constant", "", "why it needs no CUDA kernel")
  *
+ * The list also generates each op's id (om_op_id, below: om_op_add -> om_op_add_id), by which
+ * gradient rules emit and passes match ops, and OM_OP_CHEAP_LIST names the ops recompute may run
+ * twice. A new op's rule emits `om_emit2(c, om_op_add_id, a, b)`, never a name: the ONNX import
+ * is what reads names (tests/test_op_ids.py).
+ *
  * The CUDA provider links with --no-undefined, so an OP whose kernel is missing (or still
  * `static` in its .cu) fails the provider's build. An op without a CUDA kernel is a HOST_OP,
  * with the reason `python scripts/ops.py` prints. Ops are grouped under a comment naming
