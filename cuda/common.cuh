@@ -122,6 +122,27 @@ static inline int host_scalar(const om_kernel_ctx *ctx, const om_cuda_exec *x, i
     default: return -1;
     }
 }
+// ratio (default 0.5) and training (default off) from inputs known at plan time (the exporter's
+// constants); a ratio computed at run time is not supported on CUDA. Dropout, DropoutGrad, BiasDropout
+// and its gradient share it (the CPU's twin: om_dropout_params, csrc/ops/op_util.h); *scale is what kept
+// elements are multiplied by, 0 for ratio 1.
+static inline om_status *omc_dropout_params(const om_kernel_ctx *ctx, const om_cuda_exec *x, int ri, int ti,
+                                           double *ratio, int *training, double *scale) {
+    *ratio = 0.5;
+    *training = 0;
+    if (present(ctx, ri) && host_scalar(ctx, x, ri, ratio))
+        return omc_err_unsupported(ctx, "a dropout ratio that is not known at plan time");
+    if (present(ctx, ti)) {
+        double t;
+        if (host_scalar(ctx, x, ti, &t)) return omc_err_unsupported(ctx, "a training_mode that is not known at plan time");
+        *training = t != 0;
+    }
+    if (*training && !(*ratio >= 0.0 && *ratio <= 1.0))
+        return OMC_ERR(OM_INVALID_ARGUMENT, "node '%s': dropout ratio %g is outside [0, 1]", omc_node_name(ctx), *ratio);
+    *scale = *ratio < 1.0 ? 1.0 / (1.0 - *ratio) : 0.0;
+    return NULL;
+}
+
 static inline int norm_axis(int64_t axis, int rank) {
     int64_t a = axis < 0 ? axis + rank : axis;
     return a < 0 || a >= (rank > 0 ? rank : 1) ? -1 : (int)a;

@@ -435,25 +435,6 @@ om_status *cast_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
 
 // ---- Dropout -------------------------------------------------------------------------------------------
 
-// ratio (default 0.5) and training (default off) from inputs known at plan time (the exporter's
-// constants); a ratio computed at run time is not supported on CUDA.
-static om_status *dropout_params(const om_kernel_ctx *ctx, const om_cuda_exec *x, int ri, int ti, double *ratio,
-                                 int *training, double *scale) {
-    *ratio = 0.5;
-    *training = 0;
-    if (present(ctx, ri) && host_scalar(ctx, x, ri, ratio))
-        return omc_err_unsupported(ctx, "a dropout ratio that is not known at plan time");
-    if (present(ctx, ti)) {
-        double t;
-        if (host_scalar(ctx, x, ti, &t)) return omc_err_unsupported(ctx, "a training_mode that is not known at plan time");
-        *training = t != 0;
-    }
-    if (*training && !(*ratio >= 0.0 && *ratio <= 1.0))
-        return OMC_ERR(OM_INVALID_ARGUMENT, "node '%s': dropout ratio %g is outside [0, 1]", omc_node_name(ctx), *ratio);
-    *scale = *ratio < 1.0 ? 1.0 / (1.0 - *ratio) : 0.0;
-    return NULL;
-}
-
 // x is (n,); y like x; mask (n,) bool or NULL — keep(i) = uniform(seed, i) >= ratio, as core.c
 template <typename T>
 __global__ void dropout_kernel(T *y, uint8_t *mask, const T *x_, int64_t n, uint64_t seed, float ratio, float scale) {
@@ -469,7 +450,7 @@ __global__ void fill_u8_kernel(uint8_t *p, uint8_t v, int64_t n) { GRID_STRIDE(i
 om_status *dropout_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     double ratio, scale;
     int training;
-    OMC_TRY(dropout_params(ctx, x, 1, 2, &ratio, &training, &scale));
+    OMC_TRY(omc_dropout_params(ctx, x, 1, 2, &ratio, &training, &scale));
     int64_t n = numel(&ctx->in[0]);
     uint8_t *mask = wanted(ctx, 1) ? (uint8_t *)ctx->out[1].data : NULL;
     if (!n) return NULL;
@@ -495,7 +476,7 @@ __global__ void dropout_grad_kernel(T *dx, const T *dy, const uint8_t *mask, int
 om_status *dropout_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     double ratio, scale;
     int training;
-    OMC_TRY(dropout_params(ctx, x, 2, 3, &ratio, &training, &scale));
+    OMC_TRY(omc_dropout_params(ctx, x, 2, 3, &ratio, &training, &scale));
     int64_t n = numel(&ctx->in[0]);
     if (!n) return NULL;
     if (!training) return copy_d2d(ctx->out[0].data, ctx->in[0].data, nbytes(&ctx->in[0]), x);

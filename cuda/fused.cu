@@ -131,27 +131,11 @@ __global__ void bias_dropout_kernel(T *y, uint8_t *mask, const T *x_, const T *b
     }
 }
 
-static om_status *dropout_params(const om_kernel_ctx *ctx, const om_cuda_exec *x, int ri, int ti, double *ratio,
-                                 int *training) {
-    *ratio = 0.5;
-    *training = 0;
-    if (present(ctx, ri) && host_scalar(ctx, x, ri, ratio))
-        return omc_err_unsupported(ctx, "a dropout ratio that is not known at plan time");
-    if (present(ctx, ti)) {
-        double t;
-        if (host_scalar(ctx, x, ti, &t)) return omc_err_unsupported(ctx, "a training_mode that is not known at plan time");
-        *training = t != 0;
-    }
-    if (*training && !(*ratio >= 0.0 && *ratio <= 1.0))
-        return OMC_ERR(OM_INVALID_ARGUMENT, "node '%s': dropout ratio %g is outside [0, 1]", omc_node_name(ctx), *ratio);
-    return NULL;
-}
-
 om_status *bias_dropout_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *in = &ctx->in[0];
-    double ratio;
+    double ratio, kept_scale;
     int training;
-    OMC_TRY(dropout_params(ctx, x, 3, 4, &ratio, &training));
+    OMC_TRY(omc_dropout_params(ctx, x, 3, 4, &ratio, &training, &kept_scale));
     int64_t n = numel(in), cols = in->rank ? in->dims[in->rank - 1] : 1;
     if (!n) return NULL;
     res_walk rw;
@@ -171,7 +155,7 @@ om_status *bias_dropout_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
         }
     }
     int drop = training && ratio > 0.0;
-    float scale = ratio < 1.0 ? (float)(1.0 / (1.0 - ratio)) : 0.0f;
+    float scale = (float)kept_scale;
     OMC_DISPATCH_FLOAT(in->dtype, ctx, 0, {
         bias_dropout_kernel<T><<<grid_for(n), OMC_THREADS, 0, stream_of(x)>>>(
             (T *)ctx->out[0].data, wanted(ctx, 1) ? (uint8_t *)ctx->out[1].data : NULL, (const T *)in->data,
@@ -191,13 +175,13 @@ __global__ void bias_dropout_grad_kernel(T *dx, const T *dy, const uint8_t *mask
 // BiasDropoutGrad(dy, mask?, ratio?, training_mode?, Shape(b)?) -> (dx?, db?)
 om_status *bias_dropout_grad_cuda(const om_kernel_ctx *ctx, const om_cuda_exec *x) {
     const om_tensor *dy = &ctx->in[0];
-    double ratio;
+    double ratio, kept_scale;
     int training;
-    OMC_TRY(dropout_params(ctx, x, 2, 3, &ratio, &training));
+    OMC_TRY(omc_dropout_params(ctx, x, 2, 3, &ratio, &training, &kept_scale));
     int64_t n = numel(dy), cols = dy->rank ? dy->dims[dy->rank - 1] : 1;
     if (!n) return NULL;
     const uint8_t *mask = training && present(ctx, 1) ? (const uint8_t *)ctx->in[1].data : NULL;
-    float scale = !training ? 1.0f : ratio < 1.0 ? (float)(1.0 / (1.0 - ratio)) : 0.0f;
+    float scale = training ? (float)kept_scale : 1.0f;
     void *g = wanted(ctx, 0) ? ctx->out[0].data : NULL, *tmp = NULL;
     if (!g && wanted(ctx, 1)) { OMC_TRY(omc_temp_alloc(x, nbytes(dy), &tmp)); g = tmp; }
     if (!g) return NULL;

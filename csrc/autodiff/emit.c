@@ -58,6 +58,19 @@ int om_emit_node(om_grad_ctx *c, om_op_id op_id, const int *in, int n_in, int *o
     return ids[0];
 }
 
+int om_emit_partial(om_grad_ctx *c, om_op_id op, const int *in, int n_in, int *out, int n_out, const int *want) {
+    int id = -1;
+    if (om_emit_node(c, op, in, n_in, out, n_out, &id) < 0) return -1;
+    om_node *n = &c->g->nodes[id];
+    for (int j = 0; j < n_out; j++)
+        if (!want[j]) {
+            c->g->values[n->out[j]].producer = -1;
+            n->out[j] = -1;
+            out[j] = -1;
+        }
+    return id;
+}
+
 int om_emit(om_grad_ctx *c, om_op_id op, const int *in, int n_in) {
     return om_emit_node(c, op, in, n_in, NULL, 1, NULL);
 }

@@ -35,6 +35,7 @@
 
 #include "core/threadpool.h"
 #include "ops/attention_geom.h"
+#include "ops/op_util.h"
 #include "ops/broadcast.h"
 #include "ops/gemm.h"
 #include "ops/op.h"
@@ -128,7 +129,6 @@ static void row_softmax_grad_f64(double *restrict ds, const double *restrict p, 
 #define ROW_SOFTMAX_GRAD(ds, ...) \
     _Generic((ds), float *: row_softmax_grad_f32, default: row_softmax_grad_f64)(ds, __VA_ARGS__)
 
-static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
 static int wanted(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out && ctx->out[j].data != NULL; }
 
 /* the geometry and its shape checks: ops/attention_geom.h (shared with cuda/attention.cu) */
@@ -148,22 +148,22 @@ static om_status *attn_geometry(const om_kernel_ctx *ctx, int q, int mi, int f, 
     const om_node *n = ctx->node;
     const om_tensor *Q = &ctx->in[q];
     for (int i = 0; i < 3; i++) OM_TRY(om_check_float(n, &ctx->in[q + i], q + i, i ? Q->dtype : OM_UNDEFINED));
-    const om_tensor *M = mi >= 0 && present(ctx, mi) ? &ctx->in[mi] : NULL;
+    const om_tensor *M = mi >= 0 && om_in_present(ctx, mi) ? &ctx->in[mi] : NULL;
     if (M && M->dtype != Q->dtype) return om_err_dtype(n, mi, M->dtype);
     OM_TRY(om_attn_shapes(n, Q, &ctx->in[q + 1], &ctx->in[q + 2], M, g));
     const int inv = om_attn_scale(n, g);
     for (int i = 0; i < 3; i++) {
-        if (!present(ctx, f + i)) continue;
+        if (!om_in_present(ctx, f + i)) continue;
         double v;
         OM_TRY(scalar_factor(ctx, f + i, &v));
         om_attn_factor(g, inv, i, v);
     }
-    if (present(ctx, tm)) {
+    if (om_in_present(ctx, tm)) {
         const om_tensor *t = &ctx->in[tm];
         if (t->dtype != OM_BOOL || om_tensor_numel(t) != 1) return om_attn_err(n, "training_mode must be a bool scalar", t);
         int training = t->data ? *(const uint8_t *)t->data != 0 : 1;
         double ratio = 0.5;
-        if (present(ctx, r)) OM_TRY(scalar_factor(ctx, r, &ratio));
+        if (om_in_present(ctx, r)) OM_TRY(scalar_factor(ctx, r, &ratio));
         OM_TRY(om_attn_dropout(n, g, training, ratio));
     }
     return NULL;
@@ -197,7 +197,7 @@ static om_dtype attn_dtype(const om_graph *g, const om_node *n, int j) {
 }
 
 static om_status *check_causal_shape(const om_kernel_ctx *ctx, int i, const attn_geom *g) {
-    if (!present(ctx, i)) return NULL;
+    if (!om_in_present(ctx, i)) return NULL;
     int64_t d[OM_MAX_RANK];
     int r = om_read_ints(&ctx->in[i], d, OM_MAX_RANK);
     if (r != 2 || d[0] != g->L || d[1] != g->S)
@@ -390,7 +390,7 @@ static om_status *attn_grad_infer(om_kernel_ctx *ctx) {
     OM_TRY(om_check_float(ctx->node, &ctx->in[5], 5, om_dtype_stat(dt)));
     for (int j = 0; j < 4 && j < ctx->n_out; j++) {
         int src = j < 3 ? 1 + j : 6;
-        if (!present(ctx, src)) continue;
+        if (!om_in_present(ctx, src)) continue;
         om_set_shape(&ctx->out[j], &ctx->in[src], ctx->in[src].dtype);
     }
     return NULL;
@@ -525,7 +525,7 @@ static om_status *attn_grad_cpu(om_kernel_ctx *ctx) {
     OM_TRY(attn_geometry(ctx, 1, 6, 7, 10, 11, &g));
     uint64_t seed = 0;
     if (g.dropout) {
-        if (!present(ctx, 12) || ctx->in[12].dtype != OM_I64)
+        if (!om_in_present(ctx, 12) || ctx->in[12].dtype != OM_I64)
             return om_error(OM_INTERNAL, "FusedAttentionGrad node '%s': the dropout seed is missing", ctx->node->name);
         seed = (uint64_t)*(const int64_t *)ctx->in[12].data;
     }

@@ -50,6 +50,7 @@
 
 #include "core/half.h"
 #include "ops/broadcast.h"
+#include "ops/op_util.h"
 #include "ops/gelu.h"
 #include "ops/rowsum.h"
 #include "ops/vecmath.h"
@@ -81,10 +82,6 @@ static om_status *check_same_numel(const om_kernel_ctx *ctx, int i, int j) {
                         ctx->node->name, ctx->node->op->name, i, a, j, b);
     }
     return NULL;
-}
-
-static int present(const om_kernel_ctx *ctx, int i) {
-    return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED;
 }
 
 /* A scalar float input (Dropout's ratio), read whatever its float dtype. */
@@ -964,22 +961,20 @@ static om_dtype dtype_dropout(const om_graph *g, const om_node *n, int j) {
 
 static om_status *infer_dropout(om_kernel_ctx *ctx) {
     OM_TRY(check_dtype(ctx, 0, OM_DT_FLOAT));
-    if (present(ctx, 1)) OM_TRY(check_dtype(ctx, 1, OM_DT_FLOAT));
-    if (present(ctx, 2) && ctx->in[2].dtype != OM_BOOL) return om_err_dtype(ctx->node, 2, ctx->in[2].dtype);
+    if (om_in_present(ctx, 1)) OM_TRY(check_dtype(ctx, 1, OM_DT_FLOAT));
+    if (om_in_present(ctx, 2) && ctx->in[2].dtype != OM_BOOL) return om_err_dtype(ctx->node, 2, ctx->in[2].dtype);
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     if (ctx->n_out > 1) om_set_shape(&ctx->out[1], &ctx->in[0], OM_BOOL);
     return NULL;
 }
 
-/* ratio (default 0.5) and training (default off) from the optional inputs at ri, ti.
- * *scale is what kept elements are multiplied by. */
-static om_status *dropout_params(om_kernel_ctx *ctx, int ri, int ti, double *ratio, int *training,
-                                 double *scale) {
+/* ops/op_util.h */
+om_status *om_dropout_params(const om_kernel_ctx *ctx, int ri, int ti, double *ratio, int *training, double *scale) {
     *ratio = 0.5;
     *training = 0;
     *scale = 1.0;
-    if (present(ctx, ri)) OM_TRY(read_scalar_float(ctx, ri, ratio));
-    if (present(ctx, ti)) {
+    if (om_in_present(ctx, ri)) OM_TRY(read_scalar_float(ctx, ri, ratio));
+    if (om_in_present(ctx, ti)) {
         if (!ctx->in[ti].data || om_tensor_numel(&ctx->in[ti]) != 1)
             return om_error(OM_INVALID_ARGUMENT, "node '%s': training_mode must be a scalar bool", ctx->node->name);
         *training = *(const uint8_t *)ctx->in[ti].data != 0;
@@ -1038,7 +1033,7 @@ static om_status *dropout_cpu(om_kernel_ctx *ctx) {
     // x is any shape, flattened to (N,); y like x; mask (N,) bool
     double ratio, scale;
     int training;
-    OM_TRY(dropout_params(ctx, 1, 2, &ratio, &training, &scale));
+    OM_TRY(om_dropout_params(ctx, 1, 2, &ratio, &training, &scale));
     const int64_t n = om_tensor_numel(&ctx->in[0]);
     uint8_t *mask = ctx->n_out > 1 ? (uint8_t *)ctx->out[1].data : NULL;
     if (!training || ratio == 0.0) {
@@ -1087,7 +1082,7 @@ static om_status *dropout_grad_cpu(om_kernel_ctx *ctx) {
     // dy, mask are (N,); dx like dy
     double ratio, scale;
     int training;
-    OM_TRY(dropout_params(ctx, 2, 3, &ratio, &training, &scale));
+    OM_TRY(om_dropout_params(ctx, 2, 3, &ratio, &training, &scale));
     const int64_t n = om_tensor_numel(&ctx->in[0]);
     if (!training) {
         if (ctx->out[0].data != ctx->in[0].data)

@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "ops/broadcast.h"
+#include "ops/op_util.h"
 #include "ops/gelu.h"
 #include "ops/gemm.h"
 #include "ops/op.h"
@@ -44,12 +45,11 @@
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
-static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
 static int wanted(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out && ctx->out[j].data != NULL; }
 
 static om_status *read_shape(const om_kernel_ctx *ctx, int i, om_tensor *like, om_dtype dt) {
     int64_t d[OM_MAX_RANK];
-    int r = present(ctx, i) ? om_read_ints(&ctx->in[i], d, OM_MAX_RANK) : -1;
+    int r = om_in_present(ctx, i) ? om_read_ints(&ctx->in[i], d, OM_MAX_RANK) : -1;
     if (r < 0)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d must be a shape known at plan time",
                         ctx->node->op->name, ctx->node->name, i);
@@ -75,32 +75,9 @@ static om_status *check_bias(const om_node *n, const om_tensor *b, int i, int64_
     return NULL;
 }
 
-/* Reads a scalar float (fp16/bf16 too) or bool input. */
-static double scalar_in(const om_kernel_ctx *ctx, int i, double dflt) {
-    double v;
-    if (!present(ctx, i) || om_tensor_numel(&ctx->in[i]) != 1 || ctx->in[i].dtype == OM_I64 ||
-        ctx->in[i].dtype == OM_I32 || om_scalar_get(&ctx->in[i], &v))
-        return dflt;
-    return ctx->in[i].dtype == OM_BOOL ? v != 0 : v;
-}
-
 static void gemm(om_dtype dt, int ta, int tb, int M, int N, int K, const void *A, int lda, const void *B, int ldb,
                  double beta, void *C) {
     om_gemm(dt, ta, tb, M, N, K, 1.0, A, lda, B, ldb, beta, C, N);
-}
-
-/* Emits op with n_out outputs and detaches those whose want[j] is 0. Returns the node id. */
-static int emit_partial(om_grad_ctx *c, om_op_id op, const int *in, int n_in, int *out, int n_out, const int *want) {
-    int id = -1;
-    if (om_emit_node(c, op, in, n_in, out, n_out, &id) < 0) return -1;
-    om_node *n = &c->g->nodes[id];
-    for (int j = 0; j < n_out; j++)
-        if (!want[j]) {
-            c->g->values[n->out[j]].producer = -1;
-            n->out[j] = -1;
-            out[j] = -1;
-        }
-    return id;
 }
 
 /* ---- MatMulBias ------------------------------------------------------------------- */
@@ -190,7 +167,7 @@ static om_status *emit_matmul_bias_grad(om_grad_ctx *c, int dy, int x, int w, in
     if (xs < 0 || ws < 0 || bs < 0) return NULL;
     int in[6] = {dy, c->need_dx[1] ? x : -1, c->need_dx[0] ? w : -1, xs, ws, bs};
     int out[3], want[3] = {c->need_dx[0], c->need_dx[1], c->need_dx[2]};
-    if (emit_partial(c, om_op_matmul_bias_grad_id, in, 6, out, 3, want) < 0) return NULL;
+    if (om_emit_partial(c, om_op_matmul_bias_grad_id, in, 6, out, 3, want) < 0) return NULL;
     if (tb) om_emit_attr_int(c, "transB", 1);
     for (int i = 0; i < 3; i++) c->dx[i] = out[i];
     return NULL;
@@ -225,9 +202,9 @@ static om_status *mmbg_dims(om_kernel_ctx *ctx, om_tensor *xs, om_tensor *ws, om
     if (om_tensor_numel(&ctx->in[0]) != *M * *N)
         return om_error(OM_INVALID_ARGUMENT, "MatMulBiasGrad node '%s': dY has %lld elements, expected %lld", n->name,
                         (long long)om_tensor_numel(&ctx->in[0]), (long long)(*M * *N));
-    if (present(ctx, 1)) OM_TRY(om_check_float(n, &ctx->in[1], 1, dt));
-    if (present(ctx, 2)) OM_TRY(om_check_float(n, &ctx->in[2], 2, dt));
-    if (present(ctx, 6)) {
+    if (om_in_present(ctx, 1)) OM_TRY(om_check_float(n, &ctx->in[1], 1, dt));
+    if (om_in_present(ctx, 2)) OM_TRY(om_check_float(n, &ctx->in[2], 2, dt));
+    if (om_in_present(ctx, 6)) {
         OM_TRY(om_check_float(n, &ctx->in[6], 6, dt));
         if (om_tensor_numel(&ctx->in[6]) != *M * *K)
             return om_error(OM_INVALID_ARGUMENT, "MatMulBiasGrad node '%s': gelu_x has %lld elements, expected %lld",
@@ -258,14 +235,14 @@ static om_status *mmbg_cpu(om_kernel_ctx *ctx) {
     om_dtype dt = ctx->in[0].dtype;
     const void *dy = ctx->in[0].data;
     if (wanted(ctx, 0)) {
-        if (!present(ctx, 2)) return om_error(OM_INTERNAL, "MatMulBiasGrad node '%s': dx wanted without W", n->name);
+        if (!om_in_present(ctx, 2)) return om_error(OM_INTERNAL, "MatMulBiasGrad node '%s': dx wanted without W", n->name);
         /* dx = dy op(W)^T: W (K,N) read transposed, or W (N,K) read as is */
         gemm(dt, 0, !tb, (int)M, (int)K, (int)N, dy, (int)N, ctx->in[2].data, tb ? (int)K : (int)N, 0.0,
              ctx->out[0].data);
-        if (present(ctx, 6)) gelu_grad_in_place(dt, ctx->out[0].data, ctx->in[6].data, M * K, gelu_tanh_mode(n));
+        if (om_in_present(ctx, 6)) gelu_grad_in_place(dt, ctx->out[0].data, ctx->in[6].data, M * K, gelu_tanh_mode(n));
     }
     if (wanted(ctx, 1)) {
-        if (!present(ctx, 1)) return om_error(OM_INTERNAL, "MatMulBiasGrad node '%s': dW wanted without x", n->name);
+        if (!om_in_present(ctx, 1)) return om_error(OM_INTERNAL, "MatMulBiasGrad node '%s': dW wanted without x", n->name);
         /* the batch reduction happens inside the GEMM's inner dimension M */
         if (!tb) gemm(dt, 1, 0, (int)K, (int)N, (int)M, ctx->in[1].data, (int)K, dy, (int)N, 0.0, ctx->out[1].data);
         else gemm(dt, 1, 0, (int)N, (int)K, (int)M, dy, (int)N, ctx->in[1].data, (int)K, 0.0, ctx->out[1].data);
@@ -459,7 +436,7 @@ static om_status *bias_gelu_grad(om_grad_ctx *c) {
     int tanh_mode = gelu_tanh_mode(f);
     if (dy < 0) return NULL;
     int in[3] = {dy, x, b}, out[2], want[2] = {c->need_dx[0], c->need_dx[1]};
-    if (emit_partial(c, om_op_bias_gelu_grad_id, in, 3, out, 2, want) < 0) return NULL;
+    if (om_emit_partial(c, om_op_bias_gelu_grad_id, in, 3, out, 2, want) < 0) return NULL;
     if (tanh_mode == 1) om_grad_fail(c, om_node_set_string(c->g, om_emit_last(c), "approximate", "tanh"));
     c->dx[0] = out[0];
     c->dx[1] = out[1];
@@ -594,11 +571,11 @@ static om_status *bias_dropout_check(const om_kernel_ctx *ctx, int64_t *rows, in
     OM_TRY(om_check_float(n, x, 0, OM_UNDEFINED));
     *cols = x->rank ? x->dims[x->rank - 1] : 1;
     *rows = *cols ? om_tensor_numel(x) / *cols : 0;
-    if (present(ctx, 1)) {
+    if (om_in_present(ctx, 1)) {
         OM_TRY(om_check_float(n, &ctx->in[1], 1, x->dtype));
         OM_TRY(check_bias(n, &ctx->in[1], 1, *cols));
     }
-    if (present(ctx, 2)) {
+    if (om_in_present(ctx, 2)) {
         const om_tensor *r = &ctx->in[2];
         OM_TRY(om_check_float(n, r, 2, x->dtype));
         int ok = r->rank <= x->rank;
@@ -614,7 +591,7 @@ static om_status *bias_dropout_check(const om_kernel_ctx *ctx, int64_t *rows, in
                             "without growing it", n->name, b, a);
         }
     }
-    if (present(ctx, 4) && ctx->in[4].dtype != OM_BOOL) return om_err_dtype(n, 4, ctx->in[4].dtype);
+    if (om_in_present(ctx, 4) && ctx->in[4].dtype != OM_BOOL) return om_err_dtype(n, 4, ctx->in[4].dtype);
     return NULL;
 }
 
@@ -623,14 +600,6 @@ static om_status *bias_dropout_infer(om_kernel_ctx *ctx) {
     OM_TRY(bias_dropout_check(ctx, &rows, &cols));
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     if (ctx->n_out > 1) om_set_shape(&ctx->out[1], &ctx->in[0], OM_BOOL);
-    return NULL;
-}
-
-static om_status *dropout_params(const om_kernel_ctx *ctx, int ri, int ti, double *ratio, int *training) {
-    *ratio = scalar_in(ctx, ri, 0.5);
-    *training = present(ctx, ti) && scalar_in(ctx, ti, 0) != 0;
-    if (*training && !(*ratio >= 0.0 && *ratio <= 1.0))
-        return om_error(OM_INVALID_ARGUMENT, "node '%s': dropout ratio %g is outside [0, 1]", ctx->node->name, *ratio);
     return NULL;
 }
 
@@ -701,18 +670,18 @@ BIAS_DROPOUT_RANGE(bias_dropout_f64, double)
 static om_status *bias_dropout_cpu(om_kernel_ctx *ctx) {
     int64_t rows = 0, cols = 0;
     OM_TRY(bias_dropout_check(ctx, &rows, &cols));
-    double ratio;
+    double ratio, scale;
     int training;
-    OM_TRY(dropout_params(ctx, 3, 4, &ratio, &training));
+    OM_TRY(om_dropout_params(ctx, 3, 4, &ratio, &training, &scale));
     const om_tensor *x = &ctx->in[0];
     if (x->dtype != OM_F32 && x->dtype != OM_F64) return om_err_dtype(ctx->node, 0, x->dtype);
     bias_dropout_job j = {
-        .ctx = ctx, .x = x->data, .b = present(ctx, 1) ? ctx->in[1].data : NULL,
-        .r = present(ctx, 2) ? ctx->in[2].data : NULL, .y = ctx->out[0].data,
+        .ctx = ctx, .x = x->data, .b = om_in_present(ctx, 1) ? ctx->in[1].data : NULL,
+        .r = om_in_present(ctx, 2) ? ctx->in[2].data : NULL, .y = ctx->out[0].data,
         .mask = wanted(ctx, 1) ? (uint8_t *)ctx->out[1].data : NULL, .cols = cols,
-        .bs = present(ctx, 1) && om_tensor_numel(&ctx->in[1]) != 1 ? 1 : 0, .drop = training && ratio > 0.0,
-        .rsame = !present(ctx, 2) || om_shape_equal(&ctx->in[2], x), .ratio = (float)ratio, .seed = ctx->seed,
-        .scale = ratio < 1.0 ? 1.0 / (1.0 - ratio) : 0.0};
+        .bs = om_in_present(ctx, 1) && om_tensor_numel(&ctx->in[1]) != 1 ? 1 : 0, .drop = training && ratio > 0.0,
+        .rsame = !om_in_present(ctx, 2) || om_shape_equal(&ctx->in[2], x), .ratio = (float)ratio, .seed = ctx->seed,
+        .scale = scale};
     om_pool_for(rows, OM_GRAIN / (cols ? cols : 1) + 1, x->dtype == OM_F32 ? bias_dropout_f32 : bias_dropout_f64, &j);
     return NULL;
 }
@@ -734,7 +703,7 @@ static om_status *bias_dropout_grad(om_grad_ctx *c) {
     int bshape = -1;
     if (b >= 0 && c->need_dx[1] && (bshape = om_emit_shape(c, b)) < 0) return NULL;
     int in[5] = {dy, mask, ratio, tm, bshape}, out[2], want[2] = {c->need_dx[0], c->need_dx[1] && b >= 0};
-    if (emit_partial(c, om_op_bias_dropout_grad_id, in, 5, out, 2, want) < 0) return NULL;
+    if (om_emit_partial(c, om_op_bias_dropout_grad_id, in, 5, out, 2, want) < 0) return NULL;
     c->dx[0] = out[0];
     c->dx[1] = out[1];
     return NULL;
@@ -743,13 +712,13 @@ static om_status *bias_dropout_grad(om_grad_ctx *c) {
 static om_status *bias_dropout_grad_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     OM_TRY(om_check_float(n, &ctx->in[0], 0, OM_UNDEFINED));
-    if (present(ctx, 1)) {
+    if (om_in_present(ctx, 1)) {
         if (ctx->in[1].dtype != OM_BOOL) return om_err_dtype(n, 1, ctx->in[1].dtype);
         if (om_tensor_numel(&ctx->in[1]) != om_tensor_numel(&ctx->in[0]))
             return om_error(OM_INVALID_ARGUMENT, "BiasDropoutGrad node '%s': mask and dy differ in size", n->name);
     }
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
-    if (ctx->n_out > 1 && present(ctx, 4)) {
+    if (ctx->n_out > 1 && om_in_present(ctx, 4)) {
         OM_TRY(read_shape(ctx, 4, &ctx->out[1], ctx->in[0].dtype));
         const om_tensor *dy = &ctx->in[0];
         OM_TRY(check_bias(n, &ctx->out[1], 4, dy->rank ? dy->dims[dy->rank - 1] : 1));
@@ -759,15 +728,15 @@ static om_status *bias_dropout_grad_infer(om_kernel_ctx *ctx) {
 
 // dy, mask, dx are (rows, cols); db is (cols) or (1)
 static om_status *bias_dropout_grad_cpu(om_kernel_ctx *ctx) {
-    double ratio;
+    double ratio, kept_scale;
     int training;
-    OM_TRY(dropout_params(ctx, 2, 3, &ratio, &training));
+    OM_TRY(om_dropout_params(ctx, 2, 3, &ratio, &training, &kept_scale));
     const om_tensor *dy = &ctx->in[0];
     const int64_t cols = dy->rank ? dy->dims[dy->rank - 1] : 1, rows = cols ? om_tensor_numel(dy) / cols : 0;
-    const int use_mask = training && present(ctx, 1);
+    const int use_mask = training && om_in_present(ctx, 1);
     const int want_dx = wanted(ctx, 0), want_db = wanted(ctx, 1);
     const int64_t bs = want_db && om_tensor_numel(&ctx->out[1]) != 1 ? 1 : 0;
-    const double scale = !training ? 1.0 : ratio < 1.0 ? 1.0 / (1.0 - ratio) : 0.0;
+    const double scale = training ? kept_scale : 1.0;
     if (want_dx && (dy->dtype == OM_F32 || dy->dtype == OM_F64)) {
         /* dx on the pool, then db as the row sums of dx */
         bias_dropout_job j = {.ctx = ctx, .x = dy->data, .y = ctx->out[0].data,
@@ -860,7 +829,7 @@ static om_status *sln_grad(om_grad_ctx *c) {
     int inv = om_node_ensure_output(c->g, c->node, 1, om_dtype_stat(c->g->values[x].dtype));
     if (inv < 0) return om_grad_fail(c, om_error(OM_OUT_OF_MEMORY, "out of memory in autodiff"));
     int in[4] = {dy, x, s, inv}, out[2], want[2] = {c->need_dx[0], c->need_dx[1]};
-    if (emit_partial(c, om_op_simplified_layer_norm_grad_id, in, 4, out, 2, want) < 0) return NULL;
+    if (om_emit_partial(c, om_op_simplified_layer_norm_grad_id, in, 4, out, 2, want) < 0) return NULL;
     c->dx[0] = out[0];
     c->dx[1] = out[1];
     return NULL;

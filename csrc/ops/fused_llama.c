@@ -40,26 +40,11 @@
 
 #include "core/threadpool.h"
 #include "ops/broadcast.h"
+#include "ops/op_util.h"
 #include "ops/op.h"
 #include "ops/vecmath.h"
 
 static int wanted(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out && ctx->out[j].data != NULL; }
-static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
-
-/* Emits op with n_out outputs and detaches those whose want[j] is 0 (their out[j] = -1). */
-static int emit_partial(om_grad_ctx *c, om_op_id op, const int *in, int n_in, int *out, int n_out, const int *want) {
-    int id = -1;
-    if (om_emit_node(c, op, in, n_in, out, n_out, &id) < 0) return -1;
-    om_node *n = &c->g->nodes[id];
-    for (int j = 0; j < n_out; j++)
-        if (!want[j]) {
-            c->g->values[n->out[j]].producer = -1;
-            n->out[j] = -1;
-            out[j] = -1;
-        }
-    return id;
-}
-
 /* ---- SwiGLU ----------------------------------------------------------------------- */
 
 static om_status *swiglu_infer(om_kernel_ctx *ctx) {
@@ -168,7 +153,7 @@ static om_status *swiglu_grad(om_grad_ctx *c) {
     if (dy < 0) return NULL;
     int in[3] = {dy, gate, up}, out[2], want[2] = {c->need_dx[0], c->need_dx[1]};
     if (!want[0] && !want[1]) return NULL;
-    if (emit_partial(c, om_op_swiglu_grad_id, in, 3, out, 2, want) < 0) return NULL;
+    if (om_emit_partial(c, om_op_swiglu_grad_id, in, 3, out, 2, want) < 0) return NULL;
     if (want[0]) c->dx[0] = om_emit_sum_to(c, out[0], gate);
     if (want[1]) c->dx[1] = om_emit_sum_to(c, out[1], up);
     return NULL;
@@ -240,7 +225,7 @@ static om_status *rope_strides(const om_node *n, const om_tensor *x, const om_te
 
 static om_status *rope_read_bound(const om_kernel_ctx *ctx, int i, int64_t *v) {
     int64_t vals[2];
-    if (!present(ctx, i) || !ctx->in[i].data || om_read_ints(&ctx->in[i], vals, 2) != 1)
+    if (!om_in_present(ctx, i) || !ctx->in[i].data || om_read_ints(&ctx->in[i], vals, 2) != 1)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d (a rotate_half bound) must be one integer known at "
                         "plan time", ctx->node->op->name, ctx->node->name, i);
     *v = vals[0];
@@ -388,7 +373,7 @@ static om_status *rope_grad(om_grad_ctx *c) {
     if (!want[0] && !want[1] && !want[2]) return NULL;
     /* x is read only for cos's and sin's gradients (normally constants: not wanted) */
     int in[6] = {dy, cs, sn, f->in[3], f->in[4], want[1] || want[2] ? x : -1};
-    if (emit_partial(c, om_op_fused_rotary_grad_id, in, 6, out, 3, want) < 0) return NULL;
+    if (om_emit_partial(c, om_op_fused_rotary_grad_id, in, 6, out, 3, want) < 0) return NULL;
     c->dx[0] = out[0];
     if (want[1]) c->dx[1] = om_emit_sum_to(c, out[1], cs);
     if (want[2]) c->dx[2] = om_emit_sum_to(c, out[2], sn);
@@ -399,7 +384,7 @@ static om_status *rope_grad_infer(om_kernel_ctx *ctx) {
     rope_geom r;
     OM_TRY(rope_geometry(ctx, 0, 1, &r));
     const om_tensor *dy = &ctx->in[0];
-    if (present(ctx, 5) && (om_check_float(ctx->node, &ctx->in[5], 5, dy->dtype) || !om_shape_equal(&ctx->in[5], dy)))
+    if (om_in_present(ctx, 5) && (om_check_float(ctx->node, &ctx->in[5], 5, dy->dtype) || !om_shape_equal(&ctx->in[5], dy)))
         return om_error(OM_INVALID_ARGUMENT, "FusedRotaryGrad node '%s': x must have dy's shape and dtype",
                         ctx->node->name);
     for (int j = 0; j < ctx->n_out; j++) om_set_shape(&ctx->out[j], dy, dy->dtype);
@@ -409,7 +394,7 @@ static om_status *rope_grad_infer(om_kernel_ctx *ctx) {
 // dy is x's shape (..., d); cos, sin broadcast into it; dx like dy; dcos, dsin (when wanted, from x) like dy
 static om_status *rope_grad_cpu(om_kernel_ctx *ctx) {
     rope_job j = {.dt = ctx->in[0].dtype, .dy = ctx->in[0].data, .c = ctx->in[1].data, .sn = ctx->in[2].data,
-                  .x = present(ctx, 5) ? ctx->in[5].data : NULL, .dx = wanted(ctx, 0) ? ctx->out[0].data : NULL,
+                  .x = om_in_present(ctx, 5) ? ctx->in[5].data : NULL, .dx = wanted(ctx, 0) ? ctx->out[0].data : NULL,
                   .dc = wanted(ctx, 1) ? ctx->out[1].data : NULL, .ds = wanted(ctx, 2) ? ctx->out[2].data : NULL};
     OM_TRY(rope_geometry(ctx, 0, 1, &j.r));
     if ((j.dc || j.ds) && !j.x)

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 
 #include "ops/broadcast.h"
+#include "ops/op_util.h"
 #include "ops/einsum_geom.h"
 #include "ops/pad_geom.h"
 #include "ops/gemm.h"
@@ -65,7 +66,6 @@
 #define EMIT_OK(v) do { if ((v) < 0) return NULL; } while (0)
 
 static const char *nm(const om_node *n) { return n && n->name ? n->name : ""; }
-static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
 static om_dtype dtype_bool(const om_graph *g, const om_node *n, int j) { return OM_BOOL; }
 /* what the shape rules take (fp16/bf16 too); the CPU kernels dispatch f32/f64 (and ints) */
 static int is_float(om_dtype d) { return om_dtype_is_float(d); }
@@ -180,7 +180,7 @@ static om_status *clip_infer(om_kernel_ctx *ctx) {
     if (!is_arith(ctx->in[0].dtype)) return om_err_dtype(n, 0, ctx->in[0].dtype);
     int first = n->op_id == om_op_clip_grad_id;   /* ClipGrad: (dy, x, min?, max?) */
     for (int i = 1 + first; i < ctx->n_in; i++) {
-        if (!present(ctx, i)) continue;
+        if (!om_in_present(ctx, i)) continue;
         if (ctx->in[i].dtype != ctx->in[first].dtype) return om_err_dtype(n, i, ctx->in[i].dtype);
         if (om_tensor_numel(&ctx->in[i]) != 1)
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': min/max must be scalars", n->op->name, nm(n));
@@ -192,7 +192,7 @@ static om_status *clip_infer(om_kernel_ctx *ctx) {
 // x, y are (n); lo, hi scalars (absent: unbounded)
 static om_status *clip_cpu(om_kernel_ctx *ctx) {
     const int64_t n = om_tensor_numel(&ctx->in[0]);
-    const int has_lo = present(ctx, 1), has_hi = present(ctx, 2);
+    const int has_lo = om_in_present(ctx, 1), has_hi = om_in_present(ctx, 2);
     MISC_ARITH(ctx->in[0].dtype, ctx->node, 0, {
         const T *restrict x = ctx->in[0].data;
         T *restrict y = ctx->out[0].data;
@@ -229,7 +229,7 @@ static om_status *hard_tanh_grad(om_grad_ctx *c) {
 // exclusive: dx = 0 where x <= lo or x >= hi, else dy (hardtanh_backward)
 static om_status *clip_grad_cpu(om_kernel_ctx *ctx) {
     const int64_t n = om_tensor_numel(&ctx->in[0]);
-    const int has_lo = present(ctx, 2), has_hi = present(ctx, 3);
+    const int has_lo = om_in_present(ctx, 2), has_hi = om_in_present(ctx, 3);
     const int exclusive = om_attr_int(ctx->node, "exclusive", 0) != 0;
     MISC_FLOAT(ctx->in[0].dtype, ctx->node, 0, {
         const T *restrict dy = ctx->in[0].data, *restrict x = ctx->in[1].data;
@@ -494,7 +494,7 @@ static om_status *trilu_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     if (ctx->in[0].rank < 2)
         return om_error(OM_INVALID_ARGUMENT, "Trilu node '%s': input must have rank >= 2", nm(n));
-    if (present(ctx, 1) && ctx->in[1].dtype != OM_I64) return om_err_dtype(n, 1, ctx->in[1].dtype);
+    if (om_in_present(ctx, 1) && ctx->in[1].dtype != OM_I64) return om_err_dtype(n, 1, ctx->in[1].dtype);
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     return NULL;
 }
@@ -502,7 +502,7 @@ static om_status *trilu_infer(om_kernel_ctx *ctx) {
 // x, y are (B, R, C) any dtype: keeps j - i >= k (upper) or j - i <= k (lower), zeros the rest
 static om_status *trilu_cpu(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0];
-    const int64_t k = present(ctx, 1) ? *(const int64_t *)ctx->in[1].data : 0;
+    const int64_t k = om_in_present(ctx, 1) ? *(const int64_t *)ctx->in[1].data : 0;
     const int upper = om_attr_int(ctx->node, "upper", 1) != 0;
     const size_t es = om_dtype_size(x->dtype);
     const int64_t R = x->dims[x->rank - 2], C = x->dims[x->rank - 1];
@@ -561,7 +561,7 @@ static om_status *pad_infer(om_kernel_ctx *ctx) {
     pad_geom g;
     const om_tensor *x = &ctx->in[0];
     OM_TRY(pad_geometry(n, x->rank, x->dims, &ctx->in[1], ctx->n_in > 3 ? &ctx->in[3] : NULL, 1, &g));
-    if (present(ctx, 2) && ctx->in[2].dtype != x->dtype) return om_err_dtype(n, 2, ctx->in[2].dtype);
+    if (om_in_present(ctx, 2) && ctx->in[2].dtype != x->dtype) return om_err_dtype(n, 2, ctx->in[2].dtype);
     ctx->out[0].dtype = x->dtype;
     ctx->out[0].rank = g.rank;
     memcpy(ctx->out[0].dims, g.out, sizeof(int64_t) * (size_t)g.rank);
@@ -602,7 +602,7 @@ static om_status *pad_cpu(om_kernel_ctx *ctx) {
     PAD_TYPES(x->dtype, n, {
         const T *xp = x->data;
         T *yp = ctx->out[0].data;
-        const T cv = present(ctx, 2) && om_tensor_numel(&ctx->in[2]) > 0 ? *(const T *)ctx->in[2].data : (T)0;
+        const T cv = om_in_present(ctx, 2) && om_tensor_numel(&ctx->in[2]) > 0 ? *(const T *)ctx->in[2].data : (T)0;
         if (r == 0) { yp[0] = xp[0]; return NULL; }
         const int64_t W = g.in[r - 1], OW = g.out[r - 1], pb = g.pb[r - 1], rows = numel / OW;
         int64_t idx[OM_MAX_RANK] = {0};

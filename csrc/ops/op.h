@@ -109,6 +109,9 @@ om_status *om_node_check_attrs(const om_node *n);
 int om_emit(om_grad_ctx *c, om_op_id op, const int *in, int n_in);
 int om_emit_node(om_grad_ctx *c, om_op_id op, const int *in, int n_in, int *out, int n_out,
                  int *node_id);    /* several outputs; out[] filled */
+/* om_emit_node, then detaches the outputs whose want[j] is 0 (their out[j] = -1): a backward op
+ * that can skip the gradients nobody needs. Returns the node id, -1 on error. */
+int om_emit_partial(om_grad_ctx *c, om_op_id op, const int *in, int n_in, int *out, int n_out, const int *want);
 int om_emit1(om_grad_ctx *c, om_op_id op, int a);
 int om_emit2(om_grad_ctx *c, om_op_id op, int a, int b);
 /* The last node emitted through c, to set attributes on (om_node_set_int(c->g, ...)). */

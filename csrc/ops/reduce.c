@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "ops/op.h"
+#include "ops/op_util.h"
 
 /* ---- the plan ---------------------------------------------------------------------- */
 
@@ -89,18 +90,6 @@ static inline int64_t plan_next(const reduce_plan *p, int64_t *idx, int64_t ooff
 
 /* ---- axes and shapes --------------------------------------------------------------- */
 
-static om_status *node_error(const om_node *n, om_code code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static om_status *node_error(const om_node *n, om_code code, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return om_error(code, "%s node '%s': %s", n && n->op ? n->op->name : "?", n && n->name ? n->name : "?", msg);
-}
-
 /* The reduced-axes mask of a reduction over rank dims. Axes come from input axes_input
  * (when present; it must be known at plan time), else the "axes" attribute; none or empty
  * means all axes, or none at all when noop_with_empty_axes is set. */
@@ -113,14 +102,14 @@ static om_status *reduce_mask(const om_kernel_ctx *ctx, int axes_input, int rank
         if (t->dtype != OM_I64 && t->dtype != OM_I32) return om_err_dtype(n, axes_input, t->dtype);
         int64_t k = om_tensor_numel(t);
         if (k > 0 && !t->data)
-            return node_error(n, OM_UNSUPPORTED_OP, "axes must be known at plan time, but they are computed from run-time data");
-        if (k > OM_MAX_RANK) return node_error(n, OM_INVALID_ARGUMENT, "%lld axes given", (long long)k);
+            return om_node_error(n, OM_UNSUPPORTED_OP, "axes must be known at plan time, but they are computed from run-time data");
+        if (k > OM_MAX_RANK) return om_node_error(n, OM_INVALID_ARGUMENT, "%lld axes given", (long long)k);
         count = om_read_ints(t, axes, OM_MAX_RANK);
         if (count < 0) count = 0;
     } else {
         const int64_t *v;
         int k = om_attr_ints(n, "axes", &v);
-        if (k > OM_MAX_RANK) return node_error(n, OM_INVALID_ARGUMENT, "%d axes given", k);
+        if (k > OM_MAX_RANK) return om_node_error(n, OM_INVALID_ARGUMENT, "%d axes given", k);
         for (int i = 0; i < k; i++) axes[i] = v[i];
         count = k > 0 ? k : 0;
     }
@@ -379,7 +368,7 @@ static om_status *reduce_grad_common(om_grad_ctx *c, om_op_id op_type, int mean,
     const int64_t *av;
     int64_t attr_axes[OM_MAX_RANK];
     int na = om_attr_ints(n, "axes", &av);   /* copied: n moves as nodes are emitted */
-    if (na > OM_MAX_RANK) return om_grad_fail(c, node_error(n, OM_INVALID_ARGUMENT, "%d axes given", na));
+    if (na > OM_MAX_RANK) return om_grad_fail(c, om_node_error(n, OM_INVALID_ARGUMENT, "%d axes given", na));
     for (int i = 0; i < na; i++) attr_axes[i] = av[i];
     if (dy < 0 || !c->need_dx[0]) return NULL;
     int in[5], k = 0;
@@ -418,8 +407,8 @@ static om_status *shape_from_input(om_kernel_ctx *ctx, int i, om_tensor *out, om
     const om_tensor *s = &ctx->in[i];
     if (s->dtype != OM_I64) return om_err_dtype(ctx->node, i, s->dtype);
     int64_t k = om_tensor_numel(s);
-    if (k > 0 && !s->data) return node_error(ctx->node, OM_UNSUPPORTED_OP, "shape input %d must be known at plan time", i);
-    if (k > OM_MAX_RANK) return node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
+    if (k > 0 && !s->data) return om_node_error(ctx->node, OM_UNSUPPORTED_OP, "shape input %d must be known at plan time", i);
+    if (k > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
     out->dtype = dt;
     out->rank = (int)k;
     for (int j = 0; j < (int)k; j++) out->dims[j] = ((const int64_t *)s->data)[j];
@@ -436,7 +425,7 @@ static om_status *reduce_grad_infer(om_kernel_ctx *ctx) {
     int64_t n_out = 1;
     for (int i = 0; i < ctx->out[0].rank; i++) n_out *= red[i] ? 1 : ctx->out[0].dims[i];
     if (om_tensor_numel(&ctx->in[0]) != n_out)
-        return node_error(ctx->node, OM_INVALID_ARGUMENT, "dy has %lld elements, the reduction has %lld",
+        return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "dy has %lld elements, the reduction has %lld",
                           (long long)om_tensor_numel(&ctx->in[0]), (long long)n_out);
     return NULL;
 }
@@ -550,7 +539,7 @@ static int value_grad_kind(const om_node *n) {
 
 static om_status *reduce_value_grad_infer(om_kernel_ctx *ctx) {
     if (value_grad_kind(ctx->node) < 0)
-        return node_error(ctx->node, OM_UNSUPPORTED_OP, "reduction '%s' has no gradient here",
+        return om_node_error(ctx->node, OM_UNSUPPORTED_OP, "reduction '%s' has no gradient here",
                           om_attr_string(ctx->node, "reduction", ""));
     return reduce_min_max_grad_infer(ctx);
 }
@@ -600,7 +589,7 @@ static om_status *arg_axis(const om_kernel_ctx *ctx, int *axis) {
     if (x->rank == 0) { *axis = 0; return NULL; }
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, axis));
     if (x->dims[*axis] == 0)
-        return node_error(ctx->node, OM_INVALID_ARGUMENT, "axis %d is empty: an empty axis has no extremum", *axis);
+        return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "axis %d is empty: an empty axis has no extremum", *axis);
     return NULL;
 }
 

@@ -50,6 +50,7 @@
 #include <stdlib.h>
 
 #include "ops/gemm.h"
+#include "ops/op_util.h"
 #include "ops/op.h"
 #include "ops/rnn_geom.h"
 
@@ -66,8 +67,6 @@ static const char *cell_name(int cell) {
 }
 
 static const char *nm(const om_node *n) { return n && n->name ? n->name : ""; }
-
-static int present(const om_kernel_ctx *ctx, int i) { return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED; }
 
 static int node_in(const om_node *n, int i) { return i < n->n_in ? n->in[i] : -1; }
 
@@ -102,11 +101,11 @@ static om_status *rnn_check_optional(const om_kernel_ctx *ctx, const rnn_cfg *c)
     const om_node *n = ctx->node;
     const om_dtype dt = ctx->in[0].dtype;
     for (int i = 3; i <= (c->cell == CELL_LSTM ? 6 : 5); i++) {
-        if (!present(ctx, i)) continue;
+        if (!om_in_present(ctx, i)) continue;
         const om_dtype got = ctx->in[i].dtype;
         if (i == 4 ? got != OM_I32 && got != OM_I64 : got != dt) return om_err_dtype(n, i, got);
     }
-    return om_rnn_check_optional(ctx, c, present(ctx, 4) ? ctx->in[4].data : NULL);
+    return om_rnn_check_optional(ctx, c, om_in_present(ctx, 4) ? ctx->in[4].data : NULL);
 }
 
 static void set_dims(om_tensor *o, om_dtype dt, int rank, int64_t a, int64_t b, int64_t c, int64_t d) {
@@ -152,9 +151,9 @@ static om_status *rnn_cpu(om_kernel_ctx *ctx, int cell) {
     const int f32 = ctx->in[0].dtype == OM_F32;
     RNN_FLOAT(ctx->in[0].dtype, n, {
         const T *X = ctx->in[0].data, *W = ctx->in[1].data, *R = ctx->in[2].data;
-        const T *Bias = present(ctx, 3) ? ctx->in[3].data : NULL;
-        const T *h0 = present(ctx, 5) ? ctx->in[5].data : NULL;
-        const T *c0 = cell == CELL_LSTM && present(ctx, 6) ? ctx->in[6].data : NULL;
+        const T *Bias = om_in_present(ctx, 3) ? ctx->in[3].data : NULL;
+        const T *h0 = om_in_present(ctx, 5) ? ctx->in[5].data : NULL;
+        const T *c0 = cell == CELL_LSTM && om_in_present(ctx, 6) ? ctx->in[6].data : NULL;
         T *Y = out_data(ctx, 0), *Yh = out_data(ctx, 1), *Yc = cell == CELL_LSTM ? out_data(ctx, 2) : NULL;
         T *Sg = out_data(ctx, ns), *Ss = out_data(ctx, ns + 1);
         /* scratch: gates (T,B,GH) and states (T,B,H) when not saved, h (T,B,H) when Y is absent,
@@ -328,7 +327,7 @@ static om_status *rnn_grad_check(om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
     OM_TRY(rnn_attrs(n, cell, c));
     OM_TRY(rnn_geometry(n, &ctx->in[0], &ctx->in[1], &ctx->in[2], c));
     for (int i = 3; i < 11 && i < ctx->n_in; i++)
-        if (present(ctx, i) && !(cell == CELL_RNN && (i == 6 || i == 7)) && ctx->in[i].dtype != ctx->in[0].dtype)
+        if (om_in_present(ctx, i) && !(cell == CELL_RNN && (i == 6 || i == 7)) && ctx->in[i].dtype != ctx->in[0].dtype)
             return om_err_dtype(n, i, ctx->in[i].dtype);
     return om_rnn_grad_check(ctx, c);
 }
@@ -359,13 +358,13 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
     const int f32 = ctx->in[0].dtype == OM_F32;
     RNN_FLOAT(ctx->in[0].dtype, n, {
         const T *X = ctx->in[0].data, *W = ctx->in[1].data, *R = ctx->in[2].data;
-        const T *h0 = present(ctx, 3) ? ctx->in[3].data : NULL;
-        const T *c0 = cell == CELL_LSTM && present(ctx, 4) ? ctx->in[4].data : NULL;
+        const T *h0 = om_in_present(ctx, 3) ? ctx->in[3].data : NULL;
+        const T *c0 = cell == CELL_LSTM && om_in_present(ctx, 4) ? ctx->in[4].data : NULL;
         const T *Y = ctx->in[5].data;
         const T *Sg = cell == CELL_RNN ? NULL : ctx->in[6].data, *Ss = cell == CELL_RNN ? NULL : ctx->in[7].data;
-        const T *dY = present(ctx, 8) ? ctx->in[8].data : NULL;
-        const T *dYh = present(ctx, 9) ? ctx->in[9].data : NULL;
-        const T *dYc = cell == CELL_LSTM && present(ctx, 10) ? ctx->in[10].data : NULL;
+        const T *dY = om_in_present(ctx, 8) ? ctx->in[8].data : NULL;
+        const T *dYh = om_in_present(ctx, 9) ? ctx->in[9].data : NULL;
+        const T *dYc = cell == CELL_LSTM && om_in_present(ctx, 10) ? ctx->in[10].data : NULL;
         T *dX = out_data(ctx, 0), *dW = out_data(ctx, 1), *dR = out_data(ctx, 2), *dB = out_data(ctx, 3);
         T *dh0 = out_data(ctx, 4), *dc0 = cell == CELL_LSTM ? out_data(ctx, 5) : NULL;
         /* scratch: dG (T,B,GH) input-side pre-activation grads; dGR (T,B,GH) recurrent-side (GRU);

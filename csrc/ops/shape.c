@@ -37,21 +37,10 @@
 
 #include "core/threadpool.h"
 #include "ops/op.h"
+#include "ops/op_util.h"
 #include "ops/slice_geom.h"
 
 /* ---- helpers ----------------------------------------------------------------------- */
-
-static om_status *node_error(const om_node *n, om_code code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static om_status *node_error(const om_node *n, om_code code, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return om_error(code, "%s node '%s': %s", n && n->op ? n->op->name : "?", n && n->name ? n->name : "?", msg);
-}
 
 static int64_t dims_prod(const int64_t *d, int from, int to) {
     int64_t p = 1;
@@ -63,10 +52,6 @@ static void set_out(om_tensor *o, om_dtype dt, int rank, const int64_t *dims) {
     o->dtype = dt;
     o->rank = rank;
     for (int i = 0; i < rank; i++) o->dims[i] = dims[i];
-}
-
-static int present(const om_kernel_ctx *ctx, int i) {
-    return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED;
 }
 
 static int is_int(om_dtype dt) { return dt == OM_I64 || dt == OM_I32; }
@@ -83,7 +68,7 @@ static om_status *known_ints(const om_kernel_ctx *ctx, int i, const char *what, 
     if (!is_int(t->dtype)) return om_err_dtype(ctx->node, i, t->dtype);
     *n = om_tensor_numel(t);
     if (!t->data && *n > 0)
-        return node_error(ctx->node, OM_UNSUPPORTED_OP,
+        return om_node_error(ctx->node, OM_UNSUPPORTED_OP,
                           "input %d (%s) must be known at plan time, but it is computed from run-time data",
                           i, what);
     return NULL;
@@ -93,10 +78,10 @@ static om_status *known_ints(const om_kernel_ctx *ctx, int i, const char *what, 
  * neither gives any. */
 static om_status *read_axes(const om_kernel_ctx *ctx, int input, int64_t *axes, int *count) {
     *count = -1;
-    if (present(ctx, input)) {
+    if (om_in_present(ctx, input)) {
         int64_t k;
         OM_TRY(known_ints(ctx, input, "axes", &k));
-        if (k > OM_MAX_RANK) return node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld axes given", (long long)k);
+        if (k > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld axes given", (long long)k);
         for (int64_t i = 0; i < k; i++) axes[i] = int_at(&ctx->in[input], i);
         *count = (int)k;
         return NULL;
@@ -104,7 +89,7 @@ static om_status *read_axes(const om_kernel_ctx *ctx, int input, int64_t *axes, 
     const int64_t *v;
     int k = om_attr_ints(ctx->node, "axes", &v);
     if (k < 0) return NULL;
-    if (k > OM_MAX_RANK) return node_error(ctx->node, OM_INVALID_ARGUMENT, "%d axes given", k);
+    if (k > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "%d axes given", k);
     for (int i = 0; i < k; i++) axes[i] = v[i];
     *count = k;
     return NULL;
@@ -235,7 +220,7 @@ static om_status *constant_infer(om_kernel_ctx *ctx) {
     om_tensor *y = &ctx->out[0];
     /* ONNX allows exactly one: with two, which one is meant is not for ortmod to pick */
     if (n->n_attr > 1)
-        return node_error(n, OM_INVALID_ARGUMENT, "a Constant holds one of value, value_float(s), value_int(s), "
+        return om_node_error(n, OM_INVALID_ARGUMENT, "a Constant holds one of value, value_float(s), value_int(s), "
                           "not %d of them", n->n_attr);
     if ((a = om_attr_find(n, "value")) && a->type == OM_ATTR_TENSOR) {
         set_out(y, a->t.dtype, a->t.rank, a->t.dims);
@@ -279,15 +264,15 @@ static om_dtype constant_of_shape_dtype(const om_graph *g, const om_node *n, int
 static om_status *constant_of_shape_infer(om_kernel_ctx *ctx) {
     int64_t k;
     OM_TRY(known_ints(ctx, 0, "shape", &k));
-    if (k > OM_MAX_RANK) return node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
+    if (k > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
     int64_t d[OM_MAX_RANK];
     for (int64_t i = 0; i < k; i++) {
         d[i] = int_at(&ctx->in[0], i);
-        if (d[i] < 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "negative dim %lld in shape", (long long)d[i]);
+        if (d[i] < 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "negative dim %lld in shape", (long long)d[i]);
     }
     const om_attr *a = om_attr_find(ctx->node, "value");
     if (a && a->type == OM_ATTR_TENSOR && om_tensor_numel(&a->t) != 1)
-        return node_error(ctx->node, OM_INVALID_ARGUMENT, "attribute value must hold one element");
+        return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "attribute value must hold one element");
     set_out(&ctx->out[0], constant_of_shape_dtype(ctx->g, ctx->node, 0), (int)k, d);
     return NULL;
 }
@@ -309,8 +294,8 @@ static om_status *reshape_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0], *s = &ctx->in[1];
     int64_t k;
     OM_TRY(known_ints(ctx, 1, "shape", &k));
-    if (s->rank != 1) return node_error(ctx->node, OM_INVALID_ARGUMENT, "shape must be 1-D, got rank %d", s->rank);
-    if (k > OM_MAX_RANK) return node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
+    if (s->rank != 1) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "shape must be 1-D, got rank %d", s->rank);
+    if (k > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
     int allowzero = om_attr_int(ctx->node, "allowzero", 0) != 0;
     int64_t d[OM_MAX_RANK], known = 1;
     int unknown = -1;
@@ -318,31 +303,31 @@ static om_status *reshape_infer(om_kernel_ctx *ctx) {
         int64_t v = int_at(s, i);
         if (v == 0 && !allowzero) {
             if (i >= x->rank)
-                return node_error(ctx->node, OM_INVALID_ARGUMENT, "shape[%d] = 0 copies a dim the rank-%d input lacks", i, x->rank);
+                return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "shape[%d] = 0 copies a dim the rank-%d input lacks", i, x->rank);
             v = x->dims[i];
         } else if (v == -1) {
-            if (unknown >= 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "more than one -1 in shape");
+            if (unknown >= 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "more than one -1 in shape");
             unknown = i;
             d[i] = 1;
             continue;
         } else if (v < 0) {
-            return node_error(ctx->node, OM_INVALID_ARGUMENT, "invalid dim %lld in shape", (long long)v);
+            return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "invalid dim %lld in shape", (long long)v);
         }
         d[i] = v;
         if (__builtin_mul_overflow(known, v, &known))   /* the dims are the model's data: any int64 */
-            return node_error(ctx->node, OM_INVALID_ARGUMENT, "the dims of shape multiply past int64 (at dim %d = %lld)",
+            return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "the dims of shape multiply past int64 (at dim %d = %lld)",
                               i, (long long)v);
     }
     int64_t total = om_tensor_numel(x);
     if (unknown >= 0) {
         if (known == 0 ? total != 0 : total % known != 0)
-            return node_error(ctx->node, OM_INVALID_ARGUMENT, "cannot reshape %lld elements with a -1 dim (rest %lld)",
+            return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "cannot reshape %lld elements with a -1 dim (rest %lld)",
                               (long long)total, (long long)known);
         d[unknown] = known == 0 ? 0 : total / known;
     } else if (known != total) {
         char sx[128];
         om_shape_str(x, sx, sizeof sx);
-        return node_error(ctx->node, OM_INVALID_ARGUMENT, "cannot reshape %s (%lld elements) into %lld elements", sx,
+        return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "cannot reshape %s (%lld elements) into %lld elements", sx,
                           (long long)total, (long long)known);
     }
     set_out(&ctx->out[0], x->dtype, (int)k, d);
@@ -354,7 +339,7 @@ static om_status *flatten_infer(om_kernel_ctx *ctx) {
     int64_t axis = om_attr_int(ctx->node, "axis", 1);
     if (axis < 0) axis += x->rank;
     if (axis < 0 || axis > x->rank)
-        return node_error(ctx->node, OM_INVALID_ARGUMENT, "axis %lld out of range for rank %d",
+        return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "axis %lld out of range for rank %d",
                           (long long)om_attr_int(ctx->node, "axis", 1), x->rank);
     int64_t d[2] = {dims_prod(x->dims, 0, (int)axis), dims_prod(x->dims, (int)axis, x->rank)};
     set_out(&ctx->out[0], x->dtype, 2, d);
@@ -373,7 +358,7 @@ static om_status *squeeze_infer(om_kernel_ctx *ctx) {
             int a;
             OM_TRY(om_norm_axis(ctx->node, axes[i], x->rank, &a));
             if (x->dims[a] != 1)
-                return node_error(ctx->node, OM_INVALID_ARGUMENT, "cannot squeeze axis %d of size %lld", a,
+                return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "cannot squeeze axis %d of size %lld", a,
                                   (long long)x->dims[a]);
             drop[a] = 1;
         }
@@ -391,14 +376,14 @@ static om_status *unsqueeze_infer(om_kernel_ctx *ctx) {
     int64_t axes[OM_MAX_RANK];
     int k;
     OM_TRY(read_axes(ctx, 1, axes, &k));
-    if (k < 0) return node_error(ctx->node, OM_INVALID_MODEL, "axes missing");
+    if (k < 0) return om_node_error(ctx->node, OM_INVALID_MODEL, "axes missing");
     int R = x->rank + k;
-    if (R > OM_MAX_RANK) return node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %d exceeds %d", R, OM_MAX_RANK);
+    if (R > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %d exceeds %d", R, OM_MAX_RANK);
     int ins[OM_MAX_RANK] = {0};
     for (int i = 0; i < k; i++) {
         int a;
         OM_TRY(om_norm_axis(ctx->node, axes[i], R, &a));
-        if (ins[a]) return node_error(ctx->node, OM_INVALID_ARGUMENT, "axis %d repeated", a);
+        if (ins[a]) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "axis %d repeated", a);
         ins[a] = 1;
     }
     int64_t d[OM_MAX_RANK];
@@ -417,11 +402,11 @@ static om_status *get_perm(const om_node *n, int rank, int *perm) {
         for (int i = 0; i < rank; i++) perm[i] = rank - 1 - i;
         return NULL;
     }
-    if (k != rank) return node_error(n, OM_INVALID_ARGUMENT, "perm has %d entries for rank %d", k, rank);
+    if (k != rank) return om_node_error(n, OM_INVALID_ARGUMENT, "perm has %d entries for rank %d", k, rank);
     int seen[OM_MAX_RANK] = {0};
     for (int i = 0; i < k; i++) {
         if (p[i] < 0 || p[i] >= rank || seen[p[i]])
-            return node_error(n, OM_INVALID_ARGUMENT, "perm is not a permutation of 0..%d", rank - 1);
+            return om_node_error(n, OM_INVALID_ARGUMENT, "perm is not a permutation of 0..%d", rank - 1);
         seen[p[i]] = 1;
         perm[i] = (int)p[i];
     }
@@ -588,9 +573,9 @@ static om_status *transpose_grad(om_grad_ctx *c) {
     const int64_t *p;
     int k = om_attr_ints(n, "perm", &p);
     int64_t inv[OM_MAX_RANK];
-    if (k > OM_MAX_RANK) return om_grad_fail(c, node_error(n, OM_INVALID_ARGUMENT, "perm has %d entries", k));
+    if (k > OM_MAX_RANK) return om_grad_fail(c, om_node_error(n, OM_INVALID_ARGUMENT, "perm has %d entries", k));
     for (int i = 0; i < k; i++) {
-        if (p[i] < 0 || p[i] >= k) return om_grad_fail(c, node_error(n, OM_INVALID_ARGUMENT, "invalid perm"));
+        if (p[i] < 0 || p[i] >= k) return om_grad_fail(c, om_node_error(n, OM_INVALID_ARGUMENT, "invalid perm"));
         inv[p[i]] = i;
     }
     int dx = om_emit1(c, om_op_transpose_id, dy);
@@ -608,7 +593,7 @@ static om_status *check_indices(const om_node *node, const om_tensor *ind, int64
     for (int64_t i = 0; i < k; i++) {
         int64_t v = int_at(ind, i);
         if (v < -N || v >= N)
-            return node_error(node, OM_RUNTIME, "index %lld (at position %lld) is out of range for axis %d of size %lld",
+            return om_node_error(node, OM_RUNTIME, "index %lld (at position %lld) is out of range for axis %d of size %lld",
                               (long long)v, (long long)i, axis, (long long)N);
     }
     return NULL;
@@ -618,10 +603,10 @@ static om_status *gather_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0], *ind = &ctx->in[1];
     int axis;
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, &axis));
-    if (x->rank == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "data must have rank >= 1");
+    if (x->rank == 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "data must have rank >= 1");
     if (!is_int(ind->dtype)) return om_err_dtype(ctx->node, 1, ind->dtype);
     int R = x->rank - 1 + ind->rank;
-    if (R > OM_MAX_RANK) return node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %d exceeds %d", R, OM_MAX_RANK);
+    if (R > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %d exceeds %d", R, OM_MAX_RANK);
     int64_t d[OM_MAX_RANK];
     int r = 0;
     for (int i = 0; i < axis; i++) d[r++] = x->dims[i];
@@ -674,11 +659,11 @@ static om_status *gather_grad(om_grad_ctx *c) {
 static om_status *infer_from_shape_input(om_kernel_ctx *ctx, int i, om_tensor *out, om_dtype dt) {
     int64_t k;
     OM_TRY(known_ints(ctx, i, "shape", &k));
-    if (k > OM_MAX_RANK) return node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
+    if (k > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
     int64_t d[OM_MAX_RANK];
     for (int64_t j = 0; j < k; j++) {
         d[j] = int_at(&ctx->in[i], j);
-        if (d[j] < 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "negative dim in shape input %d", i);
+        if (d[j] < 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "negative dim in shape input %d", i);
     }
     OM_TRY(om_check_shape_data(ctx->node, i, d, (int)k, dt));
     set_out(out, dt, (int)k, d);
@@ -746,9 +731,9 @@ static om_status *gather_grad_cpu(om_kernel_ctx *ctx) {
 static om_status *concat_infer(om_kernel_ctx *ctx) {
     const om_tensor *x0 = &ctx->in[0];
     int axis;
-    if (x0->rank == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "inputs must have rank >= 1");
+    if (x0->rank == 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "inputs must have rank >= 1");
     /* ONNX requires axis: a Concat without it is not read as axis 0 */
-    if (!om_attr_find(ctx->node, "axis")) return node_error(ctx->node, OM_INVALID_ARGUMENT, "the axis attribute is missing");
+    if (!om_attr_find(ctx->node, "axis")) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "the axis attribute is missing");
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x0->rank, &axis));
     int64_t d[OM_MAX_RANK];
     for (int i = 0; i < x0->rank; i++) d[i] = x0->dims[i];
@@ -762,7 +747,7 @@ static om_status *concat_infer(om_kernel_ctx *ctx) {
             char s0[128], sk[128];
             om_shape_str(x0, s0, sizeof s0);
             om_shape_str(x, sk, sizeof sk);
-            return node_error(ctx->node, OM_INVALID_ARGUMENT, "input %d %s does not match input 0 %s off axis %d", k,
+            return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "input %d %s does not match input 0 %s off axis %d", k,
                               sk, s0, axis);
         }
         d[axis] += x->dims[axis];
@@ -816,7 +801,7 @@ static om_status *concat_grad(om_grad_ctx *c) {
 
 static om_status *concat_grad_index(const om_kernel_ctx *ctx, int *index) {
     int64_t i = om_attr_int(ctx->node, "index", 0);
-    if (i < 0 || i >= ctx->n_in - 1) return node_error(ctx->node, OM_INVALID_ARGUMENT, "index %lld out of range", (long long)i);
+    if (i < 0 || i >= ctx->n_in - 1) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "index %lld out of range", (long long)i);
     *index = (int)i;
     return NULL;
 }
@@ -866,25 +851,25 @@ static om_status *slice_params_get(const om_kernel_ctx *ctx, int first, int rank
     int64_t ns, ne, na, nst;
     OM_TRY(known_ints(ctx, first, "starts", &ns));
     OM_TRY(known_ints(ctx, first + 1, "ends", &ne));
-    if (ns != ne) return node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld starts but %lld ends", (long long)ns, (long long)ne);
-    if (ns > rank) return node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld starts for rank %d", (long long)ns, rank);
-    const int has_axes = present(ctx, first + 2), has_steps = present(ctx, first + 3);
+    if (ns != ne) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld starts but %lld ends", (long long)ns, (long long)ne);
+    if (ns > rank) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld starts for rank %d", (long long)ns, rank);
+    const int has_axes = om_in_present(ctx, first + 2), has_steps = om_in_present(ctx, first + 3);
     if (has_axes) {
         OM_TRY(known_ints(ctx, first + 2, "axes", &na));
-        if (na != ns) return node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld axes for %lld starts", (long long)na, (long long)ns);
+        if (na != ns) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld axes for %lld starts", (long long)na, (long long)ns);
     }
     if (has_steps) {
         OM_TRY(known_ints(ctx, first + 3, "steps", &nst));
-        if (nst != ns) return node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld steps for %lld starts", (long long)nst, (long long)ns);
+        if (nst != ns) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld steps for %lld starts", (long long)nst, (long long)ns);
     }
     int seen[OM_MAX_RANK] = {0};
     for (int64_t i = 0; i < ns; i++) {
         int a;
         OM_TRY(om_norm_axis(ctx->node, has_axes ? int_at(&ctx->in[first + 2], i) : i, rank, &a));
-        if (seen[a]) return node_error(ctx->node, OM_INVALID_ARGUMENT, "axis %d repeated", a);
+        if (seen[a]) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "axis %d repeated", a);
         seen[a] = 1;
         const int64_t step = has_steps ? int_at(&ctx->in[first + 3], i) : 1, d = dims[a];
-        if (step == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "step 0 on axis %d", a);
+        if (step == 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "step 0 on axis %d", a);
         int64_t s = int_at(&ctx->in[first], i), e = int_at(&ctx->in[first + 1], i);
         sp->count[a] = om_slice_axis(s, e, step, d, &sp->start[a]);
         /* a step that takes at most one element is never taken: as 1, no stride is ever
@@ -967,7 +952,7 @@ static om_status *slice_grad_infer(om_kernel_ctx *ctx) {
     OM_TRY(slice_params_get(ctx, 2, ctx->out[0].rank, ctx->out[0].dims, &sp));
     for (int a = 0; a < ctx->out[0].rank; a++)
         if (sp.count[a] != (ctx->in[0].rank == ctx->out[0].rank ? ctx->in[0].dims[a] : -1))
-            return node_error(ctx->node, OM_INVALID_ARGUMENT, "dy does not have the slice's shape");
+            return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "dy does not have the slice's shape");
     return NULL;
 }
 
@@ -987,7 +972,7 @@ static om_status *expand_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0], *s = &ctx->in[1];
     int64_t k;
     OM_TRY(known_ints(ctx, 1, "shape", &k));
-    if (k > OM_MAX_RANK) return node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
+    if (k > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
     const int R = x->rank > (int)k ? x->rank : (int)k;
     int64_t d[OM_MAX_RANK];
     for (int i = 0; i < R; i++) {
@@ -996,7 +981,7 @@ static om_status *expand_infer(om_kernel_ctx *ctx) {
         if (a == b || b == 1) d[i] = a;
         else if (a == 1) d[i] = b;
         else
-            return node_error(ctx->node, OM_INVALID_ARGUMENT, "cannot expand dim %lld to %lld (axis %d)", (long long)a,
+            return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "cannot expand dim %lld to %lld (axis %d)", (long long)a,
                               (long long)b, i);
     }
     set_out(&ctx->out[0], x->dtype, R, d);
@@ -1056,9 +1041,9 @@ static om_status *range_count(const om_kernel_ctx *ctx, int64_t *n) {
     *n = 0;
     for (int i = 0; i < 3; i++) {
         if (!ctx->in[i].data)
-            return node_error(ctx->node, OM_UNSUPPORTED_OP, "input %d must be known at plan time", i);
+            return om_node_error(ctx->node, OM_UNSUPPORTED_OP, "input %d must be known at plan time", i);
         if (om_tensor_numel(&ctx->in[i]) != 1)
-            return node_error(ctx->node, OM_INVALID_ARGUMENT, "input %d must be a scalar", i);
+            return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "input %d must be a scalar", i);
         if (ctx->in[i].dtype != ctx->in[0].dtype) return om_err_dtype(ctx->node, i, ctx->in[i].dtype);
     }
     const om_dtype dt = ctx->in[0].dtype;
@@ -1070,12 +1055,12 @@ static om_status *range_count(const om_kernel_ctx *ctx, int64_t *n) {
             s = *(const double *)ctx->in[0].data, l = *(const double *)ctx->in[1].data, d = *(const double *)ctx->in[2].data;
         }
         if (d == 0 || !isfinite(s) || !isfinite(l) || !isfinite(d))
-            return node_error(ctx->node, OM_INVALID_ARGUMENT, "start, limit and delta must be finite, delta nonzero");
+            return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "start, limit and delta must be finite, delta nonzero");
         double c = ceil((l - s) / d);
         *n = c > 0 ? (int64_t)c : 0;
     } else if (is_int(dt)) {
         int64_t s = int_at(&ctx->in[0], 0), l = int_at(&ctx->in[1], 0), d = int_at(&ctx->in[2], 0);
-        if (d == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "delta is 0");
+        if (d == 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "delta is 0");
         int64_t diff = l - s;
         *n = d > 0 ? (diff > 0 ? (diff + d - 1) / d : 0) : (diff < 0 ? (-diff - d - 1) / -d : 0);
     } else {
@@ -1126,13 +1111,13 @@ static om_status *split_sizes(const om_kernel_ctx *ctx, int split_input, int64_t
     const int64_t *av;
     int na;
     int64_t sum = 0;
-    if (split_input >= 0 && present(ctx, split_input)) {
+    if (split_input >= 0 && om_in_present(ctx, split_input)) {
         int64_t k;
         OM_TRY(known_ints(ctx, split_input, "split", &k));
-        if (k != n) return node_error(ctx->node, OM_INVALID_ARGUMENT, "split has %lld entries for %d outputs", (long long)k, n);
+        if (k != n) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "split has %lld entries for %d outputs", (long long)k, n);
         for (int j = 0; j < n; j++) sizes[j] = int_at(&ctx->in[split_input], j);
     } else if ((na = om_attr_ints(ctx->node, "split", &av)) >= 0) {
-        if (na != n) return node_error(ctx->node, OM_INVALID_ARGUMENT, "split has %d entries for %d outputs", na, n);
+        if (na != n) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "split has %d entries for %d outputs", na, n);
         for (int j = 0; j < n; j++) sizes[j] = av[j];
     } else {
         const int64_t chunk = (dim + n - 1) / n;
@@ -1142,12 +1127,12 @@ static om_status *split_sizes(const om_kernel_ctx *ctx, int split_input, int64_t
         }
     }
     for (int j = 0; j < n; j++) {
-        if (sizes[j] < 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "negative split size %lld", (long long)sizes[j]);
+        if (sizes[j] < 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "negative split size %lld", (long long)sizes[j]);
         if (__builtin_add_overflow(sum, sizes[j], &sum))
-            return node_error(ctx->node, OM_INVALID_ARGUMENT, "split sizes add up past int64 (at output %d)", j);
+            return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "split sizes add up past int64 (at output %d)", j);
     }
     if (sum != dim)
-        return node_error(ctx->node, OM_INVALID_ARGUMENT, "split sizes add up to %lld, the axis has %lld", (long long)sum,
+        return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "split sizes add up to %lld, the axis has %lld", (long long)sum,
                           (long long)dim);
     return NULL;
 }
@@ -1159,15 +1144,15 @@ static om_status *split_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0];
     int axis;
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, &axis));
-    if (x->rank == 0) return node_error(ctx->node, OM_INVALID_ARGUMENT, "input must have rank >= 1");
+    if (x->rank == 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "input must have rank >= 1");
     const int n = ctx->n_out;
     /* num_outputs (opset 18) means the equal chunks split_sizes makes for the node's outputs */
     const om_attr *no = om_attr_find(ctx->node, "num_outputs");
     if (no && no->i != n)
-        return node_error(ctx->node, OM_INVALID_ARGUMENT, "num_outputs is %lld but the node has %d outputs",
+        return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "num_outputs is %lld but the node has %d outputs",
                           (long long)no->i, n);
-    if (no && (present(ctx, 1) || om_attr_find(ctx->node, "split")))
-        return node_error(ctx->node, OM_INVALID_ARGUMENT, "num_outputs and split are both given");
+    if (no && (om_in_present(ctx, 1) || om_attr_find(ctx->node, "split")))
+        return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "num_outputs and split are both given");
     int64_t buf[SPLIT_STACK], *sizes = buf;
     if (n > SPLIT_STACK) OM_NEW(sizes, n);
     om_status *st = split_sizes(ctx, 1, x->dims[axis], n, sizes);
@@ -1245,7 +1230,7 @@ static om_dtype split_grad_dtype(const om_graph *g, const om_node *n, int k) {
 static om_status *split_grad_infer(om_kernel_ctx *ctx) {
     om_dtype dt = OM_UNDEFINED;
     for (int i = 2; i < ctx->n_in && dt == OM_UNDEFINED; i++) dt = ctx->in[i].dtype;
-    if (dt == OM_UNDEFINED) return node_error(ctx->node, OM_INTERNAL, "no gradient input");
+    if (dt == OM_UNDEFINED) return om_node_error(ctx->node, OM_INTERNAL, "no gradient input");
     return infer_from_shape_input(ctx, 0, &ctx->out[0], dt);
 }
 
@@ -1265,7 +1250,7 @@ static om_status *split_grad_cpu(om_kernel_ctx *ctx) {
         for (int64_t o = 0; o < outer; o++)
             for (int j = 0; j < n; j++) {
                 const int64_t chunk = sizes[j] * inner_bytes;
-                if (present(ctx, 2 + j)) memcpy(p, (const char *)ctx->in[2 + j].data + o * chunk, (size_t)chunk);
+                if (om_in_present(ctx, 2 + j)) memcpy(p, (const char *)ctx->in[2 + j].data + o * chunk, (size_t)chunk);
                 else memset(p, 0, (size_t)chunk);
                 p += chunk;
             }

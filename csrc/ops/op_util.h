@@ -1,0 +1,34 @@
+/* op_util.h — the small helpers every op family needs, written once: optional inputs, errors
+ * that name the node, Dropout's parameters. The CUDA provider's twins (which read inputs that
+ * live on the device) are in cuda/common.cuh. */
+#ifndef OM_OP_UTIL_H
+#define OM_OP_UTIL_H
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "ops/op.h"
+
+/* 1 when optional input i was given: an absent one has dtype OM_UNDEFINED. */
+static inline int om_in_present(const om_kernel_ctx *ctx, int i) {
+    return i < ctx->n_in && ctx->in[i].dtype != OM_UNDEFINED;
+}
+
+/* An error that names the node and its op: "<Op> node '<name>': <message>". */
+static inline om_status *om_node_error(const om_node *n, om_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline om_status *om_node_error(const om_node *n, om_code code, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return om_error(code, "%s node '%s': %s", n && n->op ? n->op->name : "?", n && n->name ? n->name : "?", msg);
+}
+
+/* Dropout's ratio (default 0.5) and training mode (default off) from the optional inputs at ri
+ * and ti (Dropout, DropoutGrad, BiasDropout and its gradient place them differently); *scale is
+ * what kept elements are multiplied by, 0 for ratio 1, which drops everything. */
+om_status *om_dropout_params(const om_kernel_ctx *ctx, int ri, int ti, double *ratio, int *training, double *scale);
+
+#endif
