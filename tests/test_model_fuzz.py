@@ -166,6 +166,51 @@ def test_specs_are_deterministic_and_json():
         assert all(bool((x == y).all()) for x, y in zip(args1, args2))
 
 
+def test_torch_instancenorm_layout_bug_still_needs_the_workaround():
+    """torch 2.13's CPU instance_norm backward with batch 1 and a channels-last output gradient
+    is wrong (O(1) in float64) whatever its input's layout: seed 40589's referee was, after
+    oracle._same_layout_grads handed the gradient its (channels-last) input's layout. When a
+    torch release fixes it, this fails."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 3, 4, 5, dtype=torch.float64, generator=g)
+    dy = torch.randn(1, 3, 4, 5, dtype=torch.float64, generator=g)
+
+    def dx(grad):
+        leaf = x.clone().requires_grad_()
+        torch.nn.InstanceNorm2d(3).double()(leaf).backward(grad)
+        return leaf.grad
+    assert (dx(dy.contiguous(memory_format=torch.channels_last)) - dx(dy)).abs().max().item() > 1e-3
+
+
+def test_norm_backward_is_right_with_a_contiguous_gradient():
+    """What oracle._same_layout_grads relies on: eager's BatchNorm2d/InstanceNorm2d backward,
+    handed a contiguous output gradient, matches the same norm written in elementwise ops, for
+    every input layout and every layout the gradient came in (batch 1 and 2, sizes 1..3)."""
+    import itertools
+    import torch
+    from tests.modelfuzz import oracle as O
+    cl = torch.channels_last
+    gen = torch.Generator().manual_seed(0)
+    for (N, C, H, W), kind in itertools.product(itertools.product([1, 2], [1, 2], [1, 3], [2, 3]), ("bn", "in")):
+        x = torch.randn(N, C, H, W, dtype=torch.float64, generator=gen)
+        dims = (0, 2, 3) if kind == "bn" else (2, 3)
+
+        def plain(t):
+            m = t.mean(dims, keepdim=True)
+            return (t - m) / ((t - m).pow(2).mean(dims, keepdim=True) + 1e-5).sqrt()
+        weird = torch.randn(N, H * W, C, dtype=torch.float64, generator=gen).transpose(1, 2).reshape(N, C, H, W)
+        for dy, x_fmt in itertools.product((weird, weird.contiguous(memory_format=cl)), (torch.contiguous_format, cl)):
+            ref = x.clone().requires_grad_()
+            plain(ref).backward(dy)
+            mod = (torch.nn.BatchNorm2d(C, affine=False) if kind == "bn" else torch.nn.InstanceNorm2d(C)).double()
+            O._same_layout_grads(mod)
+            leaf = x.clone().requires_grad_()
+            mod(leaf.contiguous(memory_format=x_fmt)).backward(dy)
+            assert (leaf.grad - ref.grad).abs().max().item() <= 1e-9 * ref.grad.abs().max().item() + 1e-12, \
+                (kind, (N, C, H, W), x_fmt, dy.stride())
+
+
 def test_torch_batchnorm_layout_bug_still_needs_the_workaround():
     """oracle._same_layout_grads works around torch's CPU batch_norm backward given an output
     gradient of another layout than its input (batch 1 behind flatten(2).transpose(1, 2)).
