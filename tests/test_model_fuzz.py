@@ -166,6 +166,28 @@ def test_specs_are_deterministic_and_json():
         assert all(bool((x == y).all()) for x, y in zip(args1, args2))
 
 
+def test_oracle_rounding_rules():
+    """oracle.scales: a category that is all exact zeros takes the outputs' size (seed 40490);
+    oracle.rounding_explains: an error is rounding when it is within what the other
+    precision's error predicts scaled by the epsilons' ratio (2**29), and a fault is not."""
+    import torch
+    from tests.modelfuzz import oracle as O
+    ref = {"s0 out0": torch.tensor([0.9], dtype=torch.float64), "s0 grad a": torch.zeros(3), "param a": torch.ones(3)}
+    sc = O.scales(ref)
+    assert sc["grad"] == sc["out"] == 0.9 and sc["param"] == 1.0
+    assert O.rel_err(torch.full((3,), 1.4e-17), ref["s0 grad a"], O.FLOOR64 * sc["grad"]) < O.TOL64
+    assert O.rel_err(torch.full((3,), 1e-3), ref["s0 grad a"], O.FLOOR64 * sc["grad"]) > O.TOL64
+    # LayerNorm over a size-1 dim: eager float64 leaves 2e-14, eager float32 1.3e-5, ortmod 0
+    assert O.rounding_explains(2.2e-14, 1.3e-5, 1 / O.EPS_RATIO)
+    # a float32 constant in a float64 computation: 1e-8 relative against eager float32's 1e-7
+    assert not O.rounding_explains(1e-8, 1e-7, 1 / O.EPS_RATIO)
+    # float32 noise 2**29 times ortmod float64's; the injected 3e-2 fault is not
+    assert O.rounding_explains(5e-7, 1.9e-15, O.EPS_RATIO)
+    assert not O.rounding_explains(3e-2, 1e-16, O.EPS_RATIO)
+    assert O.abs_err(None, torch.tensor([0.0, -2.0])) == 2.0
+    assert O.abs_err(torch.tensor([float("inf")]), torch.tensor([1.0])) == float("inf")
+
+
 def test_torch_instancenorm_layout_bug_still_needs_the_workaround():
     """torch 2.13's CPU instance_norm backward with batch 1 and a channels-last output gradient
     is wrong (O(1) in float64) whatever its input's layout: seed 40589's referee was, after
