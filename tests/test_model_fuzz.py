@@ -188,6 +188,37 @@ def test_oracle_rounding_rules():
     assert O.abs_err(torch.tensor([float("inf")]), torch.tensor([1.0])) == float("inf")
 
 
+def test_decomposed_norms_are_the_same_math():
+    """oracle._decompose_norms (the eager variant "decomposed-norms"): BatchNorm (training and
+    eval, running statistics), InstanceNorm and LayerNorm written as plain ops agree with the
+    modules in float64: outputs, input and parameter gradients, buffers."""
+    import copy
+    import torch
+    import torch.nn as nn
+    from tests.modelfuzz import oracle as O
+    gen = torch.Generator().manual_seed(0)
+    cases = [(nn.BatchNorm1d(3, momentum=0.3), (4, 3, 5)), (nn.BatchNorm2d(3, affine=False), (2, 3, 4, 5)),
+             (nn.BatchNorm2d(3, track_running_stats=False), (2, 3, 4, 5)), (nn.InstanceNorm2d(3, affine=True), (2, 3, 4, 5)),
+             (nn.InstanceNorm1d(3), (2, 3, 5)), (nn.LayerNorm([4, 5]), (2, 3, 4, 5)), (nn.LayerNorm(5, bias=False), (2, 5)),
+             (nn.LayerNorm(5, elementwise_affine=False), (2, 5))]
+    for mod, shape in cases:
+        mod = mod.double()
+        with torch.no_grad():
+            for p in mod.parameters():
+                p.copy_(torch.randn(p.shape, dtype=p.dtype, generator=gen))
+        for train in (True, False):
+            a, b = copy.deepcopy(mod).train(train), O._decompose_norms(copy.deepcopy(mod).train(train))
+            x, g = (torch.randn(shape, dtype=torch.float64, generator=gen) for _ in range(2))
+            xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+            ya, yb = a(xa), b(xb)
+            ya.backward(g)
+            yb.backward(g)
+            pairs = [(ya, yb), (xa.grad, xb.grad)] + [(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters())] \
+                + [(u.double(), v.double()) for u, v in zip(a.buffers(), b.buffers())]
+            for u, v in pairs:
+                assert (u - v).abs().max().item() <= 1e-13, (type(mod).__name__, shape, train)
+
+
 def test_torch_instancenorm_layout_bug_still_needs_the_workaround():
     """torch 2.13's CPU instance_norm backward with batch 1 and a channels-last output gradient
     is wrong (O(1) in float64) whatever its input's layout: seed 40589's referee was, after

@@ -205,6 +205,68 @@ def _perturbed(model, args, seed, eps):
     return model, (a0,) + tuple(args[1:])
 
 
+def _decomposed_norm_forward(self, x):
+    """BatchNorm/InstanceNorm/LayerNorm as elementwise ops and reductions (the same math as the
+    module: biased variance to normalize, BatchNorm's running statistics updated with the
+    unbiased one)."""
+    nn_ = torch.nn
+    if isinstance(self, nn_.LayerNorm):
+        dims = tuple(range(-len(self.normalized_shape), 0))
+        stats, shape = True, None
+    else:
+        bn = isinstance(self, nn_.modules.batchnorm._BatchNorm)
+        dims = (0,) + tuple(range(2, x.dim())) if bn else tuple(range(2, x.dim()))
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        stats = self.training or not self.track_running_stats
+    if stats:
+        mean = x.mean(dims, keepdim=True)
+        d = x - mean
+        var = d.pow(2).mean(dims, keepdim=True)
+        if shape is not None and self.training and self.track_running_stats:
+            n = x.numel() // x.shape[1]
+            with torch.no_grad():
+                m = self.momentum
+                self.running_mean.mul_(1 - m).add_(m * mean.reshape(-1))
+                self.running_var.mul_(1 - m).add_(m * var.reshape(-1) * n / max(n - 1, 1))
+                self.num_batches_tracked.add_(1)
+        y = d / (var + self.eps).sqrt()
+    else:
+        y = (x - self.running_mean.view(shape)) / (self.running_var.view(shape) + self.eps).sqrt()
+    w = self.weight if shape is None or self.weight is None else self.weight.view(shape)
+    b = self.bias if shape is None or self.bias is None else self.bias.view(shape)
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    return y
+
+
+def _decomposable_norms(model):
+    nn_ = torch.nn
+    out = []
+    for m in model.modules():
+        if isinstance(m, (nn_.modules.batchnorm._BatchNorm, nn_.modules.instancenorm._InstanceNorm)):
+            if m.momentum is None or (isinstance(m, nn_.modules.instancenorm._InstanceNorm) and m.track_running_stats):
+                return []                     # cumulative averages, instance running stats: not written out
+            out.append(m)
+        elif isinstance(m, nn_.LayerNorm):
+            out.append(m)
+    return out
+
+
+def _decompose_norms(model):
+    """``model`` with its norms computed as plain ops: an equivalent eager run. eager's fused norm
+    kernels compute a mathematically-zero weight gradient (sum(dy * xhat) where dy is constant
+    over the normalized elements) as exact 0, the plain ops as rounding noise, amplified by
+    1/std — the same noise ortmod's decomposed norms give: seeds 21016 (LayerNorm over 2
+    elements under L1), 41077 (InstanceNorm of a constant image), 20160 (BatchNorm's weight
+    gradient). The band must see that noise as eager's own."""
+    import types
+    for m in _decomposable_norms(model):
+        m.forward = types.MethodType(_decomposed_norm_forward, m)
+    return model
+
+
 @contextlib.contextmanager
 def _threads(n):
     old = torch.get_num_threads()
@@ -231,6 +293,8 @@ def eager_variants(model, args, spec, dtype):
         has_gn = any(isinstance(m, torch.nn.GroupNorm) for m in model.modules())
         if args[0].dim() == 4 and args[0].is_floating_point() and not has_gn:
             runs["channels-last"] = lambda m, a: trace(m, a, spec, channels_last=True)
+        if _decomposable_norms(model):
+            runs["decomposed-norms"] = lambda m, a: trace(_decompose_norms(m), a, spec)
     out = {}
     for name, fn in runs.items():
         phase(f"eager {dtype} {name}")
