@@ -169,6 +169,24 @@ def test_arguments_are_kept(module, shape):
     run_both(module, x)
 
 
+class MoveDim(nn.Module):
+    def __init__(self, src, dst):
+        super().__init__()
+        self.src, self.dst = src, dst
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):                       # the channel dim (3) last, a linear, and back
+        return torch.movedim(self.lin(torch.movedim(x, self.src, self.dst)), self.dst, self.src)
+
+
+@pytest.mark.parametrize("src,dst", [(1, -1), (-3, 3), (1, 3), ((1, -1), (-1, 1)), ((-3, 0), (3, 2))])
+def test_movedim_negative_dims(src, dst):
+    # torch's TorchScript rule indexed its perm with negative dims as they were: movedim(-1, 1)
+    # on rank 4 exported Transpose perm [0, -1, 1, 2] ('invalid perm' in the gradient)
+    x = torch.randn(2, 3, 4, 3)
+    run_both(MoveDim(src, dst), x)
+
+
 def test_kl_div_nonpositive_targets():
     class KL(nn.Module):
         def forward(self, x, t):
