@@ -244,6 +244,15 @@ def _embedding_renorm_symbolic(g, weight, indices, max_norm, norm_type):
             "loop under torch.no_grad())")
 
 
+def _log_sigmoid_symbolic(g, x):
+    """eager (log_sigmoid CPU kernel): min(x, 0) - log1p(exp(-|x|)), as -Softplus(-x) (the
+    engine's Softplus takes eager's two branches; the export path's rule). torch's rule,
+    Log(Sigmoid(x)), is -inf where sigmoid underflows (x < -745 in float64, -104 in float32)
+    and loses log1p's precision for large x: 3.6e-8 relative at x = 20 in float64, 0 for
+    -exp(-x) past 37."""
+    return g.op("Neg", g.op("Softplus", g.op("Neg", x)))
+
+
 def _movedim_symbolic(g, x, source, destination):
     """eager (TensorShape.cpp movedim): source dims to destination positions, the others in
     order, negative dims counted from the end. torch's rule indexes its perm list with the
@@ -1186,6 +1195,7 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             "aten::embedding_renorm_": _embedding_renorm_symbolic,
             "aten::softplus": _softplus_symbolic,
             "aten::movedim": _movedim_symbolic,
+            "aten::log_sigmoid": _log_sigmoid_symbolic,
             "aten::kl_div": _kl_div_symbolic,
             "aten::index_add": _index_add_symbolic,
             "aten::pad": _pad_symbolic,

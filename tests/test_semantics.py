@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import ortmod
 from ortmod import DebugOptions, ORTModule
+from oputil import Fn
 
 RTOL, ATOL = 1e-4, 1e-6
 
@@ -167,6 +168,21 @@ def test_embedding_max_norm_is_refused():
 def test_arguments_are_kept(module, shape):
     x = torch.randn(*shape) * 3
     run_both(module, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_sigmoid_extremes(dtype):
+    # torch's TorchScript rule, Log(Sigmoid(x)): -inf below -104 (float32) / -745 (float64),
+    # 0 for -exp(-x) at large x, 3.6e-8 relative off at x = 20 in float64
+    x = torch.tensor([-1e3, -800.0, -120.0, -20.0, -1.0, 0.0, 1.0, 17.0, 20.0, 40.0, 120.0], dtype=dtype)
+    xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yo = F.logsigmoid(xe), ORTModule(Fn(F.logsigmoid))(xo)
+    rtol = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(yo, ye, rtol=rtol, atol=0)      # relative, elementwise: -exp(-120) too
+    w = torch.linspace(-1, 1, x.numel(), dtype=dtype)
+    (ye * w).sum().backward()
+    (yo * w).sum().backward()
+    torch.testing.assert_close(xo.grad, xe.grad, rtol=rtol, atol=0)
 
 
 class MoveDim(nn.Module):
