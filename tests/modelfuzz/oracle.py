@@ -28,6 +28,14 @@ different gradient element, so "eager fp32 is closer to fp64 than ortmod fp32" p
    quantity is MISMATCH32 only when ortmod's error is > BAND_FACTOR x the band's worst and
    > TOL32.
 
+Rounding, judged by how it scales (rounding_explains): a float64 error within eager float32's
+error on the same quantity x 2**-29, or a float32 error within ortmod float64's own x 2**29, is
+rounding (a mathematically-zero gradient computed as noise). The float32 band includes eager
+with its norms written as plain ops (_decompose_norms). A referee category of all exact zeros
+is measured against the outputs' size (scales). A model whose eager float32 forward is off the
+referee by more than CHAOS32 of its own size is chaotic in float32: the float32 oracle abstains
+(``chaotic32`` in the record), the float64 one still judges.
+
 Statuses: ok; refused (an ortmod exception class: counted by message, not a failure);
 mismatch64 / mismatch32 (silently wrong); error (an exception that is not ortmod's, from an
 ORTModule run); invalid (eager itself cannot run the spec, or its referee is not finite: the
@@ -56,6 +64,12 @@ EPS_RATIO = float(torch.finfo(torch.float32).eps / torch.finfo(torch.float64).ep
 # rounding residues are random: the largest of a tensor's at one precision can be 10x below the
 # other's scaled by EPS_RATIO by luck (seed 21214's shrunk case: 12x)
 ROUNDING_FACTOR = 100.0
+# eager float32's own forward error (relative, against the float64 referee) past which a model is
+# chaotic in float32: rounding decides its outputs at their own scale, and the float32 oracle
+# abstains (the float64 one still judges). Seed 70119: a LayerNorm with eps 1e-12, a RMSNorm over
+# one channel (a sign) and BatchNorm running statistics of that; eager float32's training
+# output is 6.7x its size off the referee.
+CHAOS32 = 0.5
 CATEGORIES = ("out", "grad", "buf", "param", "eval")
 
 OK, REFUSED, MISMATCH64, MISMATCH32, ERROR, INVALID, CRASH, HANG, EAGER_CRASH = (
@@ -527,6 +541,11 @@ def _classify(spec, rec):
     # oracle 2: float32 noise band
     if model_dtype == torch.float32:
         ort32 = _ort_trace(model, args, spec, torch.float32, rec, "float32")
+        chaos = max((e for k, e in errors(eager32, ref, sc, FLOOR32).items()
+                     if _category(k) == "out"), default=0.0) if eager32 is not None else 0.0
+        if ort32 is not None and chaos > CHAOS32:
+            rec["chaotic32"] = chaos
+            ort32 = None
         if ort32 is not None:
             band = eager_variants(model, args, spec, torch.float32)
             e32 = errors(ort32, ref, sc, FLOOR32)
