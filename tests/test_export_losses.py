@@ -140,6 +140,33 @@ def test_binary_cross_entropy_float32_tiny():
     check_against_eager(lambda a, b: F.binary_cross_entropy(a, b, reduction="none"), x, t, rtol=1e-6, atol=0)
 
 
+# ---- binary_cross_entropy_with_logits -------------------------------------------------------
+
+# logits past where sigmoid rounds to 0 or 1 (|x| > 37 in float64): torch's TorchScript rule,
+# Log(Sigmoid(x)) and Log(1 - Sigmoid(x)), gives inf there (model fuzzer seed 20000)
+LOGIT_POINTS = [0.0, 40.0, -40.0, 800.0, -800.0, 1e4, -1e4, 17.0, -17.0]
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("pos_weighted", [False, True])
+def test_binary_cross_entropy_with_logits(reduction, weighted, pos_weighted):
+    x = _kinked((4, 9), LOGIT_POINTS)
+    t = _probabilities((4, 9), [0.0, 1.0, 0.0, 1.0, 0.0, 0.5, 1.0, 0.3, 0.7])
+    w, pw = torch.rand(9, dtype=D) + 0.5, torch.rand(9, dtype=D) * 2 + 0.1
+    kw = lambda c, d: dict(weight=c if weighted else None, pos_weight=d if pos_weighted else None, reduction=reduction)
+    fn = lambda a, b, c, d: F.binary_cross_entropy_with_logits(a, b, **kw(c, d))
+    check_against_eager(fn, x, t, w, pw, grad=[True, True, False, False])   # eager refuses to differentiate w, pw
+
+
+def test_binary_cross_entropy_with_logits_float32_large():
+    x = torch.tensor([[20.0, -20.0, 100.0, -100.0, 1e3, -1e3, 0.5]])
+    t = torch.tensor([[0.0, 1.0, 0.2, 1.0, 0.0, 0.7, 1.0]])
+    for loss in (nn.BCEWithLogitsLoss(reduction="none"),
+                 nn.BCEWithLogitsLoss(reduction="none", pos_weight=torch.full((7,), 1.5))):
+        check_against_eager(loss, x, t, rtol=1e-6, atol=0)
+
+
 # ---- margin_ranking, hinge_embedding, soft_margin -----------------------------------------
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)

@@ -166,6 +166,104 @@ def test_specs_are_deterministic_and_json():
         assert all(bool((x == y).all()) for x, y in zip(args1, args2))
 
 
+def test_oracle_rounding_rules():
+    """oracle.scales: a category that is all exact zeros takes the outputs' size (seed 40490);
+    oracle.rounding_explains: an error is rounding when it is within what the other
+    precision's error predicts scaled by the epsilons' ratio (2**29), and a fault is not."""
+    import torch
+    from tests.modelfuzz import oracle as O
+    ref = {"s0 out0": torch.tensor([0.9], dtype=torch.float64), "s0 grad a": torch.zeros(3), "param a": torch.ones(3)}
+    sc = O.scales(ref)
+    assert sc["grad"] == sc["out"] == 0.9 and sc["param"] == 1.0
+    assert O.rel_err(torch.full((3,), 1.4e-17), ref["s0 grad a"], O.FLOOR64 * sc["grad"]) < O.TOL64
+    assert O.rel_err(torch.full((3,), 1e-3), ref["s0 grad a"], O.FLOOR64 * sc["grad"]) > O.TOL64
+    # LayerNorm over a size-1 dim: eager float64 leaves 2e-14, eager float32 1.3e-5, ortmod 0
+    assert O.rounding_explains(2.2e-14, 1.3e-5, 1 / O.EPS_RATIO)
+    # a float32 constant in a float64 computation: 1e-8 relative against eager float32's 1e-7
+    assert not O.rounding_explains(1e-8, 1e-7, 1 / O.EPS_RATIO)
+    # float32 noise 2**29 times ortmod float64's; the injected 3e-2 fault is not
+    assert O.rounding_explains(5e-7, 1.9e-15, O.EPS_RATIO)
+    assert not O.rounding_explains(3e-2, 1e-16, O.EPS_RATIO)
+    assert O.abs_err(None, torch.tensor([0.0, -2.0])) == 2.0
+    assert O.abs_err(torch.tensor([float("inf")]), torch.tensor([1.0])) == float("inf")
+
+
+def test_decomposed_norms_are_the_same_math():
+    """oracle._decompose_norms (the eager variant "decomposed-norms"): BatchNorm (training and
+    eval, running statistics), InstanceNorm and LayerNorm written as plain ops agree with the
+    modules in float64: outputs, input and parameter gradients, buffers."""
+    import copy
+    import torch
+    import torch.nn as nn
+    from tests.modelfuzz import oracle as O
+    gen = torch.Generator().manual_seed(0)
+    cases = [(nn.BatchNorm1d(3, momentum=0.3), (4, 3, 5)), (nn.BatchNorm2d(3, affine=False), (2, 3, 4, 5)),
+             (nn.BatchNorm2d(3, track_running_stats=False), (2, 3, 4, 5)), (nn.InstanceNorm2d(3, affine=True), (2, 3, 4, 5)),
+             (nn.InstanceNorm1d(3), (2, 3, 5)), (nn.LayerNorm([4, 5]), (2, 3, 4, 5)), (nn.LayerNorm(5, bias=False), (2, 5)),
+             (nn.LayerNorm(5, elementwise_affine=False), (2, 5))]
+    for mod, shape in cases:
+        mod = mod.double()
+        with torch.no_grad():
+            for p in mod.parameters():
+                p.copy_(torch.randn(p.shape, dtype=p.dtype, generator=gen))
+        for train in (True, False):
+            a, b = copy.deepcopy(mod).train(train), O._decompose_norms(copy.deepcopy(mod).train(train))
+            x, g = (torch.randn(shape, dtype=torch.float64, generator=gen) for _ in range(2))
+            xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+            ya, yb = a(xa), b(xb)
+            ya.backward(g)
+            yb.backward(g)
+            pairs = [(ya, yb), (xa.grad, xb.grad)] + [(p.grad, q.grad) for p, q in zip(a.parameters(), b.parameters())] \
+                + [(u.double(), v.double()) for u, v in zip(a.buffers(), b.buffers())]
+            for u, v in pairs:
+                assert (u - v).abs().max().item() <= 1e-13, (type(mod).__name__, shape, train)
+
+
+def test_torch_instancenorm_layout_bug_still_needs_the_workaround():
+    """torch 2.13's CPU instance_norm backward with batch 1 and a channels-last output gradient
+    is wrong (O(1) in float64) whatever its input's layout: seed 40589's referee was, after
+    oracle._same_layout_grads handed the gradient its (channels-last) input's layout. When a
+    torch release fixes it, this fails."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 3, 4, 5, dtype=torch.float64, generator=g)
+    dy = torch.randn(1, 3, 4, 5, dtype=torch.float64, generator=g)
+
+    def dx(grad):
+        leaf = x.clone().requires_grad_()
+        torch.nn.InstanceNorm2d(3).double()(leaf).backward(grad)
+        return leaf.grad
+    assert (dx(dy.contiguous(memory_format=torch.channels_last)) - dx(dy)).abs().max().item() > 1e-3
+
+
+def test_norm_backward_is_right_with_a_contiguous_gradient():
+    """What oracle._same_layout_grads relies on: eager's BatchNorm2d/InstanceNorm2d backward,
+    handed a contiguous output gradient, matches the same norm written in elementwise ops, for
+    every input layout and every layout the gradient came in (batch 1 and 2, sizes 1..3)."""
+    import itertools
+    import torch
+    from tests.modelfuzz import oracle as O
+    cl = torch.channels_last
+    gen = torch.Generator().manual_seed(0)
+    for (N, C, H, W), kind in itertools.product(itertools.product([1, 2], [1, 2], [1, 3], [2, 3]), ("bn", "in")):
+        x = torch.randn(N, C, H, W, dtype=torch.float64, generator=gen)
+        dims = (0, 2, 3) if kind == "bn" else (2, 3)
+
+        def plain(t):
+            m = t.mean(dims, keepdim=True)
+            return (t - m) / ((t - m).pow(2).mean(dims, keepdim=True) + 1e-5).sqrt()
+        weird = torch.randn(N, H * W, C, dtype=torch.float64, generator=gen).transpose(1, 2).reshape(N, C, H, W)
+        for dy, x_fmt in itertools.product((weird, weird.contiguous(memory_format=cl)), (torch.contiguous_format, cl)):
+            ref = x.clone().requires_grad_()
+            plain(ref).backward(dy)
+            mod = (torch.nn.BatchNorm2d(C, affine=False) if kind == "bn" else torch.nn.InstanceNorm2d(C)).double()
+            O._same_layout_grads(mod)
+            leaf = x.clone().requires_grad_()
+            mod(leaf.contiguous(memory_format=x_fmt)).backward(dy)
+            assert (leaf.grad - ref.grad).abs().max().item() <= 1e-9 * ref.grad.abs().max().item() + 1e-12, \
+                (kind, (N, C, H, W), x_fmt, dy.stride())
+
+
 def test_torch_batchnorm_layout_bug_still_needs_the_workaround():
     """oracle._same_layout_grads works around torch's CPU batch_norm backward given an output
     gradient of another layout than its input (batch 1 behind flatten(2).transpose(1, 2)).

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import ortmod
 from ortmod import DebugOptions, ORTModule
+from oputil import Fn
 
 RTOL, ATOL = 1e-4, 1e-6
 
@@ -167,6 +168,39 @@ def test_embedding_max_norm_is_refused():
 def test_arguments_are_kept(module, shape):
     x = torch.randn(*shape) * 3
     run_both(module, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_sigmoid_extremes(dtype):
+    # torch's TorchScript rule, Log(Sigmoid(x)): -inf below -104 (float32) / -745 (float64),
+    # 0 for -exp(-x) at large x, 3.6e-8 relative off at x = 20 in float64
+    x = torch.tensor([-1e3, -800.0, -120.0, -20.0, -1.0, 0.0, 1.0, 17.0, 20.0, 40.0, 120.0], dtype=dtype)
+    xe, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yo = F.logsigmoid(xe), ORTModule(Fn(F.logsigmoid))(xo)
+    rtol = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(yo, ye, rtol=rtol, atol=0)      # relative, elementwise: -exp(-120) too
+    w = torch.linspace(-1, 1, x.numel(), dtype=dtype)
+    (ye * w).sum().backward()
+    (yo * w).sum().backward()
+    torch.testing.assert_close(xo.grad, xe.grad, rtol=rtol, atol=0)
+
+
+class MoveDim(nn.Module):
+    def __init__(self, src, dst):
+        super().__init__()
+        self.src, self.dst = src, dst
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):                       # the channel dim (3) last, a linear, and back
+        return torch.movedim(self.lin(torch.movedim(x, self.src, self.dst)), self.dst, self.src)
+
+
+@pytest.mark.parametrize("src,dst", [(1, -1), (-3, 3), (1, 3), ((1, -1), (-1, 1)), ((-3, 0), (3, 2))])
+def test_movedim_negative_dims(src, dst):
+    # torch's TorchScript rule indexed its perm with negative dims as they were: movedim(-1, 1)
+    # on rank 4 exported Transpose perm [0, -1, 1, 2] ('invalid perm' in the gradient)
+    x = torch.randn(2, 3, 4, 3)
+    run_both(MoveDim(src, dst), x)
 
 
 def test_kl_div_nonpositive_targets():
