@@ -145,7 +145,7 @@ def keep_whole(gm):
             bound = dict(zip((n for n, _, _ in names), node.args), **node.kwargs)
             args = tuple(bound.get(n, d) for n, d, _ in names)
             if not all(convert is None or isinstance(a, (int, float)) for a, (_, _, convert) in zip(args, names)):
-                from ._capture import UnsupportedModelError
+                from ..errors import UnsupportedModelError
                 raise UnsupportedModelError(f"{aten_op.name()}: ortmod keeps its numbers only as constants")
             node.target = ortmod_op
             node.args = tuple(a if convert is None else convert(a) for a, (_, _, convert) in zip(args, names))
@@ -526,7 +526,7 @@ def translations(op, ir, stop_gradient):
             return onnx_op(self, op.Mul(other, const(alpha, self.dtype)))
         return rule
 
-    # ---- p-norms and distances (the TorchScript path's rules, ortmod/_semantics.py) -----------
+    # ---- p-norms and distances (the TorchScript path's rules, ortmod/capture/tracing.py) -----------
 
     import math
 
@@ -663,7 +663,7 @@ def translations(op, ir, stop_gradient):
         off_mm = lambda x: op.Where(use_mm, zero, x)
         return op.Where(use_mm, euclidean_dist_mm(on_mm(x1), on_mm(x2), rank, dt), direct(off_mm(x1), off_mm(x2)))
 
-    # ---- cross_entropy (the TorchScript path's rule, ortmod/_export_losses.py) ----------------
+    # ---- cross_entropy (the TorchScript path's rule, ortmod/capture/rules/losses.py) ----------------
 
     REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
@@ -946,7 +946,7 @@ def translations(op, ir, stop_gradient):
         upsampling[packet.vec] = linear_vec(rank)
         upsampling[packet.default] = linear_default(rank)
     # ---- norms: group_norm, instance_norm, batch norm without running stats (issue 16) ---------
-    # The TorchScript path's decomposition (ortmod/_semantics.py _normalized/_affine): per group
+    # The TorchScript path's decomposition (ortmod/capture/tracing.py _normalized/_affine): per group
     # of channels of each sample, (x - mean) / sqrt(var + eps), var biased and two-pass, as eager's
     # kernels. torchlib's group_norm and instance_norm go through InstanceNormalization (an op
     # the engine does not differentiate) and build float32 default weights whatever the input's
@@ -1012,7 +1012,7 @@ def translations(op, ir, stop_gradient):
         return y, op.Reshape(mean, ints([-1])), op.Reshape(invstd, ints([-1]))
 
     # ---- activations and elementwise losses (issue 16, helper "act") ---------------------------
-    # The TorchScript path's reasoning (ortmod/_semantics.py, _export_losses.py): the engine's
+    # The TorchScript path's reasoning (ortmod/capture/tracing.py, _export_losses.py): the engine's
     # activation ops (csrc/ops/misc.c) compute eager's forward and eager's backward, a select
     # where torch selects; where eager's backward is not the derivative of its forward, the
     # forward is a stopped value plus gradient terms that are exactly 0 forward.
