@@ -8,7 +8,9 @@ import torch
 
 from . import compat
 
-from .rules import ctc as ctc_rules, rnn_onnxscript
+from .rules import ctc as ctc_rules, onnxscript as onnxscript_rules, rnn_onnxscript
+from .rules import (activations_onnxscript, distances_onnxscript, elementwise_onnxscript, indexing_onnxscript,
+                    losses_onnxscript, norms_onnxscript, pools_onnxscript, reductions_onnxscript, upsample_onnxscript)
 from .onnx_util import ONNX_OPSET
 from .function_apply import _functions
 
@@ -28,6 +30,18 @@ def _registry():
 
 
 _torchlib_registry = compat.torchlib_registry
+
+# ortmod's onnxscript rules, one module per family (they were one function of closures,
+# ortmod/_export_rules.py's translations): each module's ``translations`` gives its {aten op: rule}
+_FAMILIES = (elementwise_onnxscript, indexing_onnxscript, reductions_onnxscript, pools_onnxscript,
+             distances_onnxscript, losses_onnxscript, upsample_onnxscript, norms_onnxscript, activations_onnxscript)
+
+
+def _family_translations(op, ir, stop_gradient):
+    out = {}
+    for family in _FAMILIES:
+        out.update(family.translations(op, ir, stop_gradient))
+    return out
 
 
 def _translations():
@@ -234,11 +248,10 @@ def _translations():
         tracer.nodes.append(node)
         return tuple(node.outputs)
 
-    from .rules import onnxscript as onnxscript_rules
     return {
         torch.ops.ortmod.python_op.default: python_op_onnx,
         **ctc_rules.export_translations(ir),
-        **onnxscript_rules.translations(op, ir, stop_gradient_op),
+        **_family_translations(op, ir, stop_gradient_op),
         **rnn_onnxscript.translations(op, ir, stop_gradient_op),
         **onnxscript_rules.zoo_translations(op, ir, stop_gradient_op),
         **onnxscript_rules.clamp_translations(op, ir, stop_gradient_op, *compat.clamp_semantics()),
