@@ -43,6 +43,7 @@ from . import _options, _quiet, _threads, _zero3
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
 from ._options import options
+from ._report import summarize
 
 
 @dataclasses.dataclass
@@ -254,7 +255,7 @@ _any_autocast = compat.is_any_autocast_enabled
 _torch_threads = torch.get_num_threads
 _nn_module = torch.nn.modules.module
 _tracing_state = compat.get_tracing_state
-# top-level argument types whose schema key is their _capture._constant_key (each a pytree leaf,
+# top-level argument types whose schema key is their capture.flatten.constant_key (each a pytree leaf,
 # None included): a call that passes equal ones in the same places flattens alike
 _FAST_CONSTANTS = frozenset({type(None), bool, int, float, str})
 
@@ -291,7 +292,7 @@ class _Fast:
                 device = v.device
                 tensor_keys.append((i, v.dtype, v.dim(), v.requires_grad, device.type == "cpu", device))
             elif type(v) in _FAST_CONSTANTS:
-                constants.append((i, flatten._constant_key(v)))
+                constants.append((i, flatten.constant_key(v)))
             else:
                 return None
         # every argument is one leaf (the exact types make that hold for a later call too), unless a
@@ -337,7 +338,7 @@ class _Fast:
         if tensors is None:
             return _MISS
         for i, key in self.constants:
-            if flatten._constant_key(values[i]) != key:
+            if flatten.constant_key(values[i]) != key:
                 return _MISS
         entry = self.entry
         if entry.static_dims or entry.shape_guard is not None:
@@ -683,7 +684,6 @@ class ORTModule(torch.nn.Module):
         outputs = self._ortmod_execute(entry, tensors, state)
         if first_call and logger.isEnabledFor(logging.INFO):
             # the plan exists now: say what the passes and the planner made of the model
-            from ._explain import summarize
             logger.info("compiled %s graph:\n%s", "training" if entry.needs_grad else "inference",
                         summarize(json.loads(entry.engine.report())))
         check = d.pop("_ortmod_check_shapes", None)

@@ -68,13 +68,13 @@ from .export_semantics import _GradModeSemantics, _freeze_decisions, _integer_si
 from .onnx_util import ONNX_OPSET
 from .function_apply import _function_records, _intercepting_apply
 from .audit import _audit, _check_ops
+from .rules import onnxscript as onnxscript_rules
 
 
 def _prepare(ep, registry):
     """torch's own preparation of a program for the ONNX translator (compat.prepare_for_onnx),
     with _views_to_view_copies between decomposition and the type-promotion pass that runs the
     graph again."""
-    from .rules import onnxscript as onnxscript_rules
     # eager's clamp by a number and by a tensor differ at the bound from 2.14 (compat.clamp_semantics):
     # a number the type-promotion pass makes a tensor becomes a number again
     numbers_differ = len(set(compat.clamp_semantics())) > 1
@@ -310,7 +310,6 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     for gm in ep.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule) and gm is not ep.graph_module:
             _insert_stop_gradients(gm)
-    from .rules import onnxscript as onnxscript_rules
     for gm in ep.graph_module.modules():
         if isinstance(gm, torch.fx.GraphModule):
             onnxscript_rules.unbatched_nll_loss_forward(gm)

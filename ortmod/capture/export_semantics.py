@@ -16,6 +16,7 @@ from .fx_passes import _meta_val
 from .shape_guard import _ASSERTS, _ITEM_OPS, _free_unbacked
 from .errors import _user_line
 from .function_apply import _functions
+from . import errors, tracing
 
 
 class _GradModeSemantics(torch.overrides.TorchFunctionMode):
@@ -32,7 +33,6 @@ class _GradModeSemantics(torch.overrides.TorchFunctionMode):
     calls it."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        from . import tracing, errors
         kwargs = kwargs or {}
         if getattr(_functions, "inside", 0):       # a user's Function's forward: run in PyTorch
             return func(*args, **kwargs)
@@ -147,7 +147,6 @@ def _freeze_decisions(module, ep, n_user_out, strict_trace):
     _semantics.Guard list (output indices counted over the module's outputs)."""
     import re
     from torch.export.graph_signature import OutputKind, OutputSpec, TensorArgument
-    from . import tracing, errors
     asserted = set()
     for node in ep.graph.nodes:
         if node.op == "call_function" and getattr(node.target, "__name__", "").startswith(_ASSERTS):

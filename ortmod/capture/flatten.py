@@ -22,6 +22,7 @@ from . import compat
 from .compat import pytree
 
 from .errors import UnsupportedDataError, UnsupportedDeviceError, UnsupportedModelError
+from .errors import TraceHazardWarning
 
 # dtypes the engine can take; anything else (complex, quantized, float8, ...) is a
 # TypeError at the call site rather than an obscure export or engine failure.
@@ -190,7 +191,7 @@ def cuda_devices(module, flat):
 # new engine from the cached ONNX bytes without exporting again.
 
 
-def _constant_key(value):
+def constant_key(value):
     if isinstance(value, float):
         return ("float", repr(value))     # 0.0 vs -0.0, nan == nan: repr tells them apart
     try:
@@ -216,7 +217,7 @@ def input_keys(flat):
                     f"an argument is a {type(v).__name__} holding tensors in its attributes; ortmod takes "
                     "tensors as arguments directly, or inside lists, tuples, dicts and dataclasses (a "
                     "transformers cache as an input, as in generation, is not supported)")
-            per_leaf.append(("C",) + _constant_key(v))
+            per_leaf.append(("C",) + constant_key(v))
     return (flat.structure, tuple(per_leaf)), tuple(grads)
 
 
@@ -634,7 +635,6 @@ def warn_attribute_changes(module, changes, strict_trace):
     warning, and an error under strict_trace."""
     if not changes:
         return
-    from .errors import TraceHazardWarning
     what = (f"{type(module).__name__}.forward changes {', '.join(changes)}: ortmod runs forward only when it "
             "exports, so such an attribute changes then, not on every call as in eager")
     if strict_trace:

@@ -14,6 +14,7 @@ from .compat import pytree
 from . import python_op as pyop
 from .errors import UnsupportedModelError
 from .onnx_util import _concrete
+from .errors import user_frame
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +129,6 @@ def _export_apply(cls, *args, **kwargs):
         raise pyop.refuse_torch_function(cls)
     if kwargs:
         raise pyop.refuse_keywords(cls)
-    from .errors import user_frame
     where = user_frame(2)
     args = tuple(a if isinstance(a, torch.Tensor) else pytree.tree_map(_concrete, a) for a in args)
     spec = pyop.FunctionSpec(cls, args, None, where, grad_enabled=torch.is_grad_enabled())

@@ -64,7 +64,6 @@ def _insert_stop_gradients(gm):
                         # refuses it first, naming the op), its write would need the region's
                         # stop-gradient undone
                         if a.op != "placeholder" and val.requires_grad:
-                            from .errors import UnsupportedModelError
                             raise UnsupportedModelError(
                                 f"a torch.no_grad() region writes in place into {a.name}, a value computed "
                                 "in the graph: ortmod takes in-place writes in no_grad regions only into "

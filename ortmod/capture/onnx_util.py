@@ -7,6 +7,7 @@ package's shared helpers, not private to this file."""
 import torch
 
 from .compat import JitTensorType
+from .errors import UnsupportedModelError
 
 ONNX_OPSET = 20     # both paths export opset 20
 
@@ -30,7 +31,6 @@ def _const(g, v, dtype):
 
 
 def _refuse(what, why):
-    from .errors import UnsupportedModelError
     raise UnsupportedModelError(f"{what}: {why}")
 
 

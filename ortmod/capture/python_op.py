@@ -31,6 +31,7 @@ from . import compat
 from .compat import pytree
 
 from .errors import UnsupportedModelError
+from .errors import user_frame
 
 _DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 6: torch.int32, 7: torch.int64, 9: torch.bool,
            10: torch.float16, 11: torch.float64, 16: torch.bfloat16}
@@ -143,7 +144,6 @@ class FunctionRecorder:
         if not self.keeps(cls):
             return
         outputs = out if isinstance(out, tuple) else (out,)
-        from .errors import user_frame
         where = user_frame(3)
         if not outputs or not all(isinstance(o, torch.Tensor) for o in outputs):
             raise UnsupportedModelError(f"{cls.__qualname__}.apply (at {where}) returns something other than "

@@ -19,6 +19,8 @@ from .._logging import logger
 from .errors import ExportError, UnsupportedModelError
 from .onnx_util import ONNX_OPSET
 from .flatten import Exported, GraphInput, _FlatWrapper, _preserved_state, changed_attributes, check_output_leaves, cuda_devices, plain_attributes, warn_attribute_changes
+from . import onnx_wire, python_op as pyop, torchscript_registry, tracing
+from .onnx_wire import data_type_name
 
 
 
@@ -227,7 +229,6 @@ def _onnxscript_functions_when_used(parsed):
     except compat.TorchFeatureMissing:     # another torch: its own step runs as it is
         yield
         return
-    from . import onnx_wire
 
     def used(graph):
         for node in graph.node:
@@ -269,7 +270,6 @@ def _trace_to_onnx(module, wrapper, tensors, input_names, output_names, dynamic_
     recorder, caught tracer warnings). ``parsed`` (a dict) gets the written model as
     ortmod._onnx_wire read it, under "model", where it was read on the way."""
     from torch.onnx import TrainingMode
-    from . import python_op as pyop, tracing, torchscript_registry
     f = io.BytesIO()
     # an error being handled by the caller is not this export's: the walk below stops there
     outer = sys.exc_info()[1]
@@ -327,7 +327,6 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
 
     The exported graph is read with ortmod._onnx_wire, not the onnx package: its import would
     cost most of a second of the first call."""
-    from . import onnx_wire, tracing, torchscript_registry
 
     wrapper = _FlatWrapper(module, flat)
     # torch.onnx.export puts the wrapper back in the mode it found it in, recursively: a new
@@ -459,7 +458,6 @@ def _check_output_dtypes(module, model, outs):
     """The exported graph must return what eager returned: an exporter that typed an output
     otherwise (its implicit promotion) would hand back another dtype, silently."""
     from .compat import ts_type_utils as _type_utils
-    from .onnx_wire import data_type_name
     for j, (out, t) in enumerate(zip(model.graph.output, outs)):
         elem = out.elem_type
         if not elem:

@@ -18,6 +18,7 @@ from .compat import pytree
 
 from . import python_op as pyop
 from .errors import _is_library, user_frame
+from .errors import UnsupportedModelError
 
 # ---------------------------------------------------------------------------------------------
 # stop-gradient
@@ -60,7 +61,6 @@ def refuse_in_place_without_grad(func, args):
     refuse it by name (called from their ``__torch_function__``)."""
     name = getattr(func, "__name__", "")
     if name.endswith("_") and not name.endswith("__") and any(t.requires_grad for t in _tensors(args[:1])):
-        from .errors import UnsupportedModelError
         raise UnsupportedModelError(
             f"forward calls the in-place {name} with gradients disabled on a tensor that requires grad "
             f"(at {user_frame(3)}): eager autograd ignores that change, a traced graph cannot; do it out of "
@@ -141,7 +141,6 @@ def linear_cross_entropy_reference(args, kwargs):
         return out
     acc = getattr(options, "acc_dtype", None)
     if input.dtype not in (torch.float32, torch.float64) or acc not in (None, input.dtype):
-        from .errors import UnsupportedModelError
         raise UnsupportedModelError(
             f"F.linear_cross_entropy (at {user_frame(3)}) with chunking options on a {input.dtype} input "
             f"(acc_dtype {acc}): its chunked path accumulates in another dtype, which ortmod's graph (the "

@@ -19,6 +19,7 @@ import torch
 from .symbolics import _clamp_min_number, _same_float_dtype
 from ..onnx_util import (_const, _dtype_of, _float_const_arg, _input_rank_or_none, _loss_reduction, _onnx_dtype,
                          _refuse, _stop_gradient)
+from ..onnx_util import _torch_symbolic
 
 
 def _sh():
@@ -508,7 +509,6 @@ _RULES = {
 
 
 def symbolics(registration, opset):
-    from ..onnx_util import _torch_symbolic
     # torch registers its opset-12 rules (cross_entropy_loss's) when that module is imported,
     # which its exporter does lazily
     from ..compat import ts_opset12

@@ -11,6 +11,8 @@ from ..compat import JitListType, JitTensorType
 
 from .symbolics import _avg_pool_symbolic
 from ..onnx_util import _const, _dtype_of, _input_rank_or_none, _onnx_dtype, _refuse, _torch_symbolic
+from . import symbolics as ts_symbolics
+from ..onnx_util import _stop_gradient
 
 _I64 = torch.int64
 _HALF = (torch.float16, torch.bfloat16)
@@ -335,11 +337,10 @@ def _pad_symbolic(g, input, pad, mode, value):
     does not run. Every other F.pad is _semantics' rule, which this one overrides for
     aten::pad and runs."""
     from ..compat import symbolic_helper as sh
-    from . import symbolics
     pads = _int_list(pad, "F.pad", "pad") if sh.parse_arg(mode, "s") == "constant" else None
     rank = _input_rank_or_none(input)
     if pads is None or None in pads or len(pads) % 2 or rank is None or len(pads) // 2 > rank:
-        return symbolics._pad_symbolic(g, input, pad, mode, value)
+        return ts_symbolics._pad_symbolic(g, input, pad, mode, value)
     begin, end = [0] * rank, [0] * rank
     for k in range(len(pads) // 2):          # pad's first pair pads the last dim
         begin[rank - 1 - k], end[rank - 1 - k] = pads[2 * k], pads[2 * k + 1]
@@ -673,9 +674,10 @@ def _nearest_symbolic(rank, exact):
         """nearest / nearest-exact: per spatial axis a Gather with eager's own source indices
         (probed, _probe_nearest); Gather's gradient is a scatter-add, as eager's backward, by
         the forward's index; where eager's backward computes another, the gradient goes there
-        (_export_rules.gather_with_gradient_at, shared with the torch.export path)."""
+        (rules/onnxscript.gather_with_gradient_at, shared with the torch.export path; imported
+        here, not at the top: it registers torch.export's custom ops, which the TorchScript path
+        need not pay for at import)."""
         from .onnxscript import gather_with_gradient_at
-        from ..onnx_util import _stop_gradient
         spatial, out, scales = _upsample_call(g, what, rank, input, output_size, scale_args)
 
         def emit(op_type, *inputs, axis=None):
