@@ -7,7 +7,7 @@ On the first call the module is exported to ONNX and compiled (graph optimizatio
 backward-graph generation, memory planning); later calls run on the engine.
 """
 from ._logging import LogLevel
-from ._capture import ExportError, UnsupportedDataError, UnsupportedDeviceError, UnsupportedModelError
+from .capture.errors import ExportError, UnsupportedDataError, UnsupportedDeviceError, UnsupportedModelError
 from ._module import DebugOptions, ORTModule
 from ._options import options
 from ._explain import explain

@@ -22,7 +22,7 @@ from .capture import compat
 from torch.autograd.function import once_differentiable
 from torch.utils.dlpack import to_dlpack
 
-from . import _pyop
+from .capture import python_op as pyop
 
 
 # A DLPack capsule of t's own storage. torch.utils.dlpack.to_dlpack takes tensors that
@@ -200,7 +200,7 @@ def _functions_of(call, records=None, training=True):
         yield None
         return
     try:
-        with _pyop.call_scope(records, training) as scope:
+        with pyop.call_scope(records, training) as scope:
             yield scope
     except Exception as e:
         raised = call.functions.take_error()

@@ -38,10 +38,12 @@ import torch
 from .capture import compat
 from .capture.compat import pytree
 
-from . import _capture, _options, _pyop, _quiet, _semantics, _threads, _zero3
+from .capture import flatten, errors, torchscript, python_op as pyop
+from . import _options, _quiet, _threads, _zero3
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
 from ._options import options
+from ._report import summarize
 
 
 @dataclasses.dataclass
@@ -64,8 +66,8 @@ class DebugOptions:
                  user's forward and backward run in PyTorch, called from the engine's graph
                  (also ORTMOD_INLINE_AUTOGRAD_FUNCTIONS=1).
     capture:     how the forward is captured (also ORTMOD_CAPTURE): "torchscript" (torch's
-                 TorchScript ONNX exporter, ortmod/_capture.py), "export" (torch.export,
-                 ortmod/_capture_export.py) or "auto" (the default: torch.export, and the TorchScript
+                 TorchScript ONNX exporter, ortmod/capture/torchscript.py), "export" (torch.export,
+                 ortmod/capture/export.py) or "auto" (the default: torch.export, and the TorchScript
                  exporter where torch.export's path is missing or cannot capture the model).
     max_cached_graphs: exports and engines kept per ORTModule, the least recently used dropped
                  past it (one per schema: non-tensor argument values, train/eval, ...). None: the
@@ -253,7 +255,7 @@ _any_autocast = compat.is_any_autocast_enabled
 _torch_threads = torch.get_num_threads
 _nn_module = torch.nn.modules.module
 _tracing_state = compat.get_tracing_state
-# top-level argument types whose schema key is their _capture._constant_key (each a pytree leaf,
+# top-level argument types whose schema key is their capture.flatten.constant_key (each a pytree leaf,
 # None included): a call that passes equal ones in the same places flattens alike
 _FAST_CONSTANTS = frozenset({type(None), bool, int, float, str})
 
@@ -290,7 +292,7 @@ class _Fast:
                 device = v.device
                 tensor_keys.append((i, v.dtype, v.dim(), v.requires_grad, device.type == "cpu", device))
             elif type(v) in _FAST_CONSTANTS:
-                constants.append((i, _capture._constant_key(v)))
+                constants.append((i, flatten.constant_key(v)))
             else:
                 return None
         # every argument is one leaf (the exact types make that hold for a later call too), unless a
@@ -336,7 +338,7 @@ class _Fast:
         if tensors is None:
             return _MISS
         for i, key in self.constants:
-            if _capture._constant_key(values[i]) != key:
+            if flatten.constant_key(values[i]) != key:
                 return _MISS
         entry = self.entry
         if entry.static_dims or entry.shape_guard is not None:
@@ -460,11 +462,11 @@ def _refuse_fsdp2(module, params=None):
         sharded = next((name or type(module).__name__ for name, m in module.named_modules()
                         if isinstance(m, fsdp_module)), None)
         if sharded is not None:
-            raise _capture.UnsupportedModelError(f"{_FSDP2_REFUSAL} (fully_shard was applied to {sharded})")
+            raise errors.UnsupportedModelError(f"{_FSDP2_REFUSAL} (fully_shard was applied to {sharded})")
     if dtensor_type is not None:
         for p in (module.parameters() if params is None else params):
             if isinstance(p, dtensor_type):
-                raise _capture.UnsupportedModelError(f"{_FSDP2_REFUSAL} (the model holds DTensor parameters)")
+                raise errors.UnsupportedModelError(f"{_FSDP2_REFUSAL} (the model holds DTensor parameters)")
 
 
 def _new_ortmodule():
@@ -644,8 +646,8 @@ class ORTModule(torch.nn.Module):
 
     def _ortmod_call(self, module, state, args, kwargs, retried):
         d = self.__dict__
-        flat = _capture.flatten_inputs(args, kwargs)
-        inputs_key, input_grads = _capture.input_keys(flat)
+        flat = flatten.flatten_inputs(args, kwargs)
+        inputs_key, input_grads = flatten.input_keys(flat)
         # eval mode with grad enabled is still differentiated (saliency maps, adversarial inputs,
         # a validation loop without no_grad): eager autograd records it, so does ortmod
         want_grad = torch.is_grad_enabled()
@@ -673,7 +675,7 @@ class ORTModule(torch.nn.Module):
                 tuple(tuple(flat.leaves[i].shape) for i in flat.tensor_indices())):
             # torch.export specialised a size (or related two) that this call does not match
             if retried:
-                raise _capture.UnsupportedModelError(
+                raise errors.UnsupportedModelError(
                     f"ortmod exported {type(module).__name__} again for this call's input sizes and the export "
                     f"still does not hold for them ({entry.shape_guard.describe()})")
             self._ortmod_forget(export_key)
@@ -682,7 +684,6 @@ class ORTModule(torch.nn.Module):
         outputs = self._ortmod_execute(entry, tensors, state)
         if first_call and logger.isEnabledFor(logging.INFO):
             # the plan exists now: say what the passes and the planner made of the model
-            from ._explain import summarize
             logger.info("compiled %s graph:\n%s", "training" if entry.needs_grad else "inference",
                         summarize(json.loads(entry.engine.report())))
         check = d.pop("_ortmod_check_shapes", None)
@@ -731,7 +732,7 @@ class ORTModule(torch.nn.Module):
         outputs are dropped (state updates included) and the module is exported again."""
         now = outputs[guard.output_index].tolist()
         if retried:
-            raise _capture.UnsupportedModelError(
+            raise errors.UnsupportedModelError(
                 f"the value frozen at {guard.where} ({guard.kind}) differs between the trace and the engine on "
                 f"the same call ({guard.value!r} traced, {now!r} computed): ortmod cannot capture it (is it "
                 "random, or computed from state the forward changes?); compute it with tensor ops")
@@ -742,14 +743,14 @@ class ORTModule(torch.nn.Module):
             warnings.warn(f"ortmod: the value frozen at {guard.where} ({guard.kind}) was {guard.value!r} when "
                           f"{type(self._original_module).__name__} was exported and is {now!r} in this call: "
                           "exporting again (every change of it costs an export; compute it with tensor ops to "
-                          "avoid that)", _semantics.TraceHazardWarning, stacklevel=_user_stacklevel())
+                          "avoid that)", errors.TraceHazardWarning, stacklevel=_user_stacklevel())
         self._ortmod_forget(export_key)
         return self._ortmod_run(args, kwargs, retried=True)
 
     def _ortmod_scan_state(self, module):
         d = self.__dict__
         d["_ortmod_generation"] += 1
-        state = _capture.StateInfo(module, d["_ortmod_generation"])
+        state = flatten.StateInfo(module, d["_ortmod_generation"])
         _refuse_fsdp2(module, state.params)       # fully_shard applied after wrapping
         zero3 = _zero3.partitioned_params(state.params)
         if zero3:
@@ -776,9 +777,9 @@ class ORTModule(torch.nn.Module):
         d = self.__dict__
         record = d["_ortmod_exports"].get(export_key)
         if record is None or record.stale:
-            _capture.check_inputs(module, flat)
-            _capture.check_state(module)
-            _capture.check_one_device(module, flat)
+            flatten.check_inputs(module, flat)
+            flatten.check_state(module)
+            flatten.check_one_device(module, flat)
             exported = self._ortmod_export(flat, export_key)
             d["_ortmod_check_shapes"] = exported.eager_shapes   # this call's first engine run
             if record is not None and record.exported.onnx_bytes == exported.onnx_bytes:
@@ -839,7 +840,7 @@ class ORTModule(torch.nn.Module):
         d["_ortmod_reexport_warned"] = True
         module = self._original_module
         changed = [i for i, (a, b) in enumerate(zip(last[0][1], leaves)) if a != b]
-        what = ", ".join(f"{_capture.describe_input(module, flat.paths[i])} = {_short_repr(flat.leaves[i])}"
+        what = ", ".join(f"{flatten.describe_input(module, flat.paths[i])} = {_short_repr(flat.leaves[i])}"
                          for i in changed) or "a non-tensor argument"
         warnings.warn(
             f"ortmod: {type(module).__name__} was exported {seen[0]} times for calls that differ only in "
@@ -852,7 +853,7 @@ class ORTModule(torch.nn.Module):
         module = self._original_module
         mode = "training" if module.training else "inference"
         logger.info("exporting %s for %s (%s, grad %s); export #%d", type(module).__name__, mode,
-                    ", ".join(f"{_capture.dtype_name(flat.leaves[i].dtype)}[rank {flat.leaves[i].dim()}]"
+                    ", ".join(f"{flatten.dtype_name(flat.leaves[i].dtype)}[rank {flat.leaves[i].dim()}]"
                               for i in flat.tensor_indices()) or "no tensor inputs",
                     "enabled" if torch.is_grad_enabled() else "disabled", self._ortmod_export_count + 1)
         strict = self._debug_options.strict_trace
@@ -860,7 +861,7 @@ class ORTModule(torch.nn.Module):
         dynamic = self.__dict__.get("_ortmod_dynamic_dims", {}).get(export_key)
         state = self.__dict__["_ortmod_state"]
         # (torch's and the ONNX libraries' logs and warnings: at LogLevel.VERBOSE only, _quiet.py)
-        with _quiet.quiet_capture(type(module).__name__), _capture.collector_paused(), _zero3.plain_linear(), \
+        with _quiet.quiet_capture(type(module).__name__), flatten.collector_paused(), _zero3.plain_linear(), \
                 (state.zero3.hooks_off(module) if state is not None and state.zero3 is not None
                  else contextlib.nullcontext()):
             exported = self._ortmod_capture(module, flat, strict, inline, dynamic)
@@ -873,7 +874,7 @@ class ORTModule(torch.nn.Module):
                 + "; ".join(new) + ". ortmod checks them after every call and exports again when one changes"
                 + ("; the graph holds only for the traced input shapes" if exported.shape_specialized else "")
                 + " (DebugOptions(strict_trace=True) or ORTMOD_STRICT_TRACE=1 makes this an error)",
-                _semantics.TraceHazardWarning, stacklevel=_user_stacklevel())
+                errors.TraceHazardWarning, stacklevel=_user_stacklevel())
         self._ortmod_export_count += 1
         if self._debug_options.save_onnx:
             self._save(f"torch_exported_{mode}", exported.onnx_bytes)
@@ -882,12 +883,12 @@ class ORTModule(torch.nn.Module):
     def _ortmod_capture(self, module, flat, strict, inline, dynamic=None):
         """Export with the capture path the options pick (see DebugOptions.capture)."""
         def by_export():
-            from . import _capture_export     # here: the TorchScript path does not need it
-            return _capture_export.export(module, flat, strict_trace=strict, inline_functions=inline,
+            from .capture import export as torch_export     # here: the TorchScript path does not need it
+            return torch_export.export(module, flat, strict_trace=strict, inline_functions=inline,
                                           dynamic=dynamic)
 
         def by_torchscript():
-            return _capture.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
+            return torchscript.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
 
         path = self._debug_options.capture
         if path == "export":
@@ -896,7 +897,7 @@ class ORTModule(torch.nn.Module):
             return by_torchscript()
         try:     # "auto": torch.export, and the TorchScript exporter where that cannot capture
             return by_export()
-        except (ImportError, _capture.ExportError, _capture.UnsupportedModelError) as e:
+        except (ImportError, errors.ExportError, errors.UnsupportedModelError) as e:
             first = e
         # outside the except block: the TorchScript attempt's errors must not carry the first one
         # as their __context__ (its export reads a refusal from the context chain, and would
@@ -924,7 +925,7 @@ class ORTModule(torch.nn.Module):
             gi = exported.graph_inputs[name]
             t = flat.leaves[gi.leaf_index] if gi.kind == "input" else state.by_name[gi.state_name]
             grad_inputs.append(bool(want_grad and t.requires_grad and t.is_floating_point()))
-        runner = _pyop.FunctionRunner(exported.functions) if exported.functions else None
+        runner = pyop.FunctionRunner(exported.functions) if exported.functions else None
         engine = self._C.Engine(exported.onnx_bytes, grad_inputs, log_level=int(opts.log_level),
                                 seed=torch.initial_seed() & 0x7FFFFFFFFFFFFFFF,
                                 log=engine_log_callback, callback=runner, max_plans=opts.max_cached_plans)
@@ -1095,7 +1096,7 @@ def _check_output_shapes(module, eager_shapes, outputs):
     input exported with static sizes), the graph is refused rather than trained."""
     for j, (want, got) in enumerate(zip(eager_shapes, outputs)):
         if tuple(got.shape) != want:
-            raise _capture.UnsupportedModelError(
+            raise errors.UnsupportedModelError(
                 f"the export of {type(module).__name__} computes output {j} with shape {tuple(got.shape)} "
                 f"where eager gives {want}: torch's ONNX exporter mis-converted an op of this model")
 

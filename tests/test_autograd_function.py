@@ -1,5 +1,5 @@
 """A user's torch.autograd.Function inside ORTModule runs the user's own forward and backward
-(ortmod/_pyop.py, csrc/ops/callback.c): engine ops around it, eager's exact gradients.
+(ortmod/capture/python_op.py, csrc/ops/callback.c): engine ops around it, eager's exact gradients.
 
 Every test runs on both capture paths (ORTMOD_CAPTURE=torchscript and =export): one
 mechanism, FunctionSpec / FunctionRunner / the engine's PythonOp, reached by two front ends
@@ -26,10 +26,10 @@ def capture(request, ortmod_env):
 def capture_module(capture):
     """The path's own export function (for the tests that build an engine by hand)."""
     if capture == "export":
-        from ortmod import _capture_export
-        return _capture_export.export
-    from ortmod import _capture
-    return _capture.export
+        from ortmod.capture import export as torch_export
+        return torch_export.export
+    from ortmod.capture import torchscript, flatten
+    return torchscript.export
 
 
 def exports_of(ort):
@@ -225,12 +225,13 @@ def test_reentrant_checkpoint_is_refused_by_name():
 
 def test_engine_without_a_client_refuses_python_op(capture):
     """The native runner has no Python: a model holding a PythonOp is refused by name."""
-    from ortmod import _C, _capture
+    from ortmod.capture import torchscript, flatten
+    from ortmod import _C
 
     class M(nn.Module):
         def forward(self, x):
             return StraightThrough.apply(x)
-    exported = capture_module(capture)(M(), _capture.flatten_inputs((torch.randn(2, 3),), {}))
+    exported = capture_module(capture)(M(), flatten.flatten_inputs((torch.randn(2, 3),), {}))
     engine = _C.Engine(exported.onnx_bytes, [False])
     with pytest.raises(_C.UnsupportedOpError, match="PythonOp"):
         engine.forward([torch.randn(2, 3)], False)
@@ -242,12 +243,13 @@ def test_engine_without_a_client_refuses_python_op(capture):
 ])
 def test_a_bad_shape_callback_is_an_error_that_says_what(shapes, match, capture):
     """The binding's own errors from a PythonOp's shape callback (om_status_newf's messages)."""
-    from ortmod import _C, _capture
+    from ortmod.capture import torchscript, flatten
+    from ortmod import _C
 
     class M(nn.Module):
         def forward(self, x):
             return StraightThrough.apply(x)
-    exported = capture_module(capture)(M(), _capture.flatten_inputs((torch.randn(2, 3),), {}))
+    exported = capture_module(capture)(M(), flatten.flatten_inputs((torch.randn(2, 3),), {}))
     engine = _C.Engine(exported.onnx_bytes, [False], callback=lambda phase, fid, ins, outs: shapes(outs))
     with pytest.raises(_C.EngineError, match=match):
         engine.forward([torch.randn(2, 3)], False)
@@ -306,7 +308,7 @@ def test_inlined_function_values_are_guarded(capture):
             return Scale.apply(x)
     ort = ORTModule(M(), debug_options=DebugOptions(inline_autograd_functions=True))
     if capture == "torchscript":
-        with pytest.warns(ortmod._semantics.TraceHazardWarning):
+        with pytest.warns(ortmod.capture.errors.TraceHazardWarning):
             a = ort(torch.ones(3))
     else:
         a = ort(torch.ones(3))

@@ -1,4 +1,4 @@
-"""The torch.export capture path (ortmod/_capture_export.py): models train through it with parity
+"""The torch.export capture path (ortmod/capture/export.py): models train through it with parity
 against eager, training semantics hold (dropout, BatchNorm buffers, stop-gradients), sizes change
 without a stale graph, and ORTModule falls back to it when the TorchScript exporter is gone.
 
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import ortmod
 from ortmod import DebugOptions, ORTModule
-from ortmod import _semantics as ortmod_semantics
+from ortmod.capture import errors
 from modelparity import train_parity, train_with_dropout
 from test_semantics import rel_close, run_both
 
@@ -463,7 +463,7 @@ def test_auto_raises_the_torch_export_error_noting_the_torchscript_one(ortmod_en
     assert any("also tried the TorchScript capture path" in n for n in getattr(info.value, "__notes__", []))
 
 
-# ---- ops reviewed against torchlib's rules (ortmod/_export_rules.py) -------------------------------
+# ---- ops reviewed against torchlib's rules (ortmod/capture/rules/onnxscript.py) -------------------------------
 #
 # Each: forward and every gradient relative to its size against eager (run_both), float32 and
 # float64, and an argument value the path must refuse by name.
@@ -819,7 +819,7 @@ def test_a_branch_on_a_tensor_value_is_guarded_and_a_change_exports_again():
                 x = -x - 2 * m.a.bias.sum() / m.a.weight.sum()
         return (x,)
 
-    with pytest.warns(ortmod_semantics.TraceHazardWarning, match=r"test_capture_export.py:\d+"):
+    with pytest.warns(errors.TraceHazardWarning, match=r"test_capture_export.py:\d+"):
         ort = run_both(m, calls=4, make_inputs=inputs)
     assert captured_with(ort) == {"export"}
     assert ort._ortmod_export_count >= 2       # each side of the branch is its own graph
@@ -1357,9 +1357,9 @@ def test_transformer_encoder_reads_whether_its_mask_is_causal(causal):
     other[-1, -1] = 0.0
     masks = [causal_mask if causal else other, other if causal else causal_mask]
     m = _fn(lambda s, x, mask: s.enc(x, mask=mask), enc=enc)
-    with pytest.warns(ortmod_semantics.TraceHazardWarning, match=r"transformer.py:\d+.*exporting again") as caught:
+    with pytest.warns(errors.TraceHazardWarning, match=r"transformer.py:\d+.*exporting again") as caught:
         ort = run_both(m, calls=2, make_inputs=lambda call: (torch.randn(3, n, 8), masks[call]))
-    hazards = [str(w.message) for w in caught if issubclass(w.category, ortmod_semantics.TraceHazardWarning)]
+    hazards = [str(w.message) for w in caught if issubclass(w.category, errors.TraceHazardWarning)]
     assert len(hazards) == 1, hazards     # nothing at the first export: torch's own check, not the user's
     assert ort._ortmod_export_count == 2
 
@@ -1402,7 +1402,7 @@ def test_where_with_a_size_as_the_other_value():
     assert captured_with(ort) == {"export"}
 
 
-# ---- what Wav2Vec2-CTC's forward needs besides the CTC loss (ortmod/_export_rules.py) ----------
+# ---- what Wav2Vec2-CTC's forward needs besides the CTC loss (ortmod/capture/rules/onnxscript.py) ----------
 
 def test_integer_division_with_a_rounding_mode_is_exact():
     """eager's integer kernels: floor takes the quotient down where the signs differ and the
@@ -1491,7 +1491,8 @@ def test_the_lazy_registry_is_torchs_registry():
     """ortmod's registry defers each function's signature to its op's first use; once every op
     has been asked for, it holds what torch's own from_torchlib builds, op by op and in order."""
     from torch.onnx._internal.exporter import _registration
-    from ortmod._capture_export import ONNX_OPSET, _torchlib_registry
+    from ortmod.capture.onnx_util import ONNX_OPSET
+    from ortmod.capture.export_registry import _torchlib_registry
     torch_reg = _registration.ONNXRegistry.from_torchlib(ONNX_OPSET)
     ours = _torchlib_registry(ONNX_OPSET)
     assert ours.opset_version == torch_reg.opset_version

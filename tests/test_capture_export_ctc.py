@@ -1,4 +1,4 @@
-"""CTC loss on the torch.export capture path (ortmod/_export_ctc.py): torch has no fake kernel
+"""CTC loss on the torch.export capture path (ortmod/capture/rules/ctc.py): torch has no fake kernel
 for ``aten._ctc_loss``, so while torch.export traces, torch's CTC loss becomes ``ortmod::ctc_loss``
 (the engine's CTCLoss node) with eager's reduction around it. Each test compares the loss and
 the gradients with eager, as the TorchScript path's tests do (tests/test_ops_ctc.py), and checks

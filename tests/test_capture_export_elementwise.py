@@ -3,7 +3,7 @@ eager, forward and every gradient (inputs, parameters, a target that requires gr
 and float64, on values at the kinks, ±0, ±inf and NaN.
 
 torchlib's rules are taken where they mean what eager means (``REVIEWED`` in
-ortmod/_capture_export.py); ortmod's own (ortmod/_export_rules.py) where they do not: ONNX local
+ortmod/capture/audit.py); ortmod's own (ortmod/capture/rules/onnxscript.py) where they do not: ONNX local
 functions the engine does not take, log1p losing small values, xlogy's NaN gradient from the
 unselected branch, binary_cross_entropy and soft_margin_loss, whose backward is not their
 forward's derivative.

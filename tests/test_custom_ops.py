@@ -1,5 +1,5 @@
 """A library's custom op (torch.library.custom_op with register_autograd) inside ORTModule: a
-callback node like a user's autograd.Function (ortmod/_capture_export.py _LibraryOpCalls), its
+callback node like a user's autograd.Function (ortmod/capture/export.py _LibraryOpCalls), its
 own kernel and its registered backward run in PyTorch, the engine's ops around it. On the
 torch.export path (the default's first choice); the TorchScript exporter refuses an op of an
 unknown namespace by name."""

@@ -1,5 +1,5 @@
 """Outputs that are dataclasses come back as the user's own class, holding the engine's tensors,
-on both capture paths: ortmod flattens them itself (ortmod/_capture.py, expand_objects), so the
+on both capture paths: ortmod flattens them itself (ortmod/capture/torchscript.py, expand_objects), so the
 graph returns only tensors.
 
 - a dataclass pytree does not know (frozen or not, with slots, nested in tuples and dicts, with

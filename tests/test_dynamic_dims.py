@@ -80,8 +80,8 @@ def test_static_dims_are_checked_before_the_engine_runs(monkeypatch):
     """An export whose dims are all static (forced here) holds for its sizes only: another
     size exports again, declaring the dim that changed dynamic. (The torch.export path's exports
     are like that without forcing: the same sequence.)"""
-    from ortmod import _capture, _capture_export
-    path = _capture_export if export_path() else _capture
+    from ortmod.capture import torchscript, export as torch_export
+    path = torch_export if export_path() else torchscript
     real = path.export
     seen = []
 
@@ -110,16 +110,17 @@ def test_eval_mode_survives_a_retried_export():
 
 def test_output_shape_the_exporter_got_wrong_is_refused(monkeypatch):
     """torch's adaptive pool rule reads an unbatched (C, H, W) input as batched: the first
-    engine run of an export must return eager's shapes. (ortmod's own rule, in _export_nn,
+    engine run of an export must return eager's shapes. (ortmod's own rule, in capture/rules/nn.py,
     exports it right; torch's is put back here to have an export that gets a shape wrong.)
     The wrong rule is a TorchScript symbolic, so the TorchScript path is picked whatever
     ORTMOD_CAPTURE says: the torch.export path never reads it."""
     import ortmod
-    from ortmod import _export_nn, _semantics
+    from ortmod.capture.rules import nn as nn_rules
+    from ortmod.capture import onnx_util
 
     def torchs_rule(registration, opset):
         name = "aten::adaptive_avg_pool2d"
-        return {name: _semantics._torch_symbolic(registration, name, opset)}
-    monkeypatch.setattr(_export_nn, "symbolics", torchs_rule)
+        return {name: onnx_util._torch_symbolic(registration, name, opset)}
+    monkeypatch.setattr(nn_rules, "symbolics", torchs_rule)
     with pytest.raises(ortmod.UnsupportedModelError, match=r"shape \(3, 5, 3\) where eager gives \(3, 3, 3\)"):
         ORTModule(nn.AdaptiveAvgPool2d(3), DebugOptions(capture="torchscript"))(torch.randn(3, 5, 6))

@@ -49,7 +49,7 @@ def test_info_level_logs_the_summary_once(caplog):
 def test_profiler_times_every_kernel_by_op_and_phase(ortmod_env):
     """ORTMOD_PROFILE=1 (or Engine.set_profiling): the report's "profile" holds per-op CPU
     kernel time for forward and backward, and explain prints it."""
-    from ortmod._explain import engine_reports, summarize
+    from ortmod._report import engine_reports, summarize
     ortmod_env.setenv("ORTMOD_PROFILE", "1")
     torch.manual_seed(0)
     model = ORTModule(Net())

@@ -1,5 +1,5 @@
 """Losses torch's TorchScript exporter cannot export at opset 20, through ORTModule against eager
-autograd (ortmod/_export_losses.py's rules).
+autograd (ortmod/capture/rules/losses.py's rules).
 
 Everything in float64 against eager: the forward value and the gradients of every input that
 eager differentiates, for one random output gradient, at the kinks eager's backward formulas

@@ -1,4 +1,4 @@
-"""nn layers through ORTModule against eager autograd (ortmod/_export_nn.py's export rules).
+"""nn layers through ORTModule against eager autograd (ortmod/capture/rules/nn.py's export rules).
 
 torch's TorchScript exporter has no rule for rms_norm and bilinear, exports threshold only at
 0, emits pools with a kernel of the input's rank on unbatched inputs, exports adaptive pools

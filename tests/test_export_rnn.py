@@ -1,5 +1,5 @@
 """nn.LSTM with projections (proj_size > 0) through ORTModule against eager autograd
-(ortmod/_export_rnn.py: torch's exporter refuses "LSTMs with projections"; ortmod unrolls the
+(ortmod/capture/rules/rnn.py: torch's exporter refuses "LSTMs with projections"; ortmod unrolls the
 recurrence over the static sequence length in eager's equations).
 
 Each case: the output sequence, h_n and c_n, then the gradients of the input, of a given

@@ -1,4 +1,4 @@
-"""F.interpolate / nn.Upsample through ORTModule against eager autograd (ortmod/_export_nn.py's
+"""F.interpolate / nn.Upsample through ORTModule against eager autograd (ortmod/capture/rules/nn.py's
 upsampling rules: nearest and nearest-exact as per-axis Gathers of eager's source indices,
 linear / bilinear / trilinear separable with eager's indices and weights; bicubic and
 antialias refused).

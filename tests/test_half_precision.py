@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ortmod
 from ortmod import DebugOptions, ORTModule, _C
-from ortmod import _capture
+from ortmod.capture import flatten, torchscript, errors
 from oputil import _Cap
 
 HALF_ONNX = {torch.float16: TensorProto.FLOAT16, torch.bfloat16: TensorProto.BFLOAT16}
@@ -332,8 +332,8 @@ def test_sdpa_symbolic_keeps_the_query_dtype(dt):
     the scores (and later layers) to float32; ortmod's stays in the query's dtype."""
     m = SDPA("causal").to(dt)
     x = torch.randn(2, 5, 8, dtype=dt)
-    flat = _capture.flatten_inputs((x,), {})
-    exported = _capture.export(m, flat)
+    flat = flatten.flatten_inputs((x,), {})
+    exported = torchscript.export(m, flat)
     g = onnx.load_from_string(exported.onnx_bytes).graph
     # float32 values: Constants and Casts to float32, and what Sqrt/Div make of them (the
     # 1/sqrt(head dim) computation); none may reach the attention's math
@@ -352,16 +352,16 @@ def test_sdpa_symbolic_is_registered_only_while_ortmod_exports():
     registration = pytest.importorskip("torch.onnx._internal.torchscript_exporter.registration")
     pytest.importorskip("torch.onnx._internal.torchscript_exporter.symbolic_opset14")   # fills the registry
     before = registration.registry.get_function_group("aten::scaled_dot_product_attention").get(20)
-    with _capture._export_symbolics():
+    with torchscript._export_symbolics():
         during = registration.registry.get_function_group("aten::scaled_dot_product_attention").get(20)
     after = registration.registry.get_function_group("aten::scaled_dot_product_attention").get(20)
-    assert during is _capture._sdpa_symbolic and after is before and before is not _capture._sdpa_symbolic
+    assert during is torchscript._sdpa_symbolic and after is before and before is not torchscript._sdpa_symbolic
 
 
 # ---- devices --------------------------------------------------------------------------------------
 
 def test_capture_accepts_cuda_devices():
-    assert "cuda" in _capture.SUPPORTED_DEVICE_TYPES and "cpu" in _capture.SUPPORTED_DEVICE_TYPES
+    assert "cuda" in flatten.SUPPORTED_DEVICE_TYPES and "cpu" in flatten.SUPPORTED_DEVICE_TYPES
 
 
 def test_mixed_devices_are_refused_naming_both_tensors():
@@ -374,8 +374,8 @@ def test_mixed_devices_are_refused_naming_both_tensors():
         def forward(self, x):
             return self.fc(x) * 2
 
-    with pytest.raises(_capture.UnsupportedDeviceError, match=r"buffer 'scale' is on meta but .* is on cpu"):
-        _capture.check_one_device(M(), _capture.flatten_inputs((torch.randn(3, 4),), {}))
+    with pytest.raises(errors.UnsupportedDeviceError, match=r"buffer 'scale' is on meta but .* is on cpu"):
+        flatten.check_one_device(M(), flatten.flatten_inputs((torch.randn(3, 4),), {}))
 
 
 # ---- autocast ------------------------------------------------------------------------------------

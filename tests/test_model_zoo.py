@@ -815,7 +815,7 @@ def test_zoo_parity(name):
 # (each an expected failure whose error must name the reason; a case that starts passing fails
 # the run, so the list cannot go stale).
 EXPORT_ZOO = ("gpt2", "llama", "bert", "t5", "whisper", "vit", "nn.TransformerEncoder-bf",
-              "wav2vec2-ctc")     # CTC: ortmod::ctc_loss (ortmod/_export_ctc.py)
+              "wav2vec2-ctc")     # CTC: ortmod::ctc_loss (ortmod/capture/rules/ctc.py)
 EXPORT_REFUSED = {}
 
 

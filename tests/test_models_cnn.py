@@ -13,7 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from modelparity import assert_close, call_or_xfail, train_parity, train_with_dropout
-from ortmod import ORTModule, _capture
+from ortmod.capture import torchscript, flatten
+from ortmod import ORTModule
 
 
 class Block(nn.Module):
@@ -123,7 +124,7 @@ def test_batchnorm_running_stats_become_graph_outputs():
     import onnx
     model = TinyResNet().train()
     x, y = make_batches(1)[0]
-    exported = _capture.export(model, _capture.flatten_inputs((x, y), {}))
+    exported = torchscript.export(model, flatten.flatten_inputs((x, y), {}))
     graph = onnx.load_from_string(exported.onnx_bytes).graph
     bns = [n for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
     assert len(bns) == 6
@@ -138,7 +139,7 @@ def test_batchnorm_running_stats_become_graph_outputs():
     assert sorted(i for i, _ in exported.state_updates) == list(range(1 + n_guards, 1 + n_guards + 2 * len(bns)))
     # eval mode: inference BN, nothing to update
     model.eval()
-    exported = _capture.export(model, _capture.flatten_inputs((x, y), {}))
+    exported = torchscript.export(model, flatten.flatten_inputs((x, y), {}))
     assert exported.state_updates == [] and exported.counters == []
 
 

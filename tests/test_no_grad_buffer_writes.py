@@ -2,7 +2,7 @@
 spectral_norm's power iteration) are updated as eager updates them, on the torch.export path; the
 TorchScript path refuses such a write by name. The torch.export path passed each floating input of
 a no_grad region through a stop-gradient copy, so the region wrote the copy and the buffer never
-changed, without a word (ortmod/_capture_export.py, _insert_stop_gradients)."""
+changed, without a word (ortmod/capture/export.py, _insert_stop_gradients)."""
 import pytest
 import torch
 import torch.nn as nn

@@ -1,4 +1,4 @@
-"""Outputs that are plain Python objects holding tensors come back rebuilt (ortmod/_capture.py,
+"""Outputs that are plain Python objects holding tensors come back rebuilt (ortmod/capture/torchscript.py,
 expand_objects): transformers models called as their docs show, with the default use_cache=True,
 return a DynamicCache whose keys and values are the engine's."""
 import copy

@@ -1,4 +1,4 @@
-"""ortmod/_onnx_wire.py: what the TorchScript capture reads from an exported model's bytes without the
+"""ortmod/capture/onnx_wire.py: what the TorchScript capture reads from an exported model's bytes without the
 onnx package, checked field by field against onnx's own parser, and the first call that no longer
 imports onnx at all."""
 import os
@@ -10,7 +10,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from ortmod import _capture, _onnx_wire
+from ortmod.capture import torchscript, onnx_wire
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,7 +62,7 @@ def _same_graph(ours, theirs):
 
 def test_reads_what_onnx_reads():
     proto = _model()
-    model = _onnx_wire.parse_model(proto.SerializeToString())
+    model = onnx_wire.parse_model(proto.SerializeToString())
     _same_graph(model.graph, proto.graph)
     assert model.graph.node[1].ints == {"keepdims": -3}
     assert [len(n.subgraphs) for n in model.graph.node] == [0, 0, 0, 0, 2, 0, 0]
@@ -70,23 +70,23 @@ def test_reads_what_onnx_reads():
 
 def test_output_dependencies_agree_between_the_reader_and_onnx():
     proto = _model()
-    model = _onnx_wire.parse_model(proto.SerializeToString())
-    deps = _capture._output_dependencies(model)
-    assert deps == _capture._output_dependencies(proto)
+    model = onnx_wire.parse_model(proto.SerializeToString())
+    deps = torchscript._output_dependencies(model)
+    assert deps == torchscript._output_dependencies(proto)
     # sg reaches nothing (a StopGradient); s depends on x, w and b through Gemm
     assert deps == [frozenset({"x", "w\u00e9", "b"}), frozenset()]
 
 
 def test_added_outputs_are_what_onnx_helper_would_add():
     proto = _model()
-    model = _onnx_wire.parse_model(proto.SerializeToString())
+    model = onnx_wire.parse_model(proto.SerializeToString())
     data = model.with_outputs([("rv", TensorProto.FLOAT, ["rv_dim0"]), ("y", TensorProto.DOUBLE, ["a", "b"])])
     want = _model()
     want.graph.output.append(helper.make_tensor_value_info("rv", TensorProto.FLOAT, ["rv_dim0"]))
     want.graph.output.append(helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["a", "b"]))
     got = onnx.load_from_string(data)
     assert got == want
-    _same_graph(_onnx_wire.parse_model(data).graph, want.graph)
+    _same_graph(onnx_wire.parse_model(data).graph, want.graph)
 
 
 def test_a_long_graph_field_keeps_its_length_right():
@@ -96,7 +96,7 @@ def test_a_long_graph_field_keeps_its_length_right():
         g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("v0", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info(f"v{n}", TensorProto.FLOAT, [2])])
         proto = helper.make_model(g)
-        data = _onnx_wire.parse_model(proto.SerializeToString()).with_outputs([("v1", TensorProto.FLOAT, ["d"])])
+        data = onnx_wire.parse_model(proto.SerializeToString()).with_outputs([("v1", TensorProto.FLOAT, ["d"])])
         got = onnx.load_from_string(data)
         assert [o.name for o in got.graph.output] == [f"v{n}", "v1"]
         assert len(got.graph.node) == n
@@ -106,23 +106,23 @@ def test_a_long_graph_field_keeps_its_length_right():
 def test_truncated_bytes_are_an_error(cut):
     data = _model().SerializeToString()
     with pytest.raises(ValueError):
-        _onnx_wire.parse_model(data[:cut] if cut > 0 else data[:len(data) + cut])
+        onnx_wire.parse_model(data[:cut] if cut > 0 else data[:len(data) + cut])
 
 
 def test_two_graph_fields_are_refused_not_merged():
     data = _model().SerializeToString()
     extra = helper.make_model(helper.make_graph([], "h", [], [])).graph.SerializeToString()
     with pytest.raises(ValueError, match="graph fields"):
-        _onnx_wire.parse_model(data + b"\x3a" + bytes([len(extra)]) + extra)
+        onnx_wire.parse_model(data + b"\x3a" + bytes([len(extra)]) + extra)
 
 
 def test_data_type_names_are_onnx_s():
     values = set(TensorProto.DataType.values())
-    for value in range(len(_onnx_wire.DATA_TYPE_NAMES)):    # an older onnx may know fewer
+    for value in range(len(onnx_wire.DATA_TYPE_NAMES)):    # an older onnx may know fewer
         if value in values:
-            assert _onnx_wire.data_type_name(value) == TensorProto.DataType.Name(value)
-    assert {TensorProto.FLOAT, TensorProto.BFLOAT16, TensorProto.INT64} <= set(range(len(_onnx_wire.DATA_TYPE_NAMES)))
-    assert _onnx_wire.data_type_name(1000) == "data type 1000"
+            assert onnx_wire.data_type_name(value) == TensorProto.DataType.Name(value)
+    assert {TensorProto.FLOAT, TensorProto.BFLOAT16, TensorProto.INT64} <= set(range(len(onnx_wire.DATA_TYPE_NAMES)))
+    assert onnx_wire.data_type_name(1000) == "data type 1000"
 
 
 def test_torch_s_onnxscript_step_still_runs_for_an_op_with_a_registered_function(monkeypatch):
@@ -137,7 +137,7 @@ def test_torch_s_onnxscript_step_still_runs_for_an_op_with_a_registered_function
     custom.graph.node[4].attribute[0].g.node.append(helper.make_node("Foo", ["x"], ["f"], domain="custom"))
     custom = custom.SerializeToString()
     parsed = {}
-    with _capture._onnxscript_functions_when_used(parsed):
+    with torchscript._onnxscript_functions_when_used(parsed):
         assert onnx_proto_utils._add_onnxscript_fn(plain, {}) == plain
         assert calls == [] and parsed["model"].data == plain      # nothing registered: torch's step skipped
         parsed.clear()

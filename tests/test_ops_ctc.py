@@ -1,4 +1,4 @@
-"""CTC loss (csrc/ops/ctc.c, ortmod/_export_ctc.py): the engine's CTCLoss/CTCLossGrad against
+"""CTC loss (csrc/ops/ctc.c, ortmod/capture/rules/ctc.py): the engine's CTCLoss/CTCLossGrad against
 eager PyTorch (the reference only) and finite differences, and nn.CTCLoss / F.ctc_loss through
 ORTModule against eager: reductions, padded and concatenated targets, lengths as lists
 (constants) and as tensors (inputs), varying lengths, repeated labels (the s-2 skip), blank != 0,

@@ -1,4 +1,4 @@
-"""Distances and p-norms through ORTModule against eager autograd (ortmod/_semantics.py's export rules).
+"""Distances and p-norms through ORTModule against eager autograd (ortmod/capture/rules/symbolics.py).
 
 torch's TorchScript rules for these differ from eager: pairwise_distance puts eps in the
 exponent, (sum (x1 - x2)^p)^(1 / (p + eps)), and takes no abs; cdist reuses that rule;

@@ -1,4 +1,4 @@
-"""Fractional max pooling through ORTModule against eager (ortmod/_export_nn.py's rule).
+"""Fractional max pooling through ORTModule against eager (ortmod/capture/rules/nn.py's rule).
 
 torch's TorchScript exporter has no rule for fractional_max_pool{2,3}d. ortmod's rule computes
 eager's window starts in the graph from the module's ``_random_samples`` (a graph input: new

@@ -236,11 +236,11 @@ def test_ranker_trains_like_eager(capture):
 
 def test_sort_exports_as_ortmods_sort_not_topk():
     import onnx
-    from ortmod import _semantics
+    from ortmod.capture import torchscript_registry
     import io as _io
     m = Fn(lambda x: torch.sort(x, dim=-1)[0] + torch.argsort(x, dim=-1).float())
     buf = _io.BytesIO()
-    with _semantics.semantic_export(20):
+    with torchscript_registry.semantic_export(20):
         torch.onnx.export(m, (torch.randn(3, 5),), buf, dynamo=False, opset_version=20)
     ops = [(n.domain, n.op_type) for n in onnx.load_from_string(buf.getvalue()).graph.node]
     assert ops.count(("ortmod", "Sort")) == 2 and ("", "TopK") not in ops, ops

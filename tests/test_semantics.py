@@ -1,4 +1,4 @@
-"""Capture keeps PyTorch's training semantics, or refuses by name (ortmod/_semantics.py).
+"""Capture keeps PyTorch's training semantics, or refuses by name (ortmod/capture/tracing.py, ortmod/capture/rules/symbolics.py).
 
 Each case runs one module eagerly and through ORTModule from identical weights, on inputs that
 require grad, and compares the output, every input and parameter gradient (relative to its own
@@ -349,7 +349,7 @@ def test_item_is_guarded_and_reexported():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ort = run_both(ItemScale(), calls=3, make_inputs=lambda i: (xs[i],))
-    hazards = [w for w in caught if issubclass(w.category, ortmod._semantics.TraceHazardWarning)]
+    hazards = [w for w in caught if issubclass(w.category, ortmod.capture.errors.TraceHazardWarning)]
     if DebugOptions().capture == "export":
         # torch.export keeps .item() in the graph, read per call without a gradient: nothing is
         # frozen, so nothing to warn of and one export (run_both compared every call with eager)
@@ -525,7 +525,7 @@ class _CountsCalls(nn.Module):
 def test_a_forward_changing_a_plain_attribute_is_named(capture):
     # a warning (Swin fits its window to the input in forward, the same every call: harmless),
     # an error under strict_trace
-    with pytest.warns(ortmod._semantics.TraceHazardWarning, match=r"_CountsCalls.calls \(0 -> \d\)"):
+    with pytest.warns(ortmod.capture.errors.TraceHazardWarning, match=r"_CountsCalls.calls \(0 -> \d\)"):
         ORTModule(_CountsCalls(), ortmod.DebugOptions(capture=capture))(torch.randn(2, 3))
     with pytest.raises(ortmod.UnsupportedModelError, match=r"_CountsCalls.calls .*strict_trace is on"):
         ORTModule(_CountsCalls(), ortmod.DebugOptions(capture=capture, strict_trace=True))(torch.randn(2, 3))

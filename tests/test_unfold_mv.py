@@ -2,7 +2,7 @@
 (spectral_norm's power iteration and sigma) train against eager on both capture paths (issue 37).
 
 On the torch.export path they are torchlib's rules, reviewed (REVIEWED in
-ortmod/_capture_export.py); on the TorchScript path unfold is ortmod's rule (_export_nn.py):
+ortmod/capture/audit.py); on the TorchScript path unfold is ortmod's rule (capture/rules/nn.py):
 torch's own unsqueezed the windows at the dim as given, so a negative dim came back as
 (..., size, windows), transposed values without an error where the two are equal."""
 import copy

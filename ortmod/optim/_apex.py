@@ -24,7 +24,7 @@ import warnings
 
 import torch
 
-from . import fp16_optimizer as _fp
+from . import _grads as _fp
 from ._deepspeed import _underlying
 
 _STASH_FIELDS = ("all_fp16_params", "all_fp32_from_fp16_params", "all_fp32_from_fp32_params",

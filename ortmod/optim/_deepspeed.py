@@ -34,7 +34,7 @@ import warnings
 
 import torch
 
-from . import fp16_optimizer as _fp
+from . import _grads as _fp
 
 TESTED = ((0, 19), (0, 20))      # [from, to): the versions whose step() was read and tested
 

@@ -34,11 +34,12 @@ from .. import _C, _threads
 
 _threads.share_torch_threads(_C)
 from .fused_adam import FusedAdam, stream_of
+from . import _apex, _deepspeed
+from ._grads import _by_device, _c_able, _check_and_norm
 
 __all__ = ["FP16_Optimizer"]
 
 _HALF = (torch.float16, torch.bfloat16)
-_FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _kind(optimizer):
@@ -48,34 +49,6 @@ def _kind(optimizer):
     if isinstance(optimizer, torch.optim.Optimizer):
         return "apex" if module.startswith("apex") else "torch"
     return None
-
-
-def _c_able(t):
-    """Tensors the C passes take: dense CPU or CUDA float32/float16/bfloat16."""
-    return t.device.type in ("cpu", "cuda") and t.dtype in _FLOAT and t.is_contiguous()
-
-
-def _by_device(items, key=lambda x: x):
-    """items grouped by the device of key(item): one C call per device."""
-    groups = {}
-    for it in items:
-        groups.setdefault(key(it).device, []).append(it)
-    return groups.items()
-
-
-def _check_and_norm(grads, scale):
-    """(found_inf, squared L2 norm of grads / scale) in one pass per device; torch for tensors C
-    cannot take. On CUDA the call waits for its result (the step's one synchronization)."""
-    found_inf, sq = False, 0.0
-    for device, c in _by_device(g for g in grads if _c_able(g)):
-        f, s = _C.grads_check_and_norm(list(map(to_dlpack, c)), float(scale), stream_of(device))
-        found_inf, sq = found_inf or f, sq + s
-    for g in grads:
-        if not _c_able(g):
-            s = float(torch.sum((g.detach().double() / scale) ** 2))
-            found_inf = found_inf or not math.isfinite(s)
-            sq += s
-    return bool(found_inf), (math.inf if found_inf else sq)
 
 
 class FP16_Optimizer:
@@ -89,7 +62,6 @@ class FP16_Optimizer:
     """
 
     def __new__(cls, optimizer, **kwargs):
-        from . import _apex
         if _apex.is_apex_amp(optimizer):
             return _apex.modify(optimizer, kwargs)
         kind = _kind(optimizer)
@@ -99,10 +71,8 @@ class FP16_Optimizer:
                           UserWarning, stacklevel=2)
             return optimizer
         if kind == "deepspeed":
-            from . import _deepspeed
             return _deepspeed.modify(optimizer, kwargs)
         if kind == "torch":
-            from . import _deepspeed
             if _deepspeed.engine_of(optimizer) is not None:
                 # fp32 without ZeRO: deepspeed.initialize hands back the client's optimizer and
                 # engine.step() calls it directly; a loss scaler around it would never run

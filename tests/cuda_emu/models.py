@@ -11,7 +11,8 @@ sums in a different order differ by a few ulps of the large terms, also where th
 import numpy as np
 import torch
 
-from ortmod import _C, _capture
+from ortmod.capture import flatten, torchscript
+from ortmod import _C
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -26,8 +27,8 @@ def export(model, args=(), kwargs=None):
     """(onnx bytes, graph-input arrays (bf16 ones as torch tensors), requires-grad flags,
     graph-input names) of one call (an Exported)."""
     model.train()
-    flat = _capture.flatten_inputs(args, kwargs or {})
-    ex = _capture.export(model, flat)
+    flat = flatten.flatten_inputs(args, kwargs or {})
+    ex = torchscript.export(model, flat)
     state = dict(model.named_parameters())
     state.update(dict(model.named_buffers()))
     arrays, flags, names = [], [], []
@@ -43,7 +44,7 @@ def export(model, args=(), kwargs=None):
 
 
 class DeviceFunctions:
-    """The engine's PythonOp callback on the emulated device: ortmod._pyop.FunctionRunner (what
+    """The engine's PythonOp callback on the emulated device: ortmod.capture.python_op.FunctionRunner (what
     ORTModule passes) computes on CPU torch tensors, since torch cannot see emulated device
     memory; the device tensors it is given are copied to the host and the ones it fills back
     (on a GPU torch would use the device tensors themselves)."""
@@ -72,12 +73,12 @@ def training_step(onnx_bytes, arrays, flags, device, to_device=None, from_device
     DeviceFunctions, which needs the harness)."""
     import contextlib
     from oputil import _Cap
-    from ortmod import _pyop
-    callback = _pyop.FunctionRunner(list(functions)) if functions else None
+    from ortmod.capture import python_op as pyop
+    callback = pyop.FunctionRunner(list(functions)) if functions else None
     if callback is not None and device != "cpu":
         callback = DeviceFunctions(callback, harness)
     records = {}   # the Functions' forward records, for their backward (as ortmod._function keeps them)
-    scope = (lambda: _pyop.call_scope(records, True)) if callback else contextlib.nullcontext
+    scope = (lambda: pyop.call_scope(records, True)) if callback else contextlib.nullcontext
     eng = _C.Engine(onnx_bytes, flags, seed=7, callback=callback)
     if device == "cpu":
         with scope():

@@ -26,8 +26,8 @@ makes ortmod export again with static sizes.
 registers them only while ortmod exports."""
 import torch
 
-from ._export_nn import _NeedsStaticSizes
-from ._semantics import _const, _refuse, _torch_symbolic
+from .nn import _NeedsStaticSizes
+from ..onnx_util import _const, _refuse, _torch_symbolic
 
 MAX_UNROLL = 512
 _I64 = torch.int64
@@ -44,7 +44,7 @@ def symbolics(registration, opset):
 
 def _lstm_symbolic(stock):
     def symbolic(g, *args):
-        from .capture.compat import symbolic_helper as sh
+        from ..compat import symbolic_helper as sh
         packed = sh.is_tensor_list(args[3])
         weights = sh.unpack_list(args[3] if packed else args[2])
         has_biases, num_layers, bidirectional = (args[4], args[5], args[8]) if packed else (args[3], args[4], args[7])
@@ -82,7 +82,7 @@ def _stock(stock, g, args):
 
 
 def _const_arg(v, kind, name):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     c = sh.maybe_get_const(v, kind)
     if sh.is_value(c):
         _refuse(_WHAT, f"{name} is not a constant at export")
@@ -90,7 +90,7 @@ def _const_arg(v, kind, name):
 
 
 def _sizes(v):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     return sh.get_tensor_sizes(v)
 
 

@@ -29,7 +29,9 @@ from typing import Optional
 
 import torch
 
-from .capture import compat
+from .. import compat
+from ..onnx_util import _concrete, _const, _dtype_of, _onnx_dtype
+from ..errors import UnsupportedModelError
 
 # eager's at::Reduction: None, Mean, Sum
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
@@ -43,8 +45,8 @@ def symbolics(registration, opset):
 def _lengths(g, what, v):
     """input_lengths / target_lengths as an int64 (or int32) tensor value: a constant list, a
     list built in the trace, or a tensor (eager takes any integral dtype: cast to int64)."""
-    from .capture.compat import symbolic_helper as sh
-    from ._semantics import _const, _dtype_of, _onnx_dtype, _refuse
+    from ..compat import symbolic_helper as sh
+    from ..onnx_util import _refuse     # onnx_util's (what, why), not this module's _refuse(why)
     c = sh.maybe_get_const(v, "is")
     if not sh.is_value(c):
         return _const(g, [int(x) for x in (c if isinstance(c, (list, tuple)) else [c])], torch.int64)
@@ -65,7 +67,7 @@ def _masked_select_parts(targets):
     (GatherND(x, Transpose(NonZero(Expand(mask, Shape(x)))))), else None. CTCLoss reads such
     targets through its mask input: NonZero's output length is data, which a planned engine
     cannot have (Wav2Vec2ForCTC's labels.masked_select(labels >= 0))."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     node = targets.node()
     if node.kind() != "onnx::GatherND" or (node.hasAttribute("batch_dims") and sh.node_get(node, "batch_dims") != 0):
         return None
@@ -81,8 +83,8 @@ def _masked_select_parts(targets):
 
 
 def _ctc_loss_symbolic(g, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity):
-    from .capture.compat import symbolic_helper as sh
-    from ._semantics import _const, _dtype_of, _onnx_dtype, _refuse
+    from ..compat import symbolic_helper as sh
+    from ..onnx_util import _refuse     # onnx_util's (what, why), not this module's _refuse(why)
     blank = sh.maybe_get_const(blank, "i")
     reduction = sh.maybe_get_const(reduction, "i")
     zero_infinity = sh.maybe_get_const(zero_infinity, "b")
@@ -158,12 +160,10 @@ def traced_functions():
 
 
 def _refuse(why):
-    from ._capture import UnsupportedModelError
     raise UnsupportedModelError(f"ctc_loss: {why}")
 
 
 def _constant(name, v, kind):
-    from ._capture_export import _concrete
     v = _concrete(v)
     if isinstance(v, torch.Tensor) or not isinstance(v, kind):
         _refuse(f"{name} = {v!r}: ortmod keeps blank, reduction and zero_infinity only as Python constants")
@@ -174,7 +174,6 @@ def _traced_lengths(what, v):
     """input_lengths / target_lengths as a 1-D int32 or int64 tensor, as eager reads them: a list
     of numbers (a constant of the graph; a symbolic size is specialised, which the shape guard
     then checks per call) or an integral tensor of any shape (eager reads its elements in order)."""
-    from ._capture_export import _concrete
     if isinstance(v, torch.Tensor):
         if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
             _refuse(f"{what} of dtype {v.dtype} (eager: {what} must be integral)")
@@ -293,7 +292,7 @@ def export_translations(ir):
     from typing import Optional
     from onnxscript import evaluator
     from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TTensor
-    from .capture.compat import onnx_tensors as _tensors
+    from ..compat import onnx_tensors as _tensors
 
     def ctc_loss_onnx(log_probs: TFloat, targets: TTensor, input_lengths: TTensor, target_lengths: TTensor,
                       blank: int = 0, zero_infinity: bool = False,

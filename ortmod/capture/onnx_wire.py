@@ -1,6 +1,6 @@
 """The few parts of an ONNX model that the TorchScript capture reads, straight from its bytes.
 
-ortmod/_capture.py checks the graph torch.onnx.export wrote (its inputs, outputs and their element
+ortmod/capture/torchscript.py checks the graph torch.onnx.export wrote (its inputs, outputs and their element
 types, the initializer names, the nodes with their inputs, outputs, integer attributes and
 subgraphs) and adds graph outputs to it (training BatchNorm's running statistics). With the onnx
 Python package that costs ``import onnx``, most of a second of every process's first call (onnx's

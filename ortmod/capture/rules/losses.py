@@ -16,12 +16,14 @@ forward: ``Pow(1 + (x - StopGradient(x)), StopGradient(g)) - 1`` (_grad_term).
 """
 import torch
 
-from ._semantics import (_clamp_min_number, _const, _dtype_of, _float_const_arg, _input_rank_or_none, _loss_reduction,
-                         _onnx_dtype, _refuse, _same_float_dtype, _stop_gradient)
+from .symbolics import _clamp_min_number, _same_float_dtype
+from ..onnx_util import (_const, _dtype_of, _float_const_arg, _input_rank_or_none, _loss_reduction, _onnx_dtype,
+                         _refuse, _stop_gradient)
+from ..onnx_util import _torch_symbolic
 
 
 def _sh():
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     return sh
 
 
@@ -224,7 +226,7 @@ def _margin_ranking_loss_symbolic(g, input1, input2, target, margin, reduction):
 
 
 def _target_dtype_or_none(target):
-    from .capture.compat import ts_type_utils as _type_utils
+    from ..compat import ts_type_utils as _type_utils
     try:
         return _type_utils.JitScalarType.from_value(target).dtype()
     except Exception:
@@ -549,10 +551,9 @@ _RULES = {
 
 
 def symbolics(registration, opset):
-    from ._semantics import _torch_symbolic
     # torch registers its opset-12 rules (cross_entropy_loss's) when that module is imported,
     # which its exporter does lazily
-    from .capture.compat import ts_opset12
+    from ..compat import ts_opset12
     ts_opset12.module()
     rules = dict(_RULES)
     stock = _torch_symbolic(registration, "aten::cross_entropy_loss", opset)

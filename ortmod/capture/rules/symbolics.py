@@ -1,4 +1,9 @@
-"""What capture does so that the exported graph means what the module's forward means in training.
+"""ortmod's TorchScript symbolics for torch's own ops (embedding, softplus, kl_div, index_add/put,
+pools, clamps, sort, norms and distances, the margin losses, pad), registered by
+``capture.torchscript_registry``. The mechanisms below span the package: the stop-gradient and
+guard modes live in ``capture.tracing``, the shared ``g.op`` helpers in ``capture.onnx_util``.
+
+What capture does so that the exported graph means what the module's forward means in training.
 
 Four mechanisms, each general rather than one fix per pattern:
 
@@ -24,166 +29,15 @@ Four mechanisms, each general rather than one fix per pattern:
   Python numbers of the default dtype; where a converted node's dtype differs from the one the
   trace recorded for its aten node, the recorded one is put back (``_keeping_traced_dtypes``).
 """
-import contextlib
 import math
-import os
-import sys
-import threading
 
 import torch
 
-from .capture import compat
-from .capture.compat import JitTensorType, pytree
+from .. import compat
+from ..compat import JitTensorType
 
-from . import _pyop
-
-# ---------------------------------------------------------------------------------------------
-# stop-gradient
-
-def _tensors(tree):
-    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
-
-
-class StopGradientMode(torch.overrides.TorchFunctionMode):
-    """While torch traces the forward: where an op runs with grad disabled (a ``torch.no_grad()``
-    block, ``inference_mode``) on a tensor that requires grad, its float outputs are passed
-    through ``detach()``, so the trace holds an ``aten::detach`` at exactly the place where eager
-    autograd stops the gradient. ``x.detach()`` itself is traced as it is.
-
-    It looks at the real tensors rather than at the trace's ``requires_grad`` annotations: those
-    are recorded below autograd for some ops (``aten::_convolution`` says ``requires_grad=0``
-    whatever its weight), so they cannot say where a gradient stops."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.gaussian_nll_loss and torch.jit.is_tracing():
-            args, kwargs = _gaussian_nll_var_lifted(args, kwargs)
-        if func is getattr(torch.nn.functional, "linear_cross_entropy", None) and torch.jit.is_tracing():
-            out = linear_cross_entropy_reference(args, kwargs)      # what torch traces, made eager's
-        else:
-            out = func(*args, **kwargs)
-        if torch.is_grad_enabled() or not torch.jit.is_tracing() or _pyop._inside_function():
-            return out
-        inputs = _tensors((args, kwargs))
-        if not any(t.requires_grad for t in inputs):
-            return out
-        refuse_in_place_without_grad(func, args)
-        return pytree.tree_map(
-            lambda t: t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
-
-
-def refuse_in_place_without_grad(func, args):
-    """With gradients disabled, an in-place op on a tensor that requires grad: eager autograd
-    ignores the change, a traced graph would differentiate it. Both capture paths' function modes
-    refuse it by name (called from their ``__torch_function__``)."""
-    name = getattr(func, "__name__", "")
-    if name.endswith("_") and not name.endswith("__") and any(t.requires_grad for t in _tensors(args[:1])):
-        from ._capture import UnsupportedModelError
-        raise UnsupportedModelError(
-            f"forward calls the in-place {name} with gradients disabled on a tensor that requires grad "
-            f"(at {user_frame(3)}): eager autograd ignores that change, a traced graph cannot; do it out of "
-            "place, or outside torch.no_grad()")
-
-
-def _gaussian_nll_var_lifted(args, kwargs):
-    """F.gaussian_nll_loss clamps ``var`` to eps in place under ``torch.no_grad()``: eager autograd
-    differentiates log(var) and .../var as if var were unclamped. A Python function that
-    dispatches through ``__torch_function__`` runs its body with this mode disabled, so the trace
-    held a plain clamp, whose gradient is 0 below eps (GaussianNLLLoss's var gradient was silently
-    wrong there). ``var`` is lifted to eps beforehand with the gradient of var itself, as
-    eps + (var - var.detach()); the function's own clamp then changes nothing. Its check of
-    negative entries is made first, on the real var (eager raises ValueError)."""
-    names = ("input", "target", "var", "full", "eps", "reduction")
-    bound = dict(zip(names, args), **kwargs)
-    var, eps = bound.get("var"), bound.get("eps", 1e-6)
-    if not isinstance(var, torch.Tensor) or not var.requires_grad or not isinstance(eps, (int, float)):
-        return args, kwargs
-    if torch.any(var < 0):
-        raise ValueError("var has negative entry/entries")
-    bound["var"] = torch.where(var < eps, (var - var.detach()) + eps, var)
-    # and the function's clamp is to the float of var's dtype just below eps there: the lifted
-    # var never sits at its bound, where torch 2.14's clamp gives no gradient (2.13's all of it);
-    # values unchanged. (Below eps in float64 only, a float32 var's bound rounds back to eps.)
-    bound["eps"] = _float_below(eps, var.dtype)
-    n = min(len(args), len(names))
-    return tuple(bound.pop(k) for k in names[:n]), bound
-
-
-def _float_below(x, dtype):
-    """The largest number of ``dtype`` below ``x`` rounded to ``dtype``, as a Python float
-    (computed without torch ops: this runs while torch traces)."""
-    import struct
-    import numpy as np
-    if dtype == torch.bfloat16:     # float32's upper half: round to nearest even, then one step down
-        bits = struct.unpack("<I", struct.pack("<f", float(x)))[0]
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        as_float = lambda b: struct.unpack("<f", struct.pack("<I", b))[0]     # noqa: E731
-        step = -(1 << 16) if as_float(bits) > 0 else (1 << 16)
-        return as_float(bits + step) if as_float(bits) != 0 else -as_float(1 << 16)
-    np_type = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}.get(dtype)
-    if np_type is None:
-        return math.nextafter(float(x), -math.inf)
-    return float(np.nextafter(np_type(x), np_type(-np.inf)))
-
-
-def linear_cross_entropy_reference(args, kwargs):
-    """F.linear_cross_entropy(*args, **kwargs), computed by torch's reference path.
-
-    With ``options`` (nn.LinearCrossEntropyLoss's chunked path) eager calls torch's custom op
-    ``_linear_cross_entropy_batch_chunked``, whose autograd is torch's own autograd.Function: its
-    forward computes the gradients in chunks, its backward hands them back. ortmod runs only a
-    user's Functions in PyTorch; the engine computes torch's. torch documents the chunked path as
-    its reference path, linear then cross_entropy (``options=None``), which it takes itself
-    under torch.jit.trace; both capture paths trace that, and the engine differentiates it.
-    Where they differ:
-    * reduction "mean" over a total target weight of 0 (every target ignored): the chunked
-      path divides each row's weight by NaN, so every gradient is NaN (the reference path's is
-      0) and so is the loss (the reference path's is sum / 0: NaN, or +-inf for weights that
-      cancel). Reproduced: where that total is 0, the result is NaN times the sum of the input,
-      weight and bias, which sends NaN to each;
-    * an input of float16 or bfloat16, or an ``acc_dtype`` other than the input's: the chunked
-      path accumulates in that dtype, the reference path rounds in the input's. Refused by name."""
-    F = torch.nn.functional
-    options = kwargs.get("options")
-    if options is None:
-        return F.linear_cross_entropy(*args, **kwargs)
-    input, linear_weight, target = (tuple(args) + (None,) * 3)[:3]
-    reduction = kwargs.get("reduction", "mean")
-    # eager's condition for the chunked op (F.linear_cross_entropy; jit tracing aside)
-    chunked = (reduction in ("mean", "sum", "none") and kwargs.get("label_smoothing", 0.0) == 0.0
-               and isinstance(input, torch.Tensor) and isinstance(target, torch.Tensor)
-               and target.dtype == torch.int64 and isinstance(linear_weight, torch.Tensor)
-               and linear_weight.dim() == 2)
-    out = F.linear_cross_entropy(*args, **{**kwargs, "options": None})
-    if not chunked:
-        return out
-    acc = getattr(options, "acc_dtype", None)
-    if input.dtype not in (torch.float32, torch.float64) or acc not in (None, input.dtype):
-        from ._capture import UnsupportedModelError
-        raise UnsupportedModelError(
-            f"F.linear_cross_entropy (at {user_frame(3)}) with chunking options on a {input.dtype} input "
-            f"(acc_dtype {acc}): its chunked path accumulates in another dtype, which ortmod's graph (the "
-            "reference path, linear then cross_entropy in the input's dtype) does not reproduce; pass "
-            "options=None, or a float32 or float64 input")
-    if reduction != "mean":
-        return out
-    # the chunked path's d: the summed weights of the targets not ignored (its neg_weight_target);
-    # an empty batch has no rows to divide (its loss is NaN, its gradients 0, as the reference's)
-    ignore_index = kwargs.get("ignore_index")
-    target = target.reshape(-1)
-    kept = target != (-100 if ignore_index is None else ignore_index)
-    weight = kwargs.get("weight")
-    if weight is None:
-        total = kept.sum()
-    else:
-        total = torch.where(kept, weight.index_select(0, torch.where(kept, target, 0)), 0).sum()
-    divided_by_zero = (total == 0) & torch.ones_like(kept).any()
-    everything = input.sum() + linear_weight.sum()
-    bias = kwargs.get("linear_bias")
-    if isinstance(bias, torch.Tensor):
-        everything = everything + bias.sum()
-    nan = torch.where(divided_by_zero, torch.nan, out.new_zeros(()))     # 0 where not taken: gradient 0
-    return torch.where(divided_by_zero, nan * everything, out)
+pass
+from ..onnx_util import _const, _dtype_of, _float_const_arg, _input_rank, _input_rank_or_none, _loss_reduction, _onnx_dtype, _refuse, _stop_gradient
 
 
 def _detach_symbolic(g, input):
@@ -194,33 +48,10 @@ def _detach_symbolic(g, input):
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# symbolics that keep arguments torch's drop
-
-_SCALAR_DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16,
-                  "BFloat16": torch.bfloat16}
-
-
-def _dtype_of(value, default=torch.float32):
-    t = value.type()
-    if isinstance(t, JitTensorType):
-        return _SCALAR_DTYPES.get(t.scalarType(), default)
-    return default
-
-
-def _const(g, v, dtype):
-    return g.op("Constant", value_t=torch.tensor(v, dtype=dtype))
-
-
-def _refuse(what, why):
-    from ._capture import UnsupportedModelError
-    raise UnsupportedModelError(f"{what}: {why}")
-
-
 def _embedding_symbolic(g, weight, indices, padding_idx, scale_grad_by_freq, sparse):
     """Gather, and for padding_idx: the rows looked up at pad positions get no gradient, which
     leaves the padding row's gradient zero exactly as eager's embedding_backward does."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     padding_idx = sh.maybe_get_const(padding_idx, "i")
     scale = sh.maybe_get_const(scale_grad_by_freq, "b")
     if not isinstance(padding_idx, int):
@@ -258,7 +89,7 @@ def _movedim_symbolic(g, x, source, destination):
     order, negative dims counted from the end. torch's rule indexes its perm list with the
     negative dims as they are: movedim(-1, 1) on rank 4 gave Transpose perm [0, -1, 1, 2]
     (the engine refused its gradient: 'invalid perm'; model fuzzer, a channels-last norm)."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     what = "movedim"
     rank = _input_rank_or_none(x)
     src, dst = sh.maybe_get_const(source, "t"), sh.maybe_get_const(destination, "t")
@@ -284,7 +115,7 @@ def _movedim_symbolic(g, x, source, destination):
 def _softplus_symbolic(g, x, beta, threshold):
     """softplus(x) = x where beta*x > threshold, else log(1 + exp(beta*x)) / beta (torch's rule;
     torch's symbolic drops the threshold branch)."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     beta = sh.maybe_get_const(beta, "f")
     threshold = sh.maybe_get_const(threshold, "f")
     if not isinstance(beta, float) or not isinstance(threshold, float):
@@ -300,7 +131,7 @@ def _softplus_symbolic(g, x, beta, threshold):
 def _kl_div_symbolic(g, input, target, reduction, log_target):
     """eager: log_target ? exp(t) * (t - input) : xlogy(t, t) - t * input. torch's symbolic masks
     t <= 0 to 0, which zeroes the gradient -t there (and hides eager's NaN for t < 0)."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     reduction = sh.maybe_get_const(reduction, "i")
     log_target = sh.maybe_get_const(log_target, "b")
     dt = _dtype_of(input)
@@ -323,7 +154,7 @@ def _index_add_symbolic(g, self, dim, index, source, alpha=None):
     """self.index_add(dim, index, source, alpha): ScatterElements with reduction add, so repeated
     indices add up as in eager (torch's opset-9 symbolic scatters without a reduction: a repeated
     row overwrites), and alpha is kept."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     dim = sh.maybe_get_const(dim, "i")
     rank = sh.get_tensor_rank(self)
     if not isinstance(dim, int) or rank is None or sh.get_tensor_rank(source) != rank:
@@ -349,7 +180,7 @@ def _index_put_symbolic(original):
     the result to self (a repeated index keeps only its last value), and with a boolean mask it
     ignores accumulate (masked_fill/masked_scatter replace). accumulate=False is torch's rule."""
     def symbolic(g, self, indices_list_value, values, accumulate=False):
-        from .capture.compat import symbolic_helper as sh
+        from ..compat import symbolic_helper as sh
         acc = sh.maybe_get_const(accumulate, "b")
         if not isinstance(acc, (bool, int)):
             _refuse("index_put", "accumulate must be a constant")
@@ -370,7 +201,7 @@ def _index_put_symbolic(original):
 
 def _avg_pool_symbolic(rank, original):
     def symbolic(g, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None):
-        from .capture.compat import symbolic_helper as sh
+        from ..compat import symbolic_helper as sh
         if divisor_override is None or sh.is_none(divisor_override):
             return original(g, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
                             divisor_override)
@@ -393,7 +224,7 @@ def _avg_pool_symbolic(rank, original):
 def _hardtanh_symbolic(g, x, min_val, max_val):
     """hardtanh (and relu6) as ortmod::HardTanh: Clip's forward, hardtanh's gradient (0 at
     the bounds, dy at NaN). torch's rule gives Clip, whose gradient is torch.clamp's."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     dtype = _dtype_of(x)
     lo, hi = sh.maybe_get_const(min_val, "f"), sh.maybe_get_const(max_val, "f")
     if not isinstance(lo, float) or not isinstance(hi, float):
@@ -419,7 +250,7 @@ def _clamp_symbolic(which):
     none at the bound or at NaN. A 0-d tensor bound: ``half``, half at a bound, all where both
     bounds meet x, all at NaN (eager 2.14)."""
     def symbolic(g, x, *bounds, ortmod_clamp_tensor=None):
-        from .capture.compat import symbolic_helper as sh
+        from ..compat import symbolic_helper as sh
         lo, hi = {"clamp": bounds, "clamp_min": (bounds[0], None), "clamp_max": (None, bounds[0])}[which]
         dtype = _dtype_of(x)
         # the overload eager ran, noted on the traced graph (_clamp_overloads_noted): the exporter's
@@ -486,7 +317,7 @@ def _relu6_symbolic(g, x):
 
 
 def _sort_node(g, x, dim, descending, stable):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     dim, descending = sh.maybe_get_const(dim, "i"), sh.maybe_get_const(descending, "b")
     stable = sh.maybe_get_const(stable, "b") if stable is not None else False
     if sh.is_value(dim) or sh.is_value(descending) or sh.is_value(stable):
@@ -541,7 +372,7 @@ def _per_channel(g, v, rank):
 
 
 def _affine(g, y, weight, bias, rank):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     if weight is not None and not sh.is_none(weight):
         y = g.op("Mul", y, _per_channel(g, weight, rank))
     if bias is not None and not sh.is_none(bias):
@@ -549,18 +380,10 @@ def _affine(g, y, weight, bias, rank):
     return y
 
 
-def _input_rank(x, what):
-    from .capture.compat import symbolic_helper as sh
-    rank = sh.get_tensor_rank(x)
-    if rank is None or rank < 2:
-        _refuse(what, "ortmod needs the input's rank (at least 2) at export")
-    return rank
-
-
 def _group_norm_symbolic(g, x, num_groups, weight, bias, eps, cudnn_enabled):
     """group_norm decomposed into ops the engine differentiates (ONNX has no GroupNormalization
     before opset 18, and torch's rule goes through InstanceNormalization)."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     groups = sh.get_const(num_groups, "i", "num_groups")
     rank = _input_rank(x, "group_norm")
     y = _normalized(g, x, groups, sh.get_const(eps, "f", "eps"), _dtype_of(x))
@@ -572,7 +395,7 @@ def _instance_norm_symbolic(g, x, weight, bias, running_mean, running_var, use_i
     """instance_norm decomposed (torch's rule needs a static channel count and gives
     InstanceNormalization). Running statistics are read in eval mode; updating them in training
     (track_running_stats=True) is refused."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     rank = _input_rank(x, "instance_norm")
     dtype = _dtype_of(x)
     eps_v = sh.get_const(eps, "f", "eps")
@@ -597,7 +420,7 @@ def _extremum_symbolic(arg_op, original):
     first of them). The values are gathered at ArgMax's index instead, so the gradient flows
     to that element only, as in eager. max(x) and max(x, y) keep torch's rule."""
     def symbolic(g, self, dim_or_y=None, keepdim=None):
-        from .capture.compat import symbolic_helper as sh
+        from ..compat import symbolic_helper as sh
         if keepdim is None:
             return original(g, self, dim_or_y, keepdim)
         dim = sh.get_const(dim_or_y, "i", "dim")
@@ -609,22 +432,6 @@ def _extremum_symbolic(arg_op, original):
             values, indices = g.op("Squeeze", values, axes), g.op("Squeeze", indices, axes)
         return values, indices
     return symbolic
-
-
-# ---- p-norms, pairwise_distance, cosine_similarity ------------------------------------------
-
-def _stop_gradient(g, x):
-    out = g.op("ortmod::StopGradient", x)
-    out.setType(x.type())
-    return out
-
-
-def _float_const_arg(value, what, name):
-    from .capture.compat import symbolic_helper as sh
-    v = sh.maybe_get_const(value, "f")
-    if sh.is_value(v) or not isinstance(v, (int, float)):
-        _refuse(what, f"ortmod keeps {name} only as a constant")
-    return float(v)
 
 
 def _p_norm(g, x, p, axes, keepdim, what):
@@ -672,16 +479,6 @@ def _p_norm(g, x, p, axes, keepdim, what):
     return g.op("Where", has_zero, zero, root)
 
 
-def _input_rank_or_none(x):
-    from .capture.compat import symbolic_helper as sh
-    return sh.get_tensor_rank(x)
-
-
-def _onnx_dtype(dtype):
-    from .capture.compat import ts_type_utils as _type_utils
-    return _type_utils.JitScalarType.from_dtype(dtype).onnx_type()
-
-
 def _same_float_dtype(what, *xs):
     dts = {_dtype_of(x, None) for x in xs}
     if len(dts) != 1 or None in dts:
@@ -692,7 +489,7 @@ def _same_float_dtype(what, *xs):
 def _pairwise_distance_symbolic(g, x1, x2, p, eps, keepdim):
     """eager (Distance.cpp): at::norm(x1 - x2 + eps, p, -1, keepdim). torch's rule computes
     (sum (x1 - x2)^p)^(1 / (p + eps)): eps in the exponent and no abs (odd p is wrong)."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     what = "pairwise_distance"
     dt = _same_float_dtype(what, x1, x2)
     p = _float_const_arg(p, what, "p")
@@ -715,7 +512,7 @@ def _string_const(v):
 
 
 def _norm_dims(dim, rank, what):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     if dim is None or sh.is_none(dim):
         if rank is None:
             _refuse(what, "ortmod needs the input's rank at export")
@@ -727,18 +524,18 @@ def _norm_dims(dim, rank, what):
 
 
 def _with_dtype(g, x, dtype, what):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     if dtype is None or sh.is_none(dtype):
         return x
     d = sh.maybe_get_const(dtype, "i")
     if sh.is_value(d):
         _refuse(what, "ortmod keeps dtype only as a constant")
-    from .capture.compat import ts_type_utils as _type_utils
+    from ..compat import ts_type_utils as _type_utils
     return g.op("Cast", x, to_i=_type_utils.JitScalarType(d).onnx_type())
 
 
 def _vector_norm(g, x, ord, dim, keepdim, dtype, what):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     p = 2.0 if ord is None or sh.is_none(ord) else _float_const_arg(ord, what, "ord")
     keep = sh.maybe_get_const(keepdim, "b")
     if sh.is_value(keep):
@@ -757,7 +554,7 @@ def _vector_norm_symbolic(g, self, ord, dim, keepdim, dtype=None):
 def _norm_symbolic(g, self, p, dim=None, keepdim=None, dtype=None):
     """aten::norm (at::norm, as C++ callers such as triplet_margin_loss reach it): torch's rule
     takes p 1 and 2 only."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     if _string_const(p) is not None:
         _refuse("torch.norm(p=<str>)", "ortmod takes string orders through torch.linalg.matrix_norm only")
     keepdim = keepdim if keepdim is not None else _const(g, 0, torch.int64)
@@ -765,7 +562,7 @@ def _norm_symbolic(g, self, p, dim=None, keepdim=None, dtype=None):
 
 
 def _frobenius(g, x, dim, keepdim, what):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     keep = sh.maybe_get_const(keepdim, "b")
     axes = _norm_dims(dim, _input_rank_or_none(x), what)
     return _p_norm(g, x, 2.0, axes, bool(keep), what)
@@ -781,7 +578,7 @@ def _frobenius_norm_symbolic(g, self, dim=None, keepdim=None):
 def _matrix_norm_symbolic(original):
     def symbolic(g, self, ord, dim, keepdim, dtype=None):
         """'fro' as ReduceL2 (see _frobenius_norm_symbolic); other orders keep torch's rule."""
-        from .capture.compat import symbolic_helper as sh
+        from ..compat import symbolic_helper as sh
         if _string_const(ord) == "fro":
             return _frobenius(g, _with_dtype(g, self, dtype, "linalg.matrix_norm"), dim, keepdim,
                               "linalg.matrix_norm")
@@ -795,7 +592,7 @@ def _linalg_norm_symbolic(original_matrix):
     def symbolic(g, self, ord, dim, keepdim, dtype=None):
         """eager's linalg_norm dispatch (LinearAlgebra.cpp): a given ord with two dims (or none,
         on a matrix) is a matrix norm, anything else a vector norm (ord None: 2)."""
-        from .capture.compat import symbolic_helper as sh
+        from ..compat import symbolic_helper as sh
         given = not sh.is_none(ord)
         dims = None if sh.is_none(dim) else _norm_dims(dim, None, "linalg.norm")
         if given and ((dims is not None and len(dims) == 2) or (dims is None and _input_rank_or_none(self) == 2)):
@@ -808,23 +605,12 @@ def _linalg_norm_symbolic(original_matrix):
     return symbolic
 
 
-_LOSS_REDUCTIONS = {0: None, 1: "ReduceMean", 2: "ReduceSum"}
-
-
-def _loss_reduction(g, out, reduction, what):
-    from .capture.compat import symbolic_helper as sh
-    r = sh.maybe_get_const(reduction, "i")
-    if r not in _LOSS_REDUCTIONS:
-        _refuse(what, f"reduction {r!r} is not one of none, mean, sum")
-    return out if r == 0 else g.op(_LOSS_REDUCTIONS[r], out, keepdims_i=0)
-
-
 def _triplet_margin_loss_symbolic(g, anchor, positive, negative, margin, p, eps, swap, reduction):
     """eager (Loss.cpp): d(a, b) = pairwise_distance(a, b, p, eps); with swap the negative distance
     is min(d(anchor, negative), d(positive, negative)) (torch.minimum: ties share dy, as the
     engine's Min); clamp_min(margin + d_pos - d_neg, 0), reduced. torch's exporter has no rule
     (it inlines p 1 and 2 without swap through aten::norm and fails on the rest)."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     what = "triplet_margin_loss"
     dt = _same_float_dtype(what, anchor, positive, negative)
     ranks = {_input_rank_or_none(v) for v in (anchor, positive, negative)}
@@ -855,8 +641,8 @@ def _cosine_embedding_loss_symbolic(g, input1, input2, target, margin, reduction
     """eager (Loss.cpp): over dim d = target.dim(), cos = sum(x1 x2) / sqrt((sum x1^2 + E)(sum x2^2 + E));
     the loss is 1 - cos where target == 1, clamp_min(cos - margin, 0) where target == -1, else 0.
     torch's exporter has no rule."""
-    from .capture.compat import symbolic_helper as sh
-    from .capture.compat import ts_type_utils as _type_utils
+    from ..compat import symbolic_helper as sh
+    from ..compat import ts_type_utils as _type_utils
     what = "cosine_embedding_loss"
     dt = _same_float_dtype(what, input1, input2)
     t_rank, x_rank = _input_rank_or_none(target), _input_rank_or_none(input1)
@@ -909,7 +695,7 @@ def _cdist_symbolic(g, x1, x2, p, compute_mode=None):
     more than 25 rows; otherwise the norm of every difference, with _cdist_backward's gradient
     (for p = inf every tie gets the whole dy). torch's rule reuses its pairwise_distance rule:
     eps in the exponent, no abs (NaN for odd p), and the mm path whatever the mode."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     what = "torch.cdist"
     dt = _same_float_dtype(what, x1, x2)
     p_v = _float_const_arg(p, what, "p")
@@ -994,7 +780,7 @@ def _cosine_similarity_symbolic(g, x1, x2, dim, eps):
     (keepdim), each clamped to eps in place under no_grad; sum((x1 / n1) * (x2 / n2), dim).
     torch's rule divides by max(sqrt(|x1|^2 |x2|^2), eps): Sqrt's gradient at a zero vector is
     inf * 0 = NaN, and its gradient below eps is a true clamp's, not eager's."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     what = "cosine_similarity"
     dt = _same_float_dtype(what, x1, x2)
     dim = sh.maybe_get_const(dim, "i")
@@ -1020,8 +806,8 @@ def _pad_symbolic(g, input, pad, mode, value):
     torch's per-node ONNX shape inference then corrupts the heap (the process aborts in
     free()). The padded dims are the last len(pad) / 2, so the axes count from the end here.
     Negative pads crop first and wrap what is left, as eager's circular pad does."""
-    from .capture.compat import symbolic_helper as sh
-    from .capture.compat import ts_opset11 as symbolic_opset11
+    from ..compat import symbolic_helper as sh
+    from ..compat import ts_opset11 as symbolic_opset11
     if sh.parse_arg(mode, "s") != "circular":
         return symbolic_opset11.pad(g, input, pad, mode, value)
     padding = sh.maybe_get_const(pad, "is")
@@ -1058,88 +844,6 @@ def _pad_symbolic(g, input, pad, mode, value):
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# float64 0-d values keep their dtype
-
-# ONNX ops whose input dtypes torch's exporter makes agree by implicit promotion.
-_PROMOTING_OPS = frozenset({"onnx::Add", "onnx::Sub", "onnx::Mul", "onnx::Div", "onnx::Pow", "onnx::Mod",
-                            "onnx::Gemm", "onnx::Where"})
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _keeping_traced_dtypes(run_symbolic):
-    """Wraps the exporter's per-node conversion (C++ calls it for every aten node).
-
-    torch's ONNX type promotion takes every 0-d float64 tensor for a wrapped Python number of
-    the default dtype: ``loss + 1.0``, ``loss_a + loss_b`` on a float64 model come out as
-    Cast-to-float32 and a float32 Add, so a float64 model's scalar loss was returned (and
-    differentiated) in float32. The trace knows the dtype eager computed (the aten node's
-    output); where the converted node is one of the promoting ops and says another float
-    dtype, the traced one is put back. The promotion pass reads a node's output dtype first,
-    so it then casts the node's inputs to it (a Python constant becomes a float64 constant)."""
-    def run(graph, block, node, inputs, env, values_in_env, new_nodes, *rest, **kw):
-        outputs = run_symbolic(graph, block, node, inputs, env, values_in_env, new_nodes, *rest, **kw)
-        try:
-            results = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-            for old, new in zip(node.outputs(), results):
-                if new is None or new.node().kind() not in _PROMOTING_OPS:
-                    continue
-                told, tnew = old.type(), new.type()
-                if not isinstance(told, JitTensorType) or not isinstance(tnew, JitTensorType):
-                    continue
-                want, got = told.dtype(), tnew.dtype()
-                if want in _FLOAT_DTYPES and got in _FLOAT_DTYPES and want != got:
-                    new.setType(tnew.with_dtype(want))
-        except (RuntimeError, TypeError, AttributeError):
-            pass   # a type that carries no dtype: nothing to restore
-        return outputs
-    run.__wrapped__ = run_symbolic
-    return run
-
-
-# ---------------------------------------------------------------------------------------------
-# the export context: our symbolics and the stop-gradient pass, only while ortmod exports
-
-def _exporter_modules():
-    from .capture.compat import ts_registration
-    return ts_registration
-
-
-_TORCH_SYMBOLICS = {}
-
-
-def _torch_symbolic(registration, name, opset):
-    """torch's own rule for ``name``, as it was before ortmod registered one over it (the
-    registry then answers with ortmod's)."""
-    if name not in _TORCH_SYMBOLICS:
-        group = registration.registry.get_function_group(name)
-        _TORCH_SYMBOLICS[name] = None if group is None else group.get(opset)
-    return _TORCH_SYMBOLICS[name]
-
-
-_export_lock = threading.Lock()
-
-
-def _scalars_typed_as(dtype, optimize_graph):
-    """Wraps the exporter's conversion of the traced graph to ONNX (not the trace itself).
-
-    Its type inference and scalar type analysis take every 0-d floating value -- a float64
-    model's 0-d input or loss -- for a Python number of torch's default dtype, and cast the op
-    to float32: a float64 MSELoss on 0-d inputs came back float32. While the graph converts,
-    the default dtype is the model's own floating dtype (``semantic_export``'s
-    ``scalar_dtype``): in a model computing in one dtype, a Python number takes that dtype in
-    eager too."""
-    def run(*args, **kw):
-        before = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            return optimize_graph(*args, **kw)
-        finally:
-            torch.set_default_dtype(before)
-    run.__wrapped__ = optimize_graph
-    return run
-
-
 # the overloads of the in-place clamps (clamp_, ...) of the graph converting: the exporter's passes
 # replace each by a new out-of-place node, without the note
 _inplace_clamps = set()
@@ -1167,257 +871,4 @@ def _clamp_overloads_noted(optimize_graph, noting):
         return optimize_graph
     run.__wrapped__ = optimize_graph
     return run
-
-
-@contextlib.contextmanager
-def _quiet_onnx_logging(verbose):
-    enabled = compat.onnx_log_enabled()
-    compat.set_onnx_log_enabled(enabled or bool(verbose))
-    try:
-        yield
-    finally:
-        compat.set_onnx_log_enabled(enabled)
-
-
-@contextlib.contextmanager
-def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
-    """Register ortmod's argument-keeping symbolics and (when the graph will be differentiated)
-    the stop-gradient mode for one torch.onnx.export call; undo both afterwards.
-
-    ``scalar_dtype``: the one floating dtype the model computes in, when it is not torch's
-    default (a float64 model): untyped 0-d values take it (``_scalars_typed_as``)."""
-    with _export_lock:   # also around reading torch's rules: another export may have ortmod's in
-        registration = _exporter_modules()
-        symbolics = {
-            "aten::detach": _detach_symbolic,
-            "aten::embedding": _embedding_symbolic,
-            "aten::embedding_renorm": _embedding_renorm_symbolic,
-            "aten::embedding_renorm_": _embedding_renorm_symbolic,
-            "aten::softplus": _softplus_symbolic,
-            "aten::movedim": _movedim_symbolic,
-            "aten::log_sigmoid": _log_sigmoid_symbolic,
-            "aten::kl_div": _kl_div_symbolic,
-            "aten::index_add": _index_add_symbolic,
-            "aten::pad": _pad_symbolic,
-            "aten::hardtanh": _hardtanh_symbolic,
-            "aten::relu6": _relu6_symbolic,
-            "aten::group_norm": _group_norm_symbolic,
-            "aten::instance_norm": _instance_norm_symbolic,
-            "aten::sort": _sort_symbolic,
-            "aten::argsort": _argsort_symbolic,
-            "aten::pairwise_distance": _pairwise_distance_symbolic,
-            "aten::cosine_similarity": _cosine_similarity_symbolic,
-            "aten::linalg_vector_norm": _vector_norm_symbolic,
-            "aten::norm": _norm_symbolic,
-            "aten::frobenius_norm": _frobenius_norm_symbolic,
-            "aten::triplet_margin_loss": _triplet_margin_loss_symbolic,
-            "aten::cdist": _cdist_symbolic,
-            "aten::cosine_embedding_loss": _cosine_embedding_loss_symbolic,
-            "aten::dist": _dist_symbolic,
-        }
-        own_clamps = set(compat.clamp_semantics()) != {compat.CLAMP_INCLUSIVE}
-        if own_clamps:
-            symbolics.update({f"aten::{w}": _clamp_symbolic(w) for w in ("clamp", "clamp_min", "clamp_max")})
-        matrix_norm = _torch_symbolic(registration, "aten::linalg_matrix_norm", opset)
-        if matrix_norm is not None:
-            symbolics["aten::linalg_matrix_norm"] = _matrix_norm_symbolic(matrix_norm)
-            symbolics["aten::linalg_norm"] = _linalg_norm_symbolic(matrix_norm)
-        for name, arg_op in (("aten::max", "ArgMax"), ("aten::min", "ArgMin")):
-            if _torch_symbolic(registration, name, opset) is not None:
-                symbolics[name] = _extremum_symbolic(arg_op, _torch_symbolic(registration, name, opset))
-        # torch registers its opset-11 index_put (the one that scatters) when that module is
-        # imported, which its exporter does lazily: before it, the registry holds opset 9's stub
-        from .capture.compat import ts_opset11
-        ts_opset11.module()
-        if _torch_symbolic(registration, "aten::index_put", opset) is not None:
-            symbolics["aten::index_put"] = _index_put_symbolic(_torch_symbolic(registration, "aten::index_put", opset))
-        for rank in (1, 2, 3):
-            name = f"aten::avg_pool{rank}d"
-            if _torch_symbolic(registration, name, opset) is not None:
-                symbolics[name] = _avg_pool_symbolic(rank, _torch_symbolic(registration, name, opset))
-        # rules kept in their own modules: losses, and the nn layers (pools, norms) whose
-        # stock rules are missing or narrower than eager
-        from . import _export_ctc, _export_losses, _export_nn, _export_rnn
-        for rules in (_export_losses, _export_nn, _export_ctc, _export_rnn):
-            symbolics.update(rules.symbolics(registration, opset))
-        for name, fn in symbolics.items():
-            torch.onnx.register_custom_op_symbolic(name, fn, opset)
-        ts = compat.ts_utils
-        retype = scalar_dtype is not None and scalar_dtype != torch.get_default_dtype()
-        try:
-            # torch 2.x tests the function _jit_is_onnx_log_enabled, not its value, so every export
-            # turned the exporter's log on: a failed export printed its whole graph to stderr
-            with ts.patched("run_symbolic_function", _keeping_traced_dtypes(ts.run_symbolic_function)), \
-                    ts.patched("setup_onnx_logging", _quiet_onnx_logging), \
-                    ts.patched("optimize_graph", _clamp_overloads_noted(
-                        _scalars_typed_as(scalar_dtype, ts.optimize_graph) if retype else ts.optimize_graph,
-                        own_clamps)), \
-                    (StopGradientMode() if stop_gradients else contextlib.nullcontext()):
-                yield
-        finally:
-            for name in symbolics:
-                torch.onnx.unregister_custom_op_symbolic(name, opset)
-
-
-# ---------------------------------------------------------------------------------------------
-# trace guards
-
-_GUARD_RTOL, _GUARD_ATOL = 1e-4, 1e-6
-_OWN_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(__file__), os.path.dirname(contextlib.__file__))
-
-
-def user_frame(depth=2):
-    """'file:line' of the innermost caller outside torch, ortmod and the standard library."""
-    f = sys._getframe(depth)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith(_OWN_DIRS) and not name.startswith("<"):
-            return f"{name}:{f.f_lineno}"
-        f = f.f_back
-    return "<unknown>"
-
-
-def _is_library(filename):
-    """torch's, ortmod's or an installed package's code (transformers' mask checks, ...), not the
-    user's own: what it froze is guarded just the same, but the user hears of it only when it
-    changes."""
-    return filename.startswith(_OWN_DIRS) or "site-packages" in filename or "dist-packages" in filename
-
-
-class Guard:
-    """One value the trace froze: which extra graph output recomputes it and what Python saw.
-    ``internal``: library code took it (torch's BatchNorm batch-size check, transformers' mask
-    checks): guarded like the others, but not the user's to hear about unless it changes."""
-    __slots__ = ("output_index", "value", "kind", "where", "internal")
-
-    def __init__(self, output_index, value, kind, where, internal=False):
-        self.output_index, self.value, self.kind, self.where = output_index, value, kind, where
-        self.internal = internal
-
-    def describe(self):
-        return f"{self.where} ({self.kind} = {self.value!r})"
-
-    def holds(self, tensor):
-        """The engine's value, converted as Python converted the traced one, gives what Python
-        saw: int(2.5) froze 2, and 2.5 from the engine still means 2."""
-        got = tensor.tolist()
-        convert = _GUARD_CONVERSIONS.get(self.kind)
-        if convert is not None and not isinstance(got, list):
-            try:
-                got = convert(got)
-            except (ValueError, OverflowError):   # int(nan), int(inf): Python would have raised
-                return False
-        return _same(got, self.value)
-
-
-# the conversions whose result is not the tensor's value itself (kinds of recording_guards)
-_GUARD_CONVERSIONS = {"int(tensor)": int, "tensor as an index": int, "bool(tensor)": bool}
-
-
-def _same(a, b):
-    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
-        if not isinstance(a, (list, tuple)):
-            a = [a]
-        if not isinstance(b, (list, tuple)):
-            b = [b]
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) or isinstance(b, float):
-        a, b = float(a), float(b)
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        return abs(a - b) <= _GUARD_ATOL + _GUARD_RTOL * max(abs(a), abs(b))
-    return a == b
-
-
-_recording = threading.local()
-
-
-def _current_recorder():
-    return getattr(_recording, "recorder", None)
-
-
-class TraceGuards:
-    """Records, while torch traces the module, every tensor Python converts to a value."""
-
-    def __init__(self):
-        self.records = []      # (traced tensor, kind, value, where, internal)
-
-    def record(self, tensor, kind, value):
-        caller = sys._getframe(2).f_code.co_filename      # 0 record, 1 the patched method
-        self.records.append((tensor, kind, value, user_frame(3), _is_library(caller)))
-
-    def reset(self):
-        self.records = []
-
-    def tensors(self):
-        # a guard output is a tensor of its own: a view of a user output would alias it
-        return tuple(t.detach().clone() if t.dim() else t.detach().reshape(()) for t, *_ in self.records)
-
-
-def _patched(name, kind, convert=None):
-    original = getattr(torch.Tensor, name)
-
-    def method(self, *args, **kwargs):
-        value = original(self, *args, **kwargs)
-        rec = _current_recorder()
-        if rec is not None and torch.jit.is_tracing() and not _pyop._inside_kept_function():
-            guarded = convert(self) if convert else self
-            if isinstance(guarded, torch.Tensor):
-                rec.record(guarded, kind, value)
-        return value
-
-    method.__name__ = name
-    method.__wrapped__ = original
-    return name, original, method
-
-
-@contextlib.contextmanager
-def recording_guards(recorder):
-    """While active (in this thread, while tracing), conversions of tensors to Python values are
-    recorded on ``recorder``. Methods are patched on torch.Tensor for the duration only."""
-    patches = [
-        _patched("item", ".item()"),
-        _patched("tolist", ".tolist()"),
-        _patched("__bool__", "bool(tensor)"),
-        _patched("__float__", "float(tensor)"),
-        _patched("__int__", "int(tensor)"),
-        _patched("__index__", "tensor as an index"),
-        _patched("__len__", "len(tensor)", convert=lambda t: t.shape[0] if t.dim() else None),
-    ]
-    _recording.recorder = recorder
-    for name, _, method in patches:
-        setattr(torch.Tensor, name, method)
-    try:
-        yield recorder
-    finally:
-        for name, original, _ in patches:
-            setattr(torch.Tensor, name, original)
-        _recording.recorder = None
-
-
-# tracer warnings a guard makes harmless (the conversions above), and one that is harmless by itself
-_GUARDED_MESSAGES = ("Converting a tensor to a Python", "Using len to get tensor shape")
-_HARMLESS_MESSAGES = ("torch.tensor results are registered as constants",)
-
-
-def unguarded_tracer_warnings(caught, guarded_places):
-    """'file:line: message' of the TracerWarnings no guard covers."""
-    out = []
-    for w in caught:
-        if not issubclass(w.category, torch.jit.TracerWarning):
-            continue
-        msg = str(w.message).split("\n", 1)[0]
-        place = f"{w.filename}:{w.lineno}"
-        if msg.startswith(_GUARDED_MESSAGES) and (place in guarded_places or w.filename == __file__):
-            continue                     # raised inside a patched conversion: that call is guarded
-        if msg.startswith(_HARMLESS_MESSAGES):
-            continue
-        note = f"{place}: {msg[:160]}"
-        if note not in out:
-            out.append(note)
-    return out
-
-
-class TraceHazardWarning(UserWarning):
-    """The trace froze Python values computed from tensors (see ortmod._semantics)."""
 

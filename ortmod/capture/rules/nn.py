@@ -7,10 +7,12 @@ that names what it cannot reproduce.
 registers them only while ortmod exports."""
 import torch
 
-from .capture.compat import JitListType, JitTensorType
+from ..compat import JitListType, JitTensorType
 
-from ._semantics import (_avg_pool_symbolic, _const, _dtype_of, _input_rank_or_none, _onnx_dtype, _refuse,
-                         _torch_symbolic)
+from .symbolics import _avg_pool_symbolic
+from ..onnx_util import _const, _dtype_of, _input_rank_or_none, _onnx_dtype, _refuse, _torch_symbolic
+from . import symbolics as ts_symbolics
+from ..onnx_util import _stop_gradient
 
 _I64 = torch.int64
 _HALF = (torch.float16, torch.bfloat16)
@@ -24,7 +26,7 @@ class _NeedsStaticSizes(RuntimeError):
 
 
 def _sizes(x):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     return sh.get_tensor_sizes(x)
 
 
@@ -39,7 +41,7 @@ def _slice(g, x, axis, start, end):
 def _int_list(value, what, name):
     """A constant int or int list argument as a list (elements may be None); None if it is
     not constant."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     if sh.is_none(value):
         return None
     v = sh.maybe_get_const(value, "is")
@@ -67,7 +69,7 @@ def _unfold_symbolic(g, x, dimension, size, step):
     moved to the end: eager's (..., windows, ..., size). torch's opset-9 rule unsqueezes at the
     dim as given: a negative one gave (..., size, windows), transposed values where the two are
     equal, without a word. Overlapping windows' gradients sum in Gather's (step < size)."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     dim, size, step = (sh.maybe_get_const(v, "i") for v in (dimension, size, step))
     rank = _input_rank_or_none(x)
     if not all(isinstance(v, int) for v in (dim, size, step)) or rank is None:
@@ -104,7 +106,7 @@ def _rms_norm_symbolic(g, x, normalized_shape, weight, eps):
     normalized dims) + eps), cast back to the input dtype, then times weight. eps None is the
     op-math dtype's machine epsilon. Eager differentiates those same ops (pow, mean, add,
     rsqrt, mul), so the engine's gradient is eager's."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     shape = _int_list(normalized_shape, "rms_norm", "normalized_shape")
     if shape is None or None in shape:
         _refuse("rms_norm", "ortmod keeps normalized_shape only as a constant")
@@ -143,7 +145,7 @@ def _threshold_symbolic(g, x, threshold, value):
     """threshold(x, th, v) = v where x <= th, else x (NaN passes: NaN <= th is false), and the
     gradient dy where x > th or NaN, 0 elsewhere: eager's threshold and threshold_backward
     both test x <= th. torch's rule exports only th = v = 0 (as Relu)."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     th, v = sh.maybe_get_const(threshold, "f"), sh.maybe_get_const(value, "f")
     if sh.is_value(th) or sh.is_value(v):
         _refuse("threshold", "ortmod keeps threshold and value only as constants")
@@ -158,7 +160,7 @@ def _bilinear_symbolic(g, x1, x2, weight, bias):
     """bilinear: y[..., o] = sum_ij x1[..., i] W[o, i, j] x2[..., j] + b[o], as two Einsums
     (the engine's Einsum takes two operands): x1 W first, then its product with x2. Eager's
     _trilinear sums in another order, so values agree to rounding."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     r1, r2 = _input_rank_or_none(x1), _input_rank_or_none(x2)
     if r1 is None or r2 is None or r1 != r2 or r1 < 1:
         _refuse("bilinear", "ortmod needs both inputs' ranks, equal, at export")
@@ -334,12 +336,11 @@ def _pad_symbolic(g, input, pad, mode, value):
     whose size is unknown is exported as an If (squeeze only if it is 1), which the engine
     does not run. Every other F.pad is _semantics' rule, which this one overrides for
     aten::pad and runs."""
-    from .capture.compat import symbolic_helper as sh
-    from . import _semantics
+    from ..compat import symbolic_helper as sh
     pads = _int_list(pad, "F.pad", "pad") if sh.parse_arg(mode, "s") == "constant" else None
     rank = _input_rank_or_none(input)
     if pads is None or None in pads or len(pads) % 2 or rank is None or len(pads) // 2 > rank:
-        return _semantics._pad_symbolic(g, input, pad, mode, value)
+        return ts_symbolics._pad_symbolic(g, input, pad, mode, value)
     begin, end = [0] * rank, [0] * rank
     for k in range(len(pads) // 2):          # pad's first pair pads the last dim
         begin[rank - 1 - k], end[rank - 1 - k] = pads[2 * k], pads[2 * k + 1]
@@ -378,7 +379,7 @@ def _shape_keeping(original):
 def _shape_list_partly_const(size):
     """A shape list's elements: the constant ones as ints, the computed ones as None; None when
     the shape is not a list."""
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     if not sh.is_value(size) or not sh.is_packed_list(size):
         return None
     out = []
@@ -427,7 +428,7 @@ def _fractional_max_pool_symbolic(rank):
     what = f"fractional_max_pool{rank}d"
 
     def symbolic(g, x, kernel_size, output_size, random_samples):
-        from .capture.compat import symbolic_helper as sh
+        from ..compat import symbolic_helper as sh
         kernel = sh.maybe_get_const(kernel_size, "is")
         out_size = sh.maybe_get_const(output_size, "is")
         if sh.is_value(kernel) or sh.is_value(out_size):
@@ -487,7 +488,7 @@ _AXIS_NAMES = {1: ("W",), 2: ("H", "W"), 3: ("D", "H", "W")}
 
 
 def _float_or_none(value, what):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     if value is None or sh.is_none(value):
         return None
     v = sh.maybe_get_const(value, "f")
@@ -497,7 +498,7 @@ def _float_or_none(value, what):
 
 
 def _float_list_or_none(value, what):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     if value is None or sh.is_none(value):
         return None
     v = sh.maybe_get_const(value, "fs")
@@ -531,7 +532,7 @@ def _upsample_call(g, what, rank, x, output_size, scale_args, align_corners=None
     if scales is not None:
         scales = _traced_scales(g, len(scale_args), scales)
     out = _int_list(output_size, what, "output_size")
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     if out is None and not sh.is_none(output_size):
         # computed from sizes (recompute_scale_factor, size=y.shape[2:]): the traced output's
         # sizes, but only while every graph input is static (the export the graph then holds
@@ -673,9 +674,10 @@ def _nearest_symbolic(rank, exact):
         """nearest / nearest-exact: per spatial axis a Gather with eager's own source indices
         (probed, _probe_nearest); Gather's gradient is a scatter-add, as eager's backward, by
         the forward's index; where eager's backward computes another, the gradient goes there
-        (_export_rules.gather_with_gradient_at, shared with the torch.export path)."""
-        from ._export_rules import gather_with_gradient_at
-        from ._semantics import _stop_gradient
+        (rules/onnxscript.gather_with_gradient_at, shared with the torch.export path; imported
+        here, not at the top: it registers torch.export's custom ops, which the TorchScript path
+        need not pay for at import)."""
+        from .onnxscript import gather_with_gradient_at
         spatial, out, scales = _upsample_call(g, what, rank, input, output_size, scale_args)
 
         def emit(op_type, *inputs, axis=None):
@@ -750,7 +752,7 @@ def _linear_symbolic(rank):
         the op-math dtype (float32 for half inputs, cast back at the end, as eager's kernel).
         The tables are checked against eager on a random probe and on NaN probes (which
         elements each output reads), refused on any difference."""
-        from .capture.compat import symbolic_helper as sh
+        from ..compat import symbolic_helper as sh
         ac = sh.maybe_get_const(align_corners, "b")
         if sh.is_value(ac):
             _refuse(what, "ortmod keeps align_corners only as a constant")
@@ -814,7 +816,7 @@ def _exact_in_float32(v):
 
 
 def _const_floats(what, *values):
-    from .capture.compat import symbolic_helper as sh
+    from ..compat import symbolic_helper as sh
     out = [sh.maybe_get_const(v, "f") for v in values]
     if any(sh.is_value(v) for v in out):
         _refuse(what, "ortmod keeps its coefficients only as constants")
@@ -852,7 +854,7 @@ def _leaky_relu_float64(original):
 
 def _rrelu_float64(original):
     def symbolic(g, x, lower, upper, training, generator):
-        from .capture.compat import symbolic_helper as sh
+        from ..compat import symbolic_helper as sh
         if _is_float64(x) and sh.maybe_get_const(training, "b") is False:
             lo, up = _const_floats("rrelu", lower, upper)
             slope = (lo + up) / 2   # eager's rrelu in eval: leaky_relu with the mean slope

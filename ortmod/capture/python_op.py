@@ -11,7 +11,7 @@ name, csrc/ops/callback.c). An output eager gives no history (a call under the f
 the user asks for it (``DebugOptions(inline_autograd_functions=True)``) every Function is
 inlined as torch does it, and the engine differentiates its forward; torch's own Functions
 (reentrant checkpointing) are refused otherwise, by name. The torch.export path
-(ortmod/_capture_export.py) is a second front end to the same records: its
+(ortmod/capture/export.py) is a second front end to the same records: its
 ``ortmod::python_op`` becomes the same node.
 
 Run. The engine calls ``FunctionRunner`` for the node's output shapes (plan time), its forward
@@ -27,10 +27,11 @@ import threading
 
 import torch
 
-from .capture import compat
-from .capture.compat import pytree
+from . import compat
+from .compat import pytree
 
-from ._capture import UnsupportedModelError
+from .errors import UnsupportedModelError
+from .errors import user_frame
 
 _DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 6: torch.int32, 7: torch.int64, 9: torch.bool,
            10: torch.float16, 11: torch.float64, 16: torch.bfloat16}
@@ -143,7 +144,6 @@ class FunctionRecorder:
         if not self.keeps(cls):
             return
         outputs = out if isinstance(out, tuple) else (out,)
-        from ._semantics import user_frame
         where = user_frame(3)
         if not outputs or not all(isinstance(o, torch.Tensor) for o in outputs):
             raise UnsupportedModelError(f"{cls.__qualname__}.apply (at {where}) returns something other than "

@@ -33,7 +33,7 @@ import contextlib
 
 import torch
 
-from ._export_rnn import MAX_UNROLL, _MAX_CONCAT
+from .rnn import MAX_UNROLL, _MAX_CONCAT
 
 
 @contextlib.contextmanager
@@ -121,7 +121,7 @@ def translations(op, ir, stop_gradient):
 
     def projected(x, h0, c0, params, has_biases, num_layers, bidirectional, batch_first):
         # nn.LSTM(proj_size > 0), which ONNX's LSTM cannot express: the TorchScript path's rule
-        # (ortmod/_export_rnn.py), unrolled over the sequence (its length specialised by
+        # (ortmod/capture/rules/rnn.py), unrolled over the sequence (its length specialised by
         # static_projection_lengths), in eager's equations: gates from x_t W_ih^T + b_ih +
         # h W_hh^T + b_hh in torch's order i, f, g, o; c_t = s(f) c + s(i) tanh(g);
         # h_t = (s(o) tanh(c_t)) W_hr^T. The reverse direction runs t = T-1 .. 0.

@@ -1,0 +1,74 @@
+"""The torch.export path's rules for scatter_add, index_put, copy: onnxscript functions traced by
+torch's
+exporter where torchlib's translation does not mean what eager training means.
+
+Each function below is handed the opset ``op``, ``onnx_ir`` as ``ir`` and the engine's stop-gradient
+op, and returns {aten op: rule} for the rules that share its helpers; ``translations`` is their
+union, which ``capture.export_registry`` adds to torchlib's registry."""
+import torch
+
+
+def indexing(op, ir, stop_gradient):
+    from typing import Optional, Sequence
+    from onnxscript.function_libs.torch_lib.tensor_typing import TReal, TTensor, TInt
+    from onnxscript.function_libs.torch_lib.ops import core as tl_core
+
+    I64 = ir.DataType.INT64
+
+    def const(v, dt):
+        return op.Constant(value=ir.tensor(v, dtype=dt))
+
+    def ints(v):
+        return const(list(v), I64)
+
+    # ---- scatter_add ---------------------------------------------------------------------------
+
+    def scatter_add(self: TReal, dim: int, index: TInt, src: TReal) -> TReal:
+        # eager (scatter_add): self[..index[p]..] += src[p] for every position p of index, src
+        # may be larger than index (only its index-shaped corner is read); ONNX's
+        # ScatterElements wants updates of index's shape, so src is sliced to it (a no-op when
+        # they agree). Repeated indices add (reduction add), as eager.
+        rank = len(index.shape)
+        src = op.Slice(src, ints([0] * rank), op.Shape(index), ints(range(rank)))
+        return op.ScatterElements(self, index, src, axis=dim, reduction="add")
+
+    # ---- index_put -----------------------------------------------------------------------------
+
+    def index_put(self: TReal, indices: Sequence[Optional[TTensor]], values: TReal,
+                  accumulate: bool = False) -> TReal:
+        # integer indices: torchlib's rule (ScatterND; accumulate: repeated indices add, as
+        # eager; otherwise the engine lets the last write win, eager's deterministic order;
+        # negative indices wrap). A boolean mask: torchlib's needs NonZero, which the engine
+        # lacks; one mask on the leading dims with a single value (x[mask] = v, x[mask] += v,
+        # what _CHECKS lets through) is a Where, whose gradients are eager's: v gets the sum of
+        # dy over the selected positions, x gets dy where it was kept (accumulate: everywhere).
+        if any(i is not None and i.dtype == ir.DataType.BOOL for i in indices):
+            mask = indices[0]
+            for _ in range(len(self.shape) - len(mask.shape)):
+                mask = op.Unsqueeze(mask, ints([-1]))
+            mask = op.Expand(mask, op.Shape(self))
+            v = op.Reshape(values, ints([]))
+            if values.dtype != self.dtype:
+                v = op.Cast(v, to=self.dtype)
+            if accumulate:
+                return op.Add(self, op.Where(mask, v, const(0, self.dtype)))
+            return op.Where(mask, v, self)
+        return tl_core.aten_index_put(self, indices, values, accumulate)
+
+    def copy(self: TTensor, src: TTensor, non_blocking: bool = False) -> TTensor:
+        # eager: self's shape and dtype, src broadcast to it (x[1:-1, -2:] = row); torchlib's
+        # CastLike keeps src's shape. self's values are overwritten: it gets no gradient.
+        if src.dtype != self.dtype:
+            src = op.Cast(src, to=self.dtype)
+        return op.Expand(src, op.Shape(self))
+
+    return {
+        torch.ops.aten.copy.default: copy,
+        torch.ops.aten.index_put.default: index_put,
+        torch.ops.aten.scatter_add.default: scatter_add,
+    }
+
+
+def translations(op, ir, stop_gradient):
+    """{aten op: rule} of this family."""
+    return {**indexing(op, ir, stop_gradient)}
