@@ -184,7 +184,7 @@ class _Entry:
 
     __slots__ = ("engine", "call", "names", "needs_grad", "output_spec", "output_leaves",
                  "output_positions", "single", "state_updates", "counters", "input_slots", "state_names",
-                 "template", "template_generation", "guards", "static_dims", "shape_guard")
+                 "template", "template_generation", "guards", "static_dims", "shape_guard", "layouts")
 
     def __init__(self, engine, exported, needs_grad, functions=None):
         self.engine = engine
@@ -217,6 +217,7 @@ class _Entry:
         self.guards = exported.guards
         self.static_dims = exported.static_dims
         self.shape_guard = exported.shape_guard
+        self.layouts = exported.layouts
         if self.call.functions is not None:      # same bytes, so the function ids line up
             self.call.functions.specs = exported.functions
 
@@ -341,8 +342,10 @@ class _Fast:
             if flatten.constant_key(values[i]) != key:
                 return _MISS
         entry = self.entry
-        if entry.static_dims or entry.shape_guard is not None:
+        if entry.static_dims or entry.shape_guard is not None or entry.layouts is not None:
             shaped = [values[i] for i in self.tensor_positions]
+            if entry.layouts is not None and flatten.tensor_layouts(shaped) != entry.layouts:
+                return _MISS
             for k, dim, size in entry.static_dims:
                 if shaped[k].shape[dim] != size:
                     return _MISS
@@ -680,6 +683,10 @@ class ORTModule(torch.nn.Module):
                     f"still does not hold for them ({entry.shape_guard.describe()})")
             self._ortmod_forget(export_key)
             return self._ortmod_run(args, kwargs, retried=True)
+        if entry.layouts is not None and \
+                flatten.tensor_layouts([flat.leaves[i] for i in flat.tensor_indices()]) != entry.layouts:
+            self._ortmod_forget(export_key)     # a kernel eager picks by layout (nearest), another layout
+            return self._ortmod_run(args, kwargs, retried)
         tensors = entry.inputs(flat.leaves, state)
         outputs = self._ortmod_execute(entry, tensors, state)
         if first_call and logger.isEnabledFor(logging.INFO):

@@ -6,6 +6,7 @@ antialias refused).
 Each case: forward and input gradients for one random output gradient, ORTModule against
 eager, relative to each tensor's size, in float64 and float32."""
 import copy
+import os
 
 import pytest
 import torch
@@ -236,3 +237,63 @@ def test_torchscript_nearest_nonfinite_where_the_indices_differ():
     want[0, 0, 3] -= dy[0, 0, 3]     # output 3 reads x[2] and eager sends its gradient to x[3]
     want[0, 1, 2] -= dy[0, 1, 2]     # output 2 reads x[1] and eager sends its gradient to x[2]
     assert torch.equal(xo.grad, want), (xo.grad, xe.grad)
+
+
+# ---- memory layout: eager's 2-d and 3-d nearest kernels read at another index for a channels-last
+# input of more than 3 channels (UpSampleKernel.cpp, _use_vectorized_kernel_cond_2d / _3d): the
+# backward's nearest_idx, which differs from the formula where the output size is the input's or
+# twice it and the scale is not 1 or 2 (scale 1.005 at 100, 1.05 at 10) ---------------------------
+
+class _LaidOut(nn.Module):
+    """A conv, its output given a layout (``permute``: channels-last inside the model), then
+    nearest upsampling: the layout eager's kernel sees comes from the input or from the model."""
+
+    def __init__(self, rank, channels, kwargs, permute):
+        super().__init__()
+        self.conv = (nn.Conv2d if rank == 2 else nn.Conv3d)(channels, channels, 1)
+        self.kwargs, self.permute = kwargs, permute
+
+    def forward(self, x):
+        h = self.conv(x)
+        if self.permute:
+            order = (0, 2, 3, 1) if h.dim() == 4 else (0, 2, 3, 4, 1)
+            back = (0, 3, 1, 2) if h.dim() == 4 else (0, 4, 1, 2, 3)
+            h = h.permute(*order).contiguous().permute(*back)
+        return F.interpolate(h, **self.kwargs)
+
+
+LAYOUTS = [
+    (2, dict(scale_factor=1.005, mode="nearest"), (100, 100)),
+    (2, dict(scale_factor=1.005, mode="nearest-exact"), (100, 100)),
+    (2, dict(size=(4, 9), mode="nearest"), (4, 6)),
+    (3, dict(scale_factor=1.05, mode="nearest"), (10, 10, 10)),
+    (3, dict(scale_factor=(1.05, 2.0, 0.5), mode="nearest-exact"), (10, 3, 4)),
+]
+
+
+@pytest.mark.parametrize("channels", [3, 8])
+@pytest.mark.parametrize("how", ["input", "inside"])
+@pytest.mark.parametrize("rank,kwargs,spatial", LAYOUTS, ids=[f"{k['mode']}{r}d-{i}" for i, (r, k, _) in enumerate(LAYOUTS)])
+def test_nearest_follows_eager_memory_layout(rank, kwargs, spatial, how, channels):
+    torch.manual_seed(0)
+    module = _LaidOut(rank, channels, kwargs, permute=how == "inside")
+    x = torch.randn(2, channels, *spatial)
+    if how == "input":      # eager's conv keeps a channels-last input's layout
+        x = x.contiguous(memory_format=torch.channels_last if rank == 2 else torch.channels_last_3d)
+        if rank == 3 and channels > 3 and os.environ.get("ORTMOD_CAPTURE") == "export":
+            # torch.export traces Conv3d's output of such an input as contiguous, eager's is not
+            with pytest.raises(ortmod.UnsupportedModelError, match="channels-last-3d input"):
+                ORTModule(module)(x)
+            return
+    check(module, x)
+
+
+def test_nearest_exports_again_when_an_input_layout_changes():
+    # the graph read one layout's index arithmetic: a call in the other must not reuse it
+    torch.manual_seed(0)
+    module = _LaidOut(2, 8, dict(scale_factor=1.005, mode="nearest"), permute=False)
+    ort = ORTModule(copy.deepcopy(module))
+    x = torch.randn(2, 8, 100, 100)
+    for fmt in (torch.channels_last, torch.contiguous_format, torch.contiguous_format, torch.channels_last):
+        v = x.contiguous(memory_format=fmt)
+        torch.testing.assert_close(ort(v), module(v), rtol=1e-5, atol=1e-5)

@@ -269,19 +269,15 @@ def _check_upsample_linear(node):
 
 def _check_upsample_nearest(node):
     # eager's 2-d and 3-d nearest kernels pick their index arithmetic by the input's memory
-    # layout (a channels-last input with more than 3 channels takes nearest_idx); ortmod's rule
-    # follows the layout the trace gives an NCHW-contiguous tensor
+    # layout (rules/onnxscript.nearest_takes_channels_last_kernel); mark_channels_last_nearest
+    # gives the channels-last kernel's inputs its rule, read from the traced strides
     val = _meta_val(node.args[0])
     if not isinstance(val, torch.Tensor) or val.dim() < 4:
         return None
-    from torch.fx.experimental.symbolic_shapes import guard_or_false
-    try:
-        standard = guard_or_false(val.is_contiguous())
-    except Exception:
-        standard = False
-    if not standard:
-        return ("an input not contiguous in NCHW order (channels-last): eager picks its kernel's index arithmetic "
-                "by memory layout, which ortmod follows for NCHW-contiguous inputs only")
+    from .rules.onnxscript import nearest_kernel_of_fake
+    if nearest_kernel_of_fake(val) is None:
+        return ("an input whose memory layout is not known at export (symbolic strides): eager picks its kernel's "
+                "index arithmetic by memory layout (channels-last with more than 3 channels reads at another index)")
     return None
 
 
@@ -479,6 +475,9 @@ REVIEWED = frozenset({
     # a clamp by numbers where eager's number and tensor kernels differ at the bound (2.14): the
     # number kernel's rule, its bounds 0-d tensors of the clamped dtype (_export_rules.number_clamps_back)
     "ortmod::clamp_number",
+    # nearest upsampling of an input eager hands to its channels-last kernel (its own index
+    # arithmetic: rules/onnxscript.mark_channels_last_nearest)
+    "ortmod::nearest_channels_last",
     # selection and norms (TopK, ortmod's Sort, ReduceLogSumExp; clamp_min is Clip);
     # linalg_vector_norm: ortmod's rule, every order with eager's gradient at zeros (the
     # TorchScript path's _p_norm), keepdim without a dim, dtype

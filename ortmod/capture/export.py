@@ -86,6 +86,7 @@ def _prepare(ep, registry):
 
     def after_decomposition(gm):
         each_graph(gm, _views_to_view_copies)
+        each_graph(gm, onnxscript_rules.mark_channels_last_nearest)
         if numbers_differ:
             each_graph(gm, onnxscript_rules.mark_number_clamps)
 
@@ -93,6 +94,22 @@ def _prepare(ep, registry):
         if numbers_differ:
             each_graph(gm, onnxscript_rules.number_clamps_back)
     return compat.prepare_for_onnx(ep, registry, after_decomposition, after_promotion)
+
+
+def _reads_layout(module, ep, tensors):
+    """Whether the program holds a kernel eager picks by memory layout (then the export holds for
+    the call's layouts only); refuses where torch.export's traced strides cannot say which."""
+    graphs = [gm for gm in ep.graph_module.modules() if isinstance(gm, torch.fx.GraphModule)]
+    if any(t.dim() == 5 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last_3d)
+           for t in tensors) and any(onnxscript_rules.reads_layout(gm, ranks=(3,)) for gm in graphs):
+        # torch.export's traced strides do not follow eager's kernels there (a Conv3d of a
+        # channels-last-3d input is channels-last in eager, contiguous in the trace)
+        raise UnsupportedModelError(
+            f"{type(module).__name__}: 3-d nearest upsampling in a model called with a channels-last-3d input: eager "
+            "picks the kernel's index arithmetic by the layout the ops before give it, which torch.export's trace "
+            "does not follow for 3-d tensors; ORTMOD_CAPTURE=torchscript captures with the TorchScript exporter, "
+            "which reads eager's own strides")
+    return any(onnxscript_rules.reads_layout(gm) for gm in graphs)
 
 
 _export_lock = threading.Lock()
@@ -328,6 +345,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     except Exception as e:
         raise _export_error(module, "decomposing the exported program", e) from e
     timings["decompose"] = time.perf_counter() - t1
+    reads_layout = _reads_layout(module, ep, tensors)
     # again on the decomposed program: the training IR keeps in-place ops as they are, and only
     # decomposition's functionalization names what they mutate (nn.Embedding(max_norm=...)
     # renormalizes its weight in place through a detach(): no mutation before, a
@@ -408,6 +426,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
                         hazards=list(dict.fromkeys(g.describe() for g in guards if not g.internal)),
                         functions=list(recorder.specs))
     exported.shape_guard = guard
+    exported.layouts = flatten.tensor_layouts(tensors) if reads_layout else None
     exported.static_dims = tuple((k, d, t.shape[d]) for k, t in enumerate(tensors) for d in range(t.dim())
                                  if (k, d) not in dynamic)
     exported.capture = "export"

@@ -533,6 +533,15 @@ class GraphInput:
     state_name: str = ""   # for kind == "state": name in the user's module (state_dict style)
 
 
+def tensor_layouts(tensors):
+    """(index, contiguous, channels-last contiguous) of each 4-d and 5-d call tensor: what eager's
+    kernels that choose their arithmetic by memory layout read, directly or through the layouts
+    the ops between propagate (a convolution of a channels-last input is channels-last)."""
+    return tuple((k, t.is_contiguous(),
+                  t.is_contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d))
+                 for k, t in enumerate(tensors) if t.dim() in (4, 5))
+
+
 @dataclasses.dataclass
 class Exported:
     onnx_bytes: bytes
@@ -557,6 +566,9 @@ class Exported:
     # (tensor input, dim, size) the graph holds only for: dims exported static, or every dim
     # when shape_specialized; a call with another size there exports again
     static_dims: tuple = ()
+    # the call tensors' memory layouts (tensor_layouts) where the graph holds a kernel eager picks
+    # by layout (nearest upsampling): a call with other layouts exports again. None: it does not
+    layouts: tuple = None
     # the shapes eager returned for the export's call: the engine's first run of the graph,
     # on the same call, must give them (a mis-converted op otherwise goes unnoticed)
     eager_shapes: tuple = ()

@@ -18,7 +18,7 @@ from . import compat
 from .._logging import logger
 from .errors import ExportError, UnsupportedModelError
 from .onnx_util import ONNX_OPSET
-from .flatten import Exported, GraphInput, _FlatWrapper, _preserved_state, changed_attributes, check_output_leaves, cuda_devices, plain_attributes, warn_attribute_changes
+from .flatten import Exported, GraphInput, tensor_layouts, _FlatWrapper, _preserved_state, changed_attributes, check_output_leaves, cuda_devices, plain_attributes, warn_attribute_changes
 from . import onnx_wire, python_op as pyop, torchscript_registry, tracing
 from .onnx_wire import data_type_name
 
@@ -451,6 +451,7 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
                     guards=guards, shape_specialized=bool(unguarded), hazards=hazards,
                     static_dims=tuple((k, d, tensors[k].shape[d]) for k, d in (dims if unguarded else static)),
                     eager_shapes=tuple(tuple(t.shape) for t in outs),
+                    layouts=tensor_layouts(tensors) if recorder.reads_layout else None,
                     functions=list(functions.specs))
 
 

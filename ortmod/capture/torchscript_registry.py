@@ -12,7 +12,8 @@ from .compat import JitTensorType
 pass
 from .onnx_util import _exporter_modules, _torch_symbolic
 from .tracing import StopGradientMode
-from .rules.symbolics import _argsort_symbolic, _avg_pool_symbolic, _cdist_symbolic, _clamp_overloads_noted, _clamp_symbolic, _cosine_embedding_loss_symbolic, _cosine_similarity_symbolic, _detach_symbolic, _dist_symbolic, _embedding_renorm_symbolic, _embedding_symbolic, _extremum_symbolic, _frobenius_norm_symbolic, _group_norm_symbolic, _hardtanh_symbolic, _index_add_symbolic, _index_put_symbolic, _instance_norm_symbolic, _kl_div_symbolic, _linalg_norm_symbolic, _log_sigmoid_symbolic, _matrix_norm_symbolic, _movedim_symbolic, _norm_symbolic, _pad_symbolic, _pairwise_distance_symbolic, _relu6_symbolic, _softplus_symbolic, _sort_symbolic, _triplet_margin_loss_symbolic, _vector_norm_symbolic
+from .rules.stock_fixes import _log_sigmoid_symbolic, _movedim_symbolic
+from .rules.symbolics import _argsort_symbolic, _avg_pool_symbolic, _cdist_symbolic, _clamp_overloads_noted, _clamp_symbolic, _cosine_embedding_loss_symbolic, _cosine_similarity_symbolic, _detach_symbolic, _dist_symbolic, _embedding_renorm_symbolic, _embedding_symbolic, _extremum_symbolic, _frobenius_norm_symbolic, _group_norm_symbolic, _hardtanh_symbolic, _index_add_symbolic, _index_put_symbolic, _instance_norm_symbolic, _kl_div_symbolic, _linalg_norm_symbolic, _matrix_norm_symbolic, _norm_symbolic, _pad_symbolic, _pairwise_distance_symbolic, _relu6_symbolic, _softplus_symbolic, _sort_symbolic, _triplet_margin_loss_symbolic, _vector_norm_symbolic
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,8 +146,9 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
                 symbolics[name] = _avg_pool_symbolic(rank, _torch_symbolic(registration, name, opset))
         # rules kept in their own modules: losses, and the nn layers (pools, norms) whose
         # stock rules are missing or narrower than eager
-        from .rules import ctc as ctc_rules, losses as loss_rules, nn as nn_rules, rnn as rnn_rules
-        for rules in (loss_rules, nn_rules, ctc_rules, rnn_rules):
+        from .rules import ctc as ctc_rules, losses as loss_rules, nearest as nearest_rules, nn as nn_rules, \
+            rnn as rnn_rules
+        for rules in (loss_rules, nn_rules, nearest_rules, ctc_rules, rnn_rules):
             symbolics.update(rules.symbolics(registration, opset))
         for name, fn in symbolics.items():
             torch.onnx.register_custom_op_symbolic(name, fn, opset)

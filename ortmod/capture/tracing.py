@@ -230,6 +230,8 @@ class TraceGuards:
 
     def __init__(self):
         self.records = []      # (traced tensor, kind, value, where, internal)
+        # a symbolic emitted a kernel eager picks by memory layout (rules/nn._nearest_symbolic)
+        self.reads_layout = False
 
     def record(self, tensor, kind, value):
         caller = sys._getframe(2).f_code.co_filename      # 0 record, 1 the patched method

@@ -610,92 +610,6 @@ def _is_list_value(v):
     return isinstance(t, JitListType) or (v.node().kind() == "prim::ListConstruct")
 
 
-@torch.enable_grad()     # the export may run under the caller's no_grad (an eval forward)
-def _probe_nearest(op, spatial, out, scales, what, dtype):
-    """Eager's source index along each axis, forward and backward, read off eager's own kernels
-    in the input's op-math dtype (float32 for float16 / bfloat16: the index arithmetic differs
-    between float32 and float64). Forward: per axis a probe holding each element's coordinate
-    along that axis (exact: coordinates < 2 ** 24), checked to depend only on the output's own
-    coordinate along it. Backward: eager's backward computes its own index (UpSample.h's
-    nearest_idx / nearest_exact_idx, in float, copying for O == L and halving for O == 2 L),
-    which differs from the forward's for some sizes (scale_factor 1.1 at size 4: forward
-    [0, 0, 1, 2], gradient as for [0, 1, 2, 3]); read as per-input counts of ones (the index is
-    nondecreasing), then checked against eager's backward of an integer-valued gradient.
-    Returns [(forward index, backward index)] per axis."""
-    pdt = dtype if dtype in (torch.float32, torch.float64) else torch.float32
-    if max(spatial + out) >= 2 ** 24:
-        _refuse(what, "a spatial size is too large to probe")
-    k = len(spatial)
-    line = lambda t, a: t[(0, 0) + tuple(slice(None) if b == a else 0 for b in range(k))]
-    fwd = []
-    for a in range(k):
-        shape = [1] * k
-        shape[a] = spatial[a]
-        probe = torch.arange(spatial[a], dtype=pdt).reshape([1, 1] + shape).expand([1, 1] + spatial).contiguous()
-        y = op(probe, out, *scales)
-        if list(y.shape[2:]) != out:
-            _refuse(what, f"eager gives output sizes {list(y.shape[2:])}, not {out}")
-        idx = line(y, a)
-        shape = [1] * k
-        shape[a] = out[a]
-        if not torch.equal(y[0, 0], idx.reshape(shape).expand(out)):
-            _refuse(what, "eager's source indices are not one per axis (cannot be gathered axis by axis)")
-        fwd.append(idx.to(torch.int64))
-    probe = torch.zeros([1, 1] + spatial, dtype=pdt, requires_grad=True)
-    counts, = torch.autograd.grad(op(probe, out, *scales), probe, torch.ones([1, 1] + out, dtype=pdt))
-    counts = counts.to(torch.float64)
-    bwd = []
-    for a in range(k):
-        per = counts[0, 0].sum([b for b in range(k) if b != a]) if k > 1 else counts[0, 0]
-        others = 1
-        for b in range(k):
-            others *= out[b] if b != a else 1
-        c = (per / others).round().to(torch.int64)
-        if int(c.sum()) != out[a]:
-            _refuse(what, "eager's backward sends the gradient in a way ortmod does not gather axis by axis")
-        bwd.append(torch.repeat_interleave(torch.arange(spatial[a]), c))
-    g = torch.Generator().manual_seed(0)
-    dy = torch.randint(-4, 5, [1, 1] + out, generator=g)
-    want, = torch.autograd.grad(op(probe, out, *scales), probe, dy.to(pdt))
-    have = dy.to(torch.float64)
-    for a in range(k):
-        src = torch.zeros(have.shape[:2 + a] + (spatial[a],) + have.shape[3 + a:], dtype=torch.float64)
-        have = src.index_add(2 + a, bwd[a], have)
-    if not torch.equal(want.to(torch.float64), have):
-        _refuse(what, "eager's backward sends the gradient in a way ortmod does not gather axis by axis")
-    return list(zip(fwd, bwd))
-
-
-def _nearest_symbolic(rank, exact):
-    what = f"{'_upsample_nearest_exact' if exact else 'upsample_nearest'}{rank}d"
-    op = getattr(torch.ops.aten, what).default
-
-    def symbolic(g, input, output_size, *scale_args):
-        """nearest / nearest-exact: per spatial axis a Gather with eager's own source indices
-        (probed, _probe_nearest); Gather's gradient is a scatter-add, as eager's backward, by
-        the forward's index; where eager's backward computes another, the gradient goes there
-        (rules/onnxscript.gather_with_gradient_at, shared with the torch.export path; imported
-        here, not at the top: it registers torch.export's custom ops, which the TorchScript path
-        need not pay for at import)."""
-        from .onnxscript import gather_with_gradient_at
-        spatial, out, scales = _upsample_call(g, what, rank, input, output_size, scale_args)
-
-        def emit(op_type, *inputs, axis=None):
-            return g.op(op_type, *inputs, **({} if axis is None else {"axis_i": axis}))
-
-        y = input
-        for a, (fwd, bwd) in enumerate(_probe_nearest(op, spatial, out, scales, what, _dtype_of(input))):
-            if torch.equal(fwd, bwd):
-                if not (out[a] == spatial[a] and torch.equal(fwd, torch.arange(out[a]))):
-                    y = g.op("Gather", y, _const(g, fwd.tolist(), _I64), axis_i=2 + a)
-                continue
-            same = _const(g, torch.eq(fwd, bwd).reshape([-1] + [1] * (rank - 1 - a)).tolist(), torch.bool)
-            y = gather_with_gradient_at(emit, lambda v: _stop_gradient(g, v), y,
-                                        _const(g, fwd.tolist(), _I64), _const(g, bwd.tolist(), _I64), same, 2 + a)
-        return y
-    return symbolic
-
-
 def _linear_table(L, O, align_corners, scale, dtype):
     """Eager's (UpSampleKernel.cpp, compute_indices_weights_linear) indices and weights along
     one axis: in the op-math dtype, the source index area_pixel_compute_source_index; i0 its
@@ -945,9 +859,6 @@ def symbolics(registration, opset):
                 rank, kind, _torch_symbolic(registration, f"aten::max_pool{rank}d_with_indices", opset))
     rules["aten::fractional_max_pool2d"] = _fractional_max_pool_symbolic(2)
     rules["aten::fractional_max_pool3d"] = _fractional_max_pool_symbolic(3)
-    for rank in (1, 2, 3):
-        rules[f"aten::upsample_nearest{rank}d"] = _nearest_symbolic(rank, exact=False)
-        rules[f"aten::_upsample_nearest_exact{rank}d"] = _nearest_symbolic(rank, exact=True)
     rules["aten::upsample_linear1d"] = _linear_symbolic(1)
     rules["aten::upsample_bilinear2d"] = _linear_symbolic(2)
     rules["aten::upsample_trilinear3d"] = _linear_symbolic(3)

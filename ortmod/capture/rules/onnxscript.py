@@ -6,7 +6,7 @@ name in ``_capture_export._CHECKS`` before translation.
 
 ``translations(op, ir, stop_gradient)`` returns {aten overload: onnxscript function}; the
 functions are traced by torch's exporter (trace mode: Python branches on the arguments)."""
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from ..errors import UnsupportedModelError
@@ -562,6 +562,115 @@ def clamp_number(self: torch.Tensor, min: Optional[torch.Tensor] = None,
 @clamp_number.register_fake
 def _clamp_number_fake(self, min=None, max=None):
     return torch.empty_like(self)
+
+
+def nearest_takes_channels_last_kernel(sizes, strides):
+    """Whether eager's 2-d / 3-d nearest kernels take their channels-last ("vectorized") form for
+    an input of these sizes and strides: contiguous in channels-last order with more than 3
+    channels (UpSampleKernel.cpp, _use_vectorized_kernel_cond_2d / _3d). That form reads at the
+    backward's index (nearest_idx), the other at the formula's; None where a stride is not known.
+    Both capture paths ask it (rules/nn._nearest_symbolic, mark_channels_last_nearest)."""
+    if len(sizes) not in (4, 5) or (sizes[1] is not None and sizes[1] <= 3):
+        return False
+    if strides is None or None in strides or None in sizes:
+        return None
+    fmt = torch.channels_last if len(sizes) == 4 else torch.channels_last_3d
+    return torch.empty_strided(sizes, strides, device="meta").is_contiguous(memory_format=fmt)
+
+
+@torch.library.custom_op("ortmod::nearest_channels_last", mutates_args=())
+def nearest_channels_last(input: torch.Tensor, output_size: Optional[Sequence[int]],
+                          scale_factors: Optional[Sequence[float]], exact: bool) -> torch.Tensor:
+    """Nearest (or nearest-exact) upsampling of an input eager hands to its channels-last kernel
+    (nearest_takes_channels_last_kernel), which reads at the backward's index
+    (nearest_idx) where the other kernel uses the formula. A scale of 0 is no scale. Only ever
+    traced: ``translations`` gives it its rule."""
+    rank = input.dim() - 2
+    aten = getattr(torch.ops.aten, f"{'_upsample_nearest_exact' if exact else 'upsample_nearest'}{rank}d")
+    scales = None if scale_factors is None else [s if s > 0 else None for s in scale_factors]
+    if output_size is None:
+        return aten.vec(input, None, scales)
+    return aten.default(input, output_size, *(scales or [None] * rank))
+
+
+@nearest_channels_last.register_fake
+def _nearest_channels_last_fake(input, output_size, scale_factors, exact):
+    rank = input.dim() - 2
+    if output_size is None:
+        output_size = [int(torch.sym_float(n) * s) for n, s in
+                       zip(input.shape[2:], scale_factors * rank if len(scale_factors) == 1 else scale_factors)]
+    return input.new_empty(list(input.shape[:2]) + list(output_size))
+
+
+def nearest_kernel_of_fake(val):
+    """nearest_takes_channels_last_kernel for a traced (fake) tensor whose sizes and
+    strides may be symbolic: True or False where its sizes' ranges decide, else None."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
+    if val.dim() not in (4, 5) or guard_or_false(val.shape[1] <= 3):
+        return False
+    fmt = torch.channels_last if val.dim() == 4 else torch.channels_last_3d
+    laid = val.is_contiguous(memory_format=fmt)
+    if not guard_or_true(laid):
+        return False
+    if guard_or_false(laid) and guard_or_false(val.shape[1] > 3):
+        return True
+    return None
+
+
+def _nearest_targets():
+    out = {}
+    for rank in (2, 3):
+        for exact, name in ((False, f"upsample_nearest{rank}d"), (True, f"_upsample_nearest_exact{rank}d")):
+            packet = getattr(torch.ops.aten, name)
+            out[packet.vec], out[packet.default] = exact, exact
+    return out
+
+
+def reads_layout(gm, ranks=(2, 3)):
+    """Whether the graph holds a kernel that eager picks by memory layout (nearest upsampling of
+    more than 3 channels, of a rank in ``ranks``): its export holds only for the call's input
+    layouts."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+    targets = set(_nearest_targets()) | {torch.ops.ortmod.nearest_channels_last.default}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in targets:
+            continue
+        val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            return True
+        if val.dim() - 2 in ranks and not guard_or_false(val.shape[1] <= 3):
+            return True
+    return False
+
+
+def mark_channels_last_nearest(gm):
+    """After decomposition: nearest upsampling whose input eager hands to its channels-last kernel
+    (contiguous in channels-last order, more than 3 channels: read from the node's traced strides)
+    becomes ortmod::nearest_channels_last, whose rule reads at that kernel's index."""
+    targets = _nearest_targets()
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in targets:
+            continue
+        val = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or not nearest_kernel_of_fake(val):
+            continue        # not known (None) is the audit's refusal: audit._check_upsample_nearest
+        rank = val.dim() - 2
+        args = list(node.args)
+        if node.target == node.target.overloadpacket.vec:
+            args += [None] * (3 - len(args))
+            output_size, scales = args[1], args[2]
+        else:
+            scales = [node.kwargs.get(k) for k in ("scales_d", "scales_h", "scales_w")[3 - rank:]]
+            given = args[2:] + [None] * (rank - len(args[2:]))
+            scales = [g if g is not None else s for g, s in zip(given, scales)]
+            output_size, scales = args[1], [0.0 if s is None else float(s) for s in scales]
+        exact = targets[node.target]
+        node.target = torch.ops.ortmod.nearest_channels_last.default
+        node.args, node.kwargs = (args[0], output_size, scales, exact), {}
+        changed = True
+    if changed:
+        gm.recompile()
 
 
 def mark_number_clamps(gm):

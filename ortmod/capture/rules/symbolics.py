@@ -75,43 +75,6 @@ def _embedding_renorm_symbolic(g, weight, indices, max_norm, norm_type):
             "loop under torch.no_grad())")
 
 
-def _log_sigmoid_symbolic(g, x):
-    """eager (log_sigmoid CPU kernel): min(x, 0) - log1p(exp(-|x|)), as -Softplus(-x) (the
-    engine's Softplus takes eager's two branches; the export path's rule). torch's rule,
-    Log(Sigmoid(x)), is -inf where sigmoid underflows (x < -745 in float64, -104 in float32)
-    and loses log1p's precision for large x: 3.6e-8 relative at x = 20 in float64, 0 for
-    -exp(-x) past 37."""
-    return g.op("Neg", g.op("Softplus", g.op("Neg", x)))
-
-
-def _movedim_symbolic(g, x, source, destination):
-    """eager (TensorShape.cpp movedim): source dims to destination positions, the others in
-    order, negative dims counted from the end. torch's rule indexes its perm list with the
-    negative dims as they are: movedim(-1, 1) on rank 4 gave Transpose perm [0, -1, 1, 2]
-    (the engine refused its gradient: 'invalid perm'; model fuzzer, a channels-last norm)."""
-    from ..compat import symbolic_helper as sh
-    what = "movedim"
-    rank = _input_rank_or_none(x)
-    src, dst = sh.maybe_get_const(source, "t"), sh.maybe_get_const(destination, "t")
-    if rank is None or sh.is_value(src) or sh.is_value(dst):
-        _refuse(what, "ortmod needs the input's rank and constant dims at export")
-    as_list = lambda v: torch.as_tensor(v).reshape(-1).tolist() if not isinstance(v, (list, tuple)) else list(v)
-    src, dst = [int(v) for v in as_list(src)], [int(v) for v in as_list(dst)]
-    norm = lambda d: d + rank if d < 0 else d
-    src, dst = [norm(d) for d in src], [norm(d) for d in dst]
-    if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst) or \
-            not all(0 <= d < max(rank, 1) for d in src + dst):
-        _refuse(what, f"source {src} and destination {dst} are not distinct dims of a rank-{rank} input")
-    perm = [-1] * rank
-    for a, b in zip(src, dst):
-        perm[b] = a
-    rest = iter(d for d in range(rank) if d not in src)
-    perm = [p if p >= 0 else next(rest) for p in perm]
-    if perm == list(range(rank)):
-        return x
-    return g.op("Transpose", x, perm_i=perm)
-
-
 def _softplus_symbolic(g, x, beta, threshold):
     """softplus(x) = x where beta*x > threshold, else log(1 + exp(beta*x)) / beta (torch's rule;
     torch's symbolic drops the threshold branch)."""

@@ -210,7 +210,20 @@ def upsample(op, ir, stop_gradient):
                 return inner(self, output_size, bool(align_corners), [scales_d, scales_h, scales_w])
         return rule
 
-    upsampling = {}
+    def nearest_channels_last(input: TFloat, output_size: Optional[TInt], scale_factors: Optional[Sequence[float]],
+                              exact: bool) -> TFloat:
+        # ortmod::nearest_channels_last (onnxscript.mark_channels_last_nearest): eager's
+        # channels-last kernel reads at the backward's own index, forward and backward alike
+        rank = len(input.shape) - 2
+        T = opmath(input.dtype)
+        scales = [s if s is not None and s > 0 else None for s in scale_list(rank, scale_factors)]
+        y = input
+        for k in range(rank):
+            size, out = axis_sizes(input, 2 + k, k, output_size, scales[k])
+            y = op.Gather(y, nearest_indices(size, out, scales[k], T, bool(exact))[2], axis=2 + k)
+        return y
+
+    upsampling = {torch.ops.ortmod.nearest_channels_last.default: nearest_channels_last}
     for rank, lin in ((1, "upsample_linear1d"), (2, "upsample_bilinear2d"), (3, "upsample_trilinear3d")):
         for exact, name in ((False, f"upsample_nearest{rank}d"), (True, f"_upsample_nearest_exact{rank}d")):
             packet = getattr(torch.ops.aten, name)
