@@ -473,7 +473,7 @@ REVIEWED = frozenset({
     # torch's CTC loss: the engine's CTCLoss node (_export_ctc.py; eager's reduction traced around it)
     "ortmod::ctc_loss",
     # a clamp by numbers where eager's number and tensor kernels differ at the bound (2.14): the
-    # number kernel's rule, its bounds 0-d tensors of the clamped dtype (_export_rules.number_clamps_back)
+    # number kernel's rule, its bounds 0-d tensors of the clamped dtype (rules/onnxscript.number_clamps_back)
     "ortmod::clamp_number",
     # nearest upsampling of an input eager hands to its channels-last kernel (its own index
     # arithmetic: rules/onnxscript.mark_channels_last_nearest)
@@ -483,7 +483,7 @@ REVIEWED = frozenset({
     # TorchScript path's _p_norm), keepdim without a dim, dtype
     "aten::topk", "aten::sort", "aten::sort.stable", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
     "aten::cosine_similarity",     # ortmod's rule (eager's straight-through clamp of the norms)
-    # ortmod's rules (_export_rules.py): .item() without a gradient, scatter_add of a larger src,
+    # ortmod's rules (rules/*_onnxscript.py): .item() without a gradient, scatter_add of a larger src,
     # a stable log_sigmoid, var/std dividing by max(0, N - correction)
     "aten::_local_scalar_dense", "aten::scatter_add", "aten::log_sigmoid", "prims::var",
     # torchlib's rules as they are: Reshape + Expand; ScatterND (accumulate: repeated indices
@@ -515,7 +515,7 @@ REVIEWED = frozenset({
     "aten::adaptive_max_pool2d", "aten::adaptive_max_pool3d",
     # ortmod's rule (the TorchScript path's): taps gathered into blocks, MaxPool, indices mapped back
     "aten::fractional_max_pool2d", "aten::fractional_max_pool3d",
-    # any / all: ortmod's rules (_export_rules.zoo_translations), 0/1 values reduced with
+    # any / all: ortmod's rules (rules/onnxscript.zoo_translations), 0/1 values reduced with
     # ReduceMax (torch's truth: 0 and -0 false, NaN true), over no element any False and all True
     # as eager (torchlib's any reads ReduceMax's lowest value as True); no gradient through a bool
     "aten::all", "aten::all.dim", "aten::all.dims", "aten::any", "aten::any.dim", "aten::any.dims",
@@ -565,7 +565,7 @@ REVIEWED = frozenset({
     # engine's Tile and Expand gradients sum the copies, as eager's
     "aten::repeat",
     # norms and recurrent layers (issue 16)
-    # ortmod's rules (_export_rules.py), the TorchScript path's decomposition: group_norm;
+    # ortmod's rules (rules/*_onnxscript.py), the TorchScript path's decomposition: group_norm;
     # instance_norm (eval reads running stats; training with them refused by _CHECKS); BatchNorm
     # without running stats (batch statistics, differentiated through)
     "aten::group_norm", "aten::instance_norm", "aten::_native_batch_norm_legit.no_stats",
@@ -582,7 +582,7 @@ REVIEWED = frozenset({
     "aten::repeat_interleave.self_int",
     # sym_min / sym_max: Min / Max of int64 sizes
     "sym_min", "sym_max",
-    # ortmod's rules (_export_rules.zoo_translations):
+    # ortmod's rules (rules/onnxscript.zoo_translations):
     # - scalar_tensor (listed above; every number the type-promotion pass makes a tensor), where
     #   and fill with a number: the number in the tensor's dtype from its int64 or double
     #   (torchlib's reach the graph as float32 constants: 0.1 in float64 was 0.10000000149);
@@ -612,14 +612,14 @@ REVIEWED = frozenset({
     # NegativeLogLikelihoodLoss(weight, ignore_index, reduction): (N, C, d1..dk) and the
     # unbatched (C,) / 0-d target forms; weighted mean divides by the weights of the targets
     # not ignored (NaN when all are, as eager), the engine's gradient is eager's; nll_loss_nd
-    # (what F.nll_loss traces to) by the same rule, kept whole (_export_rules.py), and
+    # (what F.nll_loss traces to) by the same rule, kept whole (rules/*_onnxscript.py), and
     # nll_loss_forward (unbatched inputs; its total_weight output is torchlib's placeholder:
     # _CHECKS refuses a graph that reads it)
     "aten::nll_loss", "aten::nll_loss_nd", "aten::nll_loss_forward",
     # Expand(0) in self's shape and dtype: eager's contents are unspecified; HingeEmbeddingLoss
     # and CosineEmbeddingLoss fill it before reading
     "aten::empty_like",
-    # ortmod's rules (_export_rules.py): torchlib's are ONNX local functions, compute float64 in
+    # ortmod's rules (rules/*_onnxscript.py): torchlib's are ONNX local functions, compute float64 in
     # float32 (celu), lose small values (log1p), give xlogy(0, 0) a NaN gradient, or decompose
     # losses whose backward is not their forward's derivative (binary_cross_entropy,
     # soft_margin_loss)

@@ -32,7 +32,7 @@ def _registry():
 _torchlib_registry = compat.torchlib_registry
 
 # ortmod's onnxscript rules, one module per family (they were one function of closures,
-# ortmod/_export_rules.py's translations): each module's ``translations`` gives its {aten op: rule}
+# the former single translations function): each module's ``translations`` gives its {aten op: rule}
 _FAMILIES = (elementwise_onnxscript, indexing_onnxscript, reductions_onnxscript, pools_onnxscript,
              distances_onnxscript, losses_onnxscript, upsample_onnxscript, norms_onnxscript, activations_onnxscript)
 
@@ -231,7 +231,7 @@ def _translations():
         return op.ReduceSum(op.Mul(op.Div(x1e, n1), op.Div(x2e, n2)), axes, keepdims=0)
 
     def python_op_onnx(xs: Sequence[TTensor], call: int) -> Sequence[TTensor]:
-        # the TorchScript path's node (_pyop._python_op_symbolic): the tensor arguments, the
+        # the TorchScript path's node (python_op._python_op_symbolic): the tensor arguments, the
         # function_id of the call's FunctionSpec in Exported.functions, the output dtypes. Built
         # here, not through an onnxscript Op: an op schema gives a fixed number of outputs.
         from onnxscript import evaluator

@@ -291,7 +291,7 @@ class _FlatWrapper(torch.nn.Module):
         self.out_spec = None
         self.out_leaves = None          # output leaves: constants, None at tensor slots
         self.out_tensor_positions = None
-        self.guards = None              # a _semantics.TraceGuards while ortmod exports
+        self.guards = None              # a tracing.TraceGuards while ortmod exports
         self.eager_out = None           # the output of the eager run before the trace
 
     def forward(self, *tensors):
@@ -574,7 +574,7 @@ class Exported:
     eager_shapes: tuple = ()
     # per ortmod::PythonOp function_id: the user's autograd.Function call (ortmod.capture.python_op.FunctionSpec)
     functions: list = dataclasses.field(default_factory=list)
-    # the torch.export path (ortmod._capture_export): what the export assumed about the call's
+    # the torch.export path (ortmod.capture.export): what the export assumed about the call's
     # input sizes (a ShapeGuard, checked per call: a call it rejects is exported again)
     shape_guard: object = None
     capture: str = "torchscript"    # which capture path made it

@@ -24,8 +24,8 @@ from .errors import user_frame
 # Function.apply is replaced: a user's Function becomes ``ortmod::python_op(tensors, call)``, an
 # op that decomposition leaves alone, whose fake kernel runs the user's forward on the fake
 # tensors (the output shapes, symbolic sizes included, are the forward's own). The call's record
-# is _pyop's FunctionSpec, kept by a _pyop.FunctionRecorder as on the TorchScript path; the ONNX
-# translation gives the node that path gives, so the engine and _pyop.FunctionRunner run it.
+# is python_op's FunctionSpec, kept by a python_op.FunctionRecorder as on the TorchScript path; the ONNX
+# translation gives the node that path gives, so the engine and python_op.FunctionRunner run it.
 
 _functions = threading.local()     # .recorder: the FunctionRecorder of the export in progress
 
@@ -160,7 +160,7 @@ def _function_records(recorder):
 # torch.export keeps a custom op as one node of the graph, which the engine cannot run. Its
 # forward and its registered backward are the library's code, so each call becomes
 # ortmod::python_op as a Function's does: the op stands where the Function class would (an
-# _OpCall class whose ``apply`` calls it); at run time _pyop.FunctionRunner calls the op with
+# _OpCall class whose ``apply`` calls it); at run time python_op.FunctionRunner calls the op with
 # grad enabled and differentiates it through its registered autograd. An op without one fails
 # in its backward as in eager, naming the op.
 
@@ -171,7 +171,7 @@ _TORCH_NAMESPACES = frozenset({"aten", "prims", "ortmod", "higher_order", "_c10d
 
 
 class _OpCall:
-    """Stands where a Function class does in a _pyop.FunctionSpec (subclassed per op)."""
+    """Stands where a Function class does in a python_op.FunctionSpec (subclassed per op)."""
     op = None
 
     @classmethod

@@ -195,7 +195,7 @@ def _note_apply(original):
         if outermost and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             # an output eager gives no history (the call is under the forward's own
             # torch.no_grad(), or ctx.mark_non_differentiable) is a stop-gradient in the graph:
-            # _semantics.StopGradientMode does this for torch's ops, apply does not pass through it
+            # tracing.StopGradientMode does this for torch's ops, apply does not pass through it
             out = pytree.tree_map(
                 lambda t: t.detach() if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.requires_grad
                 else t, out)

@@ -142,7 +142,7 @@ def _shape_guard(ep, n_inputs):
 # is read off the real tensor (an ``item`` node of the graph whose result is a constant, or an
 # unbacked symbol that runtime assertions pin). The graph is then valid only for those values:
 # the tensor each one is read from becomes an extra graph output, compared after every call with
-# the value the export assumed (_semantics.Guard, the TorchScript path's guards), and a call that
+# the value the export assumed (tracing.Guard, the TorchScript path's guards), and a call that
 # reads another value is exported again, never run on a stale graph.
 
 _ITEM_OPS = ("aten::item", "aten::_local_scalar_dense")

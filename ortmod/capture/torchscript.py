@@ -220,7 +220,7 @@ def _onnxscript_functions_when_used(parsed):
     """torch's TorchScript exporter adds the onnx-script functions of custom ops to every model it
     writes (onnx_proto_utils._add_onnxscript_fn), importing the onnx package to look for them: most
     of a second of a process's first export. While ortmod exports, the bytes are looked at first
-    (ortmod._onnx_wire) and torch's own step runs, import and all, only when a node's op has a
+    (capture.onnx_wire) and torch's own step runs, import and all, only when a node's op has a
     function group in torch's registry (what that step looks up). ``parsed`` gets the model read
     on the way ("model": an ortmod.capture.onnx_wire.Model, for export() to reuse)."""
     try:
@@ -268,7 +268,7 @@ def _trace_to_onnx(module, wrapper, tensors, input_names, output_names, dynamic_
                    parsed=None):
     """One torch.onnx.export of ``wrapper``; returns (bytes buffer, guard recorder, function
     recorder, caught tracer warnings). ``parsed`` (a dict) gets the written model as
-    ortmod._onnx_wire read it, under "model", where it was read on the way."""
+    capture.onnx_wire read it, under "model", where it was read on the way."""
     from torch.onnx import TrainingMode
     f = io.BytesIO()
     # an error being handled by the caller is not this export's: the walk below stops there
@@ -321,11 +321,11 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
     ``strict_trace``: a value the trace froze (see ortmod._semantics) is an error instead of a
     guarded graph and a warning. ``inline_functions``: a custom autograd.Function's forward is
     inlined and differentiated by the engine, instead of running the user's forward and backward
-    (ortmod._pyop). ``dynamic``: the (tensor input, dim) pairs declared dynamic (None: all).
+    (capture.python_op). ``dynamic``: the (tensor input, dim) pairs declared dynamic (None: all).
 
     ``Exported.static_dims`` lists the input dims whose traced size the graph holds only for.
 
-    The exported graph is read with ortmod._onnx_wire, not the onnx package: its import would
+    The exported graph is read with capture.onnx_wire, not the onnx package: its import would
     cost most of a second of the first call."""
 
     wrapper = _FlatWrapper(module, flat)

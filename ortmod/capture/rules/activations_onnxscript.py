@@ -29,7 +29,7 @@ def activations_1(op, ir, stop_gradient):
     def grad_term(x, grad, dt=None):
         # Pow(1 + (x - StopGradient(x)), StopGradient(grad)) - 1: 0 forward (1^y is 1 for every
         # y, inf and NaN too), gradient ``grad`` with respect to x (Pow's b * a^(b - 1) at a = 1),
-        # also where ``grad`` is infinite or NaN (_export_losses._grad_term). An infinite x would
+        # also where ``grad`` is infinite or NaN (rules/losses._grad_term). An infinite x would
         # make the base inf - inf: it reads 0 there (and gets no gradient). ``dt``: x's dtype,
         # where x is a node whose dtype the trace does not know.
         dt = dt or x.dtype
@@ -154,7 +154,7 @@ def activations_1(op, ir, stop_gradient):
         # eager (Loss.cpp): w ((t - 1) max(log1p(-x), -100) - t max(log(x), -100)), reduced.
         # Its backward is not the clamped forward's derivative: input dy w (x - t) /
         # max((1 - x) x, 1e-12), target dy w (-logit(x)); both given exactly as gradient terms
-        # on a stopped forward (the TorchScript path's rule, _export_losses). Registering it
+        # on a stopped forward (the TorchScript path's rule, rules/losses.py). Registering it
         # keeps the op whole (decomposed, maximum's gradient would be 0 at the clamps).
         dt = self.dtype
         one, lo = const(1.0, dt), const(-100.0, dt)
@@ -188,7 +188,7 @@ def activations_1(op, ir, stop_gradient):
 
     def piecewise(d, k, scale, quadratic, dt):
         # Where(d <= -k, scale (-d - k/2), Where(d >= k, scale (d - k/2), quadratic)): the
-        # branches eager's smooth_l1/huber backward kernels take (_export_losses._piecewise)
+        # branches eager's smooth_l1/huber backward kernels take (rules/losses._piecewise)
         half = const(0.5 * k, dt)
         neg, pos = op.Sub(op.Neg(d), half), op.Sub(d, half)
         if scale != 1.0:
@@ -201,7 +201,7 @@ def activations_1(op, ir, stop_gradient):
         # for d <= -beta, 1 for d >= beta, d / beta between. beta 0 (aten's own op:
         # F.smooth_l1_loss calls l1_loss then): |d|, with eager's gradient -1 at d == 0 for
         # input and target alike; torch's decomposition divides by beta there (NaN gradients).
-        # The TorchScript path's rule (_export_losses).
+        # The TorchScript path's rule (rules/losses.py).
         dt = self.dtype
         d = op.Sub(self, target)
         if beta == 0.0:

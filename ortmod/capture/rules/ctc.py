@@ -18,7 +18,7 @@ registers them only while ortmod exports.
 The torch.export path (``ORTMOD_CAPTURE=export``) reaches the same engine node another way:
 torch has no fake kernel for ``aten._ctc_loss`` (its log_alpha's size is read from the target
 lengths), so torch.export cannot trace eager's ctc_loss. While it traces, ``traced_ctc_loss``
-takes the call instead (F.ctc_loss, torch.ctc_loss, aten.ctc_loss: _capture_export's function
+takes the call instead (F.ctc_loss, torch.ctc_loss, aten.ctc_loss: capture.export's function
 mode hands them here): the per-sample losses become the custom op ``ortmod::ctc_loss``, whose
 fake kernel gives their shape ((N,), or () for an unbatched (T, C) input; symbolic N kept) and
 whose translation (``export_translations``) is the CTCLoss node above; eager's reduction is

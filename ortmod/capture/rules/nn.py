@@ -722,7 +722,7 @@ def _upsample_refused(what, why):
 # torch's rules write leaky_relu's slope, elu's coefficients and SELU's constants as ONNX float
 # attributes, which are float32: a float64 model then computes with 0.01f (1e-8 off). For a
 # float64 input whose coefficients float32 cannot hold, these rules give eager's values and
-# gradients from float64 constants (the torch.export path's rules in _export_rules.py do the
+# gradients from float64 constants (the torch.export path's rules in rules/*_onnxscript.py do the
 # same); celu and hardsigmoid, whose eager backward mixes float32 constants in, are refused.
 
 def _exact_in_float32(v):

@@ -2,7 +2,7 @@
 (onnxscript's torch_lib, the translator torch ships) does not mean what eager training means, or
 is an ONNX local function the engine does not take. Each is read against eager's kernel and its
 backward (derivatives.yaml) for every argument; arguments a rule cannot honour are refused by
-name in ``_capture_export._CHECKS`` before translation.
+name in ``audit._CHECKS`` before translation.
 
 ``translations(op, ir, stop_gradient)`` returns {aten overload: onnxscript function}; the
 functions are traced by torch's exporter (trace mode: Python branches on the arguments)."""
@@ -161,7 +161,7 @@ def keep_whole(gm):
 def zoo_translations(op, ir, stop_gradient):
     """The rules the model zoo needs on this path (issue 16): numbers made tensors (scalar_tensor),
     where and fill with a number, fill with a tensor, ceil of ints, hardtanh and relu6, remainder,
-    baddbmm, view_copy (what ``_capture_export._views_to_view_copies`` makes of a view); any, all,
+    baddbmm, view_copy (what ``fx_passes._views_to_view_copies`` makes of a view); any, all,
     amin and amax."""
     from typing import Optional, Sequence
     import onnx
@@ -269,7 +269,7 @@ def zoo_translations(op, ir, stop_gradient):
         # or x >= max, else dy; torchlib's Clip has clamp's gradient (dy at the bounds). At NaN
         # eager's own kernels disagree (the scalar one gives dy, the vectorized one 0); the
         # engine's is the scalar's, as on the TorchScript path, whose engine op this is
-        # (_semantics._hardtanh_symbolic). The bounds in self's dtype, as eager's kernel
+        # (rules/symbolics._hardtanh_symbolic). The bounds in self's dtype, as eager's kernel
         # converts them (an integer tensor's bounds truncated: hardtanh(x, -0.5, 3.5) is
         # clamp(x, 0, 3)).
         dt = self.dtype

@@ -21,14 +21,14 @@ the export leaves symbolic when the caller passes the state (the translation the
 it is W_hh's. torchlib has no rule for rnn_tanh/rnn_relu, so torch's decomposition would unroll
 them over time (an ``unbind`` of the sequence, a graph specialised to its length).
 
-Refused by ``_capture_export._CHECKS`` before translation: dropout between layers in training
+Refused by ``audit._CHECKS`` before translation: dropout between layers in training
 (eager draws its mask between layers; the TorchScript path refuses it too) and a weight list
 that is not (W_ih, W_hh[, b_ih, b_hh][, W_hr]) per layer and direction; packed sequences (the
 ``.data`` overloads) are not reviewed. nn.LSTM(proj_size > 0), which ONNX's LSTM cannot
 express, is unrolled over time as on the TorchScript path (``projected``).
 
 ``translations(op, ir, stop_gradient)`` returns {aten overload: onnxscript function}, merged
-into the translator's registry as ``_export_rules.translations`` is."""
+into the translator's registry as ``export_registry``'s rule modules is."""
 import contextlib
 
 import torch
