@@ -108,15 +108,13 @@ class EngineFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call, zero3, *tensors):
-        # zero3: the module's DeepSpeed ZeRO-3 parameters (ortmod/_zero3.py), or None
+        # zero3: the manager of the module's sharded parameters, DeepSpeed ZeRO-3's (ortmod/_zero3.py)
+        # or FSDP2's (ortmod/_fsdp2.py), or None
         if zero3 is not None:
             ctx.zero3_inputs = [(i, t) for i, t in enumerate(tensors) if id(t) in zero3.ids]
-            # ZeRO-3 releases a gathered parameter by assigning param.data, which frees the
-            # storage the engine read in place and its stash reads again in backward (a DLPack
-            # capsule holds the tensor, whose storage that swaps, not the storage): aliases of the
-            # gathered storage are held here until the backward ran (with world size > 1 the
-            # backward read freed memory: NaN gradients)
-            ctx.zero3_storage = [t.detach() for _, t in ctx.zero3_inputs]
+            # what keeps the storage the engine read (and its stash reads again in backward)
+            # alive until the backward ran: see the managers' hold
+            ctx.zero3_storage = zero3.hold(ctx.zero3_inputs)
         stream = _stream(tensors) if call.cuda is not False else None
         # the binding converts: to_dlpack per input, torch's from_dlpack per output (a tuple)
         if call.functions is None:       # no PythonOp nodes: no scope to hold their records
@@ -172,7 +170,8 @@ def _backward(ctx, grad_outputs):
         with _functions_of(call, records):
             result = call.engine.backward(stash, grads, stream, convert, _from_dlpack, keep, 2)
     if zero3 is not None:
-        ctx.zero3_storage = None         # the forward's gathered storage: no longer read
+        ctx.zero3_storage = None         # the forward's gathered storage: no longer read (FSDP2: before
+                                         # after_backward, which reads whether another forward holds it)
         zero3.after_backward([t for i, t in ctx.zero3_inputs if result[2 + i] is None])
     return result
 

@@ -39,7 +39,7 @@ from .capture import compat
 from .capture.compat import pytree
 
 from .capture import flatten, errors, torchscript, python_op as pyop
-from . import _options, _quiet, _threads, _zero3
+from . import _fsdp2, _options, _quiet, _threads, _zero3
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
 from ._options import options
@@ -445,31 +445,10 @@ class _ForwardDescriptor:
         return _ortmodule_forward if obj is None else _BoundForward(obj)
 
 
-_FSDP2_REFUSAL = (
-    "ortmod: FSDP2 (torch.distributed.fsdp.fully_shard) is not supported under ORTModule yet: its parameters "
-    "are DTensor shards that FSDP's module hooks gather around each submodule's call, and the engine runs the "
-    "whole forward as one graph without calling the submodules. Use DistributedDataParallel(ORTModule(model)) "
-    "or DeepSpeed ZeRO 1-3 (deepspeed.initialize(model=ORTModule(model))) to shard across processes")
-
-
-def _refuse_fsdp2(module, params=None):
-    """UnsupportedModelError naming FSDP2 where ``module`` or one of its submodules went through
-    fully_shard, or holds DTensor parameters (which torch.export and the engine cannot read)."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    if fsdp is None and dtensor is None:          # neither imported: no such module exists
-        return
-    fsdp_module = getattr(fsdp, "FSDPModule", None)
-    dtensor_type = getattr(dtensor, "DTensor", None)
-    if fsdp_module is not None:
-        sharded = next((name or type(module).__name__ for name, m in module.named_modules()
-                        if isinstance(m, fsdp_module)), None)
-        if sharded is not None:
-            raise errors.UnsupportedModelError(f"{_FSDP2_REFUSAL} (fully_shard was applied to {sharded})")
-    if dtensor_type is not None:
-        for p in (module.parameters() if params is None else params):
-            if isinstance(p, dtensor_type):
-                raise errors.UnsupportedModelError(f"{_FSDP2_REFUSAL} (the model holds DTensor parameters)")
+_FSDP2_REVERSE_REFUSAL = (
+    "ortmod: fully_shard(ORTModule(model)) is not supported: FSDP2 would swap the ORTModule's class and gather "
+    "its parameters around a call the engine runs as one graph. Shard the model, then wrap it: "
+    "ORTModule(fully_shard(model)), with fully_shard applied to each block first (ortmod/_fsdp2.py)")
 
 
 def _new_ortmodule():
@@ -593,8 +572,7 @@ class ORTModule(torch.nn.Module):
             return
         name = getattr(cls, "__name__", repr(cls))
         if any(getattr(b, "__module__", "").startswith("torch.distributed.fsdp") for b in getattr(cls, "__mro__", ())):
-            raise TypeError(_FSDP2_REFUSAL + " (here fully_shard(ORTModule(model)), which would make the ORTModule "
-                            f"a {name})")
+            raise TypeError(f"{_FSDP2_REVERSE_REFUSAL} (the ORTModule would become a {name})")
         raise TypeError(f"ortmod: an ORTModule's class cannot become {name}: a library is swapping it for a "
                         "subclass of the wrapped model's class. Apply it to the model inside ORTModule "
                         "(ORTModule(...(model)))")
@@ -635,9 +613,13 @@ class ORTModule(torch.nn.Module):
         if d["_ortmod_dirty"]:
             self._ortmod_recheck()
         state = d["_ortmod_state"]
+        if state is not None and state.fsdp2 is not None:
+            return self._ortmod_run_fsdp2(module, state, args, kwargs, retried)
         if state is None or not state.still_valid() or (state.zero3 is None and state.params
                                                         and hasattr(state.params[0], "ds_status")):
             state = self._ortmod_scan_state(module)
+            if state.fsdp2 is not None:
+                return self._ortmod_run_fsdp2(module, state, args, kwargs, retried)
         if state.zero3 is not None:
             # DeepSpeed ZeRO-3: the parameters are gathered for this call and released after it
             gathered = state.zero3.gather()
@@ -646,6 +628,17 @@ class ORTModule(torch.nn.Module):
             finally:
                 state.zero3.release(gathered)
         return self._ortmod_call(module, state, args, kwargs, retried)
+
+    def _ortmod_run_fsdp2(self, module, state, args, kwargs, retried):
+        """FSDP2 (ortmod/_fsdp2.py): the parameters unsharded before the state is checked (the
+        scanned ones are the unsharded parameters), for this call and, in training, its backward."""
+        fsdp2 = state.fsdp2
+        try:
+            if not fsdp2.gather() or not state.still_valid():
+                state = self._ortmod_scan_state(module, fsdp2)
+            return self._ortmod_call(module, state, args, kwargs, retried)
+        finally:
+            fsdp2.release()
 
     def _ortmod_call(self, module, state, args, kwargs, retried):
         d = self.__dict__
@@ -696,8 +689,8 @@ class ORTModule(torch.nn.Module):
         check = d.pop("_ortmod_check_shapes", None)
         if check is not None:
             _check_output_shapes(self._original_module, check, outputs)
-        # a call that held its guards is the next call's fast record (not under ZeRO-3)
-        record = None if state.zero3 is not None else \
+        # a call that held its guards is the next call's fast record (not under ZeRO-3 or FSDP2)
+        record = None if state.zero3 is not None or state.fsdp2 is not None else \
             (lambda: _Fast.make(module, state, entry, export_key, args, kwargs, flat, self._C))
         return self._ortmod_result(entry, outputs, state, export_key, args, kwargs, retried, record)
 
@@ -723,7 +716,7 @@ class ORTModule(torch.nn.Module):
             self._C.set_num_threads(threads)
             d["_ortmod_threads"] = threads
         if entry.needs_grad:
-            return run_training(entry.call, tensors, state.zero3)
+            return run_training(entry.call, tensors, state.zero3 or state.fsdp2)
         return run_inference(entry.call, tensors)
 
     def _ortmod_forget(self, export_key):
@@ -754,11 +747,20 @@ class ORTModule(torch.nn.Module):
         self._ortmod_forget(export_key)
         return self._ortmod_run(args, kwargs, retried=True)
 
-    def _ortmod_scan_state(self, module):
+    def _ortmod_scan_state(self, module, fsdp2=None):
+        """The module's parameters and buffers; under FSDP2 (fsdp2: the one gathered now, if any)
+        the unsharded parameters, gathered here and left so (the caller releases them)."""
         d = self.__dict__
         d["_ortmod_generation"] += 1
+        sharded = _fsdp2.sharded_modules(module)
+        if sharded and (fsdp2 is None or [m for _, m in sharded] != fsdp2.modules):
+            fsdp2 = _fsdp2.Fsdp2(sharded)       # refuses what it does not support, by name
+            fsdp2.gather()
         state = flatten.StateInfo(module, d["_ortmod_generation"])
-        _refuse_fsdp2(module, state.params)       # fully_shard applied after wrapping
+        if sharded:
+            state.fsdp2 = fsdp2
+        else:
+            _fsdp2.refuse_dtensors(state.params)  # (fully_shard applied after the state's scan: caught here)
         zero3 = _zero3.partitioned_params(state.params)
         if zero3:
             state.zero3 = _zero3.Zero3(zero3)
@@ -870,6 +872,7 @@ class ORTModule(torch.nn.Module):
         # (torch's and the ONNX libraries' logs and warnings: at LogLevel.VERBOSE only, _quiet.py)
         with _quiet.quiet_capture(type(module).__name__), flatten.collector_paused(), _zero3.plain_linear(), \
                 (state.zero3.hooks_off(module) if state is not None and state.zero3 is not None
+                 else state.fsdp2.hooks_off(module) if state is not None and state.fsdp2 is not None
                  else contextlib.nullcontext()):
             exported = self._ortmod_capture(module, flat, strict, inline, dynamic)
         warned = self.__dict__.setdefault("_ortmod_hazards_warned", set())

@@ -78,6 +78,14 @@ class Zero3:
         if todo:
             todo[0].partition(param_list=todo)
 
+    def hold(self, inputs):
+        """EngineFunction keeps this until the backward ran. ZeRO-3 releases a gathered parameter
+        by assigning param.data, which frees the storage the engine read in place and its stash
+        reads again in backward (a DLPack capsule holds the tensor, whose storage that swaps, not
+        the storage): aliases of the gathered storage (with world size > 1 the backward read
+        freed memory without them: NaN gradients). inputs: (index, parameter) pairs."""
+        return [t.detach() for _, t in inputs]
+
     # -- backward ----------------------------------------------------------------
     def before_backward(self, params):
         """params: the graph's inputs among the partitioned parameters (a parameter the export

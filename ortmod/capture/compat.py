@@ -409,6 +409,67 @@ def torchscript_exporter_present():
         return False
 
 
+# ---- FSDP2 (torch.distributed.fsdp.fully_shard): the per-module state behind FSDPModule -------
+# FSDPModule's public methods (unshard, reshard, set_requires_gradient_sync, ...) cover a user's
+# eager loop; what FSDP's own forward hooks and autograd callback do around a forward (the root's
+# lazy init and stream waits, each param group's post-backward reduce-scatter, the end-of-backward
+# finalization) has no public entry: ortmod/_fsdp2.py reaches it here. Names as of torch 2.10-2.14.
+
+def fsdp2_state(module):
+    """The FSDPState that fully_shard attached to ``module`` (an FSDPModule)."""
+    get = getattr(module, "_get_fsdp_state", None)
+    if get is None:
+        raise TorchFeatureMissing("has no FSDPModule._get_fsdp_state (FSDP2's per-module state), which ortmod "
+                                  "needs to run FSDP2 around its engine")
+    return get()
+
+
+def fsdp2_param_groups(state):
+    """The state's FSDPParamGroups (one per device mesh; none for a module without parameters)."""
+    groups = getattr(state, "_fsdp_param_groups", None)      # a list where a release has per-parameter meshes
+    if groups is not None:
+        return list(groups)
+    if not hasattr(state, "_fsdp_param_group"):
+        raise TorchFeatureMissing("has no FSDPState._fsdp_param_groups or _fsdp_param_group (FSDP2's "
+                                  "parameter groups)")
+    group = state._fsdp_param_group
+    return [] if group is None else [group]
+
+
+def _fsdp2_member(obj, name, what):
+    member = getattr(obj, name, None)
+    if member is None:
+        raise TorchFeatureMissing(f"has no {type(obj).__name__}.{name} ({what})")
+    return member
+
+
+def fsdp2_is_root(state):
+    """True, False, or None before FSDP's lazy init decided."""
+    return getattr(state, "_is_root", None)
+
+
+def fsdp2_root_pre_forward(state, module):
+    """What FSDP's root pre-forward hook does before the first submodule runs: the lazy init
+    (which state is the root, the shared communication context) and, on an accelerator, the
+    all-gather streams' wait for the current stream (the optimizer's writes). The forward it
+    would mark as in progress is not marked: ortmod runs no FSDP forward hook after it."""
+    _fsdp2_member(state, "_root_pre_forward", "FSDP2's root pre-forward")(module, (), {})
+    _fsdp2_member(state, "_state_ctx", "FSDP2's shared state").iter_forward_root = None
+
+
+def fsdp2_post_backward_final(state):
+    """FSDP's end-of-backward callback on a root state: each param group not yet post-backward
+    runs it (reduce-scatter of the unsharded gradients into the DTensor shards' .grad, reshard),
+    then every group's finalization and the per-iteration state reset."""
+    _fsdp2_member(state, "_root_post_backward_final_callback", "FSDP2's end-of-backward callback")()
+
+
+def queue_backward_callback(fn):
+    """Run fn once the autograd engine finished the current backward pass (after every gradient
+    was accumulated into .grad): what FSDP queues its own end-of-backward callback with."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
 # ---- clamp's gradient at its bound, as eager computes it on this torch -------------------------
 
 # the modes the capture rules reproduce: (number bound, tensor bound)

@@ -14,6 +14,7 @@ import enum
 import gc
 import inspect
 import operator
+import types
 import warnings
 
 import torch
@@ -237,7 +238,7 @@ class StateInfo:
     """
 
     __slots__ = ("params", "buffers", "tensors", "by_name", "signature", "signature_id", "grads", "dtypes",
-                 "generation", "zero3")
+                 "generation", "zero3", "fsdp2")
 
     def __init__(self, module, generation):
         named_p = list(module.named_parameters(remove_duplicate=False))
@@ -262,6 +263,7 @@ class StateInfo:
         self.generation = generation
         self.signature_id = None
         self.zero3 = None        # _zero3.Zero3 when the parameters are DeepSpeed ZeRO-3 partitions
+        self.fsdp2 = None        # _fsdp2.Fsdp2 when fully_shard was applied (params: the unsharded ones)
 
     def still_valid(self):
         # map with attrgetter: no Python frame per tensor (this runs on every call)
@@ -437,8 +439,10 @@ def holds(v, wanted, depth=0):
     accepts."""
     if wanted(v):
         return True
-    # a tensor is a leaf: a fake one's slots (fake_mode, its real tensor, its constant) are torch's
-    if depth > 6 or isinstance(v, _CONSTANT_OUTPUT_TYPES + (torch.Tensor,)):
+    # a tensor is a leaf: a fake one's slots (fake_mode, its real tensor, its constant) are torch's;
+    # so is a Python module (FSDP2's state holds torch.cpu as its device handle): its namespace is
+    # the process's, not the model's (and torch's nests without end)
+    if depth > 6 or isinstance(v, _CONSTANT_OUTPUT_TYPES + (torch.Tensor, types.ModuleType)):
         return False
     leaves = pytree.tree_leaves(v)
     if leaves != [v]:
