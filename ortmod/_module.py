@@ -613,13 +613,11 @@ class ORTModule(torch.nn.Module):
         if d["_ortmod_dirty"]:
             self._ortmod_recheck()
         state = d["_ortmod_state"]
-        if state is not None and state.fsdp2 is not None:
-            return self._ortmod_run_fsdp2(module, state, args, kwargs, retried)
-        if state is None or not state.still_valid() or (state.zero3 is None and state.params
-                                                        and hasattr(state.params[0], "ds_status")):
+        if state is None or state.fsdp2 is None and (not state.still_valid() or (
+                state.zero3 is None and state.params and hasattr(state.params[0], "ds_status"))):
             state = self._ortmod_scan_state(module)
-            if state.fsdp2 is not None:
-                return self._ortmod_run_fsdp2(module, state, args, kwargs, retried)
+        if state.fsdp2 is not None:     # (checked once its parameters are unsharded)
+            return self._ortmod_run_fsdp2(module, state, args, kwargs, retried)
         if state.zero3 is not None:
             # DeepSpeed ZeRO-3: the parameters are gathered for this call and released after it
             gathered = state.zero3.gather()
@@ -630,8 +628,7 @@ class ORTModule(torch.nn.Module):
         return self._ortmod_call(module, state, args, kwargs, retried)
 
     def _ortmod_run_fsdp2(self, module, state, args, kwargs, retried):
-        """FSDP2 (ortmod/_fsdp2.py): the parameters unsharded before the state is checked (the
-        scanned ones are the unsharded parameters), for this call and, in training, its backward."""
+        """FSDP2 (ortmod/_fsdp2.py): unsharded for this call (and its backward), then checked."""
         fsdp2 = state.fsdp2
         try:
             if not fsdp2.gather() or not state.still_valid():
@@ -748,8 +745,7 @@ class ORTModule(torch.nn.Module):
         return self._ortmod_run(args, kwargs, retried=True)
 
     def _ortmod_scan_state(self, module, fsdp2=None):
-        """The module's parameters and buffers; under FSDP2 (fsdp2: the one gathered now, if any)
-        the unsharded parameters, gathered here and left so (the caller releases them)."""
+        """Parameters and buffers; under FSDP2 the unsharded ones (fsdp2: gathered now, if any)."""
         d = self.__dict__
         d["_ortmod_generation"] += 1
         sharded = _fsdp2.sharded_modules(module)
