@@ -220,6 +220,19 @@ def test_what_ortmod_does_not_support_is_refused_by_name(world_of_one, policy, w
     assert wrapped._ortmod_export_count == 0
 
 
+def test_several_modules_as_one_group_and_hsdp_are_refused_by_name(world_of_one):
+    from torch.distributed.device_mesh import init_device_mesh
+    model = _small()
+    fsdp.fully_shard([model[0], model[2]])
+    fsdp.fully_shard(model)
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"several modules sharded as one group"):
+        ORTModule(model)(torch.randn(3, 4))
+    model = _small()
+    fsdp.fully_shard(model, mesh=init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard")))
+    with pytest.raises(ortmod.UnsupportedModelError, match=r"HSDP \(a 2-d device mesh"):
+        ORTModule(model)(torch.randn(3, 4))
+
+
 def test_dtensor_parameters_without_fully_shard_are_refused(world_of_one):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
