@@ -9,19 +9,19 @@ those hooks never fire. ORTModule does what they do, for all groups at once, wit
 API (``FSDPModule.unshard()/reshard()``; what has no public entry goes through capture/compat):
 
 - forward: the roots' pre-forward (lazy init, stream waits), then every FSDPModule
-  ``unshard()``: the engine reads the unsharded parameters (the same nn.Parameter objects on
-  every call: FSDP allocates them once and frees only their storage).
-- after forward: ``reshard()`` unless an engine forward's backward is still to come. FSDP frees
-  an unsharded parameter by resizing its storage to 0, in place: the engine's stash holds the
-  parameters it read by pointer and reads them again in backward, so they stay unsharded until
-  that backward ran (FSDP's root does the same: it does not reshard after forward; here every
-  group is the root's, peak memory = the unsharded model, as under ZeRO-3 here). Inference
-  forwards (no backward to come) reshard at once.
-- backward: the engine's gradients go to the unsharded parameters through autograd (their
-  ``.grad``, as eager's AccumulateGrad); at the end of the backward pass (an autograd engine
-  callback, as FSDP queues its own) FSDP's end-of-backward callback runs each group's
-  post-backward: reduce-scatter into the DTensor shards' ``.grad``, reshard, finalize. Where
-  another forward's backward is still to come, the groups' reshard waits for it.
+  ``unshard()``, freshly all-gathered: the engine reads the unsharded parameters (the same
+  nn.Parameter objects on every call: FSDP allocates them once and frees only their storage).
+- after forward: ``reshard()``, as FSDP does after each module's forward. FSDP frees an
+  unsharded parameter by resizing its storage to 0, in place (every alias loses it too), and
+  the engine's stash reads the parameters its forward read again in backward: in training the
+  engine reads a copy of each unsharded parameter, which the stash keeps until the backward ran
+  (memory: one unsharded copy of the model per forward awaiting its backward, where eager FSDP
+  gathers each block again in backward; the gradients still go to the unsharded parameters).
+- backward: the engine's gradients reach the unsharded parameters' ``.grad`` through autograd
+  (as eager's AccumulateGrad); at the end of the backward pass (an autograd engine callback, as
+  FSDP queues its own) FSDP's end-of-backward callback runs each group's post-backward:
+  reduce-scatter into the DTensor shards' ``.grad`` (or, without gradient sync, accumulation
+  unsharded), then finalization.
 - export: FSDP's forward hooks are taken off the modules while the trace runs them (they would
   gather, register autograd Functions on the inputs and reshard inside the trace).
 - prefetch: all groups are gathered at once before the engine runs (no overlap of the
@@ -34,8 +34,6 @@ sharded as one group, DTensor parameters that fully_shard did not make.
 import contextlib
 import operator
 import sys
-import weakref
-
 
 from .capture import compat, errors
 
@@ -60,12 +58,6 @@ def refuse_dtensors(params):
             "distribute_tensor): the engine reads plain tensors. FSDP2 is supported as ORTModule(fully_shard(model))")
 
 
-class _Pending:
-    """Held by an engine forward until its backward ran (or it was dropped): while one lives the
-    unsharded parameters stay allocated, since its stash reads them."""
-    __slots__ = ("__weakref__",)
-
-
 class Fsdp2:
     """The FSDPModules of one ORTModule's model, gathered around the engine's calls."""
 
@@ -74,19 +66,18 @@ class Fsdp2:
         self.modules = [m for _, m in sharded]
         self.states = [compat.fsdp2_state(m) for m in self.modules]
         self.groups = [g for state in self.states for g in compat.fsdp2_param_groups(state)]
-        for name, m, state in zip(self.names, self.modules, self.states):
+        for name, state in zip(self.names, self.states):
             _refuse_unsupported(name, compat.fsdp2_param_groups(state))
-        self.ids = frozenset()        # (EngineFunction: no parameter to gather again for backward)
-        self._pending = weakref.WeakSet()
+        self.ids = frozenset()        # id() of the unsharded parameters (EngineFunction's hold)
         self._queued = False
         self._unsharded = None        # the unsharded parameters the last gather registered
 
     # -- forward -----------------------------------------------------------------
     def gather(self):
-        """Every FSDPModule unsharded: the model's parameters are plain tensors now. False where
-        FSDP registered other unsharded parameter objects than the last gather's (scan again)."""
-        if not self._pending:
-            self._reshard()           # unsharded values from before an optimizer step: stale
+        """Every FSDPModule unsharded, freshly all-gathered: the model's parameters are plain
+        tensors now. False where FSDP registered other unsharded parameter objects than the last
+        gather's (the caller scans the state again)."""
+        self._reshard()               # (unsharded values from before an optimizer step: stale)
         for m, state in zip(self.modules, self.states):
             # pre-order: a root's lazy init marks the states under it as not roots
             if compat.fsdp2_is_root(state) is not False:
@@ -97,58 +88,46 @@ class Fsdp2:
         same = self._unsharded is not None and len(now) == len(self._unsharded) and \
             all(map(operator.is_, now, self._unsharded))
         self._unsharded = now
+        self.ids = frozenset(map(id, now))
         return same
 
     def release(self):
-        """After an engine call: resharded unless a forward's backward is still to come."""
-        if not self._pending:
-            self._reshard()
+        """After the engine's forward: every FSDPModule resharded (the stash holds its copy)."""
+        self._reshard()
 
     def _reshard(self):
         for m in self.modules:
             m.reshard()
 
     # -- EngineFunction's protocol (as _zero3.Zero3's) -----------------------------
-    def hold(self, inputs):
-        """Kept on the forward's ctx until its backward ran."""
-        pending = _Pending()
-        self._pending.add(pending)
-        return pending
+    def hold(self, inputs, tensors):
+        """(the copies the engine reads for the unsharded parameters among tensors, the tensors
+        it reads). FSDP frees an unsharded parameter by resizing its storage to 0 in place (every
+        alias loses it), and the engine's stash reads the parameters it read again in backward:
+        the engine reads a copy, which the stash keeps until the backward ran. The gradients
+        still go to the unsharded parameters (the autograd inputs)."""
+        copies = [t.detach().clone() for _, t in inputs]
+        read = list(tensors)
+        for (i, _), copy in zip(inputs, copies):
+            read[i] = copy
+        return copies, tuple(read)
 
     def before_backward(self, params):
-        """Nothing to gather: the parameters stayed unsharded since the forward (see release).
-        Something that resharded them meanwhile (state_dict(), which FSDP's pre-hook reshards
-        for, or reshard()) freed the storage the engine's stash reads: an error, not a read of
-        freed memory."""
-        resharded = [g for g in self.groups if not g.is_unsharded]
-        if resharded:
-            raise RuntimeError(
-                f"{_PREFIX}: the parameters were resharded between the forward and its backward (by "
-                "state_dict() or reshard()?): the engine's backward reads the unsharded parameters its forward "
-                "read, which FSDP freed. Save or reshard after the backward")
+        """Nothing to gather: the engine reads its copies."""
 
     def after_backward(self, without_grad):
-        """The engine's backward ran (its ctx dropped its _Pending); autograd accumulates the
-        gradients it returned into the unsharded parameters' .grad after this returns: the
-        reduce-scatter runs at the end of the backward pass."""
+        """The engine's backward ran; autograd accumulates the gradients it returned into the
+        unsharded parameters' .grad after this returns: FSDP's post-backward (reduce-scatter into
+        the DTensor shards' .grad) runs at the end of the backward pass."""
         if not self._queued:
             self._queued = True
             compat.queue_backward_callback(self._end_of_backward)
 
     def _end_of_backward(self):
         self._queued = False
-        keep = bool(self._pending)    # another forward's stash still reads the unsharded storage
-        saved = [g.reshard_after_backward for g in self.groups]
-        if keep:
-            for g in self.groups:
-                g.reshard_after_backward = False
-        try:
-            for state in self.states:
-                if compat.fsdp2_is_root(state):
-                    compat.fsdp2_post_backward_final(state)
-        finally:
-            for g, flag in zip(self.groups, saved):
-                g.reshard_after_backward = flag
+        for state in self.states:
+            if compat.fsdp2_is_root(state):
+                compat.fsdp2_post_backward_final(state)
 
     # -- export ------------------------------------------------------------------
     @contextlib.contextmanager

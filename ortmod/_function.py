@@ -112,9 +112,9 @@ class EngineFunction(torch.autograd.Function):
         # or FSDP2's (ortmod/_fsdp2.py), or None
         if zero3 is not None:
             ctx.zero3_inputs = [(i, t) for i, t in enumerate(tensors) if id(t) in zero3.ids]
-            # what keeps the storage the engine read (and its stash reads again in backward)
-            # alive until the backward ran: see the managers' hold
-            ctx.zero3_storage = zero3.hold(ctx.zero3_inputs)
+            # what keeps the storage the engine reads (and its stash reads again in backward)
+            # alive until the backward ran, and the tensors the engine reads: see the managers' hold
+            ctx.zero3_storage, tensors = zero3.hold(ctx.zero3_inputs, tensors)
         stream = _stream(tensors) if call.cuda is not False else None
         # the binding converts: to_dlpack per input, torch's from_dlpack per output (a tuple)
         if call.functions is None:       # no PythonOp nodes: no scope to hold their records
@@ -170,8 +170,7 @@ def _backward(ctx, grad_outputs):
         with _functions_of(call, records):
             result = call.engine.backward(stash, grads, stream, convert, _from_dlpack, keep, 2)
     if zero3 is not None:
-        ctx.zero3_storage = None         # the forward's gathered storage: no longer read (FSDP2: before
-                                         # after_backward, which reads whether another forward holds it)
+        ctx.zero3_storage = None         # the forward's gathered storage: no longer read
         zero3.after_backward([t for i, t in ctx.zero3_inputs if result[2 + i] is None])
     return result
 

@@ -78,13 +78,14 @@ class Zero3:
         if todo:
             todo[0].partition(param_list=todo)
 
-    def hold(self, inputs):
-        """EngineFunction keeps this until the backward ran. ZeRO-3 releases a gathered parameter
-        by assigning param.data, which frees the storage the engine read in place and its stash
-        reads again in backward (a DLPack capsule holds the tensor, whose storage that swaps, not
-        the storage): aliases of the gathered storage (with world size > 1 the backward read
-        freed memory without them: NaN gradients). inputs: (index, parameter) pairs."""
-        return [t.detach() for _, t in inputs]
+    def hold(self, inputs, tensors):
+        """(what EngineFunction keeps until the backward ran, the tensors the engine reads: the
+        call's own). ZeRO-3 releases a gathered parameter by assigning param.data, which frees the
+        storage the engine read in place and its stash reads again in backward (a DLPack capsule
+        holds the tensor, whose storage that swaps, not the storage): aliases of the gathered
+        storage are kept (with world size > 1 the backward read freed memory without them: NaN
+        gradients). inputs: the (index, parameter) pairs among tensors."""
+        return [t.detach() for _, t in inputs], tensors
 
     # -- backward ----------------------------------------------------------------
     def before_backward(self, params):

@@ -243,17 +243,27 @@ def test_dtensor_parameters_without_fully_shard_are_refused(world_of_one):
         ORTModule(model)(torch.randn(3, 4))
 
 
-def test_a_reshard_between_forward_and_backward_is_an_error(world_of_one):
-    """state_dict() reshards (FSDP's pre-hook), freeing the storage the engine's stash reads."""
-    model = _small()
-    fsdp.fully_shard(model[0])
-    fsdp.fully_shard(model)
-    wrapped = ORTModule(model)
-    wrapped(torch.randn(3, 4)).sum().backward()       # exports, trains
-    loss = wrapped(torch.randn(3, 4)).sum()
-    model.state_dict()
-    with pytest.raises(RuntimeError, match="resharded between the forward and its backward"):
+def test_state_dict_between_forward_and_backward(world_of_one):
+    """state_dict() reshards (FSDP's pre-hook), freeing the unsharded storage in place: the
+    engine's stash reads its own copy in backward, and the gradients are eager FSDP2's."""
+    torch.manual_seed(0)
+    base = _small()
+    models = []
+    for _ in range(2):
+        model = copy.deepcopy(base)
+        fsdp.fully_shard(model[0])
+        fsdp.fully_shard(model)
+        models.append(model)
+    eager, inner = models
+    ort = ORTModule(inner)
+    x = torch.randn(3, 4)
+    for call, model in ((eager, eager), (ort, inner)):
+        loss = call(x).pow(2).sum()
+        model.state_dict()
         loss.backward()
+    for pe, po in zip(eager.parameters(), inner.parameters()):
+        assert type(po).__name__ == "DTensor" and po.grad is not None
+        torch.testing.assert_close(po.grad.to_local(), pe.grad.to_local(), rtol=1e-5, atol=1e-7)
 
 
 def test_a_class_swap_from_the_wrapped_class_is_refused_by_name():
