@@ -171,10 +171,27 @@ def _written_by_noisy_code():
     return frame is not None and _noisy_file(frame.f_code.co_filename)
 
 
-def _is_noisy_warning(msg):
+_STDLIB_DIR = os.path.dirname(os.path.abspath(contextlib.__file__)) + os.sep
+_WARNINGS_FILE = os.path.abspath(warnings.__file__)
+
+
+def _warning_origin():
+    """The file of the code that called warnings.warn, seen from inside the warnings machinery
+    (the frames of warnings.py skipped)."""
+    frame = sys._getframe(2)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) == _WARNINGS_FILE:
+        frame = frame.f_back
+    return frame.f_code.co_filename if frame is not None else ""
+
+
+def _is_noisy_warning(msg, origin=""):
     if issubclass(msg.category, torch.jit.TracerWarning):
         return True          # ortmod's own trace-hazard warnings say what matters of these
-    return _noisy_file(msg.filename)
+    if _noisy_file(msg.filename):
+        return True
+    # a stacklevel that lands in the standard library (torch.export's "tensor attributes ... were
+    # assigned during export" names contextlib.py) says nothing of whose it is: who called warn does
+    return str(msg.filename).startswith(_STDLIB_DIR) and _noisy_file(origin)
 
 
 class CaptureLog:
@@ -201,6 +218,12 @@ def quiet_capture(what):
     proxy = sys.stderr = _ThreadStderr(stderr)
     try:
         with _native_stderr(log), warnings.catch_warnings(record=True) as caught:
+            origins = {}   # id(msg) -> the file that called warn
+
+            def record(msg):
+                origins[id(msg)] = _warning_origin()
+                caught.append(msg)
+            warnings._showwarnmsg_impl = record   # what record=True installed, plus the origin
             try:
                 yield log
             finally:
@@ -214,7 +237,7 @@ def quiet_capture(what):
                 for record in collector.records:
                     log.lines.append(f"{record.levelname} {record.name}: {record.getMessage()}")
                 for msg in caught:
-                    if _is_noisy_warning(msg):
+                    if _is_noisy_warning(msg, origins.get(id(msg), "")):
                         log.lines.append(f"{msg.category.__name__} {msg.filename}:{msg.lineno}: {msg.message}")
                     else:
                         shown.append(msg)

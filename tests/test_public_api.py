@@ -81,6 +81,27 @@ def test_clients_include_only_public_headers(path):
                      "public header (csrc/include/ortmod*.h) instead.")
 
 
+def client_include_dirs(ninja_text, obj):
+    """The -I directories build.ninja compiles one object with."""
+    m = re.search(r"^build [^\n]*" + re.escape(obj) + r"\.o: .*?\n((?:  .*\n)+)", ninja_text, re.M)
+    assert m, f"{obj}.o is not in build.ninja"
+    line = next((l for l in m.group(1).splitlines() if l.strip().startswith("INCLUDES =")), "")
+    return [os.path.normpath(d) for d in re.findall(r"-I\s*(\S+)", line)]
+
+
+@pytest.mark.parametrize("obj", ["python/binding.c", "csrc/runner/main.c"])
+def test_the_build_gives_clients_only_the_public_include_dir(obj):
+    """The include rule above reads the sources; this one holds the build to it: a client's only
+    project include directory is csrc/include/, so `#include "ops/op.h"` in a client does not compile."""
+    from tests.buildpaths import BUILD_DIR, build
+    r = build()
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(os.path.join(BUILD_DIR, "build.ninja")) as f:
+        dirs = client_include_dirs(f.read(), obj)
+    project = [d for d in dirs if d.startswith(ROOT + os.sep)]
+    assert project == [os.path.normpath(PUBLIC)], f"{obj} is compiled with {project}: only csrc/include/ is public"
+
+
 def compile_alone(header, lang, tmp_path):
     if lang == "c":
         cc, flags, suffix = "gcc", ["-std=c11", "-Wall", "-Wextra", "-pedantic", "-Werror"], ".c"

@@ -50,6 +50,13 @@ SCRIPT = textwrap.dedent("""
             h = nn.functional.adaptive_avg_pool2d(h, 1).flatten(1)
             return nn.functional.cross_entropy(self.head(h), y)
 
+    class LSTMNet(nn.Module):         # torch.export warns that it saw _flat_weights assigned, with a
+        def __init__(self):           # stacklevel that names contextlib.py, not torch
+            super().__init__()
+            self.rnn, self.head = nn.LSTM(2, 8, batch_first=True), nn.Linear(8, 3)
+        def forward(self, x, y):
+            return nn.functional.cross_entropy(self.head(self.rnn(x.unsqueeze(1))[0][:, -1]), y)
+
     model = ORTModule({model}())
     x = torch.randn(8, 3, 8, 8) if {model} is ConvNet else torch.randn(8, 2)
     y = torch.randint(0, 3, (8,))
@@ -81,7 +88,8 @@ def _torchvision_missing():
     return False
 
 
-@pytest.mark.parametrize("model,capture", [("MLP", "auto"), ("MLP", "torchscript"), ("ConvNet", "torchscript")])
+@pytest.mark.parametrize("model,capture", [("MLP", "auto"), ("MLP", "torchscript"), ("ConvNet", "torchscript"),
+                                           ("LSTMNet", "auto")])
 def test_first_call_prints_nothing(tmp_path, model, capture):
     assert first_call(tmp_path, model, capture) == ""
 

@@ -13,17 +13,29 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "core/core.h"
-#include "core/threadpool.h"
 #include "passes/pass.h"
 
 #define MAX_CACHED_PLANS (1 << 20)
 #define MAX_THREADS_OPTION 1024
+
+/* Who follows num_threads (the thread pool registers itself: core/threadpool.c), told after the
+ * options' lock is released. A hook rather than a call, so that the options do not include the
+ * pool that reads them. */
+static _Atomic(om_options_watcher) threads_watcher;
+
+void om_options_watch_num_threads(om_options_watcher fn) { atomic_store(&threads_watcher, fn); }
+
+static void num_threads_changed(void) {
+    om_options_watcher fn = atomic_load(&threads_watcher);
+    if (fn) fn();
+}
 
 enum { N_FIELDS = 8 };
 
@@ -280,7 +292,7 @@ om_status *om_options_set(const om_options *opt, unsigned fields) {
     }
     const int threads_after = current.num_threads;
     unlock();
-    if (threads_after != threads_before) om_pool_default_changed();
+    if (threads_after != threads_before) num_threads_changed();
     return NULL;
 }
 
@@ -295,7 +307,7 @@ om_status *om_options_reload(void) {
     const int threads_after = current.num_threads;
     om_status *st = standing_errors(OM_OPT_ALL);
     unlock();
-    if (threads_after != threads_before) om_pool_default_changed();
+    if (threads_after != threads_before) num_threads_changed();
     return st;
 }
 

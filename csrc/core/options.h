@@ -13,6 +13,10 @@ int om_options_optim_num_threads(void);
 int om_options_cuda_attention_materialized(void);
 /* om_optim_set_num_threads: n clamped to 0..1024. */
 void om_options_set_optim_num_threads(int n);
+/* The thread pool's hook: fn runs (outside the options' lock) after a set or reload changed
+ * num_threads. One watcher; the last registration wins. */
+typedef void (*om_options_watcher)(void);
+void om_options_watch_num_threads(om_options_watcher fn);
 /* exec/device.c, as it loads the CUDA provider: cuda_library is fixed from then on. */
 void om_options_note_cuda_loaded(void);
 

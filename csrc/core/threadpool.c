@@ -66,7 +66,10 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 /* 1 while om_set_num_threads holds a count of its own: the options' default then waits */
 static atomic_int explicit_count;
 
+static void pool_default_changed(void);
+
 static int default_threads(void) {
+    om_options_watch_num_threads(pool_default_changed);   /* from now on the default can change under us */
     int v = om_options_num_threads();   /* OMP_NUM_THREADS, ortmod_options.h */
     if (v > 0) return v < MAX_THREADS ? v : MAX_THREADS;
     int n = 0;
@@ -320,6 +323,7 @@ __attribute__((visibility("default"))) void om_set_num_threads(int n) {
 
 __attribute__((visibility("default"))) int om_get_num_threads(void) { return threads_wanted(); }
 
-void om_pool_default_changed(void) {
+/* The options' num_threads changed (core/options.h's watcher): a pool on its default takes the new one. */
+static void pool_default_changed(void) {
     if (!atomic_load(&explicit_count) && atomic_load(&P.nthreads)) om_set_num_threads(0);
 }

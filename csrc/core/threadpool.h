@@ -47,9 +47,6 @@ int om_pool_ranges(int64_t n, int64_t grain);
  * the pool meanwhile). R < 1 counts as 1; R > n as n. */
 void om_pool_run(int64_t n, int R, om_pool_fn fn, void *ctx);
 int om_pool_range_id(void);
-/* The options' num_threads changed (ortmod_options.h): a pool on its default takes the new one. */
-void om_pool_default_changed(void);
-
 /* 1 inside a parallel range (nested calls run serially). */
 int om_pool_in_parallel(void);
 

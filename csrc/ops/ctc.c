@@ -41,12 +41,7 @@
 
 #include "core/threadpool.h"
 #include "ops/op.h"
-
-static const char *nm(const om_node *n) { return n->name ? n->name : ""; }
-
-static inline int64_t int_at(const om_tensor *t, int64_t i) {
-    return t->dtype == OM_I64 ? ((const int64_t *)t->data)[i] : (int64_t)((const int32_t *)t->data)[i];
-}
+#include "ops/op_util.h"
 
 /* The geometry of a CTCLoss/CTCLossGrad node from its log_probs, targets and lengths. */
 typedef struct ctc_geom {
@@ -63,7 +58,7 @@ static om_status *ctc_geometry(const om_node *n, const om_tensor *lp, const om_t
     if (!om_dtype_in(lp->dtype, OM_DT_BIT(OM_F32) | OM_DT_BIT(OM_F64))) {
         if (om_dtype_is_half(lp->dtype))
             return om_error(OM_UNSUPPORTED_OP, "%s node '%s': log_probs of dtype %s: eager PyTorch's ctc_loss has "
-                            "no %s kernel (cast the log-probabilities to float32)", n->op->name, nm(n),
+                            "no %s kernel (cast the log-probabilities to float32)", n->op->name, om_node_name(n),
                             om_dtype_name(lp->dtype), om_dtype_name(lp->dtype));
         return om_err_dtype(n, in0, lp->dtype);
     }
@@ -73,7 +68,7 @@ static om_status *ctc_geometry(const om_node *n, const om_tensor *lp, const om_t
     if (lp->rank != 3 && lp->rank != 2) {
         om_shape_str(lp, b1, sizeof b1);
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': log_probs must be (T, N, C) or (T, C), got %s",
-                        n->op->name, nm(n), b1);
+                        n->op->name, om_node_name(n), b1);
     }
     g->batched = lp->rank == 3;
     g->T = lp->dims[0];
@@ -87,7 +82,7 @@ static om_status *ctc_geometry(const om_node *n, const om_tensor *lp, const om_t
             om_shape_str(tg, b1, sizeof b1);
             om_shape_str(mask, b2, sizeof b2);
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': targets %s and targets_mask %s must have one shape",
-                            n->op->name, nm(n), b1, b2);
+                            n->op->name, om_node_name(n), b1, b2);
         }
         g->concat = 1;
         g->S = om_tensor_numel(tg);
@@ -101,18 +96,19 @@ static om_status *ctc_geometry(const om_node *n, const om_tensor *lp, const om_t
         om_shape_str(lp, b1, sizeof b1);
         om_shape_str(tg, b2, sizeof b2);
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': targets must be (N, S) padded or 1-D concatenated for "
-                        "log_probs %s, got %s", n->op->name, nm(n), b1, b2);
+                        "log_probs %s, got %s", n->op->name, om_node_name(n), b1, b2);
     }
     g->L = 2 * g->S + 1;
     g->M = g->S;
     if (il->rank > 1 || tl->rank > 1 || om_tensor_numel(il) != g->N || om_tensor_numel(tl) != g->N)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input_lengths and target_lengths must have batch size "
-                        "%lld elements, got %lld and %lld", n->op->name, nm(n), (long long)g->N,
+                        "%lld elements, got %lld and %lld", n->op->name, om_node_name(n), (long long)g->N,
                         (long long)om_tensor_numel(il), (long long)om_tensor_numel(tl));
     g->blank = om_attr_int(n, "blank", 0);
     if (g->blank < 0 || g->blank >= g->C)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': blank = %lld must be in label range [0, %lld) (eager: "
-                        "blank must be in label range)", n->op->name, nm(n), (long long)g->blank, (long long)g->C);
+                        "blank must be in label range)", n->op->name, om_node_name(n), (long long)g->blank,
+                            (long long)g->C);
     return NULL;
 }
 
@@ -122,29 +118,31 @@ static om_status *ctc_check_lengths(const om_node *n, const ctc_geom *g, const o
                                     int64_t *off) {
     int64_t pos = 0;
     for (int64_t b = 0; b < g->N; b++) {
-        const int64_t ib = int_at(il, b), tb = int_at(tl, b);
+        const int64_t ib = om_index_at(il, b), tb = om_index_at(tl, b);
         if (ib < 0 || ib > g->T)
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input_lengths[%lld] = %lld is outside [0, %lld], the "
                             "input's length (eager: Expected input_lengths to have value at %s %lld)", n->op->name,
-                            nm(n), (long long)b, (long long)ib, (long long)g->T, ib < 0 ? "least" : "most",
+                            om_node_name(n), (long long)b, (long long)ib, (long long)g->T, ib < 0 ? "least" : "most",
                             (long long)(ib < 0 ? 0 : g->T));
         if (tb < 0)
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': target_lengths[%lld] = %lld is negative (eager: "
-                            "Expected target_lengths to have value at least 0)", n->op->name, nm(n), (long long)b,
+                            "Expected target_lengths to have value at least 0)", n->op->name, om_node_name(n),
+                                (long long)b,
                             (long long)tb);
         if (!g->concat && tb > g->S)
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': target_lengths[%lld] = %lld is larger than the padded "
                             "targets' width %lld (eager: Expected tensor to have size at least %lld at dimension 1)",
-                            n->op->name, nm(n), (long long)b, (long long)tb, (long long)g->S, (long long)tb);
+                            n->op->name, om_node_name(n), (long long)b, (long long)tb, (long long)g->S, (long long)tb);
         if (g->concat && tb > g->M - pos)
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': the target lengths add up to more than the %lld "
-                            "concatenated targets", n->op->name, nm(n), (long long)g->M);
+                            "concatenated targets", n->op->name, om_node_name(n), (long long)g->M);
         if (off) off[b] = g->concat ? pos : b * g->S;
         pos += tb;
     }
     if (g->concat && pos != g->M)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': %lld concatenated targets, but the target lengths add up "
-                        "to %lld (eager: Expected tensor to have size %lld at dimension 0)", n->op->name, nm(n),
+                        "to %lld (eager: Expected tensor to have size %lld at dimension 0)", n->op->name,
+                            om_node_name(n),
                         (long long)g->M, (long long)pos, (long long)pos);
     return NULL;
 }
@@ -152,11 +150,12 @@ static om_status *ctc_check_lengths(const om_node *n, const ctc_geom *g, const o
 static om_status *ctc_check_labels(const om_node *n, const ctc_geom *g, const om_tensor *tg, const om_tensor *tl,
                                    const int64_t *off) {
     for (int64_t b = 0; b < g->N; b++)
-        for (int64_t i = 0, tb = int_at(tl, b); i < tb; i++) {
-            const int64_t l = int_at(tg, off[b] + i);
+        for (int64_t i = 0, tb = om_index_at(tl, b); i < tb; i++) {
+            const int64_t l = om_index_at(tg, off[b] + i);
             if (l < 0 || l >= g->C)
                 return om_error(OM_INVALID_ARGUMENT, "%s node '%s': target %lld of sample %lld is %lld, outside the "
-                                "label range [0, %lld)", n->op->name, nm(n), (long long)i, (long long)b, (long long)l,
+                                "label range [0, %lld)", n->op->name, om_node_name(n), (long long)i, (long long)b,
+                                    (long long)l,
                                 (long long)g->C);
         }
     return NULL;
@@ -214,7 +213,7 @@ typedef struct ctc_job {
 
 /* The label of state s of sample b's extended target l' = blank l_0 blank l_1 ... blank. */
 static inline int64_t ctc_prime(const ctc_job *j, int64_t b, int64_t s) {
-    return s % 2 == 0 ? j->g.blank : int_at(j->tg, j->off[b] + s / 2);
+    return s % 2 == 0 ? j->g.blank : om_index_at(j->tg, j->off[b] + s / 2);
 }
 
 /* One sample's forward and its negative log likelihood from log_alpha, in eager's order
@@ -242,7 +241,7 @@ static inline int64_t ctc_prime(const ctc_job *j, int64_t b, int64_t s) {
         const int64_t N = j->g.N, C = j->g.C, L = j->g.L, Tn = j->g.T, blank = j->g.blank;                  \
         const T neginf = -INFINITY;                                                                         \
         for (int64_t b = lo; b < hi; b++) {                                                                 \
-            const int64_t il = int_at(j->il, b), tl = int_at(j->tl, b);                                     \
+            const int64_t il = om_index_at(j->il, b), tl = om_index_at(j->tl, b);                                     \
             const T *lp = (const T *)j->lp + b * C;   /* lp[t * N * C + c] */                               \
             T *la = (T *)j->la + b * Tn * L;                                                                \
             for (int64_t k = 0; k < Tn * L; k++) la[k] = neginf;                                            \
@@ -283,7 +282,7 @@ static inline int64_t ctc_prime(const ctc_job *j, int64_t b, int64_t s) {
         const int64_t N = j->g.N, C = j->g.C, L = j->g.L, Tn = j->g.T, blank = j->g.blank;                  \
         const T neginf = -INFINITY;                                                                         \
         for (int64_t b = lo; b < hi; b++) {                                                                 \
-            const int64_t il = int_at(j->il, b), tl = int_at(j->tl, b);                                     \
+            const int64_t il = om_index_at(j->il, b), tl = om_index_at(j->tl, b);                                     \
             const T nll = ctc_nll_##SFX(j, b, il, tl);                                                      \
             const T *lp = (const T *)j->lp + b * C;                                                         \
             const T *la = (const T *)j->la + b * Tn * L;                                                    \
@@ -364,12 +363,12 @@ static om_status *ctc_job_init(const om_kernel_ctx *ctx, int in0, int mask_in, c
     OM_TRY(ctc_geometry(n, lp, tg, il, tl, mask, in0, mask_in, &j->g));
     const int64_t N = j->g.N > 0 ? j->g.N : 1, flat_n = mask ? om_tensor_numel(tg) : 0;
     *off = malloc((size_t)(N + flat_n) * sizeof(int64_t));
-    if (!*off) return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", n->op->name, nm(n));
+    if (!*off) return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", n->op->name, om_node_name(n));
     if (mask) {   /* targets[mask], row-major: masked_select's order */
         int64_t *flat = *off + N, k = 0;
         const uint8_t *m = mask->data;
         for (int64_t i = 0; i < flat_n; i++)
-            if (m[i]) flat[k++] = int_at(tg, i);
+            if (m[i]) flat[k++] = om_index_at(tg, i);
         j->g.M = k;
         j->flat = (om_tensor){.dtype = OM_I64, .rank = 1, .dims = {k}, .data = flat};
         tg = &j->flat;
@@ -408,7 +407,8 @@ static om_status *ctc_cpu(om_kernel_ctx *ctx) {
         la_scratch = j.la = malloc((size_t)(j.g.N * j.g.T * j.g.L) * om_dtype_size(ctx->in[0].dtype) + 1);
         if (!la_scratch) {
             free(off);
-            return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", ctx->node->op->name, nm(ctx->node));
+            return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", ctx->node->op->name,
+                            om_node_name(ctx->node));
         }
     }
     om_pool_for(j.g.N, ctc_grain(&j.g), ctx->in[0].dtype == OM_F32 ? ctc_fwd_f32 : ctc_fwd_f64, &j);
@@ -448,9 +448,10 @@ static om_status *ctc_grad_infer(om_kernel_ctx *ctx) {
     if (la->dtype != ctx->in[1].dtype) return om_err_dtype(n, 5, la->dtype);
     if (om_tensor_numel(dl) != g.N || dl->rank != (g.batched ? 1 : 0))
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': dloss must hold the %lld per-sample losses' gradients, "
-                        "got %lld", n->op->name, nm(n), (long long)g.N, (long long)om_tensor_numel(dl));
+                        "got %lld", n->op->name, om_node_name(n), (long long)g.N, (long long)om_tensor_numel(dl));
     if (la->rank != 3 || la->dims[0] != g.N || la->dims[1] != g.T || la->dims[2] != g.L)
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': log_alpha must be (%lld, %lld, %lld)", n->op->name, nm(n),
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': log_alpha must be (%lld, %lld, %lld)", n->op->name,
+                        om_node_name(n),
                         (long long)g.N, (long long)g.T, (long long)g.L);
     om_set_shape(&ctx->out[0], &ctx->in[1], ctx->in[1].dtype);
     return NULL;
@@ -467,7 +468,7 @@ static om_status *ctc_grad_cpu(om_kernel_ctx *ctx) {
     j.beta = malloc((size_t)(j.g.N * 2 * j.g.L) * om_dtype_size(ctx->in[1].dtype) + 1);
     if (!j.beta) {
         free(off);
-        return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", ctx->node->op->name, nm(ctx->node));
+        return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", ctx->node->op->name, om_node_name(ctx->node));
     }
     om_pool_for(j.g.N, ctc_grain(&j.g), ctx->in[1].dtype == OM_F32 ? ctc_bwd_f32 : ctc_bwd_f64, &j);
     free(j.beta);

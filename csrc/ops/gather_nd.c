@@ -35,22 +35,15 @@
 #include <string.h>
 
 #include "ops/op.h"
+#include "ops/op_util.h"
 #include "ops/nd_geom.h"
-
-static const char *nm(const om_node *n) { return n && n->name ? n->name : ""; }
-
-static int is_int(om_dtype dt) { return dt == OM_I64 || dt == OM_I32; }
-
-static int64_t int_at(const om_tensor *t, int64_t i) {
-    return t->dtype == OM_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
-}
 
 /* data_like: data, or the gradient's Shape(data) dims; ind: indices (input ind_i). */
 static om_status *nd_init(const om_node *n, const int64_t *dd, int r, const om_tensor *ind, int ind_i, int64_t b,
                           om_nd_geom *g) {
-    if (!is_int(ind->dtype)) return om_err_dtype(n, ind_i, ind->dtype);
+    if (!om_is_index_dtype(ind->dtype)) return om_err_dtype(n, ind_i, ind->dtype);
     const char *why = om_nd_geometry(dd, r, ind->dims, ind->rank, b, g);
-    if (why) return om_error(OM_INVALID_ARGUMENT, "%s node '%s': %s", n->op->name, nm(n), why);
+    if (why) return om_error(OM_INVALID_ARGUMENT, "%s node '%s': %s", n->op->name, om_node_name(n), why);
     return NULL;
 }
 
@@ -61,10 +54,10 @@ static om_status *nd_check_range(const om_node *n, const om_tensor *ind, const o
     const int64_t rows = g->B * g->R;
     for (int64_t q = 0; q < rows; q++)
         for (int j = 0; j < g->k; j++) {
-            const int64_t v = int_at(ind, q * g->k + j);
+            const int64_t v = om_index_at(ind, q * g->k + j);
             if (v < -g->dim[j] || v >= g->dim[j])
                 return om_error(OM_RUNTIME, "%s node '%s': index %lld (tuple %lld, entry %d) is out of range for a dim "
-                                "of size %lld", n->op->name, nm(n), (long long)v, (long long)q, j,
+                                "of size %lld", n->op->name, om_node_name(n), (long long)v, (long long)q, j,
                                 (long long)g->dim[j]);
         }
     return NULL;
@@ -74,7 +67,7 @@ static om_status *nd_check_range(const om_node *n, const om_tensor *ind, const o
 static int64_t nd_row_offset(const om_nd_geom *g, const om_tensor *ind, int64_t q) {
     int64_t off = (q / g->R) * g->batch_stride;
     for (int j = 0; j < g->k; j++) {
-        int64_t v = int_at(ind, q * g->k + j);
+        int64_t v = om_index_at(ind, q * g->k + j);
         if (v < 0) v += g->dim[j];
         off += v * g->stride[j];
     }
@@ -132,18 +125,18 @@ static om_status *gather_nd_grad(om_grad_ctx *c) {
 static om_status *gather_nd_grad_infer(om_kernel_ctx *ctx) {
     const om_tensor *dy = &ctx->in[0], *shp = &ctx->in[1], *ind = &ctx->in[2];
     OM_TRY(om_check_float(ctx->node, dy, 0, OM_UNDEFINED));
-    if (!is_int(shp->dtype)) return om_err_dtype(ctx->node, 1, shp->dtype);
+    if (!om_is_index_dtype(shp->dtype)) return om_err_dtype(ctx->node, 1, shp->dtype);
     if (!shp->data)
         return om_error(OM_INVALID_ARGUMENT, "GatherNDGrad node '%s': the shape must be known at plan time",
-                        nm(ctx->node));
+                        om_node_name(ctx->node));
     const int64_t r = om_tensor_numel(shp);
     if (r > OM_MAX_RANK)
-        return om_error(OM_INVALID_ARGUMENT, "GatherNDGrad node '%s': rank %lld exceeds %d", nm(ctx->node),
+        return om_error(OM_INVALID_ARGUMENT, "GatherNDGrad node '%s': rank %lld exceeds %d", om_node_name(ctx->node),
                         (long long)r, OM_MAX_RANK);
     om_tensor *o = &ctx->out[0];
     o->dtype = dy->dtype;
     o->rank = (int)r;
-    for (int64_t i = 0; i < r; i++) o->dims[i] = int_at(shp, i);
+    for (int64_t i = 0; i < r; i++) o->dims[i] = om_index_at(shp, i);
     OM_TRY(om_check_shape_data(ctx->node, 1, o->dims, o->rank, o->dtype));
     const int64_t b = batch_dims_of(ctx->node);
     om_nd_geom g = {0};
@@ -154,7 +147,7 @@ static om_status *gather_nd_grad_infer(om_kernel_ctx *ctx) {
     for (int i = 0; same && i < rr; i++) same = rows[i] == dy->dims[i];
     if (!same)
         return om_error(OM_INVALID_ARGUMENT, "GatherNDGrad node '%s': dy does not have GatherND's output shape",
-                        nm(ctx->node));
+                        om_node_name(ctx->node));
     return NULL;
 }
 
@@ -178,18 +171,24 @@ static om_status *gather_nd_grad_cpu(om_kernel_ctx *ctx) {
     return NULL;
 }
 
-/* ---- ScatterND ------------------------------------------------------------------------- */
-
-static int scatter_nd_reduction(const om_node *n) {
-    const char *r = om_attr_string(n, "reduction", "none");
-    if (strcmp(r, "none") == 0) return 0;
-    if (strcmp(r, "add") == 0) return 1;
-    return -1;
+/* dy with the places a scatter (reduction none) wrote zeroed: what reaches its data input, since
+ * data's values there were overwritten. The scatter is ScatterND or ScatterElements (the caller
+ * sets the latter's axis on the node this emits last). */
+int om_emit_scatter_blanked(om_grad_ctx *c, om_op_id scatter, int dy, int ind, int upd) {
+    const om_dtype dt = c->g->values[dy].dtype;
+    int zero = om_emit_scalar(c, dt, 0.0);
+    int shp = zero < 0 ? -1 : om_emit_shape(c, upd);
+    int zeros = shp < 0 ? -1 : om_emit2(c, om_op_expand_id, zero, shp);
+    if (zeros < 0) return -1;
+    int in[3] = {dy, ind, zeros};
+    return om_emit(c, scatter, in, 3);
 }
+
+/* ---- ScatterND ------------------------------------------------------------------------- */
 
 static om_status *scatter_nd_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0], *ind = &ctx->in[1], *u = &ctx->in[2];
-    if (scatter_nd_reduction(ctx->node) < 0)
+    if (om_scatter_reduction(ctx->node) < 0)
         return om_err_unsupported(ctx->node, "reduction other than none or add");
     if (u->dtype != x->dtype) return om_err_dtype(ctx->node, 2, u->dtype);
     om_nd_geom g = {0};
@@ -201,7 +200,7 @@ static om_status *scatter_nd_infer(om_kernel_ctx *ctx) {
     for (int i = 0; same && i < rr; i++) same = rows[i] == u->dims[i];
     if (!same)
         return om_error(OM_INVALID_ARGUMENT, "ScatterND node '%s': updates must have the shape indices.shape[:-1] + "
-                        "data.shape[k:] (rank %d)", nm(ctx->node), rr);
+                        "data.shape[k:] (rank %d)", om_node_name(ctx->node), rr);
     om_set_shape(&ctx->out[0], x, x->dtype);
     return NULL;
 }
@@ -211,7 +210,7 @@ static om_status *scatter_nd_infer(om_kernel_ctx *ctx) {
 static om_status *scatter_nd_cpu(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0], *ind = &ctx->in[1], *u = &ctx->in[2];
     om_tensor *y = &ctx->out[0];
-    const int red = scatter_nd_reduction(ctx->node);
+    const int red = om_scatter_reduction(ctx->node);
     if (red < 0) return om_err_unsupported(ctx->node, "reduction other than none or add");
     om_nd_geom g = {0};
     OM_TRY(nd_init(ctx->node, x->dims, x->rank, ind, 1, 0, &g));
@@ -251,7 +250,7 @@ static om_status *scatter_nd_grad(om_grad_ctx *c) {
     const om_node *n = &c->g->nodes[c->node];
     const int dy = c->dy[0];
     if (dy < 0) return NULL;
-    const int red = scatter_nd_reduction(n);
+    const int red = om_scatter_reduction(n);
     const int ind = n->in[1], upd = n->in[2];   /* n dangles once a node is emitted */
     if (c->need_dx[2]) {
         int in[2] = {dy, ind};
@@ -263,14 +262,7 @@ static om_status *scatter_nd_grad(om_grad_ctx *c) {
         if (red == 1) {
             c->dx[0] = dy;
         } else {
-            /* the slices written by updates did not reach the output: zero them in dy */
-            const om_dtype dt = c->g->values[dy].dtype;
-            int zero = om_emit_scalar(c, dt, 0.0);
-            int shp = zero < 0 ? -1 : om_emit_shape(c, upd);
-            int zeros = shp < 0 ? -1 : om_emit2(c, om_op_expand_id, zero, shp);
-            if (zeros < 0) return NULL;
-            int in[3] = {dy, ind, zeros};
-            int dx = om_emit(c, om_op_scatter_nd_id, in, 3);
+            int dx = om_emit_scatter_blanked(c, om_op_scatter_nd_id, dy, ind, upd);
             if (dx < 0) return NULL;
             c->dx[0] = dx;
         }

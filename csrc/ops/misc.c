@@ -65,7 +65,6 @@
 
 #define EMIT_OK(v) do { if ((v) < 0) return NULL; } while (0)
 
-static const char *nm(const om_node *n) { return n && n->name ? n->name : ""; }
 static om_dtype dtype_bool(const om_graph *g, const om_node *n, int j) { return OM_BOOL; }
 /* what the shape rules take (fp16/bf16 too); the CPU kernels dispatch f32/f64 (and ints) */
 static int is_float(om_dtype d) { return om_dtype_is_float(d); }
@@ -75,7 +74,7 @@ static om_status *need_known(const om_node *n, const om_tensor *t, int i, int64_
     *count = om_read_ints(t, vals, max);
     if (*count < 0)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d must be int64 values known at plan time "
-                        "(at most %d)", n->op->name, nm(n), i, max);
+                        "(at most %d)", n->op->name, om_node_name(n), i, max);
     return NULL;
 }
 
@@ -86,7 +85,7 @@ static om_status *infer_compare(om_kernel_ctx *ctx) {
     if (!is_arith(ctx->in[0].dtype)) return om_err_dtype(n, 0, ctx->in[0].dtype);
     if (ctx->in[1].dtype != ctx->in[0].dtype) return om_err_dtype(n, 1, ctx->in[1].dtype);
     om_status *st = om_broadcast_shape(&ctx->in[0], &ctx->in[1], &ctx->out[0]);
-    if (st) return om_error_context(st, "%s node '%s'", n->op->name, nm(n));
+    if (st) return om_error_context(st, "%s node '%s'", n->op->name, om_node_name(n));
     ctx->out[0].dtype = OM_BOOL;
     return NULL;
 }
@@ -100,7 +99,7 @@ static om_status *infer_logic(om_kernel_ctx *ctx) {
         return NULL;
     }
     om_status *st = om_broadcast_shape(&ctx->in[0], &ctx->in[1], &ctx->out[0]);
-    if (st) return om_error_context(st, "%s node '%s'", n->op->name, nm(n));
+    if (st) return om_error_context(st, "%s node '%s'", n->op->name, om_node_name(n));
     ctx->out[0].dtype = OM_BOOL;
     return NULL;
 }
@@ -183,7 +182,7 @@ static om_status *clip_infer(om_kernel_ctx *ctx) {
         if (!om_in_present(ctx, i)) continue;
         if (ctx->in[i].dtype != ctx->in[first].dtype) return om_err_dtype(n, i, ctx->in[i].dtype);
         if (om_tensor_numel(&ctx->in[i]) != 1)
-            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': min/max must be scalars", n->op->name, nm(n));
+            return om_error(OM_INVALID_ARGUMENT, "%s node '%s': min/max must be scalars", n->op->name, om_node_name(n));
     }
     om_set_shape(&ctx->out[0], &ctx->in[first], ctx->in[first].dtype);
     return NULL;
@@ -279,7 +278,7 @@ static om_status *act_infer(om_kernel_ctx *ctx) {
     for (int i = 1; i < ctx->n_in; i++)
         if (ctx->in[i].dtype != ctx->in[0].dtype || !om_shape_equal(&ctx->in[i], &ctx->in[0]))
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': inputs must match", ctx->node->op->name,
-                            nm(ctx->node));
+                            om_node_name(ctx->node));
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     return NULL;
 }
@@ -382,10 +381,11 @@ static om_status *tile_infer(om_kernel_ctx *ctx) {
     int r;
     OM_TRY(need_known(n, &ctx->in[1], 1, rep, OM_MAX_RANK, &r));
     if (r != x->rank)
-        return om_error(OM_INVALID_ARGUMENT, "Tile node '%s': repeats has %d values for rank %d", nm(n), r, x->rank);
+        return om_error(OM_INVALID_ARGUMENT, "Tile node '%s': repeats has %d values for rank %d", om_node_name(n), r,
+                        x->rank);
     om_set_shape(&ctx->out[0], x, x->dtype);
     for (int i = 0; i < r; i++) {
-        if (rep[i] < 0) return om_error(OM_INVALID_ARGUMENT, "Tile node '%s': negative repeats", nm(n));
+        if (rep[i] < 0) return om_error(OM_INVALID_ARGUMENT, "Tile node '%s': negative repeats", om_node_name(n));
         ctx->out[0].dims[i] = x->dims[i] * rep[i];
     }
     return NULL;
@@ -456,10 +456,10 @@ static om_status *tile_grad_infer(om_kernel_ctx *ctx) {
     if (!is_float(ctx->in[0].dtype)) return om_err_dtype(n, 0, ctx->in[0].dtype);
     OM_TRY(shape_to_out(n, &ctx->in[1], 1, ctx->in[0].dtype, &ctx->out[0]));
     if (ctx->out[0].rank != ctx->in[0].rank)
-        return om_error(OM_INVALID_ARGUMENT, "TileGrad node '%s': rank mismatch", nm(n));
+        return om_error(OM_INVALID_ARGUMENT, "TileGrad node '%s': rank mismatch", om_node_name(n));
     for (int i = 0; i < ctx->out[0].rank; i++)
         if (ctx->out[0].dims[i] == 0 ? ctx->in[0].dims[i] != 0 : ctx->in[0].dims[i] % ctx->out[0].dims[i])
-            return om_error(OM_INVALID_ARGUMENT, "TileGrad node '%s': dY is not a tiling of X", nm(n));
+            return om_error(OM_INVALID_ARGUMENT, "TileGrad node '%s': dY is not a tiling of X", om_node_name(n));
     return NULL;
 }
 
@@ -493,7 +493,7 @@ static om_status *tile_grad_cpu(om_kernel_ctx *ctx) {
 static om_status *trilu_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     if (ctx->in[0].rank < 2)
-        return om_error(OM_INVALID_ARGUMENT, "Trilu node '%s': input must have rank >= 2", nm(n));
+        return om_error(OM_INVALID_ARGUMENT, "Trilu node '%s': input must have rank >= 2", om_node_name(n));
     if (om_in_present(ctx, 1) && ctx->in[1].dtype != OM_I64) return om_err_dtype(n, 1, ctx->in[1].dtype);
     om_set_shape(&ctx->out[0], &ctx->in[0], ctx->in[0].dtype);
     return NULL;
@@ -647,7 +647,7 @@ static om_status *pad_grad_infer(om_kernel_ctx *ctx) {
     OM_TRY(need_known(n, &ctx->in[1], 1, xd, OM_MAX_RANK, &r));
     OM_TRY(pad_geometry(n, r, xd, &ctx->in[2], ctx->n_in > 3 ? &ctx->in[3] : NULL, 2, &g));
     if (ctx->in[0].rank != r || memcmp(ctx->in[0].dims, g.out, sizeof(int64_t) * (size_t)r) != 0)
-        return om_error(OM_INVALID_ARGUMENT, "PadGrad node '%s': dY does not match the padded X", nm(n));
+        return om_error(OM_INVALID_ARGUMENT, "PadGrad node '%s': dY does not match the padded X", om_node_name(n));
     ctx->out[0].dtype = ctx->in[0].dtype;
     ctx->out[0].rank = r;
     memcpy(ctx->out[0].dims, xd, sizeof(int64_t) * (size_t)r);
@@ -763,7 +763,7 @@ static om_status *einsum_cpu(om_kernel_ctx *ctx) {
         T *pc = om_alloc((size_t)(NB * NI * NJ) * sizeof(T) + 64);
         if (!ga || !pc || (B && !gb)) {
             om_free(ga); om_free(gb); om_free(pc);
-            return om_error(OM_OUT_OF_MEMORY, "Einsum node '%s': out of memory", nm(n));
+            return om_error(OM_OUT_OF_MEMORY, "Einsum node '%s': out of memory", om_node_name(n));
         }
         EIN_GATHER(T, ga, ap, P.na, P.da, P.sa);
         if (B) {
@@ -817,7 +817,8 @@ static om_status *einsum_grad(om_grad_ctx *c) {
             t++;
             start = i + 1;
         }
-        if (t != nin) return om_grad_fail(c, om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': bad equation", nm(n)));
+        if (t != nin) return om_grad_fail(c, om_error(OM_INVALID_ARGUMENT, "Einsum node '%s': bad equation",
+                                                      om_node_name(n)));
         if (arrow) {
             int k = 0;
             for (const char *p = arrow + 2; *p && k < 63; p++) if (*p != ' ') terms[2][k++] = *p;
@@ -844,7 +845,7 @@ static om_status *einsum_grad(om_grad_ctx *c) {
             const int ok = *p == '.' ? (strchr(out, '.') != NULL) : (strchr(out, *p) || strchr(other, *p));
             if (!ok)
                 return om_grad_fail(c, om_error(OM_NO_GRADIENT, "Einsum node '%s': no gradient rule for '%s' "
-                                                "(operand %d has a label summed in it alone)", nm(n), eq, i));
+                                                "(operand %d has a label summed in it alone)", om_node_name(n), eq, i));
         }
         char geq[256];
         int gin[2];

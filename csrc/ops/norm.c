@@ -39,12 +39,12 @@
 
 #include "ops/broadcast.h"
 #include "ops/op.h"
-
-static const char *nm(const om_node *n) { return n->name ? n->name : ""; }
+#include "ops/op_util.h"
 
 static om_status *bn_geometry(const om_node *n, const om_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
     if (x->rank < 2)
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': X must have rank >= 2 (N, C, ...)", n->op->name, nm(n));
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': X must have rank >= 2 (N, C, ...)", n->op->name,
+                        om_node_name(n));
     *N = x->dims[0];
     *C = x->dims[1];
     *S = 1;
@@ -56,7 +56,7 @@ static om_status *bn_check_vec(const om_node *n, const om_tensor *t, int i, om_d
     if (t->dtype != dt) return om_err_dtype(n, i, t->dtype);
     if (om_tensor_numel(t) != C)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': input %d must have %lld elements (the channels of X)",
-                        n->op->name, nm(n), i, (long long)C);
+                        n->op->name, om_node_name(n), i, (long long)C);
     return NULL;
 }
 
@@ -328,9 +328,9 @@ static om_status *bn_grad_infer_at(om_kernel_ctx *ctx, int o) {
     int64_t N = 0, C = 0, S = 0;
     OM_TRY(om_check_float(n, dy, 0, OM_UNDEFINED));
     if (x->dtype != dy->dtype || !om_shape_equal(dy, x))
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': dY and X differ", n->op->name, nm(n));
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': dY and X differ", n->op->name, om_node_name(n));
     if (o && (ctx->in[1].dtype != dy->dtype || !om_shape_equal(dy, &ctx->in[1])))
-        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': dY and Y differ", n->op->name, nm(n));
+        return om_error(OM_INVALID_ARGUMENT, "%s node '%s': dY and Y differ", n->op->name, om_node_name(n));
     OM_TRY(bn_geometry(n, x, &N, &C, &S));
     const om_dtype pdt = om_norm_param_dtype(x->dtype, &ctx->in[2 + o]);
     for (int i = 2 + o; i < 5 + o; i++) OM_TRY(bn_check_vec(n, &ctx->in[i], i, pdt, C));

@@ -66,8 +66,6 @@ static const char *cell_name(int cell) {
     return om_op_get(cell == CELL_LSTM ? om_op_lstm_id : cell == CELL_GRU ? om_op_gru_id : om_op_rnn_id)->name;
 }
 
-static const char *nm(const om_node *n) { return n && n->name ? n->name : ""; }
-
 static int node_in(const om_node *n, int i) { return i < n->n_in ? n->in[i] : -1; }
 
 /* row-major C (M, N) = alpha op(A) op(B) + beta C, float or double by `f32` */
@@ -160,7 +158,7 @@ static om_status *rnn_cpu(om_kernel_ctx *ctx, int cell) {
          * zeros (B,H) for absent initial states, GRU's recurrent product (B,GH) */
         const int64_t need = (Sg ? 0 : nT * B * GH) + (Ss ? 0 : nT * B * H) + (Y ? 0 : nT * B * H) + B * H + B * GH;
         T *scratch = calloc((size_t)(need > 0 ? need : 1), sizeof(T));
-        if (!scratch) return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", n->op->name, nm(n));
+        if (!scratch) return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", n->op->name, om_node_name(n));
         T *p = scratch;
         T *gates_tmp = Sg ? NULL : p; p += Sg ? 0 : nT * B * GH;
         T *state_tmp = Ss ? NULL : p; p += Ss ? 0 : nT * B * H;
@@ -371,7 +369,7 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
          * dh_next, dc_next, dh, zeros (B,H) each; GRU without linear_before_reset: d(r*hprev) (B,H) */
         const int64_t need = 2 * nT * B * GH + 5 * B * H;
         T *scratch = calloc((size_t)(need > 0 ? need : 1), sizeof(T));
-        if (!scratch) return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", n->op->name, nm(n));
+        if (!scratch) return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", n->op->name, om_node_name(n));
         T *dG = scratch, *dGR = cell == CELL_GRU ? scratch + nT * B * GH : dG;
         T *dhn = scratch + 2 * nT * B * GH, *dcn = dhn + B * H, *dh = dcn + B * H, *zeros = dh + B * H;
         T *drh = zeros + B * H;

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 
 #include "ops/op.h"
+#include "ops/op_util.h"
 
 #define SCAN_ARITH(dt, node, i, ...)                                            \
     switch (dt) {                                                               \
@@ -38,14 +39,6 @@
     case OM_I64: { typedef int64_t T; __VA_ARGS__; } break;                     \
     default: return om_err_dtype((node), (i), (dt));                            \
     }
-
-static const char *nm(const om_node *n) { return n && n->name ? n->name : ""; }
-
-static int is_int(om_dtype dt) { return dt == OM_I64 || dt == OM_I32; }
-
-static int64_t int_at(const om_tensor *t, int64_t i) {
-    return t->dtype == OM_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
-}
 
 static int64_t dims_prod(const int64_t *d, int from, int to) {
     int64_t p = 1;
@@ -58,12 +51,13 @@ static int64_t dims_prod(const int64_t *d, int from, int to) {
 /* The axis input: a scalar (or 1-element) int tensor; needs data (always there at run time). */
 static om_status *cumsum_axis(const om_kernel_ctx *ctx, int *axis) {
     const om_tensor *a = &ctx->in[1], *x = &ctx->in[0];
-    if (!is_int(a->dtype)) return om_err_dtype(ctx->node, 1, a->dtype);
+    if (!om_is_index_dtype(a->dtype)) return om_err_dtype(ctx->node, 1, a->dtype);
     if (om_tensor_numel(a) != 1)
-        return om_error(OM_INVALID_ARGUMENT, "CumSum node '%s': axis must be a scalar", nm(ctx->node));
+        return om_error(OM_INVALID_ARGUMENT, "CumSum node '%s': axis must be a scalar", om_node_name(ctx->node));
     if (!a->data)
-        return om_error(OM_INVALID_ARGUMENT, "CumSum node '%s': axis must be known at plan time", nm(ctx->node));
-    return om_norm_axis(ctx->node, int_at(a, 0), x->rank, axis);
+        return om_error(OM_INVALID_ARGUMENT, "CumSum node '%s': axis must be known at plan time",
+                        om_node_name(ctx->node));
+    return om_norm_axis(ctx->node, om_index_at(a, 0), x->rank, axis);
 }
 
 static int small_int(om_dtype dt) { return dt == OM_BOOL || dt == OM_U8 || dt == OM_I8; }
@@ -75,10 +69,11 @@ static om_dtype cumsum_dtype(const om_graph *g, const om_node *n, int out_index)
 
 static om_status *cumsum_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0];
-    if (x->rank < 1) return om_error(OM_INVALID_ARGUMENT, "CumSum node '%s': x must have rank >= 1", nm(ctx->node));
-    if (!om_dtype_is_float(x->dtype) && !is_int(x->dtype) && !small_int(x->dtype))
+    if (x->rank < 1) return om_error(OM_INVALID_ARGUMENT, "CumSum node '%s': x must have rank >= 1",
+                                     om_node_name(ctx->node));
+    if (!om_dtype_is_float(x->dtype) && !om_is_index_dtype(x->dtype) && !small_int(x->dtype))
         return om_err_dtype(ctx->node, 0, x->dtype);
-    if (!is_int(ctx->in[1].dtype)) return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);
+    if (!om_is_index_dtype(ctx->in[1].dtype)) return om_err_dtype(ctx->node, 1, ctx->in[1].dtype);
     if (ctx->in[1].data) {
         int axis;
         OM_TRY(cumsum_axis(ctx, &axis));
@@ -116,7 +111,7 @@ static om_status *cumsum_cpu(om_kernel_ctx *ctx) {
         const T *xp = x->data;
         T *yp = ctx->out[0].data;
         T *acc = calloc((size_t)(inner ? inner : 1), sizeof(T));
-        if (!acc) return om_error(OM_OUT_OF_MEMORY, "CumSum node '%s': out of memory", nm(ctx->node));
+        if (!acc) return om_error(OM_OUT_OF_MEMORY, "CumSum node '%s': out of memory", om_node_name(ctx->node));
         for (int64_t o = 0; o < outer; o++) {
             memset(acc, 0, (size_t)inner * sizeof(T));
             for (int64_t s = 0; s < N; s++) {
@@ -163,10 +158,10 @@ typedef struct walk {
 } walk;
 
 static om_status *walk_init(const om_node *n, const om_tensor *data_like, const om_tensor *ind, walk *w) {
-    if (!is_int(ind->dtype)) return om_err_dtype(n, 1, ind->dtype);
+    if (!om_is_index_dtype(ind->dtype)) return om_err_dtype(n, 1, ind->dtype);
     if (ind->rank != data_like->rank || data_like->rank < 1)
         return om_error(OM_INVALID_ARGUMENT, "%s node '%s': indices (rank %d) must have the rank of data (rank %d >= 1)",
-                        n->op->name, nm(n), ind->rank, data_like->rank);
+                        n->op->name, om_node_name(n), ind->rank, data_like->rank);
     int axis;
     OM_TRY(om_norm_axis(n, om_attr_int(n, "axis", 0), data_like->rank, &axis));
     w->rank = ind->rank;
@@ -177,16 +172,16 @@ static om_status *walk_init(const om_node *n, const om_tensor *data_like, const 
     for (int i = w->rank - 1; i >= 0; i--) {
         if (i != axis && ind->dims[i] > data_like->dims[i])
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': indices dim %d (%lld) exceeds data's (%lld)",
-                            n->op->name, nm(n), i, (long long)ind->dims[i], (long long)data_like->dims[i]);
+                            n->op->name, om_node_name(n), i, (long long)ind->dims[i], (long long)data_like->dims[i]);
         w->idims[i] = ind->dims[i];
         w->dstride[i] = s;
         s *= data_like->dims[i];
     }
     for (int64_t p = 0; p < w->K; p++) {
-        int64_t v = int_at(ind, p);
+        int64_t v = om_index_at(ind, p);
         if (v < -w->N || v >= w->N)
             return om_error(OM_RUNTIME, "%s node '%s': index %lld (at position %lld) is out of range for axis %d of size %lld",
-                            n->op->name, nm(n), (long long)v, (long long)p, axis, (long long)w->N);
+                            n->op->name, om_node_name(n), (long long)v, (long long)p, axis, (long long)w->N);
     }
     return NULL;
 }
@@ -205,7 +200,7 @@ static om_status *check_known_indices(const om_node *n, const om_tensor *data_li
     do {                                                                                \
         int64_t coord_[OM_MAX_RANK] = {0}, base_ = 0;                                   \
         for (int64_t p = 0; p < (w).K; p++) {                                           \
-            int64_t iv_ = int_at((ind), p);                                             \
+            int64_t iv_ = om_index_at((ind), p);                                             \
             if (iv_ < 0) iv_ += (w).N;                                                  \
             const int64_t off = base_ + iv_ * (w).dstride[(w).axis];                    \
             BODY;                                                                       \
@@ -231,10 +226,10 @@ static om_status *check_known_indices(const om_node *n, const om_tensor *data_li
 
 static om_status *gather_elements_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0], *ind = &ctx->in[1];
-    if (!is_int(ind->dtype)) return om_err_dtype(ctx->node, 1, ind->dtype);
+    if (!om_is_index_dtype(ind->dtype)) return om_err_dtype(ctx->node, 1, ind->dtype);
     if (ind->rank != x->rank || x->rank < 1)
         return om_error(OM_INVALID_ARGUMENT, "GatherElements node '%s': indices (rank %d) must have the rank of data "
-                        "(rank %d >= 1)", nm(ctx->node), ind->rank, x->rank);
+                        "(rank %d >= 1)", om_node_name(ctx->node), ind->rank, x->rank);
     int axis;
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, &axis));
     OM_TRY(check_known_indices(ctx->node, x, ind));
@@ -275,18 +270,19 @@ static om_status *gather_elements_grad(om_grad_ctx *c) {
 static om_status *gather_elements_grad_infer(om_kernel_ctx *ctx) {
     const om_tensor *shp = &ctx->in[1];
     OM_TRY(om_check_float(ctx->node, &ctx->in[0], 0, OM_UNDEFINED));
-    if (!is_int(shp->dtype)) return om_err_dtype(ctx->node, 1, shp->dtype);
+    if (!om_is_index_dtype(shp->dtype)) return om_err_dtype(ctx->node, 1, shp->dtype);
     if (!shp->data)
         return om_error(OM_INVALID_ARGUMENT, "GatherElementsGrad node '%s': the shape must be known at plan time",
-                        nm(ctx->node));
+                        om_node_name(ctx->node));
     const int64_t k = om_tensor_numel(shp);
     if (k > OM_MAX_RANK)
-        return om_error(OM_INVALID_ARGUMENT, "GatherElementsGrad node '%s': rank %lld exceeds %d", nm(ctx->node),
+        return om_error(OM_INVALID_ARGUMENT, "GatherElementsGrad node '%s': rank %lld exceeds %d",
+                        om_node_name(ctx->node),
                         (long long)k, OM_MAX_RANK);
     om_tensor *o = &ctx->out[0];
     o->dtype = ctx->in[0].dtype;
     o->rank = (int)k;
-    for (int64_t i = 0; i < k; i++) o->dims[i] = int_at(shp, i);
+    for (int64_t i = 0; i < k; i++) o->dims[i] = om_index_at(shp, i);
     return om_check_shape_data(ctx->node, 1, o->dims, o->rank, o->dtype);
 }
 
@@ -307,25 +303,18 @@ static om_status *gather_elements_grad_cpu(om_kernel_ctx *ctx) {
 
 /* ---- ScatterElements ----------------------------------------------------------------- */
 
-static int scatter_reduction(const om_node *n) {
-    const char *r = om_attr_string(n, "reduction", "none");
-    if (strcmp(r, "none") == 0) return 0;
-    if (strcmp(r, "add") == 0) return 1;
-    return -1;
-}
-
 static om_status *scatter_elements_infer(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0], *ind = &ctx->in[1], *u = &ctx->in[2];
-    if (scatter_reduction(ctx->node) < 0)
+    if (om_scatter_reduction(ctx->node) < 0)
         return om_err_unsupported(ctx->node, "reduction other than none or add");
-    if (!is_int(ind->dtype)) return om_err_dtype(ctx->node, 1, ind->dtype);
+    if (!om_is_index_dtype(ind->dtype)) return om_err_dtype(ctx->node, 1, ind->dtype);
     if (u->dtype != x->dtype) return om_err_dtype(ctx->node, 2, u->dtype);
     if (!om_shape_equal(ind, u))
         return om_error(OM_INVALID_ARGUMENT, "ScatterElements node '%s': updates must have the shape of indices",
-                        nm(ctx->node));
+                        om_node_name(ctx->node));
     if (ind->rank != x->rank || x->rank < 1)
         return om_error(OM_INVALID_ARGUMENT, "ScatterElements node '%s': indices (rank %d) must have the rank of data "
-                        "(rank %d >= 1)", nm(ctx->node), ind->rank, x->rank);
+                        "(rank %d >= 1)", om_node_name(ctx->node), ind->rank, x->rank);
     int axis;
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, &axis));
     OM_TRY(check_known_indices(ctx->node, x, ind));
@@ -337,7 +326,7 @@ static om_status *scatter_elements_infer(om_kernel_ctx *ctx) {
 static om_status *scatter_elements_cpu(om_kernel_ctx *ctx) {
     const om_tensor *x = &ctx->in[0], *ind = &ctx->in[1], *u = &ctx->in[2];
     om_tensor *y = &ctx->out[0];
-    const int red = scatter_reduction(ctx->node);
+    const int red = om_scatter_reduction(ctx->node);
     if (red < 0) return om_err_unsupported(ctx->node, "reduction other than none or add");
     walk w;
     OM_TRY(walk_init(ctx->node, x, ind, &w));
@@ -362,7 +351,7 @@ static om_status *scatter_elements_grad(om_grad_ctx *c) {
     const om_node *n = &c->g->nodes[c->node];
     const int dy = c->dy[0];
     if (dy < 0) return NULL;
-    const int red = scatter_reduction(n);
+    const int red = om_scatter_reduction(n);
     const int64_t axis = om_attr_int(n, "axis", 0);
     const int ind = n->in[1], upd = n->in[2];   /* n dangles once a node is emitted */
     if (c->need_dx[2]) {
@@ -376,14 +365,7 @@ static om_status *scatter_elements_grad(om_grad_ctx *c) {
         if (red == 1) {
             c->dx[0] = dy;
         } else {
-            /* the positions written by updates did not reach the output: zero them in dy */
-            const om_dtype dt = c->g->values[dy].dtype;
-            int zero = om_emit_scalar(c, dt, 0.0);
-            int shp = zero < 0 ? -1 : om_emit_shape(c, upd);
-            int zeros = shp < 0 ? -1 : om_emit2(c, om_op_expand_id, zero, shp);
-            if (zeros < 0) return NULL;
-            int in[3] = {dy, ind, zeros};
-            int dx = om_emit(c, om_op_scatter_elements_id, in, 3);
+            int dx = om_emit_scatter_blanked(c, om_op_scatter_elements_id, dy, ind, upd);
             if (dx < 0) return NULL;
             om_emit_attr_int(c, "axis", axis);
             c->dx[0] = dx;

@@ -54,18 +54,11 @@ static void set_out(om_tensor *o, om_dtype dt, int rank, const int64_t *dims) {
     for (int i = 0; i < rank; i++) o->dims[i] = dims[i];
 }
 
-static int is_int(om_dtype dt) { return dt == OM_I64 || dt == OM_I32; }
-
-/* Element i of an int64 or int32 tensor. */
-static int64_t int_at(const om_tensor *t, int64_t i) {
-    return t->dtype == OM_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
-}
-
 /* Checks that integer input i (what) has data (known at plan time); *n = element count. */
 static om_status *known_ints(const om_kernel_ctx *ctx, int i, const char *what, int64_t *n) {
     const om_tensor *t = &ctx->in[i];
     *n = 0;
-    if (!is_int(t->dtype)) return om_err_dtype(ctx->node, i, t->dtype);
+    if (!om_is_index_dtype(t->dtype)) return om_err_dtype(ctx->node, i, t->dtype);
     *n = om_tensor_numel(t);
     if (!t->data && *n > 0)
         return om_node_error(ctx->node, OM_UNSUPPORTED_OP,
@@ -82,7 +75,7 @@ static om_status *read_axes(const om_kernel_ctx *ctx, int input, int64_t *axes, 
         int64_t k;
         OM_TRY(known_ints(ctx, input, "axes", &k));
         if (k > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "%lld axes given", (long long)k);
-        for (int64_t i = 0; i < k; i++) axes[i] = int_at(&ctx->in[input], i);
+        for (int64_t i = 0; i < k; i++) axes[i] = om_index_at(&ctx->in[input], i);
         *count = (int)k;
         return NULL;
     }
@@ -267,7 +260,7 @@ static om_status *constant_of_shape_infer(om_kernel_ctx *ctx) {
     if (k > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
     int64_t d[OM_MAX_RANK];
     for (int64_t i = 0; i < k; i++) {
-        d[i] = int_at(&ctx->in[0], i);
+        d[i] = om_index_at(&ctx->in[0], i);
         if (d[i] < 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "negative dim %lld in shape", (long long)d[i]);
     }
     const om_attr *a = om_attr_find(ctx->node, "value");
@@ -300,7 +293,7 @@ static om_status *reshape_infer(om_kernel_ctx *ctx) {
     int64_t d[OM_MAX_RANK], known = 1;
     int unknown = -1;
     for (int i = 0; i < (int)k; i++) {
-        int64_t v = int_at(s, i);
+        int64_t v = om_index_at(s, i);
         if (v == 0 && !allowzero) {
             if (i >= x->rank)
                 return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "shape[%d] = 0 copies a dim the rank-%d input lacks", i, x->rank);
@@ -591,7 +584,7 @@ static om_status *transpose_grad(om_grad_ctx *c) {
 static om_status *check_indices(const om_node *node, const om_tensor *ind, int64_t N, int axis) {
     const int64_t k = om_tensor_numel(ind);
     for (int64_t i = 0; i < k; i++) {
-        int64_t v = int_at(ind, i);
+        int64_t v = om_index_at(ind, i);
         if (v < -N || v >= N)
             return om_node_error(node, OM_RUNTIME, "index %lld (at position %lld) is out of range for axis %d of size %lld",
                               (long long)v, (long long)i, axis, (long long)N);
@@ -604,7 +597,7 @@ static om_status *gather_infer(om_kernel_ctx *ctx) {
     int axis;
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), x->rank, &axis));
     if (x->rank == 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "data must have rank >= 1");
-    if (!is_int(ind->dtype)) return om_err_dtype(ctx->node, 1, ind->dtype);
+    if (!om_is_index_dtype(ind->dtype)) return om_err_dtype(ctx->node, 1, ind->dtype);
     int R = x->rank - 1 + ind->rank;
     if (R > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %d exceeds %d", R, OM_MAX_RANK);
     int64_t d[OM_MAX_RANK];
@@ -632,7 +625,7 @@ static om_status *gather_cpu(om_kernel_ctx *ctx) {
     char *yp = ctx->out[0].data;
     for (int64_t o = 0; o < outer; o++)
         for (int64_t k = 0; k < K; k++) {
-            int64_t i = int_at(ind, k);
+            int64_t i = om_index_at(ind, k);
             if (i < 0) i += N;
             memcpy(yp + (o * K + k) * (int64_t)row, xp + (o * N + i) * (int64_t)row, row);
         }
@@ -662,7 +655,7 @@ static om_status *infer_from_shape_input(om_kernel_ctx *ctx, int i, om_tensor *o
     if (k > OM_MAX_RANK) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "rank %lld exceeds %d", (long long)k, OM_MAX_RANK);
     int64_t d[OM_MAX_RANK];
     for (int64_t j = 0; j < k; j++) {
-        d[j] = int_at(&ctx->in[i], j);
+        d[j] = om_index_at(&ctx->in[i], j);
         if (d[j] < 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "negative dim in shape input %d", i);
     }
     OM_TRY(om_check_shape_data(ctx->node, i, d, (int)k, dt));
@@ -695,7 +688,7 @@ typedef struct gg_args {
             memset(dxp + r * inner + j0, 0, (size_t)(j1 - j0) * sizeof(T));                   \
         for (int64_t o = 0; o < c->outer; o++)                                                \
             for (int64_t k = 0; k < K; k++) {                                                 \
-                int64_t i = int_at(c->ind, k);                                                \
+                int64_t i = om_index_at(c->ind, k);                                                \
                 if (i < 0) i += N;                                                            \
                 T *restrict d = dxp + (o * N + i) * inner;                                    \
                 const T *restrict s = dyp + (o * K + k) * inner;                              \
@@ -711,7 +704,7 @@ static om_status *gather_grad_cpu(om_kernel_ctx *ctx) {
     om_tensor *dx = &ctx->out[0];
     int axis;
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), dx->rank, &axis));
-    if (!is_int(ind->dtype)) return om_err_dtype(ctx->node, 2, ind->dtype);
+    if (!om_is_index_dtype(ind->dtype)) return om_err_dtype(ctx->node, 2, ind->dtype);
     const int64_t N = dx->dims[axis], K = om_tensor_numel(ind);
     const int64_t outer = dims_prod(dx->dims, 0, axis), inner = dims_prod(dx->dims, axis + 1, dx->rank);
     OM_TRY(check_indices(ctx->node, ind, N, axis));
@@ -824,7 +817,7 @@ static om_status *concat_grad_cpu(om_kernel_ctx *ctx) {
     OM_TRY(concat_grad_index(ctx, &index));
     OM_TRY(om_norm_axis(ctx->node, om_attr_int(ctx->node, "axis", 0), dy->rank, &axis));
     int64_t before = 0;   /* rows of dy along axis that belong to earlier inputs */
-    for (int i = 0; i < index; i++) before += int_at(&ctx->in[1 + i], axis);
+    for (int i = 0; i < index; i++) before += om_index_at(&ctx->in[1 + i], axis);
     const int64_t inner_bytes = dims_prod(dy->dims, axis + 1, dy->rank) * (int64_t)om_dtype_size(dy->dtype);
     const int64_t outer = dims_prod(dy->dims, 0, axis);
     const int64_t chunk = dx->dims[axis] * inner_bytes, stride = dy->dims[axis] * inner_bytes;
@@ -865,12 +858,12 @@ static om_status *slice_params_get(const om_kernel_ctx *ctx, int first, int rank
     int seen[OM_MAX_RANK] = {0};
     for (int64_t i = 0; i < ns; i++) {
         int a;
-        OM_TRY(om_norm_axis(ctx->node, has_axes ? int_at(&ctx->in[first + 2], i) : i, rank, &a));
+        OM_TRY(om_norm_axis(ctx->node, has_axes ? om_index_at(&ctx->in[first + 2], i) : i, rank, &a));
         if (seen[a]) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "axis %d repeated", a);
         seen[a] = 1;
-        const int64_t step = has_steps ? int_at(&ctx->in[first + 3], i) : 1, d = dims[a];
+        const int64_t step = has_steps ? om_index_at(&ctx->in[first + 3], i) : 1, d = dims[a];
         if (step == 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "step 0 on axis %d", a);
-        int64_t s = int_at(&ctx->in[first], i), e = int_at(&ctx->in[first + 1], i);
+        int64_t s = om_index_at(&ctx->in[first], i), e = om_index_at(&ctx->in[first + 1], i);
         sp->count[a] = om_slice_axis(s, e, step, d, &sp->start[a]);
         /* a step that takes at most one element is never taken: as 1, no stride is ever
          * step * (bytes per index), which overflows for a step of INT64_MAX */
@@ -977,7 +970,7 @@ static om_status *expand_infer(om_kernel_ctx *ctx) {
     int64_t d[OM_MAX_RANK];
     for (int i = 0; i < R; i++) {
         int ix = i - (R - x->rank), is = i - (R - (int)k);
-        int64_t a = ix >= 0 ? x->dims[ix] : 1, b = is >= 0 ? int_at(s, is) : 1;
+        int64_t a = ix >= 0 ? x->dims[ix] : 1, b = is >= 0 ? om_index_at(s, is) : 1;
         if (a == b || b == 1) d[i] = a;
         else if (a == 1) d[i] = b;
         else
@@ -1058,8 +1051,8 @@ static om_status *range_count(const om_kernel_ctx *ctx, int64_t *n) {
             return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "start, limit and delta must be finite, delta nonzero");
         double c = ceil((l - s) / d);
         *n = c > 0 ? (int64_t)c : 0;
-    } else if (is_int(dt)) {
-        int64_t s = int_at(&ctx->in[0], 0), l = int_at(&ctx->in[1], 0), d = int_at(&ctx->in[2], 0);
+    } else if (om_is_index_dtype(dt)) {
+        int64_t s = om_index_at(&ctx->in[0], 0), l = om_index_at(&ctx->in[1], 0), d = om_index_at(&ctx->in[2], 0);
         if (d == 0) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "delta is 0");
         int64_t diff = l - s;
         *n = d > 0 ? (diff > 0 ? (diff + d - 1) / d : 0) : (diff < 0 ? (-diff - d - 1) / -d : 0);
@@ -1115,7 +1108,7 @@ static om_status *split_sizes(const om_kernel_ctx *ctx, int split_input, int64_t
         int64_t k;
         OM_TRY(known_ints(ctx, split_input, "split", &k));
         if (k != n) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "split has %lld entries for %d outputs", (long long)k, n);
-        for (int j = 0; j < n; j++) sizes[j] = int_at(&ctx->in[split_input], j);
+        for (int j = 0; j < n; j++) sizes[j] = om_index_at(&ctx->in[split_input], j);
     } else if ((na = om_attr_ints(ctx->node, "split", &av)) >= 0) {
         if (na != n) return om_node_error(ctx->node, OM_INVALID_ARGUMENT, "split has %d entries for %d outputs", na, n);
         for (int j = 0; j < n; j++) sizes[j] = av[j];

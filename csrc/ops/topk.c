@@ -29,14 +29,13 @@
 
 #include "core/threadpool.h"
 #include "ops/op.h"
+#include "ops/op_util.h"
 #include "ops/sort_order.h"
 
 OM_SORT_ORDER_DEFINE(f32, float, static inline)
 OM_SORT_ORDER_DEFINE(f64, double, static inline)
 OM_SORT_ORDER_DEFINE(i32, int32_t, static inline)
 OM_SORT_ORDER_DEFINE(i64, int64_t, static inline)
-
-static const char *nm(const om_node *n) { return n && n->name ? n->name : "?"; }
 
 /* The axis, and K (TopK) or the axis size (Sort). */
 static om_status *select_geometry(const om_kernel_ctx *ctx, int *axis, int64_t *k) {
@@ -181,11 +180,12 @@ static om_status *select_cpu(om_kernel_ctx *ctx) {
     void *values_scratch = NULL;
     if (!j.values) {   /* only Indices wanted (argsort): the values still need somewhere to go */
         values_scratch = j.values = malloc((size_t)(rows * k) * om_dtype_size(x->dtype));
-        if (!values_scratch) return om_error(OM_OUT_OF_MEMORY, "out of memory in %s", nm(n));
+        if (!values_scratch) return om_error(OM_OUT_OF_MEMORY, "out of memory in %s", om_node_name(n));
     }
     om_pool_for(rows, OM_GRAIN / (j.n > 0 ? j.n : 1) + 1, select_range, &j);
     free(values_scratch);
-    if (j.failed) return om_error(OM_OUT_OF_MEMORY, "out of memory for a row of %lld in %s", (long long)j.n, nm(n));
+    if (j.failed) return om_error(OM_OUT_OF_MEMORY, "out of memory for a row of %lld in %s", (long long)j.n,
+                                  om_node_name(n));
     return NULL;
 }
 
@@ -200,7 +200,7 @@ static om_status *select_grad(om_grad_ctx *c) {
     const int64_t axis = om_attr_int(n, "axis", -1);
     if (ind < 0)
         return om_grad_fail(c, om_error(OM_UNSUPPORTED_OP, "%s node '%s': the gradient needs the Indices output",
-                                        n->op->name, nm(n)));
+                                        n->op->name, om_node_name(n)));
     int shp = om_emit_shape(c, x);
     if (shp < 0) return NULL;
     int in[3] = {dy, shp, ind};

@@ -40,33 +40,6 @@ void om_runner_params_init(om_runner_params *p) {
     p->engine_log_level = OM_LOG_WARNING;
 }
 
-void rn_print(const om_runner *r, const char *fmt, ...) {
-    char buf[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (r->p.print) r->p.print(r->p.print_user, OM_LOG_INFO, buf);
-    else {
-        fputs(buf, stdout);
-        fputc('\n', stdout);
-        fflush(stdout);
-    }
-}
-
-void rn_warn(const om_runner *r, const char *fmt, ...) {
-    char buf[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (r->p.print) r->p.print(r->p.print_user, OM_LOG_WARNING, buf);
-    else {
-        fflush(stdout);
-        fprintf(stderr, "ortmod-train: warning: %s\n", buf);
-    }
-}
-
 static void engine_log(void *user, om_log_level level, const char *msg) {
     rn_print((const om_runner *)user, "engine: %s", msg);
 }

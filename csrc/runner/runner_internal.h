@@ -182,7 +182,10 @@ struct om_runner {
     rn_events events;
 };
 
+/* runner_log.c. A progress line: to params.print (OM_LOG_INFO) when set, else stdout. */
 void rn_print(const om_runner *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A warning: to params.print (OM_LOG_WARNING) when set, else "ortmod-train: warning: ..." on stderr. */
+void rn_warn(const om_runner *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* runner_model.c */
 om_status *rn_model_load(om_runner *r);          /* reads + unpacks the model, picks the weights */
@@ -202,7 +205,4 @@ om_status *rn_checkpoint_resume(om_runner *r);
  * not fit this run (another model, another optimizer). r is changed only on success. */
 om_status *rn_checkpoint_load_buffer(om_runner *r, const char *path, const uint8_t *buf, size_t n,
                                      int64_t expect_update, int *damaged);
-/* A warning: to params.print (OM_LOG_WARNING) when set, else "ortmod-train: warning: ..." on stderr. */
-void rn_warn(const om_runner *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
 #endif
