@@ -1,6 +1,6 @@
 """FSDP2 (torch.distributed.fsdp.fully_shard) is refused by name in either order of wrapping,
 never run on DTensor shards or with FSDP's hooks half applied. (Why, and the design that would
-support it: README, "FSDP2".) A world of one process over gloo: fully_shard needs a process
+support it: docs/status.md, "FSDP2".) A world of one process over gloo: fully_shard needs a process
 group, the refusal needs no collective."""
 import os
 import socket
