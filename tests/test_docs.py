@@ -3,9 +3,10 @@
 - README.md is the user's page: at most 300 lines; the rest lives in docs/.
 - Every relative link in README.md and docs/*.md resolves: the file exists and, for a link with
   a fragment, the target markdown has a heading with that anchor (GitHub's slugs).
-- docs/recipes.md and docs/design.md name real things: every path in backquotes exists, every
-  "`name` in `path`" is found in that file, every other name in backquotes is found in the
-  sources. A rename in the code breaks this test until the docs follow it.
+- docs/recipes.md, docs/design.md and README.md name real things: every path in backquotes exists,
+  every "`name` in `path`" is found in that file, every other name in backquotes is found in the
+  sources. A rename in the code breaks this test until the docs follow it. The other docs pages:
+  every path they name exists.
 - Nothing cites a design document outside the repository.
 Read from the files: no build needed."""
 import glob
@@ -95,6 +96,19 @@ def source_text():
     return _sources
 
 
+_source_words = None
+
+
+def in_sources(name):
+    """found(name, source_text()), with the sources' words as a set (one pass, not one search a name)."""
+    global _source_words
+    if not IDENT.match(name):
+        return name in source_text()
+    if _source_words is None:
+        _source_words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", source_text()))
+    return IDENT.match(name).group(1) in _source_words
+
+
 def found(name, text):
     if IDENT.match(name):
         return re.search(r"(?<![A-Za-z0-9_])" + re.escape(IDENT.match(name).group(1)) + r"(?![A-Za-z0-9_])",
@@ -102,15 +116,30 @@ def found(name, text):
     return name in text
 
 
+_tracked = None
+
+
+def tracked_files():
+    global _tracked
+    if _tracked is None:
+        _tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                                  check=True).stdout.split()
+    return _tracked
+
+
+def tracked_basenames():
+    return {os.path.basename(f) for f in tracked_files()}
+
+
 def path_exists(p):
     p = p.rstrip("/")
     return p in BUILD_OUTPUTS or os.path.exists(os.path.join(ROOT, p))
 
 
-def unheld_names(text):
-    """What a page names in backquotes that the code does not have."""
+def unheld_names(text, names=True):
+    """What a page names in backquotes that the code does not have (names=False: its paths only)."""
     problems = []
-    for name, where in PAIR.findall(text):
+    for name, where in PAIR.findall(text) if names else ():
         if "<" in name or "<" in where or not PATHLIKE.match(where) or "/" not in where:
             continue
         if not path_exists(where):
@@ -129,9 +158,9 @@ def unheld_names(text):
                 if PATHLIKE.match(tok) and tok.startswith(TOP_DIRS) and "*" not in tok and not path_exists(tok):
                     problems.append(f"`{tok}` (in `{span}`) does not exist")
         elif re.match(r"^[\w\-]+\.(py|c|h|cu|cuh|md|sh)$", span):   # a file named without its directory
-            if not glob.glob(os.path.join(ROOT, "**", span), recursive=True):
+            if span not in tracked_basenames():
                 problems.append(f"no file named `{span}`")
-        elif IDENT.match(span) and not found(span, source_text()):
+        elif names and IDENT.match(span) and not in_sources(span):
             problems.append(f"`{span}` is not in the sources")
     return problems
 
@@ -149,6 +178,17 @@ def test_relative_links_resolve(path):
 @pytest.mark.parametrize("page", HELD)
 def test_every_name_a_page_gives_is_in_the_code(page):
     assert unheld_names(read(os.path.join(DOCS, page))) == []
+
+
+def test_every_name_the_readme_gives_is_in_the_code():
+    assert unheld_names(read(README)) == []
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_path_a_page_names_exists(path):
+    """The other pages also name torch's, numpy's or ONNX Runtime's functions, which are not ours
+    to find: for them only the repository's paths are held."""
+    assert unheld_names(read(path), names=False) == []
 
 
 def test_each_recipe_has_its_files():
@@ -177,9 +217,8 @@ def test_the_checks_catch_a_rename():
 
 
 def test_no_file_cites_a_design_document_outside_the_repository():
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     citing = []
-    for rel in tracked:
+    for rel in tracked_files():
         if rel == "tests/test_docs.py" or not rel.endswith(SOURCE_EXTS + (".md", ".txt", ".toml")):
             continue
         text = read(os.path.join(ROOT, rel)) if os.path.isfile(os.path.join(ROOT, rel)) else ""
