@@ -170,6 +170,17 @@ def test_readme_is_the_users_page():
     assert n <= 300, f"README.md has {n} lines (at most 300: the rest goes to docs/)"
 
 
+def test_the_status_table_has_one_line_cells():
+    """The README's status table says a feature's state in a line; docs/status.md has the rest."""
+    text = read(README)
+    section = text[text.index("\n## Status"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| feature")]
+    assert len(rows) >= 10, "the status table went missing"
+    long = [cell for row in rows for cell in row.strip("|").split(" | ") if len(cell.strip()) > 200]
+    assert long == [], f"status cells over 200 characters (move the detail to docs/status.md): {long}"
+
+
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: os.path.relpath(p, ROOT))
 def test_relative_links_resolve(path):
     assert broken_links(path) == []
