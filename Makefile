@@ -88,7 +88,7 @@ test-deepspeed: setup
 test-wheel: apt
 	timeout 1800 bash tests/wheel/check.sh
 
-# ---- the torch release matrix (README "Torch releases"): pyproject.toml declares exactly these ----
+# ---- the torch release matrix (docs/build.md, "The torch release matrix"): pyproject.toml declares exactly these ----
 # make test-torch TORCH=2.14.1: the whole suite on that release; make test-compat TORCH=2.11.0: the
 # compat job (capture paths, semantics, the fast conformance subset, the model zoo). Each release gets
 # its own venv, .venv-torch-$(TORCH) (TORCH_VENV= to put it elsewhere), installed the light way: PyPI's

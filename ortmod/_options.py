@@ -18,14 +18,14 @@ Changing ``os.environ`` after the first read changes nothing until ``ortmod.opti
 Where a DebugOptions field or an API argument exists, it wins over the variable, except
 ORTMODULE_LOG_LEVEL, which (as in ONNX Runtime) overrides DebugOptions.log_level.
 
-Threads (three knobs; the precedence is documented here and in the README's table): the engine's
+Threads (three knobs; the precedence is documented here and in docs/options.md): the engine's
 pool runs torch.get_num_threads() threads under ORTModule (set before each call, so torch,
 BLAS and the engine share one count; torch itself reads OMP_NUM_THREADS); elsewhere (``_C``
 alone, ``ortmod-train``) it runs ``num_threads`` (OMP_NUM_THREADS), else one per CPU.
 ``optim_num_threads`` (ORTMOD_NUM_THREADS) only caps the optimizer kernels below that, and
 ``threads`` (ORTMOD_THREADS=torch) runs the same work on torch's OpenMP team instead.
 
-The README's table and tests/test_options.py check this file, the engine's and the docs agree.
+docs/options.md's table and tests/test_options.py check this file, the engine's and the docs agree.
 """
 import contextlib
 import os

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Regenerate README.md's supported-ops and model-families tables from the engine's op table.
+"""Regenerate docs/models.md's supported-ops and model-families tables from the engine's op table.
 
-    python scripts/gen_ops_table.py          # rewrite README.md in place
-    python scripts/gen_ops_table.py --check  # exit 1 if README.md is out of date
+    python scripts/gen_ops_table.py          # rewrite docs/models.md in place
+    python scripts/gen_ops_table.py --check  # exit 1 if docs/models.md is out of date
 
 The op list comes from the built extension (``ortmod._C.op_table()``: name, domain,
 whether the op has a gradient rule), in table order; which family file defines each op
@@ -16,7 +16,7 @@ convert; the status is computed the same way.
 
 The tables live between ``<!-- ops-table:begin -->`` / ``<!-- ops-table:end -->``,
 ``<!-- model-families:begin -->`` / ``<!-- model-families:end -->`` and
-``<!-- model-zoo:begin -->`` / ``<!-- model-zoo:end -->`` in README.md.
+``<!-- model-zoo:begin -->`` / ``<!-- model-zoo:end -->`` in docs/models.md.
 """
 import argparse
 import ast
@@ -26,7 +26,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+TABLES = os.path.join(ROOT, "docs", "models.md")   # the tables moved here from README.md (issue 36)
 OPS_DIR = os.path.join(ROOT, "csrc", "ops")
 
 # (family, how it is called, test file, ONNX ops its training-mode export uses)
@@ -233,7 +233,7 @@ def replace_between(text, marker, body):
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     i, j = text.find(begin), text.find(end)
     if i < 0 or j < i:
-        raise SystemExit(f"README.md has no {begin} ... {end} section")
+        raise SystemExit(f"docs/models.md has no {begin} ... {end} section")
     return text[:i + len(begin)] + "\n" + body + "\n" + text[j:]
 
 
@@ -246,22 +246,22 @@ def render(readme_text, ops=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if README.md is out of date")
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/models.md is out of date")
     args = ap.parse_args()
-    with open(README) as f:
+    with open(TABLES) as f:
         current = f.read()
     new = render(current)
     if args.check:
         if new != current:
-            print("README.md's generated tables are out of date: run python scripts/gen_ops_table.py")
+            print("docs/models.md's generated tables are out of date: run python scripts/gen_ops_table.py")
             return 1
         return 0
     if new != current:
-        with open(README, "w") as f:
+        with open(TABLES, "w") as f:
             f.write(new)
-        print("README.md updated")
+        print("docs/models.md updated")
     else:
-        print("README.md already up to date")
+        print("docs/models.md already up to date")
     return 0
 
 

@@ -47,7 +47,7 @@ def call_or_xfail(fn):
 
 
 def exported_op_types(ort):
-    """The sorted op types of every export an ORTModule holds (README's model-families
+    """The sorted op types of every export an ORTModule holds (docs/models.md's model-families
     convention: ortmod's own capture ops, StopGradient, unprefixed)."""
     import onnx
     ops = set()

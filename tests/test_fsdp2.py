@@ -5,7 +5,7 @@ weights after five steps (1e-6 of their size) equal; with SGD, AdamW, a paramete
 not divide by the world (uneven shards), gradient accumulation without sync, and two forwards
 before their backwards. The reverse order, fully_shard(ORTModule(model)), and what ortmod does
 not support (mixed precision, CPU offload, DTensor parameters fully_shard did not make) are
-refused by name. (Design: ortmod/_fsdp2.py; README, "FSDP2".)"""
+refused by name. (Design: ortmod/_fsdp2.py; docs/integrations.md, "ORTModule over FSDP2".)"""
 import copy
 import os
 import socket

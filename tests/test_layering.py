@@ -1,4 +1,4 @@
-"""The engine's include layering (DESIGN.md, "The op table"): nothing under csrc/ includes cuda/,
+"""The engine's include layering (docs/design.md, "The rules we keep" and "Devices"): nothing under csrc/ includes cuda/,
 since the engine defines the provider interface (csrc/exec/cuda_provider.h) and the provider
 implements it; and the planner does not reach into the executor (exec/ uses plan/, never back).
 Read from the sources: no build needed."""

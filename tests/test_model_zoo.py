@@ -12,7 +12,7 @@ convert, is an expected failure naming the op, so the zoo stays green and turns 
 check when the op lands. A parity failure is a bug: its entry says what was found and is
 ``xfail(strict=True)``.
 
-``ZOO`` below is plain data (read with ``ast`` by scripts/gen_ops_table.py for README's
+``ZOO`` below is plain data (read with ``ast`` by scripts/gen_ops_table.py for docs/models.md's
 model-zoo table): per architecture, what it is, how it is called, the ONNX ops its
 training-mode export uses (torch 2.13 TorchScript exporter, opset 20; each test checks the
 list against the export), and why it is an expected failure, if it is one.

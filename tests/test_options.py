@@ -1,6 +1,6 @@
 """Configuration in one place (ortmod/_options.py, csrc/include/ortmod_options.h).
 
-The variables the code reads, the README's table and ortmod.options list the same names; one C
+The variables the code reads, docs/options.md's table and ortmod.options list the same names; one C
 file and one Python file read the environment; fields set through the API take effect and are
 validated; bad values in the environment are errors that name the variable."""
 import json
@@ -52,8 +52,8 @@ def names_read_in_code():
 
 
 def readme_table():
-    text = open(os.path.join(ROOT, "README.md")).read()
-    section = text[text.index("## Configuration: every environment variable"):]
+    text = open(os.path.join(ROOT, "docs", "options.md")).read()
+    section = text[text.index("# Configuration: every environment variable"):]
     section = section[:section.index("Read by the tests and the build only")]
     return set(re.findall(r"^\| `" + NAME + r"` \|", section, re.M))
 
@@ -82,7 +82,7 @@ def test_code_readme_and_options_list_the_same_variables():
     # the engine's fields through the binding are the options object's engine fields
     engine = {v.field for v in options.variables if v.reader == "engine"}
     assert set(_C.get_options()) == engine
-    # defaults the README and the object give agree with what the engine starts from
+    # defaults the docs and the object give agree with what the engine starts from
     fresh = run_python("import json; from ortmod import _C; print(json.dumps(_C.get_options()))",
                        {v.name: "" for v in options.variables})
     defaults = json.loads(fresh.stdout.strip().splitlines()[-1])
@@ -90,9 +90,10 @@ def test_code_readme_and_options_list_the_same_variables():
 
 
 def test_test_and_build_variables_are_listed_too():
-    text = open(os.path.join(ROOT, "README.md")).read()
+    text = open(os.path.join(ROOT, "docs", "options.md")).read()
     section = text[text.index("Read by the tests and the build only"):]
-    section = section[:section.index("\n\n", section.index("|"))]
+    end = section.find("\n\n", section.index("|"))     # the table ends the section (or the file)
+    section = section if end < 0 else section[:end]
     listed = set(re.findall(NAME, section))
     read = set()
     for top in ("tests", "scripts"):

@@ -13,7 +13,7 @@
  *
  * The environment is read once, on the first call that needs an option (the first engine, the
  * first parallel kernel, the first CUDA tensor), under a lock: a later setenv() changes nothing
- * until om_options_reload. Each field names its variable below; the README's table lists them
+ * until om_options_reload. Each field names its variable below; docs/options.md's table lists them
  * all. A variable set to a value its field does not take is an error naming the variable, and
  * that error comes back from om_options_get and from every om_engine_create until the field is
  * set (om_options_set) or the environment is fixed and reloaded; meanwhile the field holds its

@@ -112,7 +112,8 @@ typedef struct om_runner_params {
     const char *const *weights_to_train;     int n_weights_to_train;
     const char *const *weights_not_to_train; int n_weights_not_to_train;
 
-    /* mixed precision: the CPU engine computes in fp32; see the README for what is emulated */
+    /* mixed precision: fp32 master weights, the graph computes in the half type (each node's fp32 math
+     * rounded once, as the CUDA kernels do); docs/runner.md */
     int use_mixed_precision;         /* default 0 */
     om_dtype mixed_precision_type;   /* OM_F16 (default) or OM_BF16 */
     float loss_scale;                /* 0 (default): dynamic when fp16, none otherwise; > 0: static */

@@ -1,6 +1,6 @@
 /* gemm_f32.c — float32 GEMMs on AVX-512 FMAs, for where the BLAS runs at half the CPU's width.
  *
- * CPU GEMMs go to BLAS (DESIGN.md). One case is taken here instead: a CPU with AVX-512 whose
+ * CPU GEMMs go to BLAS (docs/design.md, "Performance habits"). One case is taken here instead: a CPU with AVX-512 whose
  * OpenBLAS runs a kernel without it. OpenBLAS picks its kernel per CPU at load, and a machine may
  * pin an older build to its AVX2 kernel (OPENBLAS_CORETYPE=Haswell: 0.3.21's AVX-512 kernels
  * misbehave on some newer CPUs), which then runs at half of what the cores' 512-bit FMAs give.

@@ -19,7 +19,7 @@
  * `static` in its .cu) fails the provider's build. An op without a CUDA kernel is a HOST_OP,
  * with the reason `python scripts/ops.py` prints. Ops are grouped under a comment naming
  * their family (csrc/ops/<family>.c, whose CUDA kernels are in cuda/<family>.cu); the order is
- * the op table's (ortmod._C.op_table(), README's ops table). */
+ * the op table's (ortmod._C.op_table(), docs/models.md's ops table). */
 #ifndef OM_OP_LIST_H
 #define OM_OP_LIST_H
 

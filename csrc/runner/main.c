@@ -114,7 +114,7 @@ static const char usage[] =
     "                               num_train_steps must be a multiple of it\n"
     "  --seed N                     shuffling and random ops such as Dropout (default: 42)\n"
     "\n"
-    "mixed precision (fp32 master weights; the graph computes in the half type; see README)\n"
+    "mixed precision (fp32 master weights; the graph computes in the half type; see docs/runner.md)\n"
     "  --use_mixed_precision        compute forward and backward in fp16 (or bf16)\n"
     "  --mixed_precision_type T     fp16 (default) or bf16\n"
     "  --use_bfloat16               same as --mixed_precision_type bf16\n"
