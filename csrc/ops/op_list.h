@@ -207,6 +207,8 @@
     /* ctc.c */ \
     OP(om_op_ctc_loss, "CTCLoss", "ortmod", ctc_cuda) \
     OP(om_op_ctc_loss_grad, "CTCLossGrad", "ortmod", ctc_grad_cuda) \
+    /* nonzero.c */ \
+    HOST_OP(om_op_nonzero, "NonZero", "", "data-dependent size: the CUDA executor refuses such graphs by name") \
     /* end */
 
 /* The ops cheap enough to run twice and whose results are as large as their inputs: what
