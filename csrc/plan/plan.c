@@ -542,11 +542,6 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     for (int v = 0; v < nv; v++)
         if (share[v] != v) p->offset[v] = p->offset[share[v]];
     if (p->device == OM_CPU && (st = release_schedule(p, iv, n_iv, result, share, nn))) goto fail;
-    if (getenv("OM_DEBUG_PLAN"))
-        for (int v = 0; v < nv; v++)
-            if (p->storage[v] != OM_ST_NONE)
-                fprintf(stderr, "seg %d v%d %s st=%d off=%zu def=%d last=%d share=%d bytes=%zu\n", p->segment, v,
-                        g->values[v].name, p->storage[v], p->offset[v], def[v], last[v], share[v], aligned_bytes(&p->vt[v]));
     p->bytes_of = share;   /* the report names the merges */
     share = NULL;
 

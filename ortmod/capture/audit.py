@@ -442,6 +442,9 @@ _PY_OPS = frozenset({operator.getitem, operator.add, operator.sub, operator.mul,
 # for every argument (or whose dropped arguments _CHECKS refuses)
 REVIEWED = frozenset({
     "getitem", "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int",
+    # data-dependent sizes (issue 37): NonZero + Transpose, the engine's segmented plans (plan/plan.h);
+    # its count is an unbacked symbol, which no guard reads (shape_guard: _free_unbacked)
+    "aten::nonzero", "aten::masked_select",     # ortmod's rule (rules/indexing_onnxscript): GatherND at NonZero
     # ortmod's rule: StopGradient, as ortmod::stop_gradient (what _insert_stop_gradients makes of
     # every other detach)
     "aten::detach",

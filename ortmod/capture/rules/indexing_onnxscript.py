@@ -1,4 +1,4 @@
-"""The torch.export path's rules for scatter_add, index_put, copy: onnxscript functions traced by
+"""The torch.export path's rules for scatter_add, index_put, copy, masked_select: onnxscript functions traced by
 torch's
 exporter where torchlib's translation does not mean what eager training means.
 
@@ -62,7 +62,17 @@ def indexing(op, ir, stop_gradient):
             src = op.Cast(src, to=self.dtype)
         return op.Expand(src, op.Shape(self))
 
+    def masked_select(self: TTensor, mask: TTensor) -> TTensor:
+        # eager: self and mask broadcast together, the elements where mask is true in row-major
+        # order, as a 1-d tensor whose length is a value (the engine's segmented plans); torchlib
+        # has no rule. Expand both ways is their broadcast; the gradient is GatherND's
+        # (scattered back) summed to self's shape by Expand's.
+        x = op.Expand(self, op.Shape(mask))
+        m = op.Expand(mask, op.Shape(x))
+        return op.GatherND(x, op.Transpose(op.NonZero(m), perm=[1, 0]), batch_dims=0)
+
     return {
+        torch.ops.aten.masked_select.default: masked_select,
         torch.ops.aten.copy.default: copy,
         torch.ops.aten.index_put.default: index_put,
         torch.ops.aten.scatter_add.default: scatter_add,
