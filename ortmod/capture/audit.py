@@ -187,9 +187,9 @@ def _check_index_put(node):
         return None
     values = _meta_val(node.args[2])
     one_mask = len(indices) == 1 and isinstance(vals[0], torch.Tensor) and vals[0].dtype == torch.bool
-    if not one_mask or not isinstance(values, torch.Tensor) or not all(isinstance(d, int) and d == 1 for d in values.shape):
-        return ("boolean-mask index assignment is taken only as x[mask] = v (one mask, one value); "
-                "other forms need NonZero, which the engine does not have")
+    if not one_mask or not isinstance(values, torch.Tensor):
+        return ("boolean-mask index assignment is taken only with one mask (x[mask] = v or x[mask] = values per "
+                "selected slice); several indices with a mask among them are not reviewed")
     return None
 
 

@@ -38,11 +38,24 @@ def indexing(op, ir, stop_gradient):
                   accumulate: bool = False) -> TReal:
         # integer indices: torchlib's rule (ScatterND; accumulate: repeated indices add, as
         # eager; otherwise the engine lets the last write win, eager's deterministic order;
-        # negative indices wrap). A boolean mask: torchlib's needs NonZero, which the engine
-        # lacks; one mask on the leading dims with a single value (x[mask] = v, x[mask] += v,
-        # what _CHECKS lets through) is a Where, whose gradients are eager's: v gets the sum of
-        # dy over the selected positions, x gets dy where it was kept (accumulate: everywhere).
-        if any(i is not None and i.dtype == ir.DataType.BOOL for i in indices):
+        # negative indices wrap). One boolean mask on the leading dims with a single value
+        # (x[mask] = v, x[mask] += v) is a Where, whose gradients are eager's: v gets the sum of
+        # dy over the selected positions, x gets dy where it was kept (accumulate: everywhere);
+        # no data-dependent size. One mask with values per selected slice (x[mask] = f(x[mask]))
+        # is ScatterND at NonZero(mask): the selection's length comes from NonZero's shape (the
+        # engine's segmented plans), not from a count computed as data, which torchlib's rule
+        # feeds to an Expand. What _CHECKS lets through.
+        bool_masks = [i for i in indices if i is not None and i.dtype == ir.DataType.BOOL]
+        one_value = all(d == 1 for d in values.shape)
+        if bool_masks and not one_value:
+            mask = indices[0]
+            k = len(mask.shape)
+            where = op.Transpose(op.NonZero(mask), perm=[1, 0])     # [count, k]
+            target = op.Concat(op.Slice(op.Shape(where), ints([0]), ints([1]), ints([0])),
+                               op.Slice(op.Shape(self), ints([k]), ints([len(self.shape)]), ints([0])), axis=0)
+            v = values if values.dtype == self.dtype else op.Cast(values, to=self.dtype)
+            return op.ScatterND(self, where, op.Expand(v, target), reduction="add" if accumulate else "none")
+        if bool_masks:
             mask = indices[0]
             for _ in range(len(self.shape) - len(mask.shape)):
                 mask = op.Unsqueeze(mask, ints([-1]))
