@@ -101,6 +101,25 @@ class TinyGCN(nn.Module):
         return self.out(torch.relu(agg / deg.clamp(min=1).unsqueeze(1) + h)).pow(2).mean()
 
 
+class Nested(nn.Module):
+    """A selection of a selection (the second count depends on the first segment's values), and
+    boolean-mask assignment with values per selected row (ScatterND at NonZero)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.lin2 = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        a = h[h[:, 0] > 0]
+        b = self.lin2(a)
+        c = b[b[:, 1] > 0]
+        out = h.clone()
+        m = h[:, 2] > 0
+        out[m] = torch.tanh(h[m]) * 2
+        return (c * c).sum() + a.sum() * 0.1 + (out * out).mean()
+
+
 # ---- harness ---------------------------------------------------------------------------------
 
 def rel(a, b):
@@ -191,6 +210,22 @@ def test_gcn_over_nonzero_edges(capture):
     batches.append((torch.randn(7, 6), torch.ones(7, 7)))      # every edge
     ort = train_beside_eager(TinyGCN(), batches)
     assert ort._ortmod_export_count == 1
+
+
+def test_nested_selection_and_mask_assignment(capture):
+    torch.manual_seed(7)
+    batches = [(torch.randn(12, 4),) for _ in range(5)]
+    ort = train_beside_eager(Nested(), batches)
+    assert ort._ortmod_export_count == 1
+
+
+def test_recompute_level_2(capture, ortmod_env):
+    """Recompute clones forward nodes into the backward (the last segment); NonZero itself is
+    never cloned (a random-like op: its output is kept)."""
+    ortmod_env.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "2")
+    torch.manual_seed(8)
+    train_beside_eager(Top2MoE(), [(torch.randn(10, 8),) for _ in range(3)], lr=0.5)
+    train_beside_eager(Nested(), [(torch.randn(12, 4),) for _ in range(3)])
 
 
 def test_small_plan_cache_evicts_and_stays_right(capture, ortmod_env):
