@@ -1084,6 +1084,7 @@ const char *om_engine_report_json(om_engine *e) {
     op_counts(&b, g, 0, g->n_fwd_nodes);
     sb_printf(&b, ", \"backward_ops\": ");
     op_counts(&b, g, g->n_fwd_nodes, g->n_nodes);
+    sb_printf(&b, ", \"data_dependent_nodes\": %d", e->n_dd);
     sb_printf(&b, ", \"plan_cache\": {\"plans\": %d, \"max_plans\": %d, \"planned\": %ld, \"evicted\": %ld}",
               e->n_plans, e->max_plans, e->n_planned, e->n_evicted);
     /* CPU: the one frame the plans share, when no call holds it (bytes of address space, its
@@ -1110,6 +1111,8 @@ const char *om_engine_report_json(om_engine *e) {
                 sb_printf(&b, "%s%lld", d ? ", " : "", (long long)p->input_shapes[k].dims[d]);
             sb_printf(&b, "]");
         }
+        sb_printf(&b, "], \"segment\": %d, \"counts\": [", p->segment);   /* plan.h: segments */
+        for (int k = 0; k < p->segment; k++) sb_printf(&b, "%s%lld", k ? ", " : "", (long long)p->extents[k]);
         sb_printf(&b, "], \"forward_kernels\": %d, \"backward_kernels\": %d, \"frame_bytes\": %zu, "
                       "\"stash_bytes\": %zu, \"forward_output_bytes\": %zu, "
                       "\"gradient_bytes\": %zu, \"peak_bytes\": %zu, \"release_ranges\": %d, \"largest_buffers\": [",
