@@ -1,6 +1,7 @@
-/* nonzero.c — the op whose output size is a value: NonZero.
+/* nonzero.c — the op whose output size is a value, NonZero, and OneHot (routing masks).
  *
  * Exports:
+ *   om_op_one_hot   OneHot    (below)
  *   om_op_nonzero   NonZero   (X) -> int64 [rank(X), count]: the indices of X's nonzero elements,
  *                             one column per element, in row-major order (torch.nonzero
  *                             transposed, which the exporters undo with a Transpose)
@@ -100,4 +101,78 @@ const om_op_def om_op_nonzero = {
     /* RANDOM: never folded or merged by value (its size is not a shape rule's) */
     .flags = OM_OP_DATA_DEPENDENT | OM_OP_RANDOM | OM_OP_ANY_DTYPE,
     .dtype = dtype_i64, .infer = nonzero_infer, .cpu = nonzero_cpu, .count = nonzero_count, .diff_inputs = 0,
+};
+
+/* ---- OneHot ------------------------------------------------------------------------------
+ *   om_op_one_hot   OneHot   (indices, depth, values; axis) -> values' dtype, indices' shape with
+ *                            a new axis of size depth: values[1] where the index is, values[0]
+ *                            elsewhere (torch.nn.functional.one_hot; Mixtral's expert mask)
+ * depth must be known at plan time (a constant); negative indices count from depth, as ONNX
+ * says; an index outside [-depth, depth) is an error naming the node (eager's one_hot raises).
+ * It sits beside NonZero because its users feed NonZero (routing masks). No gradient rule: the
+ * values are the exporter's constants; one that needed a gradient is refused by name. */
+
+static om_status *one_hot_dtype_check(const om_node *n, const om_tensor *ind, const om_tensor *depth) {
+    if (ind->dtype != OM_I64 && ind->dtype != OM_I32) return om_err_dtype(n, 0, ind->dtype);
+    if (!depth->data) return om_err_unsupported(n, "a depth computed at run time (it must be a constant)");
+    return NULL;
+}
+
+static om_status *one_hot_infer(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *ind = &ctx->in[0], *depth = &ctx->in[1], *vals = &ctx->in[2];
+    OM_TRY(one_hot_dtype_check(n, ind, depth));
+    int64_t d[1];
+    if (om_tensor_numel(depth) != 1 || om_read_ints(depth, d, 1) != 1 || d[0] < 1)
+        return om_error(OM_INVALID_ARGUMENT, "OneHot node '%s': depth must be one positive integer", nm(n));
+    if (om_tensor_numel(vals) != 2)
+        return om_error(OM_INVALID_ARGUMENT, "OneHot node '%s': values must hold [off, on]", nm(n));
+    if (ind->rank + 1 > OM_MAX_RANK) return om_err_unsupported(n, "an output rank above the engine's limit");
+    int axis;
+    OM_TRY(om_norm_axis(n, om_attr_int(n, "axis", -1), ind->rank + 1, &axis));
+    om_tensor *y = &ctx->out[0];
+    y->dtype = vals->dtype;
+    y->rank = ind->rank + 1;
+    for (int i = 0, s = 0; i < y->rank; i++) y->dims[i] = i == axis ? d[0] : ind->dims[s++];
+    return NULL;
+}
+
+static om_status *one_hot_cpu(om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    const om_tensor *ind = &ctx->in[0], *vals = &ctx->in[2];
+    om_tensor *y = &ctx->out[0];
+    int axis;
+    OM_TRY(om_norm_axis(n, om_attr_int(n, "axis", -1), y->rank, &axis));
+    const int64_t depth = y->dims[axis], m = om_tensor_numel(ind);
+    int64_t inner = 1;
+    for (int i = axis + 1; i < y->rank; i++) inner *= y->dims[i];
+    const size_t es = om_dtype_size(y->dtype);
+    const char *off = vals->data, *on = (const char *)vals->data + es;
+    char *out = y->data;
+    for (int64_t i = 0; i < m; i++) {   /* check every index first: nothing written on an error */
+        int64_t k = ind->dtype == OM_I64 ? ((const int64_t *)ind->data)[i] : ((const int32_t *)ind->data)[i];
+        if (k < -depth || k >= depth)
+            return om_error(OM_RUNTIME, "OneHot node '%s': index %lld is outside [%lld, %lld)", nm(n), (long long)k,
+                            (long long)-depth, (long long)depth);
+    }
+    const int64_t total = om_tensor_numel(y);
+    for (int64_t e = 0; e < total; e++) memcpy(out + e * es, off, es);
+    for (int64_t i = 0; i < m; i++) {   /* index i = (outer o, inner r) of indices' shape */
+        int64_t k = ind->dtype == OM_I64 ? ((const int64_t *)ind->data)[i] : ((const int32_t *)ind->data)[i];
+        if (k < 0) k += depth;
+        const int64_t o = i / inner, r = i % inner;
+        memcpy(out + ((o * depth + k) * inner + r) * es, on, es);
+    }
+    return NULL;
+}
+
+static om_dtype one_hot_dtype(const om_graph *g, const om_node *n, int k) {
+    (void)k;
+    return n->n_in > 2 && n->in[2] >= 0 ? g->values[n->in[2]].dtype : OM_UNDEFINED;
+}
+
+const om_op_def om_op_one_hot = {
+    .name = "OneHot", .domain = "", .min_in = 3, .max_in = 3, .min_out = 1, .max_out = 1,
+    .flags = OM_OP_ANY_DTYPE, .dtype = one_hot_dtype, .infer = one_hot_infer, .cpu = one_hot_cpu,
+    .diff_inputs = 1u << 2, .attrs = "axis:int",
 };
