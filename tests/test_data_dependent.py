@@ -276,3 +276,53 @@ def test_cuda_refuses_by_name(capture):
     ort = ORTModule(BoolIndex().cuda())
     with pytest.raises(Exception, match="NonZero"):
         ort(torch.randn(6, 4, device="cuda"), torch.tensor(0.0, device="cuda"))
+
+
+# ---- OneHot, and a MoE nobody here wrote --------------------------------------------------------
+
+class OneHotMix(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Parameter(torch.randn(5, 3))
+
+    def forward(self, idx):
+        return (F.one_hot(idx, 5).to(self.emb.dtype) @ self.emb).pow(2).sum()
+
+
+def test_one_hot(capture):
+    torch.manual_seed(9)
+    ort = train_beside_eager(OneHotMix(), [(torch.randint(0, 5, (4, 6)),) for _ in range(3)])
+    assert ort._ortmod_export_count == 1
+    with pytest.raises(Exception, match="OneHot node .*index 7 is outside"):
+        ort(torch.tensor([[1, 7]]))
+    with pytest.raises(Exception, match="OneHot node .*index 5 is outside"):    # eager raises for -1 too
+        ort(torch.tensor([[1, -1]]))
+
+
+def test_mixtral_eager_experts_train():
+    """transformers' MixtralForCausalLM with its eager experts (one_hot, nonzero, torch.where per
+    expert, index_add_): trains with parity on the product's default capture (auto: torch.export
+    cannot trace the loop over the experts found, `expert_mask[expert_idx]` with a data-dependent
+    index, and the TorchScript path captures it; the loop's length is a guarded trace value)."""
+    transformers = pytest.importorskip("transformers")
+    import warnings
+    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=64)
+    cfg._experts_implementation = "eager"
+    torch.manual_seed(10)
+    model = transformers.MixtralForCausalLM(cfg)
+    ids = [torch.randint(0, 64, (2, 12)) for _ in range(3)]
+
+    class Loss(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(input_ids=x, labels=x).loss
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # the trace's note on the loop over a tensor
+        ort = train_beside_eager(Loss(model), [(i,) for i in ids])
+    assert ort._ortmod_export_count == 1
