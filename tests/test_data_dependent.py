@@ -120,6 +120,21 @@ class Nested(nn.Module):
         return (c * c).sum() + a.sum() * 0.1 + (out * out).mean()
 
 
+class CountAsNumber(nn.Module):
+    """The selection's length used as a number (arange, a divisor): a shape of the later segment."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.lin(x)
+        sel = h[h[:, 0] > 0]
+        n = sel.shape[0]
+        pos = torch.arange(n, dtype=h.dtype).unsqueeze(1)
+        return ((sel + pos) ** 2).sum() / (n + 1) + h.sum() * 0.01
+
+
 # ---- harness ---------------------------------------------------------------------------------
 
 def rel(a, b):
@@ -217,6 +232,12 @@ def test_nested_selection_and_mask_assignment(capture):
     batches = [(torch.randn(12, 4),) for _ in range(5)]
     ort = train_beside_eager(Nested(), batches)
     assert ort._ortmod_export_count == 1
+
+
+def test_count_used_as_a_number(capture):
+    torch.manual_seed(11)
+    ort = train_beside_eager(CountAsNumber(), [(torch.randn(7, 4),) for _ in range(5)])
+    assert ort._ortmod_export_count == 1, "the count is no trace constant: it changes without an export"
 
 
 def test_recompute_level_2(capture, ortmod_env):

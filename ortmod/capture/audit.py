@@ -444,7 +444,9 @@ REVIEWED = frozenset({
     "getitem", "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int",
     # data-dependent sizes (issue 37): NonZero + Transpose, the engine's segmented plans (plan/plan.h);
     # its count is an unbacked symbol, which no guard reads (shape_guard: _free_unbacked)
-    "aten::nonzero", "aten::one_hot",     # ortmod's rule: OneHot (out-of-range classes raise, as eager) "aten::masked_select",     # ortmod's rule (rules/indexing_onnxscript): GatherND at NonZero
+    "aten::nonzero",
+    "aten::masked_select",     # ortmod's rule (rules/indexing_onnxscript): GatherND at NonZero
+    "aten::one_hot",           # ortmod's rule: OneHot (a class out of range raises, as eager)
     # ortmod's rule: StopGradient, as ortmod::stop_gradient (what _insert_stop_gradients makes of
     # every other detach)
     "aten::detach",
