@@ -4,8 +4,8 @@
 BENCH_PY ?= .venv/bin/python
 BENCH_ARGS ?=
 
-.PHONY: bench bench-train bench-equal-gemm bench-memory
-bench: bench-train bench-equal-gemm bench-memory
+.PHONY: bench bench-train bench-equal-gemm bench-memory bench-data-dependent
+bench: bench-train bench-equal-gemm bench-memory bench-data-dependent
 
 bench-train:
 	$(BENCH_PY) bench/bench_train.py $(BENCH_ARGS)
@@ -17,3 +17,7 @@ bench-equal-gemm:
 
 bench-memory:
 	$(BENCH_PY) bench/bench_memory.py
+
+# NonZero models (issue 37): segmented plans, counts changing every step
+bench-data-dependent:
+	PYTHONPATH=. $(BENCH_PY) bench/bench_data_dependent.py

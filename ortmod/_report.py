@@ -48,6 +48,10 @@ def summarize(r):
         lines.append(f"backward ops: {bw}")
     for p in r["plans"]:
         shapes = " ".join("x".join(map(str, s)) or "()" for s in p["input_shapes"])
+        if p.get("counts"):     # a segment of a data-dependent graph (csrc/plan/plan.h)
+            shapes += f"; segment {p['segment']} after counts {p['counts']}"
+        elif p.get("segment") == 0 and r.get("data_dependent_nodes"):
+            shapes += "; segment 0"
         lines.append(f"plan for inputs [{shapes}]: {p['forward_kernels']} forward + {p['backward_kernels']} backward "
                      f"kernels; peak {_mib(p['peak_bytes'])} (frame {_mib(p['frame_bytes'])} holding scratch and "
                      f"a stash of {_mib(p['stash_bytes'])})")

@@ -537,11 +537,26 @@ def test_slice_and_mask_assignment():
 
     def rows(s, x, m):
         h = s.a(x).clone()
-        h[m] = s.a(x)[m] * 2          # a mask with a value per selected row: NonZero's job
+        h[m] = s.a(x)[m] * 2          # a mask with a value per selected row: ScatterND at NonZero
+        return h
+
+    _both_dtypes(_fn(rows, a=nn.Linear(3, 4)), torch.randn(5, 3), torch.tensor([True, False, True, True, False]))
+    _both_dtypes(_fn(rows, a=nn.Linear(3, 4)), torch.randn(5, 3), torch.zeros(5, dtype=torch.bool))
+
+    def column(s, x, m):
+        h = s.a(x).clone()
+        h[m, 0] = s.a(x)[m, 1]        # a mask into a column (torch: index_put on the select)
+        return h
+
+    _both_dtypes(_fn(column, a=nn.Linear(3, 4)), torch.randn(5, 3), torch.tensor([True, False, True, True, False]))
+
+    def two(s, x, m):
+        h = s.a(x).clone()
+        h[m, m[:4]] = s.a(x)[m, 1]    # two masks: not reviewed
         return h
 
     with pytest.raises(ortmod.UnsupportedModelError, match="aten::index_put .*boolean-mask"):
-        ORTModule(_fn(rows, a=nn.Linear(3, 4)))(torch.randn(5, 3), torch.tensor([True, False, True, True, False]))
+        ORTModule(_fn(two, a=nn.Linear(3, 4)))(torch.randn(5, 3), torch.tensor([True, False, True, True, False]))
 
 
 def test_var_std_divide_by_n_minus_correction():

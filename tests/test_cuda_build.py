@@ -73,7 +73,10 @@ def test_every_op_of_the_table_has_a_cuda_kernel(built):
     folded = {"Constant", "ConstantOfShape", "Range"}
     # computed by the client (a user's autograd.Function in PyTorch), from the host, in every plan
     client = {"PythonOp", "PythonOpGrad"}
-    uncovered = sorted(set(table) - set(names) - folded - client)
+    # a data-dependent size: the executor refuses the graph on CUDA by name before any kernel
+    # (exec/engine.c; tests/cuda_emu/harness.py's nonzero-refused-by-name), until segmented plans run there
+    refused = {"NonZero"}
+    uncovered = sorted(set(table) - set(names) - folded - client - refused)
     print(f"\nCUDA kernels: {len(set(table) & set(names))} of {len(table)} ops; without one: {uncovered}")
     assert not uncovered, f"ops without a CUDA kernel: {uncovered}"
 

@@ -15,7 +15,9 @@ OPS = os.path.join(ROOT, "scripts", "ops.py")
 OP_LIST = os.path.join(ROOT, "csrc", "ops", "op_list.h")
 
 # the ops without a CUDA kernel, by design
-HOST_ONLY = {"Constant", "ConstantOfShape", "Range", "PythonOp", "PythonOpGrad"}
+# NonZero: a data-dependent size; the CUDA executor refuses such graphs by name before any kernel
+# (exec/engine.c), until the CUDA provider runs segmented plans (issue 37)
+HOST_ONLY = {"Constant", "ConstantOfShape", "Range", "PythonOp", "PythonOpGrad", "NonZero"}
 
 
 def _run(*args):

@@ -19,7 +19,7 @@
  * stash still uses is freed with the last such stash. */
 typedef struct plan_slot {
     om_plan *plan;
-    uint64_t key;                       /* plan_key() of the shapes it was built for */
+    uint64_t key;                       /* plan_key() of the shapes (and counts) it was built for */
     int refs;                           /* live stashes on it */
     int cached;                         /* 0: evicted, freed when refs reaches 0 */
     struct plan_slot *hnext;            /* its hash bucket's chain */
@@ -69,6 +69,9 @@ struct om_engine {
     size_t scratch_values;
     void **scratch_zeros;
     char *scratch_absent;
+    /* data-dependent nodes (plan/plan.h: segments): d_1..d_n_dd and each node's segment */
+    int n_dd;
+    int *dd_nodes, *seg_of_node;
 };
 
 struct om_stash {
@@ -83,6 +86,12 @@ struct om_stash {
     int n_inputs;
     int used;
     void *stream;               /* CUDA: the stream the forward ran on (the stash is ordered on it) */
+    /* a segmented call (plan.h): the earlier segments' plans (a reference each) and frames, and
+     * where every value was (what the last plan reads as OM_ST_EXTERN); 0 and NULL otherwise */
+    int n_prev;
+    plan_slot **prev_slot;
+    void **prev_buf;
+    void **ext_data;
 };
 
 static void logf_(om_engine *e, om_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -190,6 +199,11 @@ om_status *om_engine_create(const void *onnx_bytes, size_t nbytes, const om_engi
         g->n_fwd_nodes = g->n_nodes;
     }
     if ((st = check_compiled_attrs(g))) goto fail;
+    e->dd_nodes = malloc(sizeof(int) * ((size_t)g->n_nodes + 1));
+    e->seg_of_node = malloc(sizeof(int) * ((size_t)g->n_nodes + 1));
+    if (!e->dd_nodes || !e->seg_of_node) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto fail; }
+    if ((st = om_plan_segments(g, e->seg_of_node, e->dd_nodes, &e->n_dd))) goto fail;
+    if (e->n_dd) logf_(e, OM_LOG_INFO, "%d data-dependent nodes: each call runs in %d planned segments", e->n_dd, e->n_dd + 1);
     if (conf.profile) om_engine_set_profiling(e, true);
     *out = e;
     return NULL;
@@ -206,8 +220,9 @@ static void free_plan(om_plan *p) {
     om_plan_free(p);
 }
 
-static om_status *build_plan(const om_graph *g, const om_tensor *inputs, int n, bool has_backward, om_plan **out) {
-    OM_TRY(om_plan_build(g, inputs, n, has_backward, out));
+static om_status *build_plan(const om_graph *g, const om_tensor *inputs, int n, bool has_backward,
+                             const int64_t *extents, int n_known, om_plan **out) {
+    OM_TRY(om_plan_build(g, inputs, n, has_backward, extents, n_known, out));
     om_status *st = om_device_plan_prepare(g, *out);
     if (st) {
         free_plan(*out);
@@ -236,6 +251,8 @@ void om_engine_free(om_engine *e) {
     free(e->scratch_given);
     free(e->scratch_zeros);
     free(e->scratch_absent);
+    free(e->dd_nodes);
+    free(e->seg_of_node);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }
@@ -320,7 +337,7 @@ static om_status *check_inputs(const om_engine *e, const om_tensor *inputs, int 
     return NULL;
 }
 
-static uint64_t plan_key(const om_tensor *inputs, int n) {
+static uint64_t plan_key(const om_tensor *inputs, int n, const int64_t *extents, int n_known) {
     uint64_t h = 0xcbf29ce484222325ull;   /* FNV-1a over what om_plan_matches compares */
 #define MIX(x) (h = (h ^ (uint64_t)(x)) * 0x100000001b3ull)
     MIX(n);
@@ -333,6 +350,8 @@ static uint64_t plan_key(const om_tensor *inputs, int n) {
         MIX(inputs[0].device);
         MIX(inputs[0].device_id);
     }
+    MIX(n_known);
+    for (int i = 0; i < n_known; i++) MIX(extents[i]);
 #undef MIX
     return h ^ (h >> 29);
 }
@@ -384,11 +403,13 @@ static void evict_oldest(om_engine *e) {
 }
 
 /* Under e->lock. */
-static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, plan_slot **out) {
-    const uint64_t key = plan_key(inputs, n);
+/* The plan for these input shapes and, in a segmented graph, segment n_known for these counts. */
+static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, const int64_t *extents, int n_known,
+                            plan_slot **out) {
+    const uint64_t key = plan_key(inputs, n, extents, n_known);
     plan_slot **bucket = &e->buckets[key & (uint64_t)(e->n_buckets - 1)];
     for (plan_slot *sl = *bucket; sl; sl = sl->hnext)
-        if (sl->key == key && om_plan_matches(sl->plan, inputs, n)) {
+        if (sl->key == key && om_plan_matches(sl->plan, inputs, n, extents, n_known)) {
             if (e->newest != sl) {
                 lru_unlink(e, sl);
                 lru_push_newest(e, sl);
@@ -398,7 +419,7 @@ static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, plan_s
         }
     plan_slot *sl = calloc(1, sizeof *sl);
     if (!sl) return om_error(OM_OUT_OF_MEMORY, "out of memory");
-    om_status *st = build_plan(e->g, inputs, n, e->has_backward, &sl->plan);
+    om_status *st = build_plan(e->g, inputs, n, e->has_backward, extents, n_known, &sl->plan);
     if (st) {
         free(sl);
         return st;
@@ -412,8 +433,8 @@ static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, plan_s
     e->n_planned++;
     const om_plan *p = sl->plan;
     if (p->device == OM_CPU && p->stash_size > e->max_frame) e->max_frame = p->stash_size;
-    logf_(e, OM_LOG_INFO, "planned shape set %ld: %d forward + %d backward kernels, frame %zu bytes (stash %zu)",
-          e->n_planned, p->n_fwd_prog, p->n_bwd_prog, p->stash_size, p->stash_value_bytes);
+    logf_(e, OM_LOG_INFO, "planned shape set %ld (segment %d): %d forward + %d backward kernels, frame %zu bytes "
+          "(stash %zu)", e->n_planned, n_known, p->n_fwd_prog, p->n_bwd_prog, p->stash_size, p->stash_value_bytes);
     while (e->n_plans > e->max_plans) evict_oldest(e);   /* never the new one: it is the newest */
     *out = sl;
     return NULL;
@@ -636,74 +657,142 @@ om_status *om_engine_forward(om_engine *e, const om_tensor *inputs, int n_inputs
     return om_engine_forward_stream(e, inputs, n_inputs, training, outputs, stash_out, keepalive, release, NULL);
 }
 
+/* Under e->lock: drops a call's or a stash's reference on a plan; an evicted plan goes with the
+ * last one. */
+static void slot_unref(plan_slot *sl) {
+    if (!sl) return;
+    if (--sl->refs == 0 && !sl->cached) {
+        free_plan(sl->plan);
+        free(sl);
+    }
+}
+
+/* d_(j+1)'s count (plan.h: segments), from its inputs as segment j left them. */
+static om_status *count_at_boundary(om_engine *e, frame *f, int j, int64_t *extent) {
+    const om_node *n = &e->g->nodes[e->dd_nodes[j]];
+    om_tensor in[8];
+    if (n->n_in > 8 || !n->op->count)
+        return om_error(OM_INTERNAL, "%s node '%s': a data-dependent op without a count", n->op->name, n->name);
+    for (int i = 0; i < n->n_in; i++) {
+        memset(&in[i], 0, sizeof in[i]);
+        if (n->in[i] < 0) continue;
+        in[i] = f->plan->vt[n->in[i]];
+        in[i].data = resolve(f, n->in[i]);
+    }
+    om_kernel_ctx ctx = {.g = e->g, .node = n, .n_in = n->n_in, .n_out = n->n_out, .in = in, .extent = -1};
+    om_status *st = n->op->count(&ctx, extent);
+    return st ? om_error_context(st, "%s node '%s'", n->op->name, n->name) : NULL;
+}
+
 om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n_inputs, bool training,
                                     om_tensor *outputs, om_stash **stash_out, void **keepalive, om_release_fn release,
                                     void *stream) {
     *stash_out = NULL;
     OM_TRY(check_inputs(e, inputs, n_inputs));
     const om_graph *g = e->g;
+    const int m = e->n_dd;   /* segments 0..m (plan.h); m = 0 for most graphs */
+    if (m && n_inputs && inputs[0].device != OM_CPU) {
+        const om_node *d = &g->nodes[e->dd_nodes[0]];
+        return om_error(OM_UNSUPPORTED_OP, "%s node '%s': an output whose size depends on values (a data-dependent "
+                        "shape) runs on the CPU only; the CUDA provider has no segmented plans yet: run the model on "
+                        "the CPU", d->op->name, d->name);
+    }
     pthread_mutex_lock(&e->lock);
     om_plan *p = NULL;
-    plan_slot *slot = NULL;
     frame f = {0};
     char *given = NULL;
-    void *stash_buf = NULL;
-    size_t stash_cap = 0;   /* CPU: stash_buf's capacity */
-    om_status *st = find_plan(e, inputs, n_inputs, &slot);
-    if (st) goto done;
-    p = slot->plan;
-    uint64_t call = ++e->calls;
-    if ((st = frame_init(e, &f, p, stream, &given))) goto done;
-    stash_cap = p->stash_size;
-    stash_buf = f.cu ? frame_alloc(&f, p->stash_size) : cpu_frame_take(e, p->stash_size, &stash_cap);
-    if (!given || !stash_buf) {
-        st = om_error(OM_OUT_OF_MEMORY, "out of memory for the forward's buffers (%zu bytes for these input shapes)",
-                      p->stash_size);
-        goto done;
+    /* per segment: its plan's slot (referenced through the call), its frame, its frame's capacity;
+     * and the counts found so far. One block; for an unsegmented graph, the locals. */
+    plan_slot *slot0 = NULL, **slots = &slot0;
+    void *buf0 = NULL, **bufs = &buf0;
+    size_t cap0 = 0, *caps = &cap0;
+    int64_t *ext = NULL;
+    void *block = NULL;
+    om_status *st = NULL;
+    for (int i = 0; i < g->n_outputs; i++) memset(&outputs[i], 0, sizeof(om_tensor));
+    if (m) {
+        block = calloc((size_t)m + 1, sizeof(plan_slot *) + sizeof(void *) + sizeof(size_t) + sizeof(int64_t));
+        if (!block) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
+        slots = block;
+        bufs = (void **)(slots + m + 1);
+        caps = (size_t *)(bufs + m + 1);
+        ext = (int64_t *)(caps + m + 1);
     }
-    for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
-    f.twin = (char *)stash_buf + p->twin_offset;
-    if (!f.cu) f.base = stash_buf;
-    f.release_now = e->memory_opt_level > 0;
-    for (int v = 0; v < p->n_values; v++) {
-        if (p->storage[v] == OM_ST_FWD) f.data[v] = (char *)stash_buf + p->offset[v];
-        else if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)stash_buf + p->offset[v];
-        else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= 0 && g->values[v].producer < g->n_fwd_nodes) {
-            f.data[v] = frame_alloc(&f, om_tensor_nbytes(&p->vt[v]));
-            if (!f.data[v]) {
-                st = om_error(OM_OUT_OF_MEMORY, "out of memory for output '%s' (%zu bytes)", g->values[v].name,
-                              om_tensor_nbytes(&p->vt[v]));
-                goto done;
+    uint64_t call = ++e->calls;
+    for (int j = 0; j <= m; j++) {
+        if ((st = find_plan(e, inputs, n_inputs, ext, j, &slots[j]))) goto done;
+        slots[j]->refs++;   /* a later segment's new plan must not evict it while the call runs */
+        p = slots[j]->plan;
+        if (j == 0) {
+            if ((st = frame_init(e, &f, p, stream, &given))) goto done;
+            for (int i = 0; i < n_inputs; i++) f.data[g->inputs[i]] = inputs[i].data;
+        } else {   /* the earlier segments' values stay where they are in f.data (OM_ST_EXTERN here) */
+            f.plan = p;
+            for (int v = 0; v < p->n_values; v++)
+                if (p->storage[v] == OM_ST_CONST) f.data[v] = f.cu ? om_device_plan_const(p, v) : p->vt[v].data;
+        }
+        caps[j] = p->stash_size;
+        if (f.cu) bufs[j] = frame_alloc(&f, p->stash_size);
+        else if (j == m) bufs[j] = cpu_frame_take(e, p->stash_size, &caps[j]);
+        else bufs[j] = om_alloc_frame(p->stash_size ? p->stash_size : 64);   /* an earlier segment's own */
+        if (!given || !bufs[j]) {
+            st = om_error(OM_OUT_OF_MEMORY, "out of memory for the forward's buffers (%zu bytes for these input "
+                          "shapes)", p->stash_size);
+            goto done;
+        }
+        f.twin = (char *)bufs[j] + p->twin_offset;
+        if (!f.cu) f.base = bufs[j];
+        f.release_now = e->memory_opt_level > 0;
+        for (int v = 0; v < p->n_values; v++) {
+            if (p->storage[v] == OM_ST_FWD || p->storage[v] == OM_ST_STASH) f.data[v] = (char *)bufs[j] + p->offset[v];
+            else if (p->storage[v] == OM_ST_OUT && g->values[v].producer >= 0 && g->values[v].producer < g->n_fwd_nodes) {
+                f.data[v] = frame_alloc(&f, om_tensor_nbytes(&p->vt[v]));
+                if (!f.data[v]) {
+                    st = om_error(OM_OUT_OF_MEMORY, "out of memory for output '%s' (%zu bytes)", g->values[v].name,
+                                  om_tensor_nbytes(&p->vt[v]));
+                    goto done;
+                }
             }
         }
-    }
-    if ((st = run_program(e, &f, p->fwd_prog, p->n_fwd_prog, call, training))) goto done;
-    for (int i = 0; i < g->n_outputs; i++) {
-        if ((st = hand_out(&f, g->outputs[i], given, &outputs[i]))) {
-            for (int k = 0; k < i; k++) frame_release(&f, outputs[k].data);
-            goto done;
+        if ((st = run_program(e, &f, p->fwd_prog, p->n_fwd_prog, call, training))) goto done;
+        /* the outputs this segment computed (the last one: the rest, inputs and constants too) */
+        for (int i = 0; i < g->n_outputs; i++) {
+            int v = g->outputs[i], k = g->values[v].producer;
+            if ((k >= 0 && k < g->n_nodes ? e->seg_of_node[k] : m) != j) continue;
+            if ((st = hand_out(&f, v, given, &outputs[i]))) goto done;
         }
+        if (j == m) break;
+        for (int v = 0; v < p->n_values; v++)   /* later plans read these in place, by address */
+            if (p->storage[v] == OM_ST_ALIAS) f.data[v] = resolve(&f, v);
+        if ((st = count_at_boundary(e, &f, j, &ext[j]))) goto done;
     }
     if (training && e->has_backward) {
-        /* one block: the stash, then its inputs, then their keepalives (om_stash_free frees it) */
+        /* one block: the stash, its inputs, their keepalives, then (segmented) the earlier
+         * segments' slots and frames and the value table (om_stash_free frees it) */
+        size_t nv = m ? (size_t)p->n_values + 1 : 0;
         om_stash *s = calloc(1, sizeof *s + sizeof(om_tensor) * ((size_t)n_inputs + 1)
-                                    + sizeof(void *) * ((size_t)n_inputs + 1));
+                                    + sizeof(void *) * ((size_t)n_inputs + 1)
+                                    + sizeof(void *) * (2 * (size_t)m + nv));
         om_tensor *ins = s ? (om_tensor *)(s + 1) : NULL;
         void **keep = s ? (void **)(ins + n_inputs + 1) : NULL;
-        if (!s) {
-            for (int k = 0; k < g->n_outputs; k++) frame_release(&f, outputs[k].data);
-            st = om_error(OM_OUT_OF_MEMORY, "out of memory");
-            goto done;
-        }
+        if (!s) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
         memcpy(ins, inputs, sizeof(om_tensor) * (size_t)n_inputs);
         if (keepalive) memcpy(keep, keepalive, sizeof(void *) * (size_t)n_inputs);
         s->eng = e;
         s->plan = p;
-        s->slot = slot;
-        slot->refs++;
-        s->buf = stash_buf;
-        s->buf_bytes = stash_cap;
-        stash_buf = NULL;
+        s->slot = slots[m];   /* the call's reference on every plan passes to the stash */
+        s->buf = bufs[m];
+        s->buf_bytes = caps[m];
+        if (m) {
+            s->n_prev = m;
+            s->prev_slot = (plan_slot **)(keep + n_inputs + 1);
+            s->prev_buf = (void **)(s->prev_slot + m);
+            s->ext_data = s->prev_buf + m;
+            memcpy(s->prev_slot, slots, sizeof(plan_slot *) * (size_t)m);
+            memcpy(s->prev_buf, bufs, sizeof(void *) * (size_t)m);
+            memcpy(s->ext_data, f.data, sizeof(void *) * (size_t)p->n_values);
+        }
+        for (int j = 0; j <= m; j++) { slots[j] = NULL; bufs[j] = NULL; }
         s->inputs = ins;
         s->keepalive = keep;
         s->release = release;
@@ -712,9 +801,20 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
         *stash_out = s;
     }
 done:
-    if (stash_buf && !f.cu) cpu_frame_give_back(e, stash_buf, stash_cap);
-    else if (stash_buf) frame_release(&f, stash_buf);
-    if (f.data) frame_free(&f, given);
+    if (st)
+        for (int i = 0; i < g->n_outputs; i++) { frame_release(&f, outputs[i].data); outputs[i].data = NULL; }
+    for (int j = m; j >= 0; j--) {
+        if (!slots[j]) continue;
+        if (f.data) {   /* OUT buffers of its plan not handed to the caller */
+            f.plan = slots[j]->plan;
+            frame_free(&f, given);
+        }
+        if (bufs[j] && f.cu) frame_release(&f, bufs[j]);
+        else if (bufs[j] && j == m) cpu_frame_give_back(e, bufs[j], caps[j]);
+        else om_free(bufs[j]);
+        slot_unref(slots[j]);
+    }
+    free(block);
     pthread_mutex_unlock(&e->lock);
     return st;
 }
@@ -792,6 +892,8 @@ static om_status *backward_on(om_engine *e, om_stash *s, const om_tensor *grad_o
     om_status *st = frame_init(e, &f, p, s->stream, &given);
     if (st) goto done;
     for (int i = 0; i < s->n_inputs; i++) f.data[g->inputs[i]] = s->inputs[i].data;
+    for (int v = 0; s->ext_data && v < p->n_values; v++)   /* earlier segments' values, where they were written */
+        if (p->storage[v] == OM_ST_EXTERN) f.data[v] = s->ext_data[v];
     for (int i = 0; i < g->n_outputs; i++) {
         int sv = p->seed_of_output[i];
         if (sv < 0) continue;
@@ -873,6 +975,10 @@ void om_stash_free(om_stash *s) {
         s->buf = NULL;
     }
     pthread_mutex_lock(&s->eng->lock);
+    for (int j = 0; j < s->n_prev; j++) {   /* a segmented call's earlier plans and frames */
+        om_free(s->prev_buf[j]);
+        slot_unref(s->prev_slot[j]);
+    }
     plan_slot *sl = s->slot;
     const int last = --sl->refs == 0 && !sl->cached;   /* the plan was evicted while this stash lived */
     cpu_frame_give_back(s->eng, s->buf, s->buf_bytes);   /* CPU: the next forward takes it, or it goes */
@@ -978,6 +1084,7 @@ const char *om_engine_report_json(om_engine *e) {
     op_counts(&b, g, 0, g->n_fwd_nodes);
     sb_printf(&b, ", \"backward_ops\": ");
     op_counts(&b, g, g->n_fwd_nodes, g->n_nodes);
+    sb_printf(&b, ", \"data_dependent_nodes\": %d", e->n_dd);
     sb_printf(&b, ", \"plan_cache\": {\"plans\": %d, \"max_plans\": %d, \"planned\": %ld, \"evicted\": %ld}",
               e->n_plans, e->max_plans, e->n_planned, e->n_evicted);
     /* CPU: the one frame the plans share, when no call holds it (bytes of address space, its
@@ -1004,6 +1111,8 @@ const char *om_engine_report_json(om_engine *e) {
                 sb_printf(&b, "%s%lld", d ? ", " : "", (long long)p->input_shapes[k].dims[d]);
             sb_printf(&b, "]");
         }
+        sb_printf(&b, "], \"segment\": %d, \"counts\": [", p->segment);   /* plan.h: segments */
+        for (int k = 0; k < p->segment; k++) sb_printf(&b, "%s%lld", k ? ", " : "", (long long)p->extents[k]);
         sb_printf(&b, "], \"forward_kernels\": %d, \"backward_kernels\": %d, \"frame_bytes\": %zu, "
                       "\"stash_bytes\": %zu, \"forward_output_bytes\": %zu, "
                       "\"gradient_bytes\": %zu, \"peak_bytes\": %zu, \"release_ranges\": %d, \"largest_buffers\": [",

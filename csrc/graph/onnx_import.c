@@ -428,8 +428,18 @@ static om_status *import_graph(const Onnx__ModelProto *mp, om_graph *g) {
             out[i] = om_graph_add_value(g, np->output[i], OM_UNDEFINED);
             if (out[i] < 0) return om_error(OM_OUT_OF_MEMORY, "out of memory");
         }
+        /* ONNX's variadic Max/Min/Sum/Mean of a single input is that input: torch.export's
+         * translation of x[mask] writes Max(indices) to broadcast its one index tensor */
+        const char *op_type = np->op_type;
+        if (!*domain && np->n_input == 1 && np->n_output == 1 &&
+            (!strcmp(op_type, "Max") || !strcmp(op_type, "Min") || !strcmp(op_type, "Sum") || !strcmp(op_type, "Mean"))) {
+            if (np->n_attribute)   /* these ops have none: refused as the attribute check would */
+                return om_error(OM_UNSUPPORTED_OP, "node '%s' (%s): attribute '%s' is not implemented by ortmod (the op "
+                                "takes none)", name, op_type, np->attribute[0]->name ? np->attribute[0]->name : "");
+            op_type = "Identity";
+        }
         int id;
-        OM_TRY(om_graph_add_node(g, np->op_type, domain, name, in, (int)np->n_input, out, (int)np->n_output, &id));
+        OM_TRY(om_graph_add_node(g, op_type, domain, name, in, (int)np->n_input, out, (int)np->n_output, &id));
         om_node *n = &g->nodes[id];
         n->attr = calloc(np->n_attribute + 1, sizeof(om_attr));
         if (!n->attr) return om_error(OM_OUT_OF_MEMORY, "out of memory");

@@ -28,6 +28,7 @@ typedef struct om_kernel_ctx {
     int training;          /* the forward runs in training mode */
     om_device_type device; /* where in/out live (CPU, or CUDA for OM_OP_CALLBACK ops in a CUDA plan) */
     int device_id;
+    int64_t extent;        /* shape rules of OM_OP_DATA_DEPENDENT ops: the size count() found (-1: unknown) */
 } om_kernel_ctx;
 
 typedef struct om_grad_ctx {
@@ -53,6 +54,10 @@ enum {
     OM_OP_CALLBACK = 1 << 5,   /* the client computes it (ops/callback.c): its cpu kernel runs on the host in
                                   every plan, with pointers on the plan's device (ctx->device); never folded,
                                   merged or recomputed (it is also OM_OP_RANDOM) */
+    OM_OP_DATA_DEPENDENT = 1 << 6, /* an output's size depends on input values (NonZero): the planner
+                                  cuts the plan at the node (plan/plan.h: segments) and the executor
+                                  asks count() for that size once the node's inputs exist; the shape
+                                  rule reads it from ctx->extent. Also OM_OP_RANDOM (never folded) */
 };
 
 typedef struct om_op_def {
@@ -67,6 +72,9 @@ typedef struct om_op_def {
     om_status *(*infer)(om_kernel_ctx *ctx);
     om_status *(*grad)(om_grad_ctx *ctx);     /* NULL: not differentiable (error if needed) */
     om_status *(*cpu)(om_kernel_ctx *ctx);
+    /* OM_OP_DATA_DEPENDENT ops: the data-dependent extent of the output, from the inputs' values
+     * (CPU memory); the shape rule then gets it as ctx->extent */
+    om_status *(*count)(om_kernel_ctx *ctx, int64_t *extent);
     /* which inputs can carry a gradient: bit i set = input i differentiable (inputs 0..31);
      * ~0u: every input, however many (variadic ops: Concat, PythonOp).
      * 0 with grad==NULL: the op blocks gradients (Shape, Equal, ...). */

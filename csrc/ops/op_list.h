@@ -207,6 +207,9 @@
     /* ctc.c */ \
     OP(om_op_ctc_loss, "CTCLoss", "ortmod", ctc_cuda) \
     OP(om_op_ctc_loss_grad, "CTCLossGrad", "ortmod", ctc_grad_cuda) \
+    /* nonzero.c */ \
+    HOST_OP(om_op_nonzero, "NonZero", "", "data-dependent size: the CUDA executor refuses such graphs by name") \
+    OP(om_op_one_hot, "OneHot", "", one_hot_cuda) \
     /* end */
 
 /* The ops cheap enough to run twice and whose results are as large as their inputs: what

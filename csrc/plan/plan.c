@@ -13,6 +13,7 @@ void om_plan_free(om_plan *p) {
     for (int v = 0; p->owned && v < p->n_values; v++)
         if (p->owned[v]) om_free(p->vt[v].data);
     free(p->input_shapes);
+    free(p->extents);
     free(p->vt);
     free(p->storage);
     free(p->offset);
@@ -28,8 +29,27 @@ void om_plan_free(om_plan *p) {
     free(p);
 }
 
-int om_plan_matches(const om_plan *p, const om_tensor *inputs, int n_inputs) {
-    if (p->n_inputs != n_inputs) return 0;
+om_status *om_plan_segments(const om_graph *g, int *seg, int *dd, int *n_dd) {
+    int n_fwd = g->n_fwd_nodes ? g->n_fwd_nodes : g->n_nodes, m = 0;
+    for (int k = 0; k < g->n_nodes; k++) {
+        const om_node *n = &g->nodes[k];
+        if (n->op->flags & OM_OP_DATA_DEPENDENT) {
+            if (k >= n_fwd)
+                return om_error(OM_UNSUPPORTED_OP, "%s node '%s' is in the backward: a data-dependent size there is "
+                                "not planned (only forward nodes start segments)", n->op->name, n->name);
+            if (dd) dd[m] = k;
+            m++;
+        }
+        if (seg) seg[k] = m;
+    }
+    *n_dd = m;
+    return NULL;
+}
+
+int om_plan_matches(const om_plan *p, const om_tensor *inputs, int n_inputs, const int64_t *extents, int n_known) {
+    if (p->n_inputs != n_inputs || p->segment != n_known) return 0;
+    for (int i = 0; i < n_known; i++)
+        if (p->extents[i] != extents[i]) return 0;
     for (int i = 0; i < n_inputs; i++)
         if (p->input_shapes[i].dtype != inputs[i].dtype || !om_shape_equal(&p->input_shapes[i], &inputs[i]))
             return 0;
@@ -63,19 +83,24 @@ static void shape_seeds(const om_graph *g, om_plan *p) {
 }
 
 /* Shape inference for every node in order; folds what is known at plan time. */
-static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, char *folded) {
+/* Nodes of later segments are skipped (their shapes wait for counts); those of earlier
+ * segments are inferred again (the same shapes: the same counts) and, unless folded, their
+ * outputs are OM_ST_EXTERN: an earlier plan of the call computes them. */
+static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, char *folded, const int *seg) {
     om_tensor in[MAX_IO], out[MAX_IO];
     for (int k = 0; k < n_nodes; k++) {
         const om_node *n = &g->nodes[k];
         if (n->n_in > MAX_IO || n->n_out > MAX_IO)
             return om_error(OM_UNSUPPORTED_OP, "node '%s' has more than %d inputs or outputs", n->name, MAX_IO);
+        if (seg[k] > p->segment) continue;
         if (k == g->n_fwd_nodes) shape_seeds(g, p);
         bind_node(g, p, k, in, out);
         int known = !(n->op->flags & OM_OP_RANDOM);
         if (!(n->op->flags & OM_OP_SHAPE_ONLY))
             for (int i = 0; i < n->n_in && known; i++)
                 if (n->in[i] >= 0 && p->storage[n->in[i]] != OM_ST_CONST) known = 0;
-        om_kernel_ctx ctx = {.g = g, .node = n, .n_in = n->n_in, .n_out = n->n_out, .in = in, .out = out};
+        om_kernel_ctx ctx = {.g = g, .node = n, .n_in = n->n_in, .n_out = n->n_out, .in = in, .out = out, .extent = -1};
+        if (n->op->flags & OM_OP_DATA_DEPENDENT) ctx.extent = p->extents[seg[k] - 1];   /* d_i starts segment i */
         if (!n->op->infer)
             return om_error(OM_INTERNAL, "op '%s' has no shape rule", n->op->name);
         om_status *st = n->op->infer(&ctx);
@@ -96,7 +121,11 @@ static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, cha
             p->vt[v] = out[j];
             p->vt[v].data = NULL;
         }
-        if (!known) continue;
+        if (!known) {
+            for (int j = 0; j < n->n_out && seg[k] < p->segment; j++)
+                if (n->out[j] >= 0) p->storage[n->out[j]] = OM_ST_EXTERN;
+            continue;
+        }
         for (int j = 0; j < n->n_out; j++) {
             int v = n->out[j];
             if (v < 0) continue;
@@ -112,7 +141,7 @@ static om_status *infer_and_fold(const om_graph *g, om_plan *p, int n_nodes, cha
     }
     /* no backward node (every gradient passes straight through: an output that is an input):
      * the loop never reached the first backward node, but the seeds still need shapes */
-    if (n_nodes <= g->n_fwd_nodes) shape_seeds(g, p);
+    if (n_nodes <= g->n_fwd_nodes && p->last_segment) shape_seeds(g, p);
     return NULL;
 }
 
@@ -312,7 +341,7 @@ done:
 static size_t aligned_bytes(const om_tensor *t) { return (om_tensor_nbytes(t) + 63) & ~(size_t)63; }
 
 om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_inputs, bool has_backward,
-                         om_plan **out) {
+                         const int64_t *extents, int n_known, om_plan **out) {
     *out = NULL;
     om_status *st = NULL;
     int nv = g->n_values, nn = has_backward ? g->n_nodes : (g->n_fwd_nodes ? g->n_fwd_nodes : g->n_nodes);
@@ -321,9 +350,20 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     char *folded = calloc((size_t)nn + 1, 1), *live = calloc((size_t)nn + 1, 1), *needed = calloc((size_t)nv + 1, 1);
     int *step_of = malloc(sizeof(int) * ((size_t)nn + 1)), *last = malloc(sizeof(int) * ((size_t)nv + 1));
     int *def = malloc(sizeof(int) * ((size_t)nv + 1)), *share = NULL;
-    char *result = NULL;
+    int *seg = malloc(sizeof(int) * ((size_t)g->n_nodes + 1)), n_dd = 0;
+    char *result = NULL, *outside = calloc((size_t)nv + 1, 1);   /* read by a node of a later segment */
     interval *iv = malloc(sizeof(interval) * ((size_t)nv + 1));
-    if (!p || !folded || !live || !needed || !step_of || !last || !def || !iv) goto oom;
+    if (!p || !folded || !live || !needed || !step_of || !last || !def || !iv || !seg || !outside) goto oom;
+    if ((st = om_plan_segments(g, seg, NULL, &n_dd))) goto fail;
+    if (n_known < 0 || n_known > n_dd) {
+        st = om_error(OM_INTERNAL, "a plan with %d data-dependent counts for a graph with %d", n_known, n_dd);
+        goto fail;
+    }
+    p->segment = n_known;
+    p->last_segment = n_known == n_dd;
+    p->extents = malloc(sizeof(int64_t) * ((size_t)n_known + 1));
+    if (!p->extents) goto oom;
+    if (n_known) memcpy(p->extents, extents, sizeof(int64_t) * (size_t)n_known);
     p->n_inputs = n_inputs;
     p->n_values = nv;
     if (n_inputs) {   /* the engine checked that every input is on this device */
@@ -359,7 +399,7 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     }
     for (int i = 0; i < g->n_outputs; i++) p->seed_of_output[i] = has_backward && g->grad_of_output ? g->grad_of_output[i] : -1;
 
-    if ((st = infer_and_fold(g, p, nn, folded))) goto fail;
+    if ((st = infer_and_fold(g, p, nn, folded, seg))) goto fail;
 
     /* Dead-node removal: a runtime node runs only if something needs one of its outputs. */
     for (int i = 0; i < g->n_outputs; i++) needed[g->outputs[i]] = 1;
@@ -368,7 +408,12 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
             if (g->grad_of_input[i] >= 0) needed[g->grad_of_input[i]] = 1;
     for (int k = nn - 1; k >= 0; k--) {
         const om_node *n = &g->nodes[k];
-        if (folded[k]) continue;
+        if (folded[k] || seg[k] < p->segment) continue;   /* an earlier plan ran it */
+        if (seg[k] > p->segment) {   /* a later one: its shapes wait, so it is taken as live */
+            for (int i = 0; i < n->n_in; i++)
+                if (n->in[i] >= 0) needed[n->in[i]] = outside[n->in[i]] = 1;
+            continue;
+        }
         for (int j = 0; j < n->n_out && !live[k]; j++)
             if (n->out[j] >= 0 && needed[n->out[j]]) live[k] = 1;
         if (!live[k]) continue;
@@ -378,11 +423,11 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
     p->n_fwd_prog = p->n_bwd_prog = 0;
     for (int k = 0; k < nn; k++) {
         step_of[k] = -1;
-        if (!live[k]) continue;
+        if (!live[k] || seg[k] != p->segment) continue;
         if (k < n_fwd) p->fwd_prog[p->n_fwd_prog++] = k;
     }
     for (int k = n_fwd; k < nn; k++)
-        if (live[k]) p->bwd_prog[p->n_bwd_prog++] = k;
+        if (live[k] && seg[k] == p->segment) p->bwd_prog[p->n_bwd_prog++] = k;
     if (p->device == OM_CPU) {
         size_cpu_twins(g, p, p->fwd_prog, p->n_fwd_prog);
         size_cpu_twins(g, p, p->bwd_prog, p->n_bwd_prog);
@@ -432,6 +477,11 @@ om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_input
             if (step_of[k] > last[r]) last[r] = step_of[k];
         }
     }
+    /* What a later segment reads stays to the end of this plan's frame (the call keeps the frame
+     * until its backward ran): stash. */
+    for (int v = 0; v < nv; v++)
+        if (outside[v] && def[root_of(p, v)] >= 0)
+            last[root_of(p, v)] = p->n_fwd_prog + p->n_bwd_prog;
     /* Storage classes for buffers produced at run time. */
     for (int v = 0; v < nv; v++) {
         if (def[v] < 0) continue;
@@ -503,6 +553,7 @@ fail:
     p = NULL;
 done:
     free(folded); free(live); free(needed); free(step_of); free(last); free(def); free(iv); free(share); free(result);
+    free(seg); free(outside);
     *out = p;
     return st;
 }

@@ -22,9 +22,31 @@ typedef enum om_storage {
     OM_ST_BWD,        /* backward scratch, in the frame */
     OM_ST_OUT,        /* a result handed to the caller: allocated fresh each call */
     OM_ST_ALIAS,      /* shares the memory of value alias_of (Reshape & co.) */
+    OM_ST_EXTERN,     /* computed by an earlier segment's plan of the same call: in that plan's frame */
 } om_storage;
 
+/* Segments: plans of graphs whose sizes depend on values.
+ *
+ * A data-dependent node (OM_OP_DATA_DEPENDENT: NonZero) has an output size that only its
+ * input's values give. With such nodes d_1..d_m (forward order) the graph runs in m+1
+ * segments: segment 0 is the forward nodes before d_1, segment i the forward nodes from d_i
+ * up to d_(i+1), and segment m also holds the whole backward (whose shapes depend on every
+ * count). The plan of segment j is built once its j counts are known, and is cached under the
+ * input shapes and those j counts (om_plan_matches): a call plans segment 0, runs it, asks d_1
+ * for its count (om_op_def.count), finds or builds the plan of segment 1 for that count, runs
+ * it, and so on (exec/engine.c).
+ *
+ * Each segment's plan places only its own values, in its own frame; what a later segment (or
+ * the backward) reads of them stays where it was written (OM_ST_STASH, live to the end of the
+ * frame) and the later plan reads it in place (OM_ST_EXTERN): nothing is copied at a boundary.
+ * The price: the backward cannot reuse an earlier segment's dead bytes, and a plan cannot know
+ * which of its values later segments leave unread (nodes past the segment are taken as live).
+ * A graph without data-dependent nodes has one segment, planned exactly as before. */
+
 typedef struct om_plan {
+    int segment;                  /* which segment it runs: the number of counts it was built with */
+    int last_segment;             /* 1 when it runs the graph's end (and the backward) */
+    int64_t *extents;             /* [segment]: the data-dependent counts of d_1..d_segment (the key's rest) */
     int n_inputs;
     om_tensor *input_shapes;      /* the key: dtype/rank/dims per graph input */
     int n_values;
@@ -66,10 +88,14 @@ typedef struct om_plan {
  * for a device other than the CPU needs its device part too (om_device_plan_prepare) before it
  * runs. */
 om_status *om_plan_build(const om_graph *g, const om_tensor *inputs, int n_inputs, bool has_backward,
-                         om_plan **out);
+                         const int64_t *extents, int n_known, om_plan **out);
+/* Segment of every node (seg[k], for g->n_nodes nodes; NULL to skip) and the data-dependent
+ * forward nodes in order (dd[i] is d_(i+1); NULL to skip); *n_dd gets m. A data-dependent node
+ * in the backward (none today) is refused by name. */
+om_status *om_plan_segments(const om_graph *g, int *seg, int *dd, int *n_dd);
 /* Frees p and what the planner made for it (folded constants, backward variants). device_data
  * is not the planner's: release it first (om_device_plan_release). */
 void om_plan_free(om_plan *p);
 /* 1 when the plan was built for exactly these input dtypes, shapes and device. */
-int om_plan_matches(const om_plan *p, const om_tensor *inputs, int n_inputs);
+int om_plan_matches(const om_plan *p, const om_tensor *inputs, int n_inputs, const int64_t *extents, int n_known);
 #endif

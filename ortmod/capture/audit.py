@@ -187,9 +187,9 @@ def _check_index_put(node):
         return None
     values = _meta_val(node.args[2])
     one_mask = len(indices) == 1 and isinstance(vals[0], torch.Tensor) and vals[0].dtype == torch.bool
-    if not one_mask or not isinstance(values, torch.Tensor) or not all(isinstance(d, int) and d == 1 for d in values.shape):
-        return ("boolean-mask index assignment is taken only as x[mask] = v (one mask, one value); "
-                "other forms need NonZero, which the engine does not have")
+    if not one_mask or not isinstance(values, torch.Tensor):
+        return ("boolean-mask index assignment is taken only with one mask (x[mask] = v or x[mask] = values per "
+                "selected slice); several indices with a mask among them are not reviewed")
     return None
 
 
@@ -442,6 +442,11 @@ _PY_OPS = frozenset({operator.getitem, operator.add, operator.sub, operator.mul,
 # for every argument (or whose dropped arguments _CHECKS refuses)
 REVIEWED = frozenset({
     "getitem", "aten::sym_size.int", "aten::sym_numel", "aten::sym_stride.int",
+    # data-dependent sizes (issue 37): NonZero + Transpose, the engine's segmented plans (plan/plan.h);
+    # its count is an unbacked symbol, which no guard reads (shape_guard: _free_unbacked)
+    "aten::nonzero",
+    "aten::masked_select",     # ortmod's rule (rules/indexing_onnxscript): GatherND at NonZero
+    "aten::one_hot",           # ortmod's rule: OneHot (a class out of range raises, as eager)
     # ortmod's rule: StopGradient, as ortmod::stop_gradient (what _insert_stop_gradients makes of
     # every other detach)
     "aten::detach",

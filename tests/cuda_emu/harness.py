@@ -321,6 +321,7 @@ def cases_ops_fp32():
     yield "dropout-masks", M.test_dropout_masks_match_cpu
     yield "maxpool-nan", M.test_maxpool_nan_wins_its_window_as_on_cpu
     yield "gather-elements-out-of-range-reads-zero", lambda: gather_elements_out_of_range(M)
+    yield "nonzero-refused-by-name", lambda: nonzero_refused(M)
     for op, inputs, attrs, match in M.CONSTANT_OUT_OF_RANGE:
         yield f"constant-index-out-of-range-{op}", lambda c=(op, inputs, attrs, match): constant_index_refused(*c)
     for name, *c in M.CTC_CASES:
@@ -336,6 +337,21 @@ def gather_elements_out_of_range(M):
     eng = _C.Engine(make_model("GatherElements", {"x": x, "i": idx}, {"axis": 0}), None)
     caps, _ = eng.forward([to_device(x), to_device(idx)], False, 0)
     np.testing.assert_array_equal(from_device(caps[0]).numpy(), [[0.0, x[0, 1]]])
+
+
+def nonzero_refused(M):
+    """A data-dependent size (NonZero: csrc/plan/plan.h's segments) runs on the CPU only: on CUDA the
+    executor refuses the graph by name before any kernel, and the CPU runs it."""
+    x = np.array([[0.0, 1.5], [2.0, 0.0]], np.float32)
+    eng = _C.Engine(make_model("NonZero", {"x": x}, None), None)
+    try:
+        eng.forward([to_device(torch.from_numpy(x))], False, 0)
+    except Exception as e:
+        assert "NonZero node" in str(e) and "CPU only" in str(e), f"refused with another message: {e}"
+    else:
+        raise AssertionError("a NonZero graph ran on the CUDA provider")
+    caps, _ = eng.forward([torch.from_numpy(x)], False, 0)
+    np.testing.assert_array_equal(cpu_out(caps[0]).numpy(), [[0, 1], [1, 0]])
 
 
 def constant_index_refused(op, inputs, attrs, match):

@@ -399,6 +399,11 @@ NEW_CASES = [
     ("scatter-nd-int64-labels", "ScatterND", {"x": np.zeros((2, 5), np.int64), "i": np.stack(np.meshgrid(
         np.arange(2), np.arange(1, 5), indexing="ij"), -1).astype(np.int64),
      "u": R.integers(0, 64, (2, 4)).astype(np.int64)}, None, (), 1, (), {}),
+    # OneHot (cuda/nonzero.cu; literal inputs, no draw): negative indices wrap, the new axis anywhere
+    ("one-hot-axis-1", "OneHot", {"i": np.array([[0, 3, -1], [2, -4, 1]], np.int64), "d": np.array(4, np.int64),
+     "v": np.array([0.0, 1.0], np.float32)}, {"axis": 1}, (), 1, ("d", "v"), {}),
+    ("one-hot-last-int32", "OneHot", {"i": np.array([1, 0, 2, -3], np.int32), "d": np.array([3], np.int64),
+     "v": np.array([-2, 5], np.int64)}, None, (), 1, ("d", "v"), {}),
     # RNN / RNNGrad (tanh and relu; drawn from R23)
     ("rnn-tanh-forward", "RNN", _rnn_inputs("RNN", 5, 3, 4, 6, 1, draw=f32r), {"hidden_size": 6},
      ("X", "W", "R", "B", "initial_h"), 2, (), LOOSE),

@@ -1,4 +1,4 @@
-"""The torch.export path's rules for scatter_add, index_put, copy: onnxscript functions traced by
+"""The torch.export path's rules for scatter_add, index_put, copy, masked_select: onnxscript functions traced by
 torch's
 exporter where torchlib's translation does not mean what eager training means.
 
@@ -38,11 +38,24 @@ def indexing(op, ir, stop_gradient):
                   accumulate: bool = False) -> TReal:
         # integer indices: torchlib's rule (ScatterND; accumulate: repeated indices add, as
         # eager; otherwise the engine lets the last write win, eager's deterministic order;
-        # negative indices wrap). A boolean mask: torchlib's needs NonZero, which the engine
-        # lacks; one mask on the leading dims with a single value (x[mask] = v, x[mask] += v,
-        # what _CHECKS lets through) is a Where, whose gradients are eager's: v gets the sum of
-        # dy over the selected positions, x gets dy where it was kept (accumulate: everywhere).
-        if any(i is not None and i.dtype == ir.DataType.BOOL for i in indices):
+        # negative indices wrap). One boolean mask on the leading dims with a single value
+        # (x[mask] = v, x[mask] += v) is a Where, whose gradients are eager's: v gets the sum of
+        # dy over the selected positions, x gets dy where it was kept (accumulate: everywhere);
+        # no data-dependent size. One mask with values per selected slice (x[mask] = f(x[mask]))
+        # is ScatterND at NonZero(mask): the selection's length comes from NonZero's shape (the
+        # engine's segmented plans), not from a count computed as data, which torchlib's rule
+        # feeds to an Expand. What _CHECKS lets through.
+        bool_masks = [i for i in indices if i is not None and i.dtype == ir.DataType.BOOL]
+        one_value = all(d == 1 for d in values.shape)
+        if bool_masks and not one_value:
+            mask = indices[0]
+            k = len(mask.shape)
+            where = op.Transpose(op.NonZero(mask), perm=[1, 0])     # [count, k]
+            target = op.Concat(op.Slice(op.Shape(where), ints([0]), ints([1]), ints([0])),
+                               op.Slice(op.Shape(self), ints([k]), ints([len(self.shape)]), ints([0])), axis=0)
+            v = values if values.dtype == self.dtype else op.Cast(values, to=self.dtype)
+            return op.ScatterND(self, where, op.Expand(v, target), reduction="add" if accumulate else "none")
+        if bool_masks:
             mask = indices[0]
             for _ in range(len(self.shape) - len(mask.shape)):
                 mask = op.Unsqueeze(mask, ints([-1]))
@@ -62,7 +75,32 @@ def indexing(op, ir, stop_gradient):
             src = op.Cast(src, to=self.dtype)
         return op.Expand(src, op.Shape(self))
 
+    def masked_select(self: TTensor, mask: TTensor) -> TTensor:
+        # eager: self and mask broadcast together, the elements where mask is true in row-major
+        # order, as a 1-d tensor whose length is a value (the engine's segmented plans); torchlib
+        # has no rule. Expand both ways is their broadcast; the gradient is GatherND's
+        # (scattered back) summed to self's shape by Expand's.
+        x = op.Expand(self, op.Shape(mask))
+        m = op.Expand(mask, op.Shape(x))
+        return op.GatherND(x, op.Transpose(op.NonZero(m), perm=[1, 0]), batch_dims=0)
+
+    def one_hot(self: TInt, num_classes: int = -1) -> TInt:
+        # kept whole (a translated op is not decomposed): torch's decomposition compares with
+        # arange(num_classes), which turns a class out of range into a row of zeros where eager
+        # raises; the engine's OneHot raises too (CPU). num_classes=-1 (the largest class + 1,
+        # a size read from the data) is refused.
+        if num_classes < 0:
+            raise NotImplementedError("ortmod: one_hot without num_classes (a size computed from the data) "
+                                      "is not supported; pass num_classes")
+        # a negative class (eager raises; OneHot would wrap it) is sent out of range: the engine raises
+        depth = const(num_classes, I64)
+        x = op.Cast(self, to=I64)
+        x = op.Where(op.Less(x, const(0, I64)), depth, x)
+        return op.OneHot(x, depth, ints([0, 1]), axis=-1)
+
     return {
+        torch.ops.aten.one_hot.default: one_hot,
+        torch.ops.aten.masked_select.default: masked_select,
         torch.ops.aten.copy.default: copy,
         torch.ops.aten.index_put.default: index_put,
         torch.ops.aten.scatter_add.default: scatter_add,

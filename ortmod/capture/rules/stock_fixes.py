@@ -41,3 +41,18 @@ def _movedim_symbolic(g, x, source, destination):
     if perm == list(range(rank)):
         return x
     return g.op("Transpose", x, perm_i=perm)
+
+
+def _one_hot_symbolic(g, x, num_classes):
+    """eager (one_hot): a class below 0 or at least num_classes raises. torch's rule writes ONNX
+    OneHot, which wraps a negative class (-1 is the last): a negative class is sent to
+    num_classes here, out of range, so the engine's OneHot raises as eager does.
+    num_classes=-1 (the largest class + 1: a size read from the data) is refused."""
+    from ..compat import symbolic_helper as sh
+    n = sh.maybe_get_const(num_classes, "i")
+    if sh.is_value(n) or not isinstance(n, int) or n < 0:
+        _refuse("one_hot", "needs num_classes as a number (not the largest class + 1, a size read from the data)")
+    depth = g.op("Constant", value_t=torch.tensor(n, dtype=torch.int64))
+    x = g.op("Cast", x, to_i=7)
+    x = g.op("Where", g.op("Less", x, g.op("Constant", value_t=torch.tensor(0, dtype=torch.int64))), depth, x)
+    return g.op("OneHot", x, depth, g.op("Constant", value_t=torch.tensor([0, 1], dtype=torch.int64)), axis_i=-1)
