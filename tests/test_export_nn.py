@@ -160,6 +160,23 @@ def test_pool_unbatched(module, shape):
     check(module, x)
 
 
+# ceil_mode windows that run past the padded input, down to a dilated kernel longer than it
+# (model fuzzer seed 80058: MaxPool2d(3, 2, 1, dilation=2, ceil_mode=True) over a height of 2,
+# refused as "kernel extent 5 exceeds the padded input 4"; eager pools one window there)
+@pytest.mark.parametrize("module,shape", [
+    (nn.MaxPool2d(3, 2, 1, dilation=2, ceil_mode=True), (2, 6, 2, 9)),
+    (nn.MaxPool2d(3, 2, 1, dilation=2, ceil_mode=True, return_indices=True), (2, 3, 2, 9)),
+    (nn.MaxPool1d(4, 3, 2, dilation=2, ceil_mode=True, return_indices=True), (2, 3, 6)),
+    (nn.MaxPool3d((2, 3, 2), (2, 2, 3), (1, 1, 0), dilation=(1, 2, 1), ceil_mode=True), (1, 2, 3, 3, 5)),
+    (nn.AvgPool1d(4, 2, 1, ceil_mode=True), (2, 3, 1)),
+    (nn.AvgPool1d(4, 2, 1, ceil_mode=True, count_include_pad=False), (2, 3, 1)),
+    (nn.AvgPool2d(3, 3, 1, ceil_mode=True), (2, 3, 4, 5)),
+    (nn.AvgPool2d(3, 3, 1, ceil_mode=True, count_include_pad=False), (2, 3, 4, 5)),
+])
+def test_pool_ceil_windows_past_the_padding(module, shape):
+    check(module, _x(*shape))
+
+
 def test_max_pool_unbatched_ties():
     x = torch.round(_x(3, 7, 7))                 # integers: many ties within a window
     check(nn.MaxPool2d(3, 2, 1, return_indices=True), x)

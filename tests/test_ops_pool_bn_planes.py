@@ -159,3 +159,119 @@ def test_batchnorm_inference_channels(threads):
     np.testing.assert_allclose(outs[0], y.detach().numpy(), rtol=1e-10, atol=1e-10)
     y.backward(torch.from_numpy(dys[0]))
     check_grads(["X", "scale", "B"], grads[:3], t)
+
+
+# A sweep over kernel / stride / padding / dilation / ceil_mode on small inputs, 1-D to 3-D,
+# against eager: output sizes (eager's pooling_output_shape: floor division, a ceil_mode window
+# must start inside the input or its leading padding), values, Indices and gradients. Small
+# inputs make the edge cases common: ceil_mode windows that run past the padded input, and a
+# dilated kernel longer than the padded input (seed 80058's MaxPool2d(3, 2, 1, dilation=2,
+# ceil_mode=True) over a height of 2 was refused as "kernel extent 5 exceeds the padded
+# input 4"). Where eager finds no window (output size 0) the engine must refuse too.
+def _sweep(seed, n, dilated):
+    rng = np.random.default_rng(seed)
+    cases = []
+    while len(cases) < n:
+        rank = int(rng.integers(1, 4))
+        k = [int(rng.integers(1, 5)) for _ in range(rank)]
+        kw = dict(kernel_size=tuple(k), stride=tuple(int(rng.integers(1, 4)) for _ in range(rank)),
+                  padding=tuple(int(rng.integers(0, ki // 2 + 1)) for ki in k), ceil_mode=bool(rng.random() < 0.7))
+        if dilated:
+            kw["dilation"] = tuple(int(rng.integers(1, 4)) for _ in range(rank))
+        shape = (2, 3) + tuple(int(rng.integers(1, 8 if rank < 3 else 6)) for _ in range(rank))
+        cases.append((shape, kw))
+    return cases
+
+
+def _empty_window(shape, kw):
+    """Has some window no tap inside the input (only a dilated one can)?"""
+    for i, n in enumerate(shape[2:]):
+        k, s, p = kw["kernel_size"][i], kw["stride"][i], kw["padding"][i]
+        d = kw.get("dilation", (1,) * len(shape))[i]
+        span = n + 2 * p - d * (k - 1) - 1 + (s - 1 if kw["ceil_mode"] else 0)
+        out = span // s + 1
+        if kw["ceil_mode"] and (out - 1) * s >= n + p:
+            out -= 1
+        if any(not any(0 <= o * s - p + t * d < n for t in range(k)) for o in range(out)):
+            return True
+    return False
+
+
+def _attrs_of(rank, kw):
+    a = {"kernel_shape": list(kw["kernel_size"]), "strides": list(kw["stride"]), "pads": list(kw["padding"]) * 2,
+         "ceil_mode": int(kw["ceil_mode"])}
+    if "dilation" in kw:
+        a["dilations"] = list(kw["dilation"])
+    return a
+
+
+MAX_SWEEP = _sweep(80058, 120, dilated=True)
+
+
+@pytest.mark.parametrize("shape,kw", MAX_SWEEP, ids=[f"{s[2:]}-{kw}" for s, kw in MAX_SWEEP])
+def test_maxpool_sweep_against_eager(shape, kw):
+    rank = len(shape) - 2
+    x = RNG.standard_normal(shape)
+    xt = torch.from_numpy(x.copy()).requires_grad_()
+    pool = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[rank]
+    try:
+        y, idx = pool(xt, return_indices=True, **kw)
+    except RuntimeError as e:
+        assert "too small" in str(e)
+        with pytest.raises(Exception, match="exceeds the padded input"):
+            engine("MaxPool", {"X": x}, _attrs_of(rank, kw))
+        return
+    if _empty_window(shape, kw):
+        with pytest.raises(Exception, match="no tap inside the input"):
+            engine("MaxPool", {"X": x}, _attrs_of(rank, kw), n_outputs=2)
+        return
+    outs, grads, dys = engine("MaxPool", {"X": x}, _attrs_of(rank, kw), n_outputs=2)
+    assert outs[0].shape == tuple(y.shape)
+    np.testing.assert_array_equal(outs[0], y.detach().numpy())
+    plane = int(np.prod(shape[2:]))
+    off = (np.arange(shape[0] * shape[1]) * plane).reshape(shape[0], shape[1], *([1] * rank))
+    np.testing.assert_array_equal(outs[1], idx.numpy() + off)
+    y.backward(torch.from_numpy(dys[0]))
+    check_grads(["X"], grads, {"X": xt})
+
+
+def test_maxpool_empty_window():
+    """A window with no tap inside the input: eager's max there is -inf, which the engine's
+    forward gives (no Indices asked for, no gradient); eager's index there points outside the
+    window, in the next row, and its backward adds the window's gradient to that element, so
+    the Indices (and with them the gradient) are refused by name."""
+    kw = dict(kernel_size=(2, 2), stride=(2, 1), padding=(0, 1), dilation=(3, 2), ceil_mode=True)
+    x = RNG.standard_normal((2, 3, 5, 1))
+    assert _empty_window(x.shape, kw)
+    outs, _, _ = engine("MaxPool", {"X": x}, _attrs_of(2, kw), grad=[False])
+    np.testing.assert_array_equal(outs[0], F.max_pool2d(torch.from_numpy(x), **kw).numpy())
+    assert np.isneginf(outs[0]).any()
+    with pytest.raises(Exception, match="no tap inside the input"):
+        engine("MaxPool", {"X": x}, _attrs_of(2, kw), n_outputs=2)
+
+
+AVG_SWEEP = _sweep(80059, 80, dilated=False)
+
+
+@pytest.mark.parametrize("incl", [0, 1])
+@pytest.mark.parametrize("shape,kw", AVG_SWEEP, ids=[f"{s[2:]}-{kw}" for s, kw in AVG_SWEEP])
+def test_avgpool_sweep_against_eager(shape, kw, incl):
+    rank = len(shape) - 2
+    x = RNG.standard_normal(shape)
+    xt = torch.from_numpy(x.copy()).requires_grad_()
+    pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[rank]
+    attrs = dict(_attrs_of(rank, kw), count_include_pad=incl)
+    try:
+        y = pool(xt, count_include_pad=bool(incl), **kw)
+    except RuntimeError as e:
+        if "smaller than kernel size" in str(e):   # avg_pool3d's own check on the unpadded input:
+            return                                  # no eager result (nor a capture) to compare
+        assert "too small" in str(e)
+        with pytest.raises(Exception, match="exceeds the padded input"):
+            engine("AveragePool", {"X": x}, attrs)
+        return
+    outs, grads, dys = engine("AveragePool", {"X": x}, attrs)
+    assert outs[0].shape == tuple(y.shape)
+    np.testing.assert_allclose(outs[0], y.detach().numpy(), rtol=1e-12, atol=1e-12)
+    y.backward(torch.from_numpy(dys[0]))
+    check_grads(["X"], grads, {"X": xt})

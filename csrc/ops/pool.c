@@ -46,6 +46,22 @@ static om_status *pool_window(const om_node *n, int xr, const int64_t *xd, om_wi
     return om_window_init(n, xr, xd, NULL, (int)om_attr_int(n, "ceil_mode", 0), w);
 }
 
+/* Does some window of w have no tap inside the input along some dim? Only a dilated window can
+ * (eager keeps the padding at most half the kernel): one that starts in the leading padding
+ * and steps over the whole input, or a ceil_mode window past its end. */
+static int has_empty_window(const om_window *w) {
+    for (int c = 0; c < OM_SP; c++)
+        for (int64_t o = 0; o < w->out[c]; o++) {
+            int any = 0;
+            for (int64_t k = 0; k < w->k[c] && !any; k++) {
+                const int64_t pos = o * w->s[c] - w->pb[c] + k * w->d[c];
+                any = pos >= 0 && pos < w->in[c];
+            }
+            if (!any) return 1;
+        }
+    return 0;
+}
+
 static om_status *pool_infer(om_kernel_ctx *ctx) {
     const om_node *n = ctx->node;
     const om_tensor *x = &ctx->in[0];
@@ -54,6 +70,13 @@ static om_status *pool_infer(om_kernel_ctx *ctx) {
     OM_TRY(pool_window(n, x->rank, x->dims, &w));
     if (om_attr_int(n, "storage_order", 0) != 0)
         return om_err_unsupported(n, "storage_order = 1 (column-major indices)");
+    /* an empty window's max is -inf, as eager's; but eager's index there is its first tap
+     * stepped past the leading padding, a position outside the window (in the next row, or
+     * past the plane), and eager's backward adds that window's gradient to it: refused
+     * wherever the Indices are made (asked for, or for the gradient) */
+    if (n->op_id == om_op_max_pool_id && ctx->n_out > 1 && n->out[1] >= 0 && has_empty_window(&w))
+        return om_err_unsupported(n, "a window with no tap inside the input (a dilated kernel stepping over it): "
+                                     "eager's index there, and where its gradient goes, lie outside the window");
     om_window_out_shape(&w, w.C, x->dtype, &ctx->out[0]);
     if (ctx->n_out > 1) om_window_out_shape(&w, w.C, OM_I64, &ctx->out[1]);
     return NULL;

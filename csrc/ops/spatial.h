@@ -94,15 +94,20 @@ static inline om_status *om_window_init(const om_node *n, int xr, const int64_t 
             if (w->pb[c] < 0 || w->pe[c] < 0)
                 return om_error(OM_INVALID_ARGUMENT, "%s node '%s': negative pads", op, om_sp_name(n));
         }
-        const int64_t span = w->in[c] + w->pb[c] + w->pe[c] - ext;
-        if (span < 0) {
+        /* eager's pooling_output_shape (ATen/native/Pool.h): floor((span + (ceil ? s - 1 : 0)) / s) + 1,
+         * floor division; with ceil_mode the last window must start inside the input or its
+         * leading padding. A ceil_mode window may run past the padded input, even when the
+         * kernel's extent exceeds it (span < 0: input 2, pads 1 + 1, kernel 3 dilated by 2
+         * has one window, its taps at -1, 1, 3); the kernels skip taps outside the input. */
+        const int64_t span = w->in[c] + w->pb[c] + w->pe[c] - ext, num = span + (ceil ? w->s[c] - 1 : 0);
+        int64_t o = (num >= 0 ? num / w->s[c] : -((-num + w->s[c] - 1) / w->s[c])) + 1;
+        if (ceil && o > 0 && (o - 1) * w->s[c] >= w->in[c] + w->pb[c]) o--;
+        if (o < 1) {
             return om_error(OM_INVALID_ARGUMENT, "%s node '%s': kernel extent %lld exceeds the padded input %lld "
-                            "on spatial dim %d", op, om_sp_name(n), (long long)ext,
-                            (long long)(w->in[c] + w->pb[c] + w->pe[c]), i);
+                            "on spatial dim %d (stride %lld%s: no window)", op, om_sp_name(n), (long long)ext,
+                            (long long)(w->in[c] + w->pb[c] + w->pe[c]), i, (long long)w->s[c],
+                            ceil ? ", ceil_mode" : "");
         }
-        int64_t o = ceil ? (span + w->s[c] - 1) / w->s[c] + 1 : span / w->s[c] + 1;
-        /* ceil_mode: the last window must start inside the input or its leading padding */
-        if (ceil && (o - 1) * w->s[c] >= w->in[c] + w->pb[c]) o--;
         w->out[c] = o;
     }
     return NULL;

@@ -12,7 +12,7 @@ from .compat import JitTensorType
 pass
 from .onnx_util import _exporter_modules, _torch_symbolic
 from .tracing import StopGradientMode
-from .rules.stock_fixes import _log_sigmoid_symbolic, _movedim_symbolic, _one_hot_symbolic
+from .rules.stock_fixes import _log_sigmoid_symbolic, _movedim_symbolic, _one_hot_symbolic, _squeeze_symbolic
 from .rules.symbolics import _argsort_symbolic, _avg_pool_symbolic, _cdist_symbolic, _clamp_overloads_noted, _clamp_symbolic, _cosine_embedding_loss_symbolic, _cosine_similarity_symbolic, _detach_symbolic, _dist_symbolic, _embedding_renorm_symbolic, _embedding_symbolic, _extremum_symbolic, _frobenius_norm_symbolic, _group_norm_symbolic, _hardtanh_symbolic, _index_add_symbolic, _index_put_symbolic, _instance_norm_symbolic, _kl_div_symbolic, _linalg_norm_symbolic, _matrix_norm_symbolic, _norm_symbolic, _pad_symbolic, _pairwise_distance_symbolic, _relu6_symbolic, _softplus_symbolic, _sort_symbolic, _triplet_margin_loss_symbolic, _vector_norm_symbolic
 
 
@@ -141,6 +141,8 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
         ts_opset11.module()
         if _torch_symbolic(registration, "aten::index_put", opset) is not None:
             symbolics["aten::index_put"] = _index_put_symbolic(_torch_symbolic(registration, "aten::index_put", opset))
+        if _torch_symbolic(registration, "aten::squeeze", opset) is not None:
+            symbolics["aten::squeeze"] = _squeeze_symbolic(_torch_symbolic(registration, "aten::squeeze", opset))
         for rank in (1, 2, 3):
             name = f"aten::avg_pool{rank}d"
             if _torch_symbolic(registration, name, opset) is not None:

@@ -56,3 +56,42 @@ def _one_hot_symbolic(g, x, num_classes):
     x = g.op("Cast", x, to_i=7)
     x = g.op("Where", g.op("Less", x, g.op("Constant", value_t=torch.tensor(0, dtype=torch.int64))), depth, x)
     return g.op("OneHot", x, depth, g.op("Constant", value_t=torch.tensor([0, 1], dtype=torch.int64)), axis_i=-1)
+
+
+def _squeeze_symbolic(original):
+    """eager squeeze(x, dim): drops dim when its size is 1, else returns x. Where the exporter's
+    shape inference lost that dim's size (a dynamic Reshape upstream: nn.MultiheadAttention's
+    packed in-projection, ``unflatten(-1, (3, E)).unsqueeze(0).transpose(0, -2).squeeze(-2)``),
+    torch's rule writes an ONNX If on Shape(x)[dim] == 1, which the engine does not run (model
+    fuzzer: "unsupported op 'If'" in every MHA on this path). The same choice without a branch:
+    Reshape(x, Shape(x) with [dim] kept only where its size is not 1). Its numbers are all
+    shape arithmetic, which the engine folds at plan time for the call's shapes, so every
+    input shape gets eager's result (and Reshape's gradient). Known sizes keep torch's rule."""
+    from ..compat import symbolic_helper as sh
+
+    def rule(g, x, dim=None):
+        if dim is None or not sh.is_constant(dim):
+            return original(g, x, dim)
+        d = torch.as_tensor(sh.maybe_get_const(dim, "t")).reshape(-1).tolist()   # squeeze.dim or .dims
+        if len(d) != 1:
+            return original(g, x, dim)
+        d = int(d[0])
+        rank = _input_rank_or_none(x)
+        known = rank is not None and sh.get_tensor_dim_size(x, d + rank if d < 0 else d) is not None
+        if known or rank == 0:
+            return original(g, x, dim)
+        i64 = lambda v: g.op("Constant", value_t=torch.tensor(v, dtype=torch.int64))
+        shape = g.op("Shape", x)
+        if d >= 0:
+            lo = i64([d])
+        elif rank is not None:
+            lo = i64([d + rank])
+        else:
+            lo = g.op("Add", g.op("Shape", shape), i64([d]))
+        hi = g.op("Add", lo, i64([1]))
+        is_one = g.op("Cast", g.op("Equal", g.op("Slice", shape, lo, hi), i64([1])), to_i=7)  # int64
+        kept = g.op("Slice", shape, lo, g.op("Sub", hi, is_one))     # [] where the size is 1
+        target = g.op("Concat", g.op("Slice", shape, i64([0]), lo), kept,
+                      g.op("Slice", shape, hi, i64([2 ** 63 - 1])), axis_i=0)
+        return g.op("Reshape", x, target, allowzero_i=1)
+    return rule
