@@ -215,6 +215,41 @@ const om_provider om_cuda_adapter = {
     .plan_prepare = om_device_plan_prepare, .plan_release = om_device_plan_release, .plan_const = om_device_plan_const,
 };
 
+/* ---- the CUDA provider's optimizer passes (exec/optim_provider.h) ---------------------- */
+static om_status *cuda_adam_step(int device, void *stream, const om_adam_consts *c, int n, om_tensor *params,
+                                 const om_tensor *grads, om_tensor *exp_avg, om_tensor *exp_avg_sq) {
+    return cuda_provider->adam_step(device, stream, c, n, params, grads, exp_avg, exp_avg_sq);
+}
+
+static om_status *cuda_grads_copy_scaled(int device, void *stream, int n, const om_tensor *src, om_tensor *dst,
+                                         float factor) {
+    return cuda_provider->grads_copy_scaled(device, stream, n, src, dst, factor);
+}
+
+static om_status *cuda_grads_check_and_norm(int device, void *stream, int n, const om_tensor *grads, int *found_inf,
+                                            double *sq_sum) {
+    return cuda_provider->grads_check_and_norm(device, stream, n, grads, found_inf, sq_sum);
+}
+
+static const om_optim_provider cuda_optim = {
+    .name = "cuda", .adam_step = cuda_adam_step, .grads_copy_scaled = cuda_grads_copy_scaled,
+    .grads_check_and_norm = cuda_grads_check_and_norm,
+};
+
+om_status *om_optim_provider_get(om_device_type device, const om_optim_provider **out) {
+    *out = NULL;
+    switch (device) {
+    case OM_CPU: return NULL;
+    case OM_CUDA: {
+        const om_cuda_provider *cu;
+        OM_TRY(om_cuda_get(&cu));
+        *out = &cuda_optim;
+        return NULL;
+    }
+    default: return om_error(OM_INVALID_ARGUMENT, "the optimizer takes no tensors of device type %d", (int)device);
+    }
+}
+
 /* ---- the providers, by device type ---------------------------------------------------- */
 const om_provider *om_provider_find(om_device_type device) {
     switch (device) {
