@@ -3,7 +3,7 @@
 - README.md is the user's page: at most 300 lines; the rest lives in docs/.
 - Every relative link in README.md and docs/*.md resolves: the file exists and, for a link with
   a fragment, the target markdown has a heading with that anchor (GitHub's slugs).
-- docs/recipes.md, docs/design.md and README.md name real things: every path in backquotes exists,
+- docs/recipes.md, docs/design.md, docs/adding-a-device.md and README.md name real things: every path in backquotes exists,
   every "`name` in `path`" is found in that file, every other name in backquotes is found in the
   sources. A rename in the code breaks this test until the docs follow it. The other docs pages:
   every path they name exists.
@@ -19,7 +19,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
 README = os.path.join(ROOT, "README.md")
-HELD = ("recipes.md", "design.md")          # the pages whose every name is checked
+HELD = ("recipes.md", "design.md", "adding-a-device.md")          # the pages whose every name is checked
 TOP_DIRS = ("csrc/", "cuda/", "ortmod/", "python/", "tests/", "scripts/", "bench/", "docs/", "demo/")
 BUILD_OUTPUTS = {"ortmod/bin/ortmod-train", "ortmod/libortmod_cuda.so"}   # made by make build, ignored by git
 SOURCE_EXTS = (".py", ".c", ".h", ".cu", ".cuh", ".cmake", ".mk", ".cpp", ".sh")

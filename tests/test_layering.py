@@ -43,3 +43,24 @@ def test_the_planner_does_not_include_the_executor():
     bad = planner_includes_executor()
     assert not bad, ("csrc/plan/ must not include csrc/exec/ (exec/ uses plan/, never the other way):\n"
                      + "\n".join(bad))
+
+
+def device_specific_in_engine(root=CSRC):
+    """Lines of exec/engine.c that name the CUDA provider (its table, its device type, a `cu` handle):
+    the engine runs every device through exec/provider.h's om_provider (docs/adding-a-device.md)."""
+    word = re.compile(r"\bcu\b|OM_CUDA|om_cuda")
+    with open(os.path.join(root, "exec", "engine.c"), encoding="utf-8") as f:
+        return [f"engine.c:{i}: {line.strip()}" for i, line in enumerate(f, 1) if word.search(line)]
+
+
+def test_the_engine_has_no_cuda_branch():
+    bad = device_specific_in_engine()
+    assert not bad, ("csrc/exec/engine.c must not branch on the CUDA provider: ask the plan's om_provider "
+                     "(csrc/exec/provider.h) instead:\n" + "\n".join(bad))
+
+
+def test_the_device_scan_finds_a_cuda_branch(tmp_path):
+    (tmp_path / "exec").mkdir()
+    (tmp_path / "exec" / "engine.c").write_text("static int x(void) { return f->cu != 0; }\n"
+                                                "static int y(void) { return d == OM_CUDA; }\n")
+    assert len(device_specific_in_engine(str(tmp_path))) == 2

@@ -32,6 +32,7 @@
 #define OM_CUDA_PROVIDER_H
 
 #include "ops/op.h"
+#include "exec/optim_provider.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -66,16 +67,7 @@ typedef om_status *(*om_cuda_kernel_fn)(const om_kernel_ctx *ctx, const om_cuda_
 
 typedef enum om_cuda_copy { OM_COPY_H2D = 0, OM_COPY_D2H = 1, OM_COPY_D2D = 2 } om_cuda_copy;
 
-/* One Adam/AdamW step's constants, formed once per call by the engine (csrc/optim/adam.c),
- * so that both providers run the same fp32 update:
- *   mode 0: g += wd p; m = b1 m + w1 g; v = b2 v + w2 g^2; p -= step_size m / (sqrt v + eps)
- *   mode 1: as 0 without the g term; then p -= decay p
- *   mode 2: p *= decay; m += w1 (g - m); v = v b2 + w2 g^2; p += step_size m / (sqrt v / bc2_sqrt + eps)
- * with g = grad * inv_scale. */
-typedef struct om_adam_consts {
-    int mode;
-    float inv_scale, b1, w1, b2, w2, eps, wd, step_size, bc2_sqrt, decay;
-} om_adam_consts;
+/* om_adam_consts (an Adam step's constants) is in exec/optim_provider.h, included above. */
 
 typedef struct om_cuda_provider {
     int abi;

@@ -6,6 +6,7 @@
  * the process exits). A CPU-only process never loads it.
  */
 #include "exec/device.h"
+#include "exec/provider.h"
 #include "core/options.h"
 #include "plan/plan.h"
 
@@ -160,3 +161,106 @@ void om_device_plan_release(om_plan *p) {
 om_cuda_kernel_fn om_device_plan_kernel(const om_plan *p, int node) { return p->device_data->kernel[node]; }
 
 void *om_device_plan_const(const om_plan *p, int v) { return p->device_data->dev_const[v]; }
+
+/* ---- the CUDA provider as an om_provider (exec/provider.h) ---------------------------
+ * An adapter over the loaded om_cuda_provider: its shared-object ABI (OM_CUDA_ABI) is not
+ * the engine's table, so the .cu files do not change when the engine's interface does. */
+static om_status *cuda_ready(void) {
+    const om_cuda_provider *cu;
+    return om_cuda_get(&cu);
+}
+
+static void *cuda_alloc(int device_id, size_t nbytes, void *stream) {
+    void *p = NULL;
+    om_status *st = cuda_provider->alloc(device_id, nbytes ? nbytes : 1, stream, &p);
+    if (st) { om_status_free(st); return NULL; }
+    return p;
+}
+
+static void cuda_release(int device_id, void *p, void *stream) {
+    if (p && cuda_provider) cuda_provider->free(device_id, p, stream);
+}
+
+static om_status *cuda_zero(int device_id, void *p, size_t nbytes, void *stream) {
+    return nbytes ? cuda_provider->memset_async(device_id, p, 0, nbytes, stream) : NULL;
+}
+
+static om_status *cuda_copy(int device_id, void *dst, const void *src, size_t nbytes, void *stream) {
+    return cuda_provider->memcpy_async(device_id, dst, src, nbytes, OM_COPY_D2D, stream);
+}
+
+_Static_assert(sizeof(om_cuda_exec) <= sizeof(((om_run *)0)->state), "om_run.state must hold an om_cuda_exec");
+
+static om_status *cuda_begin(om_run *r) {
+    om_cuda_exec *x = (om_cuda_exec *)r->state.p;
+    memset(x, 0, sizeof *x);
+    return cuda_provider->exec_for(r->plan->device_id, r->stream, x);
+}
+
+static om_status *cuda_run_node(const om_run *r, int node, om_kernel_ctx *ctx) {
+    const om_node *n = ctx->node;
+    if (n->op->flags & OM_OP_CALLBACK) return n->op->cpu(ctx);   /* the client runs it, from the host */
+    const om_plan *p = r->plan;
+    const void *in_host[64];
+    om_cuda_exec x = *(const om_cuda_exec *)r->state.p;
+    for (int i = 0; i < n->n_in; i++)   /* host copies of what was known at plan time */
+        in_host[i] = n->in[i] >= 0 && p->storage[n->in[i]] == OM_ST_CONST ? p->vt[n->in[i]].data : NULL;
+    x.in_host = in_host;
+    return p->device_data->kernel[node](ctx, &x);
+}
+
+const om_provider om_cuda_adapter = {
+    .name = "cuda", .device = OM_CUDA, .shape_suffix = " (cuda)", .host_frames = 0, .ready = cuda_ready, .alloc = cuda_alloc,
+    .release = cuda_release, .zero = cuda_zero, .copy = cuda_copy, .begin = cuda_begin, .run_node = cuda_run_node,
+    .plan_prepare = om_device_plan_prepare, .plan_release = om_device_plan_release, .plan_const = om_device_plan_const,
+};
+
+/* ---- the CUDA provider's optimizer passes (exec/optim_provider.h) ---------------------- */
+static om_status *cuda_adam_step(int device, void *stream, const om_adam_consts *c, int n, om_tensor *params,
+                                 const om_tensor *grads, om_tensor *exp_avg, om_tensor *exp_avg_sq) {
+    return cuda_provider->adam_step(device, stream, c, n, params, grads, exp_avg, exp_avg_sq);
+}
+
+static om_status *cuda_grads_copy_scaled(int device, void *stream, int n, const om_tensor *src, om_tensor *dst,
+                                         float factor) {
+    return cuda_provider->grads_copy_scaled(device, stream, n, src, dst, factor);
+}
+
+static om_status *cuda_grads_check_and_norm(int device, void *stream, int n, const om_tensor *grads, int *found_inf,
+                                            double *sq_sum) {
+    return cuda_provider->grads_check_and_norm(device, stream, n, grads, found_inf, sq_sum);
+}
+
+static const om_optim_provider cuda_optim = {
+    .name = "cuda", .adam_step = cuda_adam_step, .grads_copy_scaled = cuda_grads_copy_scaled,
+    .grads_check_and_norm = cuda_grads_check_and_norm,
+};
+
+om_status *om_optim_provider_get(om_device_type device, const om_optim_provider **out) {
+    *out = NULL;
+    switch (device) {
+    case OM_CPU: return NULL;
+    case OM_CUDA: {
+        const om_cuda_provider *cu;
+        OM_TRY(om_cuda_get(&cu));
+        *out = &cuda_optim;
+        return NULL;
+    }
+    default: return om_error(OM_INVALID_ARGUMENT, "the optimizer takes no tensors of device type %d", (int)device);
+    }
+}
+
+/* ---- the providers, by device type ---------------------------------------------------- */
+const om_provider *om_provider_find(om_device_type device) {
+    switch (device) {
+    case OM_CPU: return &om_cpu_provider;
+    case OM_CUDA: return &om_cuda_adapter;
+    default: return NULL;
+    }
+}
+
+om_status *om_provider_get(om_device_type device, const om_provider **out) {
+    const om_provider *p = *out = om_provider_find(device);
+    if (!p) return om_error(OM_INVALID_ARGUMENT, "unknown device type %d", (int)device);
+    return p->ready();
+}

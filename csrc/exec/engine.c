@@ -1,8 +1,9 @@
 /* engine.c — the public API: compile once, plan per shape set, run forward and backward
- * on the CPU execution provider, or on the CUDA one (exec/device.h) for CUDA inputs. */
+ * through the provider of the inputs' device (exec/provider.h: the CPU's, linked in, or a
+ * device's). Nothing here asks which device that is. */
 #include "autodiff/autodiff.h"
 #include "core/options.h"
-#include "exec/device.h"
+#include "exec/provider.h"
 #include "ops/gemm.h"
 #include "passes/pass.h"
 #include "plan/backward_variants.h"
@@ -85,7 +86,7 @@ struct om_stash {
     om_release_fn release;
     int n_inputs;
     int used;
-    void *stream;               /* CUDA: the stream the forward ran on (the stash is ordered on it) */
+    void *stream;               /* devices: the stream the forward ran on (the stash is ordered on it) */
     /* a segmented call (plan.h): the earlier segments' plans (a reference each) and frames, and
      * where every value was (what the last plan reads as OM_ST_EXTERN); 0 and NULL otherwise */
     int n_prev;
@@ -212,18 +213,29 @@ fail:
     return st;
 }
 
-/* A plan and its device part: the planner builds the device-neutral plan, the device layer
- * (exec/device.h) adds, and frees, what a provider needs to run it. */
+/* A plan and its device part: the planner builds the device-neutral plan, its device's
+ * provider (exec/provider.h) adds, and frees, what it needs to run it. */
 static void free_plan(om_plan *p) {
     if (!p) return;
-    om_device_plan_release(p);
+    const om_provider *pv = om_provider_find(p->device);
+    if (pv && pv->plan_release) pv->plan_release(p);
     om_plan_free(p);
 }
+
+/* "" or " (cuda)": after a shape in a message */
+static const char *device_suffix(om_device_type d) {
+    const om_provider *pv = om_provider_find(d);
+    return pv ? pv->shape_suffix : " (unknown device)";
+}
+
+/* 1 when plan p's frames are host memory (the engine's shared frame: cpu_frame_take). */
+static int host_frames(const om_plan *p) { return om_provider_find(p->device)->host_frames; }
 
 static om_status *build_plan(const om_graph *g, const om_tensor *inputs, int n, bool has_backward,
                              const int64_t *extents, int n_known, om_plan **out) {
     OM_TRY(om_plan_build(g, inputs, n, has_backward, extents, n_known, out));
-    om_status *st = om_device_plan_prepare(g, *out);
+    const om_provider *pv = om_provider_find((*out)->device);
+    om_status *st = pv && pv->plan_prepare ? pv->plan_prepare(g, *out) : NULL;
     if (st) {
         free_plan(*out);
         *out = NULL;
@@ -316,23 +328,22 @@ static om_status *check_inputs(const om_engine *e, const om_tensor *inputs, int 
         if (inputs[i].dtype != v->dtype)
             return om_error(OM_INVALID_ARGUMENT, "input '%s' has dtype %s but the model was compiled for %s", v->name,
                             om_dtype_name(inputs[i].dtype), om_dtype_name(v->dtype));
-        if (inputs[i].device != OM_CPU && inputs[i].device != OM_CUDA)
-            return om_error(OM_INVALID_ARGUMENT, "input '%s' is on an unknown device", v->name);
+        const om_provider *pv = om_provider_find(inputs[i].device), *pv0 = om_provider_find(inputs[0].device);
+        if (!pv) return om_error(OM_INVALID_ARGUMENT, "input '%s' is on an unknown device", v->name);
         if (inputs[i].device != inputs[0].device ||
-            (inputs[i].device == OM_CUDA && inputs[i].device_id != inputs[0].device_id))
+            (!pv->host_frames && inputs[i].device_id != inputs[0].device_id))   /* one host; devices by id */
             return om_error(OM_INVALID_ARGUMENT, "input '%s' is on %s:%d but input '%s' is on %s:%d: every input "
-                            "must be on one device", v->name, inputs[i].device == OM_CUDA ? "cuda" : "cpu",
-                            inputs[i].device_id, g->values[g->inputs[0]].name,
-                            inputs[0].device == OM_CUDA ? "cuda" : "cpu", inputs[0].device_id);
+                            "must be on one device", v->name, pv->name, inputs[i].device_id,
+                            g->values[g->inputs[0]].name, pv0 ? pv0->name : "?", inputs[0].device_id);
         if (inputs[i].rank < 0 || inputs[i].rank > OM_MAX_RANK)
             return om_error(OM_INVALID_ARGUMENT, "input '%s' has rank %d (max %d)", v->name, inputs[i].rank, OM_MAX_RANK);
         if (!inputs[i].data && om_tensor_numel(&inputs[i]) > 0)
             return om_error(OM_INVALID_ARGUMENT, "input '%s' has no data", v->name);
     }
-    if (n && inputs[0].device == OM_CUDA) {
-        const om_cuda_provider *cu;
-        om_status *st = om_cuda_get(&cu);
-        if (st) return om_error_context(st, "input '%s' is a CUDA tensor", g->values[g->inputs[0]].name);
+    if (n) {
+        const om_provider *pv;
+        om_status *st = om_provider_get(inputs[0].device, &pv);
+        if (st) return om_error_context(st, "input '%s' is a %s tensor", g->values[g->inputs[0]].name, pv->name);
     }
     return NULL;
 }
@@ -383,10 +394,10 @@ static void evict_oldest(om_engine *e) {
     sl->cached = 0;
     e->n_plans--;
     e->n_evicted++;
-    if (sl->plan->device == OM_CPU && sl->plan->stash_size == e->max_frame) {   /* it may have been the largest */
+    if (host_frames(sl->plan) && sl->plan->stash_size == e->max_frame) {   /* it may have been the largest */
         e->max_frame = 0;
         for (const plan_slot *o = e->newest; o; o = o->older)
-            if (o->plan->device == OM_CPU && o->plan->stash_size > e->max_frame) e->max_frame = o->plan->stash_size;
+            if (host_frames(o->plan) && o->plan->stash_size > e->max_frame) e->max_frame = o->plan->stash_size;
         if (e->spare_frame && e->spare_bytes > e->max_frame) {   /* no cached plan needs that much */
             om_free(e->spare_frame);
             e->spare_frame = NULL;
@@ -432,7 +443,7 @@ static om_status *find_plan(om_engine *e, const om_tensor *inputs, int n, const 
     e->n_plans++;
     e->n_planned++;
     const om_plan *p = sl->plan;
-    if (p->device == OM_CPU && p->stash_size > e->max_frame) e->max_frame = p->stash_size;
+    if (host_frames(p) && p->stash_size > e->max_frame) e->max_frame = p->stash_size;
     logf_(e, OM_LOG_INFO, "planned shape set %ld (segment %d): %d forward + %d backward kernels, frame %zu bytes "
           "(stash %zu)", e->n_planned, n_known, p->n_fwd_prog, p->n_bwd_prog, p->stash_size, p->stash_value_bytes);
     while (e->n_plans > e->max_plans) evict_oldest(e);   /* never the new one: it is the newest */
@@ -474,9 +485,9 @@ static void cpu_frame_give_back(om_engine *e, void *buf, size_t cap) {
 typedef struct frame {          /* where every value's bytes are during one call */
     void **data;
     om_plan *plan;
-    const om_cuda_provider *cu; /* CUDA plans: the provider; NULL on the CPU */
-    char *twin;                 /* CPU: the frame's twin region (fp32 copies for half-precision nodes) */
-    char *base;                 /* CPU: the frame's buffer, whose dead pages go back as the call runs */
+    const om_provider *pv;      /* the plan's device's (exec/provider.h) */
+    char *twin;                 /* host frames: the frame's twin region (fp32 copies for half-precision nodes) */
+    char *base;                 /* host frames: the frame's buffer, whose dead pages go back as the call runs */
     int release_now;            /* memory levels >= 1: dead pages leave the resident set at once */
     void *stream;
 } frame;
@@ -491,19 +502,12 @@ static void release_after(const frame *f, int k) {
     }
 }
 
-/* Engine-owned run-time memory: host memory, or the CUDA pool (ordered on the call's stream). */
-static void *frame_alloc(frame *f, size_t nb) {
-    if (!f->cu) return om_alloc(nb);
-    void *p = NULL;
-    om_status *st = f->cu->alloc(f->plan->device_id, nb ? nb : 1, f->stream, &p);
-    if (st) { om_status_free(st); return NULL; }
-    return p;
-}
+/* Engine-owned run-time memory: the provider's (host memory, or a device pool ordered on the
+ * call's stream). */
+static void *frame_alloc(frame *f, size_t nb) { return f->pv->alloc(f->plan->device_id, nb, f->stream); }
 
 static void frame_release(frame *f, void *p) {
-    if (!p) return;
-    if (f->cu) f->cu->free(f->plan->device_id, p, f->stream);
-    else om_free(p);
+    if (p) f->pv->release(f->plan->device_id, p, f->stream);
 }
 
 static void *resolve(frame *f, int v) {
@@ -513,8 +517,8 @@ static void *resolve(frame *f, int v) {
 }
 
 /* ---- profiling -------------------------------------------------------------------------
- * Off by default (two clock reads per kernel when on). CUDA kernels run asynchronously, so
- * only CPU kernels are timed. */
+ * Off by default (two clock reads per kernel when on). A device's kernels run asynchronously,
+ * so only host kernels (om_provider.host_frames) are timed. */
 void om_engine_set_profiling(om_engine *e, bool on) {
     pthread_mutex_lock(&e->lock);
     if (e->prof) om_gemm_timing(false);
@@ -554,12 +558,10 @@ static void profile_add(om_engine *e, int node, const struct timespec *t0, int64
 static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_prog, uint64_t call, int training) {
     const om_graph *g = e->g;
     om_tensor in[64], out[64];
-    const void *in_host[64];
-    om_cuda_exec x = {0};
-    if (f->cu) {
-        OM_TRY(f->cu->exec_for(f->plan->device_id, f->stream, &x));
-        x.in_host = in_host;
-    }
+    const om_provider *pv = f->pv;
+    om_run run = {.plan = f->plan, .stream = f->stream, .twin = f->twin};
+    OM_TRY(pv->begin(&run));
+    const int timed = e->prof && pv->host_frames;   /* a device's kernels run asynchronously: not timed */
     for (int s = 0; s < n_prog; s++) {
         const om_node *n = &g->nodes[prog[s]];
         for (int i = 0; i < n->n_in; i++) {
@@ -579,18 +581,12 @@ static om_status *run_program(om_engine *e, frame *f, const int *prog, int n_pro
         om_status *st;
         struct timespec t0;
         int64_t gemm0 = 0;
-        if (e->prof && !f->cu) {
+        if (timed) {
             gemm0 = om_gemm_time_ns();
             clock_gettime(CLOCK_MONOTONIC, &t0);
         }
-        if (f->cu && !(n->op->flags & OM_OP_CALLBACK)) {
-            for (int i = 0; i < n->n_in; i++)   /* host copies of what was known at plan time */
-                in_host[i] = n->in[i] >= 0 && f->plan->storage[n->in[i]] == OM_ST_CONST ? f->plan->vt[n->in[i]].data : NULL;
-            st = om_device_plan_kernel(f->plan, prog[s])(&ctx, &x);
-        } else {
-            st = f->cu ? n->op->cpu(&ctx) : om_cpu_run(&ctx, f->twin, f->plan->twin_bytes);
-            if (e->prof) profile_add(e, prog[s], &t0, gemm0);
-        }
+        st = pv->run_node(&run, prog[s], &ctx);   /* the one indirect call per node */
+        if (timed) profile_add(e, prog[s], &t0, gemm0);
         if (st) return om_error_context(st, "%s node '%s'", n->op->name, n->name);
         release_after(f, prog[s]);
     }
@@ -613,11 +609,7 @@ static om_status *hand_out(frame *f, int v, char *given, om_tensor *t) {
     if (!t->data) return om_error(OM_OUT_OF_MEMORY, "out of memory for an output of %zu bytes", nb);
     void *src = resolve(f, v);
     if (!nb) return NULL;
-    if (!f->cu) {
-        memcpy(t->data, src, nb);
-        return NULL;
-    }
-    om_status *st = f->cu->memcpy_async(p->device_id, t->data, src, nb, OM_COPY_D2D, f->stream);
+    om_status *st = f->pv->copy(p->device_id, t->data, src, nb, f->stream);
     if (st) { frame_release(f, t->data); t->data = NULL; }
     return st;
 }
@@ -627,7 +619,7 @@ static om_status *hand_out(frame *f, int v, char *given, om_tensor *t) {
 static om_status *frame_init(om_engine *e, frame *f, om_plan *p, void *stream, char **given) {
     f->plan = p;
     f->stream = stream;
-    if (p->device == OM_CUDA) OM_TRY(om_cuda_get(&f->cu));
+    OM_TRY(om_provider_get(p->device, &f->pv));
     const size_t n = (size_t)p->n_values + 1;
     if (n > e->scratch_values) {
         void **data = realloc(e->scratch_data, n * sizeof(void *));
@@ -642,7 +634,7 @@ static om_status *frame_init(om_engine *e, frame *f, om_plan *p, void *stream, c
     *given = e->scratch_given;
     memset(*given, 0, n);
     for (int v = 0; v < p->n_values; v++)
-        if (p->storage[v] == OM_ST_CONST) f->data[v] = f->cu ? om_device_plan_const(p, v) : p->vt[v].data;
+        if (p->storage[v] == OM_ST_CONST) f->data[v] = f->pv->plan_const(p, v);
     return NULL;
 }
 
@@ -691,11 +683,12 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
     OM_TRY(check_inputs(e, inputs, n_inputs));
     const om_graph *g = e->g;
     const int m = e->n_dd;   /* segments 0..m (plan.h); m = 0 for most graphs */
-    if (m && n_inputs && inputs[0].device != OM_CPU) {
+    const om_provider *pv0 = n_inputs ? om_provider_find(inputs[0].device) : NULL;
+    if (m && pv0 && !pv0->host_frames) {   /* the counts are read on the host between segments */
         const om_node *d = &g->nodes[e->dd_nodes[0]];
         return om_error(OM_UNSUPPORTED_OP, "%s node '%s': an output whose size depends on values (a data-dependent "
-                        "shape) runs on the CPU only; the CUDA provider has no segmented plans yet: run the model on "
-                        "the CPU", d->op->name, d->name);
+                        "shape) runs on the CPU only; the %s provider has no segmented plans yet: run the model on "
+                        "the CPU", d->op->name, d->name, pv0->name);
     }
     pthread_mutex_lock(&e->lock);
     om_plan *p = NULL;
@@ -729,10 +722,10 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
         } else {   /* the earlier segments' values stay where they are in f.data (OM_ST_EXTERN here) */
             f.plan = p;
             for (int v = 0; v < p->n_values; v++)
-                if (p->storage[v] == OM_ST_CONST) f.data[v] = f.cu ? om_device_plan_const(p, v) : p->vt[v].data;
+                if (p->storage[v] == OM_ST_CONST) f.data[v] = f.pv->plan_const(p, v);
         }
         caps[j] = p->stash_size;
-        if (f.cu) bufs[j] = frame_alloc(&f, p->stash_size);
+        if (!f.pv->host_frames) bufs[j] = frame_alloc(&f, p->stash_size);
         else if (j == m) bufs[j] = cpu_frame_take(e, p->stash_size, &caps[j]);
         else bufs[j] = om_alloc_frame(p->stash_size ? p->stash_size : 64);   /* an earlier segment's own */
         if (!given || !bufs[j]) {
@@ -741,7 +734,7 @@ om_status *om_engine_forward_stream(om_engine *e, const om_tensor *inputs, int n
             goto done;
         }
         f.twin = (char *)bufs[j] + p->twin_offset;
-        if (!f.cu) f.base = bufs[j];
+        if (f.pv->host_frames) f.base = bufs[j];
         f.release_now = e->memory_opt_level > 0;
         for (int v = 0; v < p->n_values; v++) {
             if (p->storage[v] == OM_ST_FWD || p->storage[v] == OM_ST_STASH) f.data[v] = (char *)bufs[j] + p->offset[v];
@@ -809,7 +802,7 @@ done:
             f.plan = slots[j]->plan;
             frame_free(&f, given);
         }
-        if (bufs[j] && f.cu) frame_release(&f, bufs[j]);
+        if (bufs[j] && !f.pv->host_frames) frame_release(&f, bufs[j]);
         else if (bufs[j] && j == m) cpu_frame_give_back(e, bufs[j], caps[j]);
         else om_free(bufs[j]);
         slot_unref(slots[j]);
@@ -831,8 +824,7 @@ static om_status *zero_fill_outputs(frame *f, const om_graph *g, int k) {
         size_t nb = om_tensor_nbytes(&f->plan->vt[v]);
         void *d = resolve(f, v);
         if (!nb || !d) continue;
-        if (f->cu) OM_TRY(f->cu->memset_async(f->plan->device_id, d, 0, nb, f->stream));
-        else memset(d, 0, nb);
+        OM_TRY(f->pv->zero(f->plan->device_id, d, nb, f->stream));
     }
     return NULL;
 }
@@ -905,8 +897,8 @@ static om_status *backward_on(om_engine *e, om_stash *s, const om_tensor *grad_o
                 om_shape_str(got, a, sizeof a);
                 om_shape_str(want, b, sizeof b);
                 st = om_error(OM_INVALID_ARGUMENT, "gradient for output '%s' is %s%s, expected %s%s",
-                              g->values[g->outputs[i]].name, a, got->device == OM_CUDA ? " (cuda)" : "", b,
-                              p->device == OM_CUDA ? " (cuda)" : "");
+                              g->values[g->outputs[i]].name, a, device_suffix(got->device), b,
+                              device_suffix(p->device));
                 goto done;
             }
             f.data[sv] = got->data;
@@ -915,16 +907,12 @@ static om_status *backward_on(om_engine *e, om_stash *s, const om_tensor *grad_o
             size_t nb = om_tensor_nbytes(want);
             zeros[i] = frame_alloc(&f, nb);
             if (!zeros[i]) { st = om_error(OM_OUT_OF_MEMORY, "out of memory"); goto done; }
-            if (f.cu) {
-                if (nb && (st = f.cu->memset_async(p->device_id, zeros[i], 0, nb, f.stream))) goto done;
-            } else {
-                memset(zeros[i], 0, nb);
-            }
+            if ((st = f.pv->zero(p->device_id, zeros[i], nb, f.stream))) goto done;
             f.data[sv] = zeros[i];
         }
     }
     f.twin = (char *)s->buf + p->twin_offset;
-    if (!f.cu) f.base = s->buf;
+    if (f.pv->host_frames) f.base = s->buf;
     f.release_now = e->memory_opt_level > 0;
     for (int v = 0; v < p->n_values; v++) {
         if (p->storage[v] == OM_ST_STASH) f.data[v] = (char *)s->buf + p->offset[v];
@@ -970,8 +958,9 @@ void om_stash_free(om_stash *s) {
     if (s->release)
         for (int i = 0; i < s->n_inputs; i++)
             if (s->keepalive[i]) s->release(s->keepalive[i]);
-    if (s->plan->device != OM_CPU) {
-        om_device_free_data(s->plan->device, s->plan->device_id, s->buf, s->stream);
+    const om_provider *pv = om_provider_find(s->plan->device);
+    if (!pv->host_frames) {   /* a device frame goes back to its pool, ordered on the stash's stream */
+        pv->release(s->plan->device_id, s->buf, s->stream);
         s->buf = NULL;
     }
     pthread_mutex_lock(&s->eng->lock);

@@ -14,6 +14,7 @@
  * (OM_OPTIM_BLOCK elements): convert in, update in fp32, convert out. */
 #include "optim/optim_internal.h"
 #include "core/options.h"
+#include "exec/provider.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -39,7 +40,7 @@ om_adam_hparams om_adam_default_hparams(void) {
 }
 
 /* Per-call constants, computed once in double and rounded to float (as torch does with
- * its Python-float scalars); the CUDA provider gets the same (exec/cuda_provider.h):
+ * its Python-float scalars); a device gets the same (exec/optim_provider.h):
  *   inv_scale = 1 / grad_scale; b1, w1 = beta1, 1 - beta1; b2, w2 likewise; eps, wd;
  *   step_size: modes 0/1 lr * sqrt(bc2) / bc1, mode 2 -lr / bc1; bc2_sqrt (mode 2);
  *   decay: mode 2 1 - lr * wd (before), mode 1 lr * wd (after). */
@@ -209,29 +210,34 @@ static void adam_range(void *ctx, int part, int64_t begin, int64_t end) {
     om_visit_pieces(j->offsets, j->n, begin, end, part, ctx, adam_piece);
 }
 
+static const char *device_name(om_device_type d) {
+    const om_provider *pv = om_provider_find(d);
+    return pv ? pv->name : "an unknown device";
+}
+
 om_status *om_optim_device(const char *what, int n, const om_tensor *const *lists, int n_lists,
-                           const om_cuda_provider **cuda, int *device) {
-    *cuda = NULL;
+                           const om_optim_provider **dev, int *device) {
+    *dev = NULL;
     *device = 0;
     const om_tensor *first = NULL;
     for (int l = 0; l < n_lists; l++)
         for (int k = 0; lists[l] && k < n; k++) {
             const om_tensor *t = &lists[l][k];
             if (!first) { first = t; continue; }
-            if (t->device != first->device || (t->device == OM_CUDA && t->device_id != first->device_id))
+            if (t->device != first->device || (t->device != OM_CPU && t->device_id != first->device_id))
                 return om_error(OM_INVALID_ARGUMENT, "%s: tensor %d is on %s:%d, the call's first on %s:%d; one call's "
-                                "tensors share a device", what, k, t->device == OM_CUDA ? "cuda" : "cpu", t->device_id,
-                                first->device == OM_CUDA ? "cuda" : "cpu", first->device_id);
+                                "tensors share a device", what, k, device_name(t->device), t->device_id,
+                                device_name(first->device), first->device_id);
         }
     /* the CPU kernels run om_optim_num_threads() parts: a bad ORTMOD_NUM_THREADS is an error here,
      * where its value is needed, never the default in silence */
     if (!first || first->device == OM_CPU) return om_options_check(OM_OPT_OPTIM_NUM_THREADS);
     *device = first->device_id;
-    return om_cuda_get(cuda);
+    return om_optim_provider_get(first->device, dev);
 }
 
 om_status *om_optim_check_tensor(const om_tensor *t, const char *what, int i, int f32_only) {
-    if (t->device != OM_CPU && t->device != OM_CUDA)
+    if (!om_provider_find(t->device))
         return om_error(OM_INVALID_ARGUMENT, "%s %d is on a device the optimizer does not take", what, i);
     if (t->rank < 0 || t->rank > OM_MAX_RANK)
         return om_error(OM_INVALID_ARGUMENT, "%s %d has rank %d (at most %d)", what, i, t->rank, OM_MAX_RANK);
@@ -303,9 +309,9 @@ om_status *om_adam_step_d_on(const om_adam_hparams_d *h, int n, om_tensor *param
     }
 
     const om_tensor *lists[4] = {params, grads, exp_avg, exp_avg_sq};
-    const om_cuda_provider *cuda;
+    const om_optim_provider *dev;
     int device;
-    OM_TRY(om_optim_device("adam", n, lists, 4, &cuda, &device));
+    OM_TRY(om_optim_device("adam", n, lists, 4, &dev, &device));
     adam_job j = {.mode = (int)h->mode, .params = params, .grads = grads, .m = exp_avg, .v = exp_avg_sq, .n = n};
     j.c.mode = (int)h->mode;
     double lr = h->lr, b1 = h->beta1, b2 = h->beta2, wd = h->weight_decay;
@@ -329,7 +335,7 @@ om_status *om_adam_step_d_on(const om_adam_hparams_d *h, int n, om_tensor *param
         j.c.step_size = (float)(lr * sqrt(bc2) / bc1);
         j.c.decay = (float)(lr * wd);
     }
-    if (cuda) return cuda->adam_step(device, stream, &j.c, n, params, grads, exp_avg, exp_avg_sq);
+    if (dev) return dev->adam_step(device, stream, &j.c, n, params, grads, exp_avg, exp_avg_sq);
     int64_t *off = NULL;
     OM_TRY(om_optim_offsets(n, params, &off));
     j.offsets = off;

@@ -87,12 +87,12 @@ om_status *om_grads_check_and_norm_on(int n, const om_tensor *grads, float scale
     if (n == 0) return NULL;
     if (!grads) return om_error(OM_INVALID_ARGUMENT, "grads_check_and_norm: grads is NULL");
     for (int k = 0; k < n; k++) OM_TRY(om_optim_check_tensor(&grads[k], "grads_check_and_norm: grad", k, 0));
-    const om_cuda_provider *cuda;
+    const om_optim_provider *dev;
     int device;
-    OM_TRY(om_optim_device("grads_check_and_norm", n, &grads, 1, &cuda, &device));
-    if (cuda) {
+    OM_TRY(om_optim_device("grads_check_and_norm", n, &grads, 1, &dev, &device));
+    if (dev) {
         double s = 0.0;
-        OM_TRY(cuda->grads_check_and_norm(device, stream, n, grads, found_inf, &s));
+        OM_TRY(dev->grads_check_and_norm(device, stream, n, grads, found_inf, &s));
         const double inv = 1.0 / (double)scale;
         *sq_norm = *found_inf ? INFINITY : s * inv * inv;
         return NULL;
@@ -183,10 +183,10 @@ static om_status *scale_run(const char *what, int n, const om_tensor *src, om_te
         }
     }
     const om_tensor *lists[2] = {src, dst};
-    const om_cuda_provider *cuda;
+    const om_optim_provider *dev;
     int device;
-    OM_TRY(om_optim_device(what, n, lists, 2, &cuda, &device));
-    if (cuda) return cuda->grads_copy_scaled(device, stream, n, src, dst, factor);
+    OM_TRY(om_optim_device(what, n, lists, 2, &dev, &device));
+    if (dev) return dev->grads_copy_scaled(device, stream, n, src, dst, factor);
     scale_job j = {.src = src, .dst = dst, .n = n, .factor = factor};
     int64_t *off = NULL;
     OM_TRY(om_optim_offsets(n, src, &off));

@@ -65,11 +65,12 @@ int om_parallel_for(int64_t total, int64_t grain, void *ctx, om_range_fn fn);
 om_status *om_optim_check_tensor(const om_tensor *t, const char *what, int i, int f32_only);
 
 /* The device of a call's tensors (lists of n tensors each; NULL lists skipped): all on the CPU
- * (*cuda = NULL), or all on one CUDA device (*cuda = the loaded provider, *device its index).
- * Tensors on different devices are an error naming the first that differs. */
-#include "exec/device.h"
+ * (*dev = NULL: the host runs the pass), or all on one device (*dev = its optimizer passes,
+ * exec/optim_provider.h; *device its index). Tensors on different devices are an error naming
+ * the first that differs. */
+#include "exec/optim_provider.h"
 om_status *om_optim_device(const char *what, int n, const om_tensor *const *lists, int n_lists,
-                           const om_cuda_provider **cuda, int *device);
+                           const om_optim_provider **dev, int *device);
 
 /* offsets[0..n] of n tensors (see om_visit_pieces); caller frees. */
 om_status *om_optim_offsets(int n, const om_tensor *ts, int64_t **offsets);
