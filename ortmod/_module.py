@@ -38,7 +38,7 @@ import torch
 from .capture import compat
 from .capture.compat import pytree
 
-from .capture import flatten, errors, packed, torchscript, python_op as pyop
+from .capture import flatten, errors, torchscript, python_op as pyop
 from . import _fsdp2, _options, _quiet, _threads, _zero3
 from ._function import CompiledCall, run_inference, run_training
 from ._logging import LogLevel, configure, engine_log_callback, logger
@@ -890,13 +890,11 @@ class ORTModule(torch.nn.Module):
         """Export with the capture path the options pick (see DebugOptions.capture)."""
         def by_export():
             from .capture import export as torch_export     # here: the TorchScript path does not need it
-            with packed.refusing_packed_sequences():
-                return torch_export.export(module, flat, strict_trace=strict, inline_functions=inline,
-                                           dynamic=dynamic)
+            return torch_export.export(module, flat, strict_trace=strict, inline_functions=inline,
+                                          dynamic=dynamic)
 
         def by_torchscript():
-            with packed.refusing_packed_sequences():
-                return torchscript.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
+            return torchscript.export(module, flat, strict_trace=strict, inline_functions=inline, dynamic=dynamic)
 
         path = self._debug_options.capture
         if path == "export":
