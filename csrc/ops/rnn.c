@@ -8,10 +8,11 @@
  *                                -> Y?, Y_h?, gates?, hr?
  *   om_op_rnn         RNN        (X, W, R, B?, sequence_lens?, initial_h?) -> Y?, Y_h?
  *   om_op_lstm_grad   LSTMGrad   (domain ortmod) (X, W, R, initial_h?, initial_c?, Y, gates, cells,
- *                                dY?, dY_h?, dY_c?) -> dX, dW, dR, dB, dinitial_h, dinitial_c
+ *                                dY?, dY_h?, dY_c?, sequence_lens?) -> dX, dW, dR, dB, dinitial_h, dinitial_c
  *   om_op_gru_grad    GRUGrad    (domain ortmod) (X, W, R, initial_h?, -, Y, gates, hr,
- *                                dY?, dY_h?, -) -> dX, dW, dR, dB, dinitial_h
- *   om_op_rnn_grad    RNNGrad    (domain ortmod) (X, W, R, initial_h?, -, Y, -, -, dY?, dY_h?, -)
+ *                                dY?, dY_h?, -, sequence_lens?) -> dX, dW, dR, dB, dinitial_h
+ *   om_op_rnn_grad    RNNGrad    (domain ortmod) (X, W, R, initial_h?, -, Y, -, -, dY?, dY_h?, -,
+ *                                sequence_lens?)
  *                                -> dX, dW, dR, dB, dinitial_h
  *
  * Shapes (ONNX layout 0, which the exporter uses; D = 2 when bidirectional, else 1;
@@ -38,10 +39,17 @@
  * step for dH_{t-1} = dG_t R and dR += dG_t^T H_{t-1}; then dX = dG W and dW = dG^T X are
  * one GEMM each, dB a column sum.
  *
+ * sequence_lens (I32/I64, each in [0, T]): step t of sequence b runs only when t < len[b] (the
+ * reverse direction starts at len[b] - 1); other steps give Y = 0 and leave h (and c) as they were,
+ * so Y_h / Y_c are each sequence's state at its last valid step. The backward skips those steps:
+ * no gate gradient, dh (and dc) pass straight through, dY there is ignored (Y is a constant 0), and
+ * the state before a valid step is rebuilt per sequence (Y[tp], or the initial state where tp is
+ * past the end). The gradient rule passes the lengths as the Grad op's input 11.
+ *
  * Supported: directions forward/reverse/bidirectional, default activations (RNN: Tanh or Relu
  * per direction), GRU with linear_before_reset = 1 (torch's GRU) or 0. Not supported
  * (UnsupportedOpError naming the node and the attribute): layout = 1, clip, input_forget,
- * peepholes P, sequence_lens other than all T, activation_alpha/activation_beta, LSTM/GRU
+ * peepholes P, activation_alpha/activation_beta, LSTM/GRU
  * activations, RNN activations other than Tanh/Relu (the attrs lists below refuse the
  * attributes at import; rnn_attrs again, for graphs built otherwise).
  */
