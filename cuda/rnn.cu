@@ -95,7 +95,7 @@ static om_status *rnn_check_optional(const om_kernel_ctx *ctx, const om_cuda_exe
     }
     const void *lens = present(ctx, 4) && x->in_host ? x->in_host[4] : NULL;
     if (present(ctx, 4) && !lens) return omc_err_unsupported(ctx, "sequence_lens that are not known at plan time");
-    return om_rnn_check_optional(ctx, c, lens);
+    return om_rnn_check_optional(ctx, c, lens, 0);
 }
 
 // ---- forward kernels -------------------------------------------------------------------------------------
@@ -342,6 +342,9 @@ __global__ void elman_grad_cell_kernel(T *dg, const T *h, const T *dhn, const T 
 // (RNNGrad: no gates, no saved state)
 static om_status *rnn_grad_check(const om_kernel_ctx *ctx, int cell, rnn_cfg *c) {
     OMC_TRY(rnn_config(ctx, cell, c));
+    // input 11, the forward's sequence_lens: the CUDA forward refuses shorter sequences, so no plan
+    // reaches here with them; refused by name all the same rather than ignored
+    if (present(ctx, 11)) return omc_err_unsupported(ctx, "sequence_lens (the CUDA RNN kernels run full-length sequences only)");
     for (int i = 3; i < 11 && i < ctx->n_in; i++)
         if (present(ctx, i) && !(cell == CELL_RNN && (i == 6 || i == 7)) && ctx->in[i].dtype != ctx->in[0].dtype)
             return omc_err_dtype(ctx, i, ctx->in[i].dtype);

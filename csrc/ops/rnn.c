@@ -8,10 +8,11 @@
  *                                -> Y?, Y_h?, gates?, hr?
  *   om_op_rnn         RNN        (X, W, R, B?, sequence_lens?, initial_h?) -> Y?, Y_h?
  *   om_op_lstm_grad   LSTMGrad   (domain ortmod) (X, W, R, initial_h?, initial_c?, Y, gates, cells,
- *                                dY?, dY_h?, dY_c?) -> dX, dW, dR, dB, dinitial_h, dinitial_c
+ *                                dY?, dY_h?, dY_c?, sequence_lens?) -> dX, dW, dR, dB, dinitial_h, dinitial_c
  *   om_op_gru_grad    GRUGrad    (domain ortmod) (X, W, R, initial_h?, -, Y, gates, hr,
- *                                dY?, dY_h?, -) -> dX, dW, dR, dB, dinitial_h
- *   om_op_rnn_grad    RNNGrad    (domain ortmod) (X, W, R, initial_h?, -, Y, -, -, dY?, dY_h?, -)
+ *                                dY?, dY_h?, -, sequence_lens?) -> dX, dW, dR, dB, dinitial_h
+ *   om_op_rnn_grad    RNNGrad    (domain ortmod) (X, W, R, initial_h?, -, Y, -, -, dY?, dY_h?, -,
+ *                                sequence_lens?)
  *                                -> dX, dW, dR, dB, dinitial_h
  *
  * Shapes (ONNX layout 0, which the exporter uses; D = 2 when bidirectional, else 1;
@@ -38,10 +39,17 @@
  * step for dH_{t-1} = dG_t R and dR += dG_t^T H_{t-1}; then dX = dG W and dW = dG^T X are
  * one GEMM each, dB a column sum.
  *
+ * sequence_lens (I32/I64, each in [0, T]): step t of sequence b runs only when t < len[b] (the
+ * reverse direction starts at len[b] - 1); other steps give Y = 0 and leave h (and c) as they were,
+ * so Y_h / Y_c are each sequence's state at its last valid step. The backward skips those steps:
+ * no gate gradient, dh (and dc) pass straight through, dY there is ignored (Y is a constant 0), and
+ * the state before a valid step is rebuilt per sequence (Y[tp], or the initial state where tp is
+ * past the end). The gradient rule passes the lengths as the Grad op's input 11.
+ *
  * Supported: directions forward/reverse/bidirectional, default activations (RNN: Tanh or Relu
  * per direction), GRU with linear_before_reset = 1 (torch's GRU) or 0. Not supported
  * (UnsupportedOpError naming the node and the attribute): layout = 1, clip, input_forget,
- * peepholes P, sequence_lens other than all T, activation_alpha/activation_beta, LSTM/GRU
+ * peepholes P, activation_alpha/activation_beta, LSTM/GRU
  * activations, RNN activations other than Tanh/Relu (the attrs lists below refuse the
  * attributes at import; rnn_attrs again, for graphs built otherwise).
  */
@@ -103,7 +111,7 @@ static om_status *rnn_check_optional(const om_kernel_ctx *ctx, const rnn_cfg *c)
         const om_dtype got = ctx->in[i].dtype;
         if (i == 4 ? got != OM_I32 && got != OM_I64 : got != dt) return om_err_dtype(n, i, got);
     }
-    return om_rnn_check_optional(ctx, c, om_in_present(ctx, 4) ? ctx->in[4].data : NULL);
+    return om_rnn_check_optional(ctx, c, om_in_present(ctx, 4) ? ctx->in[4].data : NULL, 1);
 }
 
 static void set_dims(om_tensor *o, om_dtype dt, int rank, int64_t a, int64_t b, int64_t c, int64_t d) {
@@ -135,6 +143,22 @@ static om_status *elman_infer(om_kernel_ctx *ctx) { return rnn_infer(ctx, CELL_R
 
 static void *out_data(const om_kernel_ctx *ctx, int j) { return j < ctx->n_out ? ctx->out[j].data : NULL; }
 
+/* sequence_lens (input 4) as int64 into L (B), or NULL when absent (every sequence full length).
+ * ONNX semantics: step t of sequence b runs only when t < L[b] (the reverse direction starts at
+ * L[b] - 1); other steps give Y = 0 and leave the state as it was. */
+static om_status *read_lens(const om_kernel_ctx *ctx, int idx, int64_t B, int64_t **L) {
+    *L = NULL;
+    if (!om_in_present(ctx, idx)) return NULL;
+    const om_tensor *s = &ctx->in[idx];
+    if (s->dtype != OM_I32 && s->dtype != OM_I64) return om_err_dtype(ctx->node, idx, s->dtype);
+    int64_t *l = malloc((size_t)(B > 0 ? B : 1) * sizeof *l);
+    if (!l) return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", ctx->node->op->name, om_node_name(ctx->node));
+    for (int64_t b = 0; b < B; b++)
+        l[b] = s->dtype == OM_I64 ? ((const int64_t *)s->data)[b] : ((const int32_t *)s->data)[b];
+    *L = l;
+    return NULL;
+}
+
 /* h_t lives in Y[t, d] (B, H), or in scratch (T, B, H) when Y is absent */
 #define FWD_H(t) (Y ? Y + ((t) * D + d) * B * H : h_tmp + (t) * B * H)
 
@@ -147,7 +171,9 @@ static om_status *rnn_cpu(om_kernel_ctx *ctx, int cell) {
     const int64_t nT = c.T, B = c.B, In = c.In, H = c.H, D = c.D, GH = c.G * c.H;
     const int ns = cell == CELL_LSTM ? 3 : 2;
     const int f32 = ctx->in[0].dtype == OM_F32;
+    int64_t *L = NULL;
     RNN_FLOAT(ctx->in[0].dtype, n, {
+        OM_TRY(read_lens(ctx, 4, B, &L));
         const T *X = ctx->in[0].data, *W = ctx->in[1].data, *R = ctx->in[2].data;
         const T *Bias = om_in_present(ctx, 3) ? ctx->in[3].data : NULL;
         const T *h0 = om_in_present(ctx, 5) ? ctx->in[5].data : NULL;
@@ -155,16 +181,20 @@ static om_status *rnn_cpu(om_kernel_ctx *ctx, int cell) {
         T *Y = out_data(ctx, 0), *Yh = out_data(ctx, 1), *Yc = cell == CELL_LSTM ? out_data(ctx, 2) : NULL;
         T *Sg = out_data(ctx, ns), *Ss = out_data(ctx, ns + 1);
         /* scratch: gates (T,B,GH) and states (T,B,H) when not saved, h (T,B,H) when Y is absent,
-         * zeros (B,H) for absent initial states, GRU's recurrent product (B,GH) */
-        const int64_t need = (Sg ? 0 : nT * B * GH) + (Ss ? 0 : nT * B * H) + (Y ? 0 : nT * B * H) + B * H + B * GH;
+         * zeros (B,H) for absent initial states, GRU's recurrent product (B,GH); with sequence_lens,
+         * the carried h (B,H) (Y is 0 past a sequence's end, so the state cannot live there) */
+        const int64_t need = (Sg ? 0 : nT * B * GH) + (Ss ? 0 : nT * B * H) + (Y ? 0 : nT * B * H) + B * H + B * GH +
+                             (L ? B * H : 0);
         T *scratch = calloc((size_t)(need > 0 ? need : 1), sizeof(T));
+        if (!scratch) free(L);
         if (!scratch) return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", n->op->name, om_node_name(n));
         T *p = scratch;
         T *gates_tmp = Sg ? NULL : p; p += Sg ? 0 : nT * B * GH;
         T *state_tmp = Ss ? NULL : p; p += Ss ? 0 : nT * B * H;
         T *h_tmp = Y ? NULL : p; p += Y ? 0 : nT * B * H;
         T *zeros = p; p += B * H;
-        T *rec = p;
+        T *rec = p; p += B * GH;
+        T *hcar = L ? p : NULL;
         for (int64_t d = 0; d < D; d++) {
             const int rev = d == 1 || c.reverse0;
             const T *Wd = W + d * GH * In, *Rd = R + d * GH * H;
@@ -183,6 +213,10 @@ static om_status *rnn_cpu(om_kernel_ctx *ctx, int cell) {
             }
             const T *hprev = h0 ? h0 + d * B * H : zeros;
             const T *cprev = c0 ? c0 + d * B * H : zeros;
+            if (hcar) {
+                memcpy(hcar, hprev, (size_t)(B * H) * sizeof(T));
+                hprev = hcar;
+            }
             for (int64_t s = 0; s < nT; s++) {
                 const int64_t t = rev ? nT - 1 - s : s;
                 T *restrict g = gates + t * B * GH;
@@ -206,7 +240,6 @@ static om_status *rnn_cpu(om_kernel_ctx *ctx, int cell) {
                             hb[j] = o_ * (T)tanh((double)cn);
                         }
                     }
-                    cprev = st;
                 } else if (cell == CELL_RNN) {
                     // g (B, H) += hprev (B, H) @ Rd^T (H, H); h = f(g)   (NaN stays NaN through either)
                     gemm(f32, 0, 1, B, GH, H, 1.0, hprev, H, Rd, H, 1.0, g, GH);
@@ -249,13 +282,26 @@ static om_status *rnn_cpu(om_kernel_ctx *ctx, int cell) {
                         }
                     }
                 }
-                hprev = h;
+                if (L) {
+                    /* past a sequence's end: Y = 0, the state stays (LSTM's cell: the one before) */
+                    for (int64_t b = 0; b < B; b++) {
+                        if (t < L[b]) {
+                            memcpy(hcar + b * H, h + b * H, (size_t)H * sizeof(T));
+                            continue;
+                        }
+                        memset(h + b * H, 0, (size_t)H * sizeof(T));
+                        if (cell == CELL_LSTM) memcpy(st + b * H, cprev + b * H, (size_t)H * sizeof(T));
+                    }
+                }
+                if (cell == CELL_LSTM) cprev = st;
+                hprev = L ? hcar : h;
             }
             if (Yh) memcpy(Yh + d * B * H, hprev, (size_t)(B * H) * sizeof(T));
             if (Yc) memcpy(Yc + d * B * H, cprev, (size_t)(B * H) * sizeof(T));
         }
         free(scratch);
     });
+    free(L);
     return NULL;
 }
 
@@ -291,11 +337,12 @@ static om_status *rnn_grad(om_grad_ctx *c, int cell) {
     if (y < 0 || (cell != CELL_RNN && (s1 < 0 || s2 < 0)))
         return om_grad_fail(c, om_error(OM_INTERNAL, "%s node '%s': cannot add the outputs saved for the backward",
                                         cell_name(cell), name));
-    int in[11] = {x, w, r, h0, c0, y, s1, s2, dy0, dy1, dy2};
+    /* the sequence lengths ride along: the backward skips the steps the forward skipped */
+    int in[12] = {x, w, r, h0, c0, y, s1, s2, dy0, dy1, dy2, node_in(n, 4)};
     int out[6] = {-1, -1, -1, -1, -1, -1};
     const int nout = cell == CELL_LSTM ? 6 : 5;
     static const om_op_id grad_op[3] = {om_op_lstm_grad_id, om_op_gru_grad_id, om_op_rnn_grad_id};
-    if (om_emit_node(c, grad_op[cell], in, 11, out, nout, NULL) < 0) return NULL;
+    if (om_emit_node(c, grad_op[cell], in, in[11] >= 0 ? 12 : 11, out, nout, NULL) < 0) return NULL;
     const int last = om_emit_last(c);
     om_grad_fail(c, om_node_set_string(c->g, last, "direction", dir_copy));
     om_emit_attr_int(c, "hidden_size", hidden);
@@ -347,6 +394,13 @@ static om_status *gru_grad_infer(om_kernel_ctx *ctx) { return rnn_grad_infer(ctx
 static om_status *elman_grad_infer(om_kernel_ctx *ctx) { return rnn_grad_infer(ctx, CELL_RNN); }
 
 #define BWD_H(t) (Y + ((t) * D + d) * B * H)
+/* step t of sequence b was skipped by the forward (past its length) */
+#define PAD(b) (L && t >= L[b])
+
+/* After dh_next = dG R: a skipped step passes its dh straight to the step before. */
+#define PASS_THROUGH()                                                                        \
+    for (int64_t b = 0; L && b < B; b++)                                                      \
+        if (PAD(b)) memcpy(dhn + b * H, dh + b * H, (size_t)H * sizeof(T))
 
 static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
     const om_node *n = ctx->node;
@@ -354,7 +408,15 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
     OM_TRY(rnn_grad_check(ctx, cell, &c));
     const int64_t nT = c.T, B = c.B, In = c.In, H = c.H, D = c.D, GH = c.G * c.H;
     const int f32 = ctx->in[0].dtype == OM_F32;
+    int64_t *L = NULL;
     RNN_FLOAT(ctx->in[0].dtype, n, {
+        OM_TRY(read_lens(ctx, 11, B, &L));
+        for (int64_t b = 0; L && b < B; b++)
+            if (L[b] < 0 || L[b] > nT) {
+                free(L);
+                return om_error(OM_INVALID_ARGUMENT, "%s node '%s': sequence_lens[%lld] = %lld is outside [0, %lld]",
+                                n->op->name, om_node_name(n), (long long)b, (long long)L[b], (long long)nT);
+            }
         const T *X = ctx->in[0].data, *W = ctx->in[1].data, *R = ctx->in[2].data;
         const T *h0 = om_in_present(ctx, 3) ? ctx->in[3].data : NULL;
         const T *c0 = cell == CELL_LSTM && om_in_present(ctx, 4) ? ctx->in[4].data : NULL;
@@ -366,13 +428,15 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
         T *dX = out_data(ctx, 0), *dW = out_data(ctx, 1), *dR = out_data(ctx, 2), *dB = out_data(ctx, 3);
         T *dh0 = out_data(ctx, 4), *dc0 = cell == CELL_LSTM ? out_data(ctx, 5) : NULL;
         /* scratch: dG (T,B,GH) input-side pre-activation grads; dGR (T,B,GH) recurrent-side (GRU);
-         * dh_next, dc_next, dh, zeros (B,H) each; GRU without linear_before_reset: d(r*hprev) (B,H) */
-        const int64_t need = 2 * nT * B * GH + 5 * B * H;
+         * dh_next, dc_next, dh, zeros (B,H) each; GRU without linear_before_reset: d(r*hprev) (B,H);
+         * with sequence_lens, the per-sequence previous state (B,H) */
+        const int64_t need = 2 * nT * B * GH + 6 * B * H;
         T *scratch = calloc((size_t)(need > 0 ? need : 1), sizeof(T));
+        if (!scratch) free(L);
         if (!scratch) return om_error(OM_OUT_OF_MEMORY, "%s node '%s': out of memory", n->op->name, om_node_name(n));
         T *dG = scratch, *dGR = cell == CELL_GRU ? scratch + nT * B * GH : dG;
         T *dhn = scratch + 2 * nT * B * GH, *dcn = dhn + B * H, *dh = dcn + B * H, *zeros = dh + B * H;
-        T *drh = zeros + B * H;
+        T *drh = zeros + B * H, *hpl = drh + B * H;
         if (dR) memset(dR, 0, (size_t)(D * GH * H) * sizeof(T));
         for (int64_t d = 0; d < D; d++) {
             const int rev = d == 1 || c.reverse0;
@@ -387,14 +451,27 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
                 const int64_t t = rev ? nT - 1 - s : s;
                 const int64_t tp = rev ? t + 1 : t - 1;   /* the step before, in processing order */
                 const T *hprev = s > 0 ? BWD_H(tp) : h0 ? h0 + d * B * H : zeros;
+                if (L) {
+                    /* the state before step t: Y[tp] while tp is inside the sequence, else the initial
+                     * state (the reverse direction's first steps are past the end; Y is 0 there) */
+                    for (int64_t b = 0; b < B; b++) {
+                        const T *src = s > 0 && tp < L[b] ? BWD_H(tp) : h0 ? h0 + d * B * H : zeros;
+                        memcpy(hpl + b * H, src + b * H, (size_t)H * sizeof(T));
+                    }
+                    hprev = hpl;
+                }
                 const T *g = gates ? gates + t * B * GH : NULL;
                 T *dg = dG + t * B * GH, *dgr = dGR + t * B * GH;
                 const T *dyt = dY ? dY + (t * D + d) * B * H : NULL;
-                for (int64_t k = 0; k < B * H; k++) dh[k] = dhn[k] + (dyt ? dyt[k] : 0);
+                for (int64_t k = 0; k < B * H; k++) dh[k] = dhn[k] + (dyt && !PAD(k / H) ? dyt[k] : 0);
                 if (cell == CELL_LSTM) {
                     const T *cs = states + t * B * H;
                     const T *cprev = s > 0 ? states + tp * B * H : c0 ? c0 + d * B * H : zeros;
                     for (int64_t b = 0; b < B; b++) {
+                        if (PAD(b)) {   /* a skipped step: no gate gradient; dc passes through */
+                            memset(dg + b * GH, 0, (size_t)GH * sizeof(T));
+                            continue;
+                        }
                         const T *restrict gi = g + b * GH, *restrict go = gi + H, *restrict gf = gi + 2 * H,
                                 *restrict gc = gi + 3 * H;
                         const T *restrict cb = cs + b * H, *restrict cp = cprev + b * H, *restrict dhb = dh + b * H;
@@ -413,6 +490,7 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
                     }
                     // dh_next (B, H) = dg (B, 4H) @ Rd (4H, H)
                     gemm(f32, 0, 0, B, H, GH, 1.0, dg, GH, Rd, H, 0.0, dhn, H);
+                    PASS_THROUGH();
                 } else if (cell == CELL_RNN) {
                     // dg = dh f'(pre), from h_t = f(pre): tanh 1 - h^2; relu h > 0 (relu'(0) = 0, as torch)
                     const T *restrict ht = BWD_H(t);
@@ -420,8 +498,10 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
                         for (int64_t k = 0; k < B * H; k++) dg[k] = ht[k] > 0 ? dh[k] : (T)0;
                     else
                         for (int64_t k = 0; k < B * H; k++) dg[k] = dh[k] * (1 - ht[k] * ht[k]);
+                    for (int64_t k = 0; L && k < B * H; k++) if (PAD(k / H)) dg[k] = 0;
                     // dh_next (B, H) = dg (B, H) @ Rd (H, H)
                     gemm(f32, 0, 0, B, H, GH, 1.0, dg, GH, Rd, H, 0.0, dhn, H);
+                    PASS_THROUGH();
                 } else {
                     const T *hr = states + t * B * H;
                     for (int64_t b = 0; b < B; b++) {
@@ -430,6 +510,11 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
                         T *restrict dz = dg + b * GH, *restrict dr = dz + H, *restrict dah = dz + 2 * H;
                         T *restrict rz = dgr + b * GH, *restrict rr = rz + H, *restrict rh = rz + 2 * H;
                         T *restrict dn = dhn + b * H;
+                        if (PAD(b)) {   /* a skipped step: no gate gradient; dh passes through */
+                            for (int64_t j = 0; j < GH; j++) dz[j] = 0, rz[j] = 0;
+                            for (int64_t j = 0; j < H; j++) dn[j] = dhb[j];
+                            continue;
+                        }
                         for (int64_t j = 0; j < H; j++) {
                             const T ah = dhb[j] * (1 - gz[j]) * (1 - gh[j] * gh[j]);   /* d pre-activation of h~ */
                             const T az = dhb[j] * (hp[j] - gh[j]) * gz[j] * (1 - gz[j]);
@@ -489,6 +574,7 @@ static om_status *rnn_grad_cpu(om_kernel_ctx *ctx, int cell) {
         }
         free(scratch);
     });
+    free(L);
     return NULL;
 }
 
@@ -516,17 +602,17 @@ const om_op_def om_op_rnn = {
              "layout:int=0",
 };
 const om_op_def om_op_lstm_grad = {
-    .name = "LSTMGrad", .domain = "ortmod", .min_in = 8, .max_in = 11, .min_out = 1, .max_out = 6,
+    .name = "LSTMGrad", .domain = "ortmod", .min_in = 8, .max_in = 12, .min_out = 1, .max_out = 6,
     .infer = lstm_grad_infer, .cpu = lstm_grad_cpu,
     .attrs = "direction:string=forward|reverse|bidirectional hidden_size:int",
 };
 const om_op_def om_op_gru_grad = {
-    .name = "GRUGrad", .domain = "ortmod", .min_in = 8, .max_in = 11, .min_out = 1, .max_out = 5,
+    .name = "GRUGrad", .domain = "ortmod", .min_in = 8, .max_in = 12, .min_out = 1, .max_out = 5,
     .infer = gru_grad_infer, .cpu = gru_grad_cpu,
     .attrs = "direction:string=forward|reverse|bidirectional hidden_size:int linear_before_reset:int",
 };
 const om_op_def om_op_rnn_grad = {
-    .name = "RNNGrad", .domain = "ortmod", .min_in = 6, .max_in = 11, .min_out = 1, .max_out = 5,
+    .name = "RNNGrad", .domain = "ortmod", .min_in = 6, .max_in = 12, .min_out = 1, .max_out = 5,
     .infer = elman_grad_infer, .cpu = elman_grad_cpu,
     .attrs = "activations:strings=Tanh|Relu direction:string=forward|reverse|bidirectional hidden_size:int",
 };

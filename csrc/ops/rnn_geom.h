@@ -126,9 +126,10 @@ static inline om_status *om_rnn_geometry(const om_node *n, const om_tensor *x, c
 
 /* The forward's optional inputs: B, sequence_lens, initial_h, initial_c, P. seq_lens: the
  * sequence_lens values (I32 or I64 as input 4 is), or NULL where they are not known yet (a
- * shape-only pass). All sequences full length is the same as none; shorter ones are not
- * implemented. */
-static inline om_status *om_rnn_check_optional(const om_kernel_ctx *ctx, const rnn_cfg *c, const void *seq_lens) {
+ * shape-only pass). Each must lie in [0, seq_length]. allow_short: the device's kernels implement
+ * shorter sequences (the CPU's do; CUDA's do not yet and refuse them by name). */
+static inline om_status *om_rnn_check_optional(const om_kernel_ctx *ctx, const rnn_cfg *c, const void *seq_lens,
+                                               int allow_short) {
     const om_node *n = ctx->node;
     if (om_rnn_present(ctx, 3)) {
         const int64_t bd[2] = {c->D, 2 * c->G * c->H};
@@ -143,7 +144,10 @@ static inline om_status *om_rnn_check_optional(const om_kernel_ctx *ctx, const r
                             n->op->name, om_rnn_name(n));
         for (int64_t b = 0; seq_lens && b < c->B; b++) {
             int64_t v = s->dtype == OM_I64 ? ((const int64_t *)seq_lens)[b] : ((const int32_t *)seq_lens)[b];
-            if (v != c->T) return om_rnn_unsupported(n, "sequence_lens shorter than seq_length");
+            if (v < 0 || v > c->T)
+                return om_error(OM_INVALID_ARGUMENT, "%s node '%s': sequence_lens[%lld] = %lld is outside [0, %lld]",
+                                n->op->name, om_rnn_name(n), (long long)b, (long long)v, (long long)c->T);
+            if (v != c->T && !allow_short) return om_rnn_unsupported(n, "sequence_lens shorter than seq_length on this device");
         }
     }
     const int64_t hd[3] = {c->D, c->B, c->H};

@@ -56,7 +56,7 @@ import torch
 
 from . import compat
 
-from . import torchscript, flatten, python_op as pyop, tracing
+from . import torchscript, flatten, packed, python_op as pyop, tracing
 from .rules import ctc as ctc_rules, rnn_onnxscript
 from .flatten import Exported, GraphInput, _FlatWrapper
 from .errors import ExportError, UnsupportedModelError
@@ -203,6 +203,7 @@ def available():
     return hasattr(torch, "export")
 
 
+@packed.refusing_packed_sequences()   # by name, not torch's failure deep in the trace
 def export(module, flat, strict_trace=False, inline_functions=False, dynamic=None):
     """Export ``module`` called as ``flat`` describes with torch.export; the same record as
     ``_capture.export``. ``dynamic``: the (tensor input, dim) pairs exported as symbolic sizes

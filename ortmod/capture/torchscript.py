@@ -19,7 +19,7 @@ from .._logging import logger
 from .errors import ExportError, UnsupportedModelError
 from .onnx_util import ONNX_OPSET
 from .flatten import Exported, GraphInput, tensor_layouts, _FlatWrapper, _preserved_state, changed_attributes, check_output_leaves, cuda_devices, plain_attributes, warn_attribute_changes
-from . import onnx_wire, python_op as pyop, torchscript_registry, tracing
+from . import onnx_wire, packed, python_op as pyop, torchscript_registry, tracing
 from .onnx_wire import data_type_name
 
 
@@ -315,6 +315,7 @@ def _trace_to_onnx(module, wrapper, tensors, input_names, output_names, dynamic_
     return f, recorder, functions, caught
 
 
+@packed.refusing_packed_sequences()   # by name, not torch's failure deep in the trace
 def export(module, flat, strict_trace=False, inline_functions=False, dynamic=None):
     """Export ``module`` called as ``flat`` describes; return ONNX bytes and the input/output mapping.
 

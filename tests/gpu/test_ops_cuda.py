@@ -588,3 +588,15 @@ def test_ctc_op_matches_cpu(inputs, attrs, grad, const):
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(LLAMA_CASES)])
 def test_llama_op_matches_cpu(op, inputs, attrs, domain, grad, const):
     check(op, inputs, attrs, domain, grad, const_inputs=const)
+
+
+# sequence_lens shorter than seq_length: the CPU kernels implement them (tests/test_ops_rnn.py); the
+# CUDA kernels do not, and refuse them by name rather than run them full length
+@pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
+def test_short_sequence_lens_are_refused_on_the_gpu(cell):
+    inputs = _rnn_inputs(cell, 4, 2, 3, 2, 1)
+    inputs["sequence_lens"] = np.array([4, 2], np.int32)
+    eng = _C.Engine(make_model(cell, inputs, {"hidden_size": 2}, n_outputs=2, const_inputs=("sequence_lens",)), None)
+    feeds = [torch.from_numpy(a).cuda() for n, a in inputs.items() if a is not None and n != "sequence_lens"]
+    with pytest.raises(Exception, match="sequence_lens shorter than seq_length on this device"):
+        eng.forward(feeds, False, torch.cuda.current_stream().cuda_stream)
