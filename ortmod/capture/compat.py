@@ -193,6 +193,18 @@ def shape_env_of(graph_module):
     return _get_shape_env(graph_module)
 
 
+def rnn_packing_vf():
+    """torch.nn.utils.rnn's private ``_VF``, through which pack_padded_sequence and
+    pad_packed_sequence reach their ops (capture/packed.py swaps it while capturing)."""
+    import torch.nn.utils.rnn as rnn_utils
+    return rnn_utils._VF
+
+
+def set_rnn_packing_vf(vf):
+    import torch.nn.utils.rnn as rnn_utils
+    rnn_utils._VF = vf
+
+
 def decomposition_table():
     from torch._decomp import decomposition_table as table
     return table

@@ -7,11 +7,10 @@ packed pair into the padded RNN with the lengths as an input. Without this, torc
 in torch ("zeros(): argument 'size' ... got FakeTensor") and the TorchScript exporter with "these
 operations must occur in pairs"; this says what is not supported instead.
 
-A leaf: imports nothing of ortmod but errors."""
+A leaf: imports nothing of ortmod but errors and compat (torch's private _VF)."""
 import contextlib
 
-import torch.nn.utils.rnn as rnn_utils
-
+from .compat import rnn_packing_vf, set_rnn_packing_vf
 from .errors import UnsupportedModelError
 
 MESSAGE = ("packed sequences (torch.nn.utils.rnn.pack_padded_sequence / pack_sequence / pad_packed_sequence) "
@@ -34,9 +33,9 @@ class _RefusingVF:
 @contextlib.contextmanager
 def refusing_packed_sequences():
     """While capturing: a packing op raises UnsupportedModelError naming packed sequences."""
-    real = rnn_utils._VF
-    rnn_utils._VF = _RefusingVF(real)
+    real = rnn_packing_vf()
+    set_rnn_packing_vf(_RefusingVF(real))
     try:
         yield
     finally:
-        rnn_utils._VF = real
+        set_rnn_packing_vf(real)
