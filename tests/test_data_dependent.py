@@ -326,13 +326,14 @@ def test_one_hot(capture):
         ort(torch.tensor([[1, -1]]))
 
 
-def test_mixtral_eager_experts_train():
+def test_mixtral_eager_experts_train(ortmod_env):
     """transformers' MixtralForCausalLM with its eager experts (one_hot, nonzero, torch.where per
     expert, index_add_): trains with parity on the product's default capture (auto: torch.export
     cannot trace the loop over the experts found, `expert_mask[expert_idx]` with a data-dependent
     index, and the TorchScript path captures it; the loop's length is a guarded trace value)."""
     transformers = pytest.importorskip("transformers")
     import warnings
+    ortmod_env.delenv("ORTMOD_CAPTURE", raising=False)   # auto, whatever the suite's path (make test-export)
     cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                      num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                                      num_experts_per_tok=2, max_position_embeddings=64)
