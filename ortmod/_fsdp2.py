@@ -31,10 +31,10 @@ Refused by name: fully_shard(ORTModule(model)) (_module.py), parameters on an ac
 run there yet), mixed precision policies, CPU offload, HSDP (a 2-d mesh), several modules
 sharded as one group, DTensor parameters that fully_shard did not make.
 """
-import contextlib
 import operator
 import sys
 
+from ._hooks import hooks_removed
 from .capture import compat, errors
 
 _PREFIX = "ortmod: FSDP2 (torch.distributed.fsdp.fully_shard) under ORTModule"
@@ -130,33 +130,11 @@ class Fsdp2:
                 compat.fsdp2_post_backward_final(state)
 
     # -- export ------------------------------------------------------------------
-    @contextlib.contextmanager
     def hooks_off(self, module):
         """FSDP's forward (pre-)hooks off every submodule while the trace runs them, and its
         state_dict pre-hook (which reshards; the TorchScript tracer reads the state dict)."""
-        saved = []
-        for m in module.modules():
-            for attr in ("_forward_pre_hooks", "_forward_hooks", "_state_dict_pre_hooks"):
-                hooks = getattr(m, attr)
-                fsdp = [k for k, h in hooks.items() if _is_fsdp(h)]
-                if fsdp:
-                    saved.append((hooks, dict(hooks)))
-                    for k in fsdp:
-                        del hooks[k]
-        try:
-            yield
-        finally:
-            for hooks, before in saved:
-                hooks.clear()
-                hooks.update(before)
-
-
-def _is_fsdp(hook):
-    f = getattr(hook, "__func__", hook)
-    while hasattr(f, "__wrapped__"):
-        f = f.__wrapped__
-    f = getattr(f, "__func__", f)
-    return (getattr(f, "__module__", None) or "").startswith("torch.distributed.fsdp.")
+        return hooks_removed(module, ("_forward_pre_hooks", "_forward_hooks", "_state_dict_pre_hooks"),
+                             "torch.distributed.fsdp.")
 
 
 def _refuse_unsupported(name, groups):

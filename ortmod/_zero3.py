@@ -34,6 +34,7 @@ import sys
 
 import torch
 
+from ._hooks import hooks_removed
 from .capture import compat
 
 
@@ -106,30 +107,9 @@ class Zero3:
             self.release([p])
 
     # -- export ------------------------------------------------------------------
-    @contextlib.contextmanager
     def hooks_off(self, module):
         """DeepSpeed's forward (pre-)hooks off every submodule while the trace runs them."""
-        saved = []
-        for m in module.modules():
-            for attr in ("_forward_pre_hooks", "_forward_hooks"):
-                hooks = getattr(m, attr)
-                ours = [k for k, h in hooks.items() if _is_deepspeed(h)]
-                if ours:
-                    saved.append((hooks, dict(hooks)))
-                    for k in ours:
-                        del hooks[k]
-        try:
-            yield
-        finally:
-            for hooks, before in saved:
-                hooks.clear()
-                hooks.update(before)
-
-
-def _is_deepspeed(hook):
-    f = getattr(hook, "__func__", hook)
-    f = getattr(f, "__wrapped__", f)
-    return (getattr(f, "__module__", None) or "").startswith("deepspeed.")
+        return hooks_removed(module, ("_forward_pre_hooks", "_forward_hooks"), "deepspeed.")
 
 
 @contextlib.contextmanager
