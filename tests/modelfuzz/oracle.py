@@ -315,8 +315,12 @@ def eager_variants(model, args, spec, dtype):
         has_gn = any(isinstance(m, torch.nn.GroupNorm) for m in model.modules())
         if args[0].dim() == 4 and args[0].is_floating_point() and not has_gn:
             runs["channels-last"] = lambda m, a: trace(m, a, spec, channels_last=True)
-        if _decomposable_norms(model):
-            runs["decomposed-norms"] = lambda m, a: trace(_decompose_norms(m), a, spec)
+    # in float64 too: a LayerNorm over a size-1 dim with eps 1e-12 (seed 81922) normalizes to an
+    # exact 0 whose gradient is mathematically zero; eager's fused kernel leaves a residue amplified
+    # by 1/sqrt(eps) (1e-6 of the run's gradients upstream), the plain ops leave exact zeros, as
+    # ortmod does. Both are eager float64 computations of the same model: the band is their spread.
+    if _decomposable_norms(model):
+        runs["decomposed-norms"] = lambda m, a: trace(_decompose_norms(m), a, spec)
     out = {}
     for name, fn in runs.items():
         phase(f"eager {dtype} {name}")
@@ -486,6 +490,27 @@ def _ort_trace(model, args, spec, dtype, rec, which):
     return None
 
 
+def _ort64_perturbed_errors(model, args, spec):
+    """ortmod float64's absolute error per quantity on the model and input perturbed by an ulp,
+    against eager float64 on the same perturbed copy: {key: error} ({} when either cannot run).
+
+    The float32 rounding predictor (rounding_explains) scales ortmod float64's own error; where
+    that error is exactly 0 by luck of the values (exact products at float64 that round at
+    float32), the perturbed run shows the residue the same computation leaves at float64. Seed
+    81193: a BatchNorm channel of zero variance over a batch of 2 (padding tokens in both rows)
+    gives a mathematically zero bias gradient upstream; ortmod float32 computes it as 7.6e-6
+    (rounding amplified by 1/sqrt(eps)), float64 as exact 0 on the model and 1e-14 perturbed."""
+    phase("ortmod float64 perturbed")
+    m, a = _perturbed(copy.deepcopy(model).double(),
+                      tuple(x.double() if x.is_floating_point() else x for x in args), spec["seed"] + 13, 2.0 ** -52)
+    try:
+        ref = trace(copy.deepcopy(m), a, spec)
+        got = trace(m, a, spec, ort=True)
+    except Exception:
+        return {}
+    return {k: abs_err(got.get(k), v) for k, v in ref.items() if v is not None}
+
+
 def _eager32(model, args, spec):
     """Eager float32's trace of a float64 spec (rounding's size at float32, oracle 1), or None
     when eager cannot run it in float32."""
@@ -565,12 +590,20 @@ def _classify(spec, rec):
             e32 = errors(ort32, ref, sc, FLOOR32)
             bad = []
             worst_band = 0.0
+            perturbed64 = None
             for k, e in e32.items():
                 b = max((rel_err(t.get(k), ref[k], FLOOR32 * sc[_category(k)]) for t in band.values()), default=0.0)
                 worst_band = max(worst_band, b)
                 if e > max(BAND_FACTOR * b, TOL32):
-                    if ort64 is not None and e64.get(k, float("inf")) <= TOL64 and rounding_explains(
-                            abs_err(ort32.get(k), ref[k]), abs_err(ort64.get(k), ref[k]), EPS_RATIO):
+                    explained = False
+                    if ort64 is not None and e64.get(k, float("inf")) <= TOL64:
+                        err32 = abs_err(ort32.get(k), ref[k])
+                        explained = rounding_explains(err32, abs_err(ort64.get(k), ref[k]), EPS_RATIO)
+                        if not explained:
+                            if perturbed64 is None:
+                                perturbed64 = _ort64_perturbed_errors(model, args, spec)
+                            explained = rounding_explains(err32, perturbed64.get(k, 0.0), EPS_RATIO)
+                    if explained:
                         rec.setdefault("rounding32", []).append(k)
                     else:
                         bad.append({"key": k, "err": e, "band": b})
