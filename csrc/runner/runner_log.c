@@ -6,29 +6,32 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-void rn_print(const om_runner *r, const char *fmt, ...) {
-    char buf[2048];
-    va_list ap;
-    va_start(ap, fmt);
+/* One message at `level`: to the client's print callback, else progress to stdout and
+ * warnings to stderr (stdout flushed first, so the two streams interleave in order). */
+static void rn_message(const om_runner *r, int level, const char *fmt, va_list ap) {
+    char buf[4096];
     vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (r->p.print) r->p.print(r->p.print_user, OM_LOG_INFO, buf);
-    else {
+    if (r->p.print) r->p.print(r->p.print_user, level, buf);
+    else if (level == OM_LOG_INFO) {
         fputs(buf, stdout);
         fputc('\n', stdout);
         fflush(stdout);
-    }
-}
-
-void rn_warn(const om_runner *r, const char *fmt, ...) {
-    char buf[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (r->p.print) r->p.print(r->p.print_user, OM_LOG_WARNING, buf);
-    else {
+    } else {
         fflush(stdout);
         fprintf(stderr, "ortmod-train: warning: %s\n", buf);
     }
+}
+
+void rn_print(const om_runner *r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    rn_message(r, OM_LOG_INFO, fmt, ap);
+    va_end(ap);
+}
+
+void rn_warn(const om_runner *r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    rn_message(r, OM_LOG_WARNING, fmt, ap);
+    va_end(ap);
 }
