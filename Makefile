@@ -7,8 +7,12 @@ APT_PKGS := cmake ninja-build protobuf-c-compiler libprotobuf-c-dev libopenblas-
 # ufunc loops one by one, each a linear search), 0.6.0's 2 ms; every torch.export first call
 # imports it through onnx (bench/first_call.py)
 TORCH_PIN := 2.13.0
-PY_LIBS  := onnx "ml_dtypes>=0.5.4,<0.7" onnxscript onnxruntime numpy pytest transformers expecttest accelerate
-PY_PKGS  := torch==$(TORCH_PIN) $(PY_LIBS) scikit-build-core
+PY_LIBS  := onnx "ml_dtypes>=0.5.4,<0.7" onnxscript onnxruntime numpy pytest transformers expecttest
+# libraries that require torch: the release matrix's venvs install them with --no-deps (with their
+# other requirements, TORCH_LIBS_DEPS), or pip would pull a CUDA torch's ~4 GB of nvidia-* wheels
+TORCH_LIBS := accelerate
+TORCH_LIBS_DEPS := psutil pyyaml "huggingface_hub>=0.21" safetensors packaging
+PY_PKGS  := torch==$(TORCH_PIN) $(PY_LIBS) $(TORCH_LIBS) scikit-build-core
 # the one build (CMakeLists.txt), configured once into BUILD_DIR; CMAKE_ARGS add -D options there
 BUILD_DIR  := build/cmake
 CMAKE_ARGS ?=
@@ -109,7 +113,10 @@ $(TORCH_VENV)/.ortmod-torch-$(TORCH):
 	@test -x $(TORCH_PY) || python3 -m venv $(TORCH_VENV)
 	$(TORCH_PY) -m pip install -q --disable-pip-version-check --no-cache-dir --no-deps torch==$(TORCH)
 	$(TORCH_PY) -m pip install -q --disable-pip-version-check --no-cache-dir $(TORCH_IMPORT_DEPS) $(PY_LIBS) \
-	  2>&1 | grep -v "requires nvidia\|requires cuda\|requires triton\|requires setuptools\|dependency conflicts" || true
+	  $(TORCH_LIBS_DEPS) 2>&1 | grep -v "requires nvidia\|requires cuda\|requires triton\|requires setuptools\|dependency conflicts" || true
+	$(TORCH_PY) -m pip install -q --disable-pip-version-check --no-cache-dir --no-deps $(TORCH_LIBS)
+	@! $(TORCH_PY) -m pip list 2>/dev/null | grep -q "^triton \|^nvidia-cudnn" || { echo "a library pulled \
+	  torch's CUDA wheels into $(TORCH_VENV): add it to TORCH_LIBS"; exit 1; }
 	@reqs="$$(python3 scripts/torch_cpu_stubs.py --runtime-reqs $(TORCH_VENV))"; if [ -n "$$reqs" ]; then \
 	  echo "CUDA runtime wheels: $$reqs"; eval $(TORCH_PY) -m pip install -q --disable-pip-version-check \
 	  --no-cache-dir $$reqs; fi
