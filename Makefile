@@ -22,7 +22,7 @@ NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 CUBLAS_PKG := $(if $(findstring release 12.,$(shell $(NVCC) --version 2>/dev/null)),nvidia-cublas-cu12,nvidia-cublas==13.10.0.20)
 
 .PHONY: setup apt venv build runner cuda test test-export test-deepspeed test-wheel conformance demo bench clean \
-	torch-venv test-torch test-compat
+	torch-venv torch-venvs test-torch test-compat test-matrix
 
 -include bench/bench.mk
 -include tests/fuzz/fuzz.mk
@@ -133,6 +133,17 @@ TORCH_SUITE_IGNORE := --ignore=tests/test_deepspeed.py --ignore=tests/test_deeps
 	--ignore=tests/test_cuda_build.py --ignore=tests/test_cuda_emulated.py
 test-torch: build torch-venv
 	timeout 1500 $(TORCH_PY) -m pytest tests -q $(TORCH_SUITE_IGNORE)
+
+# the whole matrix, as .ci/run runs it: make torch-venvs (every release's venv but the pinned one's;
+# downloads, little CPU: .ci/run starts it beside the suites), then make test-matrix (the whole
+# suite on the newest release, the compat job on each older one)
+MATRIX_NEWEST := 2.14.1
+MATRIX_COMPAT := 2.10.0 2.11.0 2.12.1
+torch-venvs:
+	@for t in $(MATRIX_NEWEST) $(MATRIX_COMPAT); do $(MAKE) --no-print-directory torch-venv TORCH=$$t || exit 1; done
+test-matrix: build torch-venvs
+	$(MAKE) --no-print-directory test-torch TORCH=$(MATRIX_NEWEST)
+	@for t in $(MATRIX_COMPAT); do $(MAKE) --no-print-directory test-compat TORCH=$$t || exit 1; done
 
 # the compat job: both capture paths' own tests, custom autograd.Functions, semantics, the fast
 # conformance subset and the model zoo's default selection, on the default capture path ("auto")
