@@ -119,7 +119,7 @@ $(TORCH_VENV)/.ortmod-torch-$(TORCH):
 	  torch's CUDA wheels into $(TORCH_VENV): add it to TORCH_LIBS"; exit 1; }
 	@reqs="$$(python3 scripts/torch_cpu_stubs.py --runtime-reqs $(TORCH_VENV))"; if [ -n "$$reqs" ]; then \
 	  echo "CUDA runtime wheels: $$reqs"; eval $(TORCH_PY) -m pip install -q --disable-pip-version-check \
-	  --no-cache-dir $$reqs; fi
+	  --no-cache-dir $$reqs 2>&1 | grep -v "requires\|dependency conflicts\|dependency resolver" || true; fi
 	python3 scripts/torch_cpu_stubs.py $(TORCH_VENV)
 	$(TORCH_PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(v != '$(TORCH)' and \
 	  f'{v} installed, $(TORCH) wanted')"
