@@ -99,7 +99,7 @@ test-wheel: apt
 # builds other than 2.13.0 are CUDA builds (~4 GB with their nvidia-* wheels), so torch goes in with
 # --no-deps, then the pure-Python libraries torch imports and its CUDA runtime wheels (a few MB), then
 # scripts/torch_cpu_stubs.py stands in for the NVIDIA libraries a CPU run never calls (cuDNN, cuBLAS,
-# NCCL, ...: ~3 GB). 1.7 GB a venv, 2-5 min. The extension links no
+# NCCL, ...: ~3 GB). 1.8 GB a venv, 2-5 min (4.4 on 2 loaded cores). The extension links no
 # libtorch: the one `make build` serves every release.
 TORCH_RELEASES := 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1
 TORCH ?= 2.14.1
