@@ -1,21 +1,67 @@
-"""Packed sequences (``pack_padded_sequence`` -> nn.LSTM / nn.GRU / nn.RNN -> ``pad_packed_sequence``)
-while ortmod captures: refused by name on both capture paths.
+"""Packed sequences (issue 37): ``pack_padded_sequence`` -> nn.LSTM / nn.GRU / nn.RNN ->
+``pad_packed_sequence`` inside the forward.
 
-The engine's LSTM / GRU / RNN ops implement ONNX's ``sequence_lens`` on the CPU, forward and
-backward (csrc/ops/rnn.c), which is what a packed batch means; the capture does not yet turn the
-packed pair into the padded RNN with the lengths as an input. Without this, torch.export fails deep
-in torch ("zeros(): argument 'size' ... got FakeTensor") and the TorchScript exporter with "these
-operations must occur in pairs"; this says what is not supported instead.
+**TorchScript path: captured.** torch's exporter turns the pair into what the engine runs: its
+symbolics emit prim::PackPadded / prim::PadPacked around the RNN, whose ONNX node takes the
+batch_sizes as ``sequence_lens``, and its peephole passes (pushPackingPastRnn, removeNopPacking)
+replace them by the lengths and drop the pair. The engine's LSTM / GRU / RNN implement
+``sequence_lens`` (csrc/ops/rnn.c): Y is zero and the state held past each length, the reverse
+direction starts at len - 1, which is what a packed batch means; h_n is each sequence's last
+state. enforce_sorted=False is traced as eager computes it (sort, index_select, the inverse
+permutation of the outputs and of h_n).
 
-A leaf: imports nothing of ortmod but errors and compat (torch's private _VF)."""
+What torch's rules leave out, and is done here while the module is traced (``_TracingVF``,
+swapped in for torch.nn.utils.rnn's ``_VF``):
+
+- the padded output's length. Eager pads to max(lengths), or to total_length; the graph's RNN
+  output has the input's time length T. The padded output is cut (or extended) to the eager
+  length from T, and what that takes is guarded: T - max(lengths), or whether T reaches
+  total_length. A call that changes it exports again (a loader that pads each batch to its
+  longest sequence keeps T - max(lengths) = 0: one export for every batch);
+- the checks eager makes on the lengths (each > 0; sorted when enforce_sorted; total_length at
+  least the longest): guarded too, so a call that breaks them exports again, and the export's
+  eager run raises eager's error;
+- ``padding_value`` (the graph's RNN gives zeros past each length): put back with a mask;
+- the lengths ``pad_packed_sequence`` returns: the int64 lengths given to the pack (the
+  exporter's are an int32 cast).
+
+Refused by name (``MESSAGE``): a PackedSequence made outside the forward (passed in), a pack
+whose RNN output is not padded in the forward (returned, or only h_n used), or a packed
+sequence used any other way (an RNN cell looping over batch_sizes) — torch's exporter cannot
+drop the pack there.
+
+**torch.export path: refused by name** (``refusing_packed_sequences``); the default capture
+("auto") falls back to the TorchScript path, which captures them.
+
+Leaf-level: imports errors, compat (torch's private _VF) and tracing (the guards)."""
 import contextlib
 
-from .compat import rnn_packing_vf, set_rnn_packing_vf
-from .errors import UnsupportedModelError
+import torch
+
+from .compat import pytree, rnn_packing_vf, set_rnn_packing_vf, traced_value
+from .errors import ExportError, UnsupportedModelError, user_frame
+from .tracing import current_records, read_unguarded, record_guard
 
 MESSAGE = ("packed sequences (torch.nn.utils.rnn.pack_padded_sequence / pack_sequence / pad_packed_sequence) "
-           "are not supported by ortmod's capture yet: pass the padded batch to the RNN instead (the engine's "
-           "LSTM/GRU/RNN ops implement sequence_lens, but the capture does not produce them)")
+           "are not supported on ortmod's torch.export capture path: use the default capture (capture='auto', "
+           "which captures them on the TorchScript path) or DebugOptions(capture='torchscript') / "
+           "ORTMOD_CAPTURE=torchscript")
+
+UNPAIRED = ("packed sequences: ortmod captures pack_padded_sequence -> nn.LSTM / nn.GRU / nn.RNN -> "
+            "pad_packed_sequence inside the forward, each pack's RNN output padded there (call "
+            "pad_packed_sequence on it even if only h_n is used); not a PackedSequence passed in or returned, "
+            "nor one used any other way (an RNN cell looping over batch_sizes): pass the padded batch and its "
+            "lengths, and pack and pad inside the forward")
+
+
+def refuse_packed_arguments(flat):
+    """A PackedSequence among the call's arguments (``flat``: flatten.FlatInputs) is refused by
+    name: it was packed outside the forward, where no capture sees the lengths."""
+    if isinstance(flat.structure, tuple):      # ("tensors", ...): every argument a tensor
+        return
+    is_packed = (lambda v: isinstance(v, torch.nn.utils.rnn.PackedSequence))
+    if any(is_packed(v) for v in pytree.tree_leaves(flat._tree, is_leaf=is_packed)):
+        raise UnsupportedModelError(f"{UNPAIRED} (a PackedSequence is an argument of the call)")
 
 
 class _RefusingVF:
@@ -32,10 +78,139 @@ class _RefusingVF:
 
 @contextlib.contextmanager
 def refusing_packed_sequences():
-    """While capturing: a packing op raises UnsupportedModelError naming packed sequences."""
+    """While capturing on the torch.export path: a packing op raises UnsupportedModelError naming
+    packed sequences."""
     real = rnn_packing_vf()
     set_rnn_packing_vf(_RefusingVF(real))
     try:
         yield
     finally:
         set_rnn_packing_vf(real)
+
+
+class _Pack:
+    """What one traced pack keeps for its pad: the batch_sizes it made (the pad's key), the
+    padded input's time length (a traced size) and the int64 lengths it packed (traced)."""
+    __slots__ = ("data", "batch_sizes", "time", "lengths", "padded")
+
+    def __init__(self, data, batch_sizes, time, lengths):
+        self.data, self.batch_sizes, self.time, self.lengths, self.padded = data, batch_sizes, time, lengths, False
+
+
+class _TracingVF:
+    """torch.nn.utils.rnn's ``_VF`` while the TorchScript path traces: the two packing ops run as
+    torch's, with the length, checks and padding value eager's graph needs (the module docstring).
+    Outside a trace (the export's eager run) they are torch's."""
+
+    def __init__(self, real):
+        self._real = real
+        self.packs = []
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def _pack_padded_sequence(self, input, lengths, batch_first):
+        data, batch_sizes = self._real._pack_padded_sequence(input, lengths, batch_first)
+        if torch.jit.is_tracing():
+            where = user_frame(3)
+            # eager's checks on the lengths, which the graph does not make (what the pack gets is
+            # sorted by the traced sort when enforce_sorted=False)
+            valid = (lengths.min() > 0) & (lengths[:-1] >= lengths[1:]).all()
+            record_guard(valid, "packed sequence lengths (each > 0, decreasing when enforce_sorted)", where)
+            self.packs.append(_Pack(data, batch_sizes, input.shape[1 if batch_first else 0], lengths))
+        return data, batch_sizes
+
+    def _pad_packed_sequence(self, data, batch_sizes, batch_first, padding_value, total_length):
+        if not torch.jit.is_tracing():
+            return self._real._pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_length)
+        pack = next((p for p in self.packs if p.batch_sizes is batch_sizes), None)
+        if pack is None:
+            raise UnsupportedModelError(f"{UNPAIRED} (a PackedSequence not packed in this forward is padded at "
+                                        f"{user_frame(3)})")
+        pack.padded = True
+        _drop_guards_on(pack)
+        where = user_frame(3)
+        axis = 1 if batch_first else 0
+        # padded to the input's length T, as the graph's RNN output is; then cut or extended to eager's
+        # (the length as a number: the exporter's rule ignores it, a traced one would be guarded)
+        padded, _ = self._real._pad_packed_sequence(data, batch_sizes, batch_first, padding_value,
+                                                    read_unguarded(pack.time))
+        lengths = pack.lengths
+        if padding_value != 0:      # the graph's RNN gives zeros past each length
+            steps = torch.arange(padded.shape[axis]).unsqueeze(1)           # (T, 1) < (B,): (T, B)
+            inside = steps < lengths
+            inside = (inside.transpose(0, 1) if batch_first else inside).unsqueeze(-1)
+            padded = torch.where(inside, padded, torch.full_like(padded, padding_value))
+        rows = padded.shape[axis]   # traced from the RNN's output: keeps the pad in the graph
+        target = _target_length(total_length, lengths)
+        if target is None:          # eager's length: the longest sequence, T - (T - max) with that guarded
+            slack = record_guard(rows - lengths.max(), "packed sequence: padded length - longest length", where)
+            if slack:
+                padded = padded.narrow(axis, 0, rows - slack)
+            return padded, lengths
+        record_guard(lengths.max() <= target, "packed sequence: total_length >= longest length", where)
+        if record_guard(rows >= target, "packed sequence: padded length >= total_length", where):
+            return padded.narrow(axis, 0, target), lengths
+        fill = torch.full_like(padded.narrow(axis, 0, 1), padding_value)
+        shape = list(padded.shape)
+        shape[axis] = target - rows
+        return torch.cat([padded, fill.expand(shape)], axis), lengths
+
+
+def _drop_guards_on(pack):
+    """The guards torch's own code took on the pack's outputs (the RNN's input checks: the packed
+    data's feature size, int(batch_sizes[0]) as the batch size; pad_packed_sequence's total_length
+    against batch_sizes.size(0)) are dropped: as graph outputs they would keep the pack's outputs in
+    the graph, and torch's exporter drops the pack only when the RNN and the pad are their sole
+    users. They hold by construction once the pack's guards do (the lengths > 0 make
+    batch_sizes[0] the batch size; total_length is guarded against the lengths here). A guard the
+    user's code took on them stays, and the export is refused (``UNPAIRED``)."""
+    records = current_records()
+    if not records:
+        return
+    sources = {traced_value(pack.data).unique(), traced_value(pack.batch_sizes).unique()}
+
+    def reads_pack(tensor):
+        stack, seen = [traced_value(tensor)], set()
+        while stack:
+            v = stack.pop()
+            if v.unique() in sources:
+                return True
+            if v.unique() in seen:
+                continue
+            seen.add(v.unique())
+            stack.extend(v.node().inputs())
+        return False
+
+    # (tensor, kind, value, where, internal): internal, taken in torch's code
+    records[:] = [r for r in records if not (r[4] and reads_pack(r[0]))]
+
+
+def _target_length(total_length, lengths):
+    """The length eager pads to: None for the longest sequence's, else the caller's total_length
+    (an int, or a traced size). pad_packed_sequence passes batch_sizes.size(0) (the longest length,
+    traced) when no total_length is given: a traced value equal to the longest length is taken
+    for it (it gives that length, and the guards hold it to T - max)."""
+    if not isinstance(total_length, torch.Tensor):
+        return int(total_length)
+    return None if read_unguarded(total_length) == read_unguarded(lengths.max()) else total_length
+
+
+@contextlib.contextmanager
+def tracing_packed_sequences():
+    """While the TorchScript path captures: packed pairs traced as ``_TracingVF`` says; what
+    torch's exporter cannot drop is refused by name."""
+    real = rnn_packing_vf()
+    vf = _TracingVF(real)
+    set_rnn_packing_vf(vf)
+    try:
+        yield
+    except ExportError as e:
+        if vf.packs:
+            raise UnsupportedModelError(f"{UNPAIRED} (torch's exporter: {str(e)[:300]})") from e
+        raise
+    finally:
+        set_rnn_packing_vf(real)
+    unpadded = [p for p in vf.packs if not p.padded]
+    if unpadded:
+        raise UnsupportedModelError(f"{UNPAIRED} (a packed sequence's RNN output is not padded in the forward)")
