@@ -214,7 +214,7 @@ def test_export_path_refuses_by_name(cell):
     m = Packed(cell)
     w = ORTModule(copy.deepcopy(m), DebugOptions(capture="export"))
     x, lengths = _batch(True, [6, 4, 1])
-    with pytest.raises(UnsupportedModelError, match="not supported on ortmod's torch.export capture path"):
+    with pytest.raises(UnsupportedModelError, match="captured on ortmod's TorchScript path only, not on the torch.export path"):
         w(x, lengths)
     # the capture's patch is gone: eager packing works after the refusal
     assert torch.isfinite(m(x, lengths)[0]).all()
@@ -276,9 +276,22 @@ def test_unsupported_uses_refused_by_name(ortmod_env, path, make):
     x, lengths = _batch(True, [6, 4, 1])
     args = (pack_padded_sequence(x.transpose(0, 1), lengths),) if make is _PackedIn else (x, lengths)
     m(*args)
-    with pytest.raises(UnsupportedModelError, match="packed sequence"):
+    with pytest.raises(UnsupportedModelError, match="packed sequence") as caught:
         ORTModule(copy.deepcopy(m))(*args)
+    # on the default capture, the torch.export path's refusal notes the TorchScript path's
+    assert "pack and pad inside the forward" in str(caught.value) + "".join(getattr(caught.value, "__notes__", []))
     m(*args)      # eager packing works after the refusal
+
+
+def test_interlayer_dropout_keeps_the_exporters_refusal(ortmod_env):
+    """Dropout between packed layers in training: torch's exporter refuses it, and that is the
+    error (not a packed-sequence one)."""
+    _set_path(ortmod_env, "torchscript")
+    m = Packed(nn.LSTM)
+    m.rnn = nn.LSTM(4, 5, num_layers=2, bidirectional=True, batch_first=True, dropout=0.2)
+    with pytest.raises(Exception, match="dropout") as caught:
+        ORTModule(m)(*_batch(True, [6, 4, 1]))
+    assert "packed sequences:" not in str(caught.value)
 
 
 @pytest.mark.parametrize("path", ["torchscript", "export"])

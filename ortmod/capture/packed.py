@@ -43,9 +43,9 @@ from .errors import ExportError, UnsupportedModelError, user_frame
 from .tracing import current_records, read_unguarded, record_guard
 
 MESSAGE = ("packed sequences (torch.nn.utils.rnn.pack_padded_sequence / pack_sequence / pad_packed_sequence) "
-           "are not supported on ortmod's torch.export capture path: use the default capture (capture='auto', "
-           "which captures them on the TorchScript path) or DebugOptions(capture='torchscript') / "
-           "ORTMOD_CAPTURE=torchscript")
+           "are captured on ortmod's TorchScript path only, not on the torch.export path: the default capture "
+           "(capture='auto') falls back to it, DebugOptions(capture='torchscript') or ORTMOD_CAPTURE=torchscript "
+           "picks it")
 
 UNPAIRED = ("packed sequences: ortmod captures pack_padded_sequence -> nn.LSTM / nn.GRU / nn.RNN -> "
             "pad_packed_sequence inside the forward, each pack's RNN output padded there (call "
@@ -141,20 +141,32 @@ class _TracingVF:
             inside = steps < lengths
             inside = (inside.transpose(0, 1) if batch_first else inside).unsqueeze(-1)
             padded = torch.where(inside, padded, torch.full_like(padded, padding_value))
-        rows = padded.shape[axis]   # traced from the RNN's output: keeps the pad in the graph
-        target = _target_length(total_length, lengths)
-        if target is None:          # eager's length: the longest sequence, T - (T - max) with that guarded
-            slack = record_guard(rows - lengths.max(), "packed sequence: padded length - longest length", where)
-            if slack:
-                padded = padded.narrow(axis, 0, rows - slack)
-            return padded, lengths
-        record_guard(lengths.max() <= target, "packed sequence: total_length >= longest length", where)
-        if record_guard(rows >= target, "packed sequence: padded length >= total_length", where):
-            return padded.narrow(axis, 0, target), lengths
-        fill = torch.full_like(padded.narrow(axis, 0, 1), padding_value)
-        shape = list(padded.shape)
-        shape[axis] = target - rows
-        return torch.cat([padded, fill.expand(shape)], axis), lengths
+        padded = _to_length(padded, axis, lengths, _target_length(total_length, pack), padding_value, where)
+        # the traced call must give eager's length (pad_packed_sequence's total_length, or the longest)
+        if _number(padded.shape[axis]) != _number(total_length):
+            raise RuntimeError(f"ortmod: the padded packed sequence at {where} has {_number(padded.shape[axis])} "
+                               f"steps in the trace, eager's {_number(total_length)}")
+        return padded, lengths
+
+
+def _number(v):
+    return read_unguarded(v) if isinstance(v, torch.Tensor) else int(v)
+
+
+def _to_length(padded, axis, lengths, target, padding_value, where):
+    """``padded`` (T steps on ``axis``, as the graph's RNN output) cut or extended to eager's
+    length: the longest sequence's (``target`` None) or ``target``; what that takes, guarded."""
+    rows = padded.shape[axis]   # traced from the RNN's output: keeps the pad in the graph
+    if target is None:          # the longest sequence: T - (T - max), with T - max guarded
+        slack = record_guard(rows - lengths.max(), "packed sequence: padded length - longest length", where)
+        return padded.narrow(axis, 0, rows - slack) if slack else padded
+    record_guard(lengths.max() <= target, "packed sequence: total_length >= longest length", where)
+    if record_guard(rows >= target, "packed sequence: padded length >= total_length", where):
+        return padded.narrow(axis, 0, target)
+    fill = torch.full_like(padded.narrow(axis, 0, 1), padding_value)
+    shape = list(padded.shape)
+    shape[axis] = target - rows
+    return torch.cat([padded, fill.expand(shape)], axis)
 
 
 def _drop_guards_on(pack):
@@ -163,37 +175,41 @@ def _drop_guards_on(pack):
     against batch_sizes.size(0)) are dropped: as graph outputs they would keep the pack's outputs in
     the graph, and torch's exporter drops the pack only when the RNN and the pad are their sole
     users. They hold by construction once the pack's guards do (the lengths > 0 make
-    batch_sizes[0] the batch size; total_length is guarded against the lengths here). A guard the
-    user's code took on them stays, and the export is refused (``UNPAIRED``)."""
+    batch_sizes[0] the batch size; total_length is guarded against the lengths here). A value the
+    user's code read from them (a loop over batch_sizes) is refused by name (``UNPAIRED``)."""
     records = current_records()
     if not records:
         return
-    sources = {traced_value(pack.data).unique(), traced_value(pack.batch_sizes).unique()}
-
-    def reads_pack(tensor):
-        stack, seen = [traced_value(tensor)], set()
-        while stack:
-            v = stack.pop()
-            if v.unique() in sources:
-                return True
-            if v.unique() in seen:
-                continue
-            seen.add(v.unique())
-            stack.extend(v.node().inputs())
-        return False
-
     # (tensor, kind, value, where, internal): internal, taken in torch's code
-    records[:] = [r for r in records if not (r[4] and reads_pack(r[0]))]
+    read = [r for r in records if _reads_pack(r[0], pack)]
+    user = next((r for r in read if not r[4]), None)
+    if user is not None:
+        raise UnsupportedModelError(f"{UNPAIRED} (the forward reads the packed sequence: {user[1]} at {user[3]})")
+    records[:] = [r for r in records if not any(r is d for d in read)]
 
 
-def _target_length(total_length, lengths):
+def _reads_pack(tensor, pack):
+    """Whether the trace computes ``tensor`` from the pack's outputs (data or batch_sizes)."""
+    sources = {traced_value(pack.data).unique(), traced_value(pack.batch_sizes).unique()}
+    stack, seen = [traced_value(tensor)], set()
+    while stack:
+        v = stack.pop()
+        if v.unique() in sources:
+            return True
+        if v.unique() in seen:
+            continue
+        seen.add(v.unique())
+        stack.extend(v.node().inputs())
+    return False
+
+
+def _target_length(total_length, pack):
     """The length eager pads to: None for the longest sequence's, else the caller's total_length
-    (an int, or a traced size). pad_packed_sequence passes batch_sizes.size(0) (the longest length,
-    traced) when no total_length is given: a traced value equal to the longest length is taken
-    for it (it gives that length, and the guards hold it to T - max)."""
+    (an int, or a size the trace follows). pad_packed_sequence passes batch_sizes.size(0) (the
+    longest length) when it is given no total_length: a traced value read from the pack is that."""
     if not isinstance(total_length, torch.Tensor):
         return int(total_length)
-    return None if read_unguarded(total_length) == read_unguarded(lengths.max()) else total_length
+    return None if _reads_pack(total_length, pack) else total_length
 
 
 @contextlib.contextmanager
@@ -206,7 +222,9 @@ def tracing_packed_sequences():
     try:
         yield
     except ExportError as e:
-        if vf.packs:
+        # torch's "Cannot export individual pack_padded_sequence or pad_packed_sequence; these
+        # operations must occur in pairs": said by name; any other failure is the exporter's own
+        if vf.packs and ("must occur in pairs" in str(e) or not all(p.padded for p in vf.packs)):
             raise UnsupportedModelError(f"{UNPAIRED} (torch's exporter: {str(e)[:300]})") from e
         raise
     finally:
