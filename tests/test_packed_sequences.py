@@ -184,6 +184,31 @@ def test_initial_state_and_unsorted_batch_order(ortmod_env):
             pe.grad = po.grad = None
 
 
+@pytest.mark.parametrize("cell", CELLS)
+def test_classifier_on_h_n_with_the_pad_unused(ortmod_env, cell):
+    """The refusal's advice for a model that reads only h_n: pad the RNN's output anyway (its
+    result unused); it then trains with SGD parity, lengths changing, one export."""
+    _set_path(ortmod_env, "torchscript")
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = cell(4, 5, num_layers=2, bidirectional=True, batch_first=True)
+            self.out = nn.Linear(10, 3)
+
+        def forward(self, x, lengths):
+            y, state = self.rnn(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+            pad_packed_sequence(y, batch_first=True)
+            h = state[0] if isinstance(state, tuple) else state
+            return self.out(torch.cat([h[-2], h[-1]], 1))
+
+    torch.manual_seed(6)
+    batches = [_batch(True, ls) for ls in ([4, 6, 1], [2, 5, 5, 3], [1, 3])]
+    labels = [torch.randint(0, 3, (len(x),)) for x, _ in batches]
+    batches = [(x, lens, y) for (x, lens), y in zip(batches, labels)]
+    train_parity(Classifier, batches, lambda m, b: nn.functional.cross_entropy(m(b[0], b[1]), b[2]), steps=4)
+
+
 @pytest.mark.parametrize("path", ["torchscript", "auto"])
 def test_invalid_lengths_stay_eager_errors(ortmod_env, path):
     """Eager refuses a length of 0 and, with enforce_sorted=True, unsorted lengths: so does ortmod,
@@ -218,6 +243,49 @@ def test_export_path_refuses_by_name(cell):
         w(x, lengths)
     # the capture's patch is gone: eager packing works after the refusal
     assert torch.isfinite(m(x, lengths)[0]).all()
+
+
+class _Chain(nn.Module):
+    """Two RNN modules in a row on one packed batch (an LSTM into a bidirectional GRU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.LSTM(4, 5, batch_first=True)
+        self.b = nn.GRU(5, 6, batch_first=True, bidirectional=True)
+
+    def forward(self, x, lengths):
+        y, _ = self.a(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+        y, h = self.b(y)
+        return pad_packed_sequence(y, batch_first=True)[0], h
+
+
+def test_rnns_in_a_chain_train_with_sgd_parity(ortmod_env):
+    _set_path(ortmod_env, "torchscript")
+    torch.manual_seed(7)
+    batches = [_batch(True, ls) for ls in ([4, 6, 1], [2, 5, 5, 3], [1, 3])]
+    train_parity(_Chain, batches, lambda m, b: _loss(m(*b) + (None,)), steps=4)
+
+
+class _PadOfPack(nn.Module):
+    """pack then pad with no RNN between: torch's exporter would return x itself, whose values
+    past each length eager's pad replaces by zeros (measured: off by 6.8 before the refusal)."""
+
+    def forward(self, x, lengths):
+        p = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        return pad_packed_sequence(p, batch_first=True)[0] * 2
+
+
+class _DataChanged(nn.Module):
+    """The packed data changed by another op before the RNN."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(4, 5, batch_first=True)
+
+    def forward(self, x, lengths):
+        p = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        y, _ = self.rnn(p._replace(data=torch.relu(p.data)))
+        return pad_packed_sequence(y, batch_first=True)[0]
 
 
 class _HiddenOnly(nn.Module):
@@ -268,7 +336,7 @@ class _CellLoop(nn.Module):
 
 
 @pytest.mark.parametrize("path", ["torchscript", "auto"])
-@pytest.mark.parametrize("make", [_HiddenOnly, _PackedIn, _PackedOut, _CellLoop])
+@pytest.mark.parametrize("make", [_HiddenOnly, _PackedIn, _PackedOut, _CellLoop, _PadOfPack, _DataChanged])
 def test_unsupported_uses_refused_by_name(ortmod_env, path, make):
     _set_path(ortmod_env, path)
     torch.manual_seed(0)

@@ -25,10 +25,12 @@ swapped in for torch.nn.utils.rnn's ``_VF``):
 - the lengths ``pad_packed_sequence`` returns: the int64 lengths given to the pack (the
   exporter's are an int32 cast).
 
-Refused by name (``MESSAGE``): a PackedSequence made outside the forward (passed in), a pack
-whose RNN output is not padded in the forward (returned, or only h_n used), or a packed
-sequence used any other way (an RNN cell looping over batch_sizes) — torch's exporter cannot
-drop the pack there.
+Refused by name (``UNPAIRED``): a PackedSequence made outside the forward (passed in), a pack
+whose RNN output is not padded in the forward (returned, or only h_n used), a packed sequence
+used any other way (an RNN cell looping over batch_sizes) — torch's exporter cannot drop the
+pack there — and a pad of anything but RNNs' output on the pack (a pack padded again as it is,
+packed data changed by another op): torch's exporter would hand back the padded input's own
+values past each length, where eager pads.
 
 **torch.export path: refused by name** (``refusing_packed_sequences``); the default capture
 ("auto") falls back to the TorchScript path, which captures them.
@@ -127,9 +129,13 @@ class _TracingVF:
         if pack is None:
             raise UnsupportedModelError(f"{UNPAIRED} (a PackedSequence not packed in this forward is padded at "
                                         f"{user_frame(3)})")
+        where = user_frame(3)
+        if not _from_rnns(data, pack):
+            raise UnsupportedModelError(f"{UNPAIRED} (what is padded at {where} is not an nn.LSTM / nn.GRU / "
+                                        "nn.RNN output on the packed input: torch's exporter would give the padded "
+                                        "input's own values past each length, where eager pads)")
         pack.padded = True
         _drop_guards_on(pack)
-        where = user_frame(3)
         axis = 1 if batch_first else 0
         # padded to the input's length T, as the graph's RNN output is; then cut or extended to eager's
         # (the length as a number: the exporter's rule ignores it, a traced one would be guarded)
@@ -167,6 +173,24 @@ def _to_length(padded, axis, lengths, target, padding_value, where):
     shape = list(padded.shape)
     shape[axis] = target - rows
     return torch.cat([padded, fill.expand(shape)], axis)
+
+
+_RNN_OPS = ("aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu")
+
+
+def _from_rnns(data, pack):
+    """Whether the trace computes the packed ``data`` by RNNs from the pack's data, one or more in a
+    chain: what torch's exporter turns into RNN nodes with sequence_lens, whose outputs are zero
+    past each length as eager's padding. (A pack padded again as it is, or packed data changed
+    by another op, would keep the padded input's own values there.)"""
+    source = traced_value(pack.data).unique()
+    v, rnns = traced_value(data), 0
+    while v.unique() != source:
+        node = v.node()
+        if node.kind() not in _RNN_OPS or list(node.outputs())[0].unique() != v.unique():   # (not h_n)
+            return False
+        v, rnns = list(node.inputs())[0], rnns + 1
+    return rnns > 0
 
 
 def _drop_guards_on(pack):
