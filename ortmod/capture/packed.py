@@ -194,37 +194,50 @@ def _from_rnns(data, pack):
 
 
 def _drop_guards_on(pack):
-    """The guards torch's own code took on the pack's outputs (the RNN's input checks: the packed
+    """The guards torch's own code took on the pack's sizes (the RNN's input checks: the packed
     data's feature size, int(batch_sizes[0]) as the batch size; pad_packed_sequence's total_length
     against batch_sizes.size(0)) are dropped: as graph outputs they would keep the pack's outputs in
     the graph, and torch's exporter drops the pack only when the RNN and the pad are their sole
     users. They hold by construction once the pack's guards do (the lengths > 0 make
     batch_sizes[0] the batch size; total_length is guarded against the lengths here). A value the
-    user's code read from them (a loop over batch_sizes) is refused by name (``UNPAIRED``)."""
+    user's code read from the pack (a loop over batch_sizes), or any code from the packed data's
+    values, is refused by name (``UNPAIRED``)."""
     records = current_records()
     if not records:
         return
-    # (tensor, kind, value, where, internal): internal, taken in torch's code
-    read = [r for r in records if _reads_pack(r[0], pack)]
-    user = next((r for r in read if not r[4]), None)
-    if user is not None:
-        raise UnsupportedModelError(f"{UNPAIRED} (the forward reads the packed sequence: {user[1]} at {user[3]})")
-    records[:] = [r for r in records if not any(r is d for d in read)]
+    # (tensor, kind, value, where, internal): internal, taken in a library's code (torch's)
+    reads = [(r, _pack_reads(r[0], pack)) for r in records]
+    refused = next((r for r, how in reads if how == "values" or how and not r[4]), None)
+    if refused is not None:
+        raise UnsupportedModelError(f"{UNPAIRED} (the forward reads the packed sequence: {refused[1]} at "
+                                    f"{refused[3]})")
+    records[:] = [r for r, how in reads if how is None]
 
 
-def _reads_pack(tensor, pack):
-    """Whether the trace computes ``tensor`` from the pack's outputs (data or batch_sizes)."""
-    sources = {traced_value(pack.data).unique(), traced_value(pack.batch_sizes).unique()}
-    stack, seen = [traced_value(tensor)], set()
+def _pack_reads(tensor, pack):
+    """How the trace computes ``tensor`` from the pack's outputs: "values" where it reads the packed
+    data's values, "sizes" where it reads only the batch_sizes or the data's sizes, None where it
+    does not read them."""
+    return _value_reads(traced_value(tensor), pack)
+
+
+def _value_reads(value, pack):
+    """``_pack_reads`` of a value of the trace's graph."""
+    data, batch_sizes = traced_value(pack.data).unique(), traced_value(pack.batch_sizes).unique()
+    stack, seen, found = [value], set(), None
     while stack:
         v = stack.pop()
-        if v.unique() in sources:
-            return True
         if v.unique() in seen:
             continue
         seen.add(v.unique())
-        stack.extend(v.node().inputs())
-    return False
+        if v.unique() == data:
+            return "values"
+        node = v.node()
+        if v.unique() == batch_sizes or node.kind() == "aten::size" and _value_reads(list(node.inputs())[0], pack):
+            found = "sizes"     # (the size of the data, or of an RNN's output on it)
+            continue
+        stack.extend(node.inputs())
+    return found
 
 
 def _target_length(total_length, pack):
@@ -233,7 +246,7 @@ def _target_length(total_length, pack):
     longest length) when it is given no total_length: a traced value read from the pack is that."""
     if not isinstance(total_length, torch.Tensor):
         return int(total_length)
-    return None if _reads_pack(total_length, pack) else total_length
+    return None if _pack_reads(total_length, pack) else total_length
 
 
 @contextlib.contextmanager
