@@ -205,6 +205,11 @@ def set_rnn_packing_vf(vf):
     rnn_utils._VF = vf
 
 
+def traced_value(t):
+    """The TorchScript tracer's graph value (torch._C.Value) of ``t``, while it traces."""
+    return torch._C._get_value_trace(t)
+
+
 def decomposition_table():
     from torch._decomp import decomposition_table as table
     return table

@@ -203,15 +203,29 @@ def available():
     return hasattr(torch, "export")
 
 
-@packed.refusing_packed_sequences()   # by name, not torch's failure deep in the trace
 def export(module, flat, strict_trace=False, inline_functions=False, dynamic=None):
     """Export ``module`` called as ``flat`` describes with torch.export; the same record as
     ``_capture.export``. ``dynamic``: the (tensor input, dim) pairs exported as symbolic sizes
     (None: none; ``Exported.static_dims`` lists the others, and a call that changes one of them
     exports again with it dynamic)."""
+    packed.refuse_packed_arguments(flat)
     recorder = pyop.FunctionRecorder(inline_all=inline_functions)
-    with _function_records(recorder):
-        return _export(module, flat, recorder, strict_trace, dynamic or frozenset())
+    try:    # packed sequences: refused by name, not torch's failure deep in the trace
+        with packed.refusing_packed_sequences(), _function_records(recorder):
+            return _export(module, flat, recorder, strict_trace, dynamic or frozenset())
+    except UnsupportedModelError as e:
+        if str(e) == packed.MESSAGE:
+            _eager_error_first(module, flat)
+        raise
+
+
+def _eager_error_first(module, flat):
+    """A call eager refuses (a packed sequence's length 0) raises eager's error rather than this
+    path's refusal, which the default capture would answer by trying the TorchScript path: the
+    forward runs once in eager, its state kept as it was."""
+    tensors = tuple(flat.leaves[i] for i in flat.tensor_indices())
+    with flatten._preserved_state(module, flatten.cuda_devices(module, flat)), torch.no_grad():
+        _FlatWrapper(module, flat)(*tensors)
 
 
 def _without_grad(t):

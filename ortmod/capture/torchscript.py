@@ -315,7 +315,7 @@ def _trace_to_onnx(module, wrapper, tensors, input_names, output_names, dynamic_
     return f, recorder, functions, caught
 
 
-@packed.refusing_packed_sequences()   # by name, not torch's failure deep in the trace
+@packed.tracing_packed_sequences()   # the pack -> RNN -> pad pair as eager means it; the rest refused by name
 def export(module, flat, strict_trace=False, inline_functions=False, dynamic=None):
     """Export ``module`` called as ``flat`` describes; return ONNX bytes and the input/output mapping.
 

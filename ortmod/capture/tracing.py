@@ -245,6 +245,36 @@ class TraceGuards:
         return tuple(t.detach().clone() if t.dim() else t.detach().reshape(()) for t, *_ in self.records)
 
 
+def record_guard(tensor, kind, where):
+    """While ortmod traces: guard ``tensor``'s value (read now) as the patched conversions guard
+    what Python reads, for a check of ortmod's own (capture/packed.py); the graph is right only
+    while it holds. Read here, without the recorder: this file's tracer warnings are not hazards.
+    Returns the value, or None when nothing records."""
+    rec = _current_recorder()
+    if rec is None or not torch.jit.is_tracing():
+        return None
+    value = read_unguarded(tensor)
+    rec.records.append((tensor, kind, value, where, True))
+    return value
+
+
+def current_records():
+    """The guards recorded so far in this trace (a list to edit), or None when nothing records."""
+    rec = _current_recorder()
+    return None if rec is None else rec.records
+
+
+def read_unguarded(tensor):
+    """``tensor.tolist()`` without recording a guard (for a value ortmod guards otherwise)."""
+    # a function mode (StopGradientMode) calls the patched method again: nothing records meanwhile
+    rec = _current_recorder()
+    _recording.recorder = None
+    try:
+        return tensor.tolist()
+    finally:
+        _recording.recorder = rec
+
+
 def _patched(name, kind, convert=None):
     original = getattr(torch.Tensor, name)
 
@@ -288,7 +318,9 @@ def recording_guards(recorder):
 
 # tracer warnings a guard makes harmless (the conversions above), and one that is harmless by itself
 _GUARDED_MESSAGES = ("Converting a tensor to a Python", "Using len to get tensor shape")
-_HARMLESS_MESSAGES = ("torch.tensor results are registered as constants",)
+_HARMLESS_MESSAGES = ("torch.tensor results are registered as constants",
+                      # (pack_padded_sequence's lengths given as a list: a non-tensor argument, in the call's key)
+                      "torch.as_tensor results are registered as constants")
 
 
 def unguarded_tracer_warnings(caught, guarded_places):
