@@ -7,7 +7,8 @@ APT_PKGS := cmake ninja-build protobuf-c-compiler libprotobuf-c-dev libopenblas-
 # ufunc loops one by one, each a linear search), 0.6.0's 2 ms; every torch.export first call
 # imports it through onnx (bench/first_call.py)
 TORCH_PIN := 2.13.0
-PY_LIBS  := onnx "ml_dtypes>=0.5.4,<0.7" onnxscript onnxruntime numpy pytest transformers expecttest accelerate
+PY_LIBS  := onnx "ml_dtypes>=0.5.4,<0.7" onnxscript onnxruntime numpy pytest transformers expecttest accelerate \
+            diffusers torch_geometric
 PY_PKGS  := torch==$(TORCH_PIN) $(PY_LIBS) scikit-build-core
 # the one build (CMakeLists.txt), configured once into BUILD_DIR; CMAKE_ARGS add -D options there
 BUILD_DIR  := build/cmake

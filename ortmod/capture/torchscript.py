@@ -394,7 +394,6 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
               for k, (_, kind, value, where, internal) in enumerate(recorder.records)]
     recorder.reset()
     unguarded = tracing.unguarded_tracer_warnings(caught, {g.where for g in guards})
-    frozen = unguarded or recorder.shapes_frozen
     warn_attribute_changes(module, changed_attributes(attributes), strict_trace)
     hazards = list(dict.fromkeys([g.describe() for g in guards if not g.internal] + unguarded))
     if hazards and strict_trace:
@@ -450,8 +449,8 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
                 counters.append(counter)
     return Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
                     wrapper.out_tensor_positions, updates, counters, output_deps,
-                    guards=guards, shape_specialized=bool(frozen), hazards=hazards,
-                    static_dims=tuple((k, d, tensors[k].shape[d]) for k, d in (dims if frozen else static)),
+                    guards=guards, shape_specialized=bool(unguarded) or recorder.shapes_frozen, hazards=hazards,
+                    static_dims=tuple((k, d, tensors[k].shape[d]) for k, d in (dims if unguarded or recorder.shapes_frozen else static)),
                     eager_shapes=tuple(tuple(t.shape) for t in outs),
                     layouts=tensor_layouts(tensors) if recorder.reads_layout else None,
                     functions=list(functions.specs))
