@@ -17,6 +17,7 @@ name: those cases assert the message.
   iteration: ``aten::mv`` of the kept vectors) the TorchScript path trains it.
 """
 import copy
+import re
 
 import pytest
 import torch
@@ -48,7 +49,7 @@ def _gen(seed):
 
 def longformer():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LongformerConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    cfg = transformers.LongformerConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                                         intermediate_size=64, max_position_embeddings=64, attention_window=4,
                                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=1)
     return transformers.LongformerForMaskedLM(cfg)
@@ -247,3 +248,19 @@ def test_as_strided_index_refuses_what_it_cannot_map():
     assert as_strided_index([2, 3], [1, 2], [6], [1]).tolist() == [0, 3, 1, 4, 2, 5]
     assert "overlap" in as_strided_index([4, 3], [0, 1], [3], [1])            # an expanded view
     assert "do not cover" in as_strided_index([2, 2], [4, 1], [3], [1])       # reads storage between rows
+
+
+def test_longformer_global_attention_is_refused_by_name(capture):
+    """global_attention_mask (Longformer's documented classification setup): its tokens are found
+    with nonzero(as_tuple=True) and counted with .max(): the TorchScript graph holds a Range whose
+    length is that count and a SplitToSequence, which the engine does not plan (it names the
+    first it meets); torch.export cannot trace the sizes they make (unbacked symbols)."""
+    longformer()
+    batches = longformer_batches()
+    for b in batches:
+        b["global_attention_mask"] = torch.zeros_like(b["attention_mask"])
+        b["global_attention_mask"][:, 0] = 1
+    with pytest.raises((ortmod.UnsupportedOpError, ortmod.ExportError)) as info:
+        ORTModule(longformer())(**batches[0])
+    want = {"export": r"PendingUnbackedSymbolNotFound"}.get(capture, r"SplitToSequence|Range node .* must be known at plan time")
+    assert re.search(want, str(info.value)), str(info.value)[:500]
