@@ -264,3 +264,35 @@ def test_longformer_global_attention_is_refused_by_name(capture):
         ORTModule(longformer())(**batches[0])
     want = {"export": r"PendingUnbackedSymbolNotFound"}.get(capture, r"SplitToSequence|Range node .* must be known at plan time")
     assert re.search(want, str(info.value)), str(info.value)[:500]
+
+
+class ScatterSum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, idx, reduce):
+        h = torch.tanh(self.lin(x))                            # (6, 4) -> summed into 3 rows
+        out = self.lin.weight[:3].scatter_reduce(0, idx.unsqueeze(1).expand(-1, 4), h, reduce)
+        return (out * out).sum()
+
+
+@pytest.mark.parametrize("reduce,refusal", [("sum", None), ("amax", "reduce='amax'"), ("mean", "reduce='mean'")])
+def test_scatter_reduce_on_the_torchscript_path(reduce, refusal, ortmod_env):
+    """ortmod's scatter_reduce rule (rules/strided.py): sum is one ScatterElements add (self and
+    src both get their gradients, repeated indices add up); what the engine cannot reduce is
+    refused by name."""
+    ortmod_env.setenv("ORTMOD_CAPTURE", "torchscript")
+    model = ScatterSum()
+    x, idx = torch.randn(6, 4), torch.tensor([0, 2, 0, 1, 2, 0])
+    ort = ORTModule(copy.deepcopy(model))
+    if refusal is not None:
+        with pytest.raises(ortmod.UnsupportedModelError, match=re.escape(refusal)):
+            ort(x, idx, reduce)
+        return
+    le, lo = model(x, idx, reduce), ort(x, idx, reduce)
+    le.backward()
+    lo.backward()
+    torch.testing.assert_close(lo, le, rtol=1e-5, atol=1e-6)
+    for pe, po in zip(model.parameters(), ort.parameters()):
+        torch.testing.assert_close(po.grad, pe.grad, rtol=1e-5, atol=1e-6)
