@@ -7,7 +7,8 @@ APT_PKGS := cmake ninja-build protobuf-c-compiler libprotobuf-c-dev libopenblas-
 # ufunc loops one by one, each a linear search), 0.6.0's 2 ms; every torch.export first call
 # imports it through onnx (bench/first_call.py)
 TORCH_PIN := 2.13.0
-PY_LIBS  := onnx "ml_dtypes>=0.5.4,<0.7" onnxscript onnxruntime numpy pytest transformers expecttest
+PY_LIBS  := onnx "ml_dtypes>=0.5.4,<0.7" onnxscript onnxruntime numpy pytest transformers expecttest \
+            diffusers torch_geometric
 # libraries that require torch: the release matrix's venvs install them with --no-deps (with their
 # other requirements, TORCH_LIBS_DEPS), or pip would pull a CUDA torch's ~4 GB of nvidia-* wheels
 TORCH_LIBS := accelerate

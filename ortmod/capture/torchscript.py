@@ -449,8 +449,8 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
                 counters.append(counter)
     return Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
                     wrapper.out_tensor_positions, updates, counters, output_deps,
-                    guards=guards, shape_specialized=bool(unguarded), hazards=hazards,
-                    static_dims=tuple((k, d, tensors[k].shape[d]) for k, d in (dims if unguarded else static)),
+                    guards=guards, shape_specialized=bool(unguarded) or recorder.shapes_frozen, hazards=hazards,
+                    static_dims=tuple((k, d, tensors[k].shape[d]) for k, d in (dims if unguarded or recorder.shapes_frozen else static)),
                     eager_shapes=tuple(tuple(t.shape) for t in outs),
                     layouts=tensor_layouts(tensors) if recorder.reads_layout else None,
                     functions=list(functions.specs))

@@ -150,8 +150,8 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
         # rules kept in their own modules: losses, and the nn layers (pools, norms) whose
         # stock rules are missing or narrower than eager
         from .rules import ctc as ctc_rules, losses as loss_rules, nearest as nearest_rules, nn as nn_rules, \
-            rnn as rnn_rules
-        for rules in (loss_rules, nn_rules, nearest_rules, ctc_rules, rnn_rules):
+            rnn as rnn_rules, strided as strided_rules
+        for rules in (loss_rules, nn_rules, nearest_rules, ctc_rules, rnn_rules, strided_rules):
             symbolics.update(rules.symbolics(registration, opset))
         for name, fn in symbolics.items():
             torch.onnx.register_custom_op_symbolic(name, fn, opset)

@@ -232,6 +232,8 @@ class TraceGuards:
         self.records = []      # (traced tensor, kind, value, where, internal)
         # a symbolic emitted a kernel eager picks by memory layout (rules/nn._nearest_symbolic)
         self.reads_layout = False
+        # a symbolic baked the traced sizes into the graph (rules/strided.py's as_strided index)
+        self.shapes_frozen = False
 
     def record(self, tensor, kind, value):
         caller = sys._getframe(2).f_code.co_filename      # 0 record, 1 the patched method
