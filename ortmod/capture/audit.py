@@ -7,7 +7,7 @@ import torch
 
 from . import compat
 
-from .rules import rnn_onnxscript
+from .rules import aten as aten_rules, rnn_onnxscript
 from .errors import ExportError, UnsupportedModelError
 from .fx_passes import _const_arg, _meta_val
 from .shape_guard import _size_expr
@@ -67,12 +67,6 @@ def _check_one_float_dtype(node):
     dtypes = {v.dtype for v in map(_meta_val, node.args) if isinstance(v, torch.Tensor) and v.is_floating_point()}
     if len(dtypes) > 1:
         return f"inputs of {sorted(map(str, dtypes))}: ortmod takes them in one float dtype (cast them first)"
-    return None
-
-
-def _check_embedding(node):
-    if _const_arg(node, 3, "scale_grad_by_freq", False):
-        return "scale_grad_by_freq is not implemented by ortmod"
     return None
 
 
@@ -281,21 +275,6 @@ def _check_upsample_nearest(node):
     return None
 
 
-# ---- norms and recurrent layers (issue 16) ----------------------------------------------------
-
-def _check_instance_norm(node):
-    # instance_norm(input, weight, bias, running_mean, running_var, use_input_stats, ...): the
-    # TorchScript path's refusals (ortmod/capture/rules/symbolics.py _instance_norm_symbolic)
-    stats = node.args[3] is not None and node.args[4] is not None
-    if _const_arg(node, 5, "use_input_stats", True):
-        if stats:
-            return ("InstanceNorm with track_running_stats=True in training: ortmod does not update instance "
-                    "norm's running statistics")
-    elif not stats:
-        return "instance_norm without input statistics needs running statistics"
-    return None
-
-
 def _check_rnn_layout(node):
     # lstm/gru/rnn_*.input(input, hx, params, has_biases, num_layers, dropout, train,
     # bidirectional, batch_first). ortmod's rules (_export_rules_rnn.py) read (W_ih, W_hh[, b_ih,
@@ -331,28 +310,9 @@ def _check_baddbmm(node):
                 "loop multiplies NaN by 0)")
 
 
-def _check_elu(node):
-    # eager: x <= 0 ? scale alpha (exp(x input_scale) - 1) : scale x. torchlib scales x by
-    # input_scale before Elu: the linear branch too, and the branch taken follows x input_scale.
-    # nn.ELU, F.elu, CELU and SELU never pass it.
-    if _const_arg(node, 3, "input_scale", 1.0) != 1:
-        return "input_scale other than 1 is applied to both branches by the ONNX translation"
-    return None
-
-
 def _check_nll_loss_forward(node):
     if _getitem_users(node, 1):
         return "its total_weight output is read, which the ONNX translation does not compute"
-    return None
-
-
-def _check_celu(node):
-    import numpy as np
-    alpha = _const_arg(node, 1, "alpha", 1.0)
-    val = _meta_val(node.args[0])
-    if isinstance(val, torch.Tensor) and val.dtype == torch.float64 and alpha < 0 \
-            and float(np.float32(alpha)) != float(alpha):
-        return "a negative alpha that float32 cannot hold is not reproduced exactly in float64 by ortmod"
     return None
 
 
@@ -388,18 +348,20 @@ _CHECKS = {
     "aten::pad": _check_pad,
     "aten::cross_entropy_loss": _check_cross_entropy, "ortmod::cross_entropy_loss": _check_cross_entropy,
     "aten::_native_batch_norm_legit_functional": _check_batch_norm,
-    "aten::embedding": _check_embedding,
-    "aten::cosine_similarity": _check_one_float_dtype, "aten::cdist": _check_one_float_dtype,
+    "aten::cdist": _check_one_float_dtype,
     "aten::_cdist_forward": _check_one_float_dtype,
     # norms and recurrent layers (issue 16)
-    "aten::instance_norm": _check_instance_norm,
     "aten::_native_batch_norm_legit": _check_batch_norm,     # .no_stats: its saved mean / invstd
     # _check_rnn_layout ends with _check_rnn (the dropout and proj_size refusals)
     "aten::lstm": _check_rnn_layout, "aten::gru": _check_rnn_layout, "aten::rnn_tanh": _check_rnn_layout,
     "aten::rnn_relu": _check_rnn_layout,
     # activations and elementwise losses (issue 16, helper "act")
-    "aten::elu": _check_elu, "aten::celu": _check_celu, "aten::nll_loss_forward": _check_nll_loss_forward,
+    "aten::nll_loss_forward": _check_nll_loss_forward,
 }
+# the rules written once for both paths carry their checks (rules/emitter.py)
+if set(_CHECKS) & set(aten_rules.audit_checks()):
+    raise RuntimeError(f"ops checked twice: {sorted(set(_CHECKS) & set(aten_rules.audit_checks()))}")
+_CHECKS.update(aten_rules.audit_checks())
 
 AUDIT_LOG = None     # a set: while set, every op the audit sees is added (to grow the reviewed list)
 
@@ -446,10 +408,6 @@ REVIEWED = frozenset({
     # its count is an unbacked symbol, which no guard reads (shape_guard: _free_unbacked)
     "aten::nonzero",
     "aten::masked_select",     # ortmod's rule (rules/indexing_onnxscript): GatherND at NonZero
-    "aten::one_hot",           # ortmod's rule: OneHot (a class out of range raises, as eager)
-    # ortmod's rule: StopGradient, as ortmod::stop_gradient (what _insert_stop_gradients makes of
-    # every other detach)
-    "aten::detach",
     # elementwise (add/sub with alpha: ortmod's rule, alpha in the op's dtype)
     "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::neg", "aten::relu",
     "aten::tanh", "aten::sigmoid", "aten::exp", "aten::log", "aten::sqrt", "aten::rsqrt", "aten::abs",
@@ -471,7 +429,7 @@ REVIEWED = frozenset({
     "aten::linear", "aten::addmm", "aten::mm", "aten::matmul", "aten::bmm", "aten::conv2d", "aten::conv1d",
     "aten::max_pool2d", "aten::mean.dim", "aten::sum.dim_IntList", "aten::mean", "aten::sum",
     "aten::layer_norm", "aten::native_dropout", "aten::softmax.int", "aten::_softmax", "aten::log_softmax.int",
-    "aten::_log_softmax", "aten::embedding", "aten::index.Tensor",
+    "aten::_log_softmax", "aten::index.Tensor",
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::scaled_dot_product_attention", "ortmod::stop_gradient", "aten::pad",
     "ortmod::python_op",     # a user's autograd.Function (its own forward and backward, in PyTorch)
@@ -487,10 +445,9 @@ REVIEWED = frozenset({
     # linalg_vector_norm: ortmod's rule, every order with eager's gradient at zeros (the
     # TorchScript path's _p_norm), keepdim without a dim, dtype
     "aten::topk", "aten::sort", "aten::sort.stable", "aten::linalg_vector_norm", "aten::logsumexp", "aten::clamp_min",
-    "aten::cosine_similarity",     # ortmod's rule (eager's straight-through clamp of the norms)
     # ortmod's rules (rules/*_onnxscript.py): .item() without a gradient, scatter_add of a larger src,
-    # a stable log_sigmoid, var/std dividing by max(0, N - correction)
-    "aten::_local_scalar_dense", "aten::scatter_add", "aten::log_sigmoid", "prims::var",
+    # var/std dividing by max(0, N - correction)
+    "aten::_local_scalar_dense", "aten::scatter_add", "prims::var",
     # torchlib's rules as they are: Reshape + Expand; ScatterND (accumulate: repeated indices
     # add; otherwise the last write wins, eager's deterministic order; negative indices wrap)
     "prims::broadcast_in_dim", "aten::index_put",
@@ -570,10 +527,9 @@ REVIEWED = frozenset({
     # engine's Tile and Expand gradients sum the copies, as eager's
     "aten::repeat",
     # norms and recurrent layers (issue 16)
-    # ortmod's rules (rules/*_onnxscript.py), the TorchScript path's decomposition: group_norm;
-    # instance_norm (eval reads running stats; training with them refused by _CHECKS); BatchNorm
-    # without running stats (batch statistics, differentiated through)
-    "aten::group_norm", "aten::instance_norm", "aten::_native_batch_norm_legit.no_stats",
+    # ortmod's rule (rules/norms_onnxscript.py), the decomposition of group_norm and instance_norm
+    # (rules/aten_norms.py): BatchNorm without running stats (batch statistics, differentiated through)
+    "aten::_native_batch_norm_legit.no_stats",
     # torchlib's bilinear: x1 (in1 -> out*in2 by the permuted weight) then a batched MatMul with
     # x2, plus the bias; eager's sum_ij x1_i W_kij x2_j + b_k for any leading dims and no bias
     "aten::bilinear",
@@ -592,12 +548,11 @@ REVIEWED = frozenset({
     #   and fill with a number: the number in the tensor's dtype from its int64 or double
     #   (torchlib's reach the graph as float32 constants: 0.1 in float64 was 0.10000000149);
     # - fill with a tensor (torchlib's is a local function); ceil (an int is its own ceiling);
-    # - hardtanh, relu6: the engine's HardTanh, hardtanh's gradient (0 at the bounds);
     # - remainder: Mod(fmod=0), eager's fmod-and-adjust (torchlib's a - floor(a / b) * b rounds
     #   otherwise); the engine refuses a divisor's gradient by name;
     # - baddbmm: beta=0 does not read self (alpha=0 refused by _CHECKS);
     # - view_copy: a view in the decomposed graph (_views_to_view_copies), torchlib's view rule
-    "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::hardtanh", "aten::relu6", "aten::remainder.Scalar", "aten::remainder.Tensor",
+    "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::remainder.Scalar", "aten::remainder.Tensor",
     "aten::baddbmm", "aten::view_copy",
     # amin / amax: ortmod's rule, ReduceMin / ReduceMax (ties share the gradient, as eager; the
     # TorchScript path's one difference is left: a NaN row's gradient all at the NaN)
@@ -624,17 +579,9 @@ REVIEWED = frozenset({
     # Expand(0) in self's shape and dtype: eager's contents are unspecified; HingeEmbeddingLoss
     # and CosineEmbeddingLoss fill it before reading
     "aten::empty_like",
-    # ortmod's rules (rules/*_onnxscript.py): torchlib's are ONNX local functions, compute float64 in
-    # float32 (celu), lose small values (log1p), give xlogy(0, 0) a NaN gradient, or decompose
-    # losses whose backward is not their forward's derivative (binary_cross_entropy,
-    # soft_margin_loss)
-    # (leaky_relu, elu, celu, selu, hardsigmoid: float64 exact where the engine's float32
-    # attribute is not; elu's input_scale other than 1 is refused by _CHECKS)
-    "aten::leaky_relu", "aten::elu", "aten::hardsigmoid", "aten::softplus", "aten::celu", "aten::selu", "aten::hardswish",
-    "aten::mish", "aten::glu", "aten::log1p", "aten::xlogy.Tensor", "aten::binary_cross_entropy", "aten::soft_margin_loss",
-    # ortmod's rules: torch's decompositions divide by beta 0 (smooth_l1_loss: NaN gradients) or
-    # give a gradient at z == 0 where eager's margin kernels test z > 0
-    "aten::smooth_l1_loss", "aten::multi_margin_loss", "aten::multilabel_margin_loss", "ortmod::multi_margin_loss",
+    # ortmod's rules (rules/*_onnxscript.py): torchlib's are ONNX local functions, lose small
+    # values (log1p), give xlogy(0, 0) a NaN gradient
+    "aten::hardswish", "aten::mish", "aten::glu", "aten::log1p", "aten::xlogy.Tensor",
     # ortmod's rule: the engine's Erf (torchlib's is a local function)
     "aten::special_erf",
     # torchlib's rules as they are: Reciprocal (the TorchScript path's op); roll, each (shift,
@@ -650,4 +597,4 @@ REVIEWED = frozenset({
     # Gather's (step < size), the elements between windows none (step > size); _CHECKS refuses a
     # size or step traced as a symbol
     "aten::mv", "aten::dot", "aten::unfold",
-})
+}) | aten_rules.reviewed()     # the rules written once for both paths carry their review (rules/emitter.py)

@@ -1,6 +1,6 @@
 """The torch.export path's rule registry: torchlib's translations plus ortmod's (the ``rules``
 package's onnxscript functions, and the few that sit here: the stop-gradient and PythonOp nodes,
-BatchNorm in training, attention, sort, index, embedding, cosine_similarity). Built once per
+BatchNorm in training, attention, sort, index). Built once per
 process."""
 import functools
 
@@ -8,7 +8,7 @@ import torch
 
 from . import compat
 
-from .rules import ctc as ctc_rules, onnxscript as onnxscript_rules, rnn_onnxscript
+from .rules import aten as aten_rules, ctc as ctc_rules, onnxscript as onnxscript_rules, rnn_onnxscript
 from .rules import (activations_onnxscript, distances_onnxscript, elementwise_onnxscript, indexing_onnxscript,
                     losses_onnxscript, norms_onnxscript, pools_onnxscript, reductions_onnxscript, upsample_onnxscript)
 from .onnx_util import ONNX_OPSET
@@ -41,6 +41,7 @@ def _family_translations(op, ir, stop_gradient):
     out = {}
     for family in _FAMILIES:
         out.update(family.translations(op, ir, stop_gradient))
+    out.update(aten_rules.export_translations(op, ir, stop_gradient))     # written once for both paths
     return out
 
 
@@ -198,38 +199,6 @@ def _translations():
             return op.Gather(flat, linear, axis=0)
         return torchlib_core.aten_index(self, indices)
 
-    def embedding(weight: TFloat, indices: TTensor, padding_idx: int = -1, scale_grad_by_freq: bool = False,
-                  sparse: bool = False) -> TFloat:
-        # padding_idx: the rows looked up at pad positions get no gradient, so the pad row's
-        # gradient stays zero as in eager (torchlib drops padding_idx); scale_grad_by_freq is
-        # refused by _audit
-        out = op.Gather(weight, indices, axis=0)
-        if padding_idx is not None and padding_idx >= 0:
-            is_pad = op.Equal(indices, op.CastLike(const(padding_idx, ir.DataType.INT64), indices)
-                              if indices.dtype != ir.DataType.INT64 else const(padding_idx, ir.DataType.INT64))
-            is_pad = op.Unsqueeze(is_pad, const([-1], ir.DataType.INT64))
-            out = op.Where(is_pad, stop_gradient_op(out), out)
-        return out
-
-    def cosine_similarity(x1: TFloat, x2: TFloat, dim: int = 1, eps: float = 1e-8) -> TFloat:
-        # eager (Distance.cpp): x1, x2 expanded to one shape, each 2-norm over dim clamped to eps
-        # in place under no_grad, so autograd differentiates the norm as if unclamped; the
-        # decomposition clamps with a gradient (0 below eps) instead. Here the clamped norm is
-        # eps + (n - n) there: the value exactly eps, the gradient n's (as ortmod's TorchScript rule).
-        dt = x1.dtype
-        x1e = op.Expand(x1, op.Shape(x2))
-        x2e = op.Expand(x2, op.Shape(x1))
-        axes = const([dim], ir.DataType.INT64)
-        eps_c = const(eps, dt)
-
-        def clamped(n):
-            lifted = op.Add(op.Sub(n, stop_gradient_op(n)), eps_c)
-            return op.Where(op.Less(n, eps_c), lifted, n)
-
-        n1 = clamped(op.ReduceL2(x1e, axes, keepdims=1))
-        n2 = clamped(op.ReduceL2(x2e, axes, keepdims=1))
-        return op.ReduceSum(op.Mul(op.Div(x1e, n1), op.Div(x2e, n2)), axes, keepdims=0)
-
     def python_op_onnx(xs: Sequence[TTensor], call: int) -> Sequence[TTensor]:
         # the TorchScript path's node (python_op._python_op_symbolic): the tensor arguments, the
         # function_id of the call's FunctionSpec in Exported.functions, the output dtypes. Built
@@ -255,14 +224,10 @@ def _translations():
         **rnn_onnxscript.translations(op, ir, stop_gradient_op),
         **onnxscript_rules.zoo_translations(op, ir, stop_gradient_op),
         **onnxscript_rules.clamp_translations(op, ir, stop_gradient_op, *compat.clamp_semantics()),
-        torch.ops.aten.cosine_similarity.default: cosine_similarity,
-        torch.ops.aten.embedding.default: embedding,
         torch.ops.aten.sort.default: sort,
         torch.ops.aten.sort.stable: sort_stable,
         torch.ops.aten.index.Tensor: index,
         torch.ops.aten.scaled_dot_product_attention.default: sdpa,
         torch.ops.ortmod.stop_gradient.default: stop_gradient_onnx,
-        # a detach() changed in place (_written_through) stays aten's: the same stop-gradient
-        torch.ops.aten.detach.default: stop_gradient_onnx,
         torch.ops.aten._native_batch_norm_legit_functional.default: batch_norm_functional,
     }

@@ -12,8 +12,8 @@ from .compat import JitTensorType
 pass
 from .onnx_util import _exporter_modules, _torch_symbolic
 from .tracing import StopGradientMode
-from .rules.stock_fixes import _log_sigmoid_symbolic, _movedim_symbolic, _one_hot_symbolic, _squeeze_symbolic
-from .rules.symbolics import _argsort_symbolic, _avg_pool_symbolic, _cdist_symbolic, _clamp_overloads_noted, _clamp_symbolic, _cosine_embedding_loss_symbolic, _cosine_similarity_symbolic, _detach_symbolic, _dist_symbolic, _embedding_renorm_symbolic, _embedding_symbolic, _extremum_symbolic, _frobenius_norm_symbolic, _group_norm_symbolic, _hardtanh_symbolic, _index_add_symbolic, _index_put_symbolic, _instance_norm_symbolic, _kl_div_symbolic, _linalg_norm_symbolic, _matrix_norm_symbolic, _norm_symbolic, _pad_symbolic, _pairwise_distance_symbolic, _relu6_symbolic, _softplus_symbolic, _sort_symbolic, _triplet_margin_loss_symbolic, _vector_norm_symbolic
+from .rules.stock_fixes import _movedim_symbolic, _squeeze_symbolic
+from .rules.symbolics import _argsort_symbolic, _avg_pool_symbolic, _cdist_symbolic, _clamp_overloads_noted, _clamp_symbolic, _cosine_embedding_loss_symbolic, _dist_symbolic, _embedding_renorm_symbolic, _extremum_symbolic, _frobenius_norm_symbolic, _index_add_symbolic, _index_put_symbolic, _kl_div_symbolic, _linalg_norm_symbolic, _matrix_norm_symbolic, _norm_symbolic, _pad_symbolic, _pairwise_distance_symbolic, _sort_symbolic, _triplet_margin_loss_symbolic, _vector_norm_symbolic
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,25 +98,15 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
     with _export_lock:   # also around reading torch's rules: another export may have ortmod's in
         registration = _exporter_modules()
         symbolics = {
-            "aten::detach": _detach_symbolic,
-            "aten::embedding": _embedding_symbolic,
             "aten::embedding_renorm": _embedding_renorm_symbolic,
             "aten::embedding_renorm_": _embedding_renorm_symbolic,
-            "aten::softplus": _softplus_symbolic,
             "aten::movedim": _movedim_symbolic,
-            "aten::log_sigmoid": _log_sigmoid_symbolic,
-            "aten::one_hot": _one_hot_symbolic,
             "aten::kl_div": _kl_div_symbolic,
             "aten::index_add": _index_add_symbolic,
             "aten::pad": _pad_symbolic,
-            "aten::hardtanh": _hardtanh_symbolic,
-            "aten::relu6": _relu6_symbolic,
-            "aten::group_norm": _group_norm_symbolic,
-            "aten::instance_norm": _instance_norm_symbolic,
             "aten::sort": _sort_symbolic,
             "aten::argsort": _argsort_symbolic,
             "aten::pairwise_distance": _pairwise_distance_symbolic,
-            "aten::cosine_similarity": _cosine_similarity_symbolic,
             "aten::linalg_vector_norm": _vector_norm_symbolic,
             "aten::norm": _norm_symbolic,
             "aten::frobenius_norm": _frobenius_norm_symbolic,
@@ -153,6 +143,9 @@ def semantic_export(opset, stop_gradients=True, scalar_dtype=None):
             rnn as rnn_rules, strided as strided_rules
         for rules in (loss_rules, nn_rules, nearest_rules, ctc_rules, rnn_rules, strided_rules):
             symbolics.update(rules.symbolics(registration, opset))
+        # the rules written once for both paths (rules/emitter.py)
+        from .rules import aten as aten_rules
+        symbolics.update(aten_rules.torchscript_symbolics())
         for name, fn in symbolics.items():
             torch.onnx.register_custom_op_symbolic(name, fn, opset)
         ts = compat.ts_utils

@@ -1,4 +1,4 @@
-"""The torch.export path's rules for .item(), log_sigmoid, add/sub with alpha: onnxscript functions
+"""The torch.export path's rules for .item(), add/sub with alpha: onnxscript functions
 traced by torch's
 exporter where torchlib's translation does not mean what eager training means.
 
@@ -9,7 +9,7 @@ import torch
 
 
 def elementwise(op, ir, stop_gradient):
-    from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor
+    from onnxscript.function_libs.torch_lib.tensor_typing import TReal, TTensor
     from onnxscript.function_libs.torch_lib.ops import core as tl_core
 
     I64 = ir.DataType.INT64
@@ -37,15 +37,6 @@ def elementwise(op, ir, stop_gradient):
             return stop_gradient(x)
         return op.Cast(x, to=ir.DataType.BOOL if dt == ir.DataType.BOOL else I64)
 
-    # ---- log_sigmoid ---------------------------------------------------------------------------
-
-    def log_sigmoid(self: TFloat) -> TFloat:
-        # eager (log_sigmoid CPU kernel): min(x, 0) - log1p(exp(-|x|)); torchlib's Log(Sigmoid(x))
-        # is -inf where sigmoid underflows (x < -104 in fp32) and is a local function. The
-        # engine's Softplus(z) is z + log1p(exp(-z)) for z > 0, log1p(exp(z)) otherwise: at
-        # z = -x exactly eager's two branches; its gradient sigmoid(-x) is eager's.
-        return op.Neg(op.Softplus(op.Neg(self)))
-
     # ---- add / sub with alpha --------------------------------------------------------------------
 
     def add_sub(onnx_op, torchlib_rule, scalar):
@@ -69,7 +60,6 @@ def elementwise(op, ir, stop_gradient):
         torch.ops.aten.add.Scalar: add_sub(op.Add, tl_core.aten_add, scalar=True),
         torch.ops.aten.sub.Scalar: add_sub(op.Sub, tl_core.aten_sub, scalar=True),
         torch.ops.aten._local_scalar_dense.default: local_scalar_dense,
-        torch.ops.aten.log_sigmoid.default: log_sigmoid,
     }
 
 

@@ -84,22 +84,7 @@ def indexing(op, ir, stop_gradient):
         m = op.Expand(mask, op.Shape(x))
         return op.GatherND(x, op.Transpose(op.NonZero(m), perm=[1, 0]), batch_dims=0)
 
-    def one_hot(self: TInt, num_classes: int = -1) -> TInt:
-        # kept whole (a translated op is not decomposed): torch's decomposition compares with
-        # arange(num_classes), which turns a class out of range into a row of zeros where eager
-        # raises; the engine's OneHot raises too (CPU). num_classes=-1 (the largest class + 1,
-        # a size read from the data) is refused.
-        if num_classes < 0:
-            raise NotImplementedError("ortmod: one_hot without num_classes (a size computed from the data) "
-                                      "is not supported; pass num_classes")
-        # a negative class (eager raises; OneHot would wrap it) is sent out of range: the engine raises
-        depth = const(num_classes, I64)
-        x = op.Cast(self, to=I64)
-        x = op.Where(op.Less(x, const(0, I64)), depth, x)
-        return op.OneHot(x, depth, ints([0, 1]), axis=-1)
-
     return {
-        torch.ops.aten.one_hot.default: one_hot,
         torch.ops.aten.masked_select.default: masked_select,
         torch.ops.aten.copy.default: copy,
         torch.ops.aten.index_put.default: index_put,

@@ -95,31 +95,6 @@ def _piecewise(g, d, k, scale, quadratic, dt):
     return g.op("Where", g.op("LessOrEqual", d, g.op("Neg", kk)), neg, out)
 
 
-def _smooth_l1_loss_symbolic(g, input, target, reduction, beta):
-    """eager (Loss.cpp): z = |x - y|, z < beta ? 0.5 z^2 / beta : z - beta / 2; its backward
-    (smooth_l1_backward kernel) is -1 for d <= -beta, 1 for d >= beta, d / beta between, for
-    the input and, with d = y - x, for the target.
-
-    beta == 0 (reached only through torch._C._nn.smooth_l1_loss: F.smooth_l1_loss calls
-    l1_loss then): |d|, but with eager's gradient at d == 0, -1 for both input and target
-    (the kernel's first test, d <= -0, holds for both)."""
-    what = "smooth_l1_loss"
-    dt = _same_float_dtype(what, input, target)
-    _reduction_arg(reduction, what)
-    b = _float_const_arg(beta, what, "beta")
-    if b < 0:
-        _refuse(what, "beta must be non-negative")
-    d = g.op("Sub", input, target)
-    if b == 0.0:
-        zero, one = _const(g, 0.0, dt), _const(g, 1.0, dt)
-        at_zero = g.op("Neg", g.op("Add", _grad_term(g, input, one), _grad_term(g, target, one)))
-        out = g.op("Where", g.op("Less", d, zero), g.op("Neg", d),
-                   g.op("Where", g.op("Greater", d, zero), d, at_zero))
-        return _loss_reduction(g, out, reduction, what)
-    quad = g.op("Div", g.op("Mul", g.op("Mul", _const(g, 0.5, dt), d), d), _const(g, b, dt))
-    return _loss_reduction(g, _piecewise(g, d, b, 1.0, quad, dt), reduction, what)
-
-
 def _huber_loss_symbolic(g, input, target, reduction, delta):
     """eager (Loss.cpp): z = |x - y|, z < delta ? 0.5 z^2 : delta (z - delta / 2); backward
     -delta for d <= -delta, delta for d >= delta, d between (huber_backward kernel)."""
@@ -134,42 +109,9 @@ def _huber_loss_symbolic(g, input, target, reduction, delta):
     return _loss_reduction(g, _piecewise(g, d, k, k, quad, dt), reduction, what)
 
 
-# ---- binary_cross_entropy, margin_ranking, hinge_embedding, soft_margin ---------------------
-
-# Loss.cpp's EPSILON in binary_cross_entropy_backward, max((1 - x) x, EPSILON): a C++ float, so
-# 1e-12 rounded to float32 whatever the input's dtype (float64 inputs showed it: 4e-9 relative)
-_BCE_EPS = float(torch.tensor(1e-12, dtype=torch.float32))
-
-
-def _log1p(g, u, dt):
-    """log1p(u) to a few ulps from Log alone (Goldberg): w = 1 + u; u where w == 1, else
-    log(w) * u / (w - 1). Forward only (its gradient is not log1p's)."""
-    one = _const(g, 1.0, dt)
-    w = g.op("Add", one, u)
-    return g.op("Where", g.op("Equal", w, one), u, g.op("Div", g.op("Mul", g.op("Log", w), u), g.op("Sub", w, one)))
-
-
-def _binary_cross_entropy_symbolic(g, input, target, weight, reduction):
-    """eager (Loss.cpp): w * ((t - 1) max(log1p(-x), -100) - t max(log(x), -100)), reduced (mean:
-    over the elements, weights or not). Its backward is not the clamped forward's derivative:
-    input dy w (x - t) / max((1 - x) x, 1e-12), target dy w (-logit(x)) (inf at x 0 or 1); both
-    are given exactly, as gradient terms on a stopped forward (_with_gradients)."""
-    sh = _sh()
-    what = "binary_cross_entropy"
-    has_w = not (weight is None or sh.is_none(weight))
-    dt = _same_float_dtype(what, input, target, *([weight] if has_w else []))
-    _reduction_arg(reduction, what)
-    one, lo = _const(g, 1.0, dt), _const(g, -100.0, dt)
-    log1m = g.op("Max", _log1p(g, g.op("Neg", input), dt), lo)
-    logx = g.op("Max", g.op("Log", input), lo)
-    loss = g.op("Sub", g.op("Mul", g.op("Sub", target, one), log1m), g.op("Mul", target, logx))
-    one_minus = g.op("Sub", one, input)
-    gx = g.op("Div", g.op("Sub", input, target), g.op("Max", g.op("Mul", one_minus, input), _const(g, _BCE_EPS, dt)))
-    gt = g.op("Neg", g.op("Log", g.op("Div", input, one_minus)))
-    if has_w:
-        loss, gx, gt = (g.op("Mul", v, weight) for v in (loss, gx, gt))
-    out = _with_gradients(g, loss, (input, gx), (target, gt))
-    return _loss_reduction(g, out, reduction, what)
+# ---- binary_cross_entropy_with_logits, margin_ranking, hinge_embedding ----------------------
+# (smooth_l1, binary_cross_entropy, soft_margin, multi_margin and multilabel_margin are written
+# once for both paths: rules/aten_losses.py)
 
 
 def _log_sigmoid(g, x):
@@ -266,111 +208,11 @@ def _hinge_embedding_loss_symbolic(g, input, target, margin, reduction):
     return _loss_reduction(g, g.op("Add", out_margin, out_self), reduction, what)
 
 
-def _soft_margin_loss_symbolic(g, input, target, reduction):
-    """eager (Loss.cpp): log1p(exp(-x t)), reduced; inf where exp overflows (kept: Softplus alone
-    would be finite there). Its backward, -t z / (1 + z) with z = exp(-x t) (NaN where z is inf),
-    is given exactly as a gradient term. (A target that requires grad: eager raises while
-    ortmod traces.)"""
-    what = "soft_margin_loss"
-    dt = _same_float_dtype(what, input, target)
-    _reduction_arg(reduction, what)
-    v = g.op("Mul", g.op("Neg", input), target)
-    z = g.op("Exp", v)
-    loss = g.op("Where", g.op("IsInf", z), z, g.op("Softplus", v))
-    gx = g.op("Div", g.op("Mul", g.op("Neg", target), z), g.op("Add", _const(g, 1.0, dt), z))
-    return _loss_reduction(g, _with_gradients(g, loss, (input, gx)), reduction, what)
-
-
-# ---- multi_margin, multilabel_margin -------------------------------------------------------
-
 def _class_count(g, x, dt):
     """(C as a 0-d int64, C as a 0-d float of dtype dt, arange(C)) for x of shape (N, C)."""
     c = g.op("Gather", g.op("Shape", x), _const(g, 1, torch.int64), axis_i=0)
     classes = g.op("Range", _const(g, 0, torch.int64), c, _const(g, 1, torch.int64))
     return c, g.op("Cast", c, to_i=_onnx_dtype(dt)), classes
-
-
-def _batched(g, x, what):
-    """x as (N, C): a vector (C,) becomes a batch of one (eager's dim <= 1 case); returns
-    (x2, rank). Other ranks are refused."""
-    rank = _input_rank_or_none(x)
-    if rank not in (1, 2):
-        _refuse(what, "ortmod takes an input of rank 1 or 2, known at export")
-    if rank == 1:
-        x = g.op("Unsqueeze", x, _const(g, [0], torch.int64))
-    return x, rank
-
-
-def _multi_margin_loss_symbolic(g, input, target, p, margin, weight, reduction):
-    """eager (MultiMarginCriterion.cpp): per sample, sum over classes d != y of
-    w[y] * max(0, margin - x[y] + x[d])^p, divided by C; mean over samples (weights or not).
-    Its backward is g * w[y] (p 1) or 2 g z w[y] (p 2) where z > 0 strictly. Where(z > 0, ...)
-    gives both, and eager's 0 for a NaN z (its test fails; Relu would propagate the NaN)."""
-    sh = _sh()
-    what = "multi_margin_loss"
-    has_w = not (weight is None or sh.is_none(weight))
-    dt = _same_float_dtype(what, input, *([weight] if has_w else []))
-    r = _reduction_arg(reduction, what)
-    p_v = _float_const_arg(p, what, "p")
-    if p_v not in (1.0, 2.0):
-        _refuse(what, "only p 1 and 2 are supported (as eager)")
-    m = _float_const_arg(margin, what, "margin")
-    if _target_dtype(target, what).is_floating_point:
-        _refuse(what, "the target must hold class indices (an integer tensor)")
-    x, _ = _batched(g, input, what)
-    y = g.op("Reshape", target, _const(g, [-1, 1], torch.int64))                  # (N, 1)
-    x_y = g.op("GatherElements", x, y, axis_i=1)
-    z = g.op("Add", g.op("Sub", _const(g, m, dt), x_y), x)                          # margin - x[y] + x[d]
-    zero = _const(g, 0.0, dt)
-    _, c_f, classes = _class_count(g, x, dt)
-    counted = g.op("And", g.op("Greater", z, zero), g.op("Not", g.op("Equal", classes, y)))   # z > 0, d != y
-    h = g.op("Where", counted, z, zero)        # before squaring: 0 * NaN would reach the gradient
-    if p_v == 2.0:
-        h = g.op("Mul", h, h)
-    if has_w:
-        h = g.op("Mul", h, g.op("Gather", weight, y, axis_i=0))
-    out = g.op("Div", g.op("ReduceSum", h, _const(g, [1], torch.int64), keepdims_i=0), c_f)
-    if r == 0:
-        # eager: (N,) for a 2-d input or a 1-element target vector, 0-d for a 0-d target
-        return g.op("Reshape", out, g.op("Shape", target))
-    return _loss_reduction(g, out, reduction, what)
-
-
-def _multilabel_margin_loss_symbolic(g, input, target, reduction):
-    """eager (MultilabelMarginCriterion.cpp): per sample, the targets are y[0..k) up to the first
-    negative entry; is_target marks them; loss = sum over target slots k (a repeated class
-    counts again, as eager's loop) and non-target classes i of max(0, 1 - x[y[k]] + x[i]), / C.
-    Backward: -g at y[k], +g at i where z > 0 strictly (Where's gradient)."""
-    what = "multilabel_margin_loss"
-    dt = _same_float_dtype(what, input)
-    r = _reduction_arg(reduction, what)
-    if _target_dtype(target, what).is_floating_point:
-        _refuse(what, "the target must hold class indices (an integer tensor)")
-    if _input_rank_or_none(target) != _input_rank_or_none(input):
-        _refuse(what, "ortmod takes a target of the input's rank")
-    x, rank = _batched(g, input, what)
-    y = target if rank == 2 else g.op("Unsqueeze", target, _const(g, [0], torch.int64))      # (N, K)
-    zero_i = _const(g, 0, torch.int64)
-    stopped = g.op("CumSum", g.op("Cast", g.op("Less", y, zero_i), to_i=_onnx_dtype(torch.int64)),
-                   _const(g, 1, torch.int64))
-    valid = g.op("Equal", stopped, zero_i)                                          # before the first y < 0
-    ys = g.op("Where", valid, y, zero_i)
-    _, c_f, classes = _class_count(g, x, dt)
-    hit = g.op("And", g.op("Equal", g.op("Unsqueeze", ys, _const(g, [2], torch.int64)), classes),
-               g.op("Unsqueeze", valid, _const(g, [2], torch.int64)))                # (N, K, C)
-    is_target = g.op("Greater", g.op("ReduceMax", g.op("Cast", hit, to_i=_onnx_dtype(dt)),
-                                     _const(g, [1], torch.int64), keepdims_i=0), _const(g, 0.0, dt))
-    x_y = g.op("GatherElements", x, ys, axis_i=1)                                   # (N, K)
-    z = g.op("Add", g.op("Sub", _const(g, 1.0, dt), g.op("Unsqueeze", x_y, _const(g, [2], torch.int64))),
-             g.op("Unsqueeze", x, _const(g, [1], torch.int64)))                      # (N, K, C)
-    mask = g.op("And", g.op("Unsqueeze", valid, _const(g, [2], torch.int64)),
-                g.op("Unsqueeze", g.op("Not", is_target), _const(g, [1], torch.int64)))
-    mask = g.op("And", mask, g.op("Greater", z, _const(g, 0.0, dt)))                # eager's z > 0 (NaN: 0)
-    h = g.op("Where", mask, z, _const(g, 0.0, dt))
-    out = g.op("Div", g.op("ReduceSum", h, _const(g, [1, 2], torch.int64), keepdims_i=0), c_f)
-    if r == 0:
-        return out if rank == 2 else g.op("Squeeze", out, _const(g, [0], torch.int64))
-    return _loss_reduction(g, out, reduction, what)
 
 
 # ---- poisson_nll ---------------------------------------------------------------------------
@@ -537,15 +379,10 @@ def _cross_entropy_probabilities(g, x, target, weight, r, ls, ignore, rank, dt):
 
 _RULES = {
     "aten::l1_loss": _l1_loss_symbolic,
-    "aten::smooth_l1_loss": _smooth_l1_loss_symbolic,
     "aten::huber_loss": _huber_loss_symbolic,
-    "aten::binary_cross_entropy": _binary_cross_entropy_symbolic,
     "aten::binary_cross_entropy_with_logits": _binary_cross_entropy_with_logits_symbolic,
     "aten::margin_ranking_loss": _margin_ranking_loss_symbolic,
     "aten::hinge_embedding_loss": _hinge_embedding_loss_symbolic,
-    "aten::soft_margin_loss": _soft_margin_loss_symbolic,
-    "aten::multi_margin_loss": _multi_margin_loss_symbolic,
-    "aten::multilabel_margin_loss": _multilabel_margin_loss_symbolic,
     "aten::poisson_nll_loss": _poisson_nll_loss_symbolic,
 }
 

@@ -722,8 +722,8 @@ def _upsample_refused(what, why):
 # torch's rules write leaky_relu's slope, elu's coefficients and SELU's constants as ONNX float
 # attributes, which are float32: a float64 model then computes with 0.01f (1e-8 off). For a
 # float64 input whose coefficients float32 cannot hold, these rules give eager's values and
-# gradients from float64 constants (the torch.export path's rules in rules/*_onnxscript.py do the
-# same); celu and hardsigmoid, whose eager backward mixes float32 constants in, are refused.
+# gradients from float64 constants (rrelu in eval here; leaky_relu, elu, celu, selu and
+# hardsigmoid are written once for both paths in rules/aten_activations.py).
 
 def _exact_in_float32(v):
     return float(torch.tensor(v, dtype=torch.float32)) == float(v)
@@ -741,29 +741,11 @@ def _is_float64(x):
     return _dtype_of(x, None) == torch.float64
 
 
-def _elu_coefficients(g, x, neg, pos):
-    """eager's elu with negcoef neg and poscoef pos, input_scale 1: Elu(x, 1) (x for x > 0,
-    expm1(x) elsewhere; gradient dy, dy exp(x)) times neg where x <= 0, else pos."""
-    dt = torch.float64
-    c = g.op("Where", g.op("LessOrEqual", x, _const(g, 0.0, dt)), _const(g, neg, dt), _const(g, pos, dt))
-    return g.op("Mul", g.op("Elu", x, alpha_f=1.0), c)
-
-
 def _leaky_float64(g, x, slope):
     """x times (1 where x > 0, else slope): eager's leaky_relu values and gradient, NaN taking the
     slope, with a float64 slope."""
     dt = torch.float64
     return g.op("Mul", x, g.op("Where", g.op("Greater", x, _const(g, 0.0, dt)), _const(g, 1.0, dt), _const(g, slope, dt)))
-
-
-def _leaky_relu_float64(original):
-    def symbolic(g, x, negative_slope, inplace=False):
-        if _is_float64(x):
-            (slope,) = _const_floats("leaky_relu", negative_slope)
-            if not _exact_in_float32(slope):
-                return _leaky_float64(g, x, slope)
-        return original(g, x, negative_slope, inplace)
-    return symbolic
 
 
 def _rrelu_float64(original):
@@ -778,53 +760,11 @@ def _rrelu_float64(original):
     return symbolic
 
 
-def _elu_float64(original):
-    def symbolic(g, x, alpha, scale, input_scale):
-        if _is_float64(x):
-            a, sc, isc = _const_floats("elu", alpha, scale, input_scale)
-            if not all(_exact_in_float32(v) for v in (a, sc, isc)):
-                if isc != 1.0:
-                    _refuse("elu", "a float64 input_scale other than 1 that float32 cannot hold")
-                return _elu_coefficients(g, x, a * sc, sc)
-        return original(g, x, alpha, scale, input_scale)
-    return symbolic
-
-
-def _selu_float64(original):
-    def symbolic(g, x):
-        if _is_float64(x):   # SELU's constants are not float32 numbers
-            alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
-            return _elu_coefficients(g, x, alpha * scale, scale)
-        return original(g, x)
-    return symbolic
-
-
-def _float64_refused(original, what, exact_args):
-    """original, but refused on a float64 input unless the arguments at exact_args (None: always
-    refused) are float32 numbers."""
-    def symbolic(g, x, *args):
-        exact = exact_args is not None and all(
-            _exact_in_float32(v) for v in _const_floats(what, *[args[i] for i in exact_args]))
-        if _is_float64(x) and not exact:
-            _refuse(what, "on a float64 input the TorchScript exporter writes its coefficients in float32; "
-                    "the torch.export capture path (capture='export' or 'auto') computes it exactly")
-        return original(g, x, *args)
-    return symbolic
-
-
 def _float64_activation_rules(registration, opset):
     rules = {}
-    for name, wrap in (("aten::leaky_relu", _leaky_relu_float64), ("aten::rrelu", _rrelu_float64),
-                       ("aten::elu", _elu_float64), ("aten::selu", _selu_float64)):
-        original = _torch_symbolic(registration, name, opset)
-        if original is not None:
-            rules[name] = wrap(original)
-    original = _torch_symbolic(registration, "aten::celu", opset)
+    original = _torch_symbolic(registration, "aten::rrelu", opset)
     if original is not None:
-        rules["aten::celu"] = _float64_refused(original, "celu", (0,))
-    original = _torch_symbolic(registration, "aten::hardsigmoid", opset)
-    if original is not None:   # its 1/6 is a float32 attribute whatever the input
-        rules["aten::hardsigmoid"] = _float64_refused(original, "hardsigmoid", None)
+        rules["aten::rrelu"] = _rrelu_float64(original)
     return rules
 
 

@@ -160,12 +160,10 @@ def keep_whole(gm):
 
 def zoo_translations(op, ir, stop_gradient):
     """The rules the model zoo needs on this path (issue 16): numbers made tensors (scalar_tensor),
-    where and fill with a number, fill with a tensor, ceil of ints, hardtanh and relu6, remainder,
+    where and fill with a number, fill with a tensor, ceil of ints, remainder,
     baddbmm, view_copy (what ``fx_passes._views_to_view_copies`` makes of a view); any, all,
     amin and amax."""
     from typing import Optional, Sequence
-    import onnx
-    import onnxscript
     from onnxscript.function_libs.torch_lib.tensor_typing import TReal, TTensor
     from onnxscript.function_libs.torch_lib.ops import core as tl_core
     from onnxscript.onnx_types import INT64
@@ -253,33 +251,6 @@ def zoo_translations(op, ir, stop_gradient):
         if self.dtype.is_floating_point():
             return op.Ceil(self)
         return op.Identity(self)
-
-    # ---- hardtanh ------------------------------------------------------------------------------
-
-    hard_tanh_schema = onnx.defs.OpSchema(
-        "HardTanh", "ortmod", 1, doc="Clip's forward, hardtanh's gradient (the engine's op)",
-        inputs=[onnx.defs.OpSchema.FormalParameter("x", "T"), onnx.defs.OpSchema.FormalParameter("min", "T"),
-                onnx.defs.OpSchema.FormalParameter("max", "T")],
-        outputs=[onnx.defs.OpSchema.FormalParameter("y", "T")],
-        type_constraints=[("T", [f"tensor({t})" for t in ("float", "double", "float16", "bfloat16")], "")])
-    hard_tanh_op = onnxscript.values.Op(onnxscript.values.Opset("ortmod", 1), "HardTanh", hard_tanh_schema)
-
-    def hardtanh(self: TReal, min_val: float = -1.0, max_val: float = 1.0) -> TReal:
-        # eager: clamp's forward (NaN stays NaN), hardtanh_backward's gradient: 0 where x <= min
-        # or x >= max, else dy; torchlib's Clip has clamp's gradient (dy at the bounds). At NaN
-        # eager's own kernels disagree (the scalar one gives dy, the vectorized one 0); the
-        # engine's is the scalar's, as on the TorchScript path, whose engine op this is
-        # (rules/symbolics._hardtanh_symbolic). The bounds in self's dtype, as eager's kernel
-        # converts them (an integer tensor's bounds truncated: hardtanh(x, -0.5, 3.5) is
-        # clamp(x, 0, 3)).
-        dt = self.dtype
-        if dt.is_floating_point():
-            return hard_tanh_op(self, const(float(min_val), dt), const(float(max_val), dt))
-        return op.Clip(self, const(int(min_val), dt), const(int(max_val), dt))
-
-    def relu6(self: TReal) -> TReal:
-        # eager's relu6 is hardtanh(x, 0, 6), its gradient 0 at 0 and 6 (torchlib's Clip: dy)
-        return hardtanh(self, 0.0, 6.0)
 
     # ---- remainder by a number -----------------------------------------------------------------
 
@@ -457,10 +428,8 @@ def zoo_translations(op, ir, stop_gradient):
         torch.ops.aten.fill.Tensor: fill_tensor,
         torch.ops.aten.fill.Scalar: fill_scalar,
         torch.ops.aten.ceil.default: ceil,
-        torch.ops.aten.hardtanh.default: hardtanh,
         torch.ops.aten.remainder.Scalar: remainder_scalar,
         torch.ops.aten.remainder.Tensor: remainder_tensor,
-        torch.ops.aten.relu6.default: relu6,
         torch.ops.aten.baddbmm.default: baddbmm,
         torch.ops.aten.any.default: any_all(any_over, "whole"),
         torch.ops.aten.any.dim: any_all(any_over, "dim"),

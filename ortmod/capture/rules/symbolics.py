@@ -1,4 +1,4 @@
-"""ortmod's TorchScript symbolics for torch's own ops (embedding, softplus, kl_div, index_add/put,
+"""ortmod's TorchScript symbolics for torch's own ops (embedding, kl_div, index_add/put,
 pools, clamps, sort, norms and distances, the margin losses, pad), registered by
 ``capture.torchscript_registry``. The mechanisms below span the package: the stop-gradient and
 guard modes live in ``capture.tracing``, the shared ``g.op`` helpers in ``capture.onnx_util``.
@@ -35,37 +35,7 @@ import torch
 
 from .. import compat
 from ..compat import JitTensorType
-
-pass
-from ..onnx_util import _const, _dtype_of, _float_const_arg, _input_rank, _input_rank_or_none, _loss_reduction, _onnx_dtype, _refuse, _stop_gradient
-
-
-def _detach_symbolic(g, input):
-    # Always a node (torch's symbolic drops it): on a value that needs no gradient anyway it
-    # is a free alias in the engine.
-    out = g.op("ortmod::StopGradient", input)
-    out.setType(input.type())
-    return out
-
-
-def _embedding_symbolic(g, weight, indices, padding_idx, scale_grad_by_freq, sparse):
-    """Gather, and for padding_idx: the rows looked up at pad positions get no gradient, which
-    leaves the padding row's gradient zero exactly as eager's embedding_backward does."""
-    from ..compat import symbolic_helper as sh
-    padding_idx = sh.maybe_get_const(padding_idx, "i")
-    scale = sh.maybe_get_const(scale_grad_by_freq, "b")
-    if not isinstance(padding_idx, int):
-        _refuse("embedding", "padding_idx must be a constant")
-    if scale:
-        _refuse("embedding(scale_grad_by_freq=True)",
-                "scaling each row's gradient by its frequency in the batch is not implemented by ortmod")
-    out = g.op("Gather", weight, indices, axis_i=0)
-    if padding_idx >= 0:
-        is_pad = g.op("Equal", indices, _const(g, padding_idx, torch.int64))
-        is_pad = g.op("Unsqueeze", is_pad, _const(g, [-1], torch.int64))
-        stopped = g.op("ortmod::StopGradient", out)
-        out = g.op("Where", is_pad, stopped, out)
-    return out
+from ..onnx_util import _const, _dtype_of, _float_const_arg, _input_rank_or_none, _loss_reduction, _onnx_dtype, _refuse, _stop_gradient
 
 
 def _embedding_renorm_symbolic(g, weight, indices, max_norm, norm_type):
@@ -73,22 +43,6 @@ def _embedding_renorm_symbolic(g, weight, indices, max_norm, norm_type):
             "F.embedding / nn.Embedding with max_norm renormalises rows of the weight in place on every "
             "call; ortmod does not reproduce that mutation (remove max_norm, or renormalise in the training "
             "loop under torch.no_grad())")
-
-
-def _softplus_symbolic(g, x, beta, threshold):
-    """softplus(x) = x where beta*x > threshold, else log(1 + exp(beta*x)) / beta (torch's rule;
-    torch's symbolic drops the threshold branch)."""
-    from ..compat import symbolic_helper as sh
-    beta = sh.maybe_get_const(beta, "f")
-    threshold = sh.maybe_get_const(threshold, "f")
-    if not isinstance(beta, float) or not isinstance(threshold, float):
-        _refuse("softplus", "beta and threshold must be constants")
-    dt = _dtype_of(x)
-    bx = x if beta == 1.0 else g.op("Mul", x, _const(g, beta, dt))
-    soft = g.op("Softplus", bx)
-    if beta != 1.0:
-        soft = g.op("Div", soft, _const(g, beta, dt))
-    return g.op("Where", g.op("Greater", bx, _const(g, threshold, dt)), x, soft)
 
 
 def _kl_div_symbolic(g, input, target, reduction, log_target):
@@ -184,19 +138,6 @@ def _avg_pool_symbolic(rank, original):
     return symbolic
 
 
-def _hardtanh_symbolic(g, x, min_val, max_val):
-    """hardtanh (and relu6) as ortmod::HardTanh: Clip's forward, hardtanh's gradient (0 at
-    the bounds, dy at NaN). torch's rule gives Clip, whose gradient is torch.clamp's."""
-    from ..compat import symbolic_helper as sh
-    dtype = _dtype_of(x)
-    lo, hi = sh.maybe_get_const(min_val, "f"), sh.maybe_get_const(max_val, "f")
-    if not isinstance(lo, float) or not isinstance(hi, float):
-        _refuse("hardtanh with tensor bounds", "ortmod keeps hardtanh's bounds only as constants")
-    out = g.op("ortmod::HardTanh", x, _const(g, lo, dtype), _const(g, hi, dtype))
-    out.setType(x.type())
-    return out
-
-
 def _clamp_min_number(g, x, lo):
     """clamp_min(x, lo) by a number, as eager's number kernel differentiates it on this torch
     (capture.compat.clamp_semantics): to 2.13 Clip (all of dy at the bound), on 2.14 none at the
@@ -273,12 +214,6 @@ def _clamp_as_eager(g, x, lo, hi, mode):
     return out
 
 
-def _relu6_symbolic(g, x):
-    out = g.op("ortmod::HardTanh", x, _const(g, 0.0, _dtype_of(x)), _const(g, 6.0, _dtype_of(x)))
-    out.setType(x.type())
-    return out
-
-
 def _sort_node(g, x, dim, descending, stable):
     from ..compat import symbolic_helper as sh
     dim, descending = sh.maybe_get_const(dim, "i"), sh.maybe_get_const(descending, "b")
@@ -315,66 +250,6 @@ def _argsort_symbolic(g, x, *args):
     else:
         (dim, descending), stable = args[:2], None
     return _sort_node(g, x, dim, descending, stable)[1]
-
-
-def _normalized(g, x, groups, eps, dtype):
-    """(x - mean) / sqrt(var + eps) over each of ``groups`` groups of channels of every sample
-    (groups 0: each channel), variance biased and two-pass, as torch's group/instance norm."""
-    grouped = g.op("Reshape", x, _const(g, [0, groups, -1], torch.int64))
-    axes = _const(g, [-1], torch.int64)
-    mean = g.op("ReduceMean", grouped, axes, keepdims_i=1)
-    centred = g.op("Sub", grouped, mean)
-    var = g.op("ReduceMean", g.op("Mul", centred, centred), axes, keepdims_i=1)
-    normed = g.op("Div", centred, g.op("Sqrt", g.op("Add", var, _const(g, eps, dtype))))
-    return g.op("Reshape", normed, g.op("Shape", x))
-
-
-def _per_channel(g, v, rank):
-    """A (C,) vector shaped to broadcast over (N, C, *spatial) of the given rank."""
-    return g.op("Reshape", v, _const(g, [-1] + [1] * (rank - 2), torch.int64))
-
-
-def _affine(g, y, weight, bias, rank):
-    from ..compat import symbolic_helper as sh
-    if weight is not None and not sh.is_none(weight):
-        y = g.op("Mul", y, _per_channel(g, weight, rank))
-    if bias is not None and not sh.is_none(bias):
-        y = g.op("Add", y, _per_channel(g, bias, rank))
-    return y
-
-
-def _group_norm_symbolic(g, x, num_groups, weight, bias, eps, cudnn_enabled):
-    """group_norm decomposed into ops the engine differentiates (ONNX has no GroupNormalization
-    before opset 18, and torch's rule goes through InstanceNormalization)."""
-    from ..compat import symbolic_helper as sh
-    groups = sh.get_const(num_groups, "i", "num_groups")
-    rank = _input_rank(x, "group_norm")
-    y = _normalized(g, x, groups, sh.get_const(eps, "f", "eps"), _dtype_of(x))
-    return _affine(g, y, weight, bias, rank)
-
-
-def _instance_norm_symbolic(g, x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps,
-                            cudnn_enabled):
-    """instance_norm decomposed (torch's rule needs a static channel count and gives
-    InstanceNormalization). Running statistics are read in eval mode; updating them in training
-    (track_running_stats=True) is refused."""
-    from ..compat import symbolic_helper as sh
-    rank = _input_rank(x, "instance_norm")
-    dtype = _dtype_of(x)
-    eps_v = sh.get_const(eps, "f", "eps")
-    stats = not (sh.is_none(running_mean) or sh.is_none(running_var))
-    if sh.get_const(use_input_stats, "b", "use_input_stats"):
-        if stats:
-            _refuse("InstanceNorm with track_running_stats=True in training",
-                    "ortmod does not update instance norm's running statistics")
-        y = _normalized(g, x, 0, eps_v, dtype)
-    else:
-        if not stats:
-            _refuse("instance_norm without input statistics", "it needs running statistics")
-        centred = g.op("Sub", x, _per_channel(g, running_mean, rank))
-        scale = g.op("Sqrt", g.op("Add", _per_channel(g, running_var, rank), _const(g, eps_v, dtype)))
-        y = g.op("Div", centred, scale)
-    return _affine(g, y, weight, bias, rank)
 
 
 def _extremum_symbolic(arg_op, original):
@@ -727,36 +602,6 @@ def _dist_symbolic(g, self, other, p):
     if rank is None:
         _refuse(what, "ortmod needs the inputs' ranks at export")
     return _p_norm(g, d, _float_const_arg(p, what, "p"), list(range(rank)), False, what)
-
-
-def _clamped_min_straight_through(g, n, eps):
-    """max(n, eps) in value with the gradient of n itself: eager clamps the norms in place under
-    NoGradGuard, so autograd differentiates them as if unclamped. eps + (n - n) keeps the value
-    exactly eps and the gradient 1."""
-    below = g.op("Less", n, eps)
-    lifted = g.op("Add", g.op("Sub", n, _stop_gradient(g, n)), eps)
-    return g.op("Where", below, lifted, n)
-
-
-def _cosine_similarity_symbolic(g, x1, x2, dim, eps):
-    """eager (Distance.cpp, torch 2.x): x1, x2 expanded to one shape; n_i = ||x_i||_2 over dim
-    (keepdim), each clamped to eps in place under no_grad; sum((x1 / n1) * (x2 / n2), dim).
-    torch's rule divides by max(sqrt(|x1|^2 |x2|^2), eps): Sqrt's gradient at a zero vector is
-    inf * 0 = NaN, and its gradient below eps is a true clamp's, not eager's."""
-    from ..compat import symbolic_helper as sh
-    what = "cosine_similarity"
-    dt = _same_float_dtype(what, x1, x2)
-    dim = sh.maybe_get_const(dim, "i")
-    if sh.is_value(dim) or not isinstance(dim, int):
-        _refuse(what, "ortmod keeps dim only as a constant")
-    eps_c = _const(g, _float_const_arg(eps, what, "eps"), dt)
-    s1, s2 = sh.get_tensor_sizes(x1), sh.get_tensor_sizes(x2)
-    if not (s1 is not None and s1 == s2 and None not in s1):
-        x1, x2 = g.op("Expand", x1, g.op("Shape", x2)), g.op("Expand", x2, g.op("Shape", x1))
-    ax = _const(g, [dim], torch.int64)
-    n1 = _clamped_min_straight_through(g, g.op("ReduceL2", x1, ax, keepdims_i=1), eps_c)
-    n2 = _clamped_min_straight_through(g, g.op("ReduceL2", x2, ax, keepdims_i=1), eps_c)
-    return g.op("ReduceSum", g.op("Mul", g.op("Div", x1, n1), g.op("Div", x2, n2)), ax, keepdims_i=0)
 
 
 _INT64_MAX = 2**63 - 1
