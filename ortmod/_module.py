@@ -171,6 +171,42 @@ def _autocast_key():
 
 # --------------------------------------------------------------------------- cache entries
 
+_MISS = object()
+_Tensor = torch.Tensor
+_grad_enabled = compat.is_grad_enabled
+_any_autocast = compat.is_any_autocast_enabled
+_torch_threads = torch.get_num_threads
+_nn_module = torch.nn.modules.module
+_tracing_state = compat.get_tracing_state
+_unwrap_if_dead = compat.unwrap_if_dead
+# top-level argument types whose schema key is their capture.flatten.constant_key (each a pytree leaf,
+# None included): a call that passes equal ones in the same places flattens alike
+_FAST_CONSTANTS = frozenset({type(None), bool, int, float, str})
+
+
+class CallKey:
+    """A keyed call: its flattened inputs and the keys they select. ``export``: the export's key
+    (input structure and per-leaf keys, train/eval, grad mode, the state's signature, autocast),
+    shared by both capture paths; ``full``: the engine's (the export key, plus with grad enabled
+    which inputs and parameters require grad)."""
+
+    __slots__ = ("flat", "export", "full", "want_grad")
+
+    def __init__(self, flat, training, state):
+        inputs_key, input_grads = flatten.input_keys(flat)
+        # eval mode with grad enabled is still differentiated (saliency maps, adversarial inputs,
+        # a validation loop without no_grad): eager autograd records it, so does ortmod
+        self.flat = flat
+        self.want_grad = grad = _grad_enabled()
+        self.export = (inputs_key, training, grad, state.signature_id, _autocast_key())
+        self.full = (self.export, input_grads, state.grads) if grad else (self.export,)
+
+    def shaped(self):
+        """The call's tensor leaves, in order (what an export's shape checks read)."""
+        leaves = self.flat.leaves
+        return [leaves[i] for i in self.flat.tensor_indices()]
+
+
 class _ExportRecord:
     __slots__ = ("exported", "stale")
 
@@ -184,7 +220,8 @@ class _Entry:
 
     __slots__ = ("engine", "call", "names", "needs_grad", "output_spec", "output_leaves",
                  "output_positions", "single", "state_updates", "counters", "input_slots", "state_names",
-                 "template", "template_generation", "guards", "static_dims", "shape_guard", "layouts")
+                 "template", "template_generation", "guards", "static_dims", "shape_guard", "layouts",
+                 "checks_shapes")
 
     def __init__(self, engine, exported, needs_grad, functions=None):
         self.engine = engine
@@ -218,8 +255,27 @@ class _Entry:
         self.static_dims = exported.static_dims
         self.shape_guard = exported.shape_guard
         self.layouts = exported.layouts
+        self.checks_shapes = bool(self.static_dims) or self.shape_guard is not None or self.layouts is not None
         if self.call.functions is not None:      # same bytes, so the function ids line up
             self.call.functions.specs = exported.functions
+
+    def shape_miss(self, shaped):
+        """Why the export does not hold for a call whose tensor leaves are ``shaped`` (in order):
+        "dims" (a dim it holds only at its traced size has another), "guard" (torch.export
+        specialised a size, or related two, that the call does not match), "layout" (a kernel
+        eager picks by memory layout meets another layout); None where it holds."""
+        for k, dim, size in self.static_dims:
+            if shaped[k].shape[dim] != size:
+                return "dims"
+        if self.shape_guard is not None and not self.shape_guard.holds(tuple(tuple(t.shape) for t in shaped)):
+            return "guard"
+        if self.layouts is not None and flatten.tensor_layouts(shaped) != self.layouts:
+            return "layout"
+        return None
+
+    def varied_dims(self, shaped):
+        """The (tensor, dim) pairs of static_dims whose size the call changes."""
+        return {(k, dim) for k, dim, size in self.static_dims if shaped[k].shape[dim] != size}
 
     def inputs(self, leaves, state):
         if self.template_generation != state.generation:
@@ -243,48 +299,41 @@ class _Entry:
             leaves[pos] = t
         return pytree.tree_unflatten(leaves, self.output_spec)
 
-
-_unwrap_if_dead = compat.unwrap_if_dead
-
-
-# --------------------------------------------------------------------------- the steady state
-
-_MISS = object()
-_Tensor = torch.Tensor
-_grad_enabled = compat.is_grad_enabled
-_any_autocast = compat.is_any_autocast_enabled
-_torch_threads = torch.get_num_threads
-_nn_module = torch.nn.modules.module
-_tracing_state = compat.get_tracing_state
-# top-level argument types whose schema key is their capture.flatten.constant_key (each a pytree leaf,
-# None included): a call that passes equal ones in the same places flattens alike
-_FAST_CONSTANTS = frozenset({type(None), bool, int, float, str})
+    def update_state(self, outputs, state):
+        """BatchNorm bookkeeping, as eager does it: the engine computed the new running
+        statistics; they go into the module's own buffers, in place, and each
+        num_batches_tracked counts the step."""
+        by_name = state.by_name
+        with torch.no_grad():
+            for index, name in self.state_updates:
+                by_name[name].copy_(outputs[index])
+            for name in self.counters:
+                by_name[name].add_(1)
 
 
 class _Fast:
-    """The call that a module's last slow call keyed, kept so that the next call with the same key
-    skips flattening, keying and the cache lookup: what ``_ortmod_call`` computes from the
-    arguments is re-checked against what it computed then, every item of the key, and any
-    difference (or anything that the slow path would do differently: a dirty module, another state
-    scan, ZeRO-3) goes the slow way.
+    """The call that a module's last keyed call ran, kept so that the next call with the same key
+    skips flattening, keying and the cache lookup: what CallKey computes from the arguments is
+    re-checked against what it computed then, every item of the key, and any difference (or
+    anything that the keyed path would do differently: a dirty module, another state scan,
+    ZeRO-3) goes the keyed way.
 
     Per top-level argument (positional, then keyword in order) it holds the exact type and, for a
     tensor, (dtype, rank, requires_grad, device), for a constant its key: equal ones give an equal
     pytree structure and equal leaf keys, hence the same export and full key. The shape checks that
-    depend on sizes (static dims, torch.export's shape guard) run as in the slow path. The entry is
-    the cache's most recently used one (the slow path drops this record before it touches the
-    cache), so a call here leaves the cache's order as the slow path would."""
+    depend on sizes run as in the keyed path (Entry.shape_miss). The entry is the cache's most
+    recently used one (the keyed path drops this record before it touches the cache), so a call
+    here leaves the cache's order as the keyed path would."""
 
     __slots__ = ("entry", "state", "module", "export_key", "nargs", "kwnames", "types", "tensor_keys", "constants",
                  "training", "grad", "autocast", "template", "input_slots", "tensor_positions", "dense", "attrs_are",
                  "steady_inputs")
 
     @classmethod
-    def make(cls, module, state, entry, export_key, args, kwargs, flat, C):
-        """The record of a call that just ran ``entry`` under ``export_key`` (``flat``: its
-        flattened inputs; ``C``: the extension, whose loops check the state and CPU inputs), or
-        None where its arguments are not all tensors and plain constants at the top level (then
-        every call takes the slow path)."""
+    def make(cls, module, state, entry, key, args, kwargs, C):
+        """The record of a call that just ran ``entry`` under ``key`` (a CallKey; ``C``: the
+        extension, whose loops check the state and CPU inputs), or None where its arguments are
+        not all tensors and plain constants at the top level (then every call is keyed)."""
         values = list(args)
         values.extend(kwargs.values())
         tensor_keys, constants = [], []
@@ -298,22 +347,23 @@ class _Fast:
                 return None
         # every argument is one leaf (the exact types make that hold for a later call too), unless a
         # tensor subclass is one that pytree flattens further
-        if len(values) != len(flat.leaves) or any(a is not b for a, b in zip(values, flat.leaves)):
+        leaves = key.flat.leaves
+        if len(values) != len(leaves) or any(a is not b for a, b in zip(values, leaves)):
             return None
         template = [None] * len(entry.names)
         for pos, name in entry.state_names:
             template[pos] = state.by_name[name]
         self = cls()
-        self.entry, self.state, self.module, self.export_key = entry, state, module, export_key
+        self.entry, self.state, self.module, self.export_key = entry, state, module, key.export
         self.nargs, self.kwnames = len(args), tuple(kwargs)
         self.types = tuple(map(type, values))
         self.tensor_keys = tuple(tensor_keys)
         self.constants = tuple(constants)
-        self.training, self.grad, self.autocast = export_key[1], export_key[2], export_key[4]
+        self.training, self.grad, self.autocast = key.export[1], key.export[2], key.export[4]
         self.template = template
         self.input_slots = tuple(entry.input_slots)
         self.tensor_positions = tuple(k[0] for k in tensor_keys)
-        self.dense = any(not k[4] for k in tensor_keys)     # CUDA inputs: made dense as the slow path does
+        self.dense = any(not k[4] for k in tensor_keys)     # CUDA inputs: made dense as the keyed path does
         self.attrs_are, self.steady_inputs = C.attrs_are, C.steady_inputs
         return self
 
@@ -331,7 +381,7 @@ class _Fast:
                 or (state.params and hasattr(state.params[0], "ds_status"))):
             return _MISS
         values = args + tuple(kwargs.values()) if kwargs else args
-        if self.dense:            # CUDA inputs: here, made dense as the slow path does
+        if self.dense:            # CUDA inputs: here, made dense as the keyed path does
             tensors = self._cuda_inputs(values)
         else:                     # the same checks and list, in the extension
             tensors = self.steady_inputs(values, self.types, self.tensor_keys, self.template, self.input_slots,
@@ -342,15 +392,8 @@ class _Fast:
             if flatten.constant_key(values[i]) != key:
                 return _MISS
         entry = self.entry
-        if entry.static_dims or entry.shape_guard is not None or entry.layouts is not None:
-            shaped = [values[i] for i in self.tensor_positions]
-            if entry.layouts is not None and flatten.tensor_layouts(shaped) != entry.layouts:
-                return _MISS
-            for k, dim, size in entry.static_dims:
-                if shaped[k].shape[dim] != size:
-                    return _MISS
-            if entry.shape_guard is not None and not entry.shape_guard.holds(tuple(tuple(t.shape) for t in shaped)):
-                return _MISS
+        if entry.checks_shapes and entry.shape_miss([values[i] for i in self.tensor_positions]) is not None:
+            return _MISS
         return tensors
 
     def _cuda_inputs(self, values):
@@ -591,14 +634,18 @@ class ORTModule(torch.nn.Module):
         if fast is None and d["_ortmod_fallback"] is not None:
             return self._original_module(*args, **kwargs)
         try:
+            retried = False
             if fast is not None:
                 # the steady state: the last call's key again (see _Fast)
                 tensors = fast.inputs(d, args, kwargs)
                 if tensors is not _MISS:
                     # (the record is never made under ZeRO-3: no parameters to gather)
                     outputs = self._ortmod_execute(fast.entry, tensors, fast.state)
-                    return self._ortmod_result(fast.entry, outputs, fast.state, fast.export_key, args, kwargs, False)
-            return self._ortmod_run(args, kwargs)
+                    result = self._ortmod_finish(fast.entry, outputs, fast.state, fast.export_key, False)
+                    if result is not _AGAIN_CHECKED:
+                        return result
+                    retried = True      # a value guard broke: exported again, and it must hold now
+            return self._ortmod_run(args, kwargs, retried)
         except Exception as e:
             category = self._ortmod_category(e)
             if category is None or category not in self._ortmod_policy:
@@ -606,8 +653,29 @@ class ORTModule(torch.nn.Module):
             self._ortmod_fall_back(category, e)
         return self._original_module(*args, **kwargs)
 
-    def _ortmod_run(self, args, kwargs, retried=False):
+    def _ortmod_run(self, args, kwargs, retried):
+        """The keyed call, as a loop: state -> key -> plan (export, engine) -> run -> guards, again
+        from the state while an attempt finds that its export does not hold for the call (each
+        such attempt dropped that export). ``retried``: an export made for this very call already
+        failed a check (a value guard, torch.export's shape guard): the same failure again is an
+        error, not another export. What an attempt gathers (ZeRO-3, FSDP2) is released once the
+        call is over, the last attempt's first, as the nested calls that this loop replaces did."""
         module = self._modules["_original_module"]
+        with contextlib.ExitStack() as releases:
+            for _ in range(MAX_EXPORTS_PER_CALL):
+                state = self._ortmod_prepare(module, releases)
+                result = self._ortmod_call(module, state, args, kwargs, retried)
+                if result is _AGAIN_CHECKED:
+                    retried = True
+                elif result is not _AGAIN:
+                    return result
+        raise errors.UnsupportedModelError(
+            f"ortmod exported {type(module).__name__} {MAX_EXPORTS_PER_CALL} times for one call and the export "
+            "still does not hold for it (its sizes, layouts or frozen values change with every trace)")
+
+    def _ortmod_prepare(self, module, releases):
+        """The module's state for an attempt, scanned again where it changed; under ZeRO-3 and
+        FSDP2 the parameters gathered for it, their release pushed onto ``releases``."""
         d = self.__dict__
         d["_ortmod_fast"] = None      # set again by a call that succeeds; kept while nothing else runs
         if d["_ortmod_dirty"]:
@@ -616,68 +684,44 @@ class ORTModule(torch.nn.Module):
         if state is None or state.fsdp2 is None and (not state.still_valid() or (
                 state.zero3 is None and state.params and hasattr(state.params[0], "ds_status"))):
             state = self._ortmod_scan_state(module)
-        if state.fsdp2 is not None:     # (checked once its parameters are unsharded)
-            return self._ortmod_run_fsdp2(module, state, args, kwargs, retried)
-        if state.zero3 is not None:
-            # DeepSpeed ZeRO-3: the parameters are gathered for this call and released after it
-            gathered = state.zero3.gather()
-            try:
-                return self._ortmod_call(module, state, args, kwargs, retried)
-            finally:
-                state.zero3.release(gathered)
-        return self._ortmod_call(module, state, args, kwargs, retried)
-
-    def _ortmod_run_fsdp2(self, module, state, args, kwargs, retried):
-        """FSDP2 (ortmod/_fsdp2.py): unsharded for this call (and its backward), then checked."""
-        fsdp2 = state.fsdp2
-        try:
+        if state.fsdp2 is not None:
+            # FSDP2 (ortmod/_fsdp2.py): unsharded for this call (and its backward), then checked
+            fsdp2 = state.fsdp2
+            releases.callback(fsdp2.release)
             if not fsdp2.gather() or not state.still_valid():
                 state = self._ortmod_scan_state(module, fsdp2)
-            return self._ortmod_call(module, state, args, kwargs, retried)
-        finally:
-            fsdp2.release()
+        elif state.zero3 is not None:
+            # DeepSpeed ZeRO-3: the parameters are gathered for this call and released after it
+            releases.callback(state.zero3.release, state.zero3.gather())
+        return state
 
     def _ortmod_call(self, module, state, args, kwargs, retried):
+        """One attempt: the call keyed, its engine found or built, its export's shape checks, the
+        engine run and its result; _AGAIN or _AGAIN_CHECKED where the export was dropped."""
         d = self.__dict__
-        flat = flatten.flatten_inputs(args, kwargs)
-        inputs_key, input_grads = flatten.input_keys(flat)
-        # eval mode with grad enabled is still differentiated (saliency maps, adversarial inputs,
-        # a validation loop without no_grad): eager autograd records it, so does ortmod
-        want_grad = torch.is_grad_enabled()
-        export_key = (inputs_key, module.training, torch.is_grad_enabled(), state.signature_id, _autocast_key())
-        key = (export_key, input_grads, state.grads) if want_grad else (export_key,)
+        key = CallKey(flatten.flatten_inputs(args, kwargs), module.training, state)
         cache = d["_ortmod_cache"]
-        entry = cache.get(key)
+        entry = cache.get(key.full)
         first_call = entry is None
         if first_call:
-            entry = self._ortmod_build(flat, state, export_key, key, want_grad)
+            entry = self._ortmod_build(key, state)
         else:
-            cache.move_to_end(key)
-        if entry.static_dims:
-            tensor_indices = flat.tensor_indices()
-            varied = {(k, dim) for k, dim, size in entry.static_dims
-                      if flat.leaves[tensor_indices[k]].shape[dim] != size}
-            if varied:
+            cache.move_to_end(key.full)
+        miss = entry.checks_shapes and entry.shape_miss(key.shaped())
+        if miss:
+            if miss == "dims":
                 # the graph holds only for the sizes it was exported with there: export again,
                 # with those dims dynamic from now on (an export that cannot has them static)
                 learned = d.setdefault("_ortmod_dynamic_dims", {})
-                learned[export_key] = learned.get(export_key, frozenset()) | varied
-                self._ortmod_forget(export_key)
-                return self._ortmod_run(args, kwargs, retried)
-        if entry.shape_guard is not None and not entry.shape_guard.holds(
-                tuple(tuple(flat.leaves[i].shape) for i in flat.tensor_indices())):
-            # torch.export specialised a size (or related two) that this call does not match
-            if retried:
+                learned[key.export] = learned.get(key.export, frozenset()) | entry.varied_dims(key.shaped())
+            elif miss == "guard" and retried:
+                # torch.export specialised a size (or related two) that this call does not match
                 raise errors.UnsupportedModelError(
                     f"ortmod exported {type(module).__name__} again for this call's input sizes and the export "
                     f"still does not hold for them ({entry.shape_guard.describe()})")
-            self._ortmod_forget(export_key)
-            return self._ortmod_run(args, kwargs, retried=True)
-        if entry.layouts is not None and \
-                flatten.tensor_layouts([flat.leaves[i] for i in flat.tensor_indices()]) != entry.layouts:
-            self._ortmod_forget(export_key)     # a kernel eager picks by layout (nearest), another layout
-            return self._ortmod_run(args, kwargs, retried)
-        tensors = entry.inputs(flat.leaves, state)
+            self._ortmod_forget(key.export)     # ("layout": a kernel eager picks by layout, another layout)
+            return _AGAIN_CHECKED if miss == "guard" else _AGAIN
+        tensors = entry.inputs(key.flat.leaves, state)
         outputs = self._ortmod_execute(entry, tensors, state)
         if first_call and logger.isEnabledFor(logging.INFO):
             # the plan exists now: say what the passes and the planner made of the model
@@ -688,19 +732,21 @@ class ORTModule(torch.nn.Module):
             _check_output_shapes(self._original_module, check, outputs)
         # a call that held its guards is the next call's fast record (not under ZeRO-3 or FSDP2)
         record = None if state.zero3 is not None or state.fsdp2 is not None else \
-            (lambda: _Fast.make(module, state, entry, export_key, args, kwargs, flat, self._C))
-        return self._ortmod_result(entry, outputs, state, export_key, args, kwargs, retried, record)
+            (lambda: _Fast.make(module, state, entry, key, args, kwargs, self._C))
+        return self._ortmod_finish(entry, outputs, state, key.export, retried, record)
 
-    def _ortmod_result(self, entry, outputs, state, export_key, args, kwargs, retried, record=None):
-        """The call's result from the engine's outputs: the guards checked (a broken one exports
-        again), the state updates copied into the module's buffers, the user's structure rebuilt;
-        ``record`` (the slow path's) makes the fast record once the guards held."""
+    def _ortmod_finish(self, entry, outputs, state, export_key, retried, record=None):
+        """The call's result from the engine's outputs: the guards checked (a broken one drops
+        the export: _AGAIN_CHECKED), the state updates copied into the module's buffers, the
+        user's structure rebuilt; ``record`` (the keyed path's) makes the fast record once the
+        guards held."""
         if entry.guards:
             broken = next((g for g in entry.guards if not g.holds(outputs[g.output_index])), None)
             if broken is not None:
-                return self._ortmod_guard_failed(broken, outputs, export_key, args, kwargs, retried)
+                self._ortmod_guard_broken(broken, outputs, export_key, retried)
+                return _AGAIN_CHECKED
         if entry.state_updates:
-            _update_state(entry, outputs, state)
+            entry.update_state(outputs, state)
         if record is not None:
             self.__dict__["_ortmod_fast"] = record()
         return entry.rebuild(outputs)
@@ -724,9 +770,9 @@ class ORTModule(torch.nn.Module):
             for k in [k for k in cache if k[0] == export_key]:
                 del cache[k]
 
-    def _ortmod_guard_failed(self, guard, outputs, export_key, args, kwargs, retried):
+    def _ortmod_guard_broken(self, guard, outputs, export_key, retried):
         """A value the trace froze differs in this call: the graph is stale for it. The call's
-        outputs are dropped (state updates included) and the module is exported again."""
+        outputs are dropped (state updates included) and the export with them."""
         now = outputs[guard.output_index].tolist()
         if retried:
             raise errors.UnsupportedModelError(
@@ -742,7 +788,6 @@ class ORTModule(torch.nn.Module):
                           "exporting again (every change of it costs an export; compute it with tensor ops to "
                           "avoid that)", errors.TraceHazardWarning, stacklevel=_user_stacklevel())
         self._ortmod_forget(export_key)
-        return self._ortmod_run(args, kwargs, retried=True)
 
     def _ortmod_scan_state(self, module, fsdp2=None):
         """Parameters and buffers; under FSDP2 the unsharded ones (fsdp2: gathered now, if any)."""
@@ -777,15 +822,17 @@ class ORTModule(torch.nn.Module):
         d["_ortmod_dirty"] = False
         _watch(self)
 
-    def _ortmod_build(self, flat, state, export_key, key, want_grad):
-        module = self._original_module
+    def _ortmod_build(self, key, state):
+        """The engine for a call whose full key the cache lacks: from its export, which is made
+        (again) where there is none or it went stale."""
+        module, flat, export_key = self._original_module, key.flat, key.export
         d = self.__dict__
         record = d["_ortmod_exports"].get(export_key)
         if record is None or record.stale:
             flatten.check_inputs(module, flat)
             flatten.check_state(module)
             flatten.check_one_device(module, flat)
-            exported = self._ortmod_export(flat, export_key)
+            exported = self._ortmod_export(key)
             d["_ortmod_check_shapes"] = exported.eager_shapes   # this call's first engine run
             if record is not None and record.exported.onnx_bytes == exported.onnx_bytes:
                 record.exported = exported
@@ -800,15 +847,15 @@ class ORTModule(torch.nn.Module):
                     del d["_ortmod_retired"][k]
                 record = _ExportRecord(exported)
                 d["_ortmod_exports"][export_key] = record
-                self._ortmod_note_export(flat, export_key)
+                self._ortmod_note_export(key)
             # the export ran the module's forward: registrations it made are part of it
             d["_ortmod_dirty"] = False
             _watch(self)
-            entry = d["_ortmod_cache"].get(key)
+            entry = d["_ortmod_cache"].get(key.full)
             if entry is not None:
                 return entry
-        entry = self._ortmod_engine(record.exported, flat, state, want_grad)
-        d["_ortmod_cache"][key] = entry
+        entry = self._ortmod_engine(record.exported, flat, state, key.want_grad)
+        d["_ortmod_cache"][key.full] = entry
         self._ortmod_trim()
         return entry
 
@@ -826,11 +873,11 @@ class ORTModule(torch.nn.Module):
             while len(exports) > limit:          # every one in use: the oldest goes with its engines
                 self._ortmod_forget(next(iter(exports)))
 
-    def _ortmod_note_export(self, flat, export_key):
+    def _ortmod_note_export(self, key):
         """Counts exports that differ from an earlier one only in non-tensor argument values;
         past a few, one warning names the argument (every new value costs an export and an
         engine, and the cache keeps only the most recent ones)."""
-        d = self.__dict__
+        d, flat, export_key = self.__dict__, key.flat, key.export
         (structure, leaves), rest = export_key[0], export_key[1:]
         masked = ((structure, tuple(("C",) if leaf[0] == "C" else leaf for leaf in leaves)),) + rest
         variants = d["_ortmod_variants"]
@@ -854,8 +901,8 @@ class ORTModule(torch.nn.Module):
             "(DebugOptions(max_cached_graphs=...) or ORTMOD_MAX_CACHED_GRAPHS); pass the value as a tensor, "
             "or keep it fixed, to export once", UserWarning, stacklevel=_user_stacklevel())
 
-    def _ortmod_export(self, flat, export_key):
-        module = self._original_module
+    def _ortmod_export(self, key):
+        module, flat = self._original_module, key.flat
         mode = "training" if module.training else "inference"
         logger.info("exporting %s for %s (%s, grad %s); export #%d", type(module).__name__, mode,
                     ", ".join(f"{flatten.dtype_name(flat.leaves[i].dtype)}[rank {flat.leaves[i].dim()}]"
@@ -863,7 +910,7 @@ class ORTModule(torch.nn.Module):
                     "enabled" if torch.is_grad_enabled() else "disabled", self._ortmod_export_count + 1)
         strict = self._debug_options.strict_trace
         inline = self._debug_options.inline_autograd_functions
-        dynamic = self.__dict__.get("_ortmod_dynamic_dims", {}).get(export_key)
+        dynamic = self.__dict__.get("_ortmod_dynamic_dims", {}).get(key.export)
         state = self.__dict__["_ortmod_state"]
         # (torch's and the ONNX libraries' logs and warnings: at LogLevel.VERBOSE only, _quiet.py)
         with _quiet.quiet_capture(type(module).__name__), flatten.collector_paused(), _zero3.plain_linear(), \
@@ -1114,6 +1161,14 @@ _HOOK_BOOKKEEPING = frozenset({"applied_pre_backward_ref_cnt", "pre_bwd_fn", "po
 
 
 REEXPORT_WARNING_AFTER = 8    # exports of one schema differing only in non-tensor values
+# exports one call may run before it is refused: a call exports again where a size, a layout or a
+# frozen value of the last export does not hold for it (each at most once or twice in practice);
+# past this the traces themselves do not agree with each other
+MAX_EXPORTS_PER_CALL = 8
+# _ortmod_call's outcomes when the export did not hold for the call and was dropped: export again
+# (_AGAIN_CHECKED: the export failed a check that the next one, made from this call, must pass)
+_AGAIN = object()
+_AGAIN_CHECKED = object()
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -1138,18 +1193,6 @@ def _trim(ordered, limit):
 def _short_repr(value):
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _update_state(entry, outputs, state):
-    """BatchNorm bookkeeping, as eager does it: the engine computed the new running
-    statistics; they go into the module's own buffers, in place, and each
-    num_batches_tracked counts the step."""
-    by_name = state.by_name
-    with torch.no_grad():
-        for index, name in entry.state_updates:
-            by_name[name].copy_(outputs[index])
-        for name in entry.counters:
-            by_name[name].add_(1)
 
 
 def _add_inner_prefix(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
