@@ -26,7 +26,6 @@ MAX_FUNCTION_LINES = 120
 
 # today's offenders (issue 36): each at its size when it was listed; shrink, then delete the entry
 FILE_ALLOWED = {
-    "ortmod/_module.py": 1207,
     "ortmod/capture/rules/nn.py": 870,
     "ortmod/capture/rules/symbolics.py": 837,
 }
