@@ -30,14 +30,12 @@ FILE_ALLOWED = {
     "ortmod/capture/rules/symbolics.py": 837,
 }
 FUNCTION_ALLOWED = {
-    "ortmod/capture/export.py:_export": 213,
     "ortmod/capture/export_registry.py:_translations": 222,
     "ortmod/capture/rules/activations_onnxscript.py:activations_1": 278,
     "ortmod/capture/rules/distances_onnxscript.py:distances": 154,
     "ortmod/capture/rules/onnxscript.py:zoo_translations": 321,
     "ortmod/capture/rules/rnn_onnxscript.py:translations": 144,
     "ortmod/capture/rules/upsample_onnxscript.py:upsample": 226,
-    "ortmod/capture/torchscript.py:export": 138,
 }
 
 
