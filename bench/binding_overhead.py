@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from torch.utils.dlpack import to_dlpack  # noqa: E402
 
 import ortmod  # noqa: E402
-from ortmod import _module  # noqa: E402
+from ortmod import _pipeline  # noqa: E402
 
 
 def eager_step(model, x):
@@ -39,17 +39,17 @@ def eager_step(model, x):
 def make_engine_step(ort, x):
     """One direct Engine.forward + Engine.backward on the tensors ORTModule passes it."""
     seen = {}
-    run_training = _module.run_training
+    run_training = _pipeline.run_training
 
     def record(call, tensors, zero3=None):
         seen["call"], seen["tensors"] = call, list(tensors)
         return run_training(call, tensors, zero3)
 
-    _module.run_training = record
+    _pipeline.run_training = record
     try:
         ort(x).sum().backward()
     finally:
-        _module.run_training = run_training
+        _pipeline.run_training = run_training
     engine, tensors = seen["call"].engine, seen["tensors"]
     n_out = len(engine.output_names)
 

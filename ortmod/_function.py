@@ -33,8 +33,8 @@ _engine_view = to_dlpack
 # torch.from_dlpack on a capsule calls exactly this, after a hasattr(__dlpack__) test.
 _from_dlpack = compat.from_dlpack
 # torch.autograd.Function.apply without its Python wrapper: with no functorch transform active
-# the wrapper only unwraps dead functorch wrappers (done for the call's inputs in _module.py's
-# _Entry.inputs: parameters are never such wrappers) and calls this.
+# the wrapper only unwraps dead functorch wrappers (done for the call's inputs in _entry.py's
+# Entry.inputs: parameters are never such wrappers) and calls this.
 _functorch_active = compat.functorch_transforms_active
 
 

@@ -922,7 +922,7 @@ static PyObject *use_openmp(PyObject *m, PyObject *arg) {
 static PyObject *uses_openmp(PyObject *m, PyObject *unused) { return PyBool_FromLong(om_pool_uses_openmp()); }
 
 /* steady_inputs(values, types, tensor_keys, template, input_slots, unwrap) -> list | None: the
- * tensor half of ORTModule's steady-state check (_module.py, _Fast.inputs), for CPU inputs.
+ * tensor half of ORTModule's steady-state check (_entry.py, FastRecord.inputs), for CPU inputs.
  * None unless every value has exactly its recorded type and every tensor its recorded
  * (dtype, rank, requires_grad) on the CPU: tensor_keys holds (index, dtype, rank,
  * requires_grad, ...) per tensor value. Otherwise a copy of template with unwrap(values[i])

@@ -133,7 +133,7 @@ def test_guards_still_fire_on_the_short_path():
 
 # --------------------------------------------------------------------------- the steady state
 #
-# A call with the last call's key takes ORTModule's recorded path (_module._Fast): every item of
+# A call with the last call's key takes ORTModule's recorded path (ortmod/_entry.py, FastRecord): every item of
 # the key is re-checked there, and each change below must reach the slow path and do what it
 # does, after the record was made (two identical calls first).
 

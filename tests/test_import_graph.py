@@ -26,17 +26,14 @@ MAX_FUNCTION_LINES = 120
 
 # today's offenders (issue 36): each at its size when it was listed; shrink, then delete the entry
 FILE_ALLOWED = {
-    "ortmod/_module.py": 1164,
     "ortmod/capture/rules/nn.py": 810,
 }
 FUNCTION_ALLOWED = {
-    "ortmod/capture/export.py:_export": 213,
     "ortmod/capture/export_registry.py:_translations": 186,
     "ortmod/capture/rules/distances_onnxscript.py:distances": 154,
     "ortmod/capture/rules/onnxscript.py:zoo_translations": 290,
     "ortmod/capture/rules/rnn_onnxscript.py:translations": 144,
     "ortmod/capture/rules/upsample_onnxscript.py:upsample": 226,
-    "ortmod/capture/torchscript.py:export": 138,
 }
 
 

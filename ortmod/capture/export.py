@@ -236,13 +236,7 @@ def _without_grad(t):
 
 def _export(module, flat, recorder, strict_trace, dynamic):
     t0 = time.perf_counter()
-    try:    # once per process, with torch.export's own (torch._dynamo) below: ~3 s of a first call
-        import onnx
-        _core = compat.onnx_core
-        _core.module()
-        import onnx_ir
-    except (ImportError, compat.TorchFeatureMissing) as e:
-        raise ExportError(f"the torch.export capture path needs torch's ONNX translator and onnxscript: {e}") from e
+    _core, onnx_ir = _translator()
     timings = {"imports": time.perf_counter() - t0}
     # BatchNorm(momentum=None) in training: refused by name, as on the TorchScript path (its
     # factor 1/num_batches_tracked is a Python number read from a buffer, on which torch.export
@@ -254,6 +248,61 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     # carries (one left by an earlier backward), and its decomposition re-trace, on fresh fake
     # inputs without one, then fails ('NoneType' object has no attribute 'size')
     tensors = tuple(_without_grad(flat.leaves[i]) for i in tensor_indices)
+    ep, frozen, guard = _trace_program(module, flat, wrapper, tensors, recorder, dynamic)
+    timings["torch.export"] = time.perf_counter() - t0 - timings["imports"]
+    numbers = _call_structure(module, wrapper, strict_trace)
+    n_tensors = len(wrapper.out_tensor_positions)
+    guards, n_user_out = _guards(module, ep, n_tensors, numbers, frozen, strict_trace)
+    t1 = time.perf_counter()
+    registry = _registry()
+    timings["registry"] = time.perf_counter() - t1
+    ep, mutations, reads_layout = _decompose(module, ep, registry, tensors, n_tensors + len(guards), frozen, timings)
+    proto, state_kinds = _to_onnx(module, ep, registry, _core, onnx_ir, len(tensors), timings)
+    outs_meta = _output_vals(ep, n_user_out)
+    _check_output_dtypes(module, proto, outs_meta)
+
+    _drop_unread_state(proto, state_kinds)
+    graph_inputs = {}
+    for gi in proto.graph.input:
+        if gi.name in state_kinds:
+            graph_inputs[gi.name] = GraphInput(gi.name, "state", state_name=_state_name(gi.name))
+        else:
+            k = int(gi.name[len("input_"):])
+            graph_inputs[gi.name] = GraphInput(gi.name, "input", leaf_index=tensor_indices[k])
+    if len(proto.graph.output) != n_tensors + len(guards) + len(mutations):
+        raise ExportError(f"the ONNX translation has {len(proto.graph.output)} outputs, expected "
+                          f"{n_tensors}, {len(guards)} guards and {len(mutations)} buffer updates")
+    updates = [(n_tensors + len(guards) + k, _state_name(s.target)) for k, s in enumerate(mutations)]
+    output_deps = torchscript._output_dependencies(proto)
+    onnx_bytes = proto.SerializeToString()
+    timings["total"] = time.perf_counter() - t0
+    exported = Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
+                        wrapper.out_tensor_positions, updates, [], output_deps, guards=guards,
+                        hazards=list(dict.fromkeys(g.describe() for g in guards if not g.internal)),
+                        functions=list(recorder.specs))
+    exported.shape_guard = guard
+    exported.layouts = flatten.tensor_layouts(tensors) if reads_layout else None
+    exported.static_dims = tuple((k, d, t.shape[d]) for k, t in enumerate(tensors) for d in range(t.dim())
+                                 if (k, d) not in dynamic)
+    exported.capture = "export"
+    exported.timings = timings
+    return exported
+
+
+def _translator():
+    """torch's exported-program-to-ONNX translator and onnx_ir (ExportError where missing)."""
+    try:    # once per process, with torch.export's own (torch._dynamo) below: ~3 s of a first call
+        import onnx
+        _core = compat.onnx_core
+        _core.module()
+        import onnx_ir
+    except (ImportError, compat.TorchFeatureMissing) as e:
+        raise ExportError(f"the torch.export capture path needs torch's ONNX translator and onnxscript: {e}") from e
+    return _core, onnx_ir
+
+
+def _trace_program(module, flat, wrapper, tensors, recorder, dynamic):
+    """(the exported program, whether real values decided data-dependent branches, its ShapeGuard)."""
     dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim()) if (k, d) in dynamic}
                  for k, t in enumerate(tensors))
 
@@ -311,7 +360,11 @@ def _export(module, flat, recorder, strict_trace, dynamic):
         if ep is None:
             ep, frozen = capture(size_oblivious=False)
             guard = _shape_guard(ep, len(tensors))
-    timings["torch.export"] = time.perf_counter() - t0 - timings["imports"]
+    return ep, frozen, guard
+
+
+def _call_structure(module, wrapper, strict_trace):
+    """What the trace recorded of the call besides its graph, checked: the guarded numbers."""
     numbers, assigned, changed = wrapper.take_structure()
     flatten.warn_attribute_changes(module, changed, strict_trace)
     if assigned:
@@ -324,13 +377,16 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     if not wrapper.out_tensor_positions:
         raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
     flatten.check_output_leaves(wrapper)
+    return numbers
 
-    from torch.export.graph_signature import InputKind, OutputKind
+
+def _guards(module, ep, n_tensors, numbers, frozen, strict_trace):
+    """(the program's guards, its user outputs' count); its graphs rewritten for the translation."""
+    from torch.export.graph_signature import OutputKind
     sig = ep.graph_signature
     _check_output_kinds(sig)
     n_user_out = sum(1 for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT)
     # the module's tensors, then its guarded numbers (the wrapper's), then what real values decided
-    n_tensors = len(wrapper.out_tensor_positions)
     if n_user_out != n_tensors + len(numbers):
         raise ExportError(f"the exported program has {n_user_out} outputs, expected {n_tensors} tensors and "
                           f"{len(numbers)} guarded numbers")
@@ -348,10 +404,13 @@ def _export(module, flat, recorder, strict_trace, dynamic):
             onnxscript_rules.unbatched_cross_entropy_loss(gm)
             onnxscript_rules.keep_whole(gm)
             ctc_rules.masked_targets(gm)
+    return guards, n_user_out
 
-    t1 = time.perf_counter()
-    registry = _registry()
-    timings["registry"] = time.perf_counter() - t1
+
+def _decompose(module, ep, registry, tensors, n_outputs, frozen, timings):
+    """(the decomposed program, its buffer mutations, whether it reads the inputs' layouts);
+    the mutations become user outputs after the module's ``n_outputs`` (tensors and guards)."""
+    from torch.export.graph_signature import OutputKind
     t1 = time.perf_counter()
     try:
         # an export that real values decided carries them into decomposition's re-trace too
@@ -375,11 +434,18 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     sig = ep.graph_signature
     mutations = [s for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
     user_specs = [s for s in sig.output_specs if s.kind == OutputKind.USER_OUTPUT]
-    if len(user_specs) != n_tensors + len(guards):
+    if len(user_specs) != n_outputs:
         raise ExportError("decomposition changed the exported program's outputs")
     for s in mutations:
         s.kind = OutputKind.USER_OUTPUT
     sig.output_specs[:] = user_specs + mutations
+    return ep, mutations, reads_layout
+
+
+def _to_onnx(module, ep, registry, _core, onnx_ir, n_inputs, timings):
+    """(the ONNX model of the decomposed program, checked, as a proto; the kind of each state input
+    by name). The call's inputs are ``input_<k>``, parameters and buffers graph inputs too."""
+    from torch.export.graph_signature import InputKind
     t1 = time.perf_counter()
     try:
         with _without_torch_deprecations():
@@ -396,7 +462,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     # Parameters and buffers are graph inputs, read where torch keeps them (state_dict names);
     # lifted constants stay initializers.
     state_kinds = {}
-    for s in sig.input_specs:
+    for s in ep.graph_signature.input_specs:
         if s.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             state_kinds[s.target] = s.kind
     graph = model_ir.graph
@@ -406,8 +472,8 @@ def _export(module, flat, recorder, strict_trace, dynamic):
             value.const_value = None
             graph.inputs.append(value)
     user_inputs = [v.name for v in graph.inputs if v.name not in state_kinds]
-    if len(user_inputs) != len(tensors):
-        raise ExportError(f"the ONNX translation has {len(user_inputs)} call inputs, expected {len(tensors)}")
+    if len(user_inputs) != n_inputs:
+        raise ExportError(f"the ONNX translation has {len(user_inputs)} call inputs, expected {n_inputs}")
     renames = {}
     for k, v in enumerate(list(graph.inputs)):
         if v.name not in state_kinds:
@@ -418,35 +484,7 @@ def _export(module, flat, recorder, strict_trace, dynamic):
     proto = onnx_ir.serde.serialize_model(model_ir)
     _lower_cast_like(proto)
     _check_ops(module, proto)
-    outs_meta = _output_vals(ep, n_user_out)
-    _check_output_dtypes(module, proto, outs_meta)
-
-    _drop_unread_state(proto, state_kinds)
-    graph_inputs = {}
-    for gi in proto.graph.input:
-        if gi.name in state_kinds:
-            graph_inputs[gi.name] = GraphInput(gi.name, "state", state_name=_state_name(gi.name))
-        else:
-            k = int(gi.name[len("input_"):])
-            graph_inputs[gi.name] = GraphInput(gi.name, "input", leaf_index=tensor_indices[k])
-    if len(proto.graph.output) != n_tensors + len(guards) + len(mutations):
-        raise ExportError(f"the ONNX translation has {len(proto.graph.output)} outputs, expected "
-                          f"{n_tensors}, {len(guards)} guards and {len(mutations)} buffer updates")
-    updates = [(n_tensors + len(guards) + k, _state_name(s.target)) for k, s in enumerate(mutations)]
-    output_deps = torchscript._output_dependencies(proto)
-    onnx_bytes = proto.SerializeToString()
-    timings["total"] = time.perf_counter() - t0
-    exported = Exported(onnx_bytes, graph_inputs, wrapper.out_spec, wrapper.out_leaves,
-                        wrapper.out_tensor_positions, updates, [], output_deps, guards=guards,
-                        hazards=list(dict.fromkeys(g.describe() for g in guards if not g.internal)),
-                        functions=list(recorder.specs))
-    exported.shape_guard = guard
-    exported.layouts = flatten.tensor_layouts(tensors) if reads_layout else None
-    exported.static_dims = tuple((k, d, t.shape[d]) for k, t in enumerate(tensors) for d in range(t.dim())
-                                 if (k, d) not in dynamic)
-    exported.capture = "export"
-    exported.timings = timings
-    return exported
+    return proto, state_kinds
 
 
 @contextlib.contextmanager

@@ -342,53 +342,10 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
 
     attributes = plain_attributes(module)
     with _preserved_state(module, cuda_devices(module, flat)) as saved_buffers:
-        # One eager run first, to learn the output structure and ranks (all output
-        # dimensions are declared dynamic, and dynamic_axes needs the ranks).
-        versions = _parameter_versions(module)
-        with torch.no_grad():
-            outs = wrapper(*tensors)
-        for name, p, version in versions:
-            if p._version != version:
-                raise UnsupportedModelError(
-                    f"forward mutates parameter '{name}' in place; a traced graph cannot reproduce that "
-                    "(e.g. nn.Embedding(max_norm=...) renormalises its weight on every call)")
-        if not outs:
-            raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
-        check_output_leaves(wrapper)
-        # A buffer that forward mutates in place (other than BatchNorm's statistics, which
-        # are handled below) would be frozen by tracing: refuse instead of going stale.
-        buffer_names = {id(b): n for n, b in module.named_buffers(remove_duplicate=False)}
-        for b, before in saved_buffers:
-            if not torch.equal(b, before):
-                name = buffer_names.get(id(b), "?")
-                if name not in expected_mutations:
-                    raise UnsupportedModelError(
-                        f"forward mutates buffer '{name}' in place; a traced graph cannot reproduce "
-                        "that (only BatchNorm running statistics are supported)")
+        outs = _eager_run(module, wrapper, tensors, saved_buffers, expected_mutations)
         output_names = [f"output_{j}" for j in range(len(outs))]
-        # Input dims are declared dynamic where they may vary (all, until a call showed which do);
-        # an export that needs a static size (InstanceNorm's channels, an adaptive pool's input)
-        # is done again with static input dims, which the graph then holds only for.
-        dims = [(k, d) for k, t in enumerate(tensors) for d in range(t.dim())]
-        wanted = dims if dynamic is None else [kd for kd in dims if kd in dynamic]
-        attempts = [wanted, []] if wanted else [[]]
-        parsed = {}
-        for n, dyn in enumerate(attempts):
-            parsed.clear()
-            dynamic_axes = {name: {} for name in input_names}
-            for k, d in dyn:
-                dynamic_axes[input_names[k]][d] = f"{input_names[k]}_dim{d}"
-            for name, t in zip(output_names, outs):
-                dynamic_axes[name] = {d: f"{name}_dim{d}" for d in range(t.dim())}
-            try:
-                f, recorder, functions, caught = _trace_to_onnx(
-                    module, wrapper, tensors, input_names, output_names, dynamic_axes, inline_functions, parsed)
-                break
-            except ExportError as e:
-                if n + 1 == len(attempts):
-                    raise
-                logger.info("export with dynamic dims failed (%s); exporting with static input dims", e)
-        static = [kd for kd in dims if kd not in dyn]
+        f, recorder, functions, caught, parsed, dims, static = _trace_with_dims(
+            module, wrapper, tensors, input_names, output_names, outs, dynamic, inline_functions)
     onnx_bytes = f.getvalue()
     guards = [tracing.Guard(len(outs) + k, value, kind, where, internal)
               for k, (_, kind, value, where, internal) in enumerate(recorder.records)]
@@ -402,13 +359,7 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
             + "; ".join(hazards) + " (strict_trace is on: compute them with tensor ops, or turn strict_trace "
             "off to let ortmod guard them)")
 
-    # Map every graph input to its source. Parameters and buffers are named by their
-    # state_dict names under the wrapper; a tied tensor appears once, under one name.
-    state_names = {}
-    for name, _ in wrapper.named_parameters(remove_duplicate=False):
-        state_names[name] = name[len(_FlatWrapper.PREFIX):]
-    for name, _ in wrapper.named_buffers(remove_duplicate=False):
-        state_names[name] = name[len(_FlatWrapper.PREFIX):]
+    state_names = _state_names(wrapper)
     model = parsed.get("model")
     try:
         if model is None or model.data != onnx_bytes:
@@ -420,19 +371,7 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
         raise RuntimeError(f"ortmod: the exported graph has {len(model.graph.output)} outputs, expected "
                            f"{len(outs)} from the module and {len(guards)} guards")
     _check_output_dtypes(module, model, outs)
-    initializers = {init.name for init in model.graph.initializer}
-    graph_inputs = {}
-    for gi in model.graph.input:
-        if gi.name in input_names:
-            graph_inputs[gi.name] = GraphInput(gi.name, "input",
-                                               leaf_index=tensor_indices[input_names.index(gi.name)])
-        elif gi.name in state_names:
-            graph_inputs[gi.name] = GraphInput(gi.name, "state", state_name=state_names[gi.name])
-        elif gi.name in initializers:
-            continue  # an initializer listed as input has its value in the graph
-        else:
-            raise RuntimeError(f"ortmod: exported graph input '{gi.name}' is neither a call input "
-                               f"nor a parameter/buffer of the module")
+    graph_inputs = _graph_inputs(model, input_names, state_names, tensor_indices)
 
     updates, bn_prefixes, added = _add_batchnorm_outputs(model, state_names)
     for name, _, _ in added:
@@ -454,6 +393,91 @@ def export(module, flat, strict_trace=False, inline_functions=False, dynamic=Non
                     eager_shapes=tuple(tuple(t.shape) for t in outs),
                     layouts=tensor_layouts(tensors) if recorder.reads_layout else None,
                     functions=list(functions.specs))
+
+
+def _eager_run(module, wrapper, tensors, saved_buffers, expected_mutations):
+    """The call's outputs, from one eager run before the trace, to learn the output structure and
+    ranks (all output dimensions are declared dynamic, and dynamic_axes needs the ranks); what
+    forward mutates in place, which a traced graph cannot reproduce, is refused."""
+    versions = _parameter_versions(module)
+    with torch.no_grad():
+        outs = wrapper(*tensors)
+    for name, p, version in versions:
+        if p._version != version:
+            raise UnsupportedModelError(
+                f"forward mutates parameter '{name}' in place; a traced graph cannot reproduce that "
+                "(e.g. nn.Embedding(max_norm=...) renormalises its weight on every call)")
+    if not outs:
+        raise UnsupportedModelError("the module returned no tensors; there is nothing to run")
+    check_output_leaves(wrapper)
+    # A buffer that forward mutates in place (other than BatchNorm's statistics, which
+    # are handled below) would be frozen by tracing: refuse instead of going stale.
+    buffer_names = {id(b): n for n, b in module.named_buffers(remove_duplicate=False)}
+    for b, before in saved_buffers:
+        if not torch.equal(b, before):
+            name = buffer_names.get(id(b), "?")
+            if name not in expected_mutations:
+                raise UnsupportedModelError(
+                    f"forward mutates buffer '{name}' in place; a traced graph cannot reproduce "
+                    "that (only BatchNorm running statistics are supported)")
+    return outs
+
+
+def _trace_with_dims(module, wrapper, tensors, input_names, output_names, outs, dynamic, inline_functions):
+    """_trace_to_onnx's results, the parsed graph, every input dim and the static ones. Input dims
+    are declared dynamic where they may vary (all, until a call showed which do); an export that
+    needs a static size (InstanceNorm's channels, an adaptive pool's input) is done again with
+    static input dims, which the graph then holds only for."""
+    dims = [(k, d) for k, t in enumerate(tensors) for d in range(t.dim())]
+    wanted = dims if dynamic is None else [kd for kd in dims if kd in dynamic]
+    attempts = [wanted, []] if wanted else [[]]
+    parsed = {}
+    for n, dyn in enumerate(attempts):
+        parsed.clear()
+        dynamic_axes = {name: {} for name in input_names}
+        for k, d in dyn:
+            dynamic_axes[input_names[k]][d] = f"{input_names[k]}_dim{d}"
+        for name, t in zip(output_names, outs):
+            dynamic_axes[name] = {d: f"{name}_dim{d}" for d in range(t.dim())}
+        try:
+            f, recorder, functions, caught = _trace_to_onnx(
+                module, wrapper, tensors, input_names, output_names, dynamic_axes, inline_functions, parsed)
+            break
+        except ExportError as e:
+            if n + 1 == len(attempts):
+                raise
+            logger.info("export with dynamic dims failed (%s); exporting with static input dims", e)
+    static = [kd for kd in dims if kd not in dyn]
+    return f, recorder, functions, caught, parsed, dims, static
+
+
+def _state_names(wrapper):
+    """Graph input name -> state_dict name of the module's parameters and buffers (named under the
+    wrapper; a tied tensor appears once, under one name)."""
+    state_names = {}
+    for name, _ in wrapper.named_parameters(remove_duplicate=False):
+        state_names[name] = name[len(_FlatWrapper.PREFIX):]
+    for name, _ in wrapper.named_buffers(remove_duplicate=False):
+        state_names[name] = name[len(_FlatWrapper.PREFIX):]
+    return state_names
+
+
+def _graph_inputs(model, input_names, state_names, tensor_indices):
+    """Every graph input mapped to its source: a call input (its leaf) or a parameter/buffer."""
+    initializers = {init.name for init in model.graph.initializer}
+    graph_inputs = {}
+    for gi in model.graph.input:
+        if gi.name in input_names:
+            graph_inputs[gi.name] = GraphInput(gi.name, "input",
+                                               leaf_index=tensor_indices[input_names.index(gi.name)])
+        elif gi.name in state_names:
+            graph_inputs[gi.name] = GraphInput(gi.name, "state", state_name=state_names[gi.name])
+        elif gi.name in initializers:
+            continue  # an initializer listed as input has its value in the graph
+        else:
+            raise RuntimeError(f"ortmod: exported graph input '{gi.name}' is neither a call input "
+                               f"nor a parameter/buffer of the module")
+    return graph_inputs
 
 
 def _check_output_dtypes(module, model, outs):

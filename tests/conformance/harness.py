@@ -30,7 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import ortmod
-from ortmod import _module as _ortmod_module
+from ortmod import _pipeline as _ortmod_pipeline
 
 from .runner import CLEAN_ERROR, MISMATCH, PASS, SKIP
 
@@ -57,7 +57,7 @@ class Case:
 # --------------------------------------------------------------------------- engine-ran check
 #
 # ORTModule runs the engine through _function.run_training / run_inference (imported into
-# ortmod._module). Counting those calls proves that a wrapped call really ran the engine and
+# ortmod._pipeline). Counting those calls proves that a wrapped call really ran the engine and
 # did not quietly run the module in PyTorch.
 
 ENGINE_CALLS = [0]
@@ -71,9 +71,9 @@ def _counting(fn):
     return wrapper
 
 
-if not hasattr(_ortmod_module.run_training, "__wrapped__"):
-    _ortmod_module.run_training = _counting(_ortmod_module.run_training)
-    _ortmod_module.run_inference = _counting(_ortmod_module.run_inference)
+if not hasattr(_ortmod_pipeline.run_training, "__wrapped__"):
+    _ortmod_pipeline.run_training = _counting(_ortmod_pipeline.run_training)
+    _ortmod_pipeline.run_inference = _counting(_ortmod_pipeline.run_inference)
 
 
 # --------------------------------------------------------------------------- copying inputs

@@ -84,7 +84,7 @@ _ENGINE_CALLS = [0]
 def _count_engine_calls():
     """Wrap ortmod's run_training/run_inference so a wrapped call is proven to run the engine
     (never quietly PyTorch)."""
-    from ortmod import _module as m
+    from ortmod import _pipeline as m
     if hasattr(m.run_training, "__wrapped__"):
         return
 
