@@ -7,6 +7,7 @@ module, and on getattr of one by string. compat's own facts (the Function.apply 
 gradient at a bound) are held against eager on whichever release runs the suite (make
 test-compat runs this file on every release of the matrix).
 """
+import copy
 import ast
 import pathlib
 
@@ -281,3 +282,31 @@ def test_clamp_by_a_number_float32_cannot_hold(name, dtype, capture):
         grads.append(xi.grad)
     assert torch.equal(outs[0], outs[1]), (name, outs)
     assert torch.equal(grads[0], grads[1]), (name, compat.clamp_semantics(), grads)
+
+
+@pytest.mark.parametrize("capture", ["export", "torchscript"])
+def test_clamp_of_integers_keeps_their_dtype(capture):
+    """clamp of an integer tensor by whole-number bounds (Longformer clamps token counts): on torch
+    2.14 the TorchScript path's clamp rule typed the bounds float32, and the engine refused the
+    Clip ('input 1 has unsupported dtype float32')."""
+    from ortmod import DebugOptions, ORTModule
+
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(8, 3)
+
+        def forward(self, ids):
+            pos = torch.clamp(ids - 2, min=0) + torch.clamp(ids, 1, 5) + ids.clamp(max=4)
+            return self.emb(pos.clamp(max=7))
+
+    ids = torch.tensor([[0, 1, 2, 3, 5, 6, 7]])
+    eager = Positions()
+    wrapped = ORTModule(copy.deepcopy(eager), DebugOptions(capture=capture))
+    outs = []
+    for model in (eager, wrapped):
+        y = model(ids)
+        (y * torch.arange(1.0, y.numel() + 1.0).view(y.shape)).sum().backward()
+        outs.append((y.detach(), model.emb.weight.grad if model is eager else model.module.emb.weight.grad))
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][1], outs[1][1])

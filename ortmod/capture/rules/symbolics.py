@@ -156,6 +156,8 @@ def _clamp_symbolic(which):
     def symbolic(g, x, *bounds, ortmod_clamp_tensor=None):
         from ..compat import symbolic_helper as sh
         lo, hi = {"clamp": bounds, "clamp_min": (bounds[0], None), "clamp_max": (None, bounds[0])}[which]
+        if _integer_dtype(x) is not None:
+            return _clamp_integers(g, x, lo, hi, which)
         dtype = _dtype_of(x)
         # the overload eager ran, noted on the traced graph (_clamp_overloads_noted): the exporter's
         # passes make a Scalar bound a tensor and the node clamp.Tensor
@@ -185,6 +187,39 @@ def _clamp_symbolic(which):
             return x
         return _clamp_as_eager(g, x, lo, hi, mode)
     return symbolic
+
+
+_INTEGER_DTYPES = {"Long": torch.int64, "Int": torch.int32, "Short": torch.int16, "Char": torch.int8,
+                   "Byte": torch.uint8}
+
+
+def _integer_dtype(x):
+    t = x.type()
+    return _INTEGER_DTYPES.get(t.scalarType()) if isinstance(t, JitTensorType) else None
+
+
+def _clamp_integers(g, x, lo, hi, which):
+    """clamp of an integer tensor (no gradient: only the value matters, Clip's) by integer number
+    bounds, as constants of x's dtype (torch 2.14's Longformer clamps token counts). A bound that is
+    not a whole number, or a tensor bound, promotes eager's result to another dtype: refused."""
+    from ..compat import symbolic_helper as sh
+    dtype = _integer_dtype(x)
+
+    def bound(b):
+        if b is None or sh.is_none(b):
+            return None
+        v = sh.maybe_get_const(b, "f")
+        if sh.is_value(v) or float(v) != int(v):
+            _refuse(f"torch.{which} of an integer tensor by a bound that is not a constant whole number",
+                    "eager's result changes dtype there; ortmod keeps integer bounds only")
+        return _const(g, int(v), dtype)
+    lo, hi = bound(lo), bound(hi)
+    if lo is None and hi is None:
+        return x
+    out = g.op("Clip", x, lo if lo is not None else _const(g, torch.iinfo(dtype).min, dtype),
+               *([hi] if hi is not None else []))
+    out.setType(x.type())
+    return out
 
 
 def _clamp_as_eager(g, x, lo, hi, mode):
