@@ -431,6 +431,21 @@ def rounding_explains(err, predictor, scale):
     return err <= ROUNDING_FACTOR * predictor * scale
 
 
+def _quantity(key):
+    """A trace key without its step ("s1 grad w" -> "grad w"): the same quantity at every step."""
+    return re.sub(r"^s\d+ ", "", key)
+
+
+def _rounding_level(trace_, ref, key):
+    """The absolute error of ``trace_`` on the quantity of ``key``, the largest over the run's steps.
+    The same computation rounds alike at every step, but which step's residue comes out largest is
+    luck: seed 83644 (every gradient mathematically zero by a LayerNorm's scale invariance) has eager
+    float32 1e-5 off at step 0 and 1e-6 at step 1 on one weight's gradient, where ortmod float64's
+    residue is 6e-13 at both."""
+    q = _quantity(key)
+    return max(abs_err(trace_.get(k), ref[k]) for k in ref if _quantity(k) == q)
+
+
 def errors(got, ref, sc, floor):
     return {k: rel_err(got.get(k), v, floor * sc[_category(k)]) for k, v in ref.items() if k in got or v is not None}
 
@@ -563,7 +578,7 @@ def _classify(spec, rec):
                     if eager32 is None:
                         eager32 = _eager32(model, args, spec)
                     if eager32 is not None and rounding_explains(abs_err(ort64.get(k), ref[k]),
-                                                                 abs_err(eager32.get(k), ref[k]), 1 / EPS_RATIO):
+                                                                 _rounding_level(eager32, ref, k), 1 / EPS_RATIO):
                         rounding.append(k)
                     else:
                         bad.append({"key": k, "err": e, "band": b})
