@@ -563,8 +563,12 @@ def _classify(spec, rec):
 
     # oracle 1: float64, exact
     ort64 = _ort_trace(model, args, spec, torch.float64, rec, "float64")
+    # the quantities the float64 oracle accepts ortmod float64 on: within TOL64, within eager
+    # float64's own spread, or rounding; oracle 2 scales ortmod float64's error on these
+    accepted64 = set()
     if ort64 is not None:
         e64 = errors(ort64, ref, sc, FLOOR64)
+        accepted64 = set(e64)
         worst = max(e64, key=e64.get)
         rec["err64"] = {"key": worst, "err": e64[worst]}
         if e64[worst] > TOL64:
@@ -582,6 +586,7 @@ def _classify(spec, rec):
                         rounding.append(k)
                     else:
                         bad.append({"key": k, "err": e, "band": b})
+            accepted64 -= {d["key"] for d in bad}
             if bad:
                 bad.sort(key=lambda d: -d["err"])
                 problems.append((MISMATCH64, bad))
@@ -611,7 +616,12 @@ def _classify(spec, rec):
                 worst_band = max(worst_band, b)
                 if e > max(BAND_FACTOR * b, TOL32):
                     explained = False
-                    if ort64 is not None and e64.get(k, float("inf")) <= TOL64:
+                    # (seed 83009: ortmod float64 is 1.5e-8 off a mathematically zero LayerNorm bias
+                    # gradient, within eager float64's spread, and its 2**29-scaled error is the
+                    # float32 one: a LayerNorm row's normalized values, equal across two rows to 5e-9,
+                    # round an ulp apart, and a BatchNorm over that batch of 2 amplifies it by 1e4;
+                    # eager float32 rounds them alike, perturbed or not)
+                    if ort64 is not None and k in accepted64:
                         err32 = abs_err(ort32.get(k), ref[k])
                         explained = rounding_explains(err32, abs_err(ort64.get(k), ref[k]), EPS_RATIO)
                         if not explained:
