@@ -310,3 +310,30 @@ def test_clamp_of_integers_keeps_their_dtype(capture):
         outs.append((y.detach(), model.emb.weight.grad if model is eager else model.module.emb.weight.grad))
     assert torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("capture", ["export", "torchscript"])
+@pytest.mark.parametrize("bound", ["number", "tensor"])
+def test_clamp_of_integers_by_a_float_bound_follows_eager(capture, bound):
+    """clamp(int tensor, min=2.0) is floating-point in eager: ortmod matches it or refuses by name,
+    never returns the integers."""
+    from ortmod import DebugOptions, ORTModule
+
+    lo = 2.0 if bound == "number" else torch.tensor(2.0)
+
+    class Clamped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4))
+
+        def forward(self, ids):
+            return self.w * torch.clamp(ids, min=lo)
+
+    ids = torch.tensor([0, 1, 3, 5])
+    want = Clamped()(ids)
+    try:
+        got = ORTModule(Clamped(), DebugOptions(capture=capture))(ids)
+    except ortmod.UnsupportedModelError as e:
+        assert "floating-point bound" in str(e) or "clamp" in str(e)
+        return
+    assert got.dtype == want.dtype and torch.equal(got, want)

@@ -156,22 +156,26 @@ def _clamp_symbolic(which):
     def symbolic(g, x, *bounds, ortmod_clamp_tensor=None):
         from ..compat import symbolic_helper as sh
         lo, hi = {"clamp": bounds, "clamp_min": (bounds[0], None), "clamp_max": (None, bounds[0])}[which]
-        if _integer_dtype(x) is not None:
-            return _clamp_integers(g, x, lo, hi, which)
-        dtype = _dtype_of(x)
+        integer = _integer_dtype(x)
+        dtype = integer or _dtype_of(x)
         # the overload eager ran, noted on the traced graph (_clamp_overloads_noted): the exporter's
         # passes make a Scalar bound a tensor and the node clamp.Tensor
         if ortmod_clamp_tensor is None and len(_inplace_clamps) == 1:
             ortmod_clamp_tensor = next(iter(_inplace_clamps))     # an in-place clamp the passes replaced
-        if ortmod_clamp_tensor is None:
+        if ortmod_clamp_tensor is None and integer is None:
             _refuse(f"torch.{which} whose overload (number or tensor bounds) ortmod did not note",
                     f"their gradients at the bound differ on torch {compat.VERSION}")
-        tensor = ortmod_clamp_tensor == 1
-        mode = compat.require_clamp_mode("tensor" if tensor else "number")
+        # an integer tensor has no gradient: Clip's value, its integer bounds in its dtype (Longformer
+        # clamps token counts); a floating-point bound promotes eager's result: refused
+        tensor = ortmod_clamp_tensor == 1 and integer is None
+        mode = compat.require_clamp_mode("tensor" if tensor else "number") if integer is None else None
 
         def bound(b):
             if b is None or sh.is_none(b):
                 return None
+            if integer is not None and not _is_integer(b):
+                _refuse(f"torch.{which} of an integer tensor by a floating-point bound",
+                        "eager's result is floating-point there; ortmod clamps integers by integers only")
             if tensor:
                 if sh.get_tensor_rank(b) != 0:
                     _refuse(f"torch.{which} with a bound of more than one element",
@@ -181,10 +185,17 @@ def _clamp_symbolic(which):
             if sh.is_value(v):
                 _refuse(f"torch.{which} with a number bound computed in the graph",
                         "ortmod keeps a number bound only as a constant")
+            if integer is not None:
+                return _const(g, int(v), dtype)
             return _const(g, float(v), dtype)
         lo, hi = bound(lo), bound(hi)
         if lo is None and hi is None:
             return x
+        if integer is not None:
+            out = g.op("Clip", x, lo if lo is not None else _const(g, torch.iinfo(dtype).min, dtype),
+                       *([hi] if hi is not None else []))
+            out.setType(x.type())
+            return out
         return _clamp_as_eager(g, x, lo, hi, mode)
     return symbolic
 
@@ -198,28 +209,10 @@ def _integer_dtype(x):
     return _INTEGER_DTYPES.get(t.scalarType()) if isinstance(t, JitTensorType) else None
 
 
-def _clamp_integers(g, x, lo, hi, which):
-    """clamp of an integer tensor (no gradient: only the value matters, Clip's) by integer number
-    bounds, as constants of x's dtype (torch 2.14's Longformer clamps token counts). A bound that is
-    not a whole number, or a tensor bound, promotes eager's result to another dtype: refused."""
-    from ..compat import symbolic_helper as sh
-    dtype = _integer_dtype(x)
-
-    def bound(b):
-        if b is None or sh.is_none(b):
-            return None
-        v = sh.maybe_get_const(b, "f")
-        if sh.is_value(v) or float(v) != int(v):
-            _refuse(f"torch.{which} of an integer tensor by a bound that is not a constant whole number",
-                    "eager's result changes dtype there; ortmod keeps integer bounds only")
-        return _const(g, int(v), dtype)
-    lo, hi = bound(lo), bound(hi)
-    if lo is None and hi is None:
-        return x
-    out = g.op("Clip", x, lo if lo is not None else _const(g, torch.iinfo(dtype).min, dtype),
-               *([hi] if hi is not None else []))
-    out.setType(x.type())
-    return out
+def _is_integer(value):
+    """An int number or an integer tensor (a clamp bound of an integer tensor that keeps its dtype)."""
+    t = value.type()
+    return _integer_dtype(value) is not None if isinstance(t, JitTensorType) else t.kind() == "IntType"
 
 
 def _clamp_as_eager(g, x, lo, hi, mode):
